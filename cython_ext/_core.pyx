@@ -1,0 +1,238 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""dpsql._core: the C core of dpsql on numpy arrays (the in-memory engine).
+
+The same C functions run inside PostgreSQL's aggregate; for the same row order both engines
+produce the same model bit for bit (tests/test_parity.py).
+"""
+
+import numpy as np
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+
+cdef extern from "status.h":
+    ctypedef int DpsqlStatus
+    const char *dpsql_status_message(DpsqlStatus status)
+
+
+cdef extern from "losses.h":
+    ctypedef struct DpsqlLossConstants:
+        double lipschitz
+        double lipschitz_data
+        double smoothness
+        double strong_convexity
+    DpsqlLossConstants dpsql_loss_constants(int loss, double lam, double radius,
+                                            double huber_h, int n_classes)
+
+
+cdef extern from "sgd.h":
+    int DPSQL_HEADER_LEN
+    int DPSQL_MAX_CLASSES
+    int DPSQL_FLAG_CLIP_ROWS
+    int DPSQL_FLAG_UNIT_ROWS
+    int DPSQL_FLAG_INTERCEPT
+    ctypedef struct DpsqlSgdHeader:
+        pass
+    ctypedef struct DpsqlSgdParams:
+        int loss
+        int schedule
+        int flags
+        int dim
+        int n_classes
+        double lambda_ "lambda"
+        double eta
+        double offset
+        double radius
+        double huber_h
+        long batch_size
+    size_t dpsql_sgd_init_length(const DpsqlSgdParams *params)
+    DpsqlStatus dpsql_sgd_init(const DpsqlSgdParams *params, double *state, size_t len)
+    DpsqlStatus dpsql_sgd_check(const double *state, size_t len)
+    int dpsql_sgd_row_length(const double *state)
+    double dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s)
+    void dpsql_sgd_epoch_begin(double *state) nogil
+    DpsqlStatus dpsql_sgd_row(double *state, const double *x, int xlen, double y) nogil
+    DpsqlStatus dpsql_sgd_epoch_end(double *state) nogil
+    DpsqlStatus dpsql_sgd_combine(double *a, const double *b, size_t len)
+    double dpsql_sgd_objective(const double *state)
+    DpsqlStatus dpsql_sgd_example_gradient(const double *state, const double *x, int xlen,
+                                           double y, double *loss, double *grad)
+    DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
+                              const double *x, int xlen, double *out) nogil
+
+
+LOSSES = {"logistic": 1, "squared": 2, "huber": 3, "multinomial": 4}
+SCHEDULES = {"constant": 1, "decreasing": 2, "inverse": 3, "sqrt": 4}
+FLAG_CLIP_ROWS = DPSQL_FLAG_CLIP_ROWS
+FLAG_UNIT_ROWS = DPSQL_FLAG_UNIT_ROWS
+FLAG_INTERCEPT = DPSQL_FLAG_INTERCEPT
+HEADER_LEN = DPSQL_HEADER_LEN
+MAX_CLASSES = DPSQL_MAX_CLASSES
+# Order of the fields of DpsqlSgdHeader (sgd.h).
+HEADER_FIELDS = (
+    "magic", "loss", "schedule", "flags", "dim", "n_out", "lambda", "eta", "offset", "beta",
+    "gamma", "radius", "huber_h", "batch_size", "step", "step_start", "in_batch", "rows",
+    "loss_sum", "dropped", "clipped", "shards",
+)
+
+
+cdef _raise(DpsqlStatus st, str where=""):
+    msg = dpsql_status_message(st).decode()
+    raise ValueError(f"dpsql: {msg}{where}")
+
+
+cdef cnp.ndarray _checked(state):
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = np.ascontiguousarray(state, dtype=np.float64)
+    cdef DpsqlStatus st = dpsql_sgd_check(&s[0], s.shape[0]) if s.shape[0] > 0 else 1
+    if st != 0:
+        _raise(st)
+    return s
+
+
+def init_state(str loss, int dim, *, int n_classes=1, double lambda_=0.0,
+               str schedule="constant", double eta=0.1, double offset=0.0, double radius=0.0,
+               double huber_h=0.1, long batch_size=1, int flags=0):
+    """A fresh model state (zero model, step 0) for `dim` input features."""
+    cdef DpsqlSgdParams p
+    if loss not in LOSSES:
+        raise ValueError(f"dpsql: unknown loss {loss!r}; expected one of {sorted(LOSSES)}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"dpsql: unknown schedule {schedule!r}; expected one of {sorted(SCHEDULES)}")
+    p.loss = LOSSES[loss]
+    p.schedule = SCHEDULES[schedule]
+    p.flags = flags
+    p.dim = dim
+    p.n_classes = n_classes
+    p.lambda_ = lambda_
+    p.eta = eta
+    p.offset = offset
+    p.radius = radius
+    p.huber_h = huber_h
+    p.batch_size = batch_size
+    cdef size_t n = dpsql_sgd_init_length(&p)
+    if n == 0:
+        raise ValueError("dpsql: invalid model shape (dim >= 1; multinomial needs 2 to "
+                         f"{MAX_CLASSES} classes)")
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = np.zeros(n, dtype=np.float64)
+    cdef DpsqlStatus st = dpsql_sgd_init(&p, &s[0], n)
+    if st != 0:
+        _raise(st)
+    return s
+
+
+def check_state(state):
+    """Validate a state array; raise ValueError when malformed."""
+    _checked(state)
+
+
+def header(state):
+    """The state's header as a dict (field names as in sgd.h)."""
+    s = _checked(state)
+    return {name: float(s[i]) for i, name in enumerate(HEADER_FIELDS)}
+
+
+def weights(state):
+    """The model of a state, shaped (n_out, dim)."""
+    h = header(state)
+    n_out, dim = int(h["n_out"]), int(h["dim"])
+    return np.asarray(state[HEADER_LEN:HEADER_LEN + n_out * dim]).reshape(n_out, dim).copy()
+
+
+def run_epoch(state, X, y):
+    """One epoch over the rows of X (in order); returns the new state (input untouched)."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = _checked(state).copy()
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] xs = np.ascontiguousarray(X, dtype=np.float64)
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] ys = np.ascontiguousarray(y, dtype=np.float64)
+    cdef Py_ssize_t m = xs.shape[0], i
+    cdef int d = xs.shape[1]
+    cdef DpsqlStatus st = 0
+    cdef double *sp = &s[0]
+    cdef const double *xp
+    if ys.shape[0] != m:
+        raise ValueError(f"dpsql: X has {m} rows but y has {ys.shape[0]}")
+    if d != dpsql_sgd_row_length(sp):
+        _raise(4, f" (rows have {d} features, the model expects {dpsql_sgd_row_length(sp)})")
+    xp = &xs[0, 0] if m > 0 else NULL
+    with nogil:
+        dpsql_sgd_epoch_begin(sp)
+        for i in range(m):
+            st = dpsql_sgd_row(sp, xp + i * d, d, ys[i])
+            if st != 0:
+                break
+        if st == 0:
+            st = dpsql_sgd_epoch_end(sp)
+    if st != 0:
+        _raise(st, f" (row {i + 1} of the epoch)")
+    return s
+
+
+def combine(a, b):
+    """Row-count-weighted model average of two partial states (the aggregate's combine)."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] sa = _checked(a).copy()
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] sb = _checked(b)
+    if sa.shape[0] != sb.shape[0]:
+        _raise(2)
+    cdef DpsqlStatus st = dpsql_sgd_combine(&sa[0], &sb[0], sa.shape[0])
+    if st != 0:
+        _raise(st)
+    return sa
+
+
+def objective(state):
+    """Mean training loss of the last epoch plus (lambda/2)||w||^2."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = _checked(state)
+    return dpsql_sgd_objective(&s[0])
+
+
+def step_size(state, double s):
+    """Step size of update s (1-based) under the state's schedule."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] st = _checked(state)
+    return dpsql_sgd_step_size(<const DpsqlSgdHeader *> &st[0], s)
+
+
+def example_gradient(state, x, double y):
+    """(loss, gradient) of one example at the state's model; gradient includes lambda*w."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = _checked(state)
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] xs = np.ascontiguousarray(x, dtype=np.float64)
+    h = header(s)
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] g = np.zeros(
+        int(h["dim"]) * int(h["n_out"]), dtype=np.float64)
+    cdef double loss = 0.0
+    cdef DpsqlStatus st = dpsql_sgd_example_gradient(
+        &s[0], &xs[0] if xs.shape[0] > 0 else NULL, xs.shape[0], y, &loss, &g[0])
+    if st != 0:
+        _raise(st)
+    return loss, g.reshape(int(h["n_out"]), int(h["dim"]))
+
+
+def predict(str loss, int flags, coef, X):
+    """Predictions for the rows of X with released coefficients coef (n_out x dim)."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] c = np.ascontiguousarray(
+        np.atleast_2d(coef), dtype=np.float64)
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] xs = np.ascontiguousarray(
+        np.atleast_2d(X), dtype=np.float64)
+    cdef Py_ssize_t m = xs.shape[0], i
+    cdef int d = xs.shape[1]
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] out = np.empty(m, dtype=np.float64)
+    cdef DpsqlStatus st = 0
+    if loss not in LOSSES:
+        raise ValueError(f"dpsql: unknown loss {loss!r}")
+    cdef int code = LOSSES[loss]
+    for i in range(m):
+        st = dpsql_predict(code, flags, &c[0, 0], c.shape[0], c.shape[1], &xs[i, 0], d, &out[i])
+        if st != 0:
+            _raise(st, f" (row {i + 1})")
+    return out
+
+
+def loss_constants(str loss, double lambda_=0.0, double radius=0.0, double huber_h=0.1,
+                   int n_classes=1):
+    """Lipschitz (L), smoothness (beta) and strong convexity (gamma) of one example's loss."""
+    if loss not in LOSSES:
+        raise ValueError(f"dpsql: unknown loss {loss!r}")
+    cdef DpsqlLossConstants c = dpsql_loss_constants(LOSSES[loss], lambda_, radius, huber_h,
+                                                     n_classes)
+    return {"lipschitz": c.lipschitz, "lipschitz_data": c.lipschitz_data,
+            "smoothness": c.smoothness, "strong_convexity": c.strong_convexity}

@@ -1,0 +1,577 @@
+/*
+ * sgd.c - one epoch of (mini-batch, projected, L2-regularised) SGD over a stream of rows.
+ *
+ * Follows spec 003 section 4.1: the mini-batch gradient is the AVERAGE of per-example
+ * gradients (lambda*w included once per example, hence once per batch), the step counter s
+ * is global across epochs, the model is projected after every update, and a partial final
+ * batch is dropped (drop_last). Loops are written with explicit, fixed summation order and
+ * no -ffast-math so the PostgreSQL and Python builds give identical bits.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "losses.h"
+#include "sgd.h"
+
+#define MAX_CLASSES DPSQL_MAX_CLASSES
+#define MAX_DIM 10000000
+
+static int
+is_count(double v, double max)
+{
+	return isfinite(v) && v >= 0.0 && v <= max && v == floor(v);
+}
+
+size_t
+dpsql_sgd_state_length(int model_dim, int n_out)
+{
+	return (size_t) DPSQL_HEADER_LEN + 2 * (size_t) model_dim * (size_t) n_out;
+}
+
+static int
+schedule_valid(int schedule)
+{
+	return schedule >= DPSQL_SCHEDULE_CONSTANT && schedule <= DPSQL_SCHEDULE_SQRT;
+}
+
+static DpsqlStatus
+check_hyperparameters(int loss, int schedule, double lambda, double eta, double offset,
+					  double radius, double huber_h, double beta, double gamma)
+{
+	if (!dpsql_loss_valid(loss))
+		return DPSQL_E_LOSS;
+	if (!schedule_valid(schedule))
+		return DPSQL_E_PARAM;
+	if (!(isfinite(lambda) && lambda >= 0.0 && isfinite(offset) && offset >= 0.0 &&
+		  isfinite(radius) && radius >= 0.0 && isfinite(beta) && beta > 0.0 &&
+		  isfinite(gamma) && gamma >= 0.0))
+		return DPSQL_E_PARAM;
+	if (loss == DPSQL_LOSS_HUBER && !(isfinite(huber_h) && huber_h > 0.0 && huber_h < 1.0))
+		return DPSQL_E_PARAM;
+	if (schedule == DPSQL_SCHEDULE_DECREASING)
+	{
+		if (!(gamma > 0.0))
+			return DPSQL_E_PARAM;
+	}
+	else if (!(isfinite(eta) && eta > 0.0))
+		return DPSQL_E_PARAM;
+	return DPSQL_OK;
+}
+
+size_t
+dpsql_sgd_init_length(const DpsqlSgdParams *p)
+{
+	int			n_out = p->loss == DPSQL_LOSS_MULTINOMIAL ? p->n_classes : 1;
+	int			model_dim = p->dim + ((p->flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
+
+	if (p->dim < 1 || p->dim >= MAX_DIM || n_out < 1 || n_out > MAX_CLASSES)
+		return 0;
+	if (p->loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2)
+		return 0;
+	return dpsql_sgd_state_length(model_dim, n_out);
+}
+
+DpsqlStatus
+dpsql_sgd_init(const DpsqlSgdParams *p, double *state, size_t len)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	DpsqlLossConstants c;
+	DpsqlStatus st;
+
+	if (!dpsql_loss_valid(p->loss))
+		return DPSQL_E_LOSS;
+	if ((p->flags & ~DPSQL_FLAG_MASK) != 0 ||
+		((p->flags & DPSQL_FLAG_CLIP_ROWS) && (p->flags & DPSQL_FLAG_UNIT_ROWS)) ||
+		p->batch_size < 1 || p->batch_size > (1L << 40))
+		return DPSQL_E_PARAM;
+	if (len == 0 || len != dpsql_sgd_init_length(p))
+		return DPSQL_E_PARAM;
+	c = dpsql_loss_constants(p->loss, p->lambda, p->radius, p->huber_h, p->n_classes);
+	st = check_hyperparameters(p->loss, p->schedule, p->lambda, p->eta, p->offset, p->radius,
+							   p->huber_h, c.smoothness, c.strong_convexity);
+	if (st != DPSQL_OK)
+		return st;
+
+	memset(state, 0, len * sizeof(double));
+	h->magic = DPSQL_STATE_MAGIC;
+	h->loss = p->loss;
+	h->schedule = p->schedule;
+	h->flags = p->flags;
+	h->dim = p->dim + ((p->flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
+	h->n_out = p->loss == DPSQL_LOSS_MULTINOMIAL ? p->n_classes : 1;
+	h->lambda = p->lambda;
+	h->eta = p->schedule == DPSQL_SCHEDULE_DECREASING ? 0.0 : p->eta;
+	h->offset = p->offset;
+	h->beta = c.smoothness;
+	h->gamma = c.strong_convexity;
+	h->radius = p->radius;
+	h->huber_h = p->loss == DPSQL_LOSS_HUBER ? p->huber_h : 0.0;
+	h->batch_size = (double) p->batch_size;
+	h->shards = 1.0;
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_check(const double *state, size_t len)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	size_t		i;
+	DpsqlStatus st;
+
+	if (state == NULL || len < (size_t) DPSQL_HEADER_LEN || h->magic != DPSQL_STATE_MAGIC)
+		return DPSQL_E_STATE;
+	if (!is_count(h->flags, DPSQL_FLAG_MASK) || !is_count(h->dim, MAX_DIM) || h->dim < 1 ||
+		!is_count(h->n_out, MAX_CLASSES) || h->n_out < 1 ||
+		!is_count(h->batch_size, 1099511627776.0) || h->batch_size < 1)
+		return DPSQL_E_STATE;
+	if (((int) h->flags & DPSQL_FLAG_INTERCEPT) && h->dim < 2)
+		return DPSQL_E_STATE;
+	if (((int) h->flags & DPSQL_FLAG_CLIP_ROWS) && ((int) h->flags & DPSQL_FLAG_UNIT_ROWS))
+		return DPSQL_E_STATE;
+	if ((h->loss == DPSQL_LOSS_MULTINOMIAL) != (h->n_out >= 2))
+		return DPSQL_E_STATE;
+	if (len != dpsql_sgd_state_length((int) h->dim, (int) h->n_out))
+		return DPSQL_E_STATE;
+	st = check_hyperparameters((int) h->loss, (int) h->schedule, h->lambda,
+							   h->schedule == DPSQL_SCHEDULE_DECREASING ? 1.0 : h->eta,
+							   h->offset, h->radius, h->loss == DPSQL_LOSS_HUBER ? h->huber_h : 0.5,
+							   h->beta, h->gamma);
+	if (st != DPSQL_OK)
+		return st == DPSQL_E_LOSS ? DPSQL_E_STATE : st;
+	if (!is_count(h->step, 9007199254740992.0) || !is_count(h->step_start, h->step) ||
+		!is_count(h->in_batch, h->batch_size - 1) || !is_count(h->rows, 9007199254740992.0) ||
+		!is_count(h->dropped, h->rows) || !is_count(h->clipped, h->rows) ||
+		!is_count(h->shards, 9007199254740992.0) || !isfinite(h->loss_sum))
+		return DPSQL_E_STATE;
+	for (i = DPSQL_HEADER_LEN; i < len; i++)
+		if (!isfinite(state[i]))
+			return DPSQL_E_STATE;
+	return DPSQL_OK;
+}
+
+int
+dpsql_sgd_row_length(const double *state)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+
+	return (int) h->dim - (((int) h->flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
+}
+
+double
+dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s)
+{
+	switch ((int) h->schedule)
+	{
+		case DPSQL_SCHEDULE_CONSTANT:
+			return h->eta;
+		case DPSQL_SCHEDULE_DECREASING:
+			return fmin(1.0 / h->beta, 1.0 / (h->gamma * s));
+		case DPSQL_SCHEDULE_INVERSE:
+			return h->eta / (s + h->offset);
+		case DPSQL_SCHEDULE_SQRT:
+			return h->eta / (sqrt(s) + h->offset);
+	}
+	return NAN;
+}
+
+void
+dpsql_sgd_epoch_begin(double *state)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+
+	h->step_start = h->step;
+	h->in_batch = 0.0;
+	h->rows = 0.0;
+	h->loss_sum = 0.0;
+	h->dropped = 0.0;
+	h->clipped = 0.0;
+	h->shards = 1.0;
+	memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
+}
+
+/* Sum of squares with a fixed 4-way order; *finite is NaN when some x is NaN or Inf. */
+static double
+sum_squares(const double *x, int n, double *finite)
+{
+	double		s0 = 0.0,
+				s1 = 0.0,
+				s2 = 0.0,
+				s3 = 0.0;
+	double		c0 = 0.0,
+				c1 = 0.0;
+	int			i = 0;
+
+	for (; i + 4 <= n; i += 4)
+	{
+		s0 += x[i] * x[i];
+		s1 += x[i + 1] * x[i + 1];
+		s2 += x[i + 2] * x[i + 2];
+		s3 += x[i + 3] * x[i + 3];
+		/* x - x is 0 for finite x and NaN for NaN/Inf; IEEE rules keep gcc from folding it. */
+		c0 += (x[i] - x[i]) + (x[i + 1] - x[i + 1]);
+		c1 += (x[i + 2] - x[i + 2]) + (x[i + 3] - x[i + 3]);
+	}
+	for (; i < n; i++)
+	{
+		s0 += x[i] * x[i];
+		c0 += x[i] - x[i];
+	}
+	*finite = c0 + c1;
+	return (s0 + s1) + (s2 + s3);
+}
+
+static double
+dot(const double *w, const double *x, int n)
+{
+	double		s0 = 0.0,
+				s1 = 0.0,
+				s2 = 0.0,
+				s3 = 0.0;
+	int			i = 0;
+
+	for (; i + 4 <= n; i += 4)
+	{
+		s0 += w[i] * x[i];
+		s1 += w[i + 1] * x[i + 1];
+		s2 += w[i + 2] * x[i + 2];
+		s3 += w[i + 3] * x[i + 3];
+	}
+	for (; i < n; i++)
+		s0 += w[i] * x[i];
+	return (s0 + s1) + (s2 + s3);
+}
+
+/* Euclidean norm of a finite vector whose sum of squares overflowed. */
+static double
+rescaled_norm(const double *x, int n)
+{
+	double		amax = 0.0,
+				s = 0.0;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		amax = fmax(amax, fabs(x[i]));
+	for (i = 0; i < n; i++)
+		s += (x[i] / amax) * (x[i] / amax);
+	return amax * sqrt(s);
+}
+
+DpsqlStatus
+dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
+{
+	double		finite;
+	double		ss = sum_squares(x, xlen, &finite);
+	double		norm;
+
+	*scale = 1.0;
+	if (!isfinite(finite))
+		return DPSQL_E_NONFINITE_X;
+	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
+		return DPSQL_OK;
+	if (flags & DPSQL_FLAG_INTERCEPT)
+		ss += 1.0;
+	norm = isfinite(ss) ? sqrt(ss) : rescaled_norm(x, xlen);
+	if (isinf(norm))			/* only reachable with the intercept: x dominates */
+		norm = rescaled_norm(x, xlen);
+	if ((flags & DPSQL_FLAG_CLIP_ROWS) && norm > 1.0)
+		*scale = 1.0 / norm;
+	else if ((flags & DPSQL_FLAG_UNIT_ROWS) && norm > 0.0)
+		*scale = 1.0 / norm;
+	return DPSQL_OK;
+}
+
+/*
+ * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output. The intercept weight is
+ * the last coordinate of each output's block.
+ */
+static DpsqlStatus
+score_row(const double *w, int dim, int n_out, int flags, const double *x, int xlen,
+		  double *z, double *scale)
+{
+	int			nx = dim - ((flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
+	int			c;
+	DpsqlStatus st;
+
+	if (xlen != nx)
+		return DPSQL_E_LENGTH;
+	st = dpsql_row_scale(flags, x, xlen, scale);
+	if (st != DPSQL_OK)
+		return st;
+	for (c = 0; c < n_out; c++)
+	{
+		const double *wc = w + (size_t) c * dim;
+		double		zc = dot(wc, x, nx);
+
+		if (flags & DPSQL_FLAG_INTERCEPT)
+			zc += wc[nx];
+		z[c] = *scale * zc;
+	}
+	return DPSQL_OK;
+}
+
+/*
+ * Loss of the row at scores z and d(loss)/dz_c written over z, each multiplied by the row
+ * scale so that the gradient in w_c is z[c] * (x, 1?).
+ */
+static double
+loss_derivatives(const DpsqlSgdHeader *h, double *z, double y, double scale)
+{
+	int			n_out = (int) h->n_out;
+	double		value;
+	int			c;
+
+	if (n_out == 1)
+	{
+		double		dz;
+
+		value = dpsql_loss_scalar((int) h->loss, z[0], y, h->huber_h, &dz);
+		z[0] = dz * scale;
+		return value;
+	}
+	value = dpsql_loss_softmax(z, n_out, (int) y);
+	for (c = 0; c < n_out; c++)
+		z[c] *= scale;
+	return value;
+}
+
+static void
+project(const DpsqlSgdHeader *h, double *w, size_t n)
+{
+	double		finite;
+	double		norm;
+	size_t		i;
+
+	if (h->radius <= 0.0)
+		return;
+	norm = sqrt(sum_squares(w, (int) n, &finite));
+	if (norm > h->radius)
+	{
+		double		f = h->radius / norm;
+
+		for (i = 0; i < n; i++)
+			w[i] *= f;
+	}
+}
+
+/* g <- g + coef_c * (x, 1?) for every output c. */
+static void
+accumulate(double *g, const double *coef, int dim, int n_out, int flags, const double *x)
+{
+	int			nx = dim - ((flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
+	int			c,
+				i;
+
+	for (c = 0; c < n_out; c++)
+	{
+		double	   *gc = g + (size_t) c * dim;
+		double		a = coef[c];
+
+		for (i = 0; i < nx; i++)
+			gc[i] += a * x[i];
+		if (flags & DPSQL_FLAG_INTERCEPT)
+			gc[nx] += a;
+	}
+}
+
+DpsqlStatus
+dpsql_sgd_row(double *state, const double *x, int xlen, double y)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	int			dim = (int) h->dim;
+	int			n_out = (int) h->n_out;
+	int			flags = (int) h->flags;
+	size_t		n = (size_t) dim * (size_t) n_out;
+	double	   *w = state + DPSQL_HEADER_LEN;
+	double	   *g = w + n;
+	double		zs[MAX_CLASSES];
+	double		scale;
+	double		value;
+	double		eta;
+	double		shrink;
+	size_t		i;
+	DpsqlStatus st;
+
+	st = dpsql_check_label((int) h->loss, y, n_out);
+	if (st != DPSQL_OK)
+		return st;
+	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+	if (st != DPSQL_OK)
+		return st;
+	for (i = 0; i < (size_t) n_out; i++)
+		if (!isfinite(zs[i]))
+			return DPSQL_E_DIVERGED;
+	if (scale < 1.0)
+		h->clipped += 1.0;
+	value = loss_derivatives(h, zs, y, scale);
+	h->rows += 1.0;
+	h->loss_sum += value;
+
+	if (h->batch_size == 1.0)
+	{
+		/* w <- w - eta (lambda w + grad_data), written as a shrink then an axpy per output. */
+		eta = dpsql_sgd_step_size(h, h->step + 1.0);
+		shrink = 1.0 - eta * h->lambda;
+		if (shrink != 1.0)
+			for (i = 0; i < n; i++)
+				w[i] *= shrink;
+		for (i = 0; i < (size_t) n_out; i++)
+			zs[i] *= -eta;
+		accumulate(w, zs, dim, n_out, flags, x);
+		h->step += 1.0;
+		project(h, w, n);
+		return DPSQL_OK;
+	}
+
+	accumulate(g, zs, dim, n_out, flags, x);
+	h->in_batch += 1.0;
+	if (h->in_batch >= h->batch_size)
+	{
+		double		b = h->batch_size;
+
+		eta = dpsql_sgd_step_size(h, h->step + 1.0);
+		for (i = 0; i < n; i++)
+		{
+			w[i] -= eta * (h->lambda * w[i] + g[i] / b);
+			g[i] = 0.0;
+		}
+		h->in_batch = 0.0;
+		h->step += 1.0;
+		project(h, w, n);
+	}
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_epoch_end(double *state)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+
+	const double *w = state + DPSQL_HEADER_LEN;
+	size_t		i;
+
+	if (h->in_batch > 0.0)
+	{
+		h->dropped += h->in_batch;
+		h->in_batch = 0.0;
+		memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
+	}
+	for (i = 0; i < n; i++)
+		if (!isfinite(w[i]))
+			return DPSQL_E_DIVERGED;
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_combine(double *a, const double *b, size_t len)
+{
+	DpsqlSgdHeader *ha = (DpsqlSgdHeader *) a;
+	const DpsqlSgdHeader *hb = (const DpsqlSgdHeader *) b;
+	size_t		n,
+				i;
+	double		na,
+				nb;
+	double	   *wa = a + DPSQL_HEADER_LEN;
+	const double *wb = b + DPSQL_HEADER_LEN;
+
+	if (dpsql_sgd_check(a, len) != DPSQL_OK || dpsql_sgd_check(b, len) != DPSQL_OK)
+		return DPSQL_E_STATE;
+	/* Everything up to and including batch_size, plus the epoch's starting step, must agree. */
+	if (memcmp(a, b, offsetof(DpsqlSgdHeader, step)) != 0 || ha->step_start != hb->step_start)
+		return DPSQL_E_STATE_MISMATCH;
+	if (dpsql_sgd_epoch_end(a) != DPSQL_OK)
+		return DPSQL_E_DIVERGED;
+	if (hb->rows == 0.0)
+		return DPSQL_OK;
+	n = (size_t) ha->dim * (size_t) ha->n_out;
+	na = ha->rows;
+	nb = hb->rows;
+	for (i = 0; i < n; i++)
+		wa[i] = na == 0.0 ? wb[i] : (na * wa[i] + nb * wb[i]) / (na + nb);
+	ha->step = fmax(ha->step, hb->step);
+	ha->rows = na + nb;
+	ha->loss_sum += hb->loss_sum;
+	ha->dropped += hb->dropped + hb->in_batch;
+	ha->clipped += hb->clipped;
+	ha->shards = (na == 0.0 ? 0.0 : ha->shards) + hb->shards;
+	return DPSQL_OK;
+}
+
+double
+dpsql_sgd_objective(const double *state)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+	double		finite;
+	double		ww = sum_squares(state + DPSQL_HEADER_LEN, (int) n, &finite);
+
+	if (h->rows == 0.0)
+		return NAN;
+	return h->loss_sum / h->rows + 0.5 * h->lambda * ww;
+}
+
+DpsqlStatus
+dpsql_sgd_example_gradient(const double *state, const double *x, int xlen, double y,
+						   double *loss, double *grad)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	int			dim = (int) h->dim;
+	int			n_out = (int) h->n_out;
+	int			flags = (int) h->flags;
+	size_t		n = (size_t) dim * (size_t) n_out;
+	const double *w = state + DPSQL_HEADER_LEN;
+	double		zs[MAX_CLASSES];
+	double		scale;
+	size_t		i;
+	DpsqlStatus st;
+
+	st = dpsql_check_label((int) h->loss, y, n_out);
+	if (st != DPSQL_OK)
+		return st;
+	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+	if (st != DPSQL_OK)
+		return st;
+	*loss = loss_derivatives(h, zs, y, scale);
+	for (i = 0; i < n; i++)
+		grad[i] = h->lambda * w[i];
+	accumulate(grad, zs, dim, n_out, flags, x);
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
+			  const double *x, int xlen, double *out)
+{
+	double		zs[MAX_CLASSES];
+	double		scale;
+	int			c,
+				best = 0;
+	DpsqlStatus st;
+
+	if (!dpsql_loss_valid(loss))
+		return DPSQL_E_LOSS;
+	if (n_out < 1 || n_out > MAX_CLASSES || dim < 1 || dim >= MAX_DIM || (flags & ~DPSQL_FLAG_MASK) != 0 ||
+		((flags & DPSQL_FLAG_INTERCEPT) && dim < 2) ||
+		(loss == DPSQL_LOSS_MULTINOMIAL) != (n_out >= 2))
+		return DPSQL_E_PARAM;
+	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale);
+	if (st != DPSQL_OK)
+		return st;
+	switch (loss)
+	{
+		case DPSQL_LOSS_LOGISTIC:
+			*out = 1.0 / (1.0 + exp(-zs[0]));
+			break;
+		case DPSQL_LOSS_MULTINOMIAL:
+			for (c = 1; c < n_out; c++)
+				if (zs[c] > zs[best])
+					best = c;
+			*out = best;
+			break;
+		default:
+			*out = zs[0];
+			break;
+	}
+	return DPSQL_OK;
+}

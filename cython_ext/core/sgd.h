@@ -1,0 +1,144 @@
+/*
+ * sgd.h - Bismarck-style SGD over a stream of rows: the model state and one epoch's steps.
+ *
+ * The state is a flat array of doubles (a float8[] inside PostgreSQL, a numpy array in
+ * Python): a fixed header, then the weights w[n_out * dim], then the mini-batch gradient
+ * accumulator g[n_out * dim]. Integers in the header are stored as exact doubles. Keeping
+ * the state a plain double array lets PostgreSQL use it as a real aggregate state type
+ * (parallel and Citus aggregation need that) and lets both engines share this code.
+ *
+ * An epoch is: dpsql_sgd_epoch_begin, dpsql_sgd_row for every row in scan order,
+ * dpsql_sgd_epoch_end. Partial aggregates of a parallel scan are merged by dpsql_sgd_combine.
+ */
+#ifndef DPSQL_SGD_H
+#define DPSQL_SGD_H
+
+#include <stddef.h>
+
+#include "status.h"
+
+#define DPSQL_STATE_MAGIC 4471.0	/* "dpsql state, layout version 1" */
+#define DPSQL_MAX_CLASSES 1024
+
+/* Step-size schedules; s is the global mini-batch update counter, 1-based, never reset. */
+typedef enum DpsqlSchedule
+{
+	DPSQL_SCHEDULE_CONSTANT = 1,	/* eta */
+	DPSQL_SCHEDULE_DECREASING = 2,	/* min(1/beta, 1/(gamma s)): strongly convex, Alg. 2 */
+	DPSQL_SCHEDULE_INVERSE = 3,		/* eta / (s + offset): convex decreasing, Cor. 2 */
+	DPSQL_SCHEDULE_SQRT = 4			/* eta / (sqrt(s) + offset): square-root, Cor. 3 */
+} DpsqlSchedule;
+
+/* Row transforms applied to x before use (and identically at prediction time). */
+#define DPSQL_FLAG_CLIP_ROWS	0x1 /* x <- x / max(1, ||x||) */
+#define DPSQL_FLAG_UNIT_ROWS	0x2 /* x <- x / ||x||, the bolt-on paper's normalisation */
+#define DPSQL_FLAG_INTERCEPT	0x4 /* a constant feature 1 appended (before the row transform) */
+#define DPSQL_FLAG_MASK			0x7
+
+typedef struct DpsqlSgdHeader
+{
+	double		magic;
+	double		loss;			/* DpsqlLoss */
+	double		schedule;		/* DpsqlSchedule */
+	double		flags;			/* DPSQL_FLAG_* */
+	double		dim;			/* model dimension per output, intercept included */
+	double		n_out;			/* 1, or the number of classes for multinomial */
+	double		lambda;			/* L2 regularisation */
+	double		eta;			/* step size parameter of the schedule */
+	double		offset;			/* schedule offset (m^c in the bolt-on corollaries) */
+	double		beta;			/* smoothness, caps the decreasing schedule */
+	double		gamma;			/* strong convexity of the decreasing schedule */
+	double		radius;			/* project onto ||w|| <= radius after every update; 0 = none */
+	double		huber_h;		/* Huber half-width */
+	double		batch_size;		/* b */
+	double		step;			/* completed updates before/through this epoch */
+	double		step_start;		/* step at the start of this epoch */
+	double		in_batch;		/* rows in the current partial batch */
+	double		rows;			/* rows seen this epoch */
+	double		loss_sum;		/* sum of per-row data losses at the pre-update model */
+	double		dropped;		/* rows of discarded partial batches (drop_last) */
+	double		clipped;		/* rows scaled down by the row transform */
+	double		shards;			/* partial states averaged into this one */
+	double		reserved[2];
+} DpsqlSgdHeader;
+
+#define DPSQL_HEADER_LEN ((int) (sizeof(DpsqlSgdHeader) / sizeof(double)))
+
+typedef struct DpsqlSgdParams
+{
+	int			loss;
+	int			schedule;
+	int			flags;
+	int			dim;			/* number of input features (without the intercept) */
+	int			n_classes;		/* multinomial only; 1 otherwise */
+	double		lambda;
+	double		eta;
+	double		offset;
+	double		radius;
+	double		huber_h;
+	long		batch_size;
+} DpsqlSgdParams;
+
+/* Total state length for a validated header. */
+size_t		dpsql_sgd_state_length(int model_dim, int n_out);
+
+/* Length of the state that dpsql_sgd_init would build, or 0 when the parameters are invalid. */
+size_t		dpsql_sgd_init_length(const DpsqlSgdParams *params);
+
+/* Fill a zero model state of length dpsql_sgd_init_length(params) (a fresh run, step 0). */
+DpsqlStatus dpsql_sgd_init(const DpsqlSgdParams *params, double *state, size_t len);
+
+/* Validate a state array of length len (never trust a state handed in from outside). */
+DpsqlStatus dpsql_sgd_check(const double *state, size_t len);
+
+/* Number of feature values a row must carry for this state (dim minus the intercept). */
+int			dpsql_sgd_row_length(const double *state);
+
+static inline double *
+dpsql_sgd_weights(double *state)
+{
+	return state + DPSQL_HEADER_LEN;
+}
+
+/* Step size of update s (1-based). */
+double		dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s);
+
+/* Reset the per-epoch counters of a validated state; the model and step counter carry over. */
+void		dpsql_sgd_epoch_begin(double *state);
+
+/* Process one row: x has dpsql_sgd_row_length(state) values. */
+DpsqlStatus dpsql_sgd_row(double *state, const double *x, int xlen, double y);
+
+/* End of the epoch: drop the partial mini-batch (drop_last, spec 003 section 4.3). */
+DpsqlStatus dpsql_sgd_epoch_end(double *state);
+
+/*
+ * Merge partial state b into a: row-count-weighted average of the models (each shard's
+ * partial batch is dropped first), counters summed, step = max of the two.
+ */
+DpsqlStatus dpsql_sgd_combine(double *a, const double *b, size_t len);
+
+/* Mean data loss of the epoch plus (lambda/2)||w||^2 at the final model. */
+double		dpsql_sgd_objective(const double *state);
+
+/*
+ * Per-example loss and full gradient (data part + lambda*w) at the state's current model,
+ * for tests and diagnostics; grad has n_out * dim entries.
+ */
+DpsqlStatus dpsql_sgd_example_gradient(const double *state, const double *x, int xlen, double y,
+									   double *loss, double *grad);
+
+/*
+ * Scale factor the row transform applies to x (and its intercept feature). Also reports
+ * non-finite features. Returns DPSQL_OK or DPSQL_E_NONFINITE_X.
+ */
+DpsqlStatus dpsql_row_scale(int flags, const double *x, int xlen, double *scale);
+
+/*
+ * Prediction with released coefficients coef[n_out * dim]:
+ * logistic -> probability of +1; huber, squared -> score; multinomial -> class index.
+ */
+DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
+						  const double *x, int xlen, double *out);
+
+#endif

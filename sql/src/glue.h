@@ -1,0 +1,30 @@
+/*
+ * glue.h - helpers shared by the fmgr glue: input checks and error reporting.
+ *
+ * The glue stays thin: it checks what arrives from SQL, hands plain double arrays to the C
+ * core (cython_ext/core) and turns core status codes into ERRORs. It never trusts inputs.
+ */
+#ifndef DPSQL_GLUE_H
+#define DPSQL_GLUE_H
+
+#include "postgres.h"
+
+#include "utils/array.h"
+
+#include "status.h"
+
+/* Data pointer of a 1-D float8[] without NULLs (or empty); *n receives its length. */
+double	   *dpsql_float8_array(ArrayType *a, int *n, const char *what);
+
+/* ERROR for a non-OK core status, with an optional context string. */
+#if defined(__GNUC__)
+#define DPSQL_NORETURN __attribute__((noreturn))
+#else
+#define DPSQL_NORETURN
+#endif
+void		dpsql_raise(DpsqlStatus status, const char *context) DPSQL_NORETURN;
+
+/* A new 1-D float8[] of n zeros, allocated in the current memory context. */
+ArrayType  *dpsql_new_float8_array(int n);
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * model.c - building model states, reading them, and predicting with released coefficients.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
+#include "glue.h"
+#include "losses.h"
+#include "names.h"
+#include "sgd.h"
+
+PG_FUNCTION_INFO_V1(dpsql_sgd_init_state);
+PG_FUNCTION_INFO_V1(dpsql_sgd_state_info);
+PG_FUNCTION_INFO_V1(dpsql_sgd_state_weights);
+PG_FUNCTION_INFO_V1(dpsql_predict_coef);
+PG_FUNCTION_INFO_V1(dpsql_loss_code);
+PG_FUNCTION_INFO_V1(dpsql_loss_constants_sql);
+
+static int
+loss_code(text *name)
+{
+	char	   *s = text_to_cstring(name);
+	int			code = dpsql_loss_from_name(s);
+
+	if (code == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: unknown model \"%s\"", s),
+				 errhint("Use one of logistic, linear, huber, multinomial.")));
+	return code;
+}
+
+/* dpsql._loss_code(model text) -> int: canonical code of a model name (errors if unknown). */
+Datum
+dpsql_loss_code(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32(loss_code(PG_GETARG_TEXT_PP(0)));
+}
+
+/*
+ * dpsql._sgd_init(model text, dim int, n_classes int, lambda float8, schedule text, eta float8,
+ *                 step_offset float8, radius float8, huber_h float8, batch_size bigint,
+ *                 flags int) -> float8[]
+ */
+Datum
+dpsql_sgd_init_state(PG_FUNCTION_ARGS)
+{
+	DpsqlSgdParams p;
+	char	   *schedule;
+	size_t		len;
+	ArrayType  *state;
+	DpsqlStatus st;
+	int			i;
+
+	for (i = 0; i < PG_NARGS(); i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: argument %d of _sgd_init is NULL", i + 1)));
+	p.loss = loss_code(PG_GETARG_TEXT_PP(0));
+	p.dim = PG_GETARG_INT32(1);
+	p.n_classes = PG_GETARG_INT32(2);
+	p.lambda = PG_GETARG_FLOAT8(3);
+	schedule = text_to_cstring(PG_GETARG_TEXT_PP(4));
+	p.schedule = dpsql_schedule_from_name(schedule);
+	if (p.schedule == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: unknown schedule \"%s\"", schedule),
+				 errhint("Use one of constant, decreasing, inverse, sqrt.")));
+	p.eta = PG_GETARG_FLOAT8(5);
+	p.offset = PG_GETARG_FLOAT8(6);
+	p.radius = PG_GETARG_FLOAT8(7);
+	p.huber_h = PG_GETARG_FLOAT8(8);
+	p.batch_size = (long) PG_GETARG_INT64(9);
+	p.flags = PG_GETARG_INT32(10);
+
+	len = dpsql_sgd_init_length(&p);
+	if (len == 0 || len > (size_t) MaxAllocSize / sizeof(double) / 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: invalid model shape: %d features, %d classes", p.dim, p.n_classes),
+				 errhint("Models need at least one feature; multinomial needs 2 to %d classes.",
+						 DPSQL_MAX_CLASSES)));
+	state = dpsql_new_float8_array((int) len);
+	st = dpsql_sgd_init(&p, (double *) ARR_DATA_PTR(state), len);
+	if (st != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: %s", dpsql_status_message(st)),
+				 errdetail("lambda >= 0, step size > 0 (the decreasing schedule needs lambda > 0), "
+						   "radius >= 0, 0 < huber_h < 1, batch_size >= 1.")));
+	PG_RETURN_ARRAYTYPE_P(state);
+}
+
+static double *
+checked_state(ArrayType *a, int *n)
+{
+	double	   *s = dpsql_float8_array(a, n, "model state");
+	DpsqlStatus st = dpsql_sgd_check(s, (size_t) *n);
+
+	if (st != DPSQL_OK)
+		dpsql_raise(st, NULL);
+	return s;
+}
+
+/*
+ * dpsql._sgd_info(state float8[]) -> (step bigint, rows bigint, objective float8,
+ *                                    dropped bigint, clipped bigint, shards int)
+ */
+Datum
+dpsql_sgd_state_info(PG_FUNCTION_ARGS)
+{
+	int			n;
+	double	   *s = checked_state(PG_GETARG_ARRAYTYPE_P(0), &n);
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) s;
+	TupleDesc	tupdesc;
+	Datum		values[6];
+	bool		nulls[6] = {false, false, false, false, false, false};
+	double		objective = dpsql_sgd_objective(s);
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _sgd_info must return a composite type");
+	tupdesc = BlessTupleDesc(tupdesc);
+	values[0] = Int64GetDatum((int64) h->step);
+	values[1] = Int64GetDatum((int64) h->rows);
+	values[2] = Float8GetDatum(objective);
+	nulls[2] = isnan(objective);
+	values[3] = Int64GetDatum((int64) h->dropped);
+	values[4] = Int64GetDatum((int64) h->clipped);
+	values[5] = Int32GetDatum((int32) h->shards);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * dpsql._sgd_weights(state float8[]) -> float8[]: the model, 1-D (dim) for one output,
+ * 2-D (classes x dim) for multinomial.
+ */
+Datum
+dpsql_sgd_state_weights(PG_FUNCTION_ARGS)
+{
+	int			n;
+	double	   *s = checked_state(PG_GETARG_ARRAYTYPE_P(0), &n);
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) s;
+	int			dim = (int) h->dim;
+	int			n_out = (int) h->n_out;
+	int			total = dim * n_out;
+	Datum	   *elems = palloc(sizeof(Datum) * total);
+	int			dims[2];
+	int			lbs[2] = {1, 1};
+	int			i;
+
+	for (i = 0; i < total; i++)
+		elems[i] = Float8GetDatum(s[DPSQL_HEADER_LEN + i]);
+	if (n_out == 1)
+	{
+		dims[0] = dim;
+		PG_RETURN_ARRAYTYPE_P(construct_md_array(elems, NULL, 1, dims, lbs, FLOAT8OID,
+												 sizeof(float8), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	}
+	dims[0] = n_out;
+	dims[1] = dim;
+	PG_RETURN_ARRAYTYPE_P(construct_md_array(elems, NULL, 2, dims, lbs, FLOAT8OID,
+											 sizeof(float8), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+/*
+ * dpsql._predict(loss int, flags int, coef float8[], x float8[]) -> float8
+ * coef is 1-D (dim) or 2-D (classes x dim). Multinomial returns the 0-based class index.
+ */
+Datum
+dpsql_predict_coef(PG_FUNCTION_ARGS)
+{
+	int			loss = PG_GETARG_INT32(0);
+	int			flags = PG_GETARG_INT32(1);
+	ArrayType  *coef = PG_GETARG_ARRAYTYPE_P(2);
+	ArrayType  *x = PG_GETARG_ARRAYTYPE_P(3);
+	int			n_out,
+				dim,
+				nx;
+	double	   *xs;
+	double		out;
+	DpsqlStatus st;
+
+	if (ARR_ELEMTYPE(coef) != FLOAT8OID || ARR_HASNULL(coef) ||
+		(ARR_NDIM(coef) != 1 && ARR_NDIM(coef) != 2))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: coefficients must be a 1-D or 2-D float8[] without NULLs")));
+	n_out = ARR_NDIM(coef) == 1 ? 1 : ARR_DIMS(coef)[0];
+	dim = ARR_NDIM(coef) == 1 ? ARR_DIMS(coef)[0] : ARR_DIMS(coef)[1];
+	xs = dpsql_float8_array(x, &nx, "feature array");
+	st = dpsql_predict(loss, flags, (double *) ARR_DATA_PTR(coef), n_out, dim, xs, nx, &out);
+	if (st != DPSQL_OK)
+	{
+		char		context[96];
+
+		snprintf(context, sizeof(context), "predicting with %d features given", nx);
+		dpsql_raise(st, context);
+	}
+	PG_RETURN_FLOAT8(out);
+}
+
+/*
+ * dpsql.loss_constants(model text, lambda float8, radius float8, huber_h float8)
+ *   -> (lipschitz float8, lipschitz_data float8, smoothness float8, strong_convexity float8)
+ */
+Datum
+dpsql_loss_constants_sql(PG_FUNCTION_ARGS)
+{
+	DpsqlLossConstants c;
+	TupleDesc	tupdesc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	c = dpsql_loss_constants(loss_code(PG_GETARG_TEXT_PP(0)), PG_GETARG_FLOAT8(1),
+							 PG_GETARG_FLOAT8(2), PG_GETARG_FLOAT8(3), 1);
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: loss_constants must return a composite type");
+	tupdesc = BlessTupleDesc(tupdesc);
+	values[0] = Float8GetDatum(c.lipschitz);
+	values[1] = Float8GetDatum(c.lipschitz_data);
+	values[2] = Float8GetDatum(c.smoothness);
+	values[3] = Float8GetDatum(c.strong_convexity);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}

@@ -1,0 +1,138 @@
+/*
+ * sgd_aggregate.c - the epoch aggregate dpsql.sgd_epoch(x float8[], y float8, init float8[]).
+ *
+ * One call of the aggregate is one SGD epoch over the scanned rows (Bismarck). The state is a
+ * float8[] (a real type, so parallel workers and Citus can ship partial states) allocated once
+ * in the aggregate context and updated in place; returning the same pointer spares the
+ * executor a copy per row.
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "utils/array.h"
+
+#include "glue.h"
+#include "sgd.h"
+
+PG_FUNCTION_INFO_V1(dpsql_sgd_transition);
+PG_FUNCTION_INFO_V1(dpsql_sgd_final);
+PG_FUNCTION_INFO_V1(dpsql_sgd_combine_states);
+
+/* Copy and validate the initial state handed in by the controller (first row only). */
+static ArrayType *
+start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+{
+	ArrayType  *init;
+	ArrayType  *state;
+	double	   *data;
+	int			n;
+	DpsqlStatus st;
+	MemoryContext old;
+
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: the initial model state of sgd_epoch is NULL")));
+	init = PG_GETARG_ARRAYTYPE_P(3);
+	data = dpsql_float8_array(init, &n, "model state");
+	st = dpsql_sgd_check(data, (size_t) n);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "checking the initial model state of sgd_epoch");
+
+	old = MemoryContextSwitchTo(aggcontext);
+	state = dpsql_new_float8_array(n);
+	memcpy(ARR_DATA_PTR(state), data, sizeof(double) * (Size) n);
+	MemoryContextSwitchTo(old);
+	dpsql_sgd_epoch_begin((double *) ARR_DATA_PTR(state));
+	return state;
+}
+
+Datum
+dpsql_sgd_transition(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	ArrayType  *state;
+	ArrayType  *x;
+	double	   *s;
+	double	   *xs;
+	int			n;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_transition called outside an aggregate")));
+
+	state = PG_ARGISNULL(0) ? start_epoch(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
+	s = (double *) ARR_DATA_PTR(state);
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL feature array"),
+				 errcontext("row %.0f of the epoch's scan", ((DpsqlSgdHeader *) s)->rows + 1)));
+	if (PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL label"),
+				 errcontext("row %.0f of the epoch's scan", ((DpsqlSgdHeader *) s)->rows + 1)));
+
+	/* Rows are stored un-TOASTed, so this is a pointer into the tuple, not a copy. */
+	x = PG_GETARG_ARRAYTYPE_P(1);
+	xs = dpsql_float8_array(x, &n, "feature array");
+	st = dpsql_sgd_row(s, xs, n, PG_GETARG_FLOAT8(2));
+	if (st != DPSQL_OK)
+	{
+		char		context[128];
+
+		snprintf(context, sizeof(context), "row %.0f of the epoch's scan (%d features, model expects %d)",
+				 ((DpsqlSgdHeader *) s)->rows + 1, n, dpsql_sgd_row_length(s));
+		dpsql_raise(st, context);
+	}
+	PG_RETURN_POINTER(state);
+}
+
+Datum
+dpsql_sgd_final(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state;
+	DpsqlStatus st;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	/* The final function must not modify the aggregate state: work on a copy. */
+	state = PG_GETARG_ARRAYTYPE_P_COPY(0);
+	st = dpsql_sgd_epoch_end((double *) ARR_DATA_PTR(state));
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "end of the epoch");
+	PG_RETURN_ARRAYTYPE_P(state);
+}
+
+Datum
+dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	ArrayType  *a;
+	ArrayType  *b;
+	double	   *da;
+	double	   *db;
+	int			na;
+	int			nb;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_combine called outside an aggregate")));
+	/* Strict: the executor copies the first non-NULL state into aggcontext, so a is ours. */
+	a = PG_GETARG_ARRAYTYPE_P(0);
+	b = PG_GETARG_ARRAYTYPE_P(1);
+	da = dpsql_float8_array(a, &na, "model state");
+	db = dpsql_float8_array(b, &nb, "model state");
+	if (na != nb)
+		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial epoch states");
+	st = dpsql_sgd_combine(da, db, (size_t) na);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "combining partial epoch states");
+	PG_RETURN_POINTER(a);
+}
