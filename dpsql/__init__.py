@@ -1,0 +1,13 @@
+"""dpsql: differentially private machine learning inside PostgreSQL.
+
+>>> import dpsql
+>>> db = dpsql.connect()          # embedded server unless a DSN or DPSQL_DSN is given
+>>> m = db.train("protein", features="x", label="y", model="logistic", epochs=5, seed=1)
+>>> m.coef_, m.evaluate("protein_test")
+"""
+
+from dpsql.connection import Database, connect
+from dpsql.models import Model
+
+__all__ = ["Database", "Model", "connect"]
+__version__ = "0.1.0"

@@ -1,0 +1,244 @@
+"""Connecting to a server that runs dpsql, and the :class:`Database` handle.
+
+``dpsql.connect()`` accepts a DSN or URL (SQLAlchemy URLs such as ``postgresql+psycopg://``
+included), a psycopg connection, or a SQLAlchemy engine; with none of them and no
+``DPSQL_DSN`` in the environment it starts (or joins) the embedded PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from dpsql import extension, server
+from dpsql.models import Model
+from dpsql.training import TrainingRun, train_args
+
+__all__ = ["Database", "connect"]
+
+
+def _libpq_url(url: str) -> str:
+    """A libpq URI from a SQLAlchemy-style URL (drop the ``+driver`` part)."""
+    return re.sub(r"^(postgres(?:ql)?)\+[A-Za-z0-9_]+://", r"\1://", url)
+
+
+def _from_sqlalchemy(engine: Any) -> psycopg.Connection:
+    url = engine.url.render_as_string(hide_password=False)
+    return psycopg.connect(_libpq_url(url))
+
+
+class Database:
+    """A connection to a PostgreSQL server with the dpsql extension.
+
+    Use :func:`connect` to make one. It is a context manager that closes the connection it
+    opened (a connection handed in by the caller is left open).
+    """
+
+    def __init__(self, conn: psycopg.Connection, *, owns_connection: bool, embedded: bool) -> None:
+        self.conn = conn
+        self._owns = owns_connection
+        self.embedded = embedded
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection if :func:`connect` opened it."""
+        if self._owns and not self.conn.closed:
+            self.conn.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        info = self.conn.info
+        where = "embedded" if self.embedded else f"{info.host}:{info.port}"
+        return f"<dpsql.Database {info.dbname} ({where})>"
+
+    # -- training ------------------------------------------------------------------------
+
+    def train(
+        self,
+        source: str,
+        features: Sequence[str] | str,
+        label: str,
+        model: str = "logistic",
+        *,
+        epochs: int = 10,
+        batch_size: int = 1,
+        lambda_: float = 0.0,
+        step_size: float | None = None,
+        schedule: str = "constant",
+        radius: float | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        privacy: str = "none",
+        labels: Sequence[float] | None = None,
+        intercept: bool = False,
+        row_norm: str = "none",
+        huber_h: float = 0.1,
+        step_offset: float = 0.0,
+        tolerance: float | None = None,
+        parallel_workers: int = 0,
+        progress: bool = True,
+    ) -> Model:
+        """Train a model inside the server, one aggregate scan per epoch.
+
+        Arguments mirror ``dpsql.train`` in SQL (``lambda_`` is SQL's ``lambda``). ``features``
+        is a list of numeric columns or the name of one ``float8[]`` column; ``source`` a table,
+        view or SELECT query. The run happens in one transaction: on any error (or Ctrl-C)
+        nothing is left behind.
+
+        Returns
+        -------
+        Model
+            The stored model (``model_id``, ``coef_``, ``intercept_``, ``predict``, ...).
+        """
+        if privacy != "none":
+            raise ValueError(
+                f"dpsql: privacy mechanism {privacy!r} is not available in this version "
+                "(privacy='none' trains a non-private model)"
+            )
+        args = train_args(
+            source=source,
+            features=features,
+            label=label,
+            model=model,
+            epochs=epochs,
+            batch_size=batch_size,
+            lambda_=lambda_,
+            step_size=step_size,
+            schedule=schedule,
+            radius=radius,
+            shuffle=shuffle,
+            seed=seed,
+            labels=labels,
+            intercept=intercept,
+            row_norm=row_norm,
+            huber_h=huber_h,
+            step_offset=step_offset,
+            tolerance=tolerance,
+            parallel_workers=parallel_workers,
+        )
+        with self.conn.transaction():
+            run = TrainingRun.prepare(self.conn, args)
+            run.run_epochs(progress=progress)
+            model_id = run.finish()
+        return self.model(model_id)
+
+    # -- models --------------------------------------------------------------------------
+
+    def model(self, model_id: int) -> Model:
+        """The stored model with this id."""
+        return Model.load(self, model_id)
+
+    def models(self) -> list[Model]:
+        """All stored models, oldest first."""
+        rows = self.conn.execute("SELECT model_id FROM dpsql.models ORDER BY model_id").fetchall()
+        return [self.model(r[0]) for r in rows]
+
+    def evaluate(
+        self,
+        model: Model | int,
+        source: str,
+        features: Sequence[str] | str | None = None,
+        label: str | None = None,
+    ) -> dict[str, float]:
+        """Accuracy (classifiers) or MSE (linear) of a model over a table or query, in SQL."""
+        model_id = model.model_id if isinstance(model, Model) else int(model)
+        feats = [features] if isinstance(features, str) else features
+        row = self.conn.execute(
+            "SELECT metric, value, rows FROM dpsql.evaluate(%s, %s, %s, %s)",
+            (model_id, source, None if feats is None else list(feats), label),
+        ).fetchone()
+        assert row is not None
+        return {row[0]: row[1], "rows": row[2]}
+
+    def load_numpy(self, table: str, X: Any, y: Any, **kwargs: Any) -> int:
+        """Create ``table(rid, x float8[], y float8)`` from numpy arrays (binary COPY)."""
+        from dpsql.loading import load_numpy
+
+        return load_numpy(self.conn, table, X, y, **kwargs)
+
+    def execute(self, query: str | sql.Composable, params: Any = None) -> psycopg.Cursor:
+        """Run one statement on the underlying connection."""
+        return self.conn.execute(query, params)
+
+
+def _install_extension(conn: psycopg.Connection, embedded: bool) -> None:
+    if embedded:
+        extension.ensure_available(conn)
+    row = conn.execute(
+        "SELECT installed_version, default_version FROM pg_available_extensions"
+        " WHERE name = 'dpsql'"
+    ).fetchone()
+    if row is None:
+        raise RuntimeError(
+            "dpsql: the server does not have the dpsql extension; install it with "
+            "`dpsql install-extension --pg-config /path/to/pg_config` (as the server's owner)"
+        )
+    installed, default = row
+    if installed is None:
+        conn.execute("CREATE EXTENSION dpsql")
+    elif installed != default:
+        conn.execute("ALTER EXTENSION dpsql UPDATE")
+
+
+def connect(
+    dsn: str | psycopg.Connection | Any | None = None,
+    *,
+    install: bool = True,
+    pg_version: int | None = None,
+) -> Database:
+    """Connect to a dpsql server.
+
+    Parameters
+    ----------
+    dsn : str, psycopg.Connection or sqlalchemy.engine.Engine, optional
+        Where to connect. A string is a libpq DSN or URL (``postgresql+driver://`` accepted).
+        When None, ``DPSQL_DSN`` is used if set, else the embedded server is started (or
+        joined) and stays up only while this process needs it, unless it was already running.
+    install : bool, default True
+        Create (or update) the extension in the database when missing; for the embedded server
+        also build and install it from the sources first.
+    pg_version : int, optional
+        PostgreSQL major version of the embedded server (16 or 18).
+
+    Returns
+    -------
+    Database
+    """
+    embedded = False
+    owns = True
+    if dsn is None:
+        dsn = os.environ.get("DPSQL_DSN") or None
+    if dsn is None:
+        dsn = server.start(pg_version, keep_running=False)
+        embedded = True
+    if isinstance(dsn, psycopg.Connection):
+        conn, owns = dsn, False
+    elif isinstance(dsn, str):
+        conn = psycopg.connect(_libpq_url(dsn), autocommit=True)
+    elif hasattr(dsn, "url") and hasattr(dsn, "raw_connection"):
+        conn = _from_sqlalchemy(dsn)
+        conn.autocommit = True
+    else:
+        raise TypeError(
+            "dpsql.connect: expected a DSN/URL string, a psycopg connection or a SQLAlchemy "
+            f"engine, got {type(dsn).__name__}"
+        )
+    try:
+        if install:
+            _install_extension(conn, embedded)
+    except Exception:
+        if owns:
+            conn.close()
+        raise
+    return Database(conn, owns_connection=owns, embedded=embedded)

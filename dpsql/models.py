@@ -1,0 +1,98 @@
+"""Trained models as Python objects (scikit-learn style attributes)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from psycopg.rows import dict_row
+
+from dpsql import _core
+
+if TYPE_CHECKING:
+    from dpsql.connection import Database
+
+__all__ = ["Model"]
+
+
+class Model:
+    """A model stored in ``dpsql.models``.
+
+    Attributes follow scikit-learn: ``coef_`` (n_features,) or (n_classes, n_features) for
+    multinomial, ``intercept_`` (n_outputs,) (zeros when no intercept was fitted), ``classes_``.
+    Predictions use the released coefficients with the C core, exactly as the server does.
+    """
+
+    def __init__(self, db: Database, row: dict[str, Any]) -> None:
+        self._db = db
+        self.row = row
+        self.model_id: int = row["model_id"]
+        self.model: str = row["model"]
+        self.weights_ = np.asarray(row["weights"], dtype=np.float64)
+        self.coef_ = np.asarray(row["coef"], dtype=np.float64)
+        n_out = 1 if self.weights_.ndim == 1 else self.weights_.shape[0]
+        icpt = row["intercept"]
+        self.intercept_ = np.zeros(n_out) if icpt is None else np.asarray(icpt, dtype=np.float64)
+        self.classes_ = None if row["classes"] is None else np.asarray(row["classes"])
+        self.loss_history_ = list(row["loss_history"])
+        self.n_features_in_: int = row["n_features"]
+        self._flags: int = row["flags"]
+
+    @classmethod
+    def load(cls, db: Database, model_id: int) -> Model:
+        with db.conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT * FROM dpsql.models WHERE model_id = %s", (model_id,)
+            ).fetchone()
+        if row is None:
+            raise LookupError(f"dpsql: no model {model_id}")
+        return cls(db, row)
+
+    def __repr__(self) -> str:
+        return (
+            f"<dpsql.Model {self.model_id}: {self.model} on {self.row['source']!r}, "
+            f"{self.row['epochs_run']} epochs, privacy={self.row['privacy']}>"
+        )
+
+    def _raw(self, X: Any) -> np.ndarray:
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"dpsql: model {self.model_id} expects {self.n_features_in_} "
+                f"features, got {X.shape[1]}"
+            )
+        return _core.predict(self.model, self._flags, self.weights_, X)
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Scores <w, x> (after the model's row transform); binary and linear models only."""
+        if self.model == "multinomial":
+            raise ValueError("dpsql: decision_function is for binary and linear models")
+        raw = self._raw(X)
+        if self.model == "logistic":
+            with np.errstate(divide="ignore"):
+                return np.log(raw) - np.log1p(-raw)
+        return raw
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Probabilities of (negative, positive) for logistic models."""
+        if self.model != "logistic":
+            raise ValueError("dpsql: predict_proba is for logistic models")
+        p = self._raw(X)
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Class labels (classifiers, from the declared label set) or values (linear)."""
+        raw = self._raw(X)
+        if self.model == "linear":
+            return raw
+        assert self.classes_ is not None
+        if self.model == "multinomial":
+            return self.classes_[raw.astype(np.int64)]
+        threshold = 0.5 if self.model == "logistic" else 0.0
+        return np.where(raw >= threshold, self.classes_[1], self.classes_[0])
+
+    def evaluate(
+        self, source: str, features: Any = None, label: str | None = None
+    ) -> dict[str, float]:
+        """Accuracy or MSE over a table or query, computed in the server."""
+        return self._db.evaluate(self, source, features, label)
