@@ -147,7 +147,7 @@ END $$;
 -- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.
 CREATE FUNCTION dpsql._source_sql(source text)
 RETURNS text LANGUAGE plpgsql STABLE
-SET search_path FROM CURRENT AS $$
+AS $$
 DECLARE
     rel regclass;
     q text := regexp_replace(coalesce(source, ''), ';\s*$', '');
