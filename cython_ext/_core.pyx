@@ -63,8 +63,24 @@ cdef extern from "sgd.h":
                               const double *x, int xlen, double *out) nogil
 
 
-LOSSES = {"logistic": 1, "squared": 2, "huber": 3, "multinomial": 4}
-SCHEDULES = {"constant": 1, "decreasing": 2, "inverse": 3, "sqrt": 4}
+cdef extern from "names.h":
+    int dpsql_loss_from_name(const char *name)
+    const char *dpsql_loss_name(int loss)
+    int dpsql_schedule_from_name(const char *name)
+    const char *dpsql_schedule_name(int schedule)
+
+
+# Canonical names from the core (names.c), which SQL uses too.
+LOSSES = {dpsql_loss_name(c).decode(): c for c in range(1, 5)}
+SCHEDULES = {dpsql_schedule_name(c).decode(): c for c in range(1, 5)}
+
+
+def loss_code(str name):
+    """Code of a model name (aliases accepted, e.g. 'squared' for 'linear')."""
+    cdef int code = dpsql_loss_from_name(name.encode())
+    if code == 0:
+        raise ValueError(f"dpsql: unknown loss {name!r}; expected one of {sorted(LOSSES)}")
+    return code
 FLAG_CLIP_ROWS = DPSQL_FLAG_CLIP_ROWS
 FLAG_UNIT_ROWS = DPSQL_FLAG_UNIT_ROWS
 FLAG_INTERCEPT = DPSQL_FLAG_INTERCEPT
@@ -96,12 +112,10 @@ def init_state(str loss, int dim, *, int n_classes=1, double lambda_=0.0,
                double huber_h=0.1, long batch_size=1, int flags=0):
     """A fresh model state (zero model, step 0) for `dim` input features."""
     cdef DpsqlSgdParams p
-    if loss not in LOSSES:
-        raise ValueError(f"dpsql: unknown loss {loss!r}; expected one of {sorted(LOSSES)}")
-    if schedule not in SCHEDULES:
+    p.loss = loss_code(loss)
+    p.schedule = dpsql_schedule_from_name(schedule.encode())
+    if p.schedule == 0:
         raise ValueError(f"dpsql: unknown schedule {schedule!r}; expected one of {sorted(SCHEDULES)}")
-    p.loss = LOSSES[loss]
-    p.schedule = SCHEDULES[schedule]
     p.flags = flags
     p.dim = dim
     p.n_classes = n_classes
@@ -217,9 +231,7 @@ def predict(str loss, int flags, coef, X):
     cdef int d = xs.shape[1]
     cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] out = np.empty(m, dtype=np.float64)
     cdef DpsqlStatus st = 0
-    if loss not in LOSSES:
-        raise ValueError(f"dpsql: unknown loss {loss!r}")
-    cdef int code = LOSSES[loss]
+    cdef int code = loss_code(loss)
     for i in range(m):
         st = dpsql_predict(code, flags, &c[0, 0], c.shape[0], c.shape[1], &xs[i, 0], d, &out[i])
         if st != 0:
@@ -230,9 +242,16 @@ def predict(str loss, int flags, coef, X):
 def loss_constants(str loss, double lambda_=0.0, double radius=0.0, double huber_h=0.1,
                    int n_classes=1):
     """Lipschitz (L), smoothness (beta) and strong convexity (gamma) of one example's loss."""
-    if loss not in LOSSES:
-        raise ValueError(f"dpsql: unknown loss {loss!r}")
-    cdef DpsqlLossConstants c = dpsql_loss_constants(LOSSES[loss], lambda_, radius, huber_h,
+    cdef DpsqlLossConstants c = dpsql_loss_constants(loss_code(loss), lambda_, radius, huber_h,
                                                      n_classes)
     return {"lipschitz": c.lipschitz, "lipschitz_data": c.lipschitz_data,
             "smoothness": c.smoothness, "strong_convexity": c.strong_convexity}
+
+
+cdef extern from "shuffle.h":
+    long long dpsql_shuffle_key(long long seed, long long position)
+
+
+def shuffle_key(long long seed, long long position):
+    """Sort key of row `position` under `seed` (the database's shuffle uses the same)."""
+    return dpsql_shuffle_key(seed, position)
