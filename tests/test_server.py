@@ -1,0 +1,269 @@
+"""Tests of dpsql.server, dpsql.extension and the CLI, against real embedded servers.
+
+Every server here runs on its own temporary data directory, so the user's default server is never
+touched; each test stops what it started.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dpsql import cli, extension, server
+
+
+@pytest.fixture
+def pgdata(tmp_path: Path) -> Iterator[Path]:
+    """A data directory that does not exist yet; its server is stopped after the test."""
+    path = tmp_path / "pg"
+    yield path
+    if (path / "PG_VERSION").exists():
+        server.stop(pgdata=path)
+
+
+def _postmaster_pid(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def _select_one(uri: str) -> int:
+    with psycopg.connect(uri, connect_timeout=10) as conn:
+        return conn.execute("SELECT 1").fetchone()[0]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+# --- paths ----------------------------------------------------------------------------------
+
+
+def test_pgdata_dir_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DPSQL_PGDATA", str(tmp_path / "elsewhere"))
+    assert server.pgdata_dir() == tmp_path / "elsewhere"
+    assert server.pgdata_dir(16) == tmp_path / "elsewhere"
+
+
+def test_pgdata_dir_default_is_per_user_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DPSQL_PGDATA", raising=False)
+    assert server.pgdata_dir(16).name == "pgdata-16"
+    assert server.pgdata_dir(18).name == "pgdata-18"
+    assert server.pgdata_dir(18).parent.name == "dpsql"
+    assert server.pgdata_dir() == server.pgdata_dir(server.DEFAULT_PG_VERSION)
+
+
+@pytest.mark.parametrize("version", server.SUPPORTED_PG_VERSIONS)
+def test_embedded_pg_config(version: int) -> None:
+    pg_config = server.pg_config_path(version)
+    assert pg_config.parent == server.bin_dir(version)
+    assert os.access(pg_config, os.X_OK)
+    out = subprocess.run([pg_config, "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith(f"PostgreSQL {version}.")
+
+
+def test_unsupported_version_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not embedded"):
+        server.pg_config_path(15)
+    with pytest.raises(ValueError, match="not embedded"):
+        server.start(15, tmp_path / "pg")
+    assert not (tmp_path / "pg").exists()
+
+
+def test_importing_pgserver_does_not_warn() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    code = "from dpsql import server; server.bin_dir(); server.status(pgdata='/nonexistent')"
+    result = _run("-W", "error", "-c", code, env=env)
+    assert result.returncode == 0, result.stderr
+
+
+# --- start / status / stop ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", server.SUPPORTED_PG_VERSIONS)
+def test_start_is_idempotent(pgdata: Path, version: int) -> None:
+    uri = server.start(version, pgdata, keep_running=False)
+    assert uri.startswith("postgresql://")
+    pid = _postmaster_pid(pgdata)
+    assert server.start(version, pgdata) == uri
+    assert server.start(None, pgdata) == uri  # the cluster's own version is adopted
+    assert _postmaster_pid(pgdata) == pid  # no second server, no restart
+    assert _select_one(uri) == 1
+    with psycopg.connect(uri) as conn:
+        assert conn.info.server_version // 10000 == version
+
+
+def test_new_cluster_is_tuned(pgdata: Path) -> None:
+    uri = server.start(pgdata=pgdata, keep_running=False)
+    with psycopg.connect(uri) as conn:
+        for name, value in server._tuning().items():
+            assert conn.execute(f"SHOW {name}").fetchone()[0] == value
+        # Written like ALTER SYSTEM would, hence undoable with ALTER SYSTEM RESET.
+        rows = conn.execute(
+            "SELECT name, sourcefile FROM pg_settings WHERE name = 'work_mem'"
+        ).fetchall()
+        assert rows[0][1].endswith("postgresql.auto.conf")
+
+
+def test_status_and_stop(pgdata: Path) -> None:
+    assert server.status(pgdata=pgdata) is None
+    assert server.stop(pgdata=pgdata) is False
+    uri = server.start(pgdata=pgdata, keep_running=False)
+    assert server.status(pgdata=pgdata) == uri
+    assert server.stop(pgdata=pgdata) is True
+    assert server.status(pgdata=pgdata) is None
+    assert server.stop(pgdata=pgdata) is False
+    with pytest.raises(psycopg.OperationalError):
+        _select_one(uri)
+    # Restart in the same process (pgserver caches handles per data directory).
+    assert server.start(pgdata=pgdata, keep_running=False) == uri
+    assert _select_one(uri) == 1
+
+
+def test_version_mismatch_is_a_clear_error(tmp_path: Path) -> None:
+    pgdata = tmp_path / "pg"
+    pgdata.mkdir()
+    (pgdata / "PG_VERSION").write_text("16\n")
+    with pytest.raises(RuntimeError, match="PostgreSQL 16 cluster"):
+        server.start(18, pgdata)
+
+
+@pytest.mark.parametrize("keep_running", [True, False])
+def test_keep_running_decides_whether_the_server_outlives_its_starter(
+    pgdata: Path, keep_running: bool
+) -> None:
+    code = (
+        "import sys; from dpsql import server; "
+        f"print(server.start(pgdata=sys.argv[1], keep_running={keep_running}))"
+    )
+    result = _run("-c", code, str(pgdata))
+    assert result.returncode == 0, result.stderr
+    uri = result.stdout.strip()
+    if keep_running:
+        assert server.status(pgdata=pgdata) == uri
+        assert _select_one(uri) == 1
+    else:
+        assert server.status(pgdata=pgdata) is None
+
+
+def test_keep_running_false_never_stops_a_server_it_did_not_start(pgdata: Path) -> None:
+    uri = server.start(pgdata=pgdata, keep_running=True)
+    code = (
+        "import sys; from dpsql import server; server.start(pgdata=sys.argv[1], keep_running=False)"
+    )
+    result = _run("-c", code, str(pgdata))
+    assert result.returncode == 0, result.stderr
+    assert server.status(pgdata=pgdata) == uri
+
+
+def test_temporary_server_is_removed(tmp_path: Path) -> None:
+    with server.temporary_server() as uri:
+        assert _select_one(uri) == 1
+        pgdata = Path(uri.split("host=", 1)[1])
+        assert (pgdata / "PG_VERSION").exists()
+    assert not pgdata.exists()
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_server_lifecycle(pgdata: Path) -> None:
+    env = {**os.environ, "DPSQL_PGDATA": str(pgdata)}
+
+    def dpsql(*args: str) -> subprocess.CompletedProcess[str]:
+        return _run("-m", "dpsql.cli", "server", *args, env=env)
+
+    started = dpsql("start")
+    assert started.returncode == 0, started.stderr
+    uri = started.stdout.strip()
+    assert uri.startswith("postgresql://") and str(pgdata) in uri
+    # The CLI process has exited; the server must still be there.
+    assert _select_one(uri) == 1
+    assert dpsql("start").stdout.strip() == uri
+    status = dpsql("status")
+    assert (status.returncode, status.stdout.strip()) == (0, uri)
+    assert dpsql("uri").stdout.strip() == uri
+
+    stopped = dpsql("stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert server.status(pgdata=pgdata) is None
+    status = dpsql("status")
+    assert status.returncode == cli.EXIT_NOT_RUNNING and "not running" in status.stdout
+    assert dpsql("uri").returncode == cli.EXIT_NOT_RUNNING
+    again = dpsql("stop")
+    assert again.returncode == 0 and "not running" in again.stdout
+
+
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert cli.main(["server", "start", "--pg-version", "15"]) == 2
+    assert "not an embedded version" in capsys.readouterr().err
+    assert cli.main(["install-extension", "--pg-config", "x", "--pg-version", "18"]) == 2
+    assert cli.main(["--help"]) == 0
+
+
+def test_cli_install_extension_reports_bad_pg_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["install-extension", "--pg-config", "/nonexistent/pg_config"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dpsql: error:") and "/nonexistent/pg_config" in err
+
+
+# --- extension build ------------------------------------------------------------------------
+
+
+def test_source_dir_and_control_version() -> None:
+    sql_dir = extension.source_dir()
+    assert (sql_dir / "dpsql.control").is_file()
+    assert (sql_dir / "Makefile").is_file()
+    assert extension.control_default_version().count(".") == 2
+
+
+@pytest.mark.parametrize("bogus", ["/nonexistent/pg_config", "/bin/false"])
+def test_build_and_install_rejects_bogus_pg_config(bogus: str) -> None:
+    with pytest.raises(RuntimeError, match="pg_config"):
+        extension.build_and_install(bogus)
+
+
+def _fake_pg_config(tmp_path: Path) -> Path:
+    """A pg_config answering --pkglibdir/--sharedir with folders under tmp_path."""
+    script = tmp_path / "pg_config"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in --pkglibdir) echo {tmp_path}/lib;; --sharedir) echo {tmp_path}/share;; '
+        "*) exit 1;; esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def test_installed_library_is_stale(tmp_path: Path) -> None:
+    pg_config = _fake_pg_config(tmp_path)
+    assert extension.installed_library_is_stale(pg_config)  # nothing installed
+    library = tmp_path / "lib" / "dpsql.so"
+    control = tmp_path / "share" / "extension" / "dpsql.control"
+    for path in (library, control):
+        path.parent.mkdir(parents=True)
+        path.touch()
+    assert not extension.installed_library_is_stale(pg_config)  # installed after the sources
+    os.utime(library, (0, 0))
+    assert extension.installed_library_is_stale(pg_config)  # sources edited since
+
+
+def test_ensure_available_on_the_test_server(server_uri: str) -> None:
+    try:
+        extension.ensure_available(server_uri)
+    except RuntimeError as err:
+        pytest.skip(f"the extension does not build or install here: {err}")
+    assert extension.ensure_available(server_uri) is False  # up to date: nothing to do
+    with psycopg.connect(server_uri) as conn:
+        row = conn.execute(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'dpsql'"
+        ).fetchone()
+    assert row == (extension.control_default_version(),)
