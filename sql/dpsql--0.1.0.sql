@@ -174,26 +174,42 @@ END $$;
 CREATE FUNCTION dpsql._feature_sql(src text, features text[], OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
 DECLARE
-    coltype text;
+    types text[];
+    bad int;
 BEGIN
-    IF features IS NULL OR cardinality(features) = 0 OR array_position(features, NULL) IS NOT NULL THEN
+    IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
+       OR array_position(features, NULL) IS NOT NULL THEN
         PERFORM dpsql._fail('features must be a non-empty list of column names');
     END IF;
-    IF cardinality(features) = 1 THEN
-        EXECUTE format('SELECT pg_typeof(%I)::text FROM %s LIMIT 1', features[1], src) INTO coltype;
-    END IF;
-    IF coltype LIKE '%[]' THEN
+    -- pg_typeof of a scalar subquery gives the column's type even when no row is read; an
+    -- unknown column raises undefined_column here.
+    SELECT 'SELECT ARRAY[' || string_agg(format('pg_typeof((SELECT %I FROM %s LIMIT 1))::text', f, src),
+                                        ', ' ORDER BY i) || ']'
+      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
+    EXECUTE expr INTO types;
+    IF cardinality(features) = 1 AND types[1] LIKE '%[]' THEN
+        IF types[1] NOT IN ('double precision[]', 'real[]', 'integer[]', 'bigint[]', 'smallint[]',
+                            'numeric[]') THEN
+            PERFORM dpsql._fail(format('feature column %I has type %s, not a numeric array',
+                                       features[1], types[1]), '42804');
+        END IF;
         expr := format('%I::float8[]', features[1]);
         EXECUTE format('SELECT array_length(%s, 1) FROM %s LIMIT 1', expr, src) INTO dim;
         IF dim IS NULL THEN
             PERFORM dpsql._fail(format('the feature array column %I is NULL or empty in the first row',
                                        features[1]));
         END IF;
-    ELSE
-        SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
-          INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
-        dim := cardinality(features);
+        RETURN;
     END IF;
+    SELECT min(i) INTO bad FROM unnest(types) WITH ORDINALITY AS t(ty, i)
+     WHERE ty NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric');
+    IF bad IS NOT NULL THEN
+        PERFORM dpsql._fail(format('feature column %I has type %s: give several numeric columns or '
+                                   'one float8[] column', features[bad], types[bad]), '42804');
+    END IF;
+    SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
+      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
+    dim := cardinality(features);
 END $$;
 
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial.
@@ -274,6 +290,7 @@ DECLARE
     run bigint;
     tbl text;
     m bigint;
+    m_any boolean;
     r float8;
     eta float8;
     flags int;
@@ -324,6 +341,10 @@ BEGIN
 
     src := dpsql._source_sql(source);
     BEGIN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
+        IF NOT m_any THEN
+            PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+        END IF;
         feat := dpsql._feature_sql(src, features);
         yexpr := dpsql._label_sql(lab.canonical, label, lab.checked);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
