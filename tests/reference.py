@@ -44,10 +44,23 @@ def step_size(schedule: str, s: int, eta: float, offset: float, beta: float, lam
 
 
 def psgd(
-    X: np.ndarray, y: np.ndarray, *, model: str = "logistic", epochs: int = 1, b: int = 1,
-    lam: float = 0.0, schedule: str = "constant", eta: float = 0.1, offset: float = 0.0,
-    beta: float = 1.0, radius: float = 0.0, h: float = 0.1, n_classes: int = 1,
-    intercept: bool = False, row_norm: str = "none", W0: np.ndarray | None = None,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    model: str = "logistic",
+    epochs: int = 1,
+    b: int = 1,
+    lam: float = 0.0,
+    schedule: str = "constant",
+    eta: float = 0.1,
+    offset: float = 0.0,
+    beta: float = 1.0,
+    radius: float = 0.0,
+    h: float = 0.1,
+    n_classes: int = 1,
+    intercept: bool = False,
+    row_norm: str = "none",
+    W0: np.ndarray | None = None,
     step0: int = 0,
 ) -> tuple[np.ndarray, int]:
     """k passes in the given row order; returns (W, final global step)."""

@@ -30,8 +30,11 @@ CASES = [
     ("UPDATE src SET x[2] = 'NaN' WHERE rid = 7", "'src', '{x}', 'y'", "NaN or Infinity"),
     ("UPDATE src SET x[1] = 'Infinity' WHERE rid = 9", "'src', '{x}', 'y'", "NaN or Infinity"),
     ("UPDATE src SET x = x || 1.0::float8 WHERE rid = 9", "'src', '{x}', 'y'", "length"),
-    ("UPDATE src SET x = ARRAY[[1,2],[3,4]]::float8[] WHERE rid = 9", "'src', '{x}', 'y'",
-     "one-dimensional"),
+    (
+        "UPDATE src SET x = ARRAY[[1,2],[3,4]]::float8[] WHERE rid = 9",
+        "'src', '{x}', 'y'",
+        "one-dimensional",
+    ),
     ("UPDATE src SET y = 0 WHERE rid = 3", "'src', '{x}', 'y'", "not in the declared label set"),
     ("UPDATE src SET y = NULL WHERE rid = 3", "'src', '{x}', 'y'", "label NULL"),
     ("UPDATE src SET y = 'NaN' WHERE rid = 3", "'src', '{x}', 'y', 'linear'", "label is NaN"),
@@ -61,7 +64,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("setup,args,message", CASES, ids=[c[2] + str(i) for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "setup,args,message", CASES, ids=[c[2] + str(i) for i, c in enumerate(CASES)]
+)
 def test_bad_input_is_refused_and_leaves_nothing(conn, src, setup, args, message) -> None:
     if setup:
         conn.execute(setup)
@@ -80,8 +85,9 @@ def test_aggregate_refuses_malformed_states(conn, src) -> None:
     for state in ("'{1,2,3}'", "NULL", "'{}'"):
         with pytest.raises(psycopg.Error, match="dpsql"):
             conn.execute(f"SELECT dpsql.sgd_epoch(x, y, {state}::float8[]) FROM src")
-    good = conn.execute("SELECT dpsql._sgd_init('logistic', 3, 1, 0, 'constant', 0.1, 0, 0, 0.1,"
-                        " 1, 0)").fetchone()[0]
+    good = conn.execute(
+        "SELECT dpsql._sgd_init('logistic', 3, 1, 0, 'constant', 0.1, 0, 0, 0.1, 1, 0)"
+    ).fetchone()[0]
     bad = list(good)
     bad[4] = 1e9  # dim that does not match the array's length
     with pytest.raises(psycopg.Error, match="malformed model state"):

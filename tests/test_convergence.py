@@ -23,17 +23,21 @@ def test_protein_logistic_reaches_the_sklearn_optimum(conn, scratch_schema, data
     y = np.where(y01[train] > 0, 1.0, -1.0)
     m, lam = len(y), 1e-3
 
-    ref = sklearn.LogisticRegression(C=1.0 / (lam * m), fit_intercept=False, tol=1e-10,
-                                     max_iter=10_000).fit(X, y)
+    ref = sklearn.LogisticRegression(
+        C=1.0 / (lam * m), fit_intercept=False, tol=1e-10, max_iter=10_000
+    ).fit(X, y)
     w_star = ref.coef_[0]
     f_star = _objective(w_star, X, y, lam)
 
     load(conn, scratch_schema, "protein", X, y)
     (mid,) = conn.execute(
         "SELECT dpsql.train('protein', '{x}', 'y', 'logistic', epochs => 8, lambda => %s,"
-        " schedule => 'decreasing', batch_size => 10, seed => 1)", (lam,)).fetchone()
-    coef, history = conn.execute("SELECT coef, loss_history FROM dpsql.models WHERE model_id = %s",
-                                 (mid,)).fetchone()
+        " schedule => 'decreasing', batch_size => 10, seed => 1)",
+        (lam,),
+    ).fetchone()
+    coef, history = conn.execute(
+        "SELECT coef, loss_history FROM dpsql.models WHERE model_id = %s", (mid,)
+    ).fetchone()
     w = np.asarray(coef)
     gap = _objective(w, X, y, lam) - f_star
     print(f"objective gap {gap:.3e} (optimum {f_star:.6f})")

@@ -83,14 +83,37 @@ def test_epochs_match_numpy_reference(case: tuple) -> None:
     flags |= _core.FLAG_INTERCEPT if intercept else 0
     n_classes = 3 if model == "multinomial" else 1
     eta, offset = (0.3, 2.0) if schedule in ("inverse", "sqrt") else (0.05, 0.0)
-    state = _core.init_state(model, 6, n_classes=n_classes, lambda_=lam, schedule=schedule,
-                             eta=eta, offset=offset, radius=radius, batch_size=b, flags=flags)
+    state = _core.init_state(
+        model,
+        6,
+        n_classes=n_classes,
+        lambda_=lam,
+        schedule=schedule,
+        eta=eta,
+        offset=offset,
+        radius=radius,
+        batch_size=b,
+        flags=flags,
+    )
     beta = _core.header(state)["beta"]
     for _ in range(3):  # three epochs as three calls: the step counter must carry over
         state = _core.run_epoch(state, X, y)
-    W, steps = psgd(X, y, model=model, epochs=3, b=b, lam=lam, schedule=schedule, eta=eta,
-                    offset=offset, beta=beta, radius=radius, n_classes=n_classes,
-                    intercept=intercept, row_norm=row_norm)
+    W, steps = psgd(
+        X,
+        y,
+        model=model,
+        epochs=3,
+        b=b,
+        lam=lam,
+        schedule=schedule,
+        eta=eta,
+        offset=offset,
+        beta=beta,
+        radius=radius,
+        n_classes=n_classes,
+        intercept=intercept,
+        row_norm=row_norm,
+    )
     np.testing.assert_allclose(_core.weights(state), W, rtol=1e-10, atol=1e-12)
     h = _core.header(state)
     assert h["step"] == steps == 3 * (103 // b)
@@ -102,8 +125,9 @@ def test_epochs_match_numpy_reference(case: tuple) -> None:
 def test_minibatch_is_an_average_not_a_sum() -> None:
     x = np.array([[0.3, -0.2, 0.5]])
     single = _core.run_epoch(_core.init_state("logistic", 3, eta=0.5), x, [1.0])
-    batch = _core.run_epoch(_core.init_state("logistic", 3, eta=0.5, batch_size=8),
-                            np.repeat(x, 8, axis=0), np.ones(8))
+    batch = _core.run_epoch(
+        _core.init_state("logistic", 3, eta=0.5, batch_size=8), np.repeat(x, 8, axis=0), np.ones(8)
+    )
     np.testing.assert_allclose(_core.weights(batch), _core.weights(single), rtol=1e-15)
 
 
@@ -114,9 +138,16 @@ def test_step_counter_is_global_across_epochs() -> None:
     W, _ = psgd(X, y, epochs=2, lam=0.1, schedule="decreasing", beta=1.1, radius=10.0)
     np.testing.assert_allclose(_core.weights(s1), W, rtol=1e-12)
     # Restarting the counter would be a different model.
-    W_reset, _ = psgd(X, y, epochs=1, lam=0.1, schedule="decreasing", beta=1.1, radius=10.0,
-                      W0=psgd(X, y, epochs=1, lam=0.1, schedule="decreasing", beta=1.1,
-                              radius=10.0)[0])
+    W_reset, _ = psgd(
+        X,
+        y,
+        epochs=1,
+        lam=0.1,
+        schedule="decreasing",
+        beta=1.1,
+        radius=10.0,
+        W0=psgd(X, y, epochs=1, lam=0.1, schedule="decreasing", beta=1.1, radius=10.0)[0],
+    )
     assert not np.allclose(W_reset, W)
 
 
@@ -189,8 +220,16 @@ def test_multinomial_labels_must_be_class_indices() -> None:
 def test_malformed_states_are_rejected() -> None:
     good = _core.init_state("logistic", 3, batch_size=4)
     _core.check_state(good)
-    for field, value in [("magic", 1.0), ("loss", 9.0), ("dim", 2.5), ("batch_size", 0.0),
-                         ("in_batch", 4.0), ("lambda", -1.0), ("eta", np.nan), ("flags", 64.0)]:
+    for field, value in [
+        ("magic", 1.0),
+        ("loss", 9.0),
+        ("dim", 2.5),
+        ("batch_size", 0.0),
+        ("in_batch", 4.0),
+        ("lambda", -1.0),
+        ("eta", np.nan),
+        ("flags", 64.0),
+    ]:
         bad = good.copy()
         bad[_core.HEADER_FIELDS.index(field)] = value
         with pytest.raises(ValueError):
@@ -231,8 +270,9 @@ def test_predict_uses_the_same_row_transform() -> None:
     p = _core.predict("logistic", flags, W, X)
     np.testing.assert_allclose(p, 1 / (1 + np.exp(-V @ W[0])), rtol=1e-13)
     Wm = rng.normal(size=(3, 4))
-    np.testing.assert_array_equal(_core.predict("multinomial", flags, Wm, X),
-                                  np.argmax(V @ Wm.T, axis=1))
+    np.testing.assert_array_equal(
+        _core.predict("multinomial", flags, Wm, X), np.argmax(V @ Wm.T, axis=1)
+    )
 
 
 def test_shuffle_keys_form_a_seeded_permutation() -> None:

@@ -16,19 +16,26 @@ def test_parallel_epoch_is_the_row_weighted_average_of_shard_models(conn, scratc
     X = np.eye(m) * a
     load(conn, scratch_schema, "onehot", X, np.ones(m))
     conn.execute("ALTER TABLE onehot SET (parallel_workers = 2)")
-    for setting in ("max_parallel_workers_per_gather = 2", "parallel_setup_cost = 0",
-                    "parallel_tuple_cost = 0", "min_parallel_table_scan_size = 0",
-                    "parallel_leader_participation = off"):
+    for setting in (
+        "max_parallel_workers_per_gather = 2",
+        "parallel_setup_cost = 0",
+        "parallel_tuple_cost = 0",
+        "min_parallel_table_scan_size = 0",
+        "parallel_leader_participation = off",
+    ):
         conn.execute(f"SET {setting}")
     init = _core.init_state("huber", m, eta=eta)
-    plan = "\n".join(r[0] for r in conn.execute(
-        "EXPLAIN SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot", (list(init),)))
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute("EXPLAIN SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot", (list(init),))
+    )
     assert "Partial Aggregate" in plan and "Finalize Aggregate" in plan
 
     shard_counts = set()
     for _ in range(5):
-        (state,) = conn.execute("SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot",
-                                (list(init),)).fetchone()
+        (state,) = conn.execute(
+            "SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot", (list(init),)
+        ).fetchone()
         h = _core.header(state)
         w = _core.weights(np.asarray(state))[0]
         assert h["rows"] == m
@@ -46,6 +53,8 @@ def test_serial_epoch_is_one_shard(conn, scratch_schema) -> None:
     load(conn, scratch_schema, "onehot", np.eye(m) * 0.01, np.ones(m))
     conn.execute("SET max_parallel_workers_per_gather = 0")
     init = _core.init_state("huber", m, eta=0.5)
-    (state,) = conn.execute("SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot", (list(init),)).fetchone()
+    (state,) = conn.execute(
+        "SELECT dpsql.sgd_epoch(x, y, %s) FROM onehot", (list(init),)
+    ).fetchone()
     assert _core.header(state)["shards"] == 1
     np.testing.assert_allclose(_core.weights(np.asarray(state))[0], 0.5 * 0.01)

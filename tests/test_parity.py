@@ -35,9 +35,20 @@ def test_database_memory_and_reference_agree(conn, scratch_schema, case) -> None
     X, y = _data(model)
     src = load(conn, scratch_schema, "src", X, y)
     labels = [0.0, 10.0, 20.0] if model == "multinomial" else None
-    run = prepare(conn, src, model=model, schedule=schedule, batch_size=b, lambda_=lam,
-                  radius=radius, intercept=intercept, row_norm=row_norm, labels=labels,
-                  epochs=3, step_size=None if schedule == "decreasing" else 0.2)
+    run = prepare(
+        conn,
+        src,
+        model=model,
+        schedule=schedule,
+        batch_size=b,
+        lambda_=lam,
+        radius=radius,
+        intercept=intercept,
+        row_norm=row_norm,
+        labels=labels,
+        epochs=3,
+        step_size=None if schedule == "decreasing" else 0.2,
+    )
     state = run_state(conn, run.run_id)
     Xs, ys = training_rows(conn, run.run_id)
     memory = state
@@ -47,9 +58,22 @@ def test_database_memory_and_reference_agree(conn, scratch_schema, case) -> None
         db = run_state(conn, run.run_id)
         np.testing.assert_allclose(db, memory, rtol=1e-12, atol=1e-12)
     h = _core.header(state)
-    W, _ = psgd(Xs, ys, model=model, epochs=3, b=b, lam=lam, schedule=schedule, eta=h["eta"],
-                offset=h["offset"], beta=h["beta"], radius=h["radius"], n_classes=int(h["n_out"]),
-                intercept=intercept, row_norm=row_norm)
+    W, _ = psgd(
+        Xs,
+        ys,
+        model=model,
+        epochs=3,
+        b=b,
+        lam=lam,
+        schedule=schedule,
+        eta=h["eta"],
+        offset=h["offset"],
+        beta=h["beta"],
+        radius=h["radius"],
+        n_classes=int(h["n_out"]),
+        intercept=intercept,
+        row_norm=row_norm,
+    )
     np.testing.assert_allclose(_core.weights(db), W, rtol=1e-9, atol=1e-12)
     run.abort()
 
@@ -85,8 +109,9 @@ def test_same_seed_same_model_other_seed_other_model(conn, scratch_schema) -> No
     src = load(conn, scratch_schema, "src", X, y)
 
     def train(seed):
-        (mid,) = conn.execute("SELECT dpsql.train(%s, '{x}', 'y', 'logistic', epochs => 2,"
-                              " seed => %s)", (src, seed)).fetchone()
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, '{x}', 'y', 'logistic', epochs => 2, seed => %s)", (src, seed)
+        ).fetchone()
         return conn.execute("SELECT coef FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
 
     assert train(5) == train(5)

@@ -42,9 +42,18 @@ def test_train_returns_a_model_with_sklearn_attributes(server_uri, scratch_schem
     with dpsql.connect(server_uri) as db:
         db.execute(f"SET search_path TO {scratch_schema}, public")
         db.load_numpy("pts", X, y, schema=scratch_schema)
-        m = db.train(f"{scratch_schema}.pts", features="x", label="y", model="logistic",
-                     epochs=5, batch_size=5, step_size=0.5, seed=3, intercept=True,
-                     progress=False)
+        m = db.train(
+            f"{scratch_schema}.pts",
+            features="x",
+            label="y",
+            model="logistic",
+            epochs=5,
+            batch_size=5,
+            step_size=0.5,
+            seed=3,
+            intercept=True,
+            progress=False,
+        )
         assert isinstance(m.model_id, int) and m.coef_.shape == (3,)
         assert m.intercept_.shape == (1,) and len(m.loss_history_) == 5
         pred = m.predict(X)

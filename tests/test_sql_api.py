@@ -17,8 +17,10 @@ def binary(conn, scratch_schema):
     X = rng.normal(size=(400, 3)) * 0.5
     y = np.where(X @ [2.0, -1.0, 0.5] + 0.1 * rng.normal(size=400) > 0, 1.0, 0.0)
     load(conn, scratch_schema, "pts", X, y)
-    conn.execute("CREATE TABLE cols AS SELECT x[1] AS a, x[2]::real AS b, (x[3] * 1000)::int AS c,"
-                 " y::int AS label FROM pts")
+    conn.execute(
+        "CREATE TABLE cols AS SELECT x[1] AS a, x[2]::real AS b, (x[3] * 1000)::int AS c,"
+        " y::int AS label FROM pts"
+    )
     conn.execute("CREATE VIEW pts_view AS SELECT * FROM pts WHERE rid % 2 = 0")
     return X, y
 
@@ -32,7 +34,8 @@ def test_train_records_provenance_and_cleans_up(conn, binary) -> None:
     before = leftovers(conn)
     (mid,) = conn.execute(
         "SELECT dpsql.train('pts', ARRAY['x'], 'y', 'logistic', epochs => 4, batch_size => 8,"
-        " lambda => 0.001, schedule => 'decreasing', seed => 99, labels => '{0,1}')").fetchone()
+        " lambda => 0.001, schedule => 'decreasing', seed => 99, labels => '{0,1}')"
+    ).fetchone()
     m = _model(conn, mid)
     assert m["model"] == "logistic" and m["features"] == ["x"] and m["label"] == "y"
     assert m["epochs"] == m["epochs_run"] == 4 and m["batch_size"] == 8 and m["lambda"] == 0.001
@@ -54,19 +57,23 @@ def test_feature_columns_array_column_view_and_query_agree(conn, binary) -> None
     (a,) = conn.execute(f"SELECT dpsql.train('pts', '{{x}}', {common})").fetchone()
     (b,) = conn.execute(
         f"SELECT dpsql.train('SELECT x[1] AS f1, x[2] AS f2, x[3] AS f3, y FROM pts ORDER BY rid',"
-        f" '{{f1,f2,f3}}', {common})").fetchone()
+        f" '{{f1,f2,f3}}', {common})"
+    ).fetchone()
     assert _model(conn, a)["coef"] == _model(conn, b)["coef"]
     (v,) = conn.execute(f"SELECT dpsql.train('pts_view', '{{x}}', {common})").fetchone()
     assert _model(conn, v)["rows"] == 200
-    (c,) = conn.execute("SELECT dpsql.train('cols', '{a,b,c}', 'label', labels => '{0,1}',"
-                        " epochs => 1)").fetchone()
+    (c,) = conn.execute(
+        "SELECT dpsql.train('cols', '{a,b,c}', 'label', labels => '{0,1}', epochs => 1)"
+    ).fetchone()
     assert _model(conn, c)["n_features"] == 3
 
 
 def test_predict_and_evaluate(conn, binary) -> None:
     X, y = binary
-    (mid,) = conn.execute("SELECT dpsql.train('pts', '{x}', 'y', epochs => 5, labels => '{0,1}',"
-                          " step_size => 0.5, batch_size => 4, seed => 3, intercept => true)").fetchone()
+    (mid,) = conn.execute(
+        "SELECT dpsql.train('pts', '{x}', 'y', epochs => 5, labels => '{0,1}',"
+        " step_size => 0.5, batch_size => 4, seed => 3, intercept => true)"
+    ).fetchone()
     m = _model(conn, mid)
     assert m["fit_intercept"] and len(m["intercept"]) == 1
     p = conn.execute("SELECT dpsql.predict(%s, %s)", (mid, list(X[0]))).fetchone()[0]
@@ -79,7 +86,8 @@ def test_predict_and_evaluate(conn, binary) -> None:
     assert value > 0.9
     # Columns under other names.
     metric2, value2, _ = conn.execute(
-        "SELECT * FROM dpsql.evaluate(%s, 'cols', '{a,b,c}', 'label')", (mid,)).fetchone()
+        "SELECT * FROM dpsql.evaluate(%s, 'cols', '{a,b,c}', 'label')", (mid,)
+    ).fetchone()
     assert metric2 == "accuracy" and 0.5 < value2 <= 1
 
 
@@ -88,22 +96,26 @@ def test_linear_huber_and_multinomial(conn, scratch_schema) -> None:
     X = rng.normal(size=(600, 4)) * 0.5
     beta = np.array([1.0, -2.0, 0.5, 0.0])
     load(conn, scratch_schema, "reg", X, X @ beta + 0.01 * rng.normal(size=600))
-    (lin,) = conn.execute("SELECT dpsql.train('reg', '{x}', 'y', 'linear', epochs => 30,"
-                          " step_size => 0.2, seed => 1)").fetchone()
+    (lin,) = conn.execute(
+        "SELECT dpsql.train('reg', '{x}', 'y', 'linear', epochs => 30, step_size => 0.2, seed => 1)"
+    ).fetchone()
     np.testing.assert_allclose(_model(conn, lin)["coef"], beta, atol=0.05)
     metric, mse, _ = conn.execute("SELECT * FROM dpsql.evaluate(%s, 'reg')", (lin,)).fetchone()
     assert metric == "mse" and mse < 0.01
 
     ybin = np.where(X @ beta > 0, 1.0, -1.0)
     load(conn, scratch_schema, "bin", X, ybin)
-    (hub,) = conn.execute("SELECT dpsql.train('bin', '{x}', 'y', 'huber', epochs => 5,"
-                          " step_size => 0.1, seed => 1)").fetchone()
+    (hub,) = conn.execute(
+        "SELECT dpsql.train('bin', '{x}', 'y', 'huber', epochs => 5, step_size => 0.1, seed => 1)"
+    ).fetchone()
     assert conn.execute("SELECT value FROM dpsql.evaluate(%s, 'bin')", (hub,)).fetchone()[0] > 0.9
 
     cls = np.argmax(X @ rng.normal(size=(4, 3)), axis=1).astype(float) + 1  # classes 1, 2, 3
     load(conn, scratch_schema, "multi", X, cls)
-    (mul,) = conn.execute("SELECT dpsql.train('multi', '{x}', 'y', 'multinomial', epochs => 10,"
-                          " labels => '{1,2,3}', step_size => 0.5, seed => 1)").fetchone()
+    (mul,) = conn.execute(
+        "SELECT dpsql.train('multi', '{x}', 'y', 'multinomial', epochs => 10,"
+        " labels => '{1,2,3}', step_size => 0.5, seed => 1)"
+    ).fetchone()
     m = _model(conn, mul)
     assert np.array(m["coef"]).shape == (3, 4)
     acc = conn.execute("SELECT value FROM dpsql.evaluate(%s, 'multi')", (mul,)).fetchone()[0]
@@ -113,8 +125,10 @@ def test_linear_huber_and_multinomial(conn, scratch_schema) -> None:
 
 
 def test_tolerance_stops_early(conn, binary) -> None:
-    (mid,) = conn.execute("SELECT dpsql.train('pts', '{x}', 'y', labels => '{0,1}', epochs => 200,"
-                          " tolerance => 1e-3, seed => 1, step_size => 0.05, lambda => 0.01)").fetchone()
+    (mid,) = conn.execute(
+        "SELECT dpsql.train('pts', '{x}', 'y', labels => '{0,1}', epochs => 200,"
+        " tolerance => 1e-3, seed => 1, step_size => 0.05, lambda => 0.01)"
+    ).fetchone()
     m = _model(conn, mid)
     assert 2 <= m["epochs_run"] < 200
     h = m["loss_history"]
