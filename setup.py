@@ -16,7 +16,7 @@ ext = Extension(
     "dpsql._core",
     sources=["cython_ext/_core.pyx", *core_sources],
     include_dirs=["cython_ext/core", numpy.get_include()],
-    extra_compile_args=["-O2", "-ffp-contract=off", "-fno-fast-math"],
+    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 

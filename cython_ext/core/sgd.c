@@ -190,16 +190,14 @@ dpsql_sgd_epoch_begin(double *state)
 	memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
 }
 
-/* Sum of squares with a fixed 4-way order; *finite is NaN when some x is NaN or Inf. */
+/* Sum of squares with a fixed 4-way summation order. */
 static double
-sum_squares(const double *x, int n, double *finite)
+sum_squares(const double *x, int n)
 {
 	double		s0 = 0.0,
 				s1 = 0.0,
 				s2 = 0.0,
 				s3 = 0.0;
-	double		c0 = 0.0,
-				c1 = 0.0;
 	int			i = 0;
 
 	for (; i + 4 <= n; i += 4)
@@ -208,17 +206,21 @@ sum_squares(const double *x, int n, double *finite)
 		s1 += x[i + 1] * x[i + 1];
 		s2 += x[i + 2] * x[i + 2];
 		s3 += x[i + 3] * x[i + 3];
-		/* x - x is 0 for finite x and NaN for NaN/Inf; IEEE rules keep gcc from folding it. */
-		c0 += (x[i] - x[i]) + (x[i + 1] - x[i + 1]);
-		c1 += (x[i + 2] - x[i + 2]) + (x[i + 3] - x[i + 3]);
 	}
 	for (; i < n; i++)
-	{
 		s0 += x[i] * x[i];
-		c0 += x[i] - x[i];
-	}
-	*finite = c0 + c1;
 	return (s0 + s1) + (s2 + s3);
+}
+
+static int
+all_finite(const double *x, int n)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+		if (!isfinite(x[i]))
+			return 0;
+	return 1;
 }
 
 static double
@@ -260,20 +262,24 @@ rescaled_norm(const double *x, int n)
 DpsqlStatus
 dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 {
-	double		finite;
-	double		ss = sum_squares(x, xlen, &finite);
+	double		ss;
 	double		norm;
 
 	*scale = 1.0;
-	if (!isfinite(finite))
-		return DPSQL_E_NONFINITE_X;
 	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
 		return DPSQL_OK;
-	if (flags & DPSQL_FLAG_INTERCEPT)
-		ss += 1.0;
-	norm = isfinite(ss) ? sqrt(ss) : rescaled_norm(x, xlen);
-	if (isinf(norm))			/* only reachable with the intercept: x dominates */
+	ss = sum_squares(x, xlen);
+	if (!isfinite(ss))
+	{
+		/* NaN/Inf features, or finite ones whose squares overflow. */
+		if (!all_finite(x, xlen))
+			return DPSQL_E_NONFINITE_X;
 		norm = rescaled_norm(x, xlen);
+		if (flags & DPSQL_FLAG_INTERCEPT)
+			norm = hypot(norm, 1.0);
+	}
+	else
+		norm = sqrt((flags & DPSQL_FLAG_INTERCEPT) ? ss + 1.0 : ss);
 	if ((flags & DPSQL_FLAG_CLIP_ROWS) && norm > 1.0)
 		*scale = 1.0 / norm;
 	else if ((flags & DPSQL_FLAG_UNIT_ROWS) && norm > 0.0)
@@ -306,6 +312,12 @@ score_row(const double *w, int dim, int n_out, int flags, const double *x, int x
 		if (flags & DPSQL_FLAG_INTERCEPT)
 			zc += wc[nx];
 		z[c] = *scale * zc;
+		/*
+		 * A NaN or Inf feature always makes the score non-finite (0 * Inf is NaN), so the
+		 * exact per-element check runs only then: it tells bad input from a diverged model.
+		 */
+		if (!isfinite(z[c]))
+			return all_finite(x, xlen) ? DPSQL_E_DIVERGED : DPSQL_E_NONFINITE_X;
 	}
 	return DPSQL_OK;
 }
@@ -338,13 +350,12 @@ loss_derivatives(const DpsqlSgdHeader *h, double *z, double y, double scale)
 static void
 project(const DpsqlSgdHeader *h, double *w, size_t n)
 {
-	double		finite;
 	double		norm;
 	size_t		i;
 
 	if (h->radius <= 0.0)
 		return;
-	norm = sqrt(sum_squares(w, (int) n, &finite));
+	norm = sqrt(sum_squares(w, (int) n));
 	if (norm > h->radius)
 	{
 		double		f = h->radius / norm;
@@ -398,9 +409,6 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
 	if (st != DPSQL_OK)
 		return st;
-	for (i = 0; i < (size_t) n_out; i++)
-		if (!isfinite(zs[i]))
-			return DPSQL_E_DIVERGED;
 	if (scale < 1.0)
 		h->clipped += 1.0;
 	value = loss_derivatives(h, zs, y, scale);
@@ -503,8 +511,7 @@ dpsql_sgd_objective(const double *state)
 {
 	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
 	size_t		n = (size_t) h->dim * (size_t) h->n_out;
-	double		finite;
-	double		ww = sum_squares(state + DPSQL_HEADER_LEN, (int) n, &finite);
+	double		ww = sum_squares(state + DPSQL_HEADER_LEN, (int) n);
 
 	if (h->rows == 0.0)
 		return NAN;
