@@ -367,7 +367,8 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 
 /* g <- g + coef_c * (x, 1?) for every output c. */
 static void
-accumulate(double *g, const double *coef, int dim, int n_out, int flags, const double *x)
+accumulate(double *restrict g, const double *coef, int dim, int n_out, int flags,
+		   const double *restrict x)
 {
 	int			nx = dim - ((flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
 	int			c,
@@ -375,7 +376,7 @@ accumulate(double *g, const double *coef, int dim, int n_out, int flags, const d
 
 	for (c = 0; c < n_out; c++)
 	{
-		double	   *gc = g + (size_t) c * dim;
+		double	   *restrict gc = g + (size_t) c * dim;
 		double		a = coef[c];
 
 		for (i = 0; i < nx; i++)
