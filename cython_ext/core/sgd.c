@@ -223,6 +223,13 @@ all_finite(const double *x, int n)
 	return 1;
 }
 
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define DPSQL_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DPSQL_VECTOR_CLONES
+#endif
+
+DPSQL_VECTOR_CLONES
 static double
 dot(const double *w, const double *x, int n)
 {
@@ -366,6 +373,7 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 }
 
 /* g <- g + coef_c * (x, 1?) for every output c. */
+DPSQL_VECTOR_CLONES
 static void
 accumulate(double *restrict g, const double *coef, int dim, int n_out, int flags,
 		   const double *restrict x)
