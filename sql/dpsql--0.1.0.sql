@@ -408,6 +408,19 @@ BEGIN
     RETURN run;
 END $$;
 
+-- A run's row, locked for the rest of the transaction.
+CREATE FUNCTION dpsql._locked_run(run_id bigint)
+RETURNS dpsql.runs LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs;
+BEGIN
+    SELECT * INTO r FROM dpsql.runs WHERE runs.run_id = _locked_run.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM dpsql._fail(format('no training run %s', coalesce(run_id::text, 'NULL')), '42704');
+    END IF;
+    RETURN r;
+END $$;
+
 -- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
 -- the epoch's training objective, and whether the run is done (epochs reached or converged).
 CREATE FUNCTION dpsql._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
@@ -427,10 +440,7 @@ DECLARE
     prev float8;
     tol float8;
 BEGIN
-    SELECT * INTO r FROM dpsql.runs WHERE runs.run_id = _run_epoch.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM dpsql._fail(format('no training run %s', run_id), '42704');
-    END IF;
+    r := dpsql._locked_run(run_id);
     IF r.done THEN
         PERFORM dpsql._fail(format('training run %s is already done', run_id));
     END IF;
@@ -466,14 +476,10 @@ DECLARE
     info record;
     w float8[];
     d int;
-    c int;
     mid bigint;
     fit_icpt boolean;
 BEGIN
-    SELECT * INTO r FROM dpsql.runs WHERE runs.run_id = _finish.run_id FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM dpsql._fail(format('no training run %s', run_id), '42704');
-    END IF;
+    r := dpsql._locked_run(run_id);
     IF r.epochs_done = 0 THEN
         PERFORM dpsql._fail(format('training run %s has not run any epoch', run_id));
     END IF;

@@ -103,7 +103,7 @@ def test_start_is_idempotent(pgdata: Path, version: int) -> None:
 def test_new_cluster_is_tuned(pgdata: Path) -> None:
     uri = server.start(pgdata=pgdata, keep_running=False)
     with psycopg.connect(uri) as conn:
-        for name, value in server._tuning().items():
+        for name, value in server._tuning(server.DEFAULT_PG_VERSION).items():
             assert conn.execute(f"SHOW {name}").fetchone()[0] == value
         # Written like ALTER SYSTEM would, hence undoable with ALTER SYSTEM RESET.
         rows = conn.execute(

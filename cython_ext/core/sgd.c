@@ -190,28 +190,6 @@ dpsql_sgd_epoch_begin(double *state)
 	memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
 }
 
-/* Sum of squares with a fixed 4-way summation order. */
-static double
-sum_squares(const double *x, int n)
-{
-	double		s0 = 0.0,
-				s1 = 0.0,
-				s2 = 0.0,
-				s3 = 0.0;
-	int			i = 0;
-
-	for (; i + 4 <= n; i += 4)
-	{
-		s0 += x[i] * x[i];
-		s1 += x[i + 1] * x[i + 1];
-		s2 += x[i + 2] * x[i + 2];
-		s3 += x[i + 3] * x[i + 3];
-	}
-	for (; i < n; i++)
-		s0 += x[i] * x[i];
-	return (s0 + s1) + (s2 + s3);
-}
-
 static int
 all_finite(const double *x, int n)
 {
@@ -275,7 +253,7 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 	*scale = 1.0;
 	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
 		return DPSQL_OK;
-	ss = sum_squares(x, xlen);
+	ss = dot(x, x, xlen);
 	if (!isfinite(ss))
 	{
 		/* NaN/Inf features, or finite ones whose squares overflow. */
@@ -362,7 +340,7 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 
 	if (h->radius <= 0.0)
 		return;
-	norm = sqrt(sum_squares(w, (int) n));
+	norm = sqrt(dot(w, w, (int) n));
 	if (norm > h->radius)
 	{
 		double		f = h->radius / norm;
@@ -520,7 +498,7 @@ dpsql_sgd_objective(const double *state)
 {
 	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
 	size_t		n = (size_t) h->dim * (size_t) h->n_out;
-	double		ww = sum_squares(state + DPSQL_HEADER_LEN, (int) n);
+	double		ww = dot(state + DPSQL_HEADER_LEN, state + DPSQL_HEADER_LEN, (int) n);
 
 	if (h->rows == 0.0)
 		return NAN;
