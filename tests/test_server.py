@@ -7,9 +7,11 @@ touched; each test stops what it started.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +22,18 @@ from dpsql import cli, extension, server
 
 
 @pytest.fixture
-def pgdata(tmp_path: Path) -> Iterator[Path]:
-    """A data directory that does not exist yet; its server is stopped after the test."""
-    path = tmp_path / "pg"
+def pgdata() -> Iterator[Path]:
+    """A data directory that does not exist yet; its server is stopped after the test.
+
+    Not under pytest's tmp_path: pytest resets its base directory to mode 0700, which cuts off
+    the unprivileged server user (when tests run as root) if another pytest session starts.
+    """
+    parent = Path(tempfile.mkdtemp(prefix="dpsql-test-"))
+    path = parent / "pg"
     yield path
     if (path / "PG_VERSION").exists():
         server.stop(pgdata=path)
+    shutil.rmtree(parent, ignore_errors=True)
 
 
 def _postmaster_pid(pgdata: Path) -> int:
