@@ -54,7 +54,7 @@ def _source_files(sql_dir: Path) -> list[Path]:
     patterns = [
         (sql_dir / "src", "*.[ch]"),
         (core, "*.[ch]"),
-        (sql_dir, "*.sql"),
+        (sql_dir / "install", "*.sql"),
         (sql_dir, "*.control"),
         (sql_dir, "Makefile"),
     ]

@@ -1,0 +1,73 @@
+-- dpsql 0.1.0: in-database SGD (Bismarck-style epoch aggregate), training runs, models,
+-- bolt-on private release, datasets, roles and the privacy ledger. Built from sql/install/*.sql.
+\echo Use "CREATE EXTENSION dpsql" to load this file. \quit
+
+-- Training tables of runs in progress live here, out of analysts' reach.
+CREATE SCHEMA dpsql_work;
+
+------------------------------------------------------------------------------------------
+-- C functions (sql/src, cython_ext/core)
+------------------------------------------------------------------------------------------
+
+CREATE FUNCTION dpsql._sgd_transition(state float8[], x float8[], y float8, init float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition'
+LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._sgd_final(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_final'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._sgd_combine(a float8[], b float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_combine_states'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- One call = one SGD epoch over the scanned rows, in scan order. COMBINEFUNC averages the
+-- models of parallel partial scans weighted by their row counts (opt-in model averaging).
+CREATE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
+    SFUNC = dpsql._sgd_transition,
+    STYPE = float8[],
+    FINALFUNC = dpsql._sgd_final,
+    COMBINEFUNC = dpsql._sgd_combine,
+    PARALLEL = SAFE
+);
+
+CREATE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float8,
+                                schedule text, eta float8, step_offset float8, radius float8,
+                                huber_h float8, batch_size bigint, flags int)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_init_state'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
+                                OUT objective float8, OUT dropped bigint, OUT clipped bigint,
+                                OUT shards int)
+AS 'MODULE_PATHNAME', 'dpsql_sgd_state_info'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._sgd_weights(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_state_weights'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._predict(loss int, flags int, coef float8[], x float8[])
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_predict_coef'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._loss_code(model text)
+RETURNS int AS 'MODULE_PATHNAME', 'dpsql_loss_code'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql.loss_constants(model text, lambda float8 DEFAULT 0,
+                                     radius float8 DEFAULT 0, huber_h float8 DEFAULT 0.1,
+                                     OUT lipschitz float8, OUT lipschitz_data float8,
+                                     OUT smoothness float8, OUT strong_convexity float8)
+AS 'MODULE_PATHNAME', 'dpsql_loss_constants_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION dpsql.loss_constants(text, float8, float8, float8) IS
+    'Lipschitz, smoothness and strong-convexity constants of one example''s loss for ||x|| <= 1';
+
+CREATE FUNCTION dpsql._shuffle_key(seed bigint, pos bigint)
+RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_shuffle_key_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._random_seed()
+RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_random_seed'
+LANGUAGE C STRICT VOLATILE PARALLEL SAFE;

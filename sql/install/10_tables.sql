@@ -1,0 +1,61 @@
+------------------------------------------------------------------------------------------
+-- Tables
+------------------------------------------------------------------------------------------
+
+CREATE TABLE dpsql.models (
+    model_id        bigserial PRIMARY KEY,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    created_by      name NOT NULL DEFAULT current_user,
+    source          text NOT NULL,
+    features        text[] NOT NULL,
+    label           text NOT NULL,
+    model           text NOT NULL,          -- logistic | linear | huber | multinomial
+    classes         float8[],               -- binary: {negative, positive}; multinomial: classes
+    n_features      int NOT NULL,
+    fit_intercept   boolean NOT NULL,
+    coef            float8[] NOT NULL,      -- 1-D, or classes x features for multinomial
+    intercept       float8[],               -- one per output when fit_intercept
+    weights         float8[] NOT NULL,      -- coef with the intercept column, as trained
+    flags           int NOT NULL,           -- row transform flags of the C core
+    epochs          int NOT NULL,           -- requested
+    epochs_run      int NOT NULL,           -- fewer when the tolerance stopped training
+    batch_size      bigint NOT NULL,
+    lambda          float8 NOT NULL,
+    schedule        text NOT NULL,
+    step_size       float8,
+    step_offset     float8 NOT NULL,
+    radius          float8,
+    huber_h         float8,
+    row_norm        text NOT NULL,
+    shuffle         boolean NOT NULL,
+    seed            bigint,
+    seed_policy     text,                   -- user | random (pg_strong_random) | none
+    rows            bigint NOT NULL,
+    dropped_rows    bigint NOT NULL,        -- rows of partial last batches (drop_last), last epoch
+    clipped_rows    bigint NOT NULL,        -- rows scaled down by the row transform, last epoch
+    train_loss      float8,                 -- objective of the last epoch
+    loss_history    float8[] NOT NULL,
+    prepare_seconds float8 NOT NULL,
+    train_seconds   float8 NOT NULL,
+    privacy         text NOT NULL DEFAULT 'none',
+    epsilon         float8,
+    delta           float8,
+    params          jsonb NOT NULL          -- every argument of the run, for reproduction
+);
+COMMENT ON TABLE dpsql.models IS 'Trained models with their hyperparameters and provenance';
+
+-- Runs in progress: their noiseless state never leaves this table.
+CREATE TABLE dpsql.runs (
+    run_id          bigserial PRIMARY KEY,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    created_by      name NOT NULL DEFAULT current_user,
+    spec            jsonb NOT NULL,
+    train_table     text NOT NULL,
+    state           float8[] NOT NULL,
+    rows            bigint NOT NULL,
+    epochs_done     int NOT NULL DEFAULT 0,
+    losses          float8[] NOT NULL DEFAULT '{}',
+    done            boolean NOT NULL DEFAULT false,
+    prepare_seconds float8 NOT NULL,
+    train_seconds   float8 NOT NULL DEFAULT 0
+);

@@ -1,0 +1,130 @@
+------------------------------------------------------------------------------------------
+-- Preparing sources
+------------------------------------------------------------------------------------------
+
+CREATE FUNCTION dpsql._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
+RETURNS float8 LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code,
+                          HINT = coalesce(hint, '');
+END $$;
+
+-- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.
+CREATE FUNCTION dpsql._source_sql(source text)
+RETURNS text LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    rel regclass;
+    q text := regexp_replace(coalesce(source, ''), ';\s*$', '');
+BEGIN
+    IF btrim(q) = '' THEN
+        PERFORM dpsql._fail('source is empty');
+    END IF;
+    IF q ~* '^\s*(\(|select\s|with\s|values\s|table\s)' THEN
+        RETURN '(' || q || ') AS src';
+    END IF;
+    BEGIN
+        rel := to_regclass(q);
+    EXCEPTION WHEN OTHERS THEN
+        rel := NULL;
+    END;
+    IF rel IS NULL THEN
+        PERFORM dpsql._fail(format('relation %s does not exist', quote_literal(q)), '42P01',
+                            'Give a table or view name (schema-qualified if needed) or a SELECT query.');
+    END IF;
+    RETURN rel::text || ' AS src';
+END $$;
+
+-- SQL expression of the feature vector, and its dimension (probed on the first row).
+CREATE FUNCTION dpsql._feature_sql(src text, features text[], OUT expr text, OUT dim int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    types text[];
+    bad int;
+BEGIN
+    IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
+       OR array_position(features, NULL) IS NOT NULL THEN
+        PERFORM dpsql._fail('features must be a non-empty list of column names');
+    END IF;
+    -- pg_typeof of a scalar subquery gives the column's type even when no row is read; an
+    -- unknown column raises undefined_column here.
+    SELECT 'SELECT ARRAY[' || string_agg(format('pg_typeof((SELECT %I FROM %s LIMIT 1))::text', f, src),
+                                        ', ' ORDER BY i) || ']'
+      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
+    EXECUTE expr INTO types;
+    IF cardinality(features) = 1 AND types[1] LIKE '%[]' THEN
+        IF types[1] NOT IN ('double precision[]', 'real[]', 'integer[]', 'bigint[]', 'smallint[]',
+                            'numeric[]') THEN
+            PERFORM dpsql._fail(format('feature column %I has type %s, not a numeric array',
+                                       features[1], types[1]), '42804');
+        END IF;
+        expr := format('%I::float8[]', features[1]);
+        EXECUTE format('SELECT array_length(%s, 1) FROM %s LIMIT 1', expr, src) INTO dim;
+        IF dim IS NULL THEN
+            PERFORM dpsql._fail(format('the feature array column %I is NULL or empty in the first row',
+                                       features[1]));
+        END IF;
+        RETURN;
+    END IF;
+    SELECT min(i) INTO bad FROM unnest(types) WITH ORDINALITY AS t(ty, i)
+     WHERE ty NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric');
+    IF bad IS NOT NULL THEN
+        PERFORM dpsql._fail(format('feature column %I has type %s: give several numeric columns or '
+                                   'one float8[] column', features[bad], types[bad]), '42804');
+    END IF;
+    SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
+      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
+    dim := cardinality(features);
+END $$;
+
+-- SQL expression of the training label: +-1 for binary models, a class index for multinomial.
+CREATE FUNCTION dpsql._label_sql(model text, label text, labels float8[])
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bad text;
+BEGIN
+    IF label IS NULL THEN
+        PERFORM dpsql._fail('label must name a column');
+    END IF;
+    bad := format('dpsql._fail(format(''label %%s is not in the declared label set %%s'', '
+                  'coalesce(%I::text, ''NULL''), %L))', label, coalesce(labels::text, '(any number)'));
+    IF model = 'linear' THEN
+        RETURN format('coalesce(%I::float8, %s)', label, bad);
+    ELSIF model = 'multinomial' THEN
+        RETURN format('coalesce((array_position(%L::float8[], %I::float8) - 1)::float8, %s)',
+                      labels::text, label, bad);
+    END IF;
+    RETURN format('CASE %I::float8 WHEN %s THEN -1::float8 WHEN %s THEN 1::float8 ELSE %s END',
+                  label, labels[1], labels[2], bad);
+END $$;
+
+-- Canonical model name and checked public label set.
+CREATE FUNCTION dpsql._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    canonical := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    IF canonical = 'linear' THEN
+        IF labels IS NOT NULL THEN
+            PERFORM dpsql._fail('labels apply to classification models only');
+        END IF;
+        RETURN;
+    END IF;
+    IF canonical IN ('logistic', 'huber') THEN
+        checked := coalesce(labels, '{-1,1}');
+        IF cardinality(checked) <> 2 THEN
+            PERFORM dpsql._fail(format('binary models need labels => {negative, positive}, got %s', checked));
+        END IF;
+    ELSIF labels IS NULL THEN
+        PERFORM dpsql._fail('multinomial models need labels => the public list of classes');
+    ELSE
+        checked := labels;
+        IF cardinality(checked) < 2 OR cardinality(checked) > 1024 THEN
+            PERFORM dpsql._fail('multinomial models need 2 to 1024 classes');
+        END IF;
+    END IF;
+    IF array_ndims(checked) <> 1
+       OR EXISTS (SELECT 1 FROM unnest(checked) v WHERE v IS NULL OR v IN ('NaN', 'Infinity', '-Infinity'))
+       OR (SELECT count(DISTINCT v) FROM unnest(checked) v) <> cardinality(checked) THEN
+        PERFORM dpsql._fail(format('labels must be distinct finite numbers, got %s', checked));
+    END IF;
+END $$;

@@ -1,0 +1,261 @@
+------------------------------------------------------------------------------------------
+-- Training runs: prepare -> epochs -> finish. dpsql.train and the Python controller both
+-- drive these, so the logic lives here once.
+------------------------------------------------------------------------------------------
+
+-- Copy the source into a shuffled training table (rid, x, y) and build the initial state.
+-- Parallel scans and synchronized scans are off: row positions must follow the physical order
+-- so that the permutation is a function of the seed alone.
+CREATE FUNCTION dpsql._prepare(
+    source text, features text[], label text, model text, epochs int, batch_size bigint,
+    lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
+    shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
+    huber_h float8, tolerance float8, parallel_workers int DEFAULT 0)
+RETURNS bigint LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+    src text;
+    lab record;
+    feat record;
+    yexpr text;
+    run bigint;
+    tbl text;
+    m bigint;
+    m_any boolean;
+    r float8;
+    eta float8;
+    flags int;
+    seed_policy text := 'none';
+    init float8[];
+BEGIN
+    lab := dpsql._check_labels(model, labels);
+    IF epochs IS NULL OR epochs < 1 THEN
+        PERFORM dpsql._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
+    END IF;
+    IF batch_size IS NULL OR batch_size < 1 THEN
+        PERFORM dpsql._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+    END IF;
+    IF lambda IS NULL OR NOT (lambda >= 0 AND lambda < 'Infinity') THEN
+        PERFORM dpsql._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')));
+    END IF;
+    IF step_size IS NOT NULL AND NOT (step_size > 0 AND step_size < 'Infinity') THEN
+        PERFORM dpsql._fail(format('step_size must be a finite number > 0, got %s', step_size));
+    END IF;
+    IF schedule IS NULL OR schedule NOT IN ('constant', 'decreasing', 'inverse', 'sqrt') THEN
+        PERFORM dpsql._fail(format('unknown schedule %s', coalesce(quote_literal(schedule), 'NULL')),
+                            hint => 'Use constant, decreasing (min(1/beta, 1/(lambda t))), inverse or sqrt.');
+    END IF;
+    IF schedule = 'decreasing' AND lambda = 0 THEN
+        PERFORM dpsql._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0');
+    END IF;
+    IF step_offset IS NULL OR NOT (step_offset >= 0 AND step_offset < 'Infinity') THEN
+        PERFORM dpsql._fail('step_offset must be a finite number >= 0');
+    END IF;
+    IF radius IS NOT NULL AND NOT (radius >= 0 AND radius < 'Infinity') THEN
+        PERFORM dpsql._fail(format('radius must be a finite number >= 0, got %s', radius));
+    END IF;
+    IF row_norm IS NULL OR row_norm NOT IN ('none', 'clip', 'unit') THEN
+        PERFORM dpsql._fail(format('row_norm must be none, clip or unit, got %s', coalesce(row_norm, 'NULL')));
+    END IF;
+    IF huber_h IS NULL OR NOT (huber_h > 0 AND huber_h < 1) THEN
+        PERFORM dpsql._fail('huber_h must be in (0, 1)');
+    END IF;
+    IF tolerance IS NOT NULL AND NOT (tolerance > 0) THEN
+        PERFORM dpsql._fail('tolerance must be > 0');
+    END IF;
+    IF parallel_workers IS NULL OR parallel_workers < 0 OR parallel_workers > 64 THEN
+        PERFORM dpsql._fail('parallel_workers must be between 0 and 64');
+    END IF;
+    IF shuffle IS NULL THEN
+        PERFORM dpsql._fail('shuffle must be true or false');
+    END IF;
+
+    src := dpsql._source_sql(source);
+    BEGIN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
+        IF NOT m_any THEN
+            PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+        END IF;
+        feat := dpsql._feature_sql(src, features);
+        yexpr := dpsql._label_sql(lab.canonical, label, lab.checked);
+        run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
+        tbl := format('dpsql_work.%I', 'train_' || run);
+        EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
+                       'WITH (autovacuum_enabled = false%s)', tbl,
+                       CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
+        -- Keep feature arrays inline and uncompressed: a TOASTed row costs a detoast per epoch.
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', tbl,
+                       CASE WHEN feat.dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+        IF shuffle THEN
+            seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
+            seed := coalesce(seed, dpsql._random_seed());
+            EXECUTE format(
+                'INSERT INTO %s (rid, x, y) '
+                'SELECT row_number() OVER (ORDER BY k, pos), x, y FROM ('
+                '  SELECT dpsql._shuffle_key($1, pos) AS k, pos, x, y FROM ('
+                '    SELECT row_number() OVER () AS pos, %s AS x, %s AS y FROM %s) a) b '
+                'ORDER BY k, pos', tbl, feat.expr, yexpr, src) USING seed;
+        ELSE
+            seed := NULL;
+            EXECUTE format('INSERT INTO %s (rid, x, y) SELECT row_number() OVER (), %s, %s FROM %s',
+                           tbl, feat.expr, yexpr, src);
+        END IF;
+        GET DIAGNOSTICS m = ROW_COUNT;
+    EXCEPTION WHEN undefined_column THEN
+        RAISE EXCEPTION 'dpsql: %', SQLERRM USING ERRCODE = 'undefined_column',
+            DETAIL = format('source %s, features %s, label %s', source, features, label);
+    END;
+    IF m = 0 THEN
+        PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+    END IF;
+
+    r := CASE WHEN radius IS NOT NULL THEN radius
+              WHEN schedule = 'decreasing' THEN 1.0 / lambda  -- L = 1 + lambda R needs the ball
+              ELSE 0 END;
+    eta := coalesce(step_size,
+                    CASE schedule
+                        WHEN 'constant' THEN 1.0 / sqrt(m)     -- the bolt-on paper's choice
+                        WHEN 'decreasing' THEN 0
+                        ELSE 2.0 / (dpsql.loss_constants(lab.canonical, lambda, r, huber_h)).smoothness
+                    END);
+    flags := CASE row_norm WHEN 'clip' THEN 1 WHEN 'unit' THEN 2 ELSE 0 END
+           | CASE WHEN intercept THEN 4 ELSE 0 END;
+    init := dpsql._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
+                            schedule, eta, step_offset, r, huber_h, batch_size, flags);
+
+    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds)
+    VALUES (run,
+            jsonb_build_object(
+                'source', source, 'features', features, 'label', label, 'model', lab.canonical,
+                'classes', lab.checked, 'dim', feat.dim, 'epochs', epochs, 'batch_size', batch_size,
+                'lambda', lambda, 'schedule', schedule,
+                'step_size', CASE WHEN schedule = 'decreasing' THEN NULL ELSE eta END,
+                'step_offset', step_offset, 'radius', CASE WHEN r > 0 THEN r END,
+                'huber_h', CASE WHEN lab.canonical = 'huber' THEN huber_h END,
+                'row_norm', row_norm, 'intercept', intercept, 'shuffle', shuffle, 'seed', seed,
+                'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
+                'parallel_workers', parallel_workers, 'remainder', 'drop_last'),
+            tbl, init, m, extract(epoch FROM clock_timestamp() - t0));
+    RETURN run;
+END $$;
+
+-- A run's row, locked for the rest of the transaction.
+CREATE FUNCTION dpsql._locked_run(run_id bigint)
+RETURNS dpsql.runs LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs;
+BEGIN
+    SELECT * INTO r FROM dpsql.runs WHERE runs.run_id = _locked_run.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM dpsql._fail(format('no training run %s', coalesce(run_id::text, 'NULL')), '42704');
+    END IF;
+    RETURN r;
+END $$;
+
+-- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
+-- the epoch's training objective, and whether the run is done (epochs reached or converged).
+CREATE FUNCTION dpsql._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
+LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+SET parallel_setup_cost = 1000
+SET parallel_tuple_cost = 0.1
+SET min_parallel_table_scan_size = '8MB'
+AS $$
+DECLARE
+    r dpsql.runs;
+    t0 timestamptz := clock_timestamp();
+    st float8[];
+    info record;
+    workers int;
+    prev float8;
+    tol float8;
+BEGIN
+    r := dpsql._locked_run(run_id);
+    IF r.done THEN
+        PERFORM dpsql._fail(format('training run %s is already done', run_id));
+    END IF;
+    workers := coalesce((r.spec->>'parallel_workers')::int, 0);
+    IF workers > 0 THEN
+        -- Opt-in model averaging over parallel partial scans (COMBINEFUNC).
+        PERFORM set_config('max_parallel_workers_per_gather', workers::text, true);
+        PERFORM set_config('parallel_setup_cost', '0', true);
+        PERFORM set_config('parallel_tuple_cost', '0', true);
+        PERFORM set_config('min_parallel_table_scan_size', '0', true);
+    END IF;
+    EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1) FROM %s', r.train_table) INTO st USING r.state;
+    info := dpsql._sgd_info(st);
+    epoch := r.epochs_done + 1;
+    objective := info.objective;
+    prev := r.losses[cardinality(r.losses)];
+    tol := (r.spec->>'tolerance')::float8;
+    done := epoch >= (r.spec->>'epochs')::int
+            OR (tol IS NOT NULL AND prev IS NOT NULL
+                AND abs(prev - objective) <= tol * greatest(abs(prev), 1e-300));
+    UPDATE dpsql.runs
+       SET state = st, epochs_done = epoch, losses = losses || objective, done = _run_epoch.done,
+           train_seconds = runs.train_seconds + extract(epoch FROM clock_timestamp() - t0)
+     WHERE runs.run_id = _run_epoch.run_id;
+END $$;
+
+-- Store the run's model with its provenance, drop its training table, forget its state.
+CREATE FUNCTION dpsql._finish(run_id bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs;
+    s jsonb;
+    info record;
+    w float8[];
+    d int;
+    mid bigint;
+    fit_icpt boolean;
+BEGIN
+    r := dpsql._locked_run(run_id);
+    IF r.epochs_done = 0 THEN
+        PERFORM dpsql._fail(format('training run %s has not run any epoch', run_id));
+    END IF;
+    s := r.spec;
+    info := dpsql._sgd_info(r.state);
+    w := dpsql._sgd_weights(r.state);
+    d := (s->>'dim')::int;
+    fit_icpt := (s->>'intercept')::boolean;
+    INSERT INTO dpsql.models (
+        source, features, label, model, classes, n_features, fit_intercept, coef, intercept,
+        weights, flags, epochs, epochs_run, batch_size, lambda, schedule, step_size, step_offset,
+        radius, huber_h, row_norm, shuffle, seed, seed_policy, rows, dropped_rows, clipped_rows,
+        train_loss, loss_history, prepare_seconds, train_seconds, privacy, params)
+    VALUES (
+        s->>'source', ARRAY(SELECT jsonb_array_elements_text(s->'features')), s->>'label',
+        s->>'model',
+        CASE WHEN s->'classes' <> 'null' THEN ARRAY(SELECT jsonb_array_elements_text(s->'classes'))::float8[] END,
+        d, fit_icpt,
+        CASE WHEN array_ndims(w) = 1 THEN w[1:d] ELSE w[:][1:d] END,
+        CASE WHEN NOT fit_icpt THEN NULL
+             WHEN array_ndims(w) = 1 THEN ARRAY[w[d + 1]]
+             ELSE ARRAY(SELECT w[i][d + 1] FROM generate_series(1, array_length(w, 1)) i) END,
+        w, (s->>'flags')::int, (s->>'epochs')::int, r.epochs_done, (s->>'batch_size')::bigint,
+        (s->>'lambda')::float8, s->>'schedule', (s->>'step_size')::float8,
+        (s->>'step_offset')::float8, (s->>'radius')::float8, (s->>'huber_h')::float8,
+        s->>'row_norm', (s->>'shuffle')::boolean, (s->>'seed')::bigint, s->>'seed_policy',
+        r.rows, info.dropped, info.clipped, info.objective, r.losses, r.prepare_seconds,
+        r.train_seconds, 'none', s)
+    RETURNING model_id INTO mid;
+    EXECUTE format('DROP TABLE %s', r.train_table);
+    DELETE FROM dpsql.runs WHERE runs.run_id = _finish.run_id;
+    RETURN mid;
+END $$;
+
+-- Abandon a run: drop its training table and state.
+CREATE FUNCTION dpsql._abort(run_id bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    tbl text;
+BEGIN
+    DELETE FROM dpsql.runs WHERE runs.run_id = _abort.run_id RETURNING train_table INTO tbl;
+    IF tbl IS NOT NULL THEN
+        EXECUTE format('DROP TABLE IF EXISTS %s', tbl);
+    END IF;
+END $$;

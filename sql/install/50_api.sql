@@ -1,0 +1,97 @@
+------------------------------------------------------------------------------------------
+-- Analyst API
+------------------------------------------------------------------------------------------
+
+CREATE FUNCTION dpsql.train(
+    source text, features text[], label text, model text DEFAULT 'logistic',
+    epochs int DEFAULT 10, batch_size bigint DEFAULT 1, lambda float8 DEFAULT 0,
+    step_size float8 DEFAULT NULL, schedule text DEFAULT 'constant',
+    radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
+    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT false,
+    row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
+    tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    run bigint;
+    e record;
+BEGIN
+    IF privacy IS DISTINCT FROM 'none' THEN
+        PERFORM dpsql._fail(format('privacy mechanism %s is not available in this version',
+                                   coalesce(quote_literal(privacy), 'NULL')),
+                            hint => 'This release trains non-private models only: privacy => ''none''.');
+    END IF;
+    run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
+                          schedule, step_offset, radius, shuffle, seed, labels, intercept,
+                          row_norm, huber_h, tolerance, parallel_workers);
+    LOOP
+        e := dpsql._run_epoch(run);
+        RAISE NOTICE 'dpsql: epoch %/% objective %', e.epoch, epochs, round(e.objective::numeric, 6);
+        EXIT WHEN e.done;
+    END LOOP;
+    RETURN dpsql._finish(run);
+END $$;
+COMMENT ON FUNCTION dpsql.train(text, text[], text, text, int, bigint, float8, float8, text, float8,
+                                boolean, bigint, text, float8[], boolean, text, float8, float8,
+                                float8, int) IS
+    'Train a model by in-database SGD (one aggregate scan per epoch); returns its model_id';
+
+CREATE FUNCTION dpsql._model(model_id bigint)
+RETURNS dpsql.models LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m dpsql.models;
+BEGIN
+    SELECT * INTO m FROM dpsql.models WHERE models.model_id = _model.model_id;
+    IF NOT FOUND THEN
+        PERFORM dpsql._fail(format('no model %s', coalesce(model_id::text, 'NULL')), '42704');
+    END IF;
+    RETURN m;
+END $$;
+
+-- Probability of the positive class (logistic), score (huber, linear) or class (multinomial).
+CREATE FUNCTION dpsql.predict(model_id bigint, x float8[])
+RETURNS float8 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m dpsql.models := dpsql._model(model_id);
+    p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights, x);
+BEGIN
+    IF m.model = 'multinomial' THEN
+        RETURN m.classes[p::int + 1];
+    END IF;
+    RETURN p;
+END $$;
+
+-- Accuracy (classification) or mean squared error (linear) of a model over a table or query.
+CREATE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
+                               label text DEFAULT NULL,
+                               OUT metric text, OUT value float8, OUT rows bigint)
+LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+AS $$
+DECLARE
+    m dpsql.models := dpsql._model(model_id);
+    src text := dpsql._source_sql(source);
+    feat record;
+    yexpr text;
+    pexpr text;
+BEGIN
+    feat := dpsql._feature_sql(src, coalesce(features, m.features));
+    IF feat.dim <> m.n_features THEN
+        PERFORM dpsql._fail(format('model %s has %s features, the source gives %s',
+                                   model_id, m.n_features, feat.dim));
+    END IF;
+    yexpr := dpsql._label_sql(m.model, coalesce(label, m.label), m.classes);
+    pexpr := format('dpsql._predict(%s, %s, %L::float8[], %s)',
+                    dpsql._loss_code(m.model), m.flags, m.weights, feat.expr);
+    IF m.model = 'linear' THEN
+        metric := 'mse';
+        EXECUTE format('SELECT avg((p - y) ^ 2), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
+                       pexpr, yexpr, src) INTO value, rows;
+    ELSE
+        metric := 'accuracy';
+        EXECUTE format('SELECT avg((%s)::int), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
+                       CASE m.model WHEN 'multinomial' THEN 'p = y'
+                                    WHEN 'logistic' THEN '(p >= 0.5) = (y > 0)'
+                                    ELSE '(p >= 0) = (y > 0)' END,
+                       pexpr, yexpr, src) INTO value, rows;
+    END IF;
+END $$;
