@@ -33,6 +33,7 @@ cdef extern from "sgd.h":
     int DPSQL_FLAG_CLIP_ROWS
     int DPSQL_FLAG_UNIT_ROWS
     int DPSQL_FLAG_INTERCEPT
+    int DPSQL_FLAG_SANITIZE
     ctypedef struct DpsqlSgdHeader:
         pass
     ctypedef struct DpsqlSgdParams:
@@ -84,13 +85,14 @@ def loss_code(str name):
 FLAG_CLIP_ROWS = DPSQL_FLAG_CLIP_ROWS
 FLAG_UNIT_ROWS = DPSQL_FLAG_UNIT_ROWS
 FLAG_INTERCEPT = DPSQL_FLAG_INTERCEPT
+FLAG_SANITIZE = DPSQL_FLAG_SANITIZE
 HEADER_LEN = DPSQL_HEADER_LEN
 MAX_CLASSES = DPSQL_MAX_CLASSES
 # Order of the fields of DpsqlSgdHeader (sgd.h).
 HEADER_FIELDS = (
     "magic", "loss", "schedule", "flags", "dim", "n_out", "lambda", "eta", "offset", "beta",
     "gamma", "radius", "huber_h", "batch_size", "step", "step_start", "in_batch", "rows",
-    "loss_sum", "dropped", "clipped", "shards",
+    "loss_sum", "dropped", "clipped", "shards", "invalid",
 )
 
 
@@ -255,3 +257,202 @@ cdef extern from "shuffle.h":
 def shuffle_key(long long seed, long long position):
     """Sort key of row `position` under `seed` (the database's shuffle uses the same)."""
     return dpsql_shuffle_key(seed, position)
+
+
+# ---------------------------------------------------------------------------------------------
+# Privacy: CSPRNG, samplers, calibrations, sensitivities, mechanisms
+# ---------------------------------------------------------------------------------------------
+
+from libc.stdint cimport uint8_t, uint32_t, int64_t, uint64_t
+
+
+cdef extern from "csprng.h":
+    ctypedef struct DpsqlRng:
+        pass
+    void dpsql_rng_init(DpsqlRng *rng, const uint8_t *key, uint64_t stream)
+    void dpsql_rng_init_seed(DpsqlRng *rng, int64_t seed, uint64_t stream)
+    double dpsql_rng_uniform(DpsqlRng *rng)
+    void dpsql_chacha20_block(const uint32_t *key, uint32_t counter, const uint32_t *nonce,
+                              uint32_t *out)
+
+
+cdef extern from "noise.h":
+    double dpsql_sample_normal(DpsqlRng *rng)
+    double dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale)
+    void dpsql_sample_direction(DpsqlRng *rng, double *out, int d)
+    double dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon)
+    double dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta)
+    double dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta)
+
+
+cdef extern from "sensitivity.h":
+    ctypedef struct DpsqlSensitivityParams:
+        int schedule
+        double eta
+        double offset
+        double lipschitz
+        double smoothness
+        double strong_convexity
+        long rows
+        long batch_size
+        long epochs
+        int fresh_permutation
+        int paper_minibatch
+    DpsqlStatus dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
+    DpsqlStatus dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2) nogil
+
+
+cdef extern from "mechanisms.h":
+    DpsqlStatus dpsql_output_perturbation(DpsqlRng *rng, double *weights, int n_out, int dim,
+                                          int per_output, double sensitivity, double epsilon,
+                                          double delta, int calibration, double *scale)
+    int dpsql_exponential_mechanism(DpsqlRng *rng, const double *utility, int n,
+                                    double epsilon, double sensitivity)
+
+
+CALIBRATIONS = {"analytic": 1, "classic": 2}
+
+
+cdef void _rng(DpsqlRng *rng, seed, uint64_t stream):
+    """Keyed by the seed (reproducible, NOT private) or, for seed None, by the OS."""
+    import os
+    cdef bytes key
+    if seed is None:
+        key = os.urandom(32)
+        dpsql_rng_init(rng, key, stream)
+    else:
+        dpsql_rng_init_seed(rng, seed, stream)
+
+
+def chacha20_block(key, uint32_t counter, nonce):
+    """The ChaCha20 block function (RFC 8439): 16 output words."""
+    cdef uint32_t k[8]
+    cdef uint32_t n[3]
+    cdef uint32_t out[16]
+    for i in range(8):
+        k[i] = key[i]
+    for i in range(3):
+        n[i] = nonce[i]
+    dpsql_chacha20_block(k, counter, n, out)
+    return [out[i] for i in range(16)]
+
+
+def uniform(Py_ssize_t n, seed=None):
+    cdef DpsqlRng rng
+    _rng(&rng, seed, 0)
+    return np.array([dpsql_rng_uniform(&rng) for _ in range(n)])
+
+
+def normal(Py_ssize_t n, seed=None):
+    cdef DpsqlRng rng
+    _rng(&rng, seed, 0)
+    return np.array([dpsql_sample_normal(&rng) for _ in range(n)])
+
+
+def gamma(Py_ssize_t n, double shape, double scale=1.0, seed=None):
+    cdef DpsqlRng rng
+    _rng(&rng, seed, 0)
+    return np.array([dpsql_sample_gamma(&rng, shape, scale) for _ in range(n)])
+
+
+def directions(Py_ssize_t n, int d, seed=None):
+    """n uniform directions on the unit sphere in R^d."""
+    cdef DpsqlRng rng
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] out = np.empty((n, d))
+    _rng(&rng, seed, 0)
+    for i in range(n):
+        dpsql_sample_direction(&rng, &out[i, 0], d)
+    return out
+
+
+def gaussian_delta(double sigma, double sensitivity, double epsilon):
+    """delta(epsilon) of the Gaussian mechanism (exact, Balle and Wang 2018)."""
+    return dpsql_gaussian_delta(sigma, sensitivity, epsilon)
+
+
+def gaussian_sigma(double sensitivity, double epsilon, double delta, str calibration="analytic"):
+    """Noise standard deviation for (epsilon, delta); 'classic' is eq. (4) (epsilon < 1)."""
+    if calibration == "analytic":
+        return dpsql_gaussian_sigma_analytic(sensitivity, epsilon, delta)
+    if calibration == "classic":
+        return dpsql_gaussian_sigma_classic(sensitivity, epsilon, delta)
+    raise ValueError(f"dpsql: unknown calibration {calibration!r}")
+
+
+cdef DpsqlSensitivityParams _sens_params(str schedule, double eta, double offset,
+                                         double lipschitz, double smoothness,
+                                         double strong_convexity, long rows, long batch_size,
+                                         long epochs, bint fresh, bint paper_minibatch) except *:
+    cdef DpsqlSensitivityParams p
+    p.schedule = dpsql_schedule_from_name(schedule.encode())
+    if p.schedule == 0:
+        raise ValueError(f"dpsql: unknown schedule {schedule!r}")
+    p.eta = eta
+    p.offset = offset
+    p.lipschitz = lipschitz
+    p.smoothness = smoothness
+    p.strong_convexity = strong_convexity
+    p.rows = rows
+    p.batch_size = batch_size
+    p.epochs = epochs
+    p.fresh_permutation = fresh
+    p.paper_minibatch = paper_minibatch
+    return p
+
+
+def bolton_sensitivity(str schedule, *, double eta=0.0, double offset=0.0, double lipschitz,
+                       double smoothness, double strong_convexity=0.0, long rows,
+                       long batch_size=1, long epochs=1, bint fresh=False,
+                       bint paper_minibatch=False):
+    """L2 sensitivity of the PSGD output by the closed forms the releases use."""
+    cdef DpsqlSensitivityParams p = _sens_params(schedule, eta, offset, lipschitz, smoothness,
+                                                 strong_convexity, rows, batch_size, epochs,
+                                                 fresh, paper_minibatch)
+    cdef double out = 0.0
+    cdef DpsqlStatus st = dpsql_bolton_sensitivity(&p, &out)
+    if st != 0:
+        _raise(st, " (no closed form: check eta <= 2/beta (convex) or the schedule)")
+    return out
+
+
+def exact_sensitivity(str schedule, *, double eta=0.0, double offset=0.0, double lipschitz,
+                      double smoothness, double strong_convexity=0.0, long rows,
+                      long batch_size=1, long epochs=1, bint fresh=False):
+    """The growth recursion of spec 003 section 5.2 (for checking the closed forms)."""
+    cdef DpsqlSensitivityParams p = _sens_params(schedule, eta, offset, lipschitz, smoothness,
+                                                 strong_convexity, rows, batch_size, epochs,
+                                                 fresh, False)
+    cdef double out = 0.0
+    cdef DpsqlStatus st
+    with nogil:
+        st = dpsql_exact_sensitivity(&p, &out)
+    if st != 0:
+        _raise(st, " (a step exceeds its expansiveness limit)")
+    return out
+
+
+def output_perturbation(weights, double sensitivity, double epsilon, double delta=0.0, *,
+                        seed=None, bint per_output=False, str calibration="analytic"):
+    """(noisy copy of weights (n_out x dim), noise scale): the bolt-on release in memory."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] w = np.array(
+        np.atleast_2d(weights), dtype=np.float64, order="C")
+    cdef DpsqlRng rng
+    cdef double scale = 0.0
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"dpsql: unknown calibration {calibration!r}")
+    _rng(&rng, seed, 1)
+    cdef DpsqlStatus st = dpsql_output_perturbation(
+        &rng, &w[0, 0], w.shape[0], w.shape[1], per_output, sensitivity, epsilon, delta,
+        CALIBRATIONS[calibration], &scale)
+    if st != 0:
+        _raise(st, " (epsilon > 0, 0 <= delta < 1; classic Gaussian needs epsilon < 1)")
+    return w, scale
+
+
+def exponential_mechanism(utility, double epsilon, double sensitivity=1.0, seed=None):
+    """Index drawn with probability proportional to exp(epsilon u / (2 sensitivity))."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] u = np.ascontiguousarray(utility,
+                                                                                dtype=np.float64)
+    cdef DpsqlRng rng
+    _rng(&rng, seed, 2)
+    return dpsql_exponential_mechanism(&rng, &u[0], u.shape[0], epsilon, sensitivity)

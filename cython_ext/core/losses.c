@@ -59,7 +59,10 @@ dpsql_check_label(int loss, double y, int n_classes)
 	{
 		case DPSQL_LOSS_LOGISTIC:
 		case DPSQL_LOSS_HUBER:
-			return (y == 1.0 || y == -1.0) ? DPSQL_OK : DPSQL_E_LABEL;
+			if (n_classes <= 1)
+				return (y == 1.0 || y == -1.0) ? DPSQL_OK : DPSQL_E_LABEL;
+			/* one-vs-rest: a class index, like multinomial */
+			/* FALLTHROUGH */
 		case DPSQL_LOSS_MULTINOMIAL:
 			return (y >= 0.0 && y < (double) n_classes && y == floor(y)) ? DPSQL_OK : DPSQL_E_LABEL;
 		case DPSQL_LOSS_SQUARED:

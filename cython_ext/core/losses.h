@@ -36,7 +36,8 @@ int			dpsql_loss_valid(int loss);
 DpsqlLossConstants dpsql_loss_constants(int loss, double lambda, double radius,
 										double huber_h, int n_classes);
 
-/* Check that y is in the loss's label set (n_classes used by multinomial). */
+/* Check that y is in the loss's label set: +-1 for one binary output (n_classes <= 1), else a
+ * class index in 0..n_classes-1 (multinomial, one-vs-rest). */
 DpsqlStatus dpsql_check_label(int loss, double y, int n_classes);
 
 /*

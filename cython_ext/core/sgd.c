@@ -22,6 +22,16 @@ is_count(double v, double max)
 	return isfinite(v) && v >= 0.0 && v <= max && v == floor(v);
 }
 
+int
+dpsql_outputs(int loss, int n_classes)
+{
+	if (loss == DPSQL_LOSS_MULTINOMIAL)
+		return n_classes;
+	if (loss == DPSQL_LOSS_SQUARED || n_classes <= 2)
+		return 1;
+	return n_classes;			/* one-vs-rest */
+}
+
 size_t
 dpsql_sgd_state_length(int model_dim, int n_out)
 {
@@ -61,12 +71,14 @@ check_hyperparameters(int loss, int schedule, double lambda, double eta, double 
 size_t
 dpsql_sgd_init_length(const DpsqlSgdParams *p)
 {
-	int			n_out = p->loss == DPSQL_LOSS_MULTINOMIAL ? p->n_classes : 1;
+	int			n_out = dpsql_outputs(p->loss, p->n_classes);
 	int			model_dim = p->dim + ((p->flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
 
 	if (p->dim < 1 || p->dim >= MAX_DIM || n_out < 1 || n_out > MAX_CLASSES)
 		return 0;
 	if (p->loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2)
+		return 0;
+	if ((p->loss == DPSQL_LOSS_LOGISTIC || p->loss == DPSQL_LOSS_HUBER) && p->n_classes < 1)
 		return 0;
 	return dpsql_sgd_state_length(model_dim, n_out);
 }
@@ -98,7 +110,7 @@ dpsql_sgd_init(const DpsqlSgdParams *p, double *state, size_t len)
 	h->schedule = p->schedule;
 	h->flags = p->flags;
 	h->dim = p->dim + ((p->flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
-	h->n_out = p->loss == DPSQL_LOSS_MULTINOMIAL ? p->n_classes : 1;
+	h->n_out = dpsql_outputs(p->loss, p->n_classes);
 	h->lambda = p->lambda;
 	h->eta = p->schedule == DPSQL_SCHEDULE_DECREASING ? 0.0 : p->eta;
 	h->offset = p->offset;
@@ -128,7 +140,8 @@ dpsql_sgd_check(const double *state, size_t len)
 		return DPSQL_E_STATE;
 	if (((int) h->flags & DPSQL_FLAG_CLIP_ROWS) && ((int) h->flags & DPSQL_FLAG_UNIT_ROWS))
 		return DPSQL_E_STATE;
-	if ((h->loss == DPSQL_LOSS_MULTINOMIAL) != (h->n_out >= 2))
+	if ((h->loss == DPSQL_LOSS_MULTINOMIAL && h->n_out < 2) ||
+		(h->loss == DPSQL_LOSS_SQUARED && h->n_out != 1))
 		return DPSQL_E_STATE;
 	if (len != dpsql_sgd_state_length((int) h->dim, (int) h->n_out))
 		return DPSQL_E_STATE;
@@ -141,7 +154,8 @@ dpsql_sgd_check(const double *state, size_t len)
 	if (!is_count(h->step, 9007199254740992.0) || !is_count(h->step_start, h->step) ||
 		!is_count(h->in_batch, h->batch_size - 1) || !is_count(h->rows, 9007199254740992.0) ||
 		!is_count(h->dropped, h->rows) || !is_count(h->clipped, h->rows) ||
-		!is_count(h->shards, 9007199254740992.0) || !isfinite(h->loss_sum))
+		!is_count(h->shards, 9007199254740992.0) || !is_count(h->invalid, h->rows) ||
+		!isfinite(h->loss_sum))
 		return DPSQL_E_STATE;
 	for (i = DPSQL_HEADER_LEN; i < len; i++)
 		if (!isfinite(state[i]))
@@ -158,20 +172,26 @@ dpsql_sgd_row_length(const double *state)
 }
 
 double
-dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s)
+dpsql_schedule_step(int schedule, double eta, double offset, double beta, double gamma, double s)
 {
-	switch ((int) h->schedule)
+	switch (schedule)
 	{
 		case DPSQL_SCHEDULE_CONSTANT:
-			return h->eta;
+			return eta;
 		case DPSQL_SCHEDULE_DECREASING:
-			return fmin(1.0 / h->beta, 1.0 / (h->gamma * s));
+			return fmin(1.0 / beta, 1.0 / (gamma * s));
 		case DPSQL_SCHEDULE_INVERSE:
-			return h->eta / (s + h->offset);
+			return eta / (s + offset);
 		case DPSQL_SCHEDULE_SQRT:
-			return h->eta / (sqrt(s) + h->offset);
+			return eta / (sqrt(s) + offset);
 	}
 	return NAN;
+}
+
+double
+dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s)
+{
+	return dpsql_schedule_step((int) h->schedule, h->eta, h->offset, h->beta, h->gamma, s);
 }
 
 void
@@ -186,6 +206,7 @@ dpsql_sgd_epoch_begin(double *state)
 	h->loss_sum = 0.0;
 	h->dropped = 0.0;
 	h->clipped = 0.0;
+	h->invalid = 0.0;
 	h->shards = 1.0;
 	memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
 }
@@ -326,28 +347,55 @@ loss_derivatives(const DpsqlSgdHeader *h, double *z, double y, double scale)
 		z[0] = dz * scale;
 		return value;
 	}
-	value = dpsql_loss_softmax(z, n_out, (int) y);
+	if (h->loss == DPSQL_LOSS_MULTINOMIAL)
+		value = dpsql_loss_softmax(z, n_out, (int) y);
+	else
+	{
+		/* One-vs-rest: output c is a binary model of "class c" (+1) against the rest (-1). */
+		value = 0.0;
+		for (c = 0; c < n_out; c++)
+		{
+			double		dz;
+
+			value += dpsql_loss_scalar((int) h->loss, z[c], c == (int) y ? 1.0 : -1.0,
+									   h->huber_h, &dz);
+			z[c] = dz;
+		}
+	}
 	for (c = 0; c < n_out; c++)
 		z[c] *= scale;
 	return value;
 }
 
 static void
-project(const DpsqlSgdHeader *h, double *w, size_t n)
+project_block(double *w, size_t n, double radius)
 {
-	double		norm;
+	double		norm = sqrt(dot(w, w, (int) n));
 	size_t		i;
 
-	if (h->radius <= 0.0)
-		return;
-	norm = sqrt(dot(w, w, (int) n));
-	if (norm > h->radius)
+	if (norm > radius)
 	{
-		double		f = h->radius / norm;
+		double		f = radius / norm;
 
 		for (i = 0; i < n; i++)
 			w[i] *= f;
 	}
+}
+
+/* Onto ||w|| <= R: the whole model, or each one-vs-rest model on its own ball. */
+static void
+project(const DpsqlSgdHeader *h, double *w, size_t n)
+{
+	size_t		dim = (size_t) h->dim;
+	size_t		c;
+
+	if (h->radius <= 0.0)
+		return;
+	if (h->loss == DPSQL_LOSS_MULTINOMIAL || h->n_out == 1.0)
+		project_block(w, n, h->radius);
+	else
+		for (c = 0; c < (size_t) h->n_out; c++)
+			project_block(w + c * dim, dim, h->radius);
 }
 
 /* g <- g + coef_c * (x, 1?) for every output c. */
@@ -391,14 +439,23 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
-	if (st != DPSQL_OK)
-		return st;
-	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
-	if (st != DPSQL_OK)
-		return st;
-	if (scale < 1.0)
-		h->clipped += 1.0;
-	value = loss_derivatives(h, zs, y, scale);
+	if (st == DPSQL_OK)
+		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+	if (st == DPSQL_OK)
+	{
+		if (scale < 1.0)
+			h->clipped += 1.0;
+		value = loss_derivatives(h, zs, y, scale);
+	}
+	else
+	{
+		if (!(flags & DPSQL_FLAG_SANITIZE) || st == DPSQL_E_DIVERGED)
+			return st;
+		/* A null record: it keeps its place in the batch but adds no data gradient. */
+		h->invalid += 1.0;
+		x = NULL;
+		value = 0.0;
+	}
 	h->rows += 1.0;
 	h->loss_sum += value;
 
@@ -410,15 +467,19 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 		if (shrink != 1.0)
 			for (i = 0; i < n; i++)
 				w[i] *= shrink;
-		for (i = 0; i < (size_t) n_out; i++)
-			zs[i] *= -eta;
-		accumulate(w, zs, dim, n_out, flags, x);
+		if (x != NULL)
+		{
+			for (i = 0; i < (size_t) n_out; i++)
+				zs[i] *= -eta;
+			accumulate(w, zs, dim, n_out, flags, x);
+		}
 		h->step += 1.0;
 		project(h, w, n);
 		return DPSQL_OK;
 	}
 
-	accumulate(g, zs, dim, n_out, flags, x);
+	if (x != NULL)
+		accumulate(g, zs, dim, n_out, flags, x);
 	h->in_batch += 1.0;
 	if (h->in_batch >= h->batch_size)
 	{
@@ -547,25 +608,22 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 		return DPSQL_E_LOSS;
 	if (n_out < 1 || n_out > MAX_CLASSES || dim < 1 || dim >= MAX_DIM || (flags & ~DPSQL_FLAG_MASK) != 0 ||
 		((flags & DPSQL_FLAG_INTERCEPT) && dim < 2) ||
-		(loss == DPSQL_LOSS_MULTINOMIAL) != (n_out >= 2))
+		(loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2) || (loss == DPSQL_LOSS_SQUARED && n_out != 1))
 		return DPSQL_E_PARAM;
 	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale);
 	if (st != DPSQL_OK)
 		return st;
-	switch (loss)
+	if (n_out > 1)
 	{
-		case DPSQL_LOSS_LOGISTIC:
-			*out = 1.0 / (1.0 + exp(-zs[0]));
-			break;
-		case DPSQL_LOSS_MULTINOMIAL:
-			for (c = 1; c < n_out; c++)
-				if (zs[c] > zs[best])
-					best = c;
-			*out = best;
-			break;
-		default:
-			*out = zs[0];
-			break;
+		/* multinomial or one-vs-rest: the class with the largest score */
+		for (c = 1; c < n_out; c++)
+			if (zs[c] > zs[best])
+				best = c;
+		*out = best;
 	}
+	else if (loss == DPSQL_LOSS_LOGISTIC)
+		*out = 1.0 / (1.0 + exp(-zs[0]));
+	else
+		*out = zs[0];
 	return DPSQL_OK;
 }

@@ -33,7 +33,14 @@ typedef enum DpsqlSchedule
 #define DPSQL_FLAG_CLIP_ROWS	0x1 /* x <- x / max(1, ||x||) */
 #define DPSQL_FLAG_UNIT_ROWS	0x2 /* x <- x / ||x||, the bolt-on paper's normalisation */
 #define DPSQL_FLAG_INTERCEPT	0x4 /* a constant feature 1 appended (before the row transform) */
-#define DPSQL_FLAG_MASK			0x7
+/*
+ * Private runs: a row that would be an error (NULL, NaN/Inf, wrong length, label outside the
+ * declared set) is processed as a null record with zero data gradient instead, so that no
+ * error can reveal a data value. Such a record is a valid member of the loss class (its loss
+ * is the regulariser alone), so every sensitivity bound still holds.
+ */
+#define DPSQL_FLAG_SANITIZE		0x8
+#define DPSQL_FLAG_MASK			0xF
 
 typedef struct DpsqlSgdHeader
 {
@@ -59,7 +66,8 @@ typedef struct DpsqlSgdHeader
 	double		dropped;		/* rows of discarded partial batches (drop_last) */
 	double		clipped;		/* rows scaled down by the row transform */
 	double		shards;			/* partial states averaged into this one */
-	double		reserved[2];
+	double		invalid;		/* rows processed as null records (DPSQL_FLAG_SANITIZE) */
+	double		reserved;
 } DpsqlSgdHeader;
 
 #define DPSQL_HEADER_LEN ((int) (sizeof(DpsqlSgdHeader) / sizeof(double)))
@@ -70,7 +78,8 @@ typedef struct DpsqlSgdParams
 	int			schedule;
 	int			flags;
 	int			dim;			/* number of input features (without the intercept) */
-	int			n_classes;		/* multinomial only; 1 otherwise */
+	int			n_classes;		/* size of the label set: multinomial classes, or >= 3 for
+								 * one-vs-rest logistic/huber; 1 or 2 = one output */
 	double		lambda;
 	double		eta;
 	double		offset;
@@ -78,6 +87,9 @@ typedef struct DpsqlSgdParams
 	double		huber_h;
 	long		batch_size;
 } DpsqlSgdParams;
+
+/* Number of outputs (weight vectors): classes for multinomial and one-vs-rest, else 1. */
+int			dpsql_outputs(int loss, int n_classes);
 
 /* Total state length for a validated header. */
 size_t		dpsql_sgd_state_length(int model_dim, int n_out);
@@ -100,7 +112,11 @@ dpsql_sgd_weights(double *state)
 	return state + DPSQL_HEADER_LEN;
 }
 
-/* Step size of update s (1-based). */
+/* Step size of update s (1-based) under a schedule: the one place the schedules are written. */
+double		dpsql_schedule_step(int schedule, double eta, double offset, double beta, double gamma,
+								double s);
+
+/* Step size of update s under the state's schedule. */
 double		dpsql_sgd_step_size(const DpsqlSgdHeader *h, double s);
 
 /* Reset the per-epoch counters of a validated state; the model and step counter carry over. */
@@ -136,7 +152,8 @@ DpsqlStatus dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 
 /*
  * Prediction with released coefficients coef[n_out * dim]:
- * logistic -> probability of +1; huber, squared -> score; multinomial -> class index.
+ * logistic -> probability of +1; huber, squared -> score; multinomial and one-vs-rest
+ * (n_out >= 2) -> class index.
  */
 DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 						  const double *x, int xlen, double *out);

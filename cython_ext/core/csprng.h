@@ -1,0 +1,38 @@
+/*
+ * csprng.h - ChaCha20 (RFC 8439 block function) as a cryptographically secure generator.
+ *
+ * Every privacy release draws its noise from a generator keyed with 32 bytes from the OS
+ * (pg_strong_random in the server). A user seed may key it instead for reproducible tests;
+ * such releases are recorded as not private. Streams separate independent uses of one key.
+ */
+#ifndef DPSQL_CSPRNG_H
+#define DPSQL_CSPRNG_H
+
+#include <stdint.h>
+
+typedef struct DpsqlRng
+{
+	uint32_t	key[8];
+	uint32_t	nonce[3];
+	uint32_t	counter;
+	uint32_t	block[16];
+	int			used;			/* 32-bit words of block already handed out */
+} DpsqlRng;
+
+/* Key from 32 bytes (e.g. pg_strong_random); stream picks an independent sequence. */
+void		dpsql_rng_init(DpsqlRng *rng, const uint8_t key[32], uint64_t stream);
+
+/* Key derived from a user seed (NOT private: the seed determines the noise). */
+void		dpsql_rng_init_seed(DpsqlRng *rng, int64_t seed, uint64_t stream);
+
+uint32_t	dpsql_rng_u32(DpsqlRng *rng);
+uint64_t	dpsql_rng_u64(DpsqlRng *rng);
+
+/* Uniform on the open interval (0, 1) with 53 random bits. */
+double		dpsql_rng_uniform(DpsqlRng *rng);
+
+/* The raw block function, for the RFC 8439 test vector. */
+void		dpsql_chacha20_block(const uint32_t key[8], uint32_t counter, const uint32_t nonce[3],
+								 uint32_t out[16]);
+
+#endif

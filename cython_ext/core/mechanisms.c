@@ -1,0 +1,65 @@
+/*
+ * mechanisms.c - output perturbation and the exponential mechanism.
+ */
+#include <math.h>
+#include <stddef.h>
+
+#include "mechanisms.h"
+#include "noise.h"
+
+DpsqlStatus
+dpsql_output_perturbation(DpsqlRng *rng, double *weights, int n_out, int dim, int per_output,
+						  double sensitivity, double epsilon, double delta, int calibration,
+						  double *scale)
+{
+	int			blocks = per_output ? n_out : 1;
+	int			size = per_output ? dim : n_out * dim;
+	int			i;
+
+	if (!(sensitivity >= 0.0) || !isfinite(sensitivity) || !(epsilon > 0.0) ||
+		!isfinite(epsilon) || !(delta >= 0.0 && delta < 1.0) || n_out < 1 || dim < 1)
+		return DPSQL_E_PARAM;
+	if (delta == 0.0)
+		*scale = sensitivity / epsilon;
+	else if (calibration == DPSQL_GAUSSIAN_CLASSIC)
+		*scale = dpsql_gaussian_sigma_classic(sensitivity, epsilon, delta);
+	else if (calibration == DPSQL_GAUSSIAN_ANALYTIC)
+		*scale = dpsql_gaussian_sigma_analytic(sensitivity, epsilon, delta);
+	else
+		return DPSQL_E_PARAM;
+	if (!isfinite(*scale))
+		return DPSQL_E_PARAM;
+	for (i = 0; i < blocks; i++)
+	{
+		double	   *v = weights + (size_t) i * (size_t) size;
+
+		if (delta == 0.0)
+			dpsql_add_l2_laplace(rng, v, size, sensitivity, epsilon);
+		else
+			dpsql_add_gaussian(rng, v, size, *scale);
+	}
+	return DPSQL_OK;
+}
+
+int
+dpsql_exponential_mechanism(DpsqlRng *rng, const double *utility, int n, double epsilon,
+							double sensitivity)
+{
+	double		top = -INFINITY;
+	double		total = 0.0;
+	double		u;
+	int			i;
+
+	for (i = 0; i < n; i++)
+		top = fmax(top, epsilon * utility[i] / (2.0 * sensitivity));
+	for (i = 0; i < n; i++)
+		total += exp(epsilon * utility[i] / (2.0 * sensitivity) - top);
+	u = dpsql_rng_uniform(rng) * total;
+	for (i = 0; i < n - 1; i++)
+	{
+		u -= exp(epsilon * utility[i] / (2.0 * sensitivity) - top);
+		if (u <= 0.0)
+			return i;
+	}
+	return n - 1;
+}

@@ -1,0 +1,173 @@
+/*
+ * noise.c - samplers (normal, gamma, sphere directions) and Gaussian calibrations.
+ *
+ * Textbook floating-point samplers: the releases are not protected against the floating-point
+ * side channels of Mironov (2012); see docs/privacy.md.
+ */
+#include <math.h>
+
+#include "noise.h"
+
+double
+dpsql_sample_normal(DpsqlRng *rng)
+{
+	double		u,
+				v,
+				s;
+
+	do
+	{
+		u = 2.0 * dpsql_rng_uniform(rng) - 1.0;
+		v = 2.0 * dpsql_rng_uniform(rng) - 1.0;
+		s = u * u + v * v;
+	} while (s >= 1.0 || s == 0.0);
+	/* The second normal of the pair is dropped: draws stay independent of call order. */
+	return u * sqrt(-2.0 * log(s) / s);
+}
+
+double
+dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale)
+{
+	double		d,
+				c,
+				x,
+				v,
+				u;
+
+	if (shape < 1.0)
+	{
+		/* Gamma(a) = Gamma(a + 1) * U^(1/a). */
+		double		g = dpsql_sample_gamma(rng, shape + 1.0, 1.0);
+
+		return scale * g * pow(dpsql_rng_uniform(rng), 1.0 / shape);
+	}
+	d = shape - 1.0 / 3.0;
+	c = 1.0 / sqrt(9.0 * d);
+	for (;;)
+	{
+		do
+		{
+			x = dpsql_sample_normal(rng);
+			v = 1.0 + c * x;
+		} while (v <= 0.0);
+		v = v * v * v;
+		u = dpsql_rng_uniform(rng);
+		if (u < 1.0 - 0.0331 * x * x * x * x)
+			return scale * d * v;
+		if (log(u) < 0.5 * x * x + d * (1.0 - v + log(v)))
+			return scale * d * v;
+	}
+}
+
+void
+dpsql_sample_direction(DpsqlRng *rng, double *out, int d)
+{
+	double		norm2;
+	int			i;
+
+	do
+	{
+		norm2 = 0.0;
+		for (i = 0; i < d; i++)
+		{
+			out[i] = dpsql_sample_normal(rng);
+			norm2 += out[i] * out[i];
+		}
+	} while (norm2 == 0.0);
+	norm2 = 1.0 / sqrt(norm2);
+	for (i = 0; i < d; i++)
+		out[i] *= norm2;
+}
+
+void
+dpsql_add_l2_laplace(DpsqlRng *rng, double *v, int d, double sensitivity, double epsilon)
+{
+	double		radius = dpsql_sample_gamma(rng, (double) d, sensitivity / epsilon);
+	double		norm2 = 0.0;
+	double		g;
+	int			i;
+
+	/*
+	 * v += radius * g / ||g|| needs ||g|| before the first coordinate is added: draw g once
+	 * for its norm, then replay the generator to add the same normals (no d-sized buffer).
+	 */
+	for (;;)
+	{
+		DpsqlRng	replay = *rng;
+
+		norm2 = 0.0;
+		for (i = 0; i < d; i++)
+		{
+			g = dpsql_sample_normal(rng);
+			norm2 += g * g;
+		}
+		if (norm2 > 0.0)
+		{
+			double		f = radius / sqrt(norm2);
+
+			/* Replay the same normals: no d-sized buffer is needed. */
+			for (i = 0; i < d; i++)
+				v[i] += f * dpsql_sample_normal(&replay);
+			return;
+		}
+	}
+}
+
+void
+dpsql_add_gaussian(DpsqlRng *rng, double *v, int d, double sigma)
+{
+	int			i;
+
+	for (i = 0; i < d; i++)
+		v[i] += sigma * dpsql_sample_normal(rng);
+}
+
+static double
+std_normal_cdf(double x)
+{
+	return 0.5 * erfc(-x / sqrt(2.0));
+}
+
+double
+dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon)
+{
+	double		a = sensitivity / (2.0 * sigma);
+	double		b = epsilon * sigma / sensitivity;
+
+	return std_normal_cdf(a - b) - exp(epsilon) * std_normal_cdf(-a - b);
+}
+
+double
+dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta)
+{
+	double		lo,
+				hi;
+	int			i;
+
+	if (!(sensitivity > 0.0) || !(epsilon > 0.0) || !(delta > 0.0 && delta < 1.0))
+		return sensitivity == 0.0 ? 0.0 : NAN;
+	/* delta(sigma) decreases in sigma: bracket, then bisect in log space. */
+	lo = hi = sensitivity;
+	while (dpsql_gaussian_delta(hi, sensitivity, epsilon) > delta)
+		hi *= 2.0;
+	while (dpsql_gaussian_delta(lo, sensitivity, epsilon) <= delta && lo > 1e-300)
+		lo /= 2.0;
+	for (i = 0; i < 200; i++)
+	{
+		double		mid = sqrt(lo * hi);
+
+		if (dpsql_gaussian_delta(mid, sensitivity, epsilon) <= delta)
+			hi = mid;
+		else
+			lo = mid;
+	}
+	return hi;
+}
+
+double
+dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta)
+{
+	if (!(epsilon > 0.0 && epsilon < 1.0) || !(delta > 0.0 && delta < 1.0))
+		return NAN;
+	return sensitivity * sqrt(2.0 * log(1.25 / delta)) / epsilon;
+}

@@ -1,0 +1,41 @@
+/*
+ * noise.h - noise samplers and calibrations for the privacy mechanisms (spec 003 section 6).
+ */
+#ifndef DPSQL_NOISE_H
+#define DPSQL_NOISE_H
+
+#include "csprng.h"
+
+/* Standard normal (Marsaglia polar method). */
+double		dpsql_sample_normal(DpsqlRng *rng);
+
+/* Gamma(shape, scale) (Marsaglia-Tsang; shape < 1 by the boost U^(1/shape)). */
+double		dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale);
+
+/* A uniform direction on the unit sphere S^{d-1} (a normalised Gaussian vector). */
+void		dpsql_sample_direction(DpsqlRng *rng, double *out, int d);
+
+/*
+ * Eq. (3): density proportional to exp(-epsilon ||k|| / sensitivity) on R^d, i.e. a radius
+ * ~ Gamma(d, sensitivity/epsilon) times a uniform direction ON the sphere (ERRATA: not in the
+ * ball). Adds the noise to v.
+ */
+void		dpsql_add_l2_laplace(DpsqlRng *rng, double *v, int d, double sensitivity, double epsilon);
+
+/* Adds i.i.d. N(0, sigma^2) to each of the d coordinates of v. */
+void		dpsql_add_gaussian(DpsqlRng *rng, double *v, int d, double sigma);
+
+/*
+ * delta(epsilon) of the Gaussian mechanism with noise sigma and L2 sensitivity (Balle and
+ * Wang 2018, Theorem 8; exact):
+ *   Phi(s/(2 sigma) - epsilon sigma/s) - e^epsilon Phi(-s/(2 sigma) - epsilon sigma/s).
+ */
+double		dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon);
+
+/* Smallest sigma with dpsql_gaussian_delta(sigma) <= delta (the analytic Gaussian mechanism). */
+double		dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta);
+
+/* Eq. (4): sensitivity * sqrt(2 ln(1.25/delta)) / epsilon; valid for epsilon < 1 only (NaN else). */
+double		dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta);
+
+#endif

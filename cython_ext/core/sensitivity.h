@@ -1,0 +1,43 @@
+/*
+ * sensitivity.h - L2 sensitivity of the PSGD output (spec 003 section 5): the closed forms the
+ * bolt-on releases use, and the exact growth-recursion calculator that checks them.
+ *
+ * Neighbouring datasets are replace-one and m is public. n = floor(m/b) updates per pass (the
+ * partial batch is dropped), so m_eff = n b replaces m. The same permutation is used for S and
+ * S'; "fresh" permutations (a new one each pass) take the worst position per pass.
+ */
+#ifndef DPSQL_SENSITIVITY_H
+#define DPSQL_SENSITIVITY_H
+
+#include "status.h"
+
+typedef struct DpsqlSensitivityParams
+{
+	int			schedule;		/* DpsqlSchedule */
+	double		eta;			/* schedule parameters (see dpsql_schedule_step) */
+	double		offset;
+	double		lipschitz;		/* L of each example's loss on the model space */
+	double		smoothness;		/* beta */
+	double		strong_convexity;	/* gamma; 0 = merely convex */
+	long		rows;			/* m */
+	long		batch_size;		/* b */
+	long		epochs;			/* k */
+	int			fresh_permutation;
+	int			paper_minibatch;	/* SC decreasing: the paper's 2L/(gamma m b) (UNSOUND) */
+} DpsqlSensitivityParams;
+
+/*
+ * Closed forms of spec 003 section 5.9:
+ *   convex constant eta <= 2/beta:      2 k L eta / b
+ *   convex inverse / sqrt schedules:    (2L/b) sum_{j<k} eta_{1 + j n}     (Cor. 2/3, exact sums)
+ *   SC decreasing min(1/beta, 1/(gamma t)): 2L / (gamma m_eff)            (independent of b, k)
+ *   SC constant eta <= 1/beta:          (2 eta L / b)(1 - rho^{kn}) / (1 - rho^n), rho = 1 - eta gamma
+ * SC with another schedule uses the convex bound (strongly convex steps are also 1-expansive).
+ * DPSQL_E_PARAM when a step exceeds its limit (2/beta convex, 1/beta SC decreasing) or n = 0.
+ */
+DpsqlStatus dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *delta2);
+
+/* The growth recursion of spec 003 section 5.2, O(k n): always <= the closed form. */
+DpsqlStatus dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2);
+
+#endif
