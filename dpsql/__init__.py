@@ -8,6 +8,7 @@
 
 from dpsql.connection import Database, connect
 from dpsql.models import Model
+from dpsql.privacy import BoltOn
 
-__all__ = ["Database", "Model", "connect"]
+__all__ = ["BoltOn", "Database", "Model", "connect"]
 __version__ = "0.1.0"

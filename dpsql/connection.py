@@ -79,7 +79,7 @@ class Database:
         radius: float | None = None,
         shuffle: bool = True,
         seed: int | None = None,
-        privacy: str = "none",
+        privacy: Any = "none",
         labels: Sequence[float] | None = None,
         intercept: bool = False,
         row_norm: str = "none",
@@ -91,7 +91,9 @@ class Database:
     ) -> Model:
         """Train a model inside the server, one aggregate scan per epoch.
 
-        Arguments mirror ``dpsql.train`` in SQL (``lambda_`` is SQL's ``lambda``). ``features``
+        Arguments mirror ``dpsql.train`` in SQL (``lambda_`` is SQL's ``lambda``). ``privacy``
+        is ``"none"`` or a mechanism such as :class:`dpsql.BoltOn`; a private run uses the
+        registered dataset named by ``source`` (its features and labels). ``features``
         is a list of numeric columns or the name of one ``float8[]`` column; ``source`` a table,
         view or SELECT query. The run happens in one transaction: on any error (or Ctrl-C)
         nothing is left behind.
@@ -101,10 +103,27 @@ class Database:
         Model
             The stored model (``model_id``, ``coef_``, ``intercept_``, ``predict``, ...).
         """
+        if not isinstance(privacy, str):
+            return self._train_private(
+                source,
+                model,
+                privacy,
+                epochs=epochs,
+                batch_size=batch_size,
+                lambda_=lambda_,
+                step_size=step_size,
+                schedule=schedule,
+                radius=radius,
+                seed=seed,
+                intercept=intercept,
+                huber_h=huber_h,
+                step_offset=step_offset,
+                parallel_workers=parallel_workers,
+            )
         if privacy != "none":
             raise ValueError(
-                f"dpsql: privacy mechanism {privacy!r} is not available in this version "
-                "(privacy='none' trains a non-private model)"
+                f"dpsql: privacy={privacy!r}: pass a mechanism object such as "
+                "dpsql.BoltOn(epsilon=...), or 'none' for a non-private model"
             )
         args = train_args(
             source=source,
@@ -132,6 +151,30 @@ class Database:
             run.run_epochs(progress=progress)
             model_id = run.finish()
         return self.model(model_id)
+
+    def _train_private(self, source: str, model: str, privacy: Any, **kw: Any) -> Model:
+        """A private run: the server drives it and releases only the noisy model."""
+        if not hasattr(privacy, "sql_args"):
+            raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
+        kw["lambda"] = float(kw.pop("lambda_"))
+        if kw.get("schedule") == "constant" and kw["lambda"] > 0:
+            kw["schedule"] = None  # the server picks Algorithm 2's decreasing schedule
+        args = {
+            "source": source,
+            "features": None,
+            "label": None,
+            "model": model,
+            **kw,
+            **privacy.sql_args(),
+        }
+        query = sql.SQL("SELECT dpsql.train({})").format(
+            sql.SQL(", ").join(
+                sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in args
+            )
+        )
+        row = self.conn.execute(query, list(args.values())).fetchone()
+        assert row is not None
+        return self.model(int(row[0]))
 
     # -- models --------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class Model:
 
     def decision_function(self, X: Any) -> np.ndarray:
         """Scores <w, x> (after the model's row transform); binary and linear models only."""
-        if self.model == "multinomial":
+        if self.weights_.ndim == 2:
             raise ValueError("dpsql: decision_function is for binary and linear models")
         raw = self._raw(X)
         if self.model == "logistic":
@@ -75,8 +75,8 @@ class Model:
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Probabilities of (negative, positive) for logistic models."""
-        if self.model != "logistic":
-            raise ValueError("dpsql: predict_proba is for logistic models")
+        if self.model != "logistic" or self.weights_.ndim == 2:
+            raise ValueError("dpsql: predict_proba is for binary logistic models")
         p = self._raw(X)
         return np.column_stack([1.0 - p, p])
 
@@ -86,7 +86,7 @@ class Model:
         if self.model == "linear":
             return raw
         assert self.classes_ is not None
-        if self.model == "multinomial":
+        if self.weights_.ndim == 2:  # multinomial or one-vs-rest: a class index
             return self.classes_[raw.astype(np.int64)]
         threshold = 0.5 if self.model == "logistic" else 0.0
         return np.where(raw >= threshold, self.classes_[1], self.classes_[0])

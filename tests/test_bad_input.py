@@ -55,7 +55,7 @@ CASES = [
     (None, "'src', '{x}', 'y', 'svm2'", "unknown model"),
     (None, "'src', '{x}', 'y', 'multinomial'", "need labels"),
     (None, "'src', '{x}', 'y', labels => '{1,1}'", "distinct"),
-    (None, "'src', '{x}', 'y', labels => '{1,2,3}'", "binary models need"),
+    (None, "'src', '{x}', 'y', labels => '{1}'", "models need labels"),
     (None, "'src', '{x}', 'y', 'linear', labels => '{1,2}'", "classification models only"),
     (None, "'src', '{x}', 'y', privacy => 'bolton'", "not available"),
     (None, "'src', '{x}', 'y', row_norm => 'l1'", "row_norm must be"),

@@ -71,3 +71,29 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 CREATE FUNCTION dpsql._random_seed()
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_random_seed'
 LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8,
+                                      delta float8, per_output boolean, calibration text,
+                                      seed bigint, OUT weights float8[], OUT noise_scale float8)
+AS 'MODULE_PATHNAME', 'dpsql_bolton_release'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- L2 sensitivity of the PSGD output: the closed forms of the C core (exact => the growth
+-- recursion instead; paper_minibatch => the paper's unsound strongly convex mini-batch form).
+CREATE FUNCTION dpsql.bolton_sensitivity(schedule text, eta float8, step_offset float8,
+                                         lipschitz float8, smoothness float8,
+                                         strong_convexity float8, rows bigint, batch_size bigint,
+                                         epochs int, fresh boolean DEFAULT false,
+                                         exact boolean DEFAULT false,
+                                         paper_minibatch boolean DEFAULT false)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_bolton_sensitivity_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
+                                             seed bigint)
+RETURNS int AS 'MODULE_PATHNAME', 'dpsql_exponential_mechanism_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;

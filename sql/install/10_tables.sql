@@ -2,7 +2,8 @@
 -- Tables
 ------------------------------------------------------------------------------------------
 
-CREATE TABLE dpsql.models (
+-- Every trained model; analysts read it through the filtered view dpsql.models (35_private.sql).
+CREATE TABLE dpsql.model_store (
     model_id        bigserial PRIMARY KEY,
     created_at      timestamptz NOT NULL DEFAULT now(),
     created_by      name NOT NULL DEFAULT current_user,
@@ -32,17 +33,21 @@ CREATE TABLE dpsql.models (
     seed_policy     text,                   -- user | random (pg_strong_random) | none
     rows            bigint NOT NULL,
     dropped_rows    bigint NOT NULL,        -- rows of partial last batches (drop_last), last epoch
-    clipped_rows    bigint NOT NULL,        -- rows scaled down by the row transform, last epoch
-    train_loss      float8,                 -- objective of the last epoch
-    loss_history    float8[] NOT NULL,
+    clipped_rows    bigint,                 -- rows scaled down by the row transform, last epoch
+                                            -- (NULL for private models: data-dependent)
+    train_loss      float8,                 -- objective of the last epoch (NULL when private)
+    loss_history    float8[] NOT NULL,      -- empty for private models
     prepare_seconds float8 NOT NULL,
     train_seconds   float8 NOT NULL,
     privacy         text NOT NULL DEFAULT 'none',
+    dataset_id      bigint,                 -- the registered dataset a private model charged
     epsilon         float8,
     delta           float8,
+    sensitivity     float8,                 -- L2 sensitivity of the released model
+    noise_scale     float8,                 -- Gamma scale sensitivity/epsilon, or Gaussian sigma
     params          jsonb NOT NULL          -- every argument of the run, for reproduction
 );
-COMMENT ON TABLE dpsql.models IS 'Trained models with their hyperparameters and provenance';
+COMMENT ON TABLE dpsql.model_store IS 'Trained models with their hyperparameters and provenance';
 
 -- Runs in progress: their noiseless state never leaves this table.
 CREATE TABLE dpsql.runs (

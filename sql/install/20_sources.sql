@@ -36,7 +36,9 @@ BEGIN
 END $$;
 
 -- SQL expression of the feature vector, and its dimension (probed on the first row).
-CREATE FUNCTION dpsql._feature_sql(src text, features text[], OUT expr text, OUT dim int)
+-- Public feature bounds (d x 2), when given, clip and rescale each feature onto [-1, 1].
+CREATE FUNCTION dpsql._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
+                                   OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
 DECLARE
     types text[];
@@ -59,6 +61,12 @@ BEGIN
                                        features[1], types[1]), '42804');
         END IF;
         expr := format('%I::float8[]', features[1]);
+        IF bounds IS NOT NULL THEN
+            -- The declared dimension: no row is read to learn it.
+            expr := format('dpsql._apply_bounds(%s, %L::float8[])', expr, bounds::text);
+            dim := array_length(bounds, 1);
+            RETURN;
+        END IF;
         EXECUTE format('SELECT array_length(%s, 1) FROM %s LIMIT 1', expr, src) INTO dim;
         IF dim IS NULL THEN
             PERFORM dpsql._fail(format('the feature array column %I is NULL or empty in the first row',
@@ -75,22 +83,32 @@ BEGIN
     SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
       INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
     dim := cardinality(features);
+    IF bounds IS NOT NULL THEN
+        IF array_length(bounds, 1) <> dim THEN
+            PERFORM dpsql._fail(format('%s feature bounds for %s features', array_length(bounds, 1), dim));
+        END IF;
+        expr := format('dpsql._apply_bounds(%s, %L::float8[])', expr, bounds::text);
+    END IF;
 END $$;
 
--- SQL expression of the training label: +-1 for binary models, a class index for multinomial.
-CREATE FUNCTION dpsql._label_sql(model text, label text, labels float8[])
+-- SQL expression of the training label: +-1 for binary models, a class index for multinomial
+-- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
+-- NULL, which the aggregate turns into a null record instead of an error revealing the value.
+CREATE FUNCTION dpsql._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    bad text;
+    bad text := 'NULL::float8';
 BEGIN
     IF label IS NULL THEN
         PERFORM dpsql._fail('label must name a column');
     END IF;
-    bad := format('dpsql._fail(format(''label %%s is not in the declared label set %%s'', '
-                  'coalesce(%I::text, ''NULL''), %L))', label, coalesce(labels::text, '(any number)'));
+    IF strict THEN
+        bad := format('dpsql._fail(format(''label %%s is not in the declared label set %%s'', '
+                      'coalesce(%I::text, ''NULL''), %L))', label, coalesce(labels::text, '(any number)'));
+    END IF;
     IF model = 'linear' THEN
         RETURN format('coalesce(%I::float8, %s)', label, bad);
-    ELSIF model = 'multinomial' THEN
+    ELSIF model = 'multinomial' OR cardinality(labels) > 2 THEN
         RETURN format('coalesce((array_position(%L::float8[], %I::float8) - 1)::float8, %s)',
                       labels::text, label, bad);
     END IF;
@@ -110,9 +128,11 @@ BEGIN
         RETURN;
     END IF;
     IF canonical IN ('logistic', 'huber') THEN
+        -- Two labels: one binary model; three or more: one-vs-rest, one binary model per class.
         checked := coalesce(labels, '{-1,1}');
-        IF cardinality(checked) <> 2 THEN
-            PERFORM dpsql._fail(format('binary models need labels => {negative, positive}, got %s', checked));
+        IF cardinality(checked) < 2 OR cardinality(checked) > 1024 THEN
+            PERFORM dpsql._fail(format('%s models need labels => {negative, positive} (or 3 to 1024 '
+                                       'classes for one-vs-rest), got %s', canonical, checked));
         END IF;
     ELSIF labels IS NULL THEN
         PERFORM dpsql._fail('multinomial models need labels => the public list of classes');

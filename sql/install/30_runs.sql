@@ -10,7 +10,9 @@ CREATE FUNCTION dpsql._prepare(
     source text, features text[], label text, model text, epochs int, batch_size bigint,
     lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
     shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
-    huber_h float8, tolerance float8, parallel_workers int DEFAULT 0)
+    huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
+    private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
+    permutation text DEFAULT 'once')
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -72,6 +74,12 @@ BEGIN
     IF shuffle IS NULL THEN
         PERFORM dpsql._fail('shuffle must be true or false');
     END IF;
+    IF permutation IS NULL OR permutation NOT IN ('once', 'fresh') THEN
+        PERFORM dpsql._fail('permutation must be once (shuffle once) or fresh (a new one each epoch)');
+    END IF;
+    IF permutation = 'fresh' AND (NOT shuffle OR parallel_workers > 0) THEN
+        PERFORM dpsql._fail('fresh permutations need shuffle => true and a serial scan');
+    END IF;
 
     src := dpsql._source_sql(source);
     BEGIN
@@ -79,8 +87,8 @@ BEGIN
         IF NOT m_any THEN
             PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
         END IF;
-        feat := dpsql._feature_sql(src, features);
-        yexpr := dpsql._label_sql(lab.canonical, label, lab.checked);
+        feat := dpsql._feature_sql(src, features, feature_bounds);
+        yexpr := dpsql._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         tbl := format('dpsql_work.%I', 'train_' || run);
         EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
@@ -122,7 +130,8 @@ BEGIN
                         ELSE 2.0 / (dpsql.loss_constants(lab.canonical, lambda, r, huber_h)).smoothness
                     END);
     flags := CASE row_norm WHEN 'clip' THEN 1 WHEN 'unit' THEN 2 ELSE 0 END
-           | CASE WHEN intercept THEN 4 ELSE 0 END;
+           | CASE WHEN intercept THEN 4 ELSE 0 END
+           | CASE WHEN private THEN 8 ELSE 0 END;  -- malformed rows become null records
     init := dpsql._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 
@@ -137,7 +146,8 @@ BEGIN
                 'huber_h', CASE WHEN lab.canonical = 'huber' THEN huber_h END,
                 'row_norm', row_norm, 'intercept', intercept, 'shuffle', shuffle, 'seed', seed,
                 'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
-                'parallel_workers', parallel_workers, 'remainder', 'drop_last'),
+                'parallel_workers', parallel_workers, 'remainder', 'drop_last',
+                'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds),
             tbl, init, m, extract(epoch FROM clock_timestamp() - t0));
     RETURN run;
 END $$;
@@ -186,7 +196,14 @@ BEGIN
         PERFORM set_config('parallel_tuple_cost', '0', true);
         PERFORM set_config('min_parallel_table_scan_size', '0', true);
     END IF;
-    EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1) FROM %s', r.train_table) INTO st USING r.state;
+    IF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
+        -- A new data-independent permutation for this pass: the epoch number mixed into the seed.
+        EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1 ORDER BY dpsql._shuffle_key($2, rid)) FROM %s',
+                       r.train_table)
+           INTO st USING r.state, (r.spec->>'seed')::bigint # (r.epochs_done::bigint << 40);
+    ELSE
+        EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1) FROM %s', r.train_table) INTO st USING r.state;
+    END IF;
     info := dpsql._sgd_info(st);
     epoch := r.epochs_done + 1;
     objective := info.objective;
@@ -202,7 +219,10 @@ BEGIN
 END $$;
 
 -- Store the run's model with its provenance, drop its training table, forget its state.
-CREATE FUNCTION dpsql._finish(run_id bigint)
+-- released (private runs): the noisy weights to store instead of the state's; privacy: the
+-- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...).
+CREATE FUNCTION dpsql._finish(run_id bigint, released float8[] DEFAULT NULL,
+                              privacy jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs;
@@ -219,14 +239,18 @@ BEGIN
     END IF;
     s := r.spec;
     info := dpsql._sgd_info(r.state);
-    w := dpsql._sgd_weights(r.state);
+    w := coalesce(released, dpsql._sgd_weights(r.state));
+    IF (s->>'private')::boolean AND (released IS NULL OR privacy IS NULL) THEN
+        PERFORM dpsql._fail('a private run can only finish with a released (noisy) model', 'XX000');
+    END IF;
     d := (s->>'dim')::int;
     fit_icpt := (s->>'intercept')::boolean;
-    INSERT INTO dpsql.models (
+    INSERT INTO dpsql.model_store (
         source, features, label, model, classes, n_features, fit_intercept, coef, intercept,
         weights, flags, epochs, epochs_run, batch_size, lambda, schedule, step_size, step_offset,
         radius, huber_h, row_norm, shuffle, seed, seed_policy, rows, dropped_rows, clipped_rows,
-        train_loss, loss_history, prepare_seconds, train_seconds, privacy, params)
+        train_loss, loss_history, prepare_seconds, train_seconds, privacy, dataset_id, epsilon,
+        delta, sensitivity, noise_scale, params)
     VALUES (
         s->>'source', ARRAY(SELECT jsonb_array_elements_text(s->'features')), s->>'label',
         s->>'model',
@@ -240,8 +264,15 @@ BEGIN
         (s->>'lambda')::float8, s->>'schedule', (s->>'step_size')::float8,
         (s->>'step_offset')::float8, (s->>'radius')::float8, (s->>'huber_h')::float8,
         s->>'row_norm', (s->>'shuffle')::boolean, (s->>'seed')::bigint, s->>'seed_policy',
-        r.rows, info.dropped, info.clipped, info.objective, r.losses, r.prepare_seconds,
-        r.train_seconds, 'none', s)
+        r.rows, info.dropped,
+        -- Diagnostics computed from the data are not released with a private model.
+        CASE WHEN privacy IS NULL THEN info.clipped END,
+        CASE WHEN privacy IS NULL THEN info.objective END,
+        CASE WHEN privacy IS NULL THEN r.losses ELSE '{}' END,
+        r.prepare_seconds, r.train_seconds, coalesce(privacy->>'mechanism', 'none'),
+        (privacy->>'dataset_id')::bigint, (privacy->>'epsilon')::float8,
+        (privacy->>'delta')::float8, (privacy->>'sensitivity')::float8,
+        (privacy->>'noise_scale')::float8, s || coalesce(jsonb_build_object('privacy', privacy), '{}'))
     RETURNING model_id INTO mid;
     EXECUTE format('DROP TABLE %s', r.train_table);
     DELETE FROM dpsql.runs WHERE runs.run_id = _finish.run_id;

@@ -5,24 +5,42 @@
 CREATE FUNCTION dpsql.train(
     source text, features text[], label text, model text DEFAULT 'logistic',
     epochs int DEFAULT 10, batch_size bigint DEFAULT 1, lambda float8 DEFAULT 0,
-    step_size float8 DEFAULT NULL, schedule text DEFAULT 'constant',
+    step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
     radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
     privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT false,
     row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
-    tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0)
+    tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
+    epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
+    permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
     e record;
 BEGIN
     IF privacy IS DISTINCT FROM 'none' THEN
-        PERFORM dpsql._fail(format('privacy mechanism %s is not available in this version',
-                                   coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'This release trains non-private models only: privacy => ''none''.');
+        -- Registered datasets only: their owner's columns, labels and bounds are used, so
+        -- features, label, labels and row_norm given here are ignored.
+        RETURN dpsql._train_private(source, model, jsonb_build_object(
+            'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
+            'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
+            'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
+            'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
+            'tolerance', tolerance, 'parallel_workers', parallel_workers,
+            'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula));
+    END IF;
+    IF NOT dpsql._is_admin() THEN
+        PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
+                            'private models of registered datasets', '42501',
+                            'Use privacy => ''bolton'' with epsilon (and delta).');
+    END IF;
+    IF epsilon IS NOT NULL THEN
+        PERFORM dpsql._fail('epsilon is given but privacy => ''none''',
+                            hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
     run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
-                          schedule, step_offset, radius, shuffle, seed, labels, intercept,
-                          row_norm, huber_h, tolerance, parallel_workers);
+                          coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
+                          labels, intercept, row_norm, huber_h, tolerance, parallel_workers,
+                          permutation => permutation);
     LOOP
         e := dpsql._run_epoch(run);
         RAISE NOTICE 'dpsql: epoch %/% objective %', e.epoch, epochs, round(e.objective::numeric, 6);
@@ -30,9 +48,7 @@ BEGIN
     END LOOP;
     RETURN dpsql._finish(run);
 END $$;
-COMMENT ON FUNCTION dpsql.train(text, text[], text, text, int, bigint, float8, float8, text, float8,
-                                boolean, bigint, text, float8[], boolean, text, float8, float8,
-                                float8, int) IS
+COMMENT ON FUNCTION dpsql.train IS
     'Train a model by in-database SGD (one aggregate scan per epoch); returns its model_id';
 
 CREATE FUNCTION dpsql._model(model_id bigint)
@@ -54,7 +70,7 @@ DECLARE
     m dpsql.models := dpsql._model(model_id);
     p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights, x);
 BEGIN
-    IF m.model = 'multinomial' THEN
+    IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
     END IF;
     RETURN p;
@@ -89,9 +105,9 @@ BEGIN
     ELSE
         metric := 'accuracy';
         EXECUTE format('SELECT avg((%s)::int), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
-                       CASE m.model WHEN 'multinomial' THEN 'p = y'
-                                    WHEN 'logistic' THEN '(p >= 0.5) = (y > 0)'
-                                    ELSE '(p >= 0) = (y > 0)' END,
+                       CASE WHEN array_ndims(m.weights) = 2 THEN 'p = y'
+                            WHEN m.model = 'logistic' THEN '(p >= 0.5) = (y > 0)'
+                            ELSE '(p >= 0) = (y > 0)' END,
                        pexpr, yexpr, src) INTO value, rows;
     END IF;
 END $$;

@@ -8,6 +8,9 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
+#include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "utils/array.h"
 
@@ -38,6 +41,14 @@ prefetch_following_row(const ArrayType *x)
 #else
 	(void) x;
 #endif
+}
+
+/* A 1-D float8[] without NULL elements (what dpsql_float8_array accepts without an ERROR). */
+static bool
+plain_float8_vector(ArrayType *a)
+{
+	return ARR_ELEMTYPE(a) == FLOAT8OID && ARR_NDIM(a) <= 1 &&
+		!(ARR_HASNULL(a) && array_contains_nulls(a));
 }
 
 /* Copy and validate the initial state handed in by the controller (first row only). */
@@ -88,6 +99,15 @@ dpsql_sgd_transition(PG_FUNCTION_ARGS)
 	state = PG_ARGISNULL(0) ? start_epoch(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
 	s = (double *) ARR_DATA_PTR(state);
 
+	if (((int) ((DpsqlSgdHeader *) s)->flags & DPSQL_FLAG_SANITIZE) &&
+		(PG_ARGISNULL(1) || PG_ARGISNULL(2) || !plain_float8_vector(PG_GETARG_ARRAYTYPE_P(1))))
+	{
+		/* Private run: a malformed row is a null record, never an error that could leak. */
+		st = dpsql_sgd_row(s, NULL, -1, NAN);
+		if (st != DPSQL_OK)
+			dpsql_raise(st, NULL);
+		PG_RETURN_POINTER(state);
+	}
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

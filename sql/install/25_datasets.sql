@@ -1,0 +1,626 @@
+------------------------------------------------------------------------------------------
+-- Roles, registered datasets and the privacy ledger (docs/privacy.md)
+--
+-- A data owner (dpsql_admin) registers a table with its public declarations (features, label
+-- set, feature bounds, row normalisation) and an (epsilon, delta) budget, and grants it to
+-- analysts (dpsql_analyst). Every private release is charged to the append-only ledger under a
+-- row lock on the dataset, so concurrent trainings can never overspend.
+--
+-- Functions that run with the extension owner's rights (SECURITY DEFINER), and every function
+-- here, pin search_path = pg_catalog, pg_temp: the caller's schemas never shadow a built-in.
+-- Identity checks use session_user (the login role): inside a SECURITY DEFINER function
+-- current_user is the extension owner.
+------------------------------------------------------------------------------------------
+
+-- Group roles. Roles are cluster-wide: create them only when missing (another database may have
+-- the extension already); DROP EXTENSION keeps them. Members are login roles of the DBA's.
+DO $$
+DECLARE
+    r text;
+BEGIN
+    FOREACH r IN ARRAY ARRAY['dpsql_admin', 'dpsql_analyst'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', r);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created concurrently from another database
+            END;
+        END IF;
+    END LOOP;
+END $$;
+
+CREATE TABLE dpsql.datasets (
+    dataset_id      bigserial PRIMARY KEY,
+    name            text NOT NULL UNIQUE,
+    relid           regclass NOT NULL UNIQUE,   -- one budget per relation
+    source          text NOT NULL,              -- schema-qualified, quoted name at registration
+    features        text[] NOT NULL,            -- numeric columns, or one numeric array column
+    label           text NOT NULL,
+    labels          float8[] NOT NULL DEFAULT '{-1,1}',  -- the public label set
+    feature_bounds  float8[],                   -- NULL or d x 2: public (lo, hi) per feature
+    row_norm        text NOT NULL DEFAULT 'clip' CHECK (row_norm IN ('clip', 'unit')),
+    epsilon_budget  float8 NOT NULL CHECK (epsilon_budget > 0 AND epsilon_budget < 'Infinity'),
+    delta_budget    float8 NOT NULL DEFAULT 0 CHECK (delta_budget >= 0 AND delta_budget < 1),
+    charges         bigint NOT NULL DEFAULT 0,  -- ledger entries; bumped under the row lock
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    created_by      name NOT NULL DEFAULT session_user
+);
+COMMENT ON TABLE dpsql.datasets IS
+    'Registered datasets: public declarations of the data owner and the (epsilon, delta) budget';
+
+CREATE TABLE dpsql.dataset_grants (
+    dataset_id      bigint NOT NULL REFERENCES dpsql.datasets ON DELETE CASCADE,
+    role            name NOT NULL,
+    granted_at      timestamptz NOT NULL DEFAULT now(),
+    granted_by      name NOT NULL DEFAULT session_user,
+    PRIMARY KEY (dataset_id, role)
+);
+COMMENT ON TABLE dpsql.dataset_grants IS 'Roles (and their members) allowed to train on a dataset';
+
+-- The privacy ledger. Append-only (trigger below); a dataset with entries cannot be deleted.
+CREATE TABLE dpsql.ledger_entries (
+    entry_id        bigserial PRIMARY KEY,
+    dataset_id      bigint NOT NULL REFERENCES dpsql.datasets,
+    model_id        bigint,                     -- set once the released model is stored
+    mechanism       text NOT NULL,
+    epsilon         float8 NOT NULL CHECK (epsilon >= 0 AND epsilon < 'Infinity'),
+    delta           float8 NOT NULL CHECK (delta >= 0 AND delta < 1),
+    charged_at      timestamptz NOT NULL DEFAULT now(),
+    role            name NOT NULL DEFAULT session_user,  -- the login role that was charged
+    note            text
+);
+CREATE INDEX ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
+COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
+
+-- The only change allowed to a ledger entry: model_id from NULL to a value, nothing else.
+CREATE FUNCTION dpsql._ledger_append_only()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    expected dpsql.ledger_entries;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        expected := OLD;
+        expected.model_id := NEW.model_id;
+        IF OLD.model_id IS NULL AND NEW.model_id IS NOT NULL
+           AND NEW IS NOT DISTINCT FROM expected THEN
+            RETURN NEW;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'dpsql: the privacy ledger is append-only (% refused)', TG_OP
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Only model_id may be filled in once, by dpsql._set_ledger_model.';
+END $$;
+
+CREATE TRIGGER ledger_entries_append_only
+    BEFORE UPDATE OR DELETE ON dpsql.ledger_entries
+    FOR EACH ROW EXECUTE FUNCTION dpsql._ledger_append_only();
+CREATE TRIGGER ledger_entries_no_truncate
+    BEFORE TRUNCATE ON dpsql.ledger_entries
+    FOR EACH STATEMENT EXECUTE FUNCTION dpsql._ledger_append_only();
+-- ALWAYS: also under session_replication_role = replica.
+ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_append_only;
+ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate;
+
+------------------------------------------------------------------------------------------
+-- Who may do what
+------------------------------------------------------------------------------------------
+
+-- Whether the login role is a superuser or a data owner (member of dpsql_admin).
+CREATE FUNCTION dpsql._is_admin()
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false)
+           OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')
+$$;
+
+CREATE FUNCTION dpsql._require_admin(action text)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT dpsql._is_admin() THEN
+        RAISE EXCEPTION 'dpsql: only a data owner (member of dpsql_admin) or a superuser can %',
+                        action
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('Role %s is not a member of dpsql_admin.', session_user);
+    END IF;
+END $$;
+
+-- Whether the login role may train on a dataset: superuser, data owner, or member of a role
+-- the dataset is granted to. False for an unknown dataset.
+CREATE FUNCTION dpsql._can_use_dataset(dataset_id bigint)
+RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM dpsql.datasets d WHERE d.dataset_id = $1)
+           AND (dpsql._is_admin()
+                OR EXISTS (SELECT 1
+                             FROM dpsql.dataset_grants g
+                             JOIN pg_roles r ON r.rolname = g.role  -- roles dropped since: ignored
+                            WHERE g.dataset_id = $1
+                              AND pg_has_role(session_user, r.oid, 'MEMBER')))
+$$;
+
+------------------------------------------------------------------------------------------
+-- Registering datasets
+------------------------------------------------------------------------------------------
+
+-- 'scalar' for a numeric type, 'array' for a numeric array type, NULL otherwise (domains are
+-- unwrapped).
+CREATE FUNCTION dpsql._numeric_kind(typ oid)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t oid := typ;
+    base oid;
+BEGIN
+    LOOP
+        SELECT CASE WHEN ty.typtype = 'd' THEN ty.typbasetype END INTO base
+          FROM pg_type ty WHERE ty.oid = t;
+        EXIT WHEN base IS NULL;
+        t := base;
+    END LOOP;
+    IF t::regtype IN ('float8'::regtype, 'float4'::regtype, 'int2'::regtype, 'int4'::regtype,
+                      'int8'::regtype, 'numeric'::regtype) THEN
+        RETURN 'scalar';
+    ELSIF t::regtype IN ('float8[]'::regtype, 'float4[]'::regtype, 'int2[]'::regtype,
+                         'int4[]'::regtype, 'int8[]'::regtype, 'numeric[]'::regtype) THEN
+        RETURN 'array';
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Checks that a relation may be read by the private training path, which reads it with the
+-- extension owner's rights. Tables, partitioned tables and materialized views run no code of
+-- their owner's when read; views and foreign tables do (functions in the view, the owner's
+-- user mappings), so they must be owned by a superuser. Returns (schema, name, owner).
+CREATE FUNCTION dpsql._check_dataset_relation(relid regclass, what text,
+                                              OUT nspname name, OUT relname name,
+                                              OUT owner_is_superuser boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    kind "char";
+    persistence "char";
+BEGIN
+    SELECT n.nspname, c.relname, c.relkind, c.relpersistence, o.rolsuper
+      INTO nspname, relname, kind, persistence, owner_is_superuser
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_roles o ON o.oid = c.relowner
+     WHERE c.oid = relid;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: the relation of % no longer exists', what
+            USING ERRCODE = 'undefined_table';
+    END IF;
+    IF kind NOT IN ('r', 'p', 'm', 'v', 'f') THEN
+        RAISE EXCEPTION 'dpsql: % is not a table or view', what USING ERRCODE = 'wrong_object_type';
+    END IF;
+    IF persistence = 't' THEN
+        RAISE EXCEPTION 'dpsql: % is a temporary table', what USING ERRCODE = 'wrong_object_type';
+    END IF;
+    IF nspname IN ('dpsql', 'dpsql_work', 'pg_catalog', 'information_schema') THEN
+        RAISE EXCEPTION 'dpsql: % is a system relation, not a dataset', what
+            USING ERRCODE = 'wrong_object_type';
+    END IF;
+    IF kind IN ('v', 'f') AND NOT owner_is_superuser THEN
+        RAISE EXCEPTION 'dpsql: % is a % owned by a non-superuser', what,
+                        CASE kind WHEN 'v' THEN 'view' ELSE 'foreign table' END
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Private training reads datasets with the extension owner''s rights: '
+                         'register a table or materialized view, or have a superuser own the view.';
+    END IF;
+END $$;
+
+-- The registration itself. Admin-only; nothing is written unless every check passes.
+CREATE FUNCTION dpsql._register_dataset(
+    relid regclass, features text[], label text, epsilon_budget float8,
+    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT '{-1,1}',
+    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT 'clip', name text DEFAULT NULL,
+    source_text text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    what text;
+    rel record;
+    nm text;
+    col text;
+    att record;
+    kinds text[] := '{}';
+    attnums int2[] := '{}';
+    super boolean;
+    d int;
+    bounds float8[];
+    lo1 int;
+    lo2 int;
+    existing text;
+    id bigint;
+BEGIN
+    PERFORM dpsql._require_admin('register datasets');
+    IF relid IS NULL THEN
+        RAISE EXCEPTION 'dpsql: relation % does not exist',
+                        coalesce(quote_literal(source_text), 'NULL')
+            USING ERRCODE = 'undefined_table',
+                  HINT = 'Give a table name (schema-qualified if needed).';
+    END IF;
+    what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
+    rel := dpsql._check_dataset_relation(relid, what);
+    what := format('%I.%I', rel.nspname, rel.relname);
+    SELECT r.rolsuper OR r.rolbypassrls INTO super FROM pg_roles r WHERE r.rolname = session_user;
+    IF NOT super AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
+        RAISE EXCEPTION 'dpsql: % has row-level security; only a superuser can register it', what
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Private training reads every row, whatever the policies.';
+    END IF;
+
+    -- Columns: exist, numeric (or one numeric array), readable by the data owner.
+    IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
+       OR array_position(features, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'dpsql: features must be a non-empty list of column names'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(DISTINCT f) FROM unnest(features) f) <> cardinality(features) THEN
+        RAISE EXCEPTION 'dpsql: features must be distinct, got %', features
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF label IS NULL THEN
+        RAISE EXCEPTION 'dpsql: label must name a column' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF label = ANY (features) THEN
+        RAISE EXCEPTION 'dpsql: the label column % is also a feature', quote_ident(label)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH col IN ARRAY features || label LOOP
+        SELECT a.attnum, dpsql._numeric_kind(a.atttypid) AS kind,
+               format_type(a.atttypid, a.atttypmod) AS type
+          INTO att FROM pg_attribute a
+         WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'dpsql: column % does not exist in %', quote_ident(col), what
+                USING ERRCODE = 'undefined_column';
+        END IF;
+        IF NOT has_column_privilege(session_user, relid, att.attnum, 'SELECT') THEN
+            RAISE EXCEPTION 'dpsql: role % cannot read column % of %', session_user,
+                            quote_ident(col), what
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'A data owner registers only data they can read themselves.';
+        END IF;
+        kinds := kinds || att.kind;
+        attnums := attnums || att.attnum;
+        IF col = label AND att.kind IS DISTINCT FROM 'scalar' THEN
+            RAISE EXCEPTION 'dpsql: label column % has type %, not a number', quote_ident(col), att.type
+                USING ERRCODE = 'datatype_mismatch';
+        ELSIF col <> label AND (att.kind IS NULL
+                                OR (att.kind = 'array' AND cardinality(features) > 1)) THEN
+            RAISE EXCEPTION 'dpsql: feature column % has type %: give numeric columns or one '
+                            'numeric array column', quote_ident(col), att.type
+                USING ERRCODE = 'datatype_mismatch';
+        END IF;
+    END LOOP;
+    d := CASE WHEN kinds[1] = 'array' THEN NULL ELSE cardinality(features) END;  -- NULL: any d
+
+    -- The public label set.
+    IF labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
+       OR cardinality(labels) > 1024 THEN
+        RAISE EXCEPTION 'dpsql: labels must list 2 to 1024 public label values, got %',
+                        coalesce(labels::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(labels) v
+                WHERE v IS NULL OR v IN ('NaN', 'Infinity', '-Infinity'))
+       OR (SELECT count(DISTINCT v) FROM unnest(labels) v) <> cardinality(labels) THEN
+        RAISE EXCEPTION 'dpsql: labels must be distinct finite numbers, got %', labels
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Public feature bounds: d x 2, finite, lo < hi; stored with lower bounds 1.
+    IF feature_bounds IS NOT NULL THEN
+        IF array_ndims(feature_bounds) IS DISTINCT FROM 2
+           OR array_length(feature_bounds, 2) <> 2
+           OR (d IS NOT NULL AND array_length(feature_bounds, 1) <> d) THEN
+            RAISE EXCEPTION 'dpsql: feature_bounds must be a % x 2 array of (lo, hi), got %',
+                            coalesce(d::text, 'd'), feature_bounds
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        lo1 := array_lower(feature_bounds, 1);
+        lo2 := array_lower(feature_bounds, 2);
+        SELECT array_agg(ARRAY[feature_bounds[i][lo2], feature_bounds[i][lo2 + 1]] ORDER BY i)
+          INTO bounds FROM generate_subscripts(feature_bounds, 1) i;
+        IF EXISTS (SELECT 1 FROM generate_subscripts(bounds, 1) i
+                    WHERE NOT (bounds[i][1] > '-Infinity' AND bounds[i][2] < 'Infinity'
+                               AND bounds[i][1] < bounds[i][2])
+                       OR bounds[i][1] IS NULL OR bounds[i][2] IS NULL) THEN
+            RAISE EXCEPTION 'dpsql: feature_bounds must be finite with lo < hi in every row, got %',
+                            feature_bounds
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    IF row_norm IS NULL OR row_norm NOT IN ('clip', 'unit') THEN
+        RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', coalesce(row_norm, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'clip scales rows to norm <= 1, unit to norm = 1.';
+    END IF;
+    IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
+        RAISE EXCEPTION 'dpsql: epsilon_budget must be a finite number > 0, got %',
+                        coalesce(epsilon_budget::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF delta_budget IS NULL OR NOT (delta_budget >= 0 AND delta_budget < 1) THEN
+        RAISE EXCEPTION 'dpsql: delta_budget must be in [0, 1), got %',
+                        coalesce(delta_budget::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    nm := coalesce(_register_dataset.name, rel.relname);
+    IF btrim(nm) = '' THEN
+        RAISE EXCEPTION 'dpsql: the dataset name must not be empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT ds.name INTO existing FROM dpsql.datasets ds WHERE ds.relid = _register_dataset.relid;
+    IF FOUND THEN
+        RAISE EXCEPTION 'dpsql: % is already registered as dataset %', what, quote_literal(existing)
+            USING ERRCODE = 'duplicate_object',
+                  HINT = 'A relation has one budget; use the registered dataset.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm) THEN
+        RAISE EXCEPTION 'dpsql: a dataset named % is already registered', quote_literal(nm)
+            USING ERRCODE = 'duplicate_object', HINT = 'Choose another name => ...';
+    END IF;
+
+    INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
+                                row_norm, epsilon_budget, delta_budget)
+    VALUES (nm, relid, what, features, label, labels, bounds, row_norm, epsilon_budget,
+            delta_budget)
+    RETURNING dataset_id INTO id;
+    RETURN id;
+END $$;
+
+-- Admin entry point. SECURITY INVOKER: it resolves source with the caller's search_path and
+-- rights (nothing else runs under the caller's search_path: everything is schema-qualified),
+-- then hands the resolved relation to the SECURITY DEFINER _register_dataset.
+CREATE FUNCTION dpsql.register_dataset(
+    source text, features text[], label text, epsilon_budget float8,
+    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT '{-1,1}',
+    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT 'clip', name text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    rel regclass;
+BEGIN
+    BEGIN
+        rel := pg_catalog.to_regclass(source);
+    EXCEPTION WHEN OTHERS THEN  -- invalid name syntax: reported as "does not exist"
+        rel := NULL;
+    END;
+    RETURN dpsql._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
+                                   feature_bounds, row_norm, name, source);
+END $$;
+COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
+                                           text, text) IS
+    'Register a table for private training with its public declarations and (epsilon, delta) budget';
+
+CREATE FUNCTION dpsql._dataset_by_id(dataset_id bigint)
+RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets;
+BEGIN
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _dataset_by_id.dataset_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN d;
+END $$;
+
+CREATE FUNCTION dpsql.grant_dataset(dataset_id bigint, role name)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets;
+BEGIN
+    PERFORM dpsql._require_admin('grant datasets');
+    d := dpsql._dataset_by_id(dataset_id);
+    IF role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = grant_dataset.role) THEN
+        RAISE EXCEPTION 'dpsql: role % does not exist', coalesce(quote_ident(role), 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    IF NOT pg_has_role(role, 'dpsql_analyst', 'MEMBER') AND NOT pg_has_role(role, 'dpsql_admin', 'MEMBER') THEN
+        RAISE NOTICE 'dpsql: role % is not a member of dpsql_analyst, so it cannot call dpsql.train yet',
+                     quote_ident(role)
+            USING HINT = format('GRANT dpsql_analyst TO %I;', role);
+    END IF;
+    INSERT INTO dpsql.dataset_grants AS g (dataset_id, role)
+    VALUES (d.dataset_id, grant_dataset.role)
+    ON CONFLICT ON CONSTRAINT dataset_grants_pkey DO NOTHING;
+END $$;
+COMMENT ON FUNCTION dpsql.grant_dataset(bigint, name) IS
+    'Allow a role (and its members) to train privately on a registered dataset';
+
+CREATE FUNCTION dpsql.revoke_dataset(dataset_id bigint, role name)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets;
+BEGIN
+    PERFORM dpsql._require_admin('revoke datasets');
+    d := dpsql._dataset_by_id(dataset_id);
+    DELETE FROM dpsql.dataset_grants g
+     WHERE g.dataset_id = d.dataset_id AND g.role = revoke_dataset.role;
+END $$;
+COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
+    'Withdraw a role''s grant on a dataset (its ledger entries stay)';
+
+-- The registered dataset a source names, for the private training path: its name, its
+-- registered (qualified) source, the relation's current qualified name (quoted or not), or its
+-- unqualified name when exactly one dataset has it. No name is resolved through a search_path.
+-- The relation is checked again (it may have been dropped or replaced since registration).
+CREATE FUNCTION dpsql._dataset_for_source(source text)
+RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets;
+    parts text[];
+    n int;
+BEGIN
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = source;
+    IF NOT FOUND THEN
+        BEGIN
+            parts := parse_ident(source);
+        EXCEPTION WHEN OTHERS THEN
+            parts := NULL;
+        END;
+        SELECT ds.* INTO d
+          FROM dpsql.datasets ds
+          JOIN pg_class c ON c.oid = ds.relid
+          JOIN pg_namespace ns ON ns.oid = c.relnamespace
+         WHERE ds.source = _dataset_for_source.source
+            OR (cardinality(parts) = 2 AND ns.nspname = parts[1] AND c.relname = parts[2]);
+        IF NOT FOUND AND cardinality(parts) = 1 THEN
+            SELECT count(*) INTO n
+              FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
+             WHERE c.relname = parts[1];
+            IF n > 1 THEN
+                RAISE EXCEPTION 'dpsql: % names % registered datasets', quote_literal(source), n
+                    USING ERRCODE = 'ambiguous_alias',
+                          HINT = 'Give the dataset name or the schema-qualified table name.';
+            END IF;
+            SELECT ds.* INTO d
+              FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
+             WHERE c.relname = parts[1];
+        END IF;
+    END IF;
+    IF d.dataset_id IS NULL THEN
+        RAISE EXCEPTION 'dpsql: % is not a registered dataset; private training needs '
+                        'dpsql.register_dataset by a data owner (dpsql_admin)',
+                        coalesce(quote_literal(source), 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM dpsql._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
+    RETURN d;
+END $$;
+
+------------------------------------------------------------------------------------------
+-- Charging the ledger
+------------------------------------------------------------------------------------------
+
+-- Charge (epsilon, delta) to a dataset; returns the ledger entry. The dataset row is locked
+-- (FOR UPDATE, then bumped) before the spent budget is summed, so concurrent charges serialize:
+-- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
+-- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
+-- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing.
+CREATE FUNCTION dpsql._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
+                              model_id bigint DEFAULT NULL, note text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slack constant float8 := 1e-12;  -- relative, for float sums of many charges
+    d dpsql.datasets;
+    eps_spent float8;
+    delta_spent float8;
+    entry bigint;
+BEGIN
+    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+        RAISE EXCEPTION 'dpsql: epsilon must be a finite number > 0, got %',
+                        coalesce(epsilon::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
+        RAISE EXCEPTION 'dpsql: delta must be in [0, 1), got %', coalesce(delta::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF mechanism IS NULL OR btrim(mechanism) = '' THEN
+        RAISE EXCEPTION 'dpsql: a charge needs the name of its mechanism'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    SELECT coalesce(sum(e.epsilon), 0), coalesce(sum(e.delta), 0) INTO eps_spent, delta_spent
+      FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id;
+    IF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
+       OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'DP001',
+            MESSAGE = format('dpsql: privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
+                             'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
+                             quote_literal(d.name), eps_spent, delta_spent, d.epsilon_budget,
+                             d.delta_budget, epsilon, delta),
+            HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release with '
+                   'a smaller epsilon/delta.';
+    END IF;
+    INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, role, note)
+    VALUES (d.dataset_id, _charge.model_id, _charge.mechanism, _charge.epsilon, _charge.delta,
+            session_user, _charge.note)
+    RETURNING entry_id INTO entry;
+    UPDATE dpsql.datasets ds SET charges = ds.charges + 1 WHERE ds.dataset_id = d.dataset_id;
+    RETURN entry;
+END $$;
+
+-- Record the model a charged release produced (the only update the ledger allows).
+CREATE FUNCTION dpsql._set_ledger_model(entry_id bigint, model_id bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF model_id IS NULL THEN
+        RAISE EXCEPTION 'dpsql: model_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id
+     WHERE e.entry_id = _set_ledger_model.entry_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no ledger entry %', coalesce(entry_id::text, 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+END $$;
+
+------------------------------------------------------------------------------------------
+-- What the caller may see: datasets they can use, their budgets and ledger entries
+------------------------------------------------------------------------------------------
+
+CREATE VIEW dpsql.ledger WITH (security_barrier) AS
+SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.epsilon, e.delta,
+       e.charged_at, e.role, e.note
+  FROM dpsql.ledger_entries e
+  JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
+ WHERE dpsql._can_use_dataset(e.dataset_id);
+COMMENT ON VIEW dpsql.ledger IS 'Ledger entries of the datasets the login role can use';
+
+CREATE VIEW dpsql.budgets WITH (security_barrier) AS
+SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
+       s.epsilon_spent, s.delta_spent,
+       greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining
+  FROM dpsql.datasets d
+ CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
+                            coalesce(sum(e.delta), 0) AS delta_spent
+                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ WHERE dpsql._can_use_dataset(d.dataset_id);
+COMMENT ON VIEW dpsql.budgets IS 'Budget, spent and remaining (epsilon, delta) of usable datasets';
+
+CREATE VIEW dpsql.my_datasets WITH (security_barrier) AS
+SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm,
+       d.feature_bounds, d.epsilon_budget, d.delta_budget, s.epsilon_spent, s.delta_spent,
+       greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining
+  FROM dpsql.datasets d
+ CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
+                            coalesce(sum(e.delta), 0) AS delta_spent
+                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ WHERE dpsql._can_use_dataset(d.dataset_id);
+COMMENT ON VIEW dpsql.my_datasets IS
+    'Datasets the login role can train on: public declarations and remaining budget';

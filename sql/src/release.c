@@ -1,0 +1,218 @@
+/*
+ * release.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
+ * final state, the closed-form sensitivities, and the exponential mechanism.
+ *
+ * The noise generator is keyed with 32 bytes from pg_strong_random, unless a seed is given
+ * (tests and reproductions; such releases are recorded as not private by the SQL caller).
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
+#include "csprng.h"
+#include "glue.h"
+#include "mechanisms.h"
+#include "names.h"
+#include "sensitivity.h"
+#include "sgd.h"
+
+PG_FUNCTION_INFO_V1(dpsql_bolton_release);
+PG_FUNCTION_INFO_V1(dpsql_bolton_sensitivity_sql);
+PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
+
+/* Stream numbers keep the uses of one key apart. */
+#define STREAM_OUTPUT_NOISE 1
+#define STREAM_SELECTION 2
+
+static void
+init_rng(DpsqlRng *rng, FunctionCallInfo fcinfo, int seed_arg, uint64 stream)
+{
+	if (PG_ARGISNULL(seed_arg))
+	{
+		uint8		key[32];
+
+		if (!pg_strong_random(key, sizeof(key)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("dpsql: could not read the operating system's random generator")));
+		dpsql_rng_init(rng, key, stream);
+		explicit_bzero(key, sizeof(key));
+	}
+	else
+		dpsql_rng_init_seed(rng, PG_GETARG_INT64(seed_arg), stream);
+}
+
+static int
+calibration_code(text *name)
+{
+	char	   *s = text_to_cstring(name);
+
+	if (strcmp(s, "analytic") == 0)
+		return DPSQL_GAUSSIAN_ANALYTIC;
+	if (strcmp(s, "classic") == 0)
+		return DPSQL_GAUSSIAN_CLASSIC;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: unknown Gaussian calibration \"%s\"", s),
+			 errhint("Use analytic (Balle-Wang, any epsilon) or classic (eq. 4, epsilon < 1).")));
+	return 0;
+}
+
+/*
+ * dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8, delta float8,
+ *                       per_output boolean, calibration text, seed bigint)
+ *   -> (weights float8[], noise_scale float8)
+ * The noisy weights only: the state's noiseless weights are copied, perturbed and returned.
+ */
+Datum
+dpsql_bolton_release(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state_arr;
+	double	   *state;
+	int			n;
+	DpsqlSgdHeader *h;
+	int			dim,
+				n_out;
+	Datum	   *elems;
+	double	   *w;
+	double		scale = 0.0;
+	DpsqlRng	rng;
+	DpsqlStatus st;
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	int			dims[2];
+	int			lbs[2] = {1, 1};
+	int			i;
+
+	for (i = 0; i < 6; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: argument %d of _bolton_release is NULL", i + 1)));
+	state_arr = PG_GETARG_ARRAYTYPE_P(0);
+	state = dpsql_float8_array(state_arr, &n, "model state");
+	st = dpsql_sgd_check(state, (size_t) n);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "releasing a model");
+	h = (DpsqlSgdHeader *) state;
+	dim = (int) h->dim;
+	n_out = (int) h->n_out;
+	w = palloc(sizeof(double) * (Size) dim * n_out);
+	memcpy(w, state + DPSQL_HEADER_LEN, sizeof(double) * (Size) dim * n_out);
+
+	init_rng(&rng, fcinfo, 6, STREAM_OUTPUT_NOISE);
+	st = dpsql_output_perturbation(&rng, w, n_out, dim, PG_GETARG_BOOL(4), PG_GETARG_FLOAT8(1),
+								   PG_GETARG_FLOAT8(2), PG_GETARG_FLOAT8(3),
+								   calibration_code(PG_GETARG_TEXT_PP(5)), &scale);
+	explicit_bzero(&rng, sizeof(rng));
+	if (st != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: invalid privacy parameters"),
+				 errdetail("sensitivity >= 0, epsilon > 0, 0 <= delta < 1; the classic Gaussian "
+						   "calibration needs epsilon < 1.")));
+
+	elems = palloc(sizeof(Datum) * (Size) dim * n_out);
+	for (i = 0; i < dim * n_out; i++)
+		elems[i] = Float8GetDatum(w[i]);
+	dims[0] = n_out == 1 ? dim : n_out;
+	dims[1] = dim;
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _bolton_release must return a composite type");
+	tupdesc = BlessTupleDesc(tupdesc);
+	values[0] = PointerGetDatum(construct_md_array(elems, NULL, n_out == 1 ? 1 : 2, dims, lbs,
+												   FLOAT8OID, sizeof(float8), FLOAT8PASSBYVAL,
+												   TYPALIGN_DOUBLE));
+	values[1] = Float8GetDatum(scale);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * dpsql.bolton_sensitivity(schedule text, eta float8, step_offset float8, lipschitz float8,
+ *                          smoothness float8, strong_convexity float8, rows bigint,
+ *                          batch_size bigint, epochs int, fresh boolean, exact boolean,
+ *                          paper_minibatch boolean) -> float8
+ */
+Datum
+dpsql_bolton_sensitivity_sql(PG_FUNCTION_ARGS)
+{
+	DpsqlSensitivityParams p;
+	char	   *schedule;
+	double		out = 0.0;
+	DpsqlStatus st;
+	int			i;
+
+	for (i = 0; i < PG_NARGS(); i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: argument %d of bolton_sensitivity is NULL", i + 1)));
+	schedule = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	p.schedule = dpsql_schedule_from_name(schedule);
+	if (p.schedule == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: unknown schedule \"%s\"", schedule)));
+	p.eta = PG_GETARG_FLOAT8(1);
+	p.offset = PG_GETARG_FLOAT8(2);
+	p.lipschitz = PG_GETARG_FLOAT8(3);
+	p.smoothness = PG_GETARG_FLOAT8(4);
+	p.strong_convexity = PG_GETARG_FLOAT8(5);
+	p.rows = (long) PG_GETARG_INT64(6);
+	p.batch_size = (long) PG_GETARG_INT64(7);
+	p.epochs = PG_GETARG_INT32(8);
+	p.fresh_permutation = PG_GETARG_BOOL(9);
+	p.paper_minibatch = PG_GETARG_BOOL(11);
+	st = PG_GETARG_BOOL(10) ? dpsql_exact_sensitivity(&p, &out) : dpsql_bolton_sensitivity(&p, &out);
+	if (st != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: no sensitivity bound for these parameters"),
+				 errdetail("Convex steps need eta <= 2/beta; the decreasing schedule needs "
+						   "strong convexity > 0; rows >= batch_size >= 1, epochs >= 1.")));
+	PG_RETURN_FLOAT8(out);
+}
+
+/*
+ * dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
+ *                              seed bigint) -> int (1-based index)
+ */
+Datum
+dpsql_exponential_mechanism_sql(PG_FUNCTION_ARGS)
+{
+	int			n;
+	double	   *u;
+	double		epsilon = PG_GETARG_FLOAT8(1);
+	double		sensitivity = PG_GETARG_FLOAT8(2);
+	DpsqlRng	rng;
+	int			i;
+	int			choice;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL argument to _exponential_mechanism")));
+	u = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &n, "utilities");
+	if (n < 1 || !(epsilon > 0.0) || !isfinite(epsilon) || !(sensitivity > 0.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: the exponential mechanism needs utilities, epsilon > 0 and "
+						"sensitivity > 0")));
+	for (i = 0; i < n; i++)
+		if (!isfinite(u[i]))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dpsql: utilities must be finite")));
+	init_rng(&rng, fcinfo, 3, STREAM_SELECTION);
+	choice = dpsql_exponential_mechanism(&rng, u, n, epsilon, sensitivity);
+	explicit_bzero(&rng, sizeof(rng));
+	PG_RETURN_INT32(choice + 1);
+}
