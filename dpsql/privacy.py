@@ -24,6 +24,9 @@ class BoltOn:
         paper's eq. (4) (epsilon < 1 per model).
     permutation : {"once", "fresh"}, default "once"
         Shuffle once, or draw a new data-independent permutation for every epoch.
+    noise_seed : int, optional
+        Seeds the noise (tests and reproductions only): the release is recorded as NOT private.
+        By default the server draws the noise from a CSPRNG keyed by pg_strong_random.
 
     The algorithm follows from the model: lambda = 0 runs Algorithm 1 (convex, constant
     step <= 2/beta); lambda > 0 runs Algorithm 2 (strongly convex, step min(1/beta, 1/(lambda t)),
@@ -34,6 +37,7 @@ class BoltOn:
     delta: float = 0.0
     gaussian: str = "analytic"
     permutation: str = "once"
+    noise_seed: int | None = None
 
     name = "bolton"
 
@@ -45,4 +49,5 @@ class BoltOn:
             "delta": float(self.delta),
             "gaussian": self.gaussian,
             "permutation": self.permutation,
+            "noise_seed": self.noise_seed,
         }

@@ -2,14 +2,6 @@
 -- Private training: bolt-on output perturbation (spec 003), released by the server
 ------------------------------------------------------------------------------------------
 
--- Is the session's user a data owner (superuser or member of dpsql_admin)?
-CREATE FUNCTION dpsql._is_admin()
-RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT rolsuper OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')
-      FROM pg_roles WHERE rolname = session_user
-$$;
-
 -- What analysts see of the models: private releases on datasets granted to them. Data owners
 -- see everything (their non-private models too).
 CREATE VIEW dpsql.models WITH (security_barrier) AS
@@ -83,7 +75,8 @@ DECLARE
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
     calibration text := coalesce(params->>'gaussian', 'analytic');
-    seed bigint := (params->>'seed')::bigint;
+    seed bigint := (params->>'seed')::bigint;              -- the permutation's (data-independent)
+    noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
     entry bigint;
     run bigint;
     r dpsql.runs;
@@ -125,6 +118,13 @@ BEGIN
     IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
         PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
     END IF;
+    IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
+        PERFORM dpsql._fail(format('dataset %s is registered with features %s', ds.name, ds.features),
+                            hint => 'Pass NULL (or the registered features): private runs use the registration.');
+    END IF;
+    IF params->>'label' IS NOT NULL AND params->>'label' <> ds.label THEN
+        PERFORM dpsql._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
+    END IF;
 
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
     entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy);
@@ -149,7 +149,7 @@ BEGIN
     END LOOP;
     r := dpsql._locked_run(run);
     rel := dpsql._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
-                                 mech.per_output, calibration, seed);
+                                 mech.per_output, calibration, noise_seed);
     run := dpsql._finish(run, rel.weights, jsonb_build_object(
         'mechanism', privacy, 'algorithm', mech.algorithm, 'dataset_id', ds.dataset_id,
         'epsilon', epsilon, 'delta', delta, 'sensitivity', mech.sensitivity,
@@ -158,7 +158,8 @@ BEGIN
                       ELSE 'gaussian (' || calibration || ')' END,
         'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
         'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
-        'noise_seed', CASE WHEN seed IS NULL THEN 'pg_strong_random' ELSE 'user seed: NOT private' END,
+        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                           ELSE 'user seed ' || noise_seed || ': NOT private' END,
         'ledger_entry', entry));
     PERFORM dpsql._set_ledger_model(entry, run);
     RETURN run;

@@ -11,30 +11,32 @@ CREATE FUNCTION dpsql.train(
     row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
     tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
     epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
-    permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false)
+    permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
+    noise_seed bigint DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
     e record;
 BEGIN
     IF privacy IS DISTINCT FROM 'none' THEN
-        -- Registered datasets only: their owner's columns, labels and bounds are used, so
-        -- features, label, labels and row_norm given here are ignored.
+        -- Registered datasets only, with their owner's columns, labels and bounds (features
+        -- and label may be NULL, or must match the registration).
         RETURN dpsql._train_private(source, model, jsonb_build_object(
             'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
             'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
             'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
             'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
             'tolerance', tolerance, 'parallel_workers', parallel_workers,
-            'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula));
+            'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
+            'noise_seed', noise_seed, 'features', features, 'label', label));
     END IF;
     IF NOT dpsql._is_admin() THEN
         PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
                             'private models of registered datasets', '42501',
                             'Use privacy => ''bolton'' with epsilon (and delta).');
     END IF;
-    IF epsilon IS NOT NULL THEN
-        PERFORM dpsql._fail('epsilon is given but privacy => ''none''',
+    IF epsilon IS NOT NULL OR noise_seed IS NOT NULL THEN
+        PERFORM dpsql._fail('epsilon or noise_seed given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
     run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
