@@ -27,10 +27,6 @@ DECLARE
     outputs int := coalesce(jsonb_array_length(spec->'classes'), 1);
     schedule text := spec->>'schedule';
 BEGIN
-    IF model = 'linear' THEN
-        PERFORM dpsql._fail('bolt-on needs a Lipschitz loss: logistic, huber or multinomial',
-                            hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
-    END IF;
     IF lambda > 0 AND radius = 0 THEN
         PERFORM dpsql._fail('a strongly convex bolt-on run (lambda > 0) needs the ball ||w|| <= radius',
                             hint => 'Leave radius unset with schedule => ''decreasing'' (R = 1/lambda), or give one.');
@@ -96,6 +92,10 @@ BEGIN
         PERFORM dpsql._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
+    END IF;
+    IF dpsql._loss_code(model) = 2 THEN
+        PERFORM dpsql._fail('bolt-on needs a Lipschitz loss: logistic, huber or multinomial',
+                            hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
     END IF;
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
         PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
