@@ -57,7 +57,7 @@ CASES = [
     (None, "'src', '{x}', 'y', labels => '{1,1}'", "distinct"),
     (None, "'src', '{x}', 'y', labels => '{1}'", "models need labels"),
     (None, "'src', '{x}', 'y', 'linear', labels => '{1,2}'", "classification models only"),
-    (None, "'src', '{x}', 'y', privacy => 'bolton'", "not available"),
+    (None, "'src', '{x}', 'y', privacy => 'bolton', epsilon => 1", "not a registered dataset"),
     (None, "'src', '{x}', 'y', row_norm => 'l1'", "row_norm must be"),
     (None, "'src', '{}', 'y'", "non-empty list"),
     (None, "'', '{x}', 'y'", "source is empty"),

@@ -190,7 +190,7 @@ REFUSALS = [
     ("privacy => 'bolton'", "epsilon must be"),
     ("privacy => 'bolton', epsilon => 1, delta => 1", "delta must be"),
     ("privacy => 'bolton', epsilon => 1, delta => -0.1", "delta must be"),
-    ("privacy => 'bolton', epsilon => 2, delta => 1e-6, gaussian => 'classic'", "needs epsilon < 1"),
+    ("privacy => 'bolton', epsilon => 2, delta => 1e-6, gaussian => 'classic'", "epsilon < 1"),
     ("privacy => 'bolton', epsilon => 1, step_size => 5", "no sensitivity bound"),
     ("privacy => 'bolton', epsilon => 1, lambda => 0.1, radius => 0", "needs the ball"),
     ("privacy => 'bolton', epsilon => 1, shuffle => false", "shuffle"),
