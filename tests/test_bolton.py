@@ -265,3 +265,33 @@ def test_python_boltOn(server_uri, binary) -> None:
                      seed=2, privacy=dpsql.BoltOn(epsilon=1.0, delta=1e-6))
         assert m.row["privacy"] == "bolton" and m.row["delta"] == 1e-6
         assert m.coef_.shape == (4,) and set(np.unique(m.predict(X))) <= {0.0, 1.0}
+
+
+def test_private_tuning_algorithm_3(conn, scratch_schema) -> None:
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(700, 3)) * 0.5
+    y = np.where(X @ [1.0, 2.0, -1.0] > 0, 1.0, 0.0)
+    load(conn, scratch_schema, "tune", X, y)
+    ds = _register(conn, f"{scratch_schema}.tune", name=f"tune_{scratch_schema}", budget=5)
+    before = leftovers(conn)
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 5, privacy => 'bolton',"
+        " epsilon => 2, tuning_lambdas => '{0.001,0.01,0.1}', tuning_epochs => '{2,4}')",
+        (f"tune_{scratch_schema}",)).fetchone()
+    m = _model(conn, mid)
+    t = m["params"]["privacy"]["tuning"]
+    assert t["candidates"] == 6 and t["portion_rows"] == 100
+    assert t["chosen_lambda"] in (0.001, 0.01, 0.1) and t["chosen_epochs"] in (2, 4)
+    # The chosen candidate was trained on one portion: its sensitivity uses m = 100.
+    assert m["rows"] == 100 and m["lambda"] == t["chosen_lambda"]
+    assert m["sensitivity"] == pytest.approx(2 * 2 / (t["chosen_lambda"] * 100), rel=1e-12)
+    # Charged once, for the whole procedure; nothing left behind but the model.
+    spent = conn.execute("SELECT epsilon_spent FROM dpsql.budgets WHERE dataset_id = %s",
+                         (ds,)).fetchone()[0]
+    assert spent == 2
+    tables, runs, models = leftovers(conn)
+    assert (tables, runs, models) == (before[0], before[1], before[2] + 1)
+    with pytest.raises(psycopg.Error, match="portions"):
+        conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 300,"
+                     " privacy => 'bolton', epsilon => 1, tuning_lambdas => '{0.01,0.1}')",
+                     (f"tune_{scratch_schema}",))

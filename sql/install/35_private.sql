@@ -56,11 +56,71 @@ BEGIN
     END IF;
 END $$;
 
+-- Train a prepared private run for its fixed number of epochs and release it: the weights
+-- with bolt-on noise and the mechanism's record. The noiseless state stays in dpsql.runs.
+CREATE FUNCTION dpsql._bolton_fit(run bigint, epsilon float8, delta float8, calibration text,
+                                  noise_seed bigint, OUT weights float8[], OUT info jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs := dpsql._locked_run(run);
+    mech record := dpsql._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
+    rel record;
+    e record;
+BEGIN
+    LOOP
+        e := dpsql._run_epoch(run);  -- its training loss stays here
+        EXIT WHEN e.done;
+    END LOOP;
+    r := dpsql._locked_run(run);
+    rel := dpsql._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
+                                 mech.per_output, calibration, noise_seed);
+    weights := rel.weights;
+    info := jsonb_build_object(
+        'mechanism', 'bolton', 'algorithm', mech.algorithm, 'epsilon', epsilon, 'delta', delta,
+        'sensitivity', mech.sensitivity, 'noise_scale', rel.noise_scale,
+        'lipschitz', mech.lipschitz,
+        'noise', CASE WHEN delta = 0 THEN 'gamma-norm (eq. 3), uniform direction'
+                      ELSE 'gaussian (' || calibration || ')' END,
+        'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
+        'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
+        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                           ELSE 'user seed ' || noise_seed || ': NOT private' END);
+END $$;
+
+-- Weights back from their jsonb form (1-D, or 2-D for several outputs).
+CREATE FUNCTION dpsql._jsonb_weights(j jsonb)
+RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(j->0) = 'array'
+                THEN (SELECT array_agg(ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(r) v)
+                                       ORDER BY i)
+                        FROM jsonb_array_elements(j) WITH ORDINALITY AS t(r, i))
+                ELSE ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(j) v) END
+$$;
+
+-- Classification errors of released weights on the rows rid in (lo, hi] of a training table.
+CREATE FUNCTION dpsql._errors(train_table text, model text, flags int, weights float8[],
+                              lo bigint, hi bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    EXECUTE format('SELECT count(*) FILTER (WHERE NOT (%s)) FROM ('
+                   '  SELECT dpsql._predict(%s, %s, $1, x) AS p, y FROM %s'
+                   '   WHERE rid > $2 AND rid <= $3) e',
+                   CASE WHEN array_ndims(weights) = 2 THEN 'p IS NOT DISTINCT FROM y'
+                        WHEN model = 'logistic' THEN 'coalesce((p >= 0.5) = (y > 0), false)'
+                        ELSE 'coalesce((p >= 0) = (y > 0), false)' END,
+                   dpsql._loss_code(model), flags, train_table)
+       INTO n USING weights, lo, hi;
+    RETURN n;
+END $$;
+
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
 -- dataset only, with the data owner's columns, labels and bounds. Analysts pass numbers and
 -- names from fixed lists, never SQL. The budget is charged in the same transaction as the
 -- release; a run that fails releases nothing and, being one transaction, charges nothing
 -- (private runs have no data-dependent error: malformed rows become null records).
+-- With tuning grids it is Algorithm 3 of the bolt-on paper (private tuning, spec 003 s. 9).
 CREATE FUNCTION dpsql._train_private(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -73,16 +133,14 @@ DECLARE
     calibration text := coalesce(params->>'gaussian', 'analytic');
     seed bigint := (params->>'seed')::bigint;              -- the permutation's (data-independent)
     noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
+    lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
+        coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
+    epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
+        coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
     entry bigint;
     run bigint;
-    r dpsql.runs;
-    mech record;
-    rel record;
-    e record;
-    lambda float8 := coalesce((params->>'lambda')::float8, 0);
-    schedule text := coalesce(params->>'schedule',
-                              CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
-                                   THEN 'decreasing' ELSE 'constant' END);
+    fit record;
+    mid bigint;
 BEGIN
     IF privacy IS DISTINCT FROM 'bolton' THEN
         PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
@@ -113,6 +171,11 @@ BEGIN
     IF NOT coalesce((params->>'shuffle')::boolean, true) THEN
         PERFORM dpsql._fail('private runs shuffle the data (a data-independent permutation)');
     END IF;
+    IF EXISTS (SELECT 1 FROM unnest(lambdas) v WHERE v IS NULL OR NOT (v >= 0 AND v < 'Infinity'))
+       OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1)
+       OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
+        PERFORM dpsql._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
+    END IF;
 
     ds := dpsql._dataset_for_source(source);
     IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
@@ -127,13 +190,18 @@ BEGIN
     END IF;
 
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
-    entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy);
-
+    entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy,
+                           note => CASE WHEN cardinality(lambdas) + cardinality(epochs_grid) > 0
+                                        THEN 'private tuning (Algorithm 3)' END);
     run := dpsql._prepare(
         source => ds.source, features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
-        batch_size => coalesce((params->>'batch_size')::bigint, 1), lambda => lambda,
-        step_size => (params->>'step_size')::float8, schedule => schedule,
+        batch_size => coalesce((params->>'batch_size')::bigint, 1),
+        lambda => coalesce((params->>'lambda')::float8, 0),
+        step_size => (params->>'step_size')::float8,
+        schedule => coalesce(params->>'schedule',
+                             CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
+                                  THEN 'decreasing' ELSE 'constant' END),
         step_offset => coalesce((params->>'step_offset')::float8, 0),
         radius => (params->>'radius')::float8, shuffle => true, seed => seed,
         labels => ds.labels, intercept => coalesce((params->>'intercept')::boolean, false),
@@ -141,26 +209,95 @@ BEGIN
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
         private => true, feature_bounds => ds.feature_bounds,
         permutation => coalesce(params->>'permutation', 'once'));
-    r := dpsql._locked_run(run);
-    mech := dpsql._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
-    LOOP
-        e := dpsql._run_epoch(run);  -- its training loss stays here
-        EXIT WHEN e.done;
+    IF cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
+        fit := dpsql._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
+                                  calibration, noise_seed);
+        run := fit.run;
+    ELSE
+        fit := dpsql._bolton_fit(run, epsilon, delta, calibration, noise_seed);
+    END IF;
+    mid := dpsql._finish(run, fit.weights,
+                         fit.info || jsonb_build_object('dataset_id', ds.dataset_id, 'ledger_entry', entry));
+    PERFORM dpsql._set_ledger_model(entry, mid);
+    RETURN mid;
+END $$;
+
+-- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
+-- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;
+-- count each released candidate's errors chi_i on the last portion; pick one with probability
+-- proportional to exp(-epsilon chi_i / 2). Portions are disjoint, so training costs (epsilon,
+-- delta) by parallel composition and the selection epsilon on the held-out portion.
+CREATE FUNCTION dpsql._bolton_tune(base bigint, model text, params jsonb, lambdas float8[],
+                                   epochs_grid int[], epsilon float8, delta float8,
+                                   calibration text, noise_seed bigint,
+                                   OUT run bigint, OUT weights float8[], OUT info jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b dpsql.runs := dpsql._locked_run(base);
+    grid_l float8[] := CASE WHEN cardinality(lambdas) > 0 THEN lambdas
+                            ELSE ARRAY[coalesce((params->>'lambda')::float8, 0)] END;
+    grid_k int[] := CASE WHEN cardinality(epochs_grid) > 0 THEN epochs_grid
+                         ELSE ARRAY[coalesce((params->>'epochs')::int, 10)] END;
+    l int := cardinality(grid_l) * cardinality(grid_k);
+    portion bigint := b.rows / (l + 1);
+    batch bigint := coalesce((params->>'batch_size')::bigint, 1);
+    labels float8[];
+    lam float8;
+    k int;
+    i int := 0;
+    cand bigint;
+    fit record;
+    candidates jsonb := '[]';
+    errors float8[] := '{}';
+    pick int;
+BEGIN
+    IF portion < batch THEN
+        PERFORM dpsql._fail(format('%s rows cannot be split into %s portions of at least one batch',
+                                   b.rows, l + 1));
+    END IF;
+    -- The base table already holds transformed features and mapped labels.
+    labels := CASE WHEN jsonb_array_length(b.spec->'classes') > 2 OR b.spec->>'model' = 'multinomial'
+                   THEN ARRAY(SELECT generate_series(0, jsonb_array_length(b.spec->'classes') - 1)::float8)
+                   ELSE '{-1,1}' END;
+    FOREACH lam IN ARRAY grid_l LOOP
+        FOREACH k IN ARRAY grid_k LOOP
+            i := i + 1;
+            cand := dpsql._prepare(
+                source => format('SELECT x, y FROM %s WHERE rid > %s AND rid <= %s',
+                                 b.train_table, (i - 1) * portion, i * portion),
+                features => '{x}', label => 'y', model => model, epochs => k, batch_size => batch,
+                lambda => lam, step_size => (params->>'step_size')::float8,
+                schedule => CASE WHEN lam > 0 THEN 'decreasing' ELSE 'constant' END,
+                step_offset => 0, radius => NULL, shuffle => true, seed => (b.spec->>'seed')::bigint + i,
+                labels => labels, intercept => (b.spec->>'intercept')::boolean,
+                row_norm => b.spec->>'row_norm', huber_h => coalesce((params->>'huber_h')::float8, 0.1),
+                tolerance => NULL, private => true);
+            fit := dpsql._bolton_fit(cand, epsilon, delta, calibration,
+                                     noise_seed # (i::bigint << 32));
+            errors := errors || dpsql._errors(b.train_table, model, (b.spec->>'flags')::int,
+                                              fit.weights, l::bigint * portion,
+                                              (l + 1)::bigint * portion)::float8;
+            candidates := candidates || jsonb_build_object(
+                'run', cand, 'lambda', lam, 'epochs', k, 'weights', to_jsonb(fit.weights),
+                'info', fit.info);
+        END LOOP;
     END LOOP;
-    r := dpsql._locked_run(run);
-    rel := dpsql._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
-                                 mech.per_output, calibration, noise_seed);
-    run := dpsql._finish(run, rel.weights, jsonb_build_object(
-        'mechanism', privacy, 'algorithm', mech.algorithm, 'dataset_id', ds.dataset_id,
-        'epsilon', epsilon, 'delta', delta, 'sensitivity', mech.sensitivity,
-        'noise_scale', rel.noise_scale, 'lipschitz', mech.lipschitz,
-        'noise', CASE WHEN delta = 0 THEN 'gamma-norm (eq. 3), uniform direction'
-                      ELSE 'gaussian (' || calibration || ')' END,
-        'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
-        'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END,
-        'ledger_entry', entry));
-    PERFORM dpsql._set_ledger_model(entry, run);
-    RETURN run;
+    -- Utility -chi_i with sensitivity 1: p_i proportional to exp(-epsilon chi_i / 2).
+    pick := dpsql._exponential_mechanism(ARRAY(SELECT -v FROM unnest(errors) v), epsilon, 1, noise_seed);
+    FOR i IN 1..l LOOP
+        IF i <> pick THEN
+            PERFORM dpsql._abort((candidates->(i - 1)->>'run')::bigint);
+        END IF;
+    END LOOP;
+    PERFORM dpsql._abort(base);
+    run := (candidates->(pick - 1)->>'run')::bigint;
+    weights := dpsql._jsonb_weights(candidates->(pick - 1)->'weights');
+    info := (candidates->(pick - 1)->'info') || jsonb_build_object(
+        'epsilon', epsilon, 'delta', delta,
+        'tuning', jsonb_build_object(
+            'algorithm', 'Algorithm 3 (private tuning)', 'candidates', l,
+            'portion_rows', portion, 'lambdas', grid_l, 'epochs', grid_k,
+            'chosen_lambda', (candidates->(pick - 1)->>'lambda')::float8,
+            'chosen_epochs', (candidates->(pick - 1)->>'epochs')::int,
+            'selection', 'exponential mechanism, utility -errors, sensitivity 1'));
 END $$;

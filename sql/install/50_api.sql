@@ -12,7 +12,8 @@ CREATE FUNCTION dpsql.train(
     tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
     epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
     permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
-    noise_seed bigint DEFAULT NULL)
+    noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
+    tuning_epochs int[] DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
@@ -28,15 +29,17 @@ BEGIN
             'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
             'tolerance', tolerance, 'parallel_workers', parallel_workers,
             'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
-            'noise_seed', noise_seed, 'features', features, 'label', label));
+            'noise_seed', noise_seed, 'features', features, 'label', label,
+            'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs));
     END IF;
     IF NOT dpsql._is_admin() THEN
         PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
                             'private models of registered datasets', '42501',
                             'Use privacy => ''bolton'' with epsilon (and delta).');
     END IF;
-    IF epsilon IS NOT NULL OR noise_seed IS NOT NULL THEN
-        PERFORM dpsql._fail('epsilon or noise_seed given with privacy => ''none''',
+    IF epsilon IS NOT NULL OR noise_seed IS NOT NULL OR tuning_lambdas IS NOT NULL
+       OR tuning_epochs IS NOT NULL THEN
+        PERFORM dpsql._fail('epsilon, noise_seed or tuning grids given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
     run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
