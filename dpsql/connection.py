@@ -176,6 +176,59 @@ class Database:
         assert row is not None
         return self.model(int(row[0]))
 
+    # -- datasets (data owners) ----------------------------------------------------------
+
+    def register_dataset(
+        self,
+        source: str,
+        features: Sequence[str] | str,
+        label: str,
+        *,
+        epsilon_budget: float,
+        delta_budget: float = 0.0,
+        labels: Sequence[float] = (-1.0, 1.0),
+        feature_bounds: Sequence[Sequence[float]] | None = None,
+        row_norm: str = "clip",
+        name: str | None = None,
+    ) -> int:
+        """Register a table for private training with its public schema and budget.
+
+        Data owners only (members of ``dpsql_admin``). ``labels`` is the public label set,
+        ``feature_bounds`` public (lo, hi) per feature; rows are clipped to the unit ball
+        (``row_norm="clip"``) or normalised onto it (``"unit"``). Returns the dataset id.
+        """
+        feats = [features] if isinstance(features, str) else list(features)
+        bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
+        row = self.conn.execute(
+            "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
+            " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
+            " name => %s)",
+            (
+                source,
+                feats,
+                label,
+                epsilon_budget,
+                delta_budget,
+                [float(v) for v in labels],
+                bounds,
+                row_norm,
+                name,
+            ),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def grant_dataset(self, dataset_id: int, role: str) -> None:
+        """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on it."""
+        self.conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (dataset_id, role))
+
+    def budgets(self) -> list[dict[str, Any]]:
+        """Budgets, spending and what remains, for the datasets this role may use."""
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute("SELECT * FROM dpsql.budgets ORDER BY dataset_id").fetchall()
+
     # -- models --------------------------------------------------------------------------
 
     def model(self, model_id: int) -> Model:
