@@ -7,7 +7,10 @@
 CREATE VIEW dpsql.models WITH (security_barrier) AS
     SELECT * FROM dpsql.model_store m
      WHERE dpsql._is_admin()
-        OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL AND dpsql._can_use_dataset(m.dataset_id));
+        OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
+            -- a release with a known noise seed would give its noiseless model away
+            AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
+            AND dpsql._can_use_dataset(m.dataset_id));
 COMMENT ON VIEW dpsql.models IS
     'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
 
@@ -163,6 +166,10 @@ BEGIN
     END IF;
     IF calibration NOT IN ('analytic', 'classic') THEN
         PERFORM dpsql._fail('gaussian must be analytic or classic');
+    END IF;
+    IF noise_seed IS NOT NULL AND NOT dpsql._is_admin() THEN
+        PERFORM dpsql._fail('noise_seed is for data owners'' tests: whoever knows the noise seed can '
+                            'subtract the noise', '42501');
     END IF;
     IF params->>'tolerance' IS NOT NULL THEN
         PERFORM dpsql._fail('tolerance is not allowed in private runs: a data-dependent stop would leak',
