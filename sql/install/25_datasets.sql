@@ -32,7 +32,7 @@ END $$;
 CREATE TABLE dpsql.datasets (
     dataset_id      bigserial PRIMARY KEY,
     name            text NOT NULL UNIQUE,
-    relid           regclass NOT NULL UNIQUE,   -- one budget per relation
+    relid           regclass NOT NULL,          -- one live dataset (budget) per relation
     source          text NOT NULL,              -- schema-qualified, quoted name at registration
     features        text[] NOT NULL,            -- numeric columns, or one numeric array column
     label           text NOT NULL,
@@ -43,8 +43,10 @@ CREATE TABLE dpsql.datasets (
     delta_budget    float8 NOT NULL DEFAULT 0 CHECK (delta_budget >= 0 AND delta_budget < 1),
     charges         bigint NOT NULL DEFAULT 0,  -- ledger entries; bumped under the row lock
     created_at      timestamptz NOT NULL DEFAULT now(),
-    created_by      name NOT NULL DEFAULT session_user
+    created_by      name NOT NULL DEFAULT session_user,
+    dropped_at      timestamptz                 -- the relation was dropped (event trigger)
 );
+CREATE UNIQUE INDEX datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS
     'Registered datasets: public declarations of the data owner and the (epsilon, delta) budget';
 
@@ -234,7 +236,7 @@ DECLARE
     att record;
     kinds text[] := '{}';
     attnums int2[] := '{}';
-    super boolean;
+    privileged boolean;
     d int;
     bounds float8[];
     lo1 int;
@@ -252,8 +254,9 @@ BEGIN
     what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
     rel := dpsql._check_dataset_relation(relid, what);
     what := format('%I.%I', rel.nspname, rel.relname);
-    SELECT r.rolsuper OR r.rolbypassrls INTO super FROM pg_roles r WHERE r.rolname = session_user;
-    IF NOT super AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
+    SELECT r.rolsuper OR r.rolbypassrls INTO privileged
+      FROM pg_roles r WHERE r.rolname = session_user;
+    IF NOT privileged AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
         RAISE EXCEPTION 'dpsql: % has row-level security; only a superuser can register it', what
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Private training reads every row, whatever the policies.';
@@ -363,7 +366,8 @@ BEGIN
         RAISE EXCEPTION 'dpsql: the dataset name must not be empty'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT ds.name INTO existing FROM dpsql.datasets ds WHERE ds.relid = _register_dataset.relid;
+    SELECT ds.name INTO existing FROM dpsql.datasets ds
+     WHERE ds.relid = _register_dataset.relid AND ds.dropped_at IS NULL;
     IF FOUND THEN
         RAISE EXCEPTION 'dpsql: % is already registered as dataset %', what, quote_literal(existing)
             USING ERRCODE = 'duplicate_object',
@@ -439,7 +443,7 @@ BEGIN
                      quote_ident(role)
             USING HINT = format('GRANT dpsql_analyst TO %I;', role);
     END IF;
-    INSERT INTO dpsql.dataset_grants AS g (dataset_id, role)
+    INSERT INTO dpsql.dataset_grants (dataset_id, role)
     VALUES (d.dataset_id, grant_dataset.role)
     ON CONFLICT ON CONSTRAINT dataset_grants_pkey DO NOTHING;
 END $$;
@@ -461,10 +465,12 @@ END $$;
 COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
     'Withdraw a role''s grant on a dataset (its ledger entries stay)';
 
--- The registered dataset a source names, for the private training path: its name, its
--- registered (qualified) source, the relation's current qualified name (quoted or not), or its
--- unqualified name when exactly one dataset has it. No name is resolved through a search_path.
--- The relation is checked again (it may have been dropped or replaced since registration).
+-- The registered dataset a source names, for the private training path: its name, or, among
+-- datasets whose relation still exists, the relation's current qualified name (quoted or not),
+-- the name it was registered under, or its unqualified name when exactly one has it. No name is
+-- resolved through a search_path. The relation is checked again (it may have been replaced
+-- since registration), and the returned row's source is the relation's current schema-qualified
+-- name: read that, never a name given by the caller.
 CREATE FUNCTION dpsql._dataset_for_source(source text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -473,43 +479,75 @@ DECLARE
     d dpsql.datasets;
     parts text[];
     n int;
+    rel record;
 BEGIN
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = source;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = _dataset_for_source.source;
     IF NOT FOUND THEN
         BEGIN
-            parts := parse_ident(source);
+            parts := parse_ident(_dataset_for_source.source);
         EXCEPTION WHEN OTHERS THEN
             parts := NULL;
         END;
-        SELECT ds.* INTO d
-          FROM dpsql.datasets ds
-          JOIN pg_class c ON c.oid = ds.relid
-          JOIN pg_namespace ns ON ns.oid = c.relnamespace
-         WHERE ds.source = _dataset_for_source.source
-            OR (cardinality(parts) = 2 AND ns.nspname = parts[1] AND c.relname = parts[2]);
-        IF NOT FOUND AND cardinality(parts) = 1 THEN
+        IF cardinality(parts) = 2 THEN  -- the relation's current name
+            SELECT ds.* INTO d
+              FROM dpsql.datasets ds
+              JOIN pg_class c ON c.oid = ds.relid
+              JOIN pg_namespace ns ON ns.oid = c.relnamespace
+             WHERE ds.dropped_at IS NULL AND ns.nspname = parts[1] AND c.relname = parts[2];
+        END IF;
+        IF d.dataset_id IS NULL THEN  -- the name it was registered under
+            SELECT * INTO d FROM dpsql.datasets ds
+             WHERE ds.dropped_at IS NULL AND ds.source = _dataset_for_source.source;
+        END IF;
+        IF d.dataset_id IS NULL AND cardinality(parts) = 1 THEN
             SELECT count(*) INTO n
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
-             WHERE c.relname = parts[1];
+             WHERE ds.dropped_at IS NULL AND c.relname = parts[1];
             IF n > 1 THEN
-                RAISE EXCEPTION 'dpsql: % names % registered datasets', quote_literal(source), n
+                RAISE EXCEPTION 'dpsql: % names % registered datasets',
+                                quote_literal(_dataset_for_source.source), n
                     USING ERRCODE = 'ambiguous_alias',
                           HINT = 'Give the dataset name or the schema-qualified table name.';
             END IF;
             SELECT ds.* INTO d
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
-             WHERE c.relname = parts[1];
+             WHERE ds.dropped_at IS NULL AND c.relname = parts[1];
         END IF;
     END IF;
     IF d.dataset_id IS NULL THEN
         RAISE EXCEPTION 'dpsql: % is not a registered dataset; private training needs '
                         'dpsql.register_dataset by a data owner (dpsql_admin)',
-                        coalesce(quote_literal(source), 'NULL')
+                        coalesce(quote_literal(_dataset_for_source.source), 'NULL')
             USING ERRCODE = 'undefined_object';
     END IF;
-    PERFORM dpsql._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
+    IF d.dropped_at IS NOT NULL THEN
+        -- Its oid may since name another relation: never follow it.
+        RAISE EXCEPTION 'dpsql: the relation of dataset % was dropped at %', quote_literal(d.name),
+                        d.dropped_at
+            USING ERRCODE = 'undefined_table';
+    END IF;
+    rel := dpsql._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
+    d.source := format('%I.%I', rel.nspname, rel.relname);
     RETURN d;
 END $$;
+
+-- Datasets whose relation is dropped are marked, so that a later relation that happens to get
+-- the same oid is never taken for them (and the relation can be registered anew).
+CREATE FUNCTION dpsql._mark_dropped_datasets()
+RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF to_regclass('dpsql.datasets') IS NULL THEN  -- the extension itself is being dropped
+        RETURN;
+    END IF;
+    UPDATE dpsql.datasets ds SET dropped_at = now()
+     WHERE ds.dropped_at IS NULL
+       AND ds.relid IN (SELECT o.objid FROM pg_event_trigger_dropped_objects() o
+                         WHERE o.classid = 'pg_class'::regclass AND o.objsubid = 0);
+END $$;
+CREATE EVENT TRIGGER dpsql_mark_dropped_datasets ON sql_drop
+    EXECUTE FUNCTION dpsql._mark_dropped_datasets();
 
 ------------------------------------------------------------------------------------------
 -- Charging the ledger
@@ -604,7 +642,8 @@ CREATE VIEW dpsql.budgets WITH (security_barrier) AS
 SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
        s.epsilon_spent, s.delta_spent,
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
-       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
+       d.dropped_at
   FROM dpsql.datasets d
  CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
                             coalesce(sum(e.delta), 0) AS delta_spent
@@ -621,6 +660,6 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
  CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
                             coalesce(sum(e.delta), 0) AS delta_spent
                        FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
- WHERE dpsql._can_use_dataset(d.dataset_id);
+ WHERE d.dropped_at IS NULL AND dpsql._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.my_datasets IS
     'Datasets the login role can train on: public declarations and remaining budget';
