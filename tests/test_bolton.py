@@ -295,3 +295,24 @@ def test_private_tuning_algorithm_3(conn, scratch_schema) -> None:
         conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 300,"
                      " privacy => 'bolton', epsilon => 1, tuning_lambdas => '{0.01,0.1}')",
                      (f"tune_{scratch_schema}",))
+
+
+def test_bounded_features_are_transformed_at_prediction_too(conn, scratch_schema) -> None:
+    rng = np.random.default_rng(12)
+    X = rng.uniform(0, 100, size=(1000, 2))
+    y = np.where(X[:, 0] > X[:, 1], 1.0, -1.0)
+    load(conn, scratch_schema, "wide", X, y)
+    _register(conn, f"{scratch_schema}.wide", labels="{-1,1}", name=f"wide_{scratch_schema}",
+              feature_bounds="{{0,100},{0,100}}")
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 10,"
+        " step_size => 0.5, privacy => 'bolton', epsilon => 20)", (f"wide_{scratch_schema}",)
+    ).fetchone()
+    acc = conn.execute("SELECT value FROM dpsql.evaluate(%s, %s)",
+                       (mid, f"{scratch_schema}.wide")).fetchone()[0]
+    assert acc > 0.9
+    # predict maps [0, 100] onto [-1, 1] and clips to the unit ball, like training did.
+    p = conn.execute("SELECT dpsql.predict(%s, '{90,10}')", (mid,)).fetchone()[0]
+    w = np.asarray(_model(conn, mid)["weights"])
+    v = np.array([0.8, -0.8]) / np.linalg.norm([0.8, -0.8])
+    assert p == pytest.approx(1 / (1 + np.exp(-(w @ v))), rel=1e-12) and p > 0.5

@@ -31,12 +31,29 @@ ANALYST_FUNCTIONS = {
     "_model",
     "_is_admin",
     "_can_use_dataset",
+    "_apply_bounds",
+    "_jsonb_weights",
 }
 ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "register_dataset",
     "_register_dataset",
     "grant_dataset",
     "revoke_dataset",
+    # non-private runs, as the data owner
+    "_prepare",
+    "_run_epoch",
+    "_finish",
+    "_abort",
+    "_locked_run",
+    "sgd_epoch",
+    "_sgd_transition",
+    "_sgd_final",
+    "_sgd_combine",
+    "_sgd_init",
+    "_sgd_info",
+    "_sgd_weights",
+    "_shuffle_key",
+    "_random_seed",
 }
 # Named in the brief: must exist and be refused to analysts.
 FORBIDDEN = [
@@ -714,3 +731,40 @@ def test_dataset_for_source(conn, scratch_schema) -> None:
         assert found(f"{s}.gamma") == (d3, f"{s}.gamma")
     finally:
         conn.execute(f"DROP SCHEMA {s}_b CASCADE")
+
+
+def test_data_owner_trains_non_private_and_analyst_trains_private_only(
+    conn, scratch_schema, make_role
+) -> None:
+    """End to end with real roles: the owner's noiseless model stays invisible to the analyst,
+    whose private release is charged and visible."""
+    admin, connect_admin = make_role("owner", "dpsql_admin")
+    analyst, connect_analyst = make_role("analyst", "dpsql_analyst")
+    conn.execute(f"CREATE TABLE {scratch_schema}.pts AS SELECT i AS rid,"
+                 " ARRAY[sin(i), cos(i)]::float8[] AS x, (i % 2)::float8 AS y"
+                 " FROM generate_series(1, 200) i")
+    conn.execute(f"GRANT USAGE ON SCHEMA {scratch_schema} TO {admin}")
+    conn.execute(f"GRANT SELECT ON {scratch_schema}.pts TO {admin}")
+    with connect_admin() as ad:
+        (noiseless,) = ad.execute(
+            f"SELECT dpsql.train('{scratch_schema}.pts', '{{x}}', 'y', labels => '{{0,1}}',"
+            " epochs => 2)").fetchone()
+        (ds,) = ad.execute(
+            f"SELECT dpsql.register_dataset('{scratch_schema}.pts', '{{x}}', 'y',"
+            f" epsilon_budget => 2, labels => '{{0,1}}', name => 'pts_{analyst}')").fetchone()
+        ad.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    with connect_analyst() as a:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="data owners"):
+            a.execute(f"SELECT dpsql.train('{scratch_schema}.pts', '{{x}}', 'y')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="noise_seed"):
+            a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bolton',"
+                      " epsilon => 1, noise_seed => 1)")
+        (mid,) = a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, epochs => 2,"
+                           " privacy => 'bolton', epsilon => 1)").fetchone()
+        seen = [r[0] for r in a.execute("SELECT model_id FROM dpsql.models").fetchall()]
+        assert mid in seen and noiseless not in seen
+        assert a.execute("SELECT dpsql.predict(%s, '{0.1, 0.2}')", (mid,)).fetchone()[0] > 0
+        with pytest.raises(psycopg.Error, match="no model"):
+            a.execute("SELECT dpsql.predict(%s, '{0.1, 0.2}')", (noiseless,))
+        assert a.execute("SELECT epsilon_spent FROM dpsql.budgets").fetchone()[0] == 1
+        assert a.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0] == 1

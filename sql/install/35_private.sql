@@ -92,7 +92,7 @@ END $$;
 
 -- Weights back from their jsonb form (1-D, or 2-D for several outputs).
 CREATE FUNCTION dpsql._jsonb_weights(j jsonb)
-RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
+RETURNS float8[] LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN jsonb_typeof(j->0) = 'array'
                 THEN (SELECT array_agg(ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(r) v)
                                        ORDER BY i)

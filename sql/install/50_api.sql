@@ -73,7 +73,9 @@ CREATE FUNCTION dpsql.predict(model_id bigint, x float8[])
 RETURNS float8 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models := dpsql._model(model_id);
-    p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights, x);
+    bounds float8[] := dpsql._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
+    p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights,
+                               CASE WHEN bounds IS NULL THEN x ELSE dpsql._apply_bounds(x, bounds) END);
 BEGIN
     IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
@@ -95,7 +97,9 @@ DECLARE
     yexpr text;
     pexpr text;
 BEGIN
-    feat := dpsql._feature_sql(src, coalesce(features, m.features));
+    -- The same public feature bounds as in training (registered datasets).
+    feat := dpsql._feature_sql(src, coalesce(features, m.features),
+                               dpsql._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
     IF feat.dim <> m.n_features THEN
         PERFORM dpsql._fail(format('model %s has %s features, the source gives %s',
                                    model_id, m.n_features, feat.dim));

@@ -19,13 +19,19 @@ DECLARE
     analyst text[] := ARRAY[
         'train', 'predict', 'evaluate', 'loss_constants',
         '_source_sql', '_feature_sql', '_label_sql', '_check_labels', '_loss_code', '_predict',
-        '_fail', '_model',
+        '_fail', '_model', '_apply_bounds', '_jsonb_weights',
         '_is_admin', '_can_use_dataset'];  -- called by train and by the views
     -- Entry points created by later releases' files; granted when present.
     analyst_optional text[] := ARRAY['_train_private', 'bolton_sensitivity'];
     -- Data owners: registration (the INVOKER wrapper calls the DEFINER _register_dataset).
+    -- and the non-private run machinery: data owners train noiseless models as themselves
+    -- (SECURITY INVOKER, reading only what they can read).
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset',
-                          'revoke_dataset'];
+                          'revoke_dataset',
+                          '_prepare', '_run_epoch', '_finish', '_abort', '_locked_run',
+                          'sgd_epoch', '_sgd_transition', '_sgd_final', '_sgd_combine',
+                          '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
+                          '_random_seed'];
     missing text;
     f record;
 BEGIN
@@ -60,3 +66,11 @@ BEGIN
         GRANT SELECT ON dpsql.models TO dpsql_analyst, dpsql_admin;
     END IF;
 END $$;
+
+-- Data owners' non-private runs (dpsql.train with privacy => 'none' runs as the caller). A
+-- private run's noiseless state lives in dpsql.runs only inside its own transaction, so no
+-- other session ever sees it.
+GRANT SELECT, INSERT, UPDATE, DELETE ON dpsql.runs TO dpsql_admin;
+GRANT SELECT, INSERT ON dpsql.model_store TO dpsql_admin;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA dpsql TO dpsql_admin;
+GRANT USAGE, CREATE ON SCHEMA dpsql_work TO dpsql_admin;
