@@ -573,3 +573,24 @@ def test_spec_17_3_constant_step_tables(lam: float, k: int, schedule: str, spec_
     )
     assert dist <= bound
     assert dist == pytest.approx(spec_value, rel=0.1)
+
+
+def test_degenerate_constants_are_refused_not_zero() -> None:
+    """A strong convexity above the smoothness (or infinite), or a non-positive step, has no
+    meaning: both calculators refuse it instead of returning 0."""
+    bad = [
+        dict(schedule="decreasing", lipschitz=2, smoothness=1.01, strong_convexity=float("inf"),
+             rows=100),
+        dict(schedule="constant", eta=1.0, lipschitz=1, smoothness=1, strong_convexity=2, rows=3,
+             epochs=2),
+        dict(schedule="constant", eta=0.0, lipschitz=1, smoothness=1, rows=100),
+    ]
+    for kw in bad:
+        for fn in (_core.bolton_sensitivity, _core.exact_sensitivity):
+            with pytest.raises(ValueError):
+                fn(**kw)
+    # A strongly convex constant step in (2/(beta+gamma), 2/beta] is still 1-expansive: both
+    # calculators give the convex bound.
+    kw = dict(eta=1.97, lipschitz=2, smoothness=1.01, strong_convexity=0.01, rows=100, epochs=2)
+    assert _core.exact_sensitivity("constant", **kw) == pytest.approx(
+        _core.bolton_sensitivity("constant", **kw), rel=1e-12)

@@ -19,8 +19,12 @@ step(const DpsqlSensitivityParams *p, double s)
 static DpsqlStatus
 check(const DpsqlSensitivityParams *p, long *n)
 {
+	/* A loss cannot be more strongly convex than it is smooth (gamma <= beta). */
 	if (p->rows < 1 || p->batch_size < 1 || p->epochs < 1 || !(p->lipschitz >= 0.0) ||
-		!isfinite(p->lipschitz) || !(p->smoothness > 0.0) || !(p->strong_convexity >= 0.0))
+		!isfinite(p->lipschitz) || !(p->smoothness > 0.0) || !isfinite(p->smoothness) ||
+		!(p->strong_convexity >= 0.0) || !(p->strong_convexity <= p->smoothness))
+		return DPSQL_E_PARAM;
+	if (!(step(p, 1.0) > 0.0) || !isfinite(step(p, 1.0)))
 		return DPSQL_E_PARAM;
 	*n = p->rows / p->batch_size;
 	if (*n < 1)
@@ -132,6 +136,8 @@ dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
 			rho = 1.0 - eta * gamma;
 		else if (eta <= SLACK * 2.0 / (beta + gamma))
 			rho = 1.0 - 2.0 * eta * beta * gamma / (beta + gamma);
+		else if (eta <= SLACK * 2.0 / beta)
+			rho = 1.0;			/* still convex: 1-expansive (Lemma 1.1) */
 		else
 		{
 			st = DPSQL_E_PARAM;
