@@ -48,6 +48,14 @@ cdef extern from "sgd.h":
         double radius
         double huber_h
         long batch_size
+        double clip_norm
+        int noise_kind
+        double noise_scale
+        double noise_divisor
+        long steps_per_epoch
+    void dpsql_sgd_seed_noise_from_seed(double *state, long long seed)
+    DpsqlStatus dpsql_sgd_row_batch(double *state, const double *x, int xlen, double y,
+                                    long batch) nogil
     size_t dpsql_sgd_init_length(const DpsqlSgdParams *params)
     DpsqlStatus dpsql_sgd_init(const DpsqlSgdParams *params, double *state, size_t len)
     DpsqlStatus dpsql_sgd_check(const double *state, size_t len)
@@ -92,7 +100,8 @@ MAX_CLASSES = DPSQL_MAX_CLASSES
 HEADER_FIELDS = (
     "magic", "loss", "schedule", "flags", "dim", "n_out", "lambda", "eta", "offset", "beta",
     "gamma", "radius", "huber_h", "batch_size", "step", "step_start", "in_batch", "rows",
-    "loss_sum", "dropped", "clipped", "shards", "invalid",
+    "loss_sum", "dropped", "clipped", "shards", "invalid", "clip_norm", "noise_kind",
+    "noise_scale", "noise_divisor", "batch_id", "steps_per_epoch",
 )
 
 
@@ -109,10 +118,22 @@ cdef cnp.ndarray _checked(state):
     return s
 
 
+NOISE_KINDS = {"none": 0, "gaussian": 1, "gamma_norm": 2}
+
+
 def init_state(str loss, int dim, *, int n_classes=1, double lambda_=0.0,
                str schedule="constant", double eta=0.1, double offset=0.0, double radius=0.0,
-               double huber_h=0.1, long batch_size=1, int flags=0):
-    """A fresh model state (zero model, step 0) for `dim` input features."""
+               double huber_h=0.1, long batch_size=1, int flags=0, double clip_norm=0.0,
+               str noise="none", double noise_scale=0.0, double noise_divisor=0.0,
+               long steps_per_epoch=0, noise_seed=None):
+    """A fresh model state (zero model, step 0) for `dim` input features.
+
+    White-box options: per-example clipping of the data gradient to `clip_norm`, noise
+    ("gaussian" with std `noise_scale`, or "gamma_norm" with that Gamma scale) added to every
+    step's gradient sum, dividing by `noise_divisor` (0: the batch size), and batched epochs
+    (`steps_per_epoch` > 0: run_epoch takes each row's batch number). The noise generator is
+    keyed by `noise_seed` (reproducible, not private) or by the OS.
+    """
     cdef DpsqlSgdParams p
     p.loss = loss_code(loss)
     p.schedule = dpsql_schedule_from_name(schedule.encode())
@@ -127,6 +148,13 @@ def init_state(str loss, int dim, *, int n_classes=1, double lambda_=0.0,
     p.radius = radius
     p.huber_h = huber_h
     p.batch_size = batch_size
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"dpsql: unknown noise {noise!r}; expected one of {sorted(NOISE_KINDS)}")
+    p.clip_norm = clip_norm
+    p.noise_kind = NOISE_KINDS[noise]
+    p.noise_scale = noise_scale
+    p.noise_divisor = noise_divisor
+    p.steps_per_epoch = steps_per_epoch
     cdef size_t n = dpsql_sgd_init_length(&p)
     if n == 0:
         raise ValueError("dpsql: invalid model shape (dim >= 1; multinomial needs 2 to "
@@ -135,6 +163,10 @@ def init_state(str loss, int dim, *, int n_classes=1, double lambda_=0.0,
     cdef DpsqlStatus st = dpsql_sgd_init(&p, &s[0], n)
     if st != 0:
         _raise(st)
+    if p.noise_kind != 0:
+        import os
+        seed = noise_seed if noise_seed is not None else int.from_bytes(os.urandom(8), "little", signed=True)
+        dpsql_sgd_seed_noise_from_seed(&s[0], seed)
     return s
 
 
@@ -156,9 +188,13 @@ def weights(state):
     return np.asarray(state[HEADER_LEN:HEADER_LEN + n_out * dim]).reshape(n_out, dim).copy()
 
 
-def run_epoch(state, X, y):
-    """One epoch over the rows of X (in order); returns the new state (input untouched)."""
+def run_epoch(state, X, y, batches=None):
+    """One epoch over the rows of X (in order); returns the new state (input untouched).
+
+    For batched states, `batches` gives each row's batch number (non-decreasing, 1-based)."""
     cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] s = _checked(state).copy()
+    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] bs
+    cdef bint batched = batches is not None
     cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] xs = np.ascontiguousarray(X, dtype=np.float64)
     cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] ys = np.ascontiguousarray(y, dtype=np.float64)
     cdef Py_ssize_t m = xs.shape[0], i
@@ -171,10 +207,16 @@ def run_epoch(state, X, y):
     if d != dpsql_sgd_row_length(sp):
         _raise(4, f" (rows have {d} features, the model expects {dpsql_sgd_row_length(sp)})")
     xp = &xs[0, 0] if m > 0 else NULL
+    bs = np.ascontiguousarray(batches if batched else np.zeros(1), dtype=np.int64)
+    if batched and bs.shape[0] != m:
+        raise ValueError("dpsql: one batch number per row is needed")
     with nogil:
         dpsql_sgd_epoch_begin(sp)
         for i in range(m):
-            st = dpsql_sgd_row(sp, xp + i * d, d, ys[i])
+            if batched:
+                st = dpsql_sgd_row_batch(sp, xp + i * d, d, ys[i], bs[i])
+            else:
+                st = dpsql_sgd_row(sp, xp + i * d, d, ys[i])
             if st != 0:
                 break
         if st == 0:
@@ -278,6 +320,7 @@ cdef extern from "csprng.h":
 
 cdef extern from "noise.h":
     double dpsql_sample_normal(DpsqlRng *rng)
+    double dpsql_sample_normal_fast(DpsqlRng *rng)
     double dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale)
     void dpsql_sample_direction(DpsqlRng *rng, double *out, int d)
     double dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon)
@@ -347,6 +390,16 @@ def normal(Py_ssize_t n, seed=None):
     cdef DpsqlRng rng
     _rng(&rng, seed, 0)
     return np.array([dpsql_sample_normal(&rng) for _ in range(n)])
+
+
+def normal_fast(Py_ssize_t n, seed=None):
+    """Standard normals from the ziggurat sampler used for per-step noise."""
+    cdef DpsqlRng rng
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] out = np.empty(n)
+    _rng(&rng, seed, 0)
+    for i in range(n):
+        out[i] = dpsql_sample_normal_fast(&rng)
+    return out
 
 
 def gamma(Py_ssize_t n, double shape, double scale=1.0, seed=None):

@@ -5,6 +5,7 @@
  * side channels of Mironov (2012); see docs/privacy.md.
  */
 #include <math.h>
+#include <stdint.h>
 
 #include "noise.h"
 
@@ -23,6 +24,75 @@ dpsql_sample_normal(DpsqlRng *rng)
 	} while (s >= 1.0 || s == 0.0);
 	/* The second normal of the pair is dropped: draws stay independent of call order. */
 	return u * sqrt(-2.0 * log(s) / s);
+}
+
+#define ZIG_LAYERS 128
+#define ZIG_R 3.442619855899
+#define ZIG_V 9.91256303526217e-3
+
+static double zig_x[ZIG_LAYERS + 1];
+static double zig_ratio[ZIG_LAYERS];
+static int	zig_ready = 0;
+
+/* Layer boundaries of the ziggurat (deterministic; computed once per process). */
+static void
+zig_init(void)
+{
+	double		f = exp(-0.5 * ZIG_R * ZIG_R);
+	int			i;
+
+	zig_x[0] = ZIG_V / f;
+	zig_x[1] = ZIG_R;
+	zig_x[ZIG_LAYERS] = 0.0;
+	for (i = 2; i < ZIG_LAYERS; i++)
+	{
+		zig_x[i] = sqrt(-2.0 * log(ZIG_V / zig_x[i - 1] + f));
+		f = exp(-0.5 * zig_x[i] * zig_x[i]);
+	}
+	for (i = 0; i < ZIG_LAYERS; i++)
+		zig_ratio[i] = zig_x[i + 1] / zig_x[i];
+	zig_ready = 1;
+}
+
+static double
+zig_tail(DpsqlRng *rng, int negative)
+{
+	double		x,
+				y;
+
+	do
+	{
+		x = log(dpsql_rng_uniform(rng)) / ZIG_R;
+		y = log(dpsql_rng_uniform(rng));
+	} while (-2.0 * y < x * x);
+	return negative ? x - ZIG_R : ZIG_R - x;
+}
+
+double
+dpsql_sample_normal_fast(DpsqlRng *rng)
+{
+	if (!zig_ready)
+		zig_init();
+	for (;;)
+	{
+		uint64_t	r = dpsql_rng_u64(rng);
+		int			i = (int) (r & (ZIG_LAYERS - 1));
+		/* bits 11..63 give u uniform in (-1, 1); bits 0..6 the layer */
+		double		u = 2.0 * (((double) (r >> 11) + 0.5) * (1.0 / 9007199254740992.0)) - 1.0;
+		double		x,
+					f0,
+					f1;
+
+		if (fabs(u) < zig_ratio[i])
+			return u * zig_x[i];
+		if (i == 0)
+			return zig_tail(rng, u < 0.0);
+		x = u * zig_x[i];
+		f0 = exp(-0.5 * (zig_x[i] * zig_x[i] - x * x));
+		f1 = exp(-0.5 * (zig_x[i + 1] * zig_x[i + 1] - x * x));
+		if (f1 + dpsql_rng_uniform(rng) * (f0 - f1) < 1.0)
+			return x;
+	}
 }
 
 double

@@ -9,6 +9,12 @@
 /* Standard normal (Marsaglia polar method). */
 double		dpsql_sample_normal(DpsqlRng *rng);
 
+/*
+ * Standard normal by the ziggurat method (Marsaglia-Tsang 2000, as ZIGNOR in Doornik 2005):
+ * about one 64-bit draw per normal, for the noise added to every step of private SGD.
+ */
+double		dpsql_sample_normal_fast(DpsqlRng *rng);
+
 /* Gamma(shape, scale) (Marsaglia-Tsang; shape < 1 by the boost U^(1/shape)). */
 double		dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale);
 

@@ -10,7 +10,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "csprng.h"
 #include "losses.h"
+#include "noise.h"
 #include "sgd.h"
 
 #define MAX_CLASSES DPSQL_MAX_CLASSES
@@ -33,9 +35,21 @@ dpsql_outputs(int loss, int n_classes)
 }
 
 size_t
-dpsql_sgd_state_length(int model_dim, int n_out)
+dpsql_sgd_state_length(int model_dim, int n_out, int noise_kind)
 {
-	return (size_t) DPSQL_HEADER_LEN + 2 * (size_t) model_dim * (size_t) n_out;
+	return (size_t) DPSQL_HEADER_LEN + 2 * (size_t) model_dim * (size_t) n_out +
+		(noise_kind != DPSQL_NOISE_NONE ? DPSQL_RNG_LEN : 0);
+}
+
+static int
+white_box_valid(double clip_norm, double noise_kind, double noise_scale, double noise_divisor,
+				double steps_per_epoch)
+{
+	return isfinite(clip_norm) && clip_norm >= 0.0 && is_count(noise_kind, 2.0) &&
+		isfinite(noise_scale) && noise_scale >= 0.0 &&
+		(noise_kind == DPSQL_NOISE_NONE || noise_scale > 0.0) &&
+		isfinite(noise_divisor) && noise_divisor >= 0.0 &&
+		is_count(steps_per_epoch, 1099511627776.0);
 }
 
 static int
@@ -80,7 +94,10 @@ dpsql_sgd_init_length(const DpsqlSgdParams *p)
 		return 0;
 	if ((p->loss == DPSQL_LOSS_LOGISTIC || p->loss == DPSQL_LOSS_HUBER) && p->n_classes < 1)
 		return 0;
-	return dpsql_sgd_state_length(model_dim, n_out);
+	if (!white_box_valid(p->clip_norm, p->noise_kind, p->noise_scale, p->noise_divisor,
+						 (double) p->steps_per_epoch))
+		return 0;
+	return dpsql_sgd_state_length(model_dim, n_out, p->noise_kind);
 }
 
 DpsqlStatus
@@ -120,7 +137,69 @@ dpsql_sgd_init(const DpsqlSgdParams *p, double *state, size_t len)
 	h->huber_h = p->loss == DPSQL_LOSS_HUBER ? p->huber_h : 0.0;
 	h->batch_size = (double) p->batch_size;
 	h->shards = 1.0;
+	h->clip_norm = p->clip_norm;
+	h->noise_kind = p->noise_kind;
+	h->noise_scale = p->noise_scale;
+	h->noise_divisor = p->noise_divisor;
+	h->steps_per_epoch = (double) p->steps_per_epoch;
 	return DPSQL_OK;
+}
+
+/* The CSPRNG lives in the state's tail as 32-bit words stored in doubles (exact). */
+static double *
+rng_tail(double *state)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+
+	return state + DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out;
+}
+
+static void
+rng_load(const double *t, DpsqlRng *rng)
+{
+	int			i;
+
+	for (i = 0; i < 8; i++)
+		rng->key[i] = (uint32_t) t[i];
+	for (i = 0; i < 3; i++)
+		rng->nonce[i] = (uint32_t) t[8 + i];
+	rng->counter = (uint32_t) t[11];
+	for (i = 0; i < 16; i++)
+		rng->block[i] = (uint32_t) t[12 + i];
+	rng->used = (int) t[28];
+}
+
+static void
+rng_store(const DpsqlRng *rng, double *t)
+{
+	int			i;
+
+	for (i = 0; i < 8; i++)
+		t[i] = rng->key[i];
+	for (i = 0; i < 3; i++)
+		t[8 + i] = rng->nonce[i];
+	t[11] = rng->counter;
+	for (i = 0; i < 16; i++)
+		t[12 + i] = rng->block[i];
+	t[28] = rng->used;
+}
+
+void
+dpsql_sgd_seed_noise(double *state, const uint8_t key[32])
+{
+	DpsqlRng	rng;
+
+	dpsql_rng_init(&rng, key, 3);
+	rng_store(&rng, rng_tail(state));
+}
+
+void
+dpsql_sgd_seed_noise_from_seed(double *state, int64_t seed)
+{
+	DpsqlRng	rng;
+
+	dpsql_rng_init_seed(&rng, seed, 3);
+	rng_store(&rng, rng_tail(state));
 }
 
 DpsqlStatus
@@ -143,8 +222,23 @@ dpsql_sgd_check(const double *state, size_t len)
 	if ((h->loss == DPSQL_LOSS_MULTINOMIAL && h->n_out < 2) ||
 		(h->loss == DPSQL_LOSS_SQUARED && h->n_out != 1))
 		return DPSQL_E_STATE;
-	if (len != dpsql_sgd_state_length((int) h->dim, (int) h->n_out))
+	if (!white_box_valid(h->clip_norm, h->noise_kind, h->noise_scale, h->noise_divisor,
+						 h->steps_per_epoch) ||
+		!is_count(h->batch_id, h->steps_per_epoch + 1.0))
 		return DPSQL_E_STATE;
+	if (len != dpsql_sgd_state_length((int) h->dim, (int) h->n_out, (int) h->noise_kind))
+		return DPSQL_E_STATE;
+	if (h->noise_kind != DPSQL_NOISE_NONE)
+	{
+		const double *t = state + len - DPSQL_RNG_LEN;
+
+		for (i = 0; i < 28; i++)
+			if (!is_count(t[i], 4294967295.0))
+				return DPSQL_E_STATE;
+		if (!is_count(t[28], 16.0))
+			return DPSQL_E_STATE;
+		len -= DPSQL_RNG_LEN;	/* the finiteness loop below covers the model only */
+	}
 	st = check_hyperparameters((int) h->loss, (int) h->schedule, h->lambda,
 							   h->schedule == DPSQL_SCHEDULE_DECREASING ? 1.0 : h->eta,
 							   h->offset, h->radius, h->loss == DPSQL_LOSS_HUBER ? h->huber_h : 0.5,
@@ -152,7 +246,8 @@ dpsql_sgd_check(const double *state, size_t len)
 	if (st != DPSQL_OK)
 		return st == DPSQL_E_LOSS ? DPSQL_E_STATE : st;
 	if (!is_count(h->step, 9007199254740992.0) || !is_count(h->step_start, h->step) ||
-		!is_count(h->in_batch, h->batch_size - 1) || !is_count(h->rows, 9007199254740992.0) ||
+		!is_count(h->in_batch, h->steps_per_epoch > 0.0 ? h->rows : h->batch_size - 1) ||
+		!is_count(h->rows, 9007199254740992.0) ||
 		!is_count(h->dropped, h->rows) || !is_count(h->clipped, h->rows) ||
 		!is_count(h->shards, 9007199254740992.0) || !is_count(h->invalid, h->rows) ||
 		!isfinite(h->loss_sum))
@@ -208,6 +303,7 @@ dpsql_sgd_epoch_begin(double *state)
 	h->clipped = 0.0;
 	h->invalid = 0.0;
 	h->shards = 1.0;
+	h->batch_id = 0.0;
 	memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
 }
 
@@ -420,6 +516,96 @@ accumulate(double *restrict g, const double *coef, int dim, int n_out, int flags
 	}
 }
 
+/*
+ * One update from the accumulated gradient sum g: w <- w - eta (lambda w + (g + noise) / b'),
+ * with b' the batch size (or the fixed noise_divisor: the expected batch size under Poisson
+ * sampling, which keeps the divisor data-independent). The noise is drawn from the state's
+ * CSPRNG, once per step, whatever the batch held (an empty batch still adds its noise).
+ */
+static void
+apply_step(double *state)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+	double	   *w = state + DPSQL_HEADER_LEN;
+	double	   *g = w + n;
+	double		divisor = h->noise_divisor > 0.0 ? h->noise_divisor : h->batch_size;
+	double		eta = dpsql_sgd_step_size(h, h->step + 1.0);
+	size_t		i;
+
+	if (h->noise_kind != DPSQL_NOISE_NONE)
+	{
+		DpsqlRng	rng;
+		double	   *t = rng_tail(state);
+
+		rng_load(t, &rng);
+		if (h->noise_kind == DPSQL_NOISE_GAUSSIAN)
+			for (i = 0; i < n; i++)
+				g[i] += h->noise_scale * dpsql_sample_normal_fast(&rng);
+		else
+			dpsql_add_l2_laplace(&rng, g, (int) n, h->noise_scale, 1.0);
+		rng_store(&rng, t);
+	}
+	for (i = 0; i < n; i++)
+	{
+		w[i] -= eta * (h->lambda * w[i] + g[i] / divisor);
+		g[i] = 0.0;
+	}
+	h->in_batch = 0.0;
+	h->step += 1.0;
+	project(h, w, n);
+}
+
+/*
+ * Score the row, turn a bad row into a null record (private runs) or an error, clip the
+ * example's data gradient, and add it to g. *used is 0 for a null record.
+ */
+static DpsqlStatus
+accumulate_row(double *state, const double *x, int xlen, double y, double *g)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	int			dim = (int) h->dim;
+	int			n_out = (int) h->n_out;
+	int			flags = (int) h->flags;
+	double	   *w = state + DPSQL_HEADER_LEN;
+	double		zs[MAX_CLASSES];
+	double		scale;
+	double		value;
+	int			c;
+	DpsqlStatus st;
+
+	st = dpsql_check_label((int) h->loss, y, n_out);
+	if (st == DPSQL_OK)
+		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+	if (st != DPSQL_OK)
+	{
+		if (!(flags & DPSQL_FLAG_SANITIZE) || st == DPSQL_E_DIVERGED)
+			return st;
+		/* A null record: it keeps its place in the batch but adds no data gradient. */
+		h->invalid += 1.0;
+		h->rows += 1.0;
+		return DPSQL_OK;
+	}
+	if (scale < 1.0)
+		h->clipped += 1.0;
+	value = loss_derivatives(h, zs, y, scale);
+	h->rows += 1.0;
+	h->loss_sum += value;
+	if (h->clip_norm > 0.0)
+	{
+		/* The example's gradient is zs (outer) (x, 1?): its norm is ||zs|| ||(x, 1?)||. */
+		double		zz = dot(zs, zs, n_out);
+		double		xx = dot(x, x, xlen) + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0);
+		double		norm = sqrt(zz * xx);
+
+		if (norm > h->clip_norm)
+			for (c = 0; c < n_out; c++)
+				zs[c] *= h->clip_norm / norm;
+	}
+	accumulate(g, zs, dim, n_out, flags, x);
+	return DPSQL_OK;
+}
+
 DpsqlStatus
 dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 {
@@ -438,6 +624,20 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	size_t		i;
 	DpsqlStatus st;
 
+	if (h->steps_per_epoch > 0.0)
+		return DPSQL_E_STATE;	/* batched states take dpsql_sgd_row_batch */
+	if (h->batch_size > 1.0 || h->noise_kind != DPSQL_NOISE_NONE || h->clip_norm > 0.0)
+	{
+		st = accumulate_row(state, x, xlen, y, g);
+		if (st != DPSQL_OK)
+			return st;
+		h->in_batch += 1.0;
+		if (h->in_batch >= h->batch_size)
+			apply_step(state);
+		return DPSQL_OK;
+	}
+
+	/* b = 1 without noise: the update in place, without the accumulator (the hot path). */
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
 		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
@@ -451,51 +651,58 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	{
 		if (!(flags & DPSQL_FLAG_SANITIZE) || st == DPSQL_E_DIVERGED)
 			return st;
-		/* A null record: it keeps its place in the batch but adds no data gradient. */
 		h->invalid += 1.0;
 		x = NULL;
 		value = 0.0;
 	}
 	h->rows += 1.0;
 	h->loss_sum += value;
-
-	if (h->batch_size == 1.0)
-	{
-		/* w <- w - eta (lambda w + grad_data), written as a shrink then an axpy per output. */
-		eta = dpsql_sgd_step_size(h, h->step + 1.0);
-		shrink = 1.0 - eta * h->lambda;
-		if (shrink != 1.0)
-			for (i = 0; i < n; i++)
-				w[i] *= shrink;
-		if (x != NULL)
-		{
-			for (i = 0; i < (size_t) n_out; i++)
-				zs[i] *= -eta;
-			accumulate(w, zs, dim, n_out, flags, x);
-		}
-		h->step += 1.0;
-		project(h, w, n);
-		return DPSQL_OK;
-	}
-
-	if (x != NULL)
-		accumulate(g, zs, dim, n_out, flags, x);
-	h->in_batch += 1.0;
-	if (h->in_batch >= h->batch_size)
-	{
-		double		b = h->batch_size;
-
-		eta = dpsql_sgd_step_size(h, h->step + 1.0);
+	/* w <- w - eta (lambda w + grad_data), written as a shrink then an axpy per output. */
+	eta = dpsql_sgd_step_size(h, h->step + 1.0);
+	shrink = 1.0 - eta * h->lambda;
+	if (shrink != 1.0)
 		for (i = 0; i < n; i++)
-		{
-			w[i] -= eta * (h->lambda * w[i] + g[i] / b);
-			g[i] = 0.0;
-		}
-		h->in_batch = 0.0;
-		h->step += 1.0;
-		project(h, w, n);
+			w[i] *= shrink;
+	if (x != NULL)
+	{
+		for (i = 0; i < (size_t) n_out; i++)
+			zs[i] *= -eta;
+		accumulate(w, zs, dim, n_out, flags, x);
 	}
+	h->step += 1.0;
+	project(h, w, n);
 	return DPSQL_OK;
+}
+
+/* Apply the steps of every batch before `batch` (empty ones included). */
+static void
+advance_to(double *state, double batch)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+
+	while (h->batch_id < batch)
+	{
+		if (h->batch_id >= 1.0)
+			apply_step(state);
+		h->batch_id += 1.0;
+	}
+}
+
+DpsqlStatus
+dpsql_sgd_row_batch(double *state, const double *x, int xlen, double y, long batch)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+	DpsqlStatus st;
+
+	if (!(h->steps_per_epoch > 0.0) || batch < 1 || (double) batch > h->steps_per_epoch ||
+		(double) batch < h->batch_id)
+		return DPSQL_E_PARAM;
+	advance_to(state, (double) batch);
+	st = accumulate_row(state, x, xlen, y, state + DPSQL_HEADER_LEN + n);
+	if (st == DPSQL_OK)
+		h->in_batch += 1.0;
+	return st;
 }
 
 DpsqlStatus
@@ -503,11 +710,12 @@ dpsql_sgd_epoch_end(double *state)
 {
 	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
 	size_t		n = (size_t) h->dim * (size_t) h->n_out;
-
 	const double *w = state + DPSQL_HEADER_LEN;
 	size_t		i;
 
-	if (h->in_batch > 0.0)
+	if (h->steps_per_epoch > 0.0)
+		advance_to(state, h->steps_per_epoch + 1.0);	/* the last batches, even if empty */
+	else if (h->in_batch > 0.0)
 	{
 		h->dropped += h->in_batch;
 		h->in_batch = 0.0;
@@ -533,6 +741,9 @@ dpsql_sgd_combine(double *a, const double *b, size_t len)
 
 	if (dpsql_sgd_check(a, len) != DPSQL_OK || dpsql_sgd_check(b, len) != DPSQL_OK)
 		return DPSQL_E_STATE;
+	/* Per-step noise and batch numbers belong to one sequential scan. */
+	if (ha->noise_kind != DPSQL_NOISE_NONE || ha->steps_per_epoch > 0.0)
+		return DPSQL_E_STATE_MISMATCH;
 	/* Everything up to and including batch_size, plus the epoch's starting step, must agree. */
 	if (memcmp(a, b, offsetof(DpsqlSgdHeader, step)) != 0 || ha->step_start != hb->step_start)
 		return DPSQL_E_STATE_MISMATCH;

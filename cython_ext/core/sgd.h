@@ -14,10 +14,11 @@
 #define DPSQL_SGD_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "status.h"
 
-#define DPSQL_STATE_MAGIC 4471.0	/* "dpsql state, layout version 1" */
+#define DPSQL_STATE_MAGIC 4472.0	/* "dpsql state, layout version 2" */
 #define DPSQL_MAX_CLASSES 1024
 
 /* Step-size schedules; s is the global mini-batch update counter, 1-based, never reset. */
@@ -67,8 +68,25 @@ typedef struct DpsqlSgdHeader
 	double		clipped;		/* rows scaled down by the row transform */
 	double		shards;			/* partial states averaged into this one */
 	double		invalid;		/* rows processed as null records (DPSQL_FLAG_SANITIZE) */
-	double		reserved;
+	/* White-box private SGD (noise inside every step) */
+	double		clip_norm;		/* clip each example's data gradient to this norm; 0 = off */
+	double		noise_kind;		/* DpsqlNoiseKind */
+	double		noise_scale;	/* Gaussian sigma, or the Gamma-norm scale (eq. 3) */
+	double		noise_divisor;	/* divide (gradient sum + noise) by this; 0 = the batch size */
+	double		batch_id;		/* batched epochs: the batch being accumulated (0 = none yet) */
+	double		steps_per_epoch;	/* batched epochs (rows carry their batch); 0 = counted batches */
 } DpsqlSgdHeader;
+
+/* Noise added to every step's gradient sum (white-box mechanisms). */
+typedef enum DpsqlNoiseKind
+{
+	DPSQL_NOISE_NONE = 0,
+	DPSQL_NOISE_GAUSSIAN = 1,	/* i.i.d. N(0, scale^2) per coordinate */
+	DPSQL_NOISE_GAMMA_NORM = 2	/* norm ~ Gamma(n, scale), uniform direction (eq. 3) */
+} DpsqlNoiseKind;
+
+/* States with noise carry the CSPRNG (ChaCha20) after the accumulator: never released. */
+#define DPSQL_RNG_LEN 32
 
 #define DPSQL_HEADER_LEN ((int) (sizeof(DpsqlSgdHeader) / sizeof(double)))
 
@@ -86,13 +104,22 @@ typedef struct DpsqlSgdParams
 	double		radius;
 	double		huber_h;
 	long		batch_size;
+	double		clip_norm;		/* 0 = no per-example clipping */
+	int			noise_kind;		/* DpsqlNoiseKind */
+	double		noise_scale;
+	double		noise_divisor;	/* 0 = batch size */
+	long		steps_per_epoch;	/* > 0: rows carry their batch number (Poisson, sampling) */
 } DpsqlSgdParams;
 
 /* Number of outputs (weight vectors): classes for multinomial and one-vs-rest, else 1. */
 int			dpsql_outputs(int loss, int n_classes);
 
-/* Total state length for a validated header. */
-size_t		dpsql_sgd_state_length(int model_dim, int n_out);
+/* Total state length for a validated header (noise: the CSPRNG tail included). */
+size_t		dpsql_sgd_state_length(int model_dim, int n_out, int noise_kind);
+
+/* Key the state's noise generator (states with noise only). */
+void		dpsql_sgd_seed_noise(double *state, const uint8_t key[32]);
+void		dpsql_sgd_seed_noise_from_seed(double *state, int64_t seed);
 
 /* Length of the state that dpsql_sgd_init would build, or 0 when the parameters are invalid. */
 size_t		dpsql_sgd_init_length(const DpsqlSgdParams *params);
@@ -124,6 +151,13 @@ void		dpsql_sgd_epoch_begin(double *state);
 
 /* Process one row: x has dpsql_sgd_row_length(state) values. */
 DpsqlStatus dpsql_sgd_row(double *state, const double *x, int xlen, double y);
+
+/*
+ * Batched epochs (steps_per_epoch > 0): rows arrive ordered by their batch number in
+ * 1..steps_per_epoch (Poisson sampling, sampling with replacement); skipped batch numbers are
+ * empty batches, whose step still adds its noise. Errors when batches go backwards.
+ */
+DpsqlStatus dpsql_sgd_row_batch(double *state, const double *x, int xlen, double y, long batch);
 
 /* End of the epoch: drop the partial mini-batch (drop_last, spec 003 section 4.3). */
 DpsqlStatus dpsql_sgd_epoch_end(double *state);

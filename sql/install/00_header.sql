@@ -33,9 +33,12 @@ CREATE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
 
 CREATE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float8,
                                 schedule text, eta float8, step_offset float8, radius float8,
-                                huber_h float8, batch_size bigint, flags int)
+                                huber_h float8, batch_size bigint, flags int,
+                                clip_norm float8 DEFAULT 0, noise text DEFAULT 'none',
+                                noise_scale float8 DEFAULT 0, noise_divisor float8 DEFAULT 0,
+                                steps_per_epoch bigint DEFAULT 0, noise_seed bigint DEFAULT NULL)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_init_state'
-LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL SAFE;
 
 CREATE FUNCTION dpsql._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
                                 OUT objective float8, OUT dropped bigint, OUT clipped bigint,
@@ -97,3 +100,24 @@ CREATE FUNCTION dpsql._exponential_mechanism(utility float8[], epsilon float8, s
                                              seed bigint)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_exponential_mechanism_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE FUNCTION dpsql._sgd_transition_batch(state float8[], x float8[], y float8, batch bigint,
+                                            init float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition_batch'
+LANGUAGE C CALLED ON NULL INPUT;
+
+-- An epoch whose rows carry their batch number (Poisson sampling, sampling with replacement):
+-- call it with ORDER BY batch. Sequential by nature: no combine function.
+CREATE AGGREGATE dpsql.sgd_epoch_batches(x float8[], y float8, batch bigint, init float8[]) (
+    SFUNC = dpsql._sgd_transition_batch,
+    STYPE = float8[],
+    FINALFUNC = dpsql._sgd_final
+);
+
+CREATE FUNCTION dpsql._poisson_batches(seed bigint, rid bigint, steps int, q float8)
+RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_poisson_batches'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql._uniform_index(seed bigint, pos bigint, rows bigint)
+RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_uniform_index'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;

@@ -11,6 +11,7 @@
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "port.h"
 
 #include "glue.h"
 #include "losses.h"
@@ -48,7 +49,10 @@ dpsql_loss_code(PG_FUNCTION_ARGS)
 /*
  * dpsql._sgd_init(model text, dim int, n_classes int, lambda float8, schedule text, eta float8,
  *                 step_offset float8, radius float8, huber_h float8, batch_size bigint,
- *                 flags int) -> float8[]
+ *                 flags int, clip_norm float8, noise text, noise_scale float8,
+ *                 noise_divisor float8, steps_per_epoch bigint, noise_seed bigint) -> float8[]
+ * noise: none | gaussian | gamma_norm. With noise, the state's CSPRNG is keyed by
+ * pg_strong_random unless noise_seed is given (tests; not private).
  */
 Datum
 dpsql_sgd_init_state(PG_FUNCTION_ARGS)
@@ -60,7 +64,9 @@ dpsql_sgd_init_state(PG_FUNCTION_ARGS)
 	DpsqlStatus st;
 	int			i;
 
-	for (i = 0; i < PG_NARGS(); i++)
+	char	   *noise;
+
+	for (i = 0; i < 16; i++)
 		if (PG_ARGISNULL(i))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -82,6 +88,21 @@ dpsql_sgd_init_state(PG_FUNCTION_ARGS)
 	p.huber_h = PG_GETARG_FLOAT8(8);
 	p.batch_size = (long) PG_GETARG_INT64(9);
 	p.flags = PG_GETARG_INT32(10);
+	p.clip_norm = PG_GETARG_FLOAT8(11);
+	noise = text_to_cstring(PG_GETARG_TEXT_PP(12));
+	if (strcmp(noise, "none") == 0)
+		p.noise_kind = DPSQL_NOISE_NONE;
+	else if (strcmp(noise, "gaussian") == 0)
+		p.noise_kind = DPSQL_NOISE_GAUSSIAN;
+	else if (strcmp(noise, "gamma_norm") == 0)
+		p.noise_kind = DPSQL_NOISE_GAMMA_NORM;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: unknown noise \"%s\"", noise)));
+	p.noise_scale = PG_GETARG_FLOAT8(13);
+	p.noise_divisor = PG_GETARG_FLOAT8(14);
+	p.steps_per_epoch = (long) PG_GETARG_INT64(15);
 
 	len = dpsql_sgd_init_length(&p);
 	if (len == 0 || len > (size_t) MaxAllocSize / sizeof(double) / 2)
@@ -97,7 +118,24 @@ dpsql_sgd_init_state(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: %s", dpsql_status_message(st)),
 				 errdetail("lambda >= 0, step size > 0 (the decreasing schedule needs lambda > 0), "
-						   "radius >= 0, 0 < huber_h < 1, batch_size >= 1.")));
+						   "radius >= 0, 0 < huber_h < 1, batch_size >= 1, clip_norm >= 0, "
+						   "noise_scale > 0 with noise.")));
+	if (p.noise_kind != DPSQL_NOISE_NONE)
+	{
+		if (PG_ARGISNULL(16))
+		{
+			uint8		key[32];
+
+			if (!pg_strong_random(key, sizeof(key)))
+				ereport(ERROR,
+						(errcode(ERRCODE_INTERNAL_ERROR),
+						 errmsg("dpsql: could not read the operating system's random generator")));
+			dpsql_sgd_seed_noise((double *) ARR_DATA_PTR(state), key);
+			explicit_bzero(key, sizeof(key));
+		}
+		else
+			dpsql_sgd_seed_noise_from_seed((double *) ARR_DATA_PTR(state), PG_GETARG_INT64(16));
+	}
 	PG_RETURN_ARRAYTYPE_P(state);
 }
 

@@ -19,6 +19,7 @@
 
 PG_FUNCTION_INFO_V1(dpsql_sgd_transition);
 PG_FUNCTION_INFO_V1(dpsql_sgd_final);
+PG_FUNCTION_INFO_V1(dpsql_sgd_transition_batch);
 PG_FUNCTION_INFO_V1(dpsql_sgd_combine_states);
 
 /*
@@ -53,20 +54,14 @@ plain_float8_vector(ArrayType *a)
 
 /* Copy and validate the initial state handed in by the controller (first row only). */
 static ArrayType *
-start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+copy_initial_state(ArrayType *init, MemoryContext aggcontext)
 {
-	ArrayType  *init;
 	ArrayType  *state;
 	double	   *data;
 	int			n;
 	DpsqlStatus st;
 	MemoryContext old;
 
-	if (PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("dpsql: the initial model state of sgd_epoch is NULL")));
-	init = PG_GETARG_ARRAYTYPE_P(3);
 	data = dpsql_float8_array(init, &n, "model state");
 	st = dpsql_sgd_check(data, (size_t) n);
 	if (st != DPSQL_OK)
@@ -78,6 +73,16 @@ start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	MemoryContextSwitchTo(old);
 	dpsql_sgd_epoch_begin((double *) ARR_DATA_PTR(state));
 	return state;
+}
+
+static ArrayType *
+start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+{
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: the initial model state of sgd_epoch is NULL")));
+	return copy_initial_state(PG_GETARG_ARRAYTYPE_P(3), aggcontext);
 }
 
 Datum
@@ -178,4 +183,51 @@ dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
 	if (st != DPSQL_OK)
 		dpsql_raise(st, "combining partial epoch states");
 	PG_RETURN_POINTER(a);
+}
+
+/*
+ * dpsql._sgd_transition_batch(state, x, y, batch bigint, init): rows ordered by batch number
+ * (Poisson sampling, sampling with replacement). The aggregate is called with ORDER BY batch.
+ */
+Datum
+dpsql_sgd_transition_batch(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	ArrayType  *state;
+	double	   *s;
+	double	   *xs = NULL;
+	int			n = -1;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_transition_batch called outside an aggregate")));
+	if (PG_ARGISNULL(0))
+	{
+		/* the init state is argument 4 here: shift it for start_epoch's argument 3 */
+		if (PG_ARGISNULL(4))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: the initial model state of sgd_epoch_batches is NULL")));
+		state = copy_initial_state(PG_GETARG_ARRAYTYPE_P(4), aggcontext);
+	}
+	else
+		state = PG_GETARG_ARRAYTYPE_P(0);
+	s = (double *) ARR_DATA_PTR(state);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL batch number")));
+	if (!PG_ARGISNULL(1) && plain_float8_vector(PG_GETARG_ARRAYTYPE_P(1)))
+		xs = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &n, "feature array");
+	else if (!((int) ((DpsqlSgdHeader *) s)->flags & DPSQL_FLAG_SANITIZE))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL or malformed feature array")));
+	st = dpsql_sgd_row_batch(s, xs, n, PG_ARGISNULL(2) ? NAN : PG_GETARG_FLOAT8(2),
+							 (long) PG_GETARG_INT64(3));
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "a batched epoch (rows must come ordered by batch number)");
+	PG_RETURN_POINTER(state);
 }
