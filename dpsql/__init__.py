@@ -8,7 +8,7 @@
 
 from dpsql.connection import Database, connect
 from dpsql.models import Model
-from dpsql.privacy import BoltOn
+from dpsql.privacy import BST14, DPSGD, SCS13, BoltOn
 
-__all__ = ["BoltOn", "Database", "Model", "connect"]
+__all__ = ["BST14", "DPSGD", "SCS13", "BoltOn", "Database", "Model", "connect"]
 __version__ = "0.1.0"

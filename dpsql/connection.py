@@ -271,6 +271,15 @@ class Database:
 def _install_extension(conn: psycopg.Connection, embedded: bool) -> None:
     if embedded:
         extension.ensure_available(conn)
+        # Clusters made before the accountant existed: point the server at it once.
+        row = conn.execute("SELECT current_setting('dpsql.accountant_command', true)").fetchone()
+        if not (row and row[0]):
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET dpsql.accountant_command = {}").format(
+                    sql.Literal(server.accountant_command())
+                )
+            )
+            conn.execute("SELECT pg_reload_conf()")
     row = conn.execute(
         "SELECT installed_version, default_version FROM pg_available_extensions"
         " WHERE name = 'dpsql'"

@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -215,12 +216,22 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def accountant_command() -> str:
+    """How the server runs the dp-accounting accountant: this interpreter, ``-m dpsql.accounting``.
+
+    The server cannot import Python; DP-SGD calibration runs this command (see
+    sql/src/accountant.c). The path must be readable by the server's system user.
+    """
+    return f"{sys.executable} -m dpsql.accounting"
+
+
 def _tuning(version: int) -> dict[str, str]:
     settings = dict(TUNING)
     if version >= 18:
         # PostgreSQL 18's I/O worker processes compete with parallel workers for the cores of a
         # small machine (bench/RESULTS.md: parallel epochs 1.27x with workers, 1.94x with sync).
         settings["io_method"] = "sync"
+    settings["dpsql.accountant_command"] = accountant_command()
     memory = _memory_bytes()
     if memory is not None and memory < 4 * 1024**3:
         # 1GB of shared buffers would leave too little for work_mem and the OS cache.

@@ -121,3 +121,14 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 CREATE FUNCTION dpsql._uniform_index(seed bigint, pos bigint, rows bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_uniform_index'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION dpsql.gaussian_sigma(sensitivity float8, epsilon float8, delta float8,
+                                     calibration text DEFAULT 'analytic')
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_gaussian_sigma_sql'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION dpsql.gaussian_sigma(float8, float8, float8, text) IS
+    'Gaussian noise for (epsilon, delta): analytic (Balle-Wang) or classic (eq. 4, epsilon < 1)';
+
+CREATE FUNCTION dpsql._accountant(request text)
+RETURNS text AS 'MODULE_PATHNAME', 'dpsql_accountant'
+LANGUAGE C STRICT VOLATILE;

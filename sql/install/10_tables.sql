@@ -62,5 +62,6 @@ CREATE TABLE dpsql.runs (
     losses          float8[] NOT NULL DEFAULT '{}',
     done            boolean NOT NULL DEFAULT false,
     prepare_seconds float8 NOT NULL,
-    train_seconds   float8 NOT NULL DEFAULT 0
+    train_seconds   float8 NOT NULL DEFAULT 0,
+    sampling_seed   bigint          -- secret coins of sampled batches: never copied to a model
 );

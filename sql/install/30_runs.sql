@@ -196,7 +196,24 @@ BEGIN
         PERFORM set_config('parallel_tuple_cost', '0', true);
         PERFORM set_config('min_parallel_table_scan_size', '0', true);
     END IF;
-    IF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
+    IF r.spec->>'sampling' = 'poisson' THEN
+        -- Poisson sampling: each row joins each batch with probability q, by secret coins; the
+        -- aggregate takes the rows ordered by batch and still steps (noise only) on empty ones.
+        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
+                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql._poisson_batches($2, t.rid,'
+                       '       $3, $4)) AS b(batch)', r.train_table)
+           INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
+                         (r.spec->>'steps_per_epoch')::int, (r.spec->>'sampling_rate')::float8;
+    ELSIF r.spec->>'sampling' = 'replacement' THEN
+        -- BST14: every step draws batch_size rows uniformly with replacement.
+        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
+                       '       ORDER BY g.pos)'
+                       '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'
+                       '  JOIN %s t ON t.rid = dpsql._uniform_index($2, g.pos, $5)', r.train_table)
+           INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
+                         (r.spec->>'batch_size')::bigint, (r.spec->>'steps_per_epoch')::bigint,
+                         r.rows;
+    ELSIF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
         -- A new data-independent permutation for this pass: the epoch number mixed into the seed.
         EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1 ORDER BY dpsql._shuffle_key($2, rid)) FROM %s',
                        r.train_table)

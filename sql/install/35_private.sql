@@ -145,20 +145,21 @@ DECLARE
     fit record;
     mid bigint;
 BEGIN
-    IF privacy IS DISTINCT FROM 'bolton' THEN
+    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'scs13', 'bst14') THEN
         PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'Available: bolton.');
+                            hint => 'Available: bolton, dpsgd, scs13, bst14.');
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql._loss_code(model) = 2 THEN
-        PERFORM dpsql._fail('bolt-on needs a Lipschitz loss: logistic, huber or multinomial',
+    IF dpsql._loss_code(model) = 2 AND privacy <> 'dpsgd' THEN
+        PERFORM dpsql._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
                             hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
     END IF;
-    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+    IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
+       AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
         PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
     END IF;
     IF NOT (delta >= 0 AND delta < 1) THEN
@@ -183,6 +184,12 @@ BEGIN
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
         PERFORM dpsql._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
     END IF;
+    IF privacy <> 'bolton' AND cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
+        PERFORM dpsql._fail('private tuning (Algorithm 3) is implemented for bolton');
+    END IF;
+    IF privacy <> 'bolton' AND coalesce(params->>'permutation', 'once') <> 'once' THEN
+        PERFORM dpsql._fail('permutation => fresh is a bolt-on option');
+    END IF;
 
     ds := dpsql._dataset_for_source(source);
     IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
@@ -196,6 +203,9 @@ BEGIN
         PERFORM dpsql._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
 
+    IF privacy <> 'bolton' THEN
+        RETURN dpsql._train_whitebox(ds, model, params, privacy, epsilon, delta, noise_seed);
+    END IF;
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
     entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN cardinality(lambdas) + cardinality(epochs_grid) > 0
@@ -307,4 +317,51 @@ BEGIN
             'chosen_lambda', (candidates->(pick - 1)->>'lambda')::float8,
             'chosen_epochs', (candidates->(pick - 1)->>'epochs')::int,
             'selection', 'exponential mechanism, utility -errors, sensitivity 1'));
+END $$;
+
+-- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
+-- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
+-- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
+CREATE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, params jsonb, privacy text,
+                                      epsilon float8, delta float8, noise_seed bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    run bigint;
+    r dpsql.runs;
+    plan jsonb;
+    entry bigint;
+    e record;
+    mid bigint;
+BEGIN
+    run := dpsql._prepare(
+        source => ds.source, features => ds.features, label => ds.label, model => model,
+        epochs => coalesce((params->>'epochs')::int, 10),
+        batch_size => coalesce((params->>'batch_size')::bigint, 1),
+        lambda => coalesce((params->>'lambda')::float8, 0),
+        step_size => (params->>'step_size')::float8,
+        schedule => coalesce(params->>'schedule',
+                             CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
+                                  THEN 'decreasing' ELSE 'constant' END),
+        step_offset => coalesce((params->>'step_offset')::float8, 0),
+        radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
+        labels => ds.labels, intercept => coalesce((params->>'intercept')::boolean, false),
+        row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
+        tolerance => NULL, private => true, feature_bounds => ds.feature_bounds);
+    r := dpsql._locked_run(run);
+    plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
+    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+                           privacy);
+    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
+    LOOP
+        e := dpsql._run_epoch(run);
+        EXIT WHEN e.done;
+    END LOOP;
+    r := dpsql._locked_run(run);
+    mid := dpsql._finish(run, dpsql._sgd_weights(r.state), (plan->'info') || jsonb_build_object(
+        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
+        'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
+        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+    PERFORM dpsql._set_ledger_model(entry, mid);
+    RETURN mid;
 END $$;

@@ -13,7 +13,9 @@ CREATE FUNCTION dpsql.train(
     epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
     permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
     noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
-    tuning_epochs int[] DEFAULT NULL)
+    tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,
+    sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
+    bst14_noise text DEFAULT 'strict')
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
@@ -30,7 +32,9 @@ BEGIN
             'tolerance', tolerance, 'parallel_workers', parallel_workers,
             'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
             'noise_seed', noise_seed, 'features', features, 'label', label,
-            'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs));
+            'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
+            'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
+            'bst14_noise', bst14_noise));
     END IF;
     IF NOT dpsql._is_admin() THEN
         PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
@@ -38,8 +42,9 @@ BEGIN
                             'Use privacy => ''bolton'' with epsilon (and delta).');
     END IF;
     IF epsilon IS NOT NULL OR noise_seed IS NOT NULL OR tuning_lambdas IS NOT NULL
-       OR tuning_epochs IS NOT NULL THEN
-        PERFORM dpsql._fail('epsilon, noise_seed or tuning grids given with privacy => ''none''',
+       OR tuning_epochs IS NOT NULL OR clip_norm IS NOT NULL OR noise_multiplier IS NOT NULL
+       OR sampling <> 'shuffle' THEN
+        PERFORM dpsql._fail('privacy parameters given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
     run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,

@@ -19,6 +19,7 @@
 #include "csprng.h"
 #include "glue.h"
 #include "mechanisms.h"
+#include "noise.h"
 #include "names.h"
 #include "sensitivity.h"
 #include "sgd.h"
@@ -26,6 +27,8 @@
 PG_FUNCTION_INFO_V1(dpsql_bolton_release);
 PG_FUNCTION_INFO_V1(dpsql_bolton_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
+PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
+
 
 /* Stream numbers keep the uses of one key apart. */
 #define STREAM_OUTPUT_NOISE 1
@@ -215,4 +218,24 @@ dpsql_exponential_mechanism_sql(PG_FUNCTION_ARGS)
 	choice = dpsql_exponential_mechanism(&rng, u, n, epsilon, sensitivity);
 	explicit_bzero(&rng, sizeof(rng));
 	PG_RETURN_INT32(choice + 1);
+}
+
+
+/* dpsql.gaussian_sigma(sensitivity, epsilon, delta, calibration text) -> float8 */
+Datum
+dpsql_gaussian_sigma_sql(PG_FUNCTION_ARGS)
+{
+	double		sigma;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
+		PG_RETURN_NULL();
+	sigma = calibration_code(PG_GETARG_TEXT_PP(3)) == DPSQL_GAUSSIAN_CLASSIC
+		? dpsql_gaussian_sigma_classic(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), PG_GETARG_FLOAT8(2))
+		: dpsql_gaussian_sigma_analytic(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), PG_GETARG_FLOAT8(2));
+	if (!isfinite(sigma))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: no Gaussian noise for these parameters"),
+				 errdetail("sensitivity >= 0, epsilon > 0, 0 < delta < 1; classic needs epsilon < 1.")));
+	PG_RETURN_FLOAT8(sigma);
 }

@@ -1,0 +1,194 @@
+------------------------------------------------------------------------------------------
+-- White-box private SGD: noise inside every step of the aggregate (SCS13, BST14, DP-SGD)
+------------------------------------------------------------------------------------------
+
+-- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
+-- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1, increasing in e1.
+CREATE FUNCTION dpsql._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
+RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    lo float8 := 0;
+    hi float8 := epsilon;
+    mid float8;
+BEGIN
+    FOR i IN 1..200 LOOP
+        mid := (lo + hi) / 2;
+        IF steps * mid * (exp(mid) - 1) + sqrt(2 * steps * ln(1 / delta1)) * mid > epsilon THEN
+            hi := mid;
+        ELSE
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN lo;
+END $$;
+
+-- Ask the dp-accounting accountant (dpsql/accounting.py) for a DP-SGD calibration or epsilon.
+CREATE FUNCTION dpsql._account(request jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    answer jsonb := dpsql._accountant(request::text)::jsonb;
+BEGIN
+    IF answer ? 'error' THEN
+        PERFORM dpsql._fail('the accountant refused: ' || (answer->>'error'));
+    END IF;
+    RETURN answer;
+END $$;
+
+-- Noise, clipping, step schedule, sampling and accounting of a white-box mechanism for a
+-- prepared run of `rows` rows (m public). 'public' keys go into the model's provenance.
+CREATE FUNCTION dpsql._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+                                     delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    model text := spec->>'model';
+    lambda float8 := (spec->>'lambda')::float8;
+    b bigint := (spec->>'batch_size')::bigint;
+    k int := (spec->>'epochs')::int;
+    n bigint := rows / b;
+    c record := dpsql.loss_constants(model, 0, 0, coalesce((spec->>'huber_h')::float8, 0.1));
+    clip float8;
+    sampling text := coalesce(params->>'sampling', 'shuffle');
+    z float8 := (params->>'noise_multiplier')::float8;
+    acct jsonb;
+    eps_p float8;
+    delta_p float8;
+    radius float8 := (spec->>'radius')::float8;
+    e1 float8;
+    e2 float8;
+    sigma float8;
+    lip float8;
+    g float8;
+    plan jsonb;
+BEGIN
+    IF n < 1 THEN
+        PERFORM dpsql._fail(format('%s rows make no batch of %s', rows, b));
+    END IF;
+    IF model IN ('logistic', 'huber') AND jsonb_array_length(spec->'classes') > 2
+       AND privacy IN ('scs13', 'bst14') THEN
+        PERFORM dpsql._fail(privacy || ' trains binary or multinomial models here, not one-vs-rest');
+    END IF;
+    IF privacy = 'dpsgd' THEN
+        clip := coalesce((params->>'clip_norm')::float8, 1.0);
+        IF NOT (clip > 0 AND clip < 'Infinity') THEN
+            PERFORM dpsql._fail('clip_norm must be a finite number > 0');
+        END IF;
+        IF NOT (delta > 0) THEN
+            PERFORM dpsql._fail('DP-SGD is (epsilon, delta)-DP: delta must be > 0');
+        END IF;
+        IF sampling NOT IN ('shuffle', 'poisson') THEN
+            PERFORM dpsql._fail('sampling must be shuffle (disjoint batches) or poisson');
+        END IF;
+        IF (epsilon IS NULL) = (z IS NULL) THEN
+            PERFORM dpsql._fail('DP-SGD takes either epsilon (the noise is calibrated) or '
+                                'noise_multiplier (epsilon is reported)');
+        END IF;
+        IF z IS NOT NULL AND NOT (z > 0 AND z < 'Infinity') THEN
+            PERFORM dpsql._fail('noise_multiplier must be a finite number > 0');
+        END IF;
+        -- Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
+        -- Poisson: q = b/m per step, k*n steps, amplification by sampling (PLD, replace-one).
+        acct := dpsql._account(jsonb_build_object(
+            'op', CASE WHEN z IS NULL THEN 'calibrate' ELSE 'report' END,
+            'scheme', sampling, 'delta', delta,
+            'target_epsilon', epsilon, 'noise_multiplier', z,
+            'epochs', CASE WHEN sampling = 'shuffle' THEN k END,
+            'steps', CASE WHEN sampling = 'poisson' THEN k * n END,
+            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END));
+        z := coalesce(z, (acct->>'noise_multiplier')::float8);
+        plan := jsonb_build_object(
+            'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
+            'noise_divisor', b, 'schedule', spec->>'schedule',
+            'step_size', coalesce((params->>'step_size')::float8, 0.5),
+            'radius', radius, 'sampling', sampling,
+            'steps_per_epoch', CASE WHEN sampling = 'poisson' THEN n ELSE 0 END,
+            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
+            'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
+            'info', jsonb_build_object(
+                'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
+                'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
+                'accountant', acct, 'sensitivity', 2 * clip, 'noise_scale', z * clip,
+                'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
+    ELSIF privacy = 'scs13' THEN
+        -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
+        -- noise on the gradient SUM with sensitivity 2 L, then divided by b; steps 1/sqrt(t).
+        clip := c.lipschitz_data;
+        eps_p := epsilon / k;
+        delta_p := delta / k;
+        plan := jsonb_build_object(
+            'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
+            'noise_scale', CASE WHEN delta = 0 THEN 2 * clip / eps_p
+                                ELSE dpsql.gaussian_sigma(2 * clip, eps_p, delta_p,
+                                                          coalesce(params->>'gaussian', 'analytic')) END,
+            'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
+            'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
+            'sampling', 'shuffle', 'steps_per_epoch', 0, 'epsilon', epsilon, 'delta', delta,
+            'info', jsonb_build_object(
+                'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
+                'epsilon_per_pass', eps_p, 'delta_per_pass', delta_p, 'sensitivity', 2 * clip,
+                'neighbouring', 'replace-one, m public'));
+    ELSIF privacy = 'bst14' THEN
+        IF NOT (delta > 0) THEN
+            PERFORM dpsql._fail('BST14 exists only for (epsilon, delta): delta must be > 0');
+        END IF;
+        clip := c.lipschitz_data;
+        radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE coalesce(radius, 1e4) END;
+        lip := clip + lambda * radius;
+        -- Algorithm 4/5 with constant epochs: T = k m / b steps of b draws with replacement.
+        e1 := dpsql._bst14_epsilon1(epsilon, delta / (k * n), k * n);
+        e2 := least(1.0, rows * e1 / (2 * b));
+        sigma := sqrt(2 * ln(1.25 / (delta / (k * n)))) / e2;
+        -- 'paper': std sigma (iota = 1, add/remove sensitivity 1); 'strict': replace-one, 2L.
+        IF coalesce(params->>'bst14_noise', 'strict') = 'strict' THEN
+            sigma := sigma * 2 * clip;
+        ELSIF params->>'bst14_noise' <> 'paper' THEN
+            PERFORM dpsql._fail('bst14_noise must be strict (replace-one) or paper');
+        END IF;
+        g := sqrt((spec->>'dim')::float8 * sigma * sigma + b * b * lip * lip);
+        plan := jsonb_build_object(
+            'noise', 'gaussian', 'noise_scale', sigma, 'clip_norm', clip, 'noise_divisor', b,
+            'schedule', CASE WHEN lambda > 0 THEN 'inverse' ELSE 'sqrt' END,
+            -- average form: eta_t = 1/(gamma t) (Alg. 5); b * 2R/(G sqrt t) (Alg. 4, sum form)
+            'step_size', CASE WHEN lambda > 0 THEN 1 / lambda ELSE b * 2 * radius / g END,
+            'radius', radius, 'sampling', 'replacement', 'steps_per_epoch', n,
+            'epsilon', epsilon, 'delta', delta,
+            'info', jsonb_build_object(
+                'algorithm', CASE WHEN lambda > 0 THEN 'BST14 Algorithm 5 (strongly convex)'
+                                  ELSE 'BST14 Algorithm 4 (convex)' END,
+                'epsilon_1', e1, 'epsilon_2', e2, 'delta_1', delta / (k * n), 'G', g,
+                'bst14_noise', coalesce(params->>'bst14_noise', 'strict'),
+                'note', 'advanced composition as printed: the total delta slightly exceeds delta',
+                'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'
+                                    THEN 2 * clip ELSE 1 END));
+    ELSE
+        PERFORM dpsql._fail(format('unknown privacy mechanism %s', quote_literal(privacy)));
+    END IF;
+    RETURN plan;
+END $$;
+
+-- Rebuild a prepared private run's initial state with the plan's noise, clipping, schedule
+-- and sampling (keyed by pg_strong_random), and draw its secret sampling seed.
+CREATE FUNCTION dpsql._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs := dpsql._locked_run(run_id);
+    s jsonb := r.spec;
+    init float8[];
+BEGIN
+    init := dpsql._sgd_init(
+        s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(s->'classes'), 1),
+        (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
+        (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
+        coalesce((s->>'huber_h')::float8, 0.1), (s->>'batch_size')::bigint, (s->>'flags')::int,
+        (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
+        (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
+    UPDATE dpsql.runs
+       SET state = init,
+           spec = spec || jsonb_build_object(
+               'schedule', plan->>'schedule', 'step_size', (plan->>'step_size')::float8,
+               'radius', (plan->>'radius')::float8, 'sampling', plan->>'sampling',
+               'sampling_rate', (plan->>'sampling_rate')::float8,
+               'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
+               'clip_norm', (plan->>'clip_norm')::float8),
+           sampling_seed = dpsql._random_seed()
+     WHERE runs.run_id = _arm_whitebox.run_id;
+END $$;
