@@ -8,7 +8,7 @@ CREATE FUNCTION dpsql._bst14_epsilon1(epsilon float8, delta1 float8, steps bigin
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     lo float8 := 0;
-    hi float8 := epsilon;
+    hi float8 := least(epsilon, 50.0);  -- e^{e1} must not overflow; e1 is tiny in practice
     mid float8;
 BEGIN
     FOR i IN 1..200 LOOP

@@ -1,0 +1,178 @@
+"""White-box private SGD: per-step noise inside the aggregate (SCS13, BST14, DP-SGD)."""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from scipy import stats
+
+from dpsql import _core
+from tests.pg_helpers import leftovers, load
+
+
+def _model(conn, model_id):
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (model_id,)).fetchone()
+
+
+# ------------------------------------------------------------------------ the C core, in memory
+
+
+def test_per_step_noise_is_present_and_scaled() -> None:
+    """Zero features: the model is exactly -(eta/b) times the sum of the T noise draws, so each
+    coordinate is N(0, T (eta sigma / b)^2). Chi-square on 400 seeded runs x 5 coordinates,
+    two-sided alpha = 1e-3 (deterministic under the seeds); fails without noise (w = 0), with
+    sigma off by 10%, or with noise per row instead of per step (b-fold variance)."""
+    m, d, b, eta, sigma, epochs = 60, 5, 6, 0.3, 2.0, 2
+    X, y = np.zeros((m, d)), np.ones(m)
+    steps = epochs * (m // b)
+    w = []
+    for seed in range(400):
+        s = _core.init_state("logistic", d, eta=eta, batch_size=b, noise="gaussian",
+                             noise_scale=sigma, noise_seed=seed)
+        for _ in range(epochs):
+            s = _core.run_epoch(s, X, y)
+        w.append(_core.weights(s)[0])
+    z = np.concatenate(w) / (np.sqrt(steps) * eta * sigma / b)
+    chi2 = float(np.sum(z**2))
+    assert stats.chi2(z.size).ppf(5e-4) < chi2 < stats.chi2(z.size).ppf(1 - 5e-4)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+
+
+def test_gamma_norm_step_noise() -> None:
+    """SCS13's epsilon-DP step noise: one step from w = 0 on zero rows gives -(eta/b) kappa,
+    with ||kappa|| ~ Gamma(d, scale) (KS at 1e-3, seeded)."""
+    d, b, eta, scale = 4, 5, 1.0, 0.7
+    norms = []
+    for seed in range(2000):
+        s = _core.init_state("logistic", d, eta=eta, batch_size=b, noise="gamma_norm",
+                             noise_scale=scale, noise_seed=seed)
+        s = _core.run_epoch(s, np.zeros((b, d)), np.ones(b))
+        norms.append(np.linalg.norm(_core.weights(s)) * b / eta)
+    assert stats.kstest(norms, stats.gamma(d, scale=scale).cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("model", ["logistic", "linear", "huber", "multinomial"])
+def test_clipping_bounds_every_per_example_gradient(model) -> None:
+    rng = np.random.default_rng(0)
+    d, clip, eta = 4, 0.5, 0.1
+    n_classes = 3 if model == "multinomial" else 1
+    for trial in range(50):
+        x = rng.normal(size=(1, d)) * rng.choice([0.01, 1, 100])
+        y = [float(trial % 3)] if model == "multinomial" else (
+            [rng.normal() * 100] if model == "linear" else [rng.choice([-1.0, 1.0])])
+        w0 = rng.normal(size=(n_classes, d))
+        s = _core.init_state(model, d, n_classes=n_classes, eta=eta, clip_norm=clip)
+        s[_core.HEADER_LEN:_core.HEADER_LEN + w0.size] = w0.ravel()
+        _, g = _core.example_gradient(s, x[0], y[0])
+        after = _core.weights(_core.run_epoch(s, x, y))
+        step = np.linalg.norm(after - w0) / eta
+        assert step <= clip * (1 + 1e-12)
+        np.testing.assert_allclose(step, min(clip, np.linalg.norm(g)), rtol=1e-9, atol=1e-14)
+
+
+def test_empty_batches_still_step_with_noise() -> None:
+    """Batched epochs (Poisson): batch numbers that no row carries are steps of noise only."""
+    d = 3
+    s = _core.init_state("logistic", d, eta=1.0, batch_size=2, noise="gaussian", noise_scale=1.0,
+                         noise_divisor=2.0, steps_per_epoch=5, noise_seed=1)
+    out = _core.run_epoch(s, np.zeros((1, d)), [1.0], batches=[3])  # batches 1, 2, 4, 5 empty
+    assert _core.header(out)["step"] == 5 and np.linalg.norm(_core.weights(out)) > 0
+    with pytest.raises(ValueError):
+        _core.run_epoch(s, np.zeros((2, d)), [1.0, 1.0], batches=[3, 2])  # out of order
+
+
+def test_bst14_epsilon1_solves_the_composition_equation(conn) -> None:
+    """Spec 003 s. 15 item 23 and the s. 17.2 table (b = 1, delta = 1/m^2, delta1 = delta/(km))."""
+    for m, eps, k, sigma in [(60000, 0.01, 10, 182.9), (72876, 0.1, 10, 16.89),
+                             (498010, 0.1, 5, 9.08)]:
+        delta1 = (1 / m**2) / (k * m)
+        steps = k * m
+        (e1,) = conn.execute("SELECT dpsql._bst14_epsilon1(%s, %s, %s)",
+                             (eps, delta1, steps)).fetchone()
+        lhs = steps * e1 * np.expm1(e1) + np.sqrt(2 * steps * np.log(1 / delta1)) * e1
+        assert abs(lhs - eps) < 1e-12 * eps
+        e2 = min(1.0, m * e1 / 2)
+        assert np.sqrt(2 * np.log(1.25 / delta1)) / e2 == pytest.approx(sigma, rel=2e-3)
+
+
+# ----------------------------------------------------------------------------- in the server
+
+
+@pytest.fixture
+def zeros(conn, scratch_schema):
+    """A registered dataset of zero features: released models are pure accumulated noise."""
+    m, d = 100, 3
+    load(conn, scratch_schema, "zeros", np.zeros((m, d)), np.ones(m))
+    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+                 " delta_budget => 0.999, labels => '{0,1}', name => %s)",
+                 (f"{scratch_schema}.zeros", f"zeros_{scratch_schema}"))
+    return f"zeros_{scratch_schema}", m, d
+
+
+def test_scs13_release_carries_its_per_step_noise(conn, zeros) -> None:
+    """k = 2 passes, b = 10, steps 1/sqrt(t): each coordinate ~ N(0, sum_t eta_t^2 sigma^2/b^2).
+    Chi-square over 80 seeded releases x 3 coordinates, alpha = 1e-3 two-sided."""
+    name, m, d = zeros
+    w, sig = [], None
+    for seed in range(80):
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
+            " privacy => 'scs13', epsilon => 1, delta => 1e-5, noise_seed => %s)",
+            (name, seed)).fetchone()
+        row = _model(conn, mid)
+        sig = row["noise_scale"]
+        w.append(np.asarray(row["weights"]))
+    eps_p, delta_p = 0.5, 0.5e-5
+    assert sig == pytest.approx(_core.gaussian_sigma(2.0, eps_p, delta_p), rel=1e-12)
+    steps = np.arange(1, 2 * m // 10 + 1)
+    var = np.sum((1 / np.sqrt(steps)) ** 2) * sig**2 / 100
+    z = np.concatenate(w) / np.sqrt(var)
+    chi2 = float(np.sum(z**2))
+    assert stats.chi2(z.size).ppf(5e-4) < chi2 < stats.chi2(z.size).ppf(1 - 5e-4)
+    assert row["params"]["privacy"]["algorithm"].startswith("SCS13")
+
+
+def test_bst14_release_and_refusals(conn, zeros) -> None:
+    name, m, d = zeros
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 5,"
+        " lambda => 0.01, privacy => 'bst14', epsilon => 1, delta => 1e-5)", (name,)).fetchone()
+    row = _model(conn, mid)
+    p = row["params"]["privacy"]
+    assert p["algorithm"].startswith("BST14 Algorithm 5") and row["schedule"] == "inverse"
+    assert row["params"]["sampling"] == "replacement" and row["radius"] == pytest.approx(100)
+    assert np.linalg.norm(row["weights"]) > 0  # noise, not the zero model
+    before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
+    for args, msg in [("privacy => 'bst14', epsilon => 1", "delta must be > 0"),
+                      ("privacy => 'scs13', epsilon => 1, tuning_lambdas => '{0.1}'", "tuning"),
+                      ("privacy => 'bst14', epsilon => 1e12, delta => 1e-5", "budget")]:
+        with pytest.raises(psycopg.Error, match=msg):
+            conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {args})", (name,))
+    with pytest.raises(psycopg.Error, match="Lipschitz"):
+        conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'scs13',"
+                     " epsilon => 1)", (name,))
+    assert (leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()) == before
+
+
+def test_poisson_batches_are_binomial(conn) -> None:
+    """Realised batch sizes of the Poisson sampler: Binomial(m, q) by chi-square over 400
+    batches (alpha = 1e-3; seeded), and each row joins Binomial(steps, q) batches."""
+    m, steps, q = 2000, 400, 0.01
+    sizes = [r[0] for r in conn.execute(
+        "SELECT count(*) FROM generate_series(1, %s) rid,"
+        " unnest(dpsql._poisson_batches(42, rid, %s, %s)) b GROUP BY b ORDER BY b",
+        (m, steps, q)).fetchall()]
+    sizes += [0] * (steps - len(sizes))  # batches nobody joined
+    assert abs(np.mean(sizes) - m * q) < 4 * np.sqrt(m * q * (1 - q) / steps)
+    assert np.var(sizes, ddof=1) == pytest.approx(m * q * (1 - q), rel=0.25)
+    per_row = [r[0] for r in conn.execute(
+        "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s)) FROM generate_series(1, %s) rid",
+        (steps, q, m)).fetchall()]
+    counts = np.bincount(per_row, minlength=12)[:12]
+    expected = stats.binom(steps, q).pmf(np.arange(12)) * m
+    keep = expected > 5
+    assert stats.chisquare(counts[keep], expected[keep] * counts[keep].sum()
+                           / expected[keep].sum()).pvalue > 1e-3
