@@ -169,7 +169,8 @@ def test_poisson_batches_are_binomial(conn) -> None:
     assert abs(np.mean(sizes) - m * q) < 4 * np.sqrt(m * q * (1 - q) / steps)
     assert np.var(sizes, ddof=1) == pytest.approx(m * q * (1 - q), rel=0.25)
     per_row = [r[0] for r in conn.execute(
-        "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s)) FROM generate_series(1, %s) rid",
+        "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s))"
+        " FROM generate_series(1, %s) rid",
         (steps, q, m)).fetchall()]
     counts = np.bincount(per_row, minlength=12)[:12]
     expected = stats.binom(steps, q).pmf(np.arange(12)) * m
