@@ -66,7 +66,7 @@ dpsql_rng_init(DpsqlRng *rng, const uint8_t key[32], uint64_t stream)
 	rng->nonce[1] = (uint32_t) stream;
 	rng->nonce[2] = (uint32_t) (stream >> 32);
 	rng->counter = 0;
-	rng->used = 16;
+	rng->used = 16 * DPSQL_RNG_BLOCKS;
 }
 
 static uint64_t
@@ -98,17 +98,100 @@ dpsql_rng_init_seed(DpsqlRng *rng, int64_t seed, uint64_t stream)
 	dpsql_rng_init(rng, key, stream);
 }
 
+#if defined(__GNUC__)
+/*
+ * Eight ChaCha20 blocks (counters c..c+7) at once, one per SIMD lane (GCC/clang vector
+ * extensions: AVX2 where the CPU has it, chosen at run time; SSE2 pairs otherwise). Same
+ * output as eight dpsql_chacha20_block calls, in order.
+ */
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+#define VROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
+#define VQUARTER(a, b, c, d) \
+	do { \
+		a += b; d ^= a; d = VROTL(d, 16); \
+		c += d; b ^= c; b = VROTL(b, 12); \
+		a += b; d ^= a; d = VROTL(d, 8); \
+		c += d; b ^= c; b = VROTL(b, 7); \
+	} while (0)
+
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+chacha20_blocks8(const uint32_t key[8], uint32_t counter, const uint32_t nonce[3],
+				 uint32_t out[128])
+{
+	v8u			s[16];
+	v8u			x[16];
+	int			i,
+				lane;
+	static const uint32_t sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
+
+	for (i = 0; i < 4; i++)
+		s[i] = (v8u) {sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i]};
+	for (i = 0; i < 8; i++)
+		s[4 + i] = (v8u) {key[i], key[i], key[i], key[i], key[i], key[i], key[i], key[i]};
+	s[12] = (v8u) {counter, counter + 1, counter + 2, counter + 3, counter + 4, counter + 5,
+		counter + 6, counter + 7};
+	for (i = 0; i < 3; i++)
+		s[13 + i] = (v8u) {nonce[i], nonce[i], nonce[i], nonce[i], nonce[i], nonce[i], nonce[i],
+			nonce[i]};
+	for (i = 0; i < 16; i++)
+		x[i] = s[i];
+	for (i = 0; i < 10; i++)
+	{
+		VQUARTER(x[0], x[4], x[8], x[12]);
+		VQUARTER(x[1], x[5], x[9], x[13]);
+		VQUARTER(x[2], x[6], x[10], x[14]);
+		VQUARTER(x[3], x[7], x[11], x[15]);
+		VQUARTER(x[0], x[5], x[10], x[15]);
+		VQUARTER(x[1], x[6], x[11], x[12]);
+		VQUARTER(x[2], x[7], x[8], x[13]);
+		VQUARTER(x[3], x[4], x[9], x[14]);
+	}
+	for (i = 0; i < 16; i++)
+	{
+		v8u			v = x[i] + s[i];
+
+		for (lane = 0; lane < 8; lane++)
+			out[16 * lane + i] = v[lane];
+	}
+}
+#endif
+
+static void
+refill(DpsqlRng *rng)
+{
+#if defined(__GNUC__)
+	if (rng->counter <= UINT32_MAX - 7)
+	{
+		chacha20_blocks8(rng->key, rng->counter, rng->nonce, rng->block);
+		rng->counter += 8;
+		if (rng->counter == 0)
+			rng->nonce[0]++;
+	}
+	else
+#endif
+	{
+		int			b;
+
+		for (b = 0; b < DPSQL_RNG_BLOCKS; b++)
+		{
+			dpsql_chacha20_block(rng->key, rng->counter, rng->nonce, rng->block + 16 * b);
+			/* 2^32 blocks per stream: move to the next nonce word when exhausted. */
+			if (++rng->counter == 0)
+				rng->nonce[0]++;
+		}
+	}
+	rng->used = 0;
+}
+
 uint32_t
 dpsql_rng_u32(DpsqlRng *rng)
 {
-	if (rng->used == 16)
-	{
-		dpsql_chacha20_block(rng->key, rng->counter, rng->nonce, rng->block);
-		/* 2^32 blocks (256 GiB) per stream: move to the next nonce word when exhausted. */
-		if (++rng->counter == 0)
-			rng->nonce[0]++;
-		rng->used = 0;
-	}
+	if (rng->used >= 16 * DPSQL_RNG_BLOCKS)
+		refill(rng);
 	return rng->block[rng->used++];
 }
 

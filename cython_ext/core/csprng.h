@@ -10,13 +10,15 @@
 
 #include <stdint.h>
 
+#define DPSQL_RNG_BLOCKS 8		/* blocks computed per refill, side by side in SIMD lanes */
+
 typedef struct DpsqlRng
 {
 	uint32_t	key[8];
 	uint32_t	nonce[3];
 	uint32_t	counter;
-	uint32_t	block[16];
-	int			used;			/* 32-bit words of block already handed out */
+	uint32_t	block[16 * DPSQL_RNG_BLOCKS];
+	uint32_t	used;			/* 32-bit words of block already handed out */
 } DpsqlRng;
 
 /* Key from 32 bytes (e.g. pg_strong_random); stream picks an independent sequence. */

@@ -145,61 +145,25 @@ dpsql_sgd_init(const DpsqlSgdParams *p, double *state, size_t len)
 	return DPSQL_OK;
 }
 
-/* The CSPRNG lives in the state's tail as 32-bit words stored in doubles (exact). */
-static double *
-rng_tail(double *state)
+/* The CSPRNG lives in the state's tail, as raw bytes. */
+static DpsqlRng *
+rng_of(double *state)
 {
 	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
 
-	return state + DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out;
-}
-
-static void
-rng_load(const double *t, DpsqlRng *rng)
-{
-	int			i;
-
-	for (i = 0; i < 8; i++)
-		rng->key[i] = (uint32_t) t[i];
-	for (i = 0; i < 3; i++)
-		rng->nonce[i] = (uint32_t) t[8 + i];
-	rng->counter = (uint32_t) t[11];
-	for (i = 0; i < 16; i++)
-		rng->block[i] = (uint32_t) t[12 + i];
-	rng->used = (int) t[28];
-}
-
-static void
-rng_store(const DpsqlRng *rng, double *t)
-{
-	int			i;
-
-	for (i = 0; i < 8; i++)
-		t[i] = rng->key[i];
-	for (i = 0; i < 3; i++)
-		t[8 + i] = rng->nonce[i];
-	t[11] = rng->counter;
-	for (i = 0; i < 16; i++)
-		t[12 + i] = rng->block[i];
-	t[28] = rng->used;
+	return (DpsqlRng *) (state + DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out);
 }
 
 void
 dpsql_sgd_seed_noise(double *state, const uint8_t key[32])
 {
-	DpsqlRng	rng;
-
-	dpsql_rng_init(&rng, key, 3);
-	rng_store(&rng, rng_tail(state));
+	dpsql_rng_init(rng_of(state), key, 3);
 }
 
 void
 dpsql_sgd_seed_noise_from_seed(double *state, int64_t seed)
 {
-	DpsqlRng	rng;
-
-	dpsql_rng_init_seed(&rng, seed, 3);
-	rng_store(&rng, rng_tail(state));
+	dpsql_rng_init_seed(rng_of(state), seed, 3);
 }
 
 DpsqlStatus
@@ -230,12 +194,7 @@ dpsql_sgd_check(const double *state, size_t len)
 		return DPSQL_E_STATE;
 	if (h->noise_kind != DPSQL_NOISE_NONE)
 	{
-		const double *t = state + len - DPSQL_RNG_LEN;
-
-		for (i = 0; i < 28; i++)
-			if (!is_count(t[i], 4294967295.0))
-				return DPSQL_E_STATE;
-		if (!is_count(t[28], 16.0))
+		if (rng_of((double *) state)->used > 16 * DPSQL_RNG_BLOCKS)
 			return DPSQL_E_STATE;
 		len -= DPSQL_RNG_LEN;	/* the finiteness loop below covers the model only */
 	}
@@ -535,16 +494,13 @@ apply_step(double *state)
 
 	if (h->noise_kind != DPSQL_NOISE_NONE)
 	{
-		DpsqlRng	rng;
-		double	   *t = rng_tail(state);
+		DpsqlRng   *rng = rng_of(state);
 
-		rng_load(t, &rng);
 		if (h->noise_kind == DPSQL_NOISE_GAUSSIAN)
 			for (i = 0; i < n; i++)
-				g[i] += h->noise_scale * dpsql_sample_normal_fast(&rng);
+				g[i] += h->noise_scale * dpsql_sample_normal_fast(rng);
 		else
-			dpsql_add_l2_laplace(&rng, g, (int) n, h->noise_scale, 1.0);
-		rng_store(&rng, t);
+			dpsql_add_l2_laplace(rng, g, (int) n, h->noise_scale, 1.0);
 	}
 	for (i = 0; i < n; i++)
 	{
@@ -838,3 +794,6 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 		*out = zs[0];
 	return DPSQL_OK;
 }
+
+/* The generator must fit its slot in the state. */
+typedef char dpsql_rng_fits[(sizeof(DpsqlRng) <= DPSQL_RNG_LEN * sizeof(double)) ? 1 : -1];

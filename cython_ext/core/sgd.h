@@ -85,8 +85,11 @@ typedef enum DpsqlNoiseKind
 	DPSQL_NOISE_GAMMA_NORM = 2	/* norm ~ Gamma(n, scale), uniform direction (eq. 3) */
 } DpsqlNoiseKind;
 
-/* States with noise carry the CSPRNG (ChaCha20) after the accumulator: never released. */
-#define DPSQL_RNG_LEN 32
+/*
+ * States with noise carry the CSPRNG (a DpsqlRng, ChaCha20) after the accumulator, stored
+ * as raw bytes in DPSQL_RNG_LEN doubles (never released, never read as numbers).
+ */
+#define DPSQL_RNG_LEN 72
 
 #define DPSQL_HEADER_LEN ((int) (sizeof(DpsqlSgdHeader) / sizeof(double)))
 
