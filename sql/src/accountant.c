@@ -12,6 +12,7 @@
 #include <ctype.h>
 
 #include "fmgr.h"
+#include "lib/stringinfo.h"
 #include "storage/fd.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
