@@ -344,7 +344,9 @@ BEGIN
                                   THEN 'decreasing' ELSE 'constant' END),
         step_offset => coalesce((params->>'step_offset')::float8, 0),
         radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
-        labels => ds.labels, intercept => coalesce((params->>'intercept')::boolean, false),
+        -- regression (DP-SGD): the registered label set does not apply
+        labels => CASE WHEN dpsql._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
+        intercept => coalesce((params->>'intercept')::boolean, false),
         row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
         tolerance => NULL, private => true, feature_bounds => ds.feature_bounds);
     r := dpsql._locked_run(run);
