@@ -177,3 +177,88 @@ def test_poisson_batches_are_binomial(conn) -> None:
     keep = expected > 5
     assert stats.chisquare(counts[keep], expected[keep] * counts[keep].sum()
                            / expected[keep].sum()).pvalue > 1e-3
+
+
+# ---------------------------------------------------------------- DP-SGD (needs the accountant)
+
+accounting = pytest.importorskip("dpsql.accounting")
+
+
+def test_dpsgd_calibrates_to_the_target_and_charges_it(conn, zeros) -> None:
+    name, m, d = zeros
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 3, batch_size => 10,"
+        " privacy => 'dpsgd', epsilon => 2, delta => 1e-5, clip_norm => 0.5)", (name,)).fetchone()
+    row = _model(conn, mid)
+    p = row["params"]["privacy"]
+    z = p["noise_multiplier"]
+    assert p["sampling"] == "shuffle" and p["accountant"]["epsilon_pld"] <= 2 + 1e-9
+    # Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
+    assert accounting.epsilon(z, scheme="shuffle", epochs=3, delta=1e-5) <= 2 + 1e-9
+    assert row["noise_scale"] == pytest.approx(z * 0.5) and row["epsilon"] == 2
+    assert conn.execute("SELECT epsilon, delta FROM dpsql.ledger WHERE model_id = %s",
+                        (mid,)).fetchone() == (2.0, 1e-5)
+
+
+def test_dpsgd_with_a_noise_multiplier_reports_and_charges_epsilon(conn, zeros) -> None:
+    name, m, d = zeros
+    eps = {}
+    for sampling in ("shuffle", "poisson"):
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
+            " privacy => 'dpsgd', noise_multiplier => 1.5, delta => 1e-5, sampling => %s)",
+            (name, sampling)).fetchone()
+        row = _model(conn, mid)
+        eps[sampling] = row["epsilon"]
+        kw = (dict(epochs=2) if sampling == "shuffle"
+              else dict(steps=2 * (m // 10), sampling_rate=10 / m))
+        assert row["epsilon"] == pytest.approx(
+            accounting.epsilon(1.5, scheme=sampling, delta=1e-5, **kw), rel=1e-6)
+        assert row["params"]["privacy"]["accountant"]["epsilon_rdp"] > 0
+    # Never present shuffled batches as Poisson: without amplification epsilon is larger.
+    assert eps["shuffle"] > eps["poisson"]
+
+
+def test_dpsgd_per_step_noise_in_the_server(conn, zeros) -> None:
+    """Zero features, constant step eta: w = -(eta/b) sum of T Gaussian draws of std z C.
+    Chi-square over 60 seeded releases x 3 coordinates, alpha = 1e-3 two-sided."""
+    name, m, d = zeros
+    z, clip, eta, b, k = 2.0, 0.5, 0.3, 10, 2
+    w = []
+    for seed in range(60):
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => %s, batch_size => %s,"
+            " step_size => %s, privacy => 'dpsgd', noise_multiplier => %s, clip_norm => %s,"
+            " delta => 1e-5, noise_seed => %s)", (name, k, b, eta, z, clip, seed)).fetchone()
+        w.append(np.asarray(_model(conn, mid)["weights"]))
+    steps = k * (m // b)
+    zs = np.concatenate(w) / (np.sqrt(steps) * eta * z * clip / b)
+    chi2 = float(np.sum(zs**2))
+    assert stats.chi2(zs.size).ppf(5e-4) < chi2 < stats.chi2(zs.size).ppf(1 - 5e-4)
+
+
+def test_dpsgd_trains_any_loss_and_refuses_bad_input(conn, scratch_schema) -> None:
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(400, 3)) * 50  # huge norms: bolt-on's assumptions fail, clipping holds
+    y = X @ [1.0, -1.0, 0.5] + rng.normal(size=400)
+    load(conn, scratch_schema, "reg", X, y)
+    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 100,"
+                 " delta_budget => 0.1, labels => '{0,1}', row_norm => 'clip', name => %s)",
+                 (f"{scratch_schema}.reg", f"reg_{scratch_schema}"))
+    name = f"reg_{scratch_schema}"
+    before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
+    for args, msg in [
+        ("epsilon => 1, delta => 0", "delta must be > 0"),
+        ("epsilon => 1, noise_multiplier => 1, delta => 1e-5", "either epsilon"),
+        ("epsilon => 1, delta => 1e-5, clip_norm => 0", "clip_norm"),
+        ("epsilon => 1, delta => 1e-5, sampling => 'bogus'", "sampling"),
+        ("noise_multiplier => -1, delta => 1e-5", "noise_multiplier"),
+    ]:
+        with pytest.raises(psycopg.Error, match=msg):
+            conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', privacy => 'dpsgd',"
+                         f" {args})", (name,))
+    assert (leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()) == before
+    (mid,) = conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'linear', epochs => 5,"
+                          " batch_size => 10, step_size => 0.5, privacy => 'dpsgd', epsilon => 5,"
+                          " delta => 1e-5, clip_norm => 1)", (name,)).fetchone()
+    assert np.isfinite(_model(conn, mid)["weights"]).all()

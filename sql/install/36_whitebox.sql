@@ -22,15 +22,29 @@ BEGIN
     RETURN lo;
 END $$;
 
+-- Answers of the accountant, a deterministic function of the request (a call costs seconds).
+CREATE TABLE dpsql.accountant_answers (
+    request  jsonb PRIMARY KEY,
+    answer   jsonb NOT NULL,
+    asked_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- Ask the dp-accounting accountant (dpsql/accounting.py) for a DP-SGD calibration or epsilon.
 CREATE FUNCTION dpsql._account(request jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    answer jsonb := dpsql._accountant(request::text)::jsonb;
+    answer jsonb;
 BEGIN
+    SELECT a.answer INTO answer FROM dpsql.accountant_answers a WHERE a.request = _account.request;
+    IF FOUND THEN
+        RETURN answer;
+    END IF;
+    answer := dpsql._accountant(request::text)::jsonb;
     IF answer ? 'error' THEN
         PERFORM dpsql._fail('the accountant refused: ' || (answer->>'error'));
     END IF;
+    INSERT INTO dpsql.accountant_answers (request, answer) VALUES (request, answer)
+        ON CONFLICT DO NOTHING;
     RETURN answer;
 END $$;
 
@@ -63,8 +77,8 @@ BEGIN
     IF n < 1 THEN
         PERFORM dpsql._fail(format('%s rows make no batch of %s', rows, b));
     END IF;
-    IF model IN ('logistic', 'huber') AND jsonb_array_length(spec->'classes') > 2
-       AND privacy IN ('scs13', 'bst14') THEN
+    IF privacy IN ('scs13', 'bst14') AND model IN ('logistic', 'huber')
+       AND coalesce(jsonb_array_length(nullif(spec->'classes', 'null')), 1) > 2 THEN
         PERFORM dpsql._fail(privacy || ' trains binary or multinomial models here, not one-vs-rest');
     END IF;
     IF privacy = 'dpsgd' THEN
@@ -175,7 +189,7 @@ DECLARE
     init float8[];
 BEGIN
     init := dpsql._sgd_init(
-        s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(s->'classes'), 1),
+        s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(nullif(s->'classes', 'null')), 1),
         (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
         (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
         coalesce((s->>'huber_h')::float8, 0.1), (s->>'batch_size')::bigint, (s->>'flags')::int,
