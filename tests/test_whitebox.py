@@ -262,3 +262,15 @@ def test_dpsgd_trains_any_loss_and_refuses_bad_input(conn, scratch_schema) -> No
                           " batch_size => 10, step_size => 0.5, privacy => 'dpsgd', epsilon => 5,"
                           " delta => 1e-5, clip_norm => 1)", (name,)).fetchone()
     assert np.isfinite(_model(conn, mid)["weights"]).all()
+
+
+def test_python_mechanism_objects(server_uri, zeros) -> None:
+    import dpsql
+
+    name, m, d = zeros
+    with dpsql.connect(server_uri) as db:
+        for mech in (dpsql.DPSGD(epsilon=3.0, delta=1e-5, sampling="poisson"),
+                     dpsql.SCS13(epsilon=1.0), dpsql.BST14(epsilon=1.0, delta=1e-5)):
+            model = db.train(name, None, None, model="logistic", epochs=1, batch_size=10,
+                             privacy=mech)
+            assert model.row["privacy"] == mech.name and model.coef_.shape == (d,)
