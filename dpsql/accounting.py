@@ -468,17 +468,21 @@ def _bracket(eps_of, target: float, guess: float, factor: float) -> tuple[float,
 
 
 def _calibrate(mech_of, target: float, delta: float, accountant: str, rtol: float) -> float:
+    if accountant == "pld":
+        make_accountant = lambda: _pld_accountant(mech_of(1.0))  # noqa: E731
+    else:
+        make_accountant = lambda: _rdp_accountant(mech_of(1.0))  # noqa: E731
+
     def eps_of(z: float) -> float:
-        return _EPSILON[accountant](mech_of(z), delta)
+        # The very accountant calibrate_dp_mechanism uses (the PLD at full precision).
+        return float(make_accountant().compose(mech_of(z).event).get_epsilon(delta))
 
     if accountant == "pld":
         # The RDP bound is fast and never below the PLD value: a tight upper start.
         guess = _calibrate(mech_of, target, delta, "rdp", rtol=1e-2)
         lo, hi = _bracket(eps_of, target, guess, factor=1.25)
-        make_accountant = lambda: _pld_accountant(mech_of(1.0))  # noqa: E731
     else:
         lo, hi = _bracket(eps_of, target, 1.0, factor=2.0)
-        make_accountant = lambda: _rdp_accountant(mech_of(1.0))  # noqa: E731
     z = float(
         mechanism_calibration.calibrate_dp_mechanism(
             make_accountant,
@@ -493,7 +497,7 @@ def _calibrate(mech_of, target: float, delta: float, accountant: str, rtol: floa
     # discretise the PLD more coarsely for large epsilon. Step up until epsilon() agrees.
     step = rtol
     for _ in range(60):
-        if eps_of(z) <= target:
+        if _EPSILON[accountant](mech_of(z), delta) <= target:
             return z
         z *= 1 + step
         step *= 2
