@@ -118,6 +118,31 @@ BEGIN
     RETURN n;
 END $$;
 
+-- A private run's training table and initial state from a registered dataset: the data owner's
+-- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
+CREATE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN dpsql._prepare(
+        source => ds.source, features => ds.features, label => ds.label, model => model,
+        epochs => coalesce((params->>'epochs')::int, 10),
+        batch_size => coalesce((params->>'batch_size')::bigint, 1),
+        lambda => coalesce((params->>'lambda')::float8, 0),
+        step_size => (params->>'step_size')::float8,
+        schedule => coalesce(params->>'schedule',
+                             CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
+                                  THEN 'decreasing' ELSE 'constant' END),
+        step_offset => coalesce((params->>'step_offset')::float8, 0),
+        radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
+        -- regression (DP-SGD): the registered label set does not apply
+        labels => CASE WHEN dpsql._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
+        intercept => coalesce((params->>'intercept')::boolean, false),
+        row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
+        tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
+        private => true, feature_bounds => ds.feature_bounds,
+        permutation => coalesce(params->>'permutation', 'once'));
+END $$;
+
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
 -- dataset only, with the data owner's columns, labels and bounds. Analysts pass numbers and
 -- names from fixed lists, never SQL. The budget is charged in the same transaction as the
@@ -134,7 +159,6 @@ DECLARE
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
     calibration text := coalesce(params->>'gaussian', 'analytic');
-    seed bigint := (params->>'seed')::bigint;              -- the permutation's (data-independent)
     noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
     lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
@@ -190,6 +214,9 @@ BEGIN
     IF privacy <> 'bolton' AND coalesce(params->>'permutation', 'once') <> 'once' THEN
         PERFORM dpsql._fail('permutation => fresh is a bolt-on option');
     END IF;
+    IF privacy <> 'bolton' AND coalesce((params->>'parallel_workers')::int, 0) > 0 THEN
+        PERFORM dpsql._fail('per-step noise belongs to one sequential scan: parallel_workers => 0');
+    END IF;
 
     ds := dpsql._dataset_for_source(source);
     IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
@@ -210,22 +237,7 @@ BEGIN
     entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN cardinality(lambdas) + cardinality(epochs_grid) > 0
                                         THEN 'private tuning (Algorithm 3)' END);
-    run := dpsql._prepare(
-        source => ds.source, features => ds.features, label => ds.label, model => model,
-        epochs => coalesce((params->>'epochs')::int, 10),
-        batch_size => coalesce((params->>'batch_size')::bigint, 1),
-        lambda => coalesce((params->>'lambda')::float8, 0),
-        step_size => (params->>'step_size')::float8,
-        schedule => coalesce(params->>'schedule',
-                             CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
-                                  THEN 'decreasing' ELSE 'constant' END),
-        step_offset => coalesce((params->>'step_offset')::float8, 0),
-        radius => (params->>'radius')::float8, shuffle => true, seed => seed,
-        labels => ds.labels, intercept => coalesce((params->>'intercept')::boolean, false),
-        row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
-        tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
-        private => true, feature_bounds => ds.feature_bounds,
-        permutation => coalesce(params->>'permutation', 'once'));
+    run := dpsql._prepare_private(ds, model, params);
     IF cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
         fit := dpsql._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);
@@ -333,22 +345,7 @@ DECLARE
     e record;
     mid bigint;
 BEGIN
-    run := dpsql._prepare(
-        source => ds.source, features => ds.features, label => ds.label, model => model,
-        epochs => coalesce((params->>'epochs')::int, 10),
-        batch_size => coalesce((params->>'batch_size')::bigint, 1),
-        lambda => coalesce((params->>'lambda')::float8, 0),
-        step_size => (params->>'step_size')::float8,
-        schedule => coalesce(params->>'schedule',
-                             CASE WHEN coalesce((params->>'lambda')::float8, 0) > 0
-                                  THEN 'decreasing' ELSE 'constant' END),
-        step_offset => coalesce((params->>'step_offset')::float8, 0),
-        radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
-        -- regression (DP-SGD): the registered label set does not apply
-        labels => CASE WHEN dpsql._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
-        intercept => coalesce((params->>'intercept')::boolean, false),
-        row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
-        tolerance => NULL, private => true, feature_bounds => ds.feature_bounds);
+    run := dpsql._prepare_private(ds, model, params);
     r := dpsql._locked_run(run);
     plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
