@@ -320,13 +320,15 @@ rescaled_norm(const double *x, int n)
 	return amax * sqrt(s);
 }
 
-DpsqlStatus
-dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
+/* The row transform's scale, and the norm of (x, 1?) when it had to be computed (else -1). */
+static DpsqlStatus
+row_scale_norm(int flags, const double *x, int xlen, double *scale, double *xnorm)
 {
 	double		ss;
 	double		norm;
 
 	*scale = 1.0;
+	*xnorm = -1.0;
 	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
 		return DPSQL_OK;
 	ss = dot(x, x, xlen);
@@ -341,11 +343,20 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 	}
 	else
 		norm = sqrt((flags & DPSQL_FLAG_INTERCEPT) ? ss + 1.0 : ss);
+	*xnorm = norm;
 	if ((flags & DPSQL_FLAG_CLIP_ROWS) && norm > 1.0)
 		*scale = 1.0 / norm;
 	else if ((flags & DPSQL_FLAG_UNIT_ROWS) && norm > 0.0)
 		*scale = 1.0 / norm;
 	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
+{
+	double		xnorm;
+
+	return row_scale_norm(flags, x, xlen, scale, &xnorm);
 }
 
 /*
@@ -354,7 +365,7 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
  */
 static DpsqlStatus
 score_row(const double *w, int dim, int n_out, int flags, const double *x, int xlen,
-		  double *z, double *scale)
+		  double *z, double *scale, double *xnorm)
 {
 	int			nx = dim - ((flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
 	int			c;
@@ -362,7 +373,7 @@ score_row(const double *w, int dim, int n_out, int flags, const double *x, int x
 
 	if (xlen != nx)
 		return DPSQL_E_LENGTH;
-	st = dpsql_row_scale(flags, x, xlen, scale);
+	st = row_scale_norm(flags, x, xlen, scale, xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	for (c = 0; c < n_out; c++)
@@ -526,13 +537,14 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	double	   *w = state + DPSQL_HEADER_LEN;
 	double		zs[MAX_CLASSES];
 	double		scale;
+	double		xnorm;
 	double		value;
 	int			c;
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
 	if (st != DPSQL_OK)
 	{
 		if (!(flags & DPSQL_FLAG_SANITIZE) || st == DPSQL_E_DIVERGED)
@@ -551,8 +563,10 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	{
 		/* The example's gradient is zs (outer) (x, 1?): its norm is ||zs|| ||(x, 1?)||. */
 		double		zz = dot(zs, zs, n_out);
-		double		xx = dot(x, x, xlen) + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0);
-		double		norm = sqrt(zz * xx);
+		/* the row transform usually computed ||(x, 1?)|| already */
+		double		xn = xnorm >= 0.0 ? xnorm :
+			sqrt(dot(x, x, xlen) + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
+		double		norm = sqrt(zz) * xn;
 
 		if (norm > h->clip_norm)
 			for (c = 0; c < n_out; c++)
@@ -574,6 +588,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	double	   *g = w + n;
 	double		zs[MAX_CLASSES];
 	double		scale;
+	double		xnorm;
 	double		value;
 	double		eta;
 	double		shrink;
@@ -596,7 +611,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	/* b = 1 without noise: the update in place, without the accumulator (the hot path). */
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -745,13 +760,14 @@ dpsql_sgd_example_gradient(const double *state, const double *x, int xlen, doubl
 	const double *w = state + DPSQL_HEADER_LEN;
 	double		zs[MAX_CLASSES];
 	double		scale;
+	double		xnorm;
 	size_t		i;
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st != DPSQL_OK)
 		return st;
-	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale);
+	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	*loss = loss_derivatives(h, zs, y, scale);
@@ -767,6 +783,7 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 {
 	double		zs[MAX_CLASSES];
 	double		scale;
+	double		xnorm;
 	int			c,
 				best = 0;
 	DpsqlStatus st;
@@ -777,7 +794,7 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 		((flags & DPSQL_FLAG_INTERCEPT) && dim < 2) ||
 		(loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2) || (loss == DPSQL_LOSS_SQUARED && n_out != 1))
 		return DPSQL_E_PARAM;
-	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale);
+	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	if (n_out > 1)
