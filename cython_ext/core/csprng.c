@@ -198,9 +198,17 @@ dpsql_rng_u32(DpsqlRng *rng)
 uint64_t
 dpsql_rng_u64(DpsqlRng *rng)
 {
-	uint64_t	hi = dpsql_rng_u32(rng);
+	uint64_t	hi;
 
-	return (hi << 32) | dpsql_rng_u32(rng);
+	if (rng->used + 2 > 16 * DPSQL_RNG_BLOCKS)
+	{
+		hi = dpsql_rng_u32(rng);
+		return (hi << 32) | dpsql_rng_u32(rng);
+	}
+	/* the common case: both words from the buffer, one bounds check */
+	hi = rng->block[rng->used];
+	rng->used += 2;
+	return (hi << 32) | rng->block[rng->used - 1];
 }
 
 double

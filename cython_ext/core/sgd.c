@@ -503,20 +503,28 @@ apply_step(double *state)
 	double		eta = dpsql_sgd_step_size(h, h->step + 1.0);
 	size_t		i;
 
-	if (h->noise_kind != DPSQL_NOISE_NONE)
+	if (h->noise_kind == DPSQL_NOISE_GAUSSIAN)
 	{
+		/* one pass: the noise draw fused with the update */
 		DpsqlRng   *rng = rng_of(state);
 
-		if (h->noise_kind == DPSQL_NOISE_GAUSSIAN)
-			for (i = 0; i < n; i++)
-				g[i] += h->noise_scale * dpsql_sample_normal_fast(rng);
-		else
-			dpsql_add_l2_laplace(rng, g, (int) n, h->noise_scale, 1.0);
+		for (i = 0; i < n; i++)
+		{
+			double		gi = g[i] + h->noise_scale * dpsql_sample_normal_fast(rng);
+
+			w[i] -= eta * (h->lambda * w[i] + gi / divisor);
+			g[i] = 0.0;
+		}
 	}
-	for (i = 0; i < n; i++)
+	else
 	{
-		w[i] -= eta * (h->lambda * w[i] + g[i] / divisor);
-		g[i] = 0.0;
+		if (h->noise_kind == DPSQL_NOISE_GAMMA_NORM)
+			dpsql_add_l2_laplace(rng_of(state), g, (int) n, h->noise_scale, 1.0);
+		for (i = 0; i < n; i++)
+		{
+			w[i] -= eta * (h->lambda * w[i] + g[i] / divisor);
+			g[i] = 0.0;
+		}
 	}
 	h->in_batch = 0.0;
 	h->step += 1.0;
