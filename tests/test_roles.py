@@ -759,6 +759,9 @@ def test_data_owner_trains_non_private_and_analyst_trains_private_only(
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="noise_seed"):
             a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bolton',"
                       " epsilon => 1, noise_seed => 1)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="reproductions"):
+            a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bst14',"
+                      " epsilon => 1, delta => 1e-5, bst14_noise => 'paper')")
         (mid,) = a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, epochs => 2,"
                            " privacy => 'bolton', epsilon => 1)").fetchone()
         seen = [r[0] for r in a.execute("SELECT model_id FROM dpsql.models").fetchall()]

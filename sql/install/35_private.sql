@@ -10,6 +10,8 @@ CREATE VIEW dpsql.models WITH (security_barrier) AS
         OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
             -- a release with a known noise seed would give its noiseless model away
             AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
+            -- BST14 as printed is add/remove-calibrated: a reproduction, not a release
+            AND coalesce(m.params->'privacy'->>'bst14_noise', 'strict') = 'strict'
             AND dpsql._can_use_dataset(m.dataset_id));
 COMMENT ON VIEW dpsql.models IS
     'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
@@ -191,6 +193,10 @@ BEGIN
     END IF;
     IF calibration NOT IN ('analytic', 'classic') THEN
         PERFORM dpsql._fail('gaussian must be analytic or classic');
+    END IF;
+    IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql._is_admin() THEN
+        PERFORM dpsql._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
+                            'reproductions: it is not replace-one DP at the stated epsilon', '42501');
     END IF;
     IF noise_seed IS NOT NULL AND NOT dpsql._is_admin() THEN
         PERFORM dpsql._fail('noise_seed is for data owners'' tests: whoever knows the noise seed can '
