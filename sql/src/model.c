@@ -66,6 +66,13 @@ dpsql_sgd_init_state(PG_FUNCTION_ARGS)
 
 	char	   *noise;
 
+	/* A library newer than the SQL objects that call it must not read missing arguments. */
+	if (PG_NARGS() != 17)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("dpsql: the extension's SQL objects do not match its library"),
+				 errhint("Reinstall the extension (DROP EXTENSION dpsql; CREATE EXTENSION dpsql) "
+						 "or run ALTER EXTENSION dpsql UPDATE.")));
 	for (i = 0; i < 16; i++)
 		if (PG_ARGISNULL(i))
 			ereport(ERROR,
