@@ -165,6 +165,11 @@ class BenchData:
     def multiclass(self) -> bool:
         return len(self.labels) > 2
 
+    @property
+    def majority(self) -> float:
+        counts = np.unique(self.y_test, return_counts=True)[1]
+        return float(counts.max() / counts.sum())
+
 
 def load_bench_data(names: Sequence[str]) -> tuple[list[BenchData], list[str]]:
     """The requested datasets (raw features; the server normalises rows) and skip notes."""

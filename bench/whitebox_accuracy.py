@@ -66,8 +66,8 @@ from typing import Any
 import numpy as np
 
 import dpsql
+from bench.bolton_accuracy import BenchData, _call_train, install_data, load_bench_data
 from dpsql import _core, extension, server
-from dpsql import datasets as dsets
 
 EPS_GRID = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
 QUICK_EPS = (0.1, 1.0, 4.0)
@@ -75,7 +75,6 @@ EPOCHS = 10
 BATCH = 50
 LAMBDA = 1e-4
 PG_VERSION = 18
-SCHEMA = "dpsql_wb"
 FIGURES = Path(__file__).resolve().parent / "figures"
 DPSGD_STEPS = (0.1, 0.5, 2.0)  # side table, convex regime only
 
@@ -151,118 +150,6 @@ def noiseless_variants(regime: str) -> dict[str, tuple[str, dict[str, Any]]]:
             {"schedule": "sqrt", "step_size": 1.0, "radius": 1 / LAMBDA},
         ),
     }
-
-
-# --------------------------------------------------------------------------------------------
-# Data (as bench/bolton_accuracy.py prepares it)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class BenchData:
-    name: str
-    X_train: np.ndarray
-    y_train: np.ndarray
-    X_test: np.ndarray
-    y_test: np.ndarray
-    labels: list[float]
-    note: str
-    train_table: str = ""
-    test_table: str = ""
-    dataset: str = ""
-
-    @property
-    def m(self) -> int:
-        return len(self.y_train)
-
-    @property
-    def d(self) -> int:
-        return self.X_train.shape[1]
-
-    @property
-    def delta(self) -> float:
-        return 1.0 / self.m**2
-
-    @property
-    def multiclass(self) -> bool:
-        return len(self.labels) > 2
-
-    @property
-    def majority(self) -> float:
-        counts = np.unique(self.y_test, return_counts=True)[1]
-        return float(counts.max() / counts.sum())
-
-
-def load_bench_data(names: Sequence[str]) -> tuple[list[BenchData], list[str]]:
-    out: list[BenchData] = []
-    skipped: list[str] = []
-    for name in names:
-        try:
-            if name == "protein":
-                X, y = dsets.load_protein()
-                tr, te = dsets.train_test_split(len(y), 0.5, seed=0)
-                out.append(
-                    BenchData(
-                        "protein",
-                        X[tr],
-                        y[tr],
-                        X[te],
-                        y[te],
-                        [0.0, 1.0],
-                        "KDD Cup 2004 protein homology, random halves (split seed 0)",
-                    )
-                )
-            elif name == "mnist":
-                Xtr, ytr = dsets.load_mnist(split="train")
-                Xte, yte = dsets.load_mnist(split="test")
-                out.append(
-                    BenchData(
-                        "mnist",
-                        dsets.random_projection(Xtr, 50, seed=0),
-                        ytr.astype(np.float64),
-                        dsets.random_projection(Xte, 50, seed=0),
-                        yte.astype(np.float64),
-                        [float(c) for c in range(10)],
-                        "MNIST, Gaussian random projection 784 -> 50 (seed 0)",
-                    )
-                )
-            else:
-                raise ValueError(f"unknown dataset {name!r} (protein, mnist)")
-        except FileNotFoundError as err:
-            skipped.append(f"{name}: skipped ({err})")
-    return out, skipped
-
-
-def install_data(db: dpsql.Database, data: BenchData) -> None:
-    """Load train and test tables and register the training table (data owner)."""
-    db.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-    data.train_table = f"{SCHEMA}.{data.name}_train"
-    data.test_table = f"{SCHEMA}.{data.name}_test"
-    data.dataset = f"wb_{data.name}"
-    db.load_numpy(data.train_table, data.X_train, data.y_train, replace=True)
-    db.load_numpy(data.test_table, data.X_test, data.y_test, replace=True)
-    db.execute(f"ANALYZE {data.train_table}")
-    db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
-        " delta_budget => 0.999, labels => %s, row_norm => 'unit', name => %s)",
-        (data.train_table, data.labels, data.dataset),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Training and evaluation through the server
-# --------------------------------------------------------------------------------------------
-
-
-def _call_train(
-    db: dpsql.Database, source: str, positional: tuple[Any, Any, str], args: dict[str, Any]
-) -> int:
-    names = ", ".join(f"{k} => %s" for k in args)
-    row = db.execute(
-        f"SELECT dpsql.train(%s, %s, %s, %s, {names})", (source, *positional, *args.values())
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def train_private(
@@ -798,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for d in data:
                 t0 = time.perf_counter()
-                install_data(db, d)
+                install_data(db, d, "_wb")
                 print(
                     f"#   {d.name}: loaded and registered in {time.perf_counter() - t0:.1f} s",
                     flush=True,
