@@ -17,7 +17,7 @@ DPSQL := $(VENV)/bin/dpsql
 # Newer than every input of the last `pip install -e`; in .venv so that removing it resets both.
 VENV_STAMP := $(VENV)/.dpsql-installed
 # What `pip install -e` compiles (the Cython bindings of the C core) or reads.
-INSTALL_INPUTS := pyproject.toml setup.py $(wildcard cython_ext/*.pyx cython_ext/*.pxd \
+INSTALL_INPUTS := pyproject.toml setup.py $(wildcard cython_ext/*.pyx cython_ext/*.pxd cython_ext/*.pxi \
 	cython_ext/core/*.c cython_ext/core/*.h)
 
 PG15_CONFIG := /usr/lib/postgresql/15/bin/pg_config

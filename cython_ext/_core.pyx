@@ -509,3 +509,9 @@ def exponential_mechanism(utility, double epsilon, double sensitivity=1.0, seed=
     cdef DpsqlRng rng
     _rng(&rng, seed, 2)
     return dpsql_exponential_mechanism(&rng, &u[0], u.shape[0], epsilon, sensitivity)
+
+
+# Linear-regression mechanisms (issue 5), one include per mechanism.
+include "ambssgd.pxi"
+include "dpgd.pxi"
+include "adassp.pxi"

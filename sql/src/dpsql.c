@@ -7,6 +7,7 @@
 #include "fmgr.h"
 #include "utils/array.h"
 
+#include "csprng.h"
 #include "glue.h"
 
 PG_MODULE_MAGIC;
@@ -79,4 +80,22 @@ dpsql_new_float8_array(int n)
 	ARR_DIMS(a)[0] = n;
 	ARR_LBOUND(a)[0] = 1;
 	return a;
+}
+
+void
+dpsql_init_rng(DpsqlRng *rng, bool has_seed, int64 seed, uint64 stream)
+{
+	uint8		key[32];
+
+	if (has_seed)
+	{
+		dpsql_rng_init_seed(rng, seed, stream);
+		return;
+	}
+	if (!pg_strong_random(key, sizeof(key)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("dpsql: could not read the operating system's random generator")));
+	dpsql_rng_init(rng, key, stream);
+	explicit_bzero(key, sizeof(key));
 }

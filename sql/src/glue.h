@@ -24,6 +24,14 @@ double	   *dpsql_float8_array(ArrayType *a, int *n, const char *what);
 #endif
 void		dpsql_raise(DpsqlStatus status, const char *context) DPSQL_NORETURN;
 
+/*
+ * A noise generator keyed with 32 bytes from pg_strong_random, or from seed when has_seed
+ * (tests and reproductions only: whoever knows the seed knows the noise). stream separates
+ * independent uses of one key.
+ */
+struct DpsqlRng;
+void		dpsql_init_rng(struct DpsqlRng *rng, bool has_seed, int64 seed, uint64 stream);
+
 /* A new 1-D float8[] of n zeros, allocated in the current memory context. */
 ArrayType  *dpsql_new_float8_array(int n);
 

@@ -37,19 +37,8 @@ PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
 static void
 init_rng(DpsqlRng *rng, FunctionCallInfo fcinfo, int seed_arg, uint64 stream)
 {
-	if (PG_ARGISNULL(seed_arg))
-	{
-		uint8		key[32];
-
-		if (!pg_strong_random(key, sizeof(key)))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("dpsql: could not read the operating system's random generator")));
-		dpsql_rng_init(rng, key, stream);
-		explicit_bzero(key, sizeof(key));
-	}
-	else
-		dpsql_rng_init_seed(rng, PG_GETARG_INT64(seed_arg), stream);
+	dpsql_init_rng(rng, !PG_ARGISNULL(seed_arg),
+				   PG_ARGISNULL(seed_arg) ? 0 : PG_GETARG_INT64(seed_arg), stream);
 }
 
 static int

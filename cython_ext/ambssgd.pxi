@@ -1,0 +1,1 @@
+# ambssgd bindings: included from _core.pyx (filled in by its owner).
