@@ -8,7 +8,19 @@
 
 from dpsql.connection import Database, connect
 from dpsql.models import Model
-from dpsql.privacy import BST14, DPSGD, SCS13, BoltOn
+from dpsql.privacy import BST14, DPAMBSSGD, DPGD, DPSGD, DPSSGD, SCS13, AdaSSP, BoltOn
 
-__all__ = ["BST14", "DPSGD", "SCS13", "BoltOn", "Database", "Model", "connect"]
-__version__ = "0.1.0"
+__all__ = [
+    "BST14",
+    "DPAMBSSGD",
+    "DPGD",
+    "DPSGD",
+    "DPSSGD",
+    "SCS13",
+    "AdaSSP",
+    "BoltOn",
+    "Database",
+    "Model",
+    "connect",
+]
+__version__ = "0.2.0"

@@ -186,33 +186,41 @@ class Database:
         *,
         epsilon_budget: float,
         delta_budget: float = 0.0,
-        labels: Sequence[float] = (-1.0, 1.0),
+        labels: Sequence[float] | None = None,
         feature_bounds: Sequence[Sequence[float]] | None = None,
-        row_norm: str = "clip",
+        row_norm: str | None = None,
         name: str | None = None,
+        label_bound: float | None = None,
+        row_bound: float | None = None,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
-        Data owners only (members of ``dpsql_admin``). ``labels`` is the public label set,
-        ``feature_bounds`` public (lo, hi) per feature; rows are clipped to the unit ball
-        (``row_norm="clip"``) or normalised onto it (``"unit"``). Returns the dataset id.
+        Data owners only (members of ``dpsql_admin``). Classification: ``labels`` is the public
+        label set (default (-1, 1)); rows are clipped to the unit ball (``row_norm="clip"``,
+        the default) or normalised onto it (``"unit"``). Regression (the linear mechanisms):
+        ``label_bound`` is a public bound on |y| and ``row_bound`` one on ||x||; rows are kept
+        (``row_norm="none"``, the default) or clipped to the unit ball. ``feature_bounds``
+        are public (lo, hi) per feature (features are rescaled onto [-1, 1]). Returns the
+        dataset id.
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
         row = self.conn.execute(
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
             " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
-            " name => %s)",
+            " name => %s, label_bound => %s, row_bound => %s)",
             (
                 source,
                 feats,
                 label,
                 epsilon_budget,
                 delta_budget,
-                [float(v) for v in labels],
+                None if labels is None else [float(v) for v in labels],
                 bounds,
                 row_norm,
                 name,
+                label_bound,
+                row_bound,
             ),
         ).fetchone()
         assert row is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,7 +13,31 @@ from dpsql import _core
 if TYPE_CHECKING:
     from dpsql.connection import Database
 
-__all__ = ["Model"]
+__all__ = ["ConfidenceIntervals", "Model"]
+
+
+@dataclass(frozen=True)
+class ConfidenceIntervals:
+    """Student-t confidence intervals of a DP-GD model's coefficients (``Model.confint``).
+
+    ``estimate``, ``lower`` and ``upper`` have one entry per coefficient (the intercept last,
+    when fitted). ``covers`` says what they cover: the OLS solution of the training rows, or
+    the minimiser of the Huberised loss when gradients are clipped near it. ``method``,
+    ``draws`` and ``burn_in`` say how the draws came from the released iterates; ``epsilon``
+    and ``delta`` are what the model spent (the intervals are post-processing: no more).
+    """
+
+    estimate: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    alpha: float
+    method: str
+    draws: int
+    burn_in: int
+    covers: str
+    target: str | None
+    epsilon: float
+    delta: float
 
 
 class Model:
@@ -90,6 +115,34 @@ class Model:
             return self.classes_[raw.astype(np.int64)]
         threshold = 0.5 if self.model == "logistic" else 0.0
         return np.where(raw >= threshold, self.classes_[1], self.classes_[0])
+
+    def confint(self, alpha: float = 0.05) -> ConfidenceIntervals:
+        """(1 - alpha) confidence intervals of the coefficients (DP-GD models), from the server.
+
+        Raises ``psycopg.Error`` for models without intervals (trained otherwise, or with
+        ``ci="none"``).
+        """
+        rows = self._db.conn.execute(
+            "SELECT coef_index, estimate, lower, upper FROM dpsql.confint(%s, %s)"
+            " ORDER BY coef_index",
+            (self.model_id, float(alpha)),
+        ).fetchall()
+        privacy = self.row["params"].get("privacy", {})
+        ci = privacy.get("ci", {})
+        cols = np.asarray([r[1:] for r in rows], dtype=np.float64).reshape(-1, 3)
+        return ConfidenceIntervals(
+            estimate=cols[:, 0],
+            lower=cols[:, 1],
+            upper=cols[:, 2],
+            alpha=float(alpha),
+            method=ci.get("method", ""),
+            draws=int(ci.get("draws") or 0),
+            burn_in=int(ci.get("burn_in") or 0),
+            covers=ci.get("covers", ""),
+            target=ci.get("target"),
+            epsilon=float(privacy.get("epsilon", float("nan"))),
+            delta=float(privacy.get("delta", float("nan"))),
+        )
 
     def evaluate(
         self, source: str, features: Any = None, label: str | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BST14", "BoltOn", "DPSGD", "SCS13"]
+__all__ = ["BST14", "DPAMBSSGD", "DPGD", "DPSGD", "DPSSGD", "SCS13", "AdaSSP", "BoltOn"]
 
 
 @dataclass(frozen=True)
@@ -126,3 +126,121 @@ class BST14:
             "bst14_noise": self.noise,
             "noise_seed": self.noise_seed,
         }
+
+
+# ---------------------------------------------------------------------------------------------
+# DP linear regression (model="linear", a dataset registered with label_bound); docs/linear.md.
+# All four are (epsilon, delta)-DP with delta > 0, calibrated in zCDP.
+
+
+@dataclass(frozen=True)
+class DPAMBSSGD:
+    """DP-AMBSSGD (Varshney, Thakurta and Jain 2022): one pass over a shuffled table in disjoint
+    blocks; each block privately estimates its residual scale (DP-STAT) on a stat sample, clips
+    the gradients of its batch adaptively, and takes one noisy step; the model is the average of
+    the last half of the iterates. One aggregate scan in the server.
+
+    ``steps`` is the number of blocks T (default 2 ceil(8 kappa ln N / 2)); ``options`` takes
+    the public constants of spec 000: ``r_x``, ``h_norm``, ``condition_number``, ``c1``,
+    ``step_scale``, ``domain_bound``, ``beta_stat``, ``tight_accounting``, ``log_exponent``.
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    steps: int | None = None
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "dp_ambssgd"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
+                            steps=self.steps, options=self.options)
+
+
+@dataclass(frozen=True)
+class DPSSGD:
+    """DP-SSGD (Varshney et al. 2022, Algorithm 1), the baseline: one pass with batch size 1, a
+    fixed clip norm and tail averaging; accounted without amplification by shuffling."""
+
+    epsilon: float
+    delta: float = 1e-6
+    clip_norm: float | None = None
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "dp_ssgd"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
+                            clip_norm=self.clip_norm, options=self.options)
+
+
+@dataclass(frozen=True)
+class DPGD:
+    """Full-batch DP gradient descent (Brown et al. 2024) with confidence intervals.
+
+    One aggregate scan per step; every iterate is released, so ``Model.confint`` is
+    post-processing. ``ci`` is ``"batch_means"`` (default), ``"checkpoints"``,
+    ``"independent_runs"`` or ``"none"`` (then 20 steps and the final iterate); ``steps`` counts
+    every step (default ``burn_in + 40 ci_draws``). Defaults follow spec 002: step 1/5, clip
+    norm 5 sqrt(p) max(noise_level, 1), theta_0 = 0.
+    """
+
+    epsilon: float
+    delta: float = 1e-6
+    steps: int | None = None
+    ci: str = "batch_means"
+    ci_draws: int = 10
+    burn_in: int = 20
+    clip_norm: float | None = None
+    step_size: float | None = None
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "dpgd"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, steps=self.steps, ci=self.ci,
+            ci_draws=self.ci_draws, burn_in=self.burn_in, clip_norm=self.clip_norm,
+            step_size=self.step_size, options=self.options,
+        )
+
+
+@dataclass(frozen=True)
+class AdaSSP:
+    """AdaSSP (Wang 2018): noisy X^T X, X^T y and smallest eigenvalue with an adaptive ridge,
+    from one aggregate scan; needs the dataset's public bounds on ||x|| and |y|."""
+
+    epsilon: float
+    delta: float = 1e-6
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "adassp"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
+                            options=self.options)
+
+
+def _linear_args(
+    name: str, epsilon: float, delta: float, noise_seed: int | None, **extra: Any
+) -> dict[str, Any]:
+    from psycopg.types.json import Jsonb
+
+    args: dict[str, Any] = {
+        "privacy": name,
+        "epsilon": float(epsilon),
+        "delta": float(delta),
+        "noise_seed": noise_seed,
+    }
+    for key, value in extra.items():
+        if key == "options":
+            args[key] = None if value is None else Jsonb(value)
+        elif key == "step_size" and value is None:
+            continue  # keep Database.train's own step_size
+        else:
+            args[key] = value
+    return args

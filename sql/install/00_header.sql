@@ -1,29 +1,29 @@
--- dpsql 0.1.0: in-database SGD (Bismarck-style epoch aggregate), training runs, models,
--- bolt-on private release, datasets, roles and the privacy ledger. Built from sql/install/*.sql.
+-- dpsql: in-database SGD (Bismarck-style epoch aggregate), training runs, models,
+-- private releases (bolt-on, white-box, linear regression), datasets, roles and the ledger.
 \echo Use "CREATE EXTENSION dpsql" to load this file. \quit
 
 -- Training tables of runs in progress live here, out of analysts' reach.
-CREATE SCHEMA dpsql_work;
+CREATE SCHEMA IF NOT EXISTS dpsql_work;
 
 ------------------------------------------------------------------------------------------
 -- C functions (sql/src, cython_ext/core)
 ------------------------------------------------------------------------------------------
 
-CREATE FUNCTION dpsql._sgd_transition(state float8[], x float8[], y float8, init float8[])
+CREATE OR REPLACE FUNCTION dpsql._sgd_transition(state float8[], x float8[], y float8, init float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition'
 LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._sgd_final(state float8[])
+CREATE OR REPLACE FUNCTION dpsql._sgd_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_final'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._sgd_combine(a float8[], b float8[])
+CREATE OR REPLACE FUNCTION dpsql._sgd_combine(a float8[], b float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_combine_states'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- One call = one SGD epoch over the scanned rows, in scan order. COMBINEFUNC averages the
 -- models of parallel partial scans weighted by their row counts (opt-in model averaging).
-CREATE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
+CREATE OR REPLACE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
     SFUNC = dpsql._sgd_transition,
     STYPE = float8[],
     FINALFUNC = dpsql._sgd_final,
@@ -31,7 +31,7 @@ CREATE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
     PARALLEL = SAFE
 );
 
-CREATE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float8,
+CREATE OR REPLACE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float8,
                                 schedule text, eta float8, step_offset float8, radius float8,
                                 huber_h float8, batch_size bigint, flags int,
                                 clip_norm float8 DEFAULT 0, noise text DEFAULT 'none',
@@ -40,25 +40,25 @@ CREATE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_init_state'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
+CREATE OR REPLACE FUNCTION dpsql._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
                                 OUT objective float8, OUT dropped bigint, OUT clipped bigint,
                                 OUT shards int)
 AS 'MODULE_PATHNAME', 'dpsql_sgd_state_info'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._sgd_weights(state float8[])
+CREATE OR REPLACE FUNCTION dpsql._sgd_weights(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_state_weights'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._predict(loss int, flags int, coef float8[], x float8[])
+CREATE OR REPLACE FUNCTION dpsql._predict(loss int, flags int, coef float8[], x float8[])
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_predict_coef'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._loss_code(model text)
+CREATE OR REPLACE FUNCTION dpsql._loss_code(model text)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_loss_code'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql.loss_constants(model text, lambda float8 DEFAULT 0,
+CREATE OR REPLACE FUNCTION dpsql.loss_constants(model text, lambda float8 DEFAULT 0,
                                      radius float8 DEFAULT 0, huber_h float8 DEFAULT 0.1,
                                      OUT lipschitz float8, OUT lipschitz_data float8,
                                      OUT smoothness float8, OUT strong_convexity float8)
@@ -67,19 +67,19 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.loss_constants(text, float8, float8, float8) IS
     'Lipschitz, smoothness and strong-convexity constants of one example''s loss for ||x|| <= 1';
 
-CREATE FUNCTION dpsql._shuffle_key(seed bigint, pos bigint)
+CREATE OR REPLACE FUNCTION dpsql._shuffle_key(seed bigint, pos bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_shuffle_key_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._random_seed()
+CREATE OR REPLACE FUNCTION dpsql._random_seed()
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_random_seed'
 LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
+CREATE OR REPLACE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8,
+CREATE OR REPLACE FUNCTION dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8,
                                       delta float8, per_output boolean, calibration text,
                                       seed bigint, OUT weights float8[], OUT noise_scale float8)
 AS 'MODULE_PATHNAME', 'dpsql_bolton_release'
@@ -87,7 +87,7 @@ LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
 -- L2 sensitivity of the PSGD output: the closed forms of the C core (exact => the growth
 -- recursion instead; paper_minibatch => the paper's unsound strongly convex mini-batch form).
-CREATE FUNCTION dpsql.bolton_sensitivity(schedule text, eta float8, step_offset float8,
+CREATE OR REPLACE FUNCTION dpsql.bolton_sensitivity(schedule text, eta float8, step_offset float8,
                                          lipschitz float8, smoothness float8,
                                          strong_convexity float8, rows bigint, batch_size bigint,
                                          epochs int, fresh boolean DEFAULT false,
@@ -96,39 +96,39 @@ CREATE FUNCTION dpsql.bolton_sensitivity(schedule text, eta float8, step_offset 
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_bolton_sensitivity_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
+CREATE OR REPLACE FUNCTION dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
                                              seed bigint)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_exponential_mechanism_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
-CREATE FUNCTION dpsql._sgd_transition_batch(state float8[], x float8[], y float8, batch bigint,
+CREATE OR REPLACE FUNCTION dpsql._sgd_transition_batch(state float8[], x float8[], y float8, batch bigint,
                                             init float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition_batch'
 LANGUAGE C CALLED ON NULL INPUT;
 
 -- An epoch whose rows carry their batch number (Poisson sampling, sampling with replacement):
 -- call it with ORDER BY batch. Sequential by nature: no combine function.
-CREATE AGGREGATE dpsql.sgd_epoch_batches(x float8[], y float8, batch bigint, init float8[]) (
+CREATE OR REPLACE AGGREGATE dpsql.sgd_epoch_batches(x float8[], y float8, batch bigint, init float8[]) (
     SFUNC = dpsql._sgd_transition_batch,
     STYPE = float8[],
     FINALFUNC = dpsql._sgd_final
 );
 
-CREATE FUNCTION dpsql._poisson_batches(seed bigint, rid bigint, steps int, q float8)
+CREATE OR REPLACE FUNCTION dpsql._poisson_batches(seed bigint, rid bigint, steps int, q float8)
 RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_poisson_batches'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql._uniform_index(seed bigint, pos bigint, rows bigint)
+CREATE OR REPLACE FUNCTION dpsql._uniform_index(seed bigint, pos bigint, rows bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_uniform_index'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION dpsql.gaussian_sigma(sensitivity float8, epsilon float8, delta float8,
+CREATE OR REPLACE FUNCTION dpsql.gaussian_sigma(sensitivity float8, epsilon float8, delta float8,
                                      calibration text DEFAULT 'analytic')
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_gaussian_sigma_sql'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.gaussian_sigma(float8, float8, float8, text) IS
     'Gaussian noise for (epsilon, delta): analytic (Balle-Wang) or classic (eq. 4, epsilon < 1)';
 
-CREATE FUNCTION dpsql._accountant(request text)
+CREATE OR REPLACE FUNCTION dpsql._accountant(request text)
 RETURNS text AS 'MODULE_PATHNAME', 'dpsql_accountant'
 LANGUAGE C STRICT VOLATILE;

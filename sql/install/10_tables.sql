@@ -3,7 +3,7 @@
 ------------------------------------------------------------------------------------------
 
 -- Every trained model; analysts read it through the filtered view dpsql.models (35_private.sql).
-CREATE TABLE dpsql.model_store (
+CREATE TABLE IF NOT EXISTS dpsql.model_store (
     model_id        bigserial PRIMARY KEY,
     created_at      timestamptz NOT NULL DEFAULT now(),
     created_by      name NOT NULL DEFAULT current_user,
@@ -50,7 +50,7 @@ CREATE TABLE dpsql.model_store (
 COMMENT ON TABLE dpsql.model_store IS 'Trained models with their hyperparameters and provenance';
 
 -- Runs in progress: their noiseless state never leaves this table.
-CREATE TABLE dpsql.runs (
+CREATE TABLE IF NOT EXISTS dpsql.runs (
     run_id          bigserial PRIMARY KEY,
     created_at      timestamptz NOT NULL DEFAULT now(),
     created_by      name NOT NULL DEFAULT current_user,

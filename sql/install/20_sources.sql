@@ -2,7 +2,7 @@
 -- Preparing sources
 ------------------------------------------------------------------------------------------
 
-CREATE FUNCTION dpsql._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dpsql._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
 RETURNS float8 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code,
@@ -10,7 +10,7 @@ BEGIN
 END $$;
 
 -- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.
-CREATE FUNCTION dpsql._source_sql(source text)
+CREATE OR REPLACE FUNCTION dpsql._source_sql(source text)
 RETURNS text LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -37,7 +37,7 @@ END $$;
 
 -- SQL expression of the feature vector, and its dimension (probed on the first row).
 -- Public feature bounds (d x 2), when given, clip and rescale each feature onto [-1, 1].
-CREATE FUNCTION dpsql._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION dpsql._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
                                    OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -94,7 +94,7 @@ END $$;
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
 -- NULL, which the aggregate turns into a null record instead of an error revealing the value.
-CREATE FUNCTION dpsql._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
+CREATE OR REPLACE FUNCTION dpsql._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bad text := 'NULL::float8';
@@ -117,7 +117,7 @@ BEGIN
 END $$;
 
 -- Canonical model name and checked public label set.
-CREATE FUNCTION dpsql._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
+CREATE OR REPLACE FUNCTION dpsql._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     canonical := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];

@@ -29,28 +29,30 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE TABLE dpsql.datasets (
+CREATE TABLE IF NOT EXISTS dpsql.datasets (
     dataset_id      bigserial PRIMARY KEY,
     name            text NOT NULL UNIQUE,
     relid           regclass NOT NULL,          -- one live dataset (budget) per relation
     source          text NOT NULL,              -- schema-qualified, quoted name at registration
     features        text[] NOT NULL,            -- numeric columns, or one numeric array column
     label           text NOT NULL,
-    labels          float8[] NOT NULL DEFAULT '{-1,1}',  -- the public label set
+    labels          float8[] DEFAULT '{-1,1}',  -- the public label set (NULL: regression)
     feature_bounds  float8[],                   -- NULL or d x 2: public (lo, hi) per feature
-    row_norm        text NOT NULL DEFAULT 'clip' CHECK (row_norm IN ('clip', 'unit')),
+    row_norm        text NOT NULL DEFAULT 'clip' CHECK (row_norm IN ('clip', 'unit', 'none')),
     epsilon_budget  float8 NOT NULL CHECK (epsilon_budget > 0 AND epsilon_budget < 'Infinity'),
     delta_budget    float8 NOT NULL DEFAULT 0 CHECK (delta_budget >= 0 AND delta_budget < 1),
     charges         bigint NOT NULL DEFAULT 0,  -- ledger entries; bumped under the row lock
     created_at      timestamptz NOT NULL DEFAULT now(),
     created_by      name NOT NULL DEFAULT session_user,
-    dropped_at      timestamptz                 -- the relation was dropped (event trigger)
+    dropped_at      timestamptz,                -- the relation was dropped (event trigger)
+    label_bound     float8,                     -- regression: public bound on |y| (NULL: classes)
+    row_bound       float8                      -- regression: public bound on ||x|| (or NULL)
 );
-CREATE UNIQUE INDEX datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS
     'Registered datasets: public declarations of the data owner and the (epsilon, delta) budget';
 
-CREATE TABLE dpsql.dataset_grants (
+CREATE TABLE IF NOT EXISTS dpsql.dataset_grants (
     dataset_id      bigint NOT NULL REFERENCES dpsql.datasets ON DELETE CASCADE,
     role            name NOT NULL,
     granted_at      timestamptz NOT NULL DEFAULT now(),
@@ -60,7 +62,7 @@ CREATE TABLE dpsql.dataset_grants (
 COMMENT ON TABLE dpsql.dataset_grants IS 'Roles (and their members) allowed to train on a dataset';
 
 -- The privacy ledger. Append-only (trigger below); a dataset with entries cannot be deleted.
-CREATE TABLE dpsql.ledger_entries (
+CREATE TABLE IF NOT EXISTS dpsql.ledger_entries (
     entry_id        bigserial PRIMARY KEY,
     dataset_id      bigint NOT NULL REFERENCES dpsql.datasets,
     model_id        bigint,                     -- set once the released model is stored
@@ -71,11 +73,11 @@ CREATE TABLE dpsql.ledger_entries (
     role            name NOT NULL DEFAULT session_user,  -- the login role that was charged
     note            text
 );
-CREATE INDEX ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
+CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
 COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, nothing else.
-CREATE FUNCTION dpsql._ledger_append_only()
+CREATE OR REPLACE FUNCTION dpsql._ledger_append_only()
 RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -95,10 +97,10 @@ BEGIN
               HINT = 'Only model_id may be filled in once, by dpsql._set_ledger_model.';
 END $$;
 
-CREATE TRIGGER ledger_entries_append_only
+CREATE OR REPLACE TRIGGER ledger_entries_append_only
     BEFORE UPDATE OR DELETE ON dpsql.ledger_entries
     FOR EACH ROW EXECUTE FUNCTION dpsql._ledger_append_only();
-CREATE TRIGGER ledger_entries_no_truncate
+CREATE OR REPLACE TRIGGER ledger_entries_no_truncate
     BEFORE TRUNCATE ON dpsql.ledger_entries
     FOR EACH STATEMENT EXECUTE FUNCTION dpsql._ledger_append_only();
 -- ALWAYS: also under session_replication_role = replica.
@@ -110,7 +112,7 @@ ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncat
 ------------------------------------------------------------------------------------------
 
 -- Whether the login role is a superuser or a data owner (member of dpsql_admin).
-CREATE FUNCTION dpsql._is_admin()
+CREATE OR REPLACE FUNCTION dpsql._is_admin()
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -118,7 +120,7 @@ AS $$
            OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')
 $$;
 
-CREATE FUNCTION dpsql._require_admin(action text)
+CREATE OR REPLACE FUNCTION dpsql._require_admin(action text)
 RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -133,7 +135,7 @@ END $$;
 
 -- Whether the login role may train on a dataset: superuser, data owner, or member of a role
 -- the dataset is granted to. False for an unknown dataset.
-CREATE FUNCTION dpsql._can_use_dataset(dataset_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._can_use_dataset(dataset_id bigint)
 RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -152,7 +154,7 @@ $$;
 
 -- 'scalar' for a numeric type, 'array' for a numeric array type, NULL otherwise (domains are
 -- unwrapped).
-CREATE FUNCTION dpsql._numeric_kind(typ oid)
+CREATE OR REPLACE FUNCTION dpsql._numeric_kind(typ oid)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -180,7 +182,7 @@ END $$;
 -- extension owner's rights. Tables, partitioned tables and materialized views run no code of
 -- their owner's when read; views and foreign tables do (functions in the view, the owner's
 -- user mappings), so they must be owned by a superuser. Returns (schema, name, owner).
-CREATE FUNCTION dpsql._check_dataset_relation(relid regclass, what text,
+CREATE OR REPLACE FUNCTION dpsql._check_dataset_relation(relid regclass, what text,
                                               OUT nspname name, OUT relname name,
                                               OUT owner_is_superuser boolean)
 LANGUAGE plpgsql STABLE
@@ -220,11 +222,11 @@ BEGIN
 END $$;
 
 -- The registration itself. Admin-only; nothing is written unless every check passes.
-CREATE FUNCTION dpsql._register_dataset(
+CREATE OR REPLACE FUNCTION dpsql._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
-    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT '{-1,1}',
-    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT 'clip', name text DEFAULT NULL,
-    source_text text DEFAULT NULL)
+    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
+    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
+    source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -308,9 +310,28 @@ BEGIN
     END LOOP;
     d := CASE WHEN kinds[1] = 'array' THEN NULL ELSE cardinality(features) END;  -- NULL: any d
 
+    -- Regression: a public bound on |y| instead of a label set.
+    IF label_bound IS NOT NULL THEN
+        IF NOT (label_bound > 0 AND label_bound < 'Infinity') THEN
+            RAISE EXCEPTION 'dpsql: label_bound must be a finite number > 0, got %', label_bound
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF labels IS NOT NULL THEN
+            RAISE EXCEPTION 'dpsql: give labels (classification) or label_bound (regression), not both'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    ELSE
+        labels := coalesce(labels, '{-1,1}');
+    END IF;
+    IF row_bound IS NOT NULL AND (label_bound IS NULL OR NOT (row_bound > 0 AND row_bound < 'Infinity')) THEN
+        RAISE EXCEPTION 'dpsql: row_bound (a public bound on ||x||) is for regression datasets and must be a finite number > 0, got %',
+                        row_bound
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
     -- The public label set.
-    IF labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
-       OR cardinality(labels) > 1024 THEN
+    IF label_bound IS NULL AND (labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
+       OR cardinality(labels) > 1024) THEN
         RAISE EXCEPTION 'dpsql: labels must list 2 to 1024 public label values, got %',
                         coalesce(labels::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -345,10 +366,23 @@ BEGIN
         END IF;
     END IF;
 
-    IF row_norm IS NULL OR row_norm NOT IN ('clip', 'unit') THEN
-        RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', coalesce(row_norm, 'NULL')
+    row_norm := coalesce(row_norm, CASE WHEN label_bound IS NULL THEN 'clip' ELSE 'none' END);
+    IF label_bound IS NULL AND row_norm NOT IN ('clip', 'unit') THEN
+        RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', row_norm
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'clip scales rows to norm <= 1, unit to norm = 1.';
+    END IF;
+    IF label_bound IS NOT NULL AND row_norm NOT IN ('none', 'clip') THEN
+        RAISE EXCEPTION 'dpsql: row_norm of a regression dataset must be none or clip, got %', row_norm
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).';
+    END IF;
+    IF label_bound IS NOT NULL THEN
+        -- The tightest public bound on ||x|| the declarations imply: clipped rows have norm <= 1,
+        -- bounded features are rescaled onto [-1, 1].
+        row_bound := CASE WHEN row_norm = 'clip' THEN least(coalesce(row_bound, 1), 1)
+                          WHEN row_bound IS NOT NULL THEN row_bound
+                          WHEN bounds IS NOT NULL THEN sqrt(array_length(bounds, 1)) END;
     END IF;
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
         RAISE EXCEPTION 'dpsql: epsilon_budget must be a finite number > 0, got %',
@@ -379,9 +413,9 @@ BEGIN
     END IF;
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
-                                row_norm, epsilon_budget, delta_budget)
-    VALUES (nm, relid, what, features, label, labels, bounds, row_norm, epsilon_budget,
-            delta_budget)
+                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound)
+    VALUES (nm, relid, what, features, label, CASE WHEN label_bound IS NULL THEN labels END,
+            bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound)
     RETURNING dataset_id INTO id;
     RETURN id;
 END $$;
@@ -389,10 +423,11 @@ END $$;
 -- Admin entry point. SECURITY INVOKER: it resolves source with the caller's search_path and
 -- rights (nothing else runs under the caller's search_path: everything is schema-qualified),
 -- then hands the resolved relation to the SECURITY DEFINER _register_dataset.
-CREATE FUNCTION dpsql.register_dataset(
+CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
-    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT '{-1,1}',
-    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT 'clip', name text DEFAULT NULL)
+    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
+    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
+    label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -404,13 +439,14 @@ BEGIN
         rel := NULL;
     END;
     RETURN dpsql._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
-                                   feature_bounds, row_norm, name, source);
+                                   feature_bounds, row_norm, name, source, label_bound,
+                                   row_bound);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
-                                           text, text) IS
+                                           text, text, float8, float8) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
-CREATE FUNCTION dpsql._dataset_by_id(dataset_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._dataset_by_id(dataset_id bigint)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -425,7 +461,7 @@ BEGIN
     RETURN d;
 END $$;
 
-CREATE FUNCTION dpsql.grant_dataset(dataset_id bigint, role name)
+CREATE OR REPLACE FUNCTION dpsql.grant_dataset(dataset_id bigint, role name)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -450,7 +486,7 @@ END $$;
 COMMENT ON FUNCTION dpsql.grant_dataset(bigint, name) IS
     'Allow a role (and its members) to train privately on a registered dataset';
 
-CREATE FUNCTION dpsql.revoke_dataset(dataset_id bigint, role name)
+CREATE OR REPLACE FUNCTION dpsql.revoke_dataset(dataset_id bigint, role name)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -471,7 +507,7 @@ COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
 -- resolved through a search_path. The relation is checked again (it may have been replaced
 -- since registration), and the returned row's source is the relation's current schema-qualified
 -- name: read that, never a name given by the caller.
-CREATE FUNCTION dpsql._dataset_for_source(source text)
+CREATE OR REPLACE FUNCTION dpsql._dataset_for_source(source text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -533,7 +569,7 @@ END $$;
 
 -- Datasets whose relation is dropped are marked, so that a later relation that happens to get
 -- the same oid is never taken for them (and the relation can be registered anew).
-CREATE FUNCTION dpsql._mark_dropped_datasets()
+CREATE OR REPLACE FUNCTION dpsql._mark_dropped_datasets()
 RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -546,8 +582,15 @@ BEGIN
        AND ds.relid IN (SELECT o.objid FROM pg_event_trigger_dropped_objects() o
                          WHERE o.classid = 'pg_class'::regclass AND o.objsubid = 0);
 END $$;
-CREATE EVENT TRIGGER dpsql_mark_dropped_datasets ON sql_drop
-    EXECUTE FUNCTION dpsql._mark_dropped_datasets();
+-- (Created once: upgrade scripts replay this file, and event triggers have no OR REPLACE.)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
+                    WHERE evtname = 'dpsql_mark_dropped_datasets') THEN
+        CREATE EVENT TRIGGER dpsql_mark_dropped_datasets ON sql_drop
+            EXECUTE FUNCTION dpsql._mark_dropped_datasets();
+    END IF;
+END $$;
 
 ------------------------------------------------------------------------------------------
 -- Charging the ledger
@@ -558,7 +601,7 @@ CREATE EVENT TRIGGER dpsql_mark_dropped_datasets ON sql_drop
 -- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
 -- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
 -- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing.
-CREATE FUNCTION dpsql._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
+CREATE OR REPLACE FUNCTION dpsql._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -610,7 +653,7 @@ BEGIN
 END $$;
 
 -- Record the model a charged release produced (the only update the ledger allows).
-CREATE FUNCTION dpsql._set_ledger_model(entry_id bigint, model_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._set_ledger_model(entry_id bigint, model_id bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -630,7 +673,7 @@ END $$;
 -- What the caller may see: datasets they can use, their budgets and ledger entries
 ------------------------------------------------------------------------------------------
 
-CREATE VIEW dpsql.ledger WITH (security_barrier) AS
+CREATE OR REPLACE VIEW dpsql.ledger WITH (security_barrier) AS
 SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.epsilon, e.delta,
        e.charged_at, e.role, e.note
   FROM dpsql.ledger_entries e
@@ -638,7 +681,7 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
  WHERE dpsql._can_use_dataset(e.dataset_id);
 COMMENT ON VIEW dpsql.ledger IS 'Ledger entries of the datasets the login role can use';
 
-CREATE VIEW dpsql.budgets WITH (security_barrier) AS
+CREATE OR REPLACE VIEW dpsql.budgets WITH (security_barrier) AS
 SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
        s.epsilon_spent, s.delta_spent,
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
@@ -651,11 +694,12 @@ SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
  WHERE dpsql._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.budgets IS 'Budget, spent and remaining (epsilon, delta) of usable datasets';
 
-CREATE VIEW dpsql.my_datasets WITH (security_barrier) AS
+CREATE OR REPLACE VIEW dpsql.my_datasets WITH (security_barrier) AS
 SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm,
        d.feature_bounds, d.epsilon_budget, d.delta_budget, s.epsilon_spent, s.delta_spent,
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
-       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
+       d.label_bound, d.row_bound
   FROM dpsql.datasets d
  CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
                             coalesce(sum(e.delta), 0) AS delta_spent

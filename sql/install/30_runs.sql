@@ -6,7 +6,7 @@
 -- Copy the source into a shuffled training table (rid, x, y) and build the initial state.
 -- Parallel scans and synchronized scans are off: row positions must follow the physical order
 -- so that the permutation is a function of the seed alone.
-CREATE FUNCTION dpsql._prepare(
+CREATE OR REPLACE FUNCTION dpsql._prepare(
     source text, features text[], label text, model text, epochs int, batch_size bigint,
     lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
     shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
@@ -153,7 +153,7 @@ BEGIN
 END $$;
 
 -- A run's row, locked for the rest of the transaction.
-CREATE FUNCTION dpsql._locked_run(run_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._locked_run(run_id bigint)
 RETURNS dpsql.runs LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs;
@@ -167,7 +167,7 @@ END $$;
 
 -- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
 -- the epoch's training objective, and whether the run is done (epochs reached or converged).
-CREATE FUNCTION dpsql._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
+CREATE OR REPLACE FUNCTION dpsql._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
 LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -238,7 +238,7 @@ END $$;
 -- Store the run's model with its provenance, drop its training table, forget its state.
 -- released (private runs): the noisy weights to store instead of the state's; privacy: the
 -- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...).
-CREATE FUNCTION dpsql._finish(run_id bigint, released float8[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION dpsql._finish(run_id bigint, released float8[] DEFAULT NULL,
                               privacy jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -297,7 +297,7 @@ BEGIN
 END $$;
 
 -- Abandon a run: drop its training table and state.
-CREATE FUNCTION dpsql._abort(run_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._abort(run_id bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     tbl text;

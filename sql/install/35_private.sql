@@ -4,7 +4,7 @@
 
 -- What analysts see of the models: private releases on datasets granted to them. Data owners
 -- see everything (their non-private models too).
-CREATE VIEW dpsql.models WITH (security_barrier) AS
+CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS
     SELECT * FROM dpsql.model_store m
      WHERE dpsql._is_admin()
         OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
@@ -18,7 +18,7 @@ COMMENT ON VIEW dpsql.models IS
 
 -- Algorithm 1 or 2 of the bolt-on paper for the run's loss and schedule, its sensitivity
 -- (C core closed forms) and the noise it needs; the noiseless state never leaves the server.
-CREATE FUNCTION dpsql._bolton_mechanism(spec jsonb, rows bigint, epsilon float8, delta float8,
+CREATE OR REPLACE FUNCTION dpsql._bolton_mechanism(spec jsonb, rows bigint, epsilon float8, delta float8,
                                         calibration text, OUT per_output boolean,
                                         OUT model_epsilon float8, OUT model_delta float8,
                                         OUT sensitivity float8, OUT algorithm text,
@@ -63,7 +63,7 @@ END $$;
 
 -- Train a prepared private run for its fixed number of epochs and release it: the weights
 -- with bolt-on noise and the mechanism's record. The noiseless state stays in dpsql.runs.
-CREATE FUNCTION dpsql._bolton_fit(run bigint, epsilon float8, delta float8, calibration text,
+CREATE OR REPLACE FUNCTION dpsql._bolton_fit(run bigint, epsilon float8, delta float8, calibration text,
                                   noise_seed bigint, OUT weights float8[], OUT info jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -93,7 +93,7 @@ BEGIN
 END $$;
 
 -- Weights back from their jsonb form (1-D, or 2-D for several outputs).
-CREATE FUNCTION dpsql._jsonb_weights(j jsonb)
+CREATE OR REPLACE FUNCTION dpsql._jsonb_weights(j jsonb)
 RETURNS float8[] LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN jsonb_typeof(j->0) = 'array'
                 THEN (SELECT array_agg(ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(r) v)
@@ -103,7 +103,7 @@ RETURNS float8[] LANGUAGE sql IMMUTABLE STRICT AS $$
 $$;
 
 -- Classification errors of released weights on the rows rid in (lo, hi] of a training table.
-CREATE FUNCTION dpsql._errors(train_table text, model text, flags int, weights float8[],
+CREATE OR REPLACE FUNCTION dpsql._errors(train_table text, model text, flags int, weights float8[],
                               lo bigint, hi bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -122,7 +122,7 @@ END $$;
 
 -- A private run's training table and initial state from a registered dataset: the data owner's
 -- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
-CREATE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
+CREATE OR REPLACE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     RETURN dpsql._prepare(
@@ -151,7 +151,7 @@ END $$;
 -- release; a run that fails releases nothing and, being one transaction, charges nothing
 -- (private runs have no data-dependent error: malformed rows become null records).
 -- With tuning grids it is Algorithm 3 of the bolt-on paper (private tuning, spec 003 s. 9).
-CREATE FUNCTION dpsql._train_private(source text, model text, params jsonb)
+CREATE OR REPLACE FUNCTION dpsql._train_private(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -170,19 +170,33 @@ DECLARE
     run bigint;
     fit record;
     mid bigint;
+    linear boolean;
 BEGIN
-    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'scs13', 'bst14') THEN
+    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'scs13', 'bst14', 'dp_ambssgd',
+                                          'dp_ssgd', 'dpgd', 'adassp') THEN
         PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'Available: bolton, dpsgd, scs13, bst14.');
+                            hint => 'Available: bolton, dpsgd, scs13, bst14; for linear regression '
+                                    'dp_ambssgd, dp_ssgd, dpgd, adassp.');
+    END IF;
+    linear := privacy IN ('dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp');
+    IF linear AND dpsql._loss_code(model) <> 2 THEN
+        PERFORM dpsql._fail(format('%s trains linear regression: model => ''linear''', privacy));
+    END IF;
+    IF NOT linear AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
+                       OR params->'options' <> 'null') THEN
+        PERFORM dpsql._fail('steps, ci and options are parameters of the linear-regression mechanisms');
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql._loss_code(model) = 2 AND privacy <> 'dpsgd' THEN
+    IF dpsql._loss_code(model) = 2 AND NOT linear AND privacy <> 'dpsgd' THEN
         PERFORM dpsql._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
                             hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
+    END IF;
+    IF linear AND params->>'noise_multiplier' IS NOT NULL THEN
+        PERFORM dpsql._fail('noise_multiplier is a dpsgd parameter: the linear mechanisms take epsilon and delta');
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
@@ -236,6 +250,12 @@ BEGIN
         PERFORM dpsql._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
 
+    IF linear THEN
+        RETURN dpsql._train_linear(ds, params, privacy, epsilon, delta, noise_seed);
+    ELSIF ds.label_bound IS NOT NULL AND dpsql._loss_code(model) <> 2 THEN
+        PERFORM dpsql._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
+                                   ds.name));
+    END IF;
     IF privacy <> 'bolton' THEN
         RETURN dpsql._train_whitebox(ds, model, params, privacy, epsilon, delta, noise_seed);
     END IF;
@@ -262,7 +282,7 @@ END $$;
 -- count each released candidate's errors chi_i on the last portion; pick one with probability
 -- proportional to exp(-epsilon chi_i / 2). Portions are disjoint, so training costs (epsilon,
 -- delta) by parallel composition and the selection epsilon on the held-out portion.
-CREATE FUNCTION dpsql._bolton_tune(base bigint, model text, params jsonb, lambdas float8[],
+CREATE OR REPLACE FUNCTION dpsql._bolton_tune(base bigint, model text, params jsonb, lambdas float8[],
                                    epochs_grid int[], epsilon float8, delta float8,
                                    calibration text, noise_seed bigint,
                                    OUT run bigint, OUT weights float8[], OUT info jsonb)
@@ -340,7 +360,7 @@ END $$;
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
 -- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
-CREATE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, params jsonb, privacy text,
+CREATE OR REPLACE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, params jsonb, privacy text,
                                       epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

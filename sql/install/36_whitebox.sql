@@ -4,7 +4,7 @@
 
 -- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
 -- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1, increasing in e1.
-CREATE FUNCTION dpsql._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
+CREATE OR REPLACE FUNCTION dpsql._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     lo float8 := 0;
@@ -23,14 +23,14 @@ BEGIN
 END $$;
 
 -- Answers of the accountant, a deterministic function of the request (a call costs seconds).
-CREATE TABLE dpsql.accountant_answers (
+CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
     request  jsonb PRIMARY KEY,
     answer   jsonb NOT NULL,
     asked_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- Ask the dp-accounting accountant (dpsql/accounting.py) for a DP-SGD calibration or epsilon.
-CREATE FUNCTION dpsql._account(request jsonb)
+CREATE OR REPLACE FUNCTION dpsql._account(request jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     answer jsonb;
@@ -50,7 +50,7 @@ END $$;
 
 -- Noise, clipping, step schedule, sampling and accounting of a white-box mechanism for a
 -- prepared run of `rows` rows (m public). 'public' keys go into the model's provenance.
-CREATE FUNCTION dpsql._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+CREATE OR REPLACE FUNCTION dpsql._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -181,7 +181,7 @@ END $$;
 
 -- Rebuild a prepared private run's initial state with the plan's noise, clipping, schedule
 -- and sampling (keyed by pg_strong_random), and draw its secret sampling seed.
-CREATE FUNCTION dpsql._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
+CREATE OR REPLACE FUNCTION dpsql._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs := dpsql._locked_run(run_id);

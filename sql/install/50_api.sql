@@ -2,7 +2,7 @@
 -- Analyst API
 ------------------------------------------------------------------------------------------
 
-CREATE FUNCTION dpsql.train(
+CREATE OR REPLACE FUNCTION dpsql.train(
     source text, features text[], label text, model text DEFAULT 'logistic',
     epochs int DEFAULT 10, batch_size bigint DEFAULT 1, lambda float8 DEFAULT 0,
     step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
@@ -15,7 +15,8 @@ CREATE FUNCTION dpsql.train(
     noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
     tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,
     sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
-    bst14_noise text DEFAULT 'strict')
+    bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
+    ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
@@ -34,7 +35,8 @@ BEGIN
             'noise_seed', noise_seed, 'features', features, 'label', label,
             'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
             'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
-            'bst14_noise', bst14_noise));
+            'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
+            'burn_in', burn_in, 'options', options));
     END IF;
     IF NOT dpsql._is_admin() THEN
         PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
@@ -43,7 +45,8 @@ BEGIN
     END IF;
     IF epsilon IS NOT NULL OR noise_seed IS NOT NULL OR tuning_lambdas IS NOT NULL
        OR tuning_epochs IS NOT NULL OR clip_norm IS NOT NULL OR noise_multiplier IS NOT NULL
-       OR sampling <> 'shuffle' THEN
+       OR sampling <> 'shuffle' OR steps IS NOT NULL OR ci IS NOT NULL OR ci_draws IS NOT NULL
+       OR burn_in IS NOT NULL OR options IS NOT NULL THEN
         PERFORM dpsql._fail('privacy parameters given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
@@ -61,7 +64,7 @@ END $$;
 COMMENT ON FUNCTION dpsql.train IS
     'Train a model by in-database SGD (one aggregate scan per epoch); returns its model_id';
 
-CREATE FUNCTION dpsql._model(model_id bigint)
+CREATE OR REPLACE FUNCTION dpsql._model(model_id bigint)
 RETURNS dpsql.models LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models;
@@ -74,7 +77,7 @@ BEGIN
 END $$;
 
 -- Probability of the positive class (logistic), score (huber, linear) or class (multinomial).
-CREATE FUNCTION dpsql.predict(model_id bigint, x float8[])
+CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, x float8[])
 RETURNS float8 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models := dpsql._model(model_id);
@@ -89,7 +92,7 @@ BEGIN
 END $$;
 
 -- Accuracy (classification) or mean squared error (linear) of a model over a table or query.
-CREATE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
                                label text DEFAULT NULL,
                                OUT metric text, OUT value float8, OUT rows bigint)
 LANGUAGE plpgsql

@@ -28,6 +28,7 @@ PG_FUNCTION_INFO_V1(dpsql_bolton_release);
 PG_FUNCTION_INFO_V1(dpsql_bolton_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
 PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
+PG_FUNCTION_INFO_V1(dpsql_add_gaussian_sql);
 
 
 /* Stream numbers keep the uses of one key apart. */
@@ -227,4 +228,37 @@ dpsql_gaussian_sigma_sql(PG_FUNCTION_ARGS)
 				 errmsg("dpsql: no Gaussian noise for these parameters"),
 				 errdetail("sensitivity >= 0, epsilon > 0, 0 < delta < 1; classic needs epsilon < 1.")));
 	PG_RETURN_FLOAT8(sigma);
+}
+
+/*
+ * dpsql._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint) -> float8[]
+ * v + N(0, sigma^2 I): the noise of a Gaussian mechanism released by the server.
+ */
+Datum
+dpsql_add_gaussian_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *out;
+	double	   *v;
+	double		sigma;
+	int			n;
+	DpsqlRng	rng;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: _add_gaussian needs a vector and a noise scale")));
+	sigma = PG_GETARG_FLOAT8(1);
+	if (!(sigma >= 0.0 && isfinite(sigma)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: the noise scale must be a finite number >= 0, got %g", sigma)));
+	v = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &n, "vector");
+	out = dpsql_new_float8_array(n);
+	if (n > 0)
+		memcpy(ARR_DATA_PTR(out), v, sizeof(double) * n);
+	dpsql_init_rng(&rng, !PG_ARGISNULL(2), PG_ARGISNULL(2) ? 0 : PG_GETARG_INT64(2),
+				   PG_ARGISNULL(3) ? 0 : (uint64) PG_GETARG_INT64(3));
+	dpsql_add_gaussian(&rng, (double *) ARR_DATA_PTR(out), n, sigma);
+	explicit_bzero(&rng, sizeof(rng));
+	PG_RETURN_ARRAYTYPE_P(out);
 }
