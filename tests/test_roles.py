@@ -33,6 +33,9 @@ ANALYST_FUNCTIONS = {
     "_can_use_dataset",
     "_apply_bounds",
     "_jsonb_weights",
+    "confint",
+    "zcdp_rho",
+    "zcdp_epsilon",
 }
 ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "register_dataset",

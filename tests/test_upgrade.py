@@ -1,0 +1,130 @@
+"""The upgrade path: a database created with a released version and updated with ALTER
+EXTENSION dpsql UPDATE has exactly the objects, code and privileges of a fresh install."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from dpsql import extension
+
+RELEASED = ["0.1.0"]
+
+# Everything a database's dpsql objects consist of, in comparable form.
+CATALOG = {
+    "functions": """
+        SELECT p.oid::regprocedure::text, p.prosrc, p.prokind, p.provolatile, p.prosecdef,
+               p.proisstrict, p.proparallel, coalesce(p.proconfig::text, ''),
+               pg_get_function_result(p.oid), pg_get_function_arguments(p.oid),
+               coalesce(p.proacl::text, '')
+          FROM pg_proc p WHERE p.pronamespace = 'dpsql'::regnamespace ORDER BY 1""",
+    "relations": """
+        SELECT c.relname, c.relkind, coalesce(c.relacl::text, ''),
+               coalesce(array_to_string(c.reloptions, ','), '')
+          FROM pg_class c WHERE c.relnamespace IN ('dpsql'::regnamespace, 'dpsql_work'::regnamespace)
+         ORDER BY 1""",
+    "columns": """
+        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE c.relnamespace = 'dpsql'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY 1, 2""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
+          FROM pg_constraint WHERE connamespace = 'dpsql'::regnamespace ORDER BY 1, 2""",
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = 'dpsql' ORDER BY 1""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid), tgenabled
+          FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2""",
+    "event_triggers": "SELECT evtname, evtevent, evtfoid::regproc::text FROM pg_event_trigger",
+    "members": """
+        SELECT classid::regclass::text, count(*) FROM pg_depend
+         WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
+           AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'dpsql')
+         GROUP BY 1 ORDER BY 1""",
+}
+
+
+@pytest.fixture
+def database(server_uri: str) -> Iterator[callable]:
+    """Makes fresh databases on the test server; drops them afterwards."""
+    made: list[str] = []
+
+    def make() -> psycopg.Connection:
+        name = f"upgrade_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(server_uri, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return psycopg.connect(make_conninfo(server_uri, dbname=name), autocommit=True)
+
+    yield make
+    with psycopg.connect(server_uri, autocommit=True) as admin:
+        for name in made:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _catalog(conn: psycopg.Connection) -> dict[str, list[tuple]]:
+    return {name: conn.execute(query).fetchall() for name, query in CATALOG.items()}
+
+
+def test_upgrade_scripts_exist_for_every_released_version() -> None:
+    current = extension.control_default_version()
+    sql_dir = extension.source_dir()
+    assert current not in RELEASED
+    for version in RELEASED:
+        assert (sql_dir / "versions" / f"dpsql--{version}.sql").is_file()
+    assert (sql_dir / "upgrade" / f"{RELEASED[-1]}--{current}.sql").is_file()
+
+
+@pytest.mark.parametrize("version", RELEASED)
+def test_upgraded_database_equals_fresh_install(database, version: str) -> None:
+    with database() as fresh, database() as upgraded:
+        fresh.execute("CREATE EXTENSION dpsql")
+        upgraded.execute(f"CREATE EXTENSION dpsql VERSION '{version}'")
+        upgraded.execute("ALTER EXTENSION dpsql UPDATE")
+        current = extension.control_default_version()
+        for conn in (fresh, upgraded):
+            (v,) = conn.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'"
+            ).fetchone()
+            assert v == current
+        a, b = _catalog(fresh), _catalog(upgraded)
+        for name in CATALOG:
+            only_fresh = sorted(set(a[name]) - set(b[name]))
+            only_upgraded = sorted(set(b[name]) - set(a[name]))
+            assert not only_fresh and not only_upgraded, (name, only_fresh[:3], only_upgraded[:3])
+
+
+def test_upgrade_keeps_data_and_budgets(database) -> None:
+    """A registered dataset, its ledger and its models survive the update, and still train."""
+    with database() as conn:
+        conn.execute(f"CREATE EXTENSION dpsql VERSION '{RELEASED[-1]}'")
+        conn.execute("CREATE TABLE pts (x float8[], y float8)")
+        conn.execute(
+            "INSERT INTO pts SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0],"
+            " CASE WHEN i % 2 = 0 THEN 1 ELSE -1 END FROM generate_series(1, 200) i"
+        )
+        (ds,) = conn.execute(
+            "SELECT dpsql.register_dataset('pts', '{x}', 'y', epsilon_budget => 2)"
+        ).fetchone()
+        (m1,) = conn.execute(
+            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, epochs => 1)"
+        ).fetchone()
+        conn.execute("ALTER EXTENSION dpsql UPDATE")
+        (labels, spent) = conn.execute(
+            "SELECT d.labels, b.epsilon_spent FROM dpsql.datasets d"
+            " JOIN dpsql.budgets b USING (dataset_id) WHERE dataset_id = %s",
+            (ds,),
+        ).fetchone()
+        assert labels == [-1.0, 1.0] and spent == pytest.approx(0.5)
+        assert conn.execute("SELECT count(*) FROM dpsql.models WHERE model_id = %s", (m1,)).fetchone()[0] == 1
+        (m2,) = conn.execute(
+            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, epochs => 1)"
+        ).fetchone()
+        assert m2 > m1
