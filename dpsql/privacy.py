@@ -154,8 +154,14 @@ class DPAMBSSGD:
     name = "dp_ambssgd"
 
     def sql_args(self) -> dict[str, Any]:
-        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
-                            steps=self.steps, options=self.options)
+        return _linear_args(
+            self.name,
+            self.epsilon,
+            self.delta,
+            self.noise_seed,
+            steps=self.steps,
+            options=self.options,
+        )
 
 
 @dataclass(frozen=True)
@@ -172,8 +178,14 @@ class DPSSGD:
     name = "dp_ssgd"
 
     def sql_args(self) -> dict[str, Any]:
-        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
-                            clip_norm=self.clip_norm, options=self.options)
+        return _linear_args(
+            self.name,
+            self.epsilon,
+            self.delta,
+            self.noise_seed,
+            clip_norm=self.clip_norm,
+            options=self.options,
+        )
 
 
 @dataclass(frozen=True)
@@ -202,9 +214,17 @@ class DPGD:
 
     def sql_args(self) -> dict[str, Any]:
         return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, steps=self.steps, ci=self.ci,
-            ci_draws=self.ci_draws, burn_in=self.burn_in, clip_norm=self.clip_norm,
-            step_size=self.step_size, options=self.options,
+            self.name,
+            self.epsilon,
+            self.delta,
+            self.noise_seed,
+            steps=self.steps,
+            ci=self.ci,
+            ci_draws=self.ci_draws,
+            burn_in=self.burn_in,
+            clip_norm=self.clip_norm,
+            step_size=self.step_size,
+            options=self.options,
         )
 
 
@@ -221,8 +241,9 @@ class AdaSSP:
     name = "adassp"
 
     def sql_args(self) -> dict[str, Any]:
-        return _linear_args(self.name, self.epsilon, self.delta, self.noise_seed,
-                            options=self.options)
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
 
 
 def _linear_args(

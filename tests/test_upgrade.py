@@ -123,7 +123,12 @@ def test_upgrade_keeps_data_and_budgets(database) -> None:
             (ds,),
         ).fetchone()
         assert labels == [-1.0, 1.0] and spent == pytest.approx(0.5)
-        assert conn.execute("SELECT count(*) FROM dpsql.models WHERE model_id = %s", (m1,)).fetchone()[0] == 1
+        assert (
+            conn.execute("SELECT count(*) FROM dpsql.models WHERE model_id = %s", (m1,)).fetchone()[
+                0
+            ]
+            == 1
+        )
         (m2,) = conn.execute(
             "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, epochs => 1)"
         ).fetchone()

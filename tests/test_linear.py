@@ -1,0 +1,292 @@
+"""DP linear regression through the server: regression datasets, the zCDP calibration and
+the plans of DP-AMBSSGD, DP-SSGD, DP-GD and AdaSSP, their releases, budgets and intervals."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from scipy import stats
+
+from dpsql import _core
+from tests.pg_helpers import leftovers, load
+
+DELTA = 1e-6
+
+
+def _register(conn, schema, X, y, *, label_bound, table="pts", **kw) -> tuple[int, str]:
+    source = load(conn, schema, table, X, y)
+    (ds,) = conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => %s,"
+        " delta_budget => %s, label_bound => %s, row_bound => %s, row_norm => %s, name => %s)",
+        (
+            source,
+            kw.get("epsilon_budget", 1000.0),
+            kw.get("delta_budget", 0.5),
+            label_bound,
+            kw.get("row_bound"),
+            kw.get("row_norm"),
+            f"{table}_{uuid.uuid4().hex[:8]}",
+        ),
+    ).fetchone()
+    return ds, source
+
+
+def _train(conn, source, privacy, epsilon=1.0, delta=DELTA, **kw) -> dict:
+    args = {"privacy": privacy, "epsilon": epsilon, "delta": delta, "model": "linear", **kw}
+    if isinstance(args.get("options"), dict):
+        args["options"] = Jsonb(args["options"])
+    names = ", ".join(f"{k} => %({k})s" for k in args)
+    (mid,) = conn.execute(
+        f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
+    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
+
+
+def _plan(conn, ds, privacy, n, d, epsilon, delta=DELTA, **params) -> dict:
+    if isinstance(params.get("options"), dict):
+        params["options"] = params["options"]
+    (plan,) = conn.execute(
+        "SELECT dpsql._linear_plan(%s, d, %s, %s, %s, %s, %s) FROM dpsql.datasets d"
+        " WHERE dataset_id = %s",
+        (privacy, n, d, epsilon, delta, Jsonb(params), ds),
+    ).fetchone()
+    return plan
+
+
+def _spent(conn, ds) -> float:
+    (e,) = conn.execute(
+        "SELECT epsilon_spent FROM dpsql.budgets WHERE dataset_id = %s", (ds,)
+    ).fetchone()
+    return e
+
+
+def _gaussian_data(n, d, sigma=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=d)
+    w /= np.linalg.norm(w)
+    X = rng.normal(size=(n, d))
+    return X, X @ w + sigma * rng.normal(size=n), w
+
+
+# ---------------------------------------------------------------------- regression datasets
+
+
+def test_regression_dataset_registration(conn, scratch_schema) -> None:
+    X, y, _ = _gaussian_data(50, 3)
+    ds, _ = _register(conn, scratch_schema, X, y, label_bound=5.0, row_bound=4.0)
+    row = conn.execute(
+        "SELECT labels, row_norm, label_bound, row_bound FROM dpsql.datasets WHERE dataset_id = %s",
+        (ds,),
+    ).fetchone()
+    assert row == (None, "none", 5.0, 4.0)
+    # row_norm clip implies ||x|| <= 1; feature bounds rescale onto [-1, 1]^d: sqrt(d).
+    ds2, _ = _register(conn, scratch_schema, X, y, label_bound=5.0, row_norm="clip", table="p2")
+    assert conn.execute(
+        "SELECT row_bound FROM dpsql.datasets WHERE dataset_id = %s", (ds2,)
+    ).fetchone() == (1.0,)
+    conn.execute("CREATE TABLE cols AS SELECT x[1] AS a, x[2] AS b, y FROM pts")
+    (ds3,) = conn.execute(
+        "SELECT dpsql.register_dataset('cols', '{a,b}', 'y', 5, 1e-3, label_bound => 3,"
+        " feature_bounds => '{{-3,3},{-3,3}}')"
+    ).fetchone()
+    assert conn.execute(
+        "SELECT row_bound FROM dpsql.datasets WHERE dataset_id = %s", (ds3,)
+    ).fetchone()[0] == pytest.approx(math.sqrt(2))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ("label_bound => 0", "label_bound must be a finite number > 0"),
+        ("label_bound => 'NaN'", "label_bound must be a finite number > 0"),
+        ("label_bound => 1, labels => '{0,1}'", "not both"),
+        ("row_bound => 2", "row_bound"),
+        ("label_bound => 1, row_bound => -1", "row_bound"),
+        ("label_bound => 1, row_norm => 'unit'", "none or clip"),
+    ],
+)
+def test_regression_registration_refusals(conn, scratch_schema, args, message) -> None:
+    X, y, _ = _gaussian_data(10, 2)
+    source = load(conn, scratch_schema, "pts", X, y)
+    before = conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone()
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        conn.execute(f"SELECT dpsql.register_dataset('{source}', '{{x}}', 'y', 1, 1e-3, {args})")
+    assert conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone() == before
+
+
+# ---------------------------------------------------------------------------- zCDP calibration
+
+
+@pytest.mark.parametrize("rho, eps", [(0.015, 0.92546), (0.05, 1.71226), (0.1, 2.45079)])
+def test_zcdp_conversion_reproduces_spec_table(conn, rho, eps) -> None:
+    """Spec 002 s. 1.3 and spec 000 s. 3.3 (alpha* = 1/sqrt(rho))."""
+    (e, r) = conn.execute(
+        "SELECT dpsql.zcdp_epsilon(%s, 1e-6), dpsql.zcdp_rho(%s, 1e-6)", (rho, eps)
+    ).fetchone()
+    assert e == pytest.approx(eps, abs=5e-6)
+    assert r == pytest.approx(rho, rel=2e-5)
+
+
+@pytest.mark.parametrize(
+    "eps, delta, alpha",
+    [
+        (0.5, 1e-6, 15.0010),
+        (1, 1e-6, 7.5660),
+        (2, 1e-6, 3.8469),
+        (4, 1e-6, 1.9844),
+        (1, 1e-5, 6.9304),
+    ],
+)
+def test_ambssgd_noise_multiplier_is_spec_alpha_star(conn, eps, delta, alpha) -> None:
+    (rho,) = conn.execute("SELECT dpsql.zcdp_rho(%s, %s)", (eps, delta)).fetchone()
+    assert 1 / math.sqrt(rho) == pytest.approx(alpha, abs=1e-4)
+    (back,) = conn.execute("SELECT dpsql.zcdp_epsilon(%s, %s)", (rho, delta)).fetchone()
+    assert back == pytest.approx(eps, rel=1e-9)
+
+
+def test_zcdp_calibration_is_sound_under_dp_accounting(conn) -> None:
+    """rho-zCDP of a Gaussian mechanism with multiplier 1/sqrt(2 rho): dp-accounting's RDP and
+    PLD accountants find at most the target epsilon (the zCDP conversion is the loosest)."""
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    for eps in (0.5, 1.0, 4.0):
+        (rho,) = conn.execute("SELECT dpsql.zcdp_rho(%s, %s)", (eps, DELTA)).fetchone()
+        event = dp_accounting.GaussianDpEvent(1 / math.sqrt(2 * rho))
+        e_rdp = rdp.RdpAccountant().compose(event).get_epsilon(DELTA)
+        e_pld = pld.PLDAccountant().compose(event).get_epsilon(DELTA)
+        assert e_pld <= e_rdp <= eps * (1 + 1e-9)
+        assert e_rdp > 0.8 * eps  # and not absurdly loose
+
+
+# -------------------------------------------------------------------------------- the plans
+
+
+@pytest.fixture
+def regression(conn, scratch_schema):
+    X, y, w = _gaussian_data(2000, 4, seed=1)
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0)
+    return ds, source, X, y, w
+
+
+def test_dpgd_noise_formula(conn, regression) -> None:
+    """Spec 002 s. 7.1.1: n = 1e4, p = 10, gamma = 5 sqrt(10), rho = 0.015, T = 400 gives
+    lambda = 0.36515 (the clipped-row count off: all of rho to the steps)."""
+    ds = regression[0]
+    (eps,) = conn.execute("SELECT dpsql.zcdp_epsilon(0.015, 1e-6)").fetchone()
+    plan = _plan(
+        conn,
+        ds,
+        "dpgd",
+        10_000,
+        10,
+        eps,
+        steps=400,
+        clip_norm=5 * math.sqrt(10),
+        options={"clip_check": False},
+    )
+    assert plan["noise_std"] == pytest.approx(0.36515, abs=5e-6)
+    # Defaults: eta 1/5, gamma = 5 sqrt(p), 20 + 40 m steps, 1/50 of rho for the count.
+    plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True)
+    rho = plan["rho"]
+    assert (plan["step_size"], plan["steps"], plan["ci"]) == (0.2, 420, "batch_means")
+    assert plan["clip_norm"] == pytest.approx(5 * math.sqrt(11))
+    assert plan["noise_std"] == pytest.approx(
+        math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 49 / 50) * 10_000)
+    )
+    assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
+
+
+def test_ambssgd_plan_formulas(conn, regression) -> None:
+    """Spec 000 s. 2.3 / 5.3 with the robust DP-STAT: counts calibrated for the L + 1 counts
+    it can make (V1), threshold s - Gamma (V2)."""
+    ds = regression[0]
+    n, d, eps = 1_000_000, 10, 1.0
+    plan = _plan(conn, ds, "dp_ambssgd", n, d, eps)
+    rho = plan["rho"]
+    blocks = 2 * math.ceil(8 * math.log(n) / 2)
+    m = n // blocks
+    s, b = m // 11, m - m // 11
+    r_x = 5.0
+    L = math.ceil(math.log2(n))
+    alpha = 1 / math.sqrt(rho)
+    sigma_c = alpha * math.sqrt(L + 1)
+    assert (plan["blocks"], plan["stat_size"], plan["batch_size"]) == (blocks, s, b)
+    assert plan["noise_multiplier"] == pytest.approx(alpha)
+    assert plan["step_size"] == pytest.approx(b / (r_x**2 + (b - 1) * r_x**2))
+    assert plan["levels"] == L
+    assert plan["count_noise_std"] == pytest.approx(sigma_c)
+    assert plan["stat_threshold"] == pytest.approx(
+        s - sigma_c * math.sqrt(2 * math.log(2 * (L + 1) / 1e-3))
+    )
+    assert plan["log_factor"] == pytest.approx(math.sqrt(math.log(n)))
+    assert plan["domain_bound"] == 12.0
+    tight = _plan(conn, ds, "dp_ambssgd", n, d, eps, options={"tight_accounting": True})
+    assert tight["noise_multiplier"] == pytest.approx(alpha / math.sqrt(2))
+
+
+def test_ambssgd_refuses_infeasible_dp_stat(conn, regression) -> None:
+    """V3: stat samples smaller than 2 Gamma learn nothing; refused with the rows needed."""
+    ds, source = regression[:2]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="DP-STAT is infeasible"):
+        _plan(conn, ds, "dp_ambssgd", 2000, 4, 1.0)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="DP-STAT is infeasible"):
+        _train(conn, source, "dp_ambssgd", epsilon=1.0)
+    assert _spent(conn, ds) == 0
+
+
+def test_adassp_plan_uses_replace_one_sensitivities(conn, regression) -> None:
+    ds = regression[0]
+    plan = _plan(conn, ds, "adassp", 2000, 4, 1.0)
+    X, Y = 5.0, 6.0
+    sd = 1 / math.sqrt(2 * plan["rho"] / 3)
+    assert plan["sigma_min"] == pytest.approx(X**2 * sd)
+    assert plan["sigma_xx"] == pytest.approx(math.sqrt(2) * X**2 * sd)
+    assert plan["sigma_xy"] == pytest.approx(2 * X * Y * sd)
+    assert plan["ridge_factor"] == pytest.approx(
+        math.sqrt(2) * X**2 * sd * math.sqrt(4 * math.log(2 * 16 / 0.05))
+    )
+
+
+# ------------------------------------------------------------------------- refusals, budget
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(privacy="dpgd", delta=0), "delta must be > 0"),
+        (dict(privacy="dpgd", model="logistic"), "model => 'linear'"),
+        (dict(privacy="bolton", model="logistic"), "regression dataset"),
+        (dict(privacy="dpgd", options={"bogus": 1}), "unknown options"),
+        (dict(privacy="dpgd", ci="bootstrap"), "unknown ci"),
+        (dict(privacy="dpgd", ci="independent_runs", steps=55), "independent runs"),
+        (dict(privacy="dpgd", ci_draws=1), "ci_draws"),
+        (dict(privacy="dpgd", steps=0), "steps must be"),
+        (dict(privacy="dpgd", clip_norm=-1.0), "clip_norm"),
+        (dict(privacy="dpgd", epsilon=float("nan")), "epsilon"),
+        (dict(privacy="dp_ssgd", options={"r_x": -1}), "r_x"),
+        (dict(privacy="dpgd", noise_multiplier=1.0), "noise_multiplier"),
+    ],
+)
+def test_refusals_charge_nothing(conn, regression, kw, message) -> None:
+    ds, source = regression[:2]
+    kw = {"epsilon": 1.0, **kw}
+    with pytest.raises(psycopg.Error, match=message):
+        _train(conn, source, **kw)
+    assert _spent(conn, ds) == 0
+    assert leftovers(conn)[0] == 0
+
+
+def test_linear_mechanisms_refuse_classification_datasets(conn, scratch_schema) -> None:
+    X, y, _ = _gaussian_data(100, 2)
+    source = load(conn, scratch_schema, "cls", X, np.sign(y))
+    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', 5, 1e-3)", (source,))
+    with pytest.raises(psycopg.Error, match="classification dataset"):
+        _train(conn, source, "adassp")
