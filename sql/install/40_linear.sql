@@ -448,9 +448,9 @@ DECLARE
     gram float8[];
     rel record;
 BEGIN
-    EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3) FROM %s', train_table)
+    EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
        INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
-                       (plan->>'intercept')::boolean;
+                       (plan->>'intercept')::boolean, (plan->>'dim')::int;
     rel := dpsql._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
                                  (plan->>'sigma_xy')::float8, (plan->>'min_shift')::float8,
                                  (plan->>'ridge_factor')::float8, noise_seed);
