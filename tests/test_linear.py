@@ -290,3 +290,36 @@ def test_linear_mechanisms_refuse_classification_datasets(conn, scratch_schema) 
     conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', 5, 1e-3)", (source,))
     with pytest.raises(psycopg.Error, match="classification dataset"):
         _train(conn, source, "adassp")
+
+
+# ------------------------------------------------------------------------------- AdaSSP
+
+
+def test_adassp_release_is_the_core_release_with_the_plans_noise(conn, regression) -> None:
+    """Seeded: the server's release equals the C core's on the same (clipped) gram and the
+    plan's noise scales; and the noise is there (the weights differ from the noiseless fit)."""
+    ds, source, X, y, _ = regression
+    m = _train(conn, source, "adassp", epsilon=1.0, noise_seed=11, intercept=True)
+    priv = m["params"]["privacy"]
+    plan = _plan(conn, ds, "adassp", len(y), X.shape[1], 1.0, intercept=True)
+    rows = conn.execute(f"SELECT x, y FROM {source}").fetchall()  # the sums up to rounding
+    gram = _core.adassp_gram(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+                             plan["x_bound"], plan["y_bound"], intercept=True)
+    w, ridge, _ = _core.adassp_release(gram, plan["sigma_min"], plan["sigma_xx"],
+                                       plan["sigma_xy"], plan["min_shift"],
+                                       plan["ridge_factor"], seed=11)
+    np.testing.assert_allclose(m["weights"], w, rtol=1e-12, atol=1e-12)
+    assert priv["ridge"] == pytest.approx(ridge, rel=1e-12, abs=1e-12)
+    noiseless, *_ = _core.adassp_release(gram, 0, 0, 0, 0, 0, seed=11)
+    assert np.max(np.abs(np.asarray(m["weights"]) - noiseless)) > 1e-3
+    assert priv["noise_seed"].endswith("NOT private")
+
+
+def test_adassp_accuracy_and_budget(conn, scratch_schema) -> None:
+    """At a large n the release is close to OLS; the ledger has exactly epsilon."""
+    X, y, w = _gaussian_data(20_000, 3, sigma=0.5, seed=3)
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0)
+    m = _train(conn, source, "adassp", epsilon=2.0)
+    assert np.linalg.norm(np.asarray(m["coef"]) - w) < 0.1
+    assert _spent(conn, ds) == pytest.approx(2.0)
+    assert m["privacy"] == "adassp" and m["epsilon"] == 2.0
