@@ -323,3 +323,148 @@ def test_adassp_accuracy_and_budget(conn, scratch_schema) -> None:
     assert np.linalg.norm(np.asarray(m["coef"]) - w) < 0.1
     assert _spent(conn, ds) == pytest.approx(2.0)
     assert m["privacy"] == "adassp" and m["epsilon"] == 2.0
+
+
+# ---------------------------------------------------------------------------------- DP-GD
+
+
+def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> None:
+    """Zero features: every gradient is 0, so each released step is theta_t - theta_{t-1} =
+    eta z_t with z_t ~ N(0, lambda^2 I). Chi-square on the 420 x 3 increments (two-sided,
+    alpha = 1e-3, seeded: deterministic); fails without noise, with lambda 10% off, or with
+    the noise not multiplied by eta."""
+    n, d = 500, 3
+    ds, source = _register(conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0,
+                           row_bound=1.0)
+    m = _train(conn, source, "dpgd", epsilon=1.0, noise_seed=5)
+    priv = m["params"]["privacy"]
+    (its,) = conn.execute("SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s",
+                          (m["model_id"],)).fetchone()
+    its = np.asarray(its)
+    assert its.shape == (priv["steps"], d) == (420, d)
+    steps = np.diff(np.vstack([np.zeros(d), its]), axis=0)
+    z = steps / (priv["step_size"] * priv["noise_std"])
+    chi2 = float(np.sum(z**2))
+    assert stats.chi2(z.size).ppf(5e-4) < chi2 < stats.chi2(z.size).ppf(1 - 5e-4)
+    # lambda from the formula (spec 002 Lemma 2.1), rho less the clipped-row count's share
+    (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, %s)", (DELTA,)).fetchone()
+    assert priv["noise_std"] == pytest.approx(
+        math.sqrt(2 * 420) * 5 * math.sqrt(d) / (math.sqrt(rho * 49 / 50) * n))
+    assert _spent(conn, ds) == pytest.approx(1.0)
+
+
+def test_dpgd_model_and_confint_are_the_iterates_post_processed(conn, regression) -> None:
+    """The released coefficients are the mean of the draws, and dpsql.confint equals the C
+    core's Student-t interval on the stored iterates (for every CI method)."""
+    ds, source, X, y, w = regression
+    for ci, steps in (("batch_means", None), ("checkpoints", 120), ("independent_runs", 300)):
+        m = _train(conn, source, "dpgd", epsilon=2.0, ci=ci, steps=steps, intercept=True,
+                   noise_seed=3)
+        (its,) = conn.execute("SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s",
+                              (m["model_id"],)).fetchone()
+        draws = _core.confint_draws(np.asarray(its), ci, 10, 20)
+        est, lo, hi = _core.t_interval(draws, 0.1)
+        rows = conn.execute("SELECT * FROM dpsql.confint(%s, 0.1) ORDER BY coef_index",
+                            (m["model_id"],)).fetchall()
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+        np.testing.assert_allclose([r[1:] for r in rows], np.column_stack([est, lo, hi]),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(np.append(m["coef"], m["intercept"]), est, rtol=1e-12)
+        assert m["params"]["privacy"]["ci"]["method"] == ci
+        if ci == "batch_means":
+            # Clean data (|residuals| ~ 1 << gamma/||x||): the noisy count (sd 19) says OLS.
+            assert m["params"]["privacy"]["ci"]["target"] == "ols"
+    # Point estimate near OLS at this n and epsilon.
+    ols = np.linalg.lstsq(np.column_stack([X, np.ones(len(y))]), y, rcond=None)[0]
+    assert np.linalg.norm(est - ols) < 0.2
+
+
+def test_confint_refusals(conn, regression) -> None:
+    ds, source = regression[:2]
+    m = _train(conn, source, "dpgd", epsilon=1.0, ci="none")
+    assert m["params"]["privacy"]["ci"]["estimate"] == "final iterate"
+    with pytest.raises(psycopg.Error, match="no confidence intervals"):
+        conn.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (m["model_id"],))
+    a = _train(conn, source, "adassp", epsilon=1.0)
+    with pytest.raises(psycopg.Error, match="no confidence intervals"):
+        conn.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (a["model_id"],))
+    for alpha in (0, 1, float("nan"), None):
+        with pytest.raises(psycopg.Error, match="alpha must be in"):
+            conn.execute("SELECT * FROM dpsql.confint(%s, %s)", (m["model_id"], alpha))
+    with pytest.raises(psycopg.Error, match="no model"):
+        conn.execute("SELECT * FROM dpsql.confint(-1, 0.05)")
+
+
+def test_dpgd_huberised_target_is_reported(conn, scratch_schema) -> None:
+    """Heavy outliers and a small clip norm: the noisy count of rows clipped at the estimate is
+    large, and the model says its intervals cover the Huberised minimiser."""
+    X, y, _ = _gaussian_data(3000, 2, seed=4)
+    y[::10] += 50.0
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=60.0, row_bound=5.0)
+    m = _train(conn, source, "dpgd", epsilon=2.0, clip_norm=2.0)
+    ci = m["params"]["privacy"]["ci"]
+    assert ci["target"] == "huberised" and ci["clipped_rows_at_estimate"] > 200
+
+
+def _coverage(method: str, runs: int, steps: int, seed0: int) -> float:
+    """Mean coverage of theta_hat by 95% intervals over `runs` DP-GD runs (in memory: the C
+    core the server runs) on one fixed dataset, p = 4, rho = 0.015."""
+    n, p = 2000, 4
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(n, p))
+    y = X @ (np.ones(p) / 2) + rng.normal(size=n)
+    theta_hat = np.linalg.lstsq(X, y, rcond=None)[0]
+    gamma = 5 * math.sqrt(p)
+    lam = math.sqrt(2 * steps) * gamma / (math.sqrt(0.015) * n)
+    hits = []
+    for r in range(runs):
+        if method == "independent_runs":
+            its = np.vstack([
+                _core.dpgd_run(X, y, steps=steps // 10, eta=0.2, gamma=gamma, noise_std=lam,
+                               seed=seed0 + 1000 * r + k)
+                for k in range(10)
+            ])
+        else:
+            its = _core.dpgd_run(X, y, steps=steps, eta=0.2, gamma=gamma, noise_std=lam,
+                                 seed=seed0 + r)
+        _, lo, hi = _core.t_interval(_core.confint_draws(its, method, 10, 20), 0.05)
+        hits.append((lo <= theta_hat) & (theta_hat <= hi))
+    return float(np.mean(hits))
+
+
+@pytest.mark.parametrize("method, steps", [("batch_means", 420), ("checkpoints", 420),
+                                           ("independent_runs", 600)])
+def test_nominal_95_intervals_cover_ols(method, steps) -> None:
+    """Spec 002 s. 7.2.3: coverage of theta_hat within 0.95 +- 3 standard errors of 300 runs
+    (4 coordinates each; SE from the runs: sqrt(0.95 * 0.05 / 300) = 0.0126). Seeded; the
+    false-failure rate of a 3-SE band is about 0.3%."""
+    cov = _coverage(method, 300, steps, seed0=100)
+    assert abs(cov - 0.95) <= 3 * math.sqrt(0.95 * 0.05 / 300), cov
+
+
+def test_batch_means_with_short_batches_under_cover() -> None:
+    """The same test fails for a construction that ignores autocorrelation (spec 002 trap 9):
+    batches of 2 steps cover far below nominal."""
+    assert _coverage("batch_means", 100, 40, seed0=5) < 0.8
+
+
+def test_dpgd_privacy_error_falls_like_one_over_n() -> None:
+    """Spec 002 s. 7.2.6: ||theta_T - theta_hat|| ~ 1/n at fixed p, rho, T (bias negligible
+    after 60 steps of eta = 1/5); log-log slope over n = 1000 .. 16000 in [-1.2, -0.8],
+    mean of 40 seeded runs per n."""
+    p, steps = 5, 60
+    errs = []
+    ns = [1000, 4000, 16000]
+    for n in ns:
+        rng = np.random.default_rng(n)
+        X = rng.normal(size=(n, p))
+        y = X @ (np.ones(p) / math.sqrt(p)) + rng.normal(size=n)
+        theta_hat = np.linalg.lstsq(X, y, rcond=None)[0]
+        gamma = 5 * math.sqrt(p)
+        lam = math.sqrt(2 * steps) * gamma / (math.sqrt(0.015) * n)
+        e = [np.linalg.norm(_core.dpgd_run(X, y, steps=steps, eta=0.2, gamma=gamma,
+                                           noise_std=lam, seed=s)[-1] - theta_hat)
+             for s in range(40)]
+        errs.append(np.mean(e))
+    slope = np.polyfit(np.log(ns), np.log(errs), 1)[0]
+    assert -1.2 <= slope <= -0.8, (errs, slope)

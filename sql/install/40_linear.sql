@@ -370,9 +370,9 @@ BEGIN
         coalesce((plan->>'levels')::int, 0), coalesce((plan->>'count_noise_std')::float8, 0),
         coalesce((plan->>'stat_threshold')::float8, 0), coalesce((plan->>'clip_norm')::float8, 0),
         noise_seed);
-    -- The training table is written in rid order; a serial scan without synchronized scans
-    -- reads it in that order (as dpsql._run_epoch does).
-    EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1) FROM %s', train_table) INTO st USING st;
+    -- One pass in the order of the (data-independent) permutation.
+    EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1 ORDER BY rid) FROM %s', train_table)
+       INTO st USING st;
     res := dpsql._ambssgd_result(st);
     weights := res.weights;
     -- The transcript (gamma_t, zeta_t) is covered by the guarantee (spec 000 s. 2.3).
