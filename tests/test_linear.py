@@ -303,11 +303,22 @@ def test_adassp_release_is_the_core_release_with_the_plans_noise(conn, regressio
     priv = m["params"]["privacy"]
     plan = _plan(conn, ds, "adassp", len(y), X.shape[1], 1.0, intercept=True)
     rows = conn.execute(f"SELECT x, y FROM {source}").fetchall()  # the sums up to rounding
-    gram = _core.adassp_gram(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
-                             plan["x_bound"], plan["y_bound"], intercept=True)
-    w, ridge, _ = _core.adassp_release(gram, plan["sigma_min"], plan["sigma_xx"],
-                                       plan["sigma_xy"], plan["min_shift"],
-                                       plan["ridge_factor"], seed=11)
+    gram = _core.adassp_gram(
+        np.array([r[0] for r in rows]),
+        np.array([r[1] for r in rows]),
+        plan["x_bound"],
+        plan["y_bound"],
+        intercept=True,
+    )
+    w, ridge, _ = _core.adassp_release(
+        gram,
+        plan["sigma_min"],
+        plan["sigma_xx"],
+        plan["sigma_xy"],
+        plan["min_shift"],
+        plan["ridge_factor"],
+        seed=11,
+    )
     np.testing.assert_allclose(m["weights"], w, rtol=1e-12, atol=1e-12)
     assert priv["ridge"] == pytest.approx(ridge, rel=1e-12, abs=1e-12)
     noiseless, *_ = _core.adassp_release(gram, 0, 0, 0, 0, 0, seed=11)
@@ -334,12 +345,14 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
     alpha = 1e-3, seeded: deterministic); fails without noise, with lambda 10% off, or with
     the noise not multiplied by eta."""
     n, d = 500, 3
-    ds, source = _register(conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0,
-                           row_bound=1.0)
+    ds, source = _register(
+        conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0, row_bound=1.0
+    )
     m = _train(conn, source, "dpgd", epsilon=1.0, noise_seed=5)
     priv = m["params"]["privacy"]
-    (its,) = conn.execute("SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s",
-                          (m["model_id"],)).fetchone()
+    (its,) = conn.execute(
+        "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
+    ).fetchone()
     its = np.asarray(its)
     assert its.shape == (priv["steps"], d) == (420, d)
     steps = np.diff(np.vstack([np.zeros(d), its]), axis=0)
@@ -349,7 +362,8 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
     # lambda from the formula (spec 002 Lemma 2.1), rho less the clipped-row count's share
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, %s)", (DELTA,)).fetchone()
     assert priv["noise_std"] == pytest.approx(
-        math.sqrt(2 * 420) * 5 * math.sqrt(d) / (math.sqrt(rho * 49 / 50) * n))
+        math.sqrt(2 * 420) * 5 * math.sqrt(d) / (math.sqrt(rho * 49 / 50) * n)
+    )
     assert _spent(conn, ds) == pytest.approx(1.0)
 
 
@@ -358,17 +372,21 @@ def test_dpgd_model_and_confint_are_the_iterates_post_processed(conn, regression
     core's Student-t interval on the stored iterates (for every CI method)."""
     ds, source, X, y, w = regression
     for ci, steps in (("batch_means", None), ("checkpoints", 120), ("independent_runs", 300)):
-        m = _train(conn, source, "dpgd", epsilon=2.0, ci=ci, steps=steps, intercept=True,
-                   noise_seed=3)
-        (its,) = conn.execute("SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s",
-                              (m["model_id"],)).fetchone()
+        m = _train(
+            conn, source, "dpgd", epsilon=2.0, ci=ci, steps=steps, intercept=True, noise_seed=3
+        )
+        (its,) = conn.execute(
+            "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
+        ).fetchone()
         draws = _core.confint_draws(np.asarray(its), ci, 10, 20)
         est, lo, hi = _core.t_interval(draws, 0.1)
-        rows = conn.execute("SELECT * FROM dpsql.confint(%s, 0.1) ORDER BY coef_index",
-                            (m["model_id"],)).fetchall()
+        rows = conn.execute(
+            "SELECT * FROM dpsql.confint(%s, 0.1) ORDER BY coef_index", (m["model_id"],)
+        ).fetchall()
         assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
-        np.testing.assert_allclose([r[1:] for r in rows], np.column_stack([est, lo, hi]),
-                                   rtol=1e-12)
+        np.testing.assert_allclose(
+            [r[1:] for r in rows], np.column_stack([est, lo, hi]), rtol=1e-12
+        )
         np.testing.assert_allclose(np.append(m["coef"], m["intercept"]), est, rtol=1e-12)
         assert m["params"]["privacy"]["ci"]["method"] == ci
         if ci == "batch_means":
@@ -419,21 +437,32 @@ def _coverage(method: str, runs: int, steps: int, seed0: int) -> float:
     hits = []
     for r in range(runs):
         if method == "independent_runs":
-            its = np.vstack([
-                _core.dpgd_run(X, y, steps=steps // 10, eta=0.2, gamma=gamma, noise_std=lam,
-                               seed=seed0 + 1000 * r + k)
-                for k in range(10)
-            ])
+            its = np.vstack(
+                [
+                    _core.dpgd_run(
+                        X,
+                        y,
+                        steps=steps // 10,
+                        eta=0.2,
+                        gamma=gamma,
+                        noise_std=lam,
+                        seed=seed0 + 1000 * r + k,
+                    )
+                    for k in range(10)
+                ]
+            )
         else:
-            its = _core.dpgd_run(X, y, steps=steps, eta=0.2, gamma=gamma, noise_std=lam,
-                                 seed=seed0 + r)
+            its = _core.dpgd_run(
+                X, y, steps=steps, eta=0.2, gamma=gamma, noise_std=lam, seed=seed0 + r
+            )
         _, lo, hi = _core.t_interval(_core.confint_draws(its, method, 10, 20), 0.05)
         hits.append((lo <= theta_hat) & (theta_hat <= hi))
     return float(np.mean(hits))
 
 
-@pytest.mark.parametrize("method, steps", [("batch_means", 420), ("checkpoints", 420),
-                                           ("independent_runs", 600)])
+@pytest.mark.parametrize(
+    "method, steps", [("batch_means", 420), ("checkpoints", 420), ("independent_runs", 600)]
+)
 def test_nominal_95_intervals_cover_ols(method, steps) -> None:
     """Spec 002 s. 7.2.3: coverage of theta_hat within 0.95 +- 3 standard errors of 300 runs
     (4 coordinates each; SE from the runs: sqrt(0.95 * 0.05 / 300) = 0.0126). Seeded; the
@@ -462,9 +491,103 @@ def test_dpgd_privacy_error_falls_like_one_over_n() -> None:
         theta_hat = np.linalg.lstsq(X, y, rcond=None)[0]
         gamma = 5 * math.sqrt(p)
         lam = math.sqrt(2 * steps) * gamma / (math.sqrt(0.015) * n)
-        e = [np.linalg.norm(_core.dpgd_run(X, y, steps=steps, eta=0.2, gamma=gamma,
-                                           noise_std=lam, seed=s)[-1] - theta_hat)
-             for s in range(40)]
+        e = [
+            np.linalg.norm(
+                _core.dpgd_run(X, y, steps=steps, eta=0.2, gamma=gamma, noise_std=lam, seed=s)[-1]
+                - theta_hat
+            )
+            for s in range(40)
+        ]
         errs.append(np.mean(e))
     slope = np.polyfit(np.log(ns), np.log(errs), 1)[0]
     assert -1.2 <= slope <= -0.8, (errs, slope)
+
+
+# ----------------------------------------------------------------------- DP-AMBSSGD, DP-SSGD
+
+
+def test_ambssgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> None:
+    """Zero rows: the model is a fixed linear map of the step noises, w_bar = -(2/T) sum_t
+    sum_{k<t} c_k g_k with c_k = 2 eta zeta_k alpha / b and zeta_k released. Each coordinate
+    standardised by its exact sd must be N(0, 1): chi-square on 40 seeded runs x 5 coordinates
+    (two-sided alpha = 1e-3; deterministic under the seeds). Fails without noise, without the
+    2, or with alpha off by 10%."""
+    n, d, blocks = 4000, 5, 20
+    ds, source = _register(
+        conn, scratch_schema, np.zeros((n, d)), np.zeros(n), label_bound=1.0, row_bound=1.0
+    )
+    z = []
+    for seed in range(40):
+        m = _train(conn, source, "dp_ambssgd", epsilon=20.0, steps=blocks, noise_seed=seed)
+        priv = m["params"]["privacy"]
+        zetas = np.asarray(priv["released_zetas"])
+        assert len(zetas) == blocks and len(priv["released_gammas"]) == blocks
+        c = 2 * priv["step_size"] * zetas * priv["noise_multiplier"] / priv["batch_size"]
+        k = np.arange(blocks)
+        a = (2 / blocks) * (blocks - np.maximum(k, blocks // 2))
+        z.extend(np.asarray(m["coef"]) / math.sqrt(np.sum((c * a) ** 2)))
+    chi2 = float(np.sum(np.square(z)))
+    assert stats.chi2(len(z)).ppf(5e-4) < chi2 < stats.chi2(len(z)).ppf(1 - 5e-4)
+    assert priv["unused_rows"] == n - blocks * (priv["batch_size"] + priv["stat_size"])
+    assert _spent(conn, ds) == pytest.approx(40 * 20.0)
+
+
+def test_ambssgd_learns_and_releases_its_transcript(conn, scratch_schema) -> None:
+    """Feasible regime (N = 200k, eps = 4): close to w*; the clip norms adapt (with little
+    noise, sigma = 0.1, zeta_t falls from the first block as w_t approaches w*); the
+    transcript is in the provenance."""
+    X, y, w = _gaussian_data(200_000, 5, sigma=0.1, seed=8)
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=10.0, row_bound=7.0)
+    m = _train(conn, source, "dp_ambssgd", epsilon=4.0, options={"h_norm": 1.0})
+    priv = m["params"]["privacy"]
+    assert np.linalg.norm(np.asarray(m["coef"]) - w) < 0.05
+    zetas = np.asarray(priv["released_zetas"])
+    assert zetas[-1] < zetas[0] / 4
+    assert priv["algorithm"].startswith("DP-AMBSSGD")
+    assert _spent(conn, ds) == pytest.approx(4.0)
+
+
+def test_dp_ssgd_runs_one_step_per_record(conn, regression) -> None:
+    ds, source, X, y, w = regression
+    m = _train(conn, source, "dp_ssgd", epsilon=2.0, clip_norm=5.0)
+    priv = m["params"]["privacy"]
+    (rho,) = conn.execute("SELECT dpsql.zcdp_rho(2, %s)", (DELTA,)).fetchone()
+    assert priv["noise_multiplier"] == pytest.approx(1 / math.sqrt(2 * rho))
+    assert priv["gradient_noise_std"] == pytest.approx(2 * 5.0 / math.sqrt(2 * rho))
+    assert priv["unused_rows"] == 0 and np.all(np.isfinite(m["coef"]))
+    assert _spent(conn, ds) == pytest.approx(2.0)
+
+
+def test_ambssgd_error_falls_with_n(conn, regression) -> None:
+    """Spec 000 s. 6.2.3: in the feasible regime the excess risk falls with N; its log-log
+    slope lies in [-2.3, -0.8]. The server's plan, run by the C core in memory (the same
+    code as the aggregate); 20 seeded runs per N, eps = 4, d = 5, H = I."""
+    ds = regression[0]
+    ns = [2**17, 2**18, 2**19]
+    excess = []
+    for n in ns:
+        plan = _plan(conn, ds, "dp_ambssgd", n, 5, 4.0, options={"r_x": 7.0, "h_norm": 1.0})
+        e = []
+        for seed in range(20):
+            X, y, w = _gaussian_data(n, 5, seed=100 * seed + n % 97)
+            s = _core.ambssgd_init(
+                5,
+                n_rows=n,
+                blocks=plan["blocks"],
+                batch=plan["batch_size"],
+                stat=plan["stat_size"],
+                alpha=plan["noise_multiplier"],
+                eta=plan["step_size"],
+                r_x=plan["r_x"],
+                log_factor=plan["log_factor"],
+                domain=plan["domain_bound"],
+                levels=plan["levels"],
+                sigma_c=plan["count_noise_std"],
+                theta=plan["stat_threshold"],
+                seed=seed,
+            )
+            wb = _core.ambssgd_result(_core.ambssgd_run(s, X, y))["weights"]
+            e.append(0.5 * np.sum((wb - w) ** 2))
+        excess.append(np.mean(e))
+    slope = np.polyfit(np.log(ns), np.log(excess), 1)[0]
+    assert excess[0] > excess[1] > excess[2] and -2.3 <= slope <= -0.8, (excess, slope)
