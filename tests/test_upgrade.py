@@ -25,7 +25,8 @@ CATALOG = {
     "relations": """
         SELECT c.relname, c.relkind, coalesce(c.relacl::text, ''),
                coalesce(array_to_string(c.reloptions, ','), '')
-          FROM pg_class c WHERE c.relnamespace IN ('dpsql'::regnamespace, 'dpsql_work'::regnamespace)
+          FROM pg_class c
+         WHERE c.relnamespace IN ('dpsql'::regnamespace, 'dpsql_work'::regnamespace)
          ORDER BY 1""",
     "columns": """
         SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -114,7 +115,8 @@ def test_upgrade_keeps_data_and_budgets(database) -> None:
             "SELECT dpsql.register_dataset('pts', '{x}', 'y', epsilon_budget => 2)"
         ).fetchone()
         (m1,) = conn.execute(
-            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, epochs => 1)"
+            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5,"
+            " epochs => 1)"
         ).fetchone()
         conn.execute("ALTER EXTENSION dpsql UPDATE")
         (labels, spent) = conn.execute(
@@ -130,6 +132,7 @@ def test_upgrade_keeps_data_and_budgets(database) -> None:
             == 1
         )
         (m2,) = conn.execute(
-            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, epochs => 1)"
+            "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5,"
+            " epochs => 1)"
         ).fetchone()
         assert m2 > m1
