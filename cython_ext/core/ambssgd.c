@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ambssgd.h"
+#include "sgd.h"
 #include "csprng.h"
 #include "noise.h"
 
@@ -323,27 +324,6 @@ dpsql_ambssgd_rows_seen(const double *state)
  * Rows: augmentation, residual and clipped gradient
  * --------------------------------------------------------------------------------------- */
 
-static double
-dot(const double *w, const double *x, int n)
-{
-	double		s0 = 0.0,
-				s1 = 0.0,
-				s2 = 0.0,
-				s3 = 0.0;
-	int			i = 0;
-
-	for (; i + 4 <= n; i += 4)
-	{
-		s0 += w[i] * x[i];
-		s1 += w[i + 1] * x[i + 1];
-		s2 += w[i + 2] * x[i + 2];
-		s3 += w[i + 3] * x[i + 3];
-	}
-	for (; i < n; i++)
-		s0 += w[i] * x[i];
-	return (s0 + s1) + (s2 + s3);
-}
-
 static int
 all_finite(const double *x, int n)
 {
@@ -397,7 +377,7 @@ view_row(const Header *h, const double *w, const double *x, int x_len, double y,
 	v->res = 0.0;
 	if (is_null || x == NULL || x_len != d || !isfinite(y))
 		return;
-	ss = dot(x, x, d);
+	ss = dpsql_dot(x, x, d);
 	if (isfinite(ss))
 		xnorm = sqrt(ss);
 	else
@@ -410,7 +390,7 @@ view_row(const Header *h, const double *w, const double *x, int x_len, double y,
 	v->sc = (h->x_bound > 0.0 && xnorm > h->x_bound) ? h->x_bound / xnorm : 1.0;
 	xs = v->sc * xnorm;
 	v->xn = h->intercept != 0.0 ? hypot(xs, 1.0) : xs;
-	v->res = v->sc * dot(w, x, d) + (h->intercept != 0.0 ? w[d] : 0.0) - y;
+	v->res = v->sc * dpsql_dot(w, x, d) + (h->intercept != 0.0 ? w[d] : 0.0) - y;
 	v->valid = 1;
 }
 

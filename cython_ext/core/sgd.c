@@ -305,6 +305,12 @@ dot(const double *w, const double *x, int n)
 	return (s0 + s1) + (s2 + s3);
 }
 
+double
+dpsql_dot(const double *w, const double *x, int n)
+{
+	return dot(w, x, n);
+}
+
 /* Euclidean norm of a finite vector whose sum of squares overflowed. */
 static double
 rescaled_norm(const double *x, int n)

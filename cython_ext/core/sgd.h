@@ -195,4 +195,7 @@ DpsqlStatus dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 						  const double *x, int xlen, double *out);
 
+/* <w, x> with the engine's summation order (four partial sums), shared by the mechanisms. */
+double		dpsql_dot(const double *w, const double *x, int n);
+
 #endif
