@@ -9,6 +9,7 @@ import uuid
 import numpy as np
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from scipy import stats
@@ -591,3 +592,78 @@ def test_ambssgd_error_falls_with_n(conn, regression) -> None:
         excess.append(np.mean(e))
     slope = np.polyfit(np.log(ns), np.log(excess), 1)[0]
     assert excess[0] > excess[1] > excess[2] and -2.3 <= slope <= -0.8, (excess, slope)
+
+
+# ----------------------------------------------------------------- analysts, Python API
+
+
+def test_analyst_trains_and_gets_intervals(conn, regression, server_uri) -> None:
+    """An analyst granted the dataset trains DP-GD and asks for intervals; a data owner's
+    seeded model is invisible to them (its noise is known), and so are its intervals."""
+    ds, source = regression[:2]
+    name = f"test_lin_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'pw_{name}' IN ROLE dpsql_analyst")
+    try:
+        conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, name))
+        seeded = _train(conn, source, "dpgd", epsilon=0.5, noise_seed=1)
+        with psycopg.connect(
+            make_conninfo(server_uri, user=name, password=f"pw_{name}"), autocommit=True
+        ) as a:
+            (mid,) = a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'dpgd',"
+                " epsilon => 1, delta => 1e-6)",
+                (source,),
+            ).fetchone()
+            rows = a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (mid,)).fetchall()
+            assert len(rows) == 4 and all(lo < est < hi for _, est, lo, hi in rows)
+            with pytest.raises(psycopg.Error, match="no model"):
+                a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (seeded["model_id"],))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                a.execute("SELECT * FROM dpsql.model_iterates")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                a.execute(
+                    "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'dpgd',"
+                    " epsilon => 1, delta => 1e-6, noise_seed => 3)",
+                    (source,),
+                )
+        assert _spent(conn, ds) == pytest.approx(1.5)
+    finally:
+        conn.execute("DELETE FROM dpsql.dataset_grants WHERE role = %s", (name,))
+        conn.execute(f'DROP ROLE "{name}"')
+
+
+def test_python_api(server_uri, scratch_schema) -> None:
+    import dpsql
+
+    X, y, w = _gaussian_data(3000, 3, seed=9)
+    with dpsql.connect(server_uri) as db:
+        db.execute(f"SET search_path TO {scratch_schema}, public")
+        db.load_numpy("pts", X, y, schema=scratch_schema)
+        db.register_dataset(
+            f"{scratch_schema}.pts",
+            "x",
+            "y",
+            epsilon_budget=10,
+            delta_budget=1e-4,
+            label_bound=6.0,
+            row_bound=5.0,
+            name=f"py_{uuid.uuid4().hex[:8]}",
+        )
+        m = db.train(
+            f"{scratch_schema}.pts",
+            None,
+            None,
+            "linear",
+            intercept=True,
+            privacy=dpsql.DPGD(epsilon=2.0, ci="checkpoints", steps=220),
+        )
+        ci = m.confint(0.1)
+        assert ci.method == "checkpoints" and ci.draws == 10 and ci.epsilon == 2.0
+        assert ci.estimate.shape == (4,) and np.all(ci.lower < ci.upper)
+        np.testing.assert_allclose(ci.estimate[:3], m.coef_, rtol=1e-12)
+        assert ci.target in ("ols", "huberised") and "OLS" in ci.covers
+        for mech in (dpsql.AdaSSP(epsilon=1.0), dpsql.DPSSGD(epsilon=1.0, clip_norm=5.0)):
+            r = db.train(f"{scratch_schema}.pts", None, None, "linear", privacy=mech)
+            assert r.row["privacy"] == mech.name and np.all(np.isfinite(r.coef_))
+        with pytest.raises(psycopg.Error, match="no confidence intervals"):
+            r.confint()
