@@ -274,6 +274,9 @@ def test_adassp_plan_uses_replace_one_sensitivities(conn, regression) -> None:
         (dict(privacy="dpgd", epsilon=float("nan")), "epsilon"),
         (dict(privacy="dp_ssgd", options={"r_x": -1}), "r_x"),
         (dict(privacy="dpgd", noise_multiplier=1.0), "noise_multiplier"),
+        (dict(privacy="dpgd", step_size=1e300), "too large"),
+        (dict(privacy="dp_ssgd", step_size=1e250), "too large"),
+        (dict(privacy="dpgd", step_size=-1.0), "step_size must be"),
     ],
 )
 def test_refusals_charge_nothing(conn, regression, kw, message) -> None:

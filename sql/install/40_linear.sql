@@ -59,6 +59,20 @@ BEGIN
     RETURN v;
 END $$;
 
+-- Clipping bounds every step, so ||w|| <= steps * eta * (clip + noise); refusing plans whose bound
+-- is astronomical makes a non-finite model impossible whatever the data (an error there would be
+-- a data-dependent, uncharged answer).
+CREATE OR REPLACE FUNCTION dpsql._check_finite_run(eta float8, steps float8, per_step float8)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF NOT (eta > 0 AND eta < 'Infinity') THEN
+        PERFORM dpsql._fail(format('step_size must be a finite number > 0, got %s', eta));
+    END IF;
+    IF NOT (eta * steps * per_step < 1e100) THEN
+        PERFORM dpsql._fail(format('step_size %s is too large: %s steps could overflow the model', eta, steps));
+    END IF;
+END $$;
+
 -- The plan of a linear mechanism: every public number it uses, computed from n, d, the
 -- dataset's declarations and the analyst's parameters only (never from the data), and the
 -- noise that makes it (epsilon, delta)-DP. 'info' goes into the model's provenance.
@@ -169,6 +183,8 @@ BEGIN
         END IF;
         domain := dpsql._linear_option(options, 'domain_bound', 2 * ds.label_bound);
         log_factor := ln(n) ^ dpsql._linear_option(options, 'log_exponent', 0.5, 0, false);
+        -- zeta_t <= r_x B log_factor; the noise's normals stay below 100 sd.
+        PERFORM dpsql._check_finite_run(eta, blocks, r_x * domain * log_factor * (1 + 200 * alpha * sqrt(p)));
         RETURN jsonb_build_object(
             'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
             'blocks', blocks, 'batch_size', b, 'stat_size', s, 'step_size', eta, 'r_x', r_x,
@@ -199,6 +215,7 @@ BEGIN
         END IF;
         eta := coalesce((params->>'step_size')::float8, 1 / (2 * r_x ^ 2));
         alpha := 1 / sqrt(2 * rho);
+        PERFORM dpsql._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
         RETURN jsonb_build_object(
             'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
             'blocks', blocks, 'batch_size', 1, 'stat_size', 0, 'step_size', eta, 'r_x', r_x,
@@ -251,6 +268,7 @@ BEGIN
         rho_check := CASE WHEN coalesce((options->>'clip_check')::boolean, true) THEN rho / 50 ELSE 0 END;
         rho_gd := rho - rho_check;
         lam := sqrt(2 * steps) * gamma / (sqrt(rho_gd) * n);
+        PERFORM dpsql._check_finite_run(eta, steps, gamma + 100 * lam * sqrt(p));
         RETURN jsonb_build_object(
             'epsilon', epsilon, 'delta', delta, 'rho', rho, 'steps', steps, 'runs', runs,
             'step_size', eta, 'clip_norm', gamma, 'noise_std', lam, 'ci', ci, 'ci_draws', draws,
