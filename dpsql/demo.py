@@ -187,11 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"norm {info['clip_norm']:.3g} and noise {info['noise_std']:.3g}; test MSE "
             f"{p_mse:.3f} (non-private SGD: {mse:.3f})"
         )
-        _say(
-            f"   95% intervals ({ci.method}, {ci.draws} draws, target {ci.target or 'ols'}); "
-            "these features are ill-conditioned (eigenvalues of X^T X/n down to 0.003), so "
-            "420 steps of 1/5 have not mixed and the intervals are biased (docs/linear.md):"
+        mixing = (
+            "the run mixed"
+            if ci.mixed
+            else f"NOT mixed (draw autocorrelation {ci.draw_autocorrelation:.2f}: these features "
+            "are ill-conditioned, so the intervals are biased; see docs/linear.md)"
         )
+        _say(f"   95% intervals ({ci.method}, {ci.draws} draws, target {ci.target}); {mixing}:")
         lin_names = [k for k in datasets.CAL_HOUSING_BOUNDS if k != "medianHouseValue"]
         for name, e, lo, hi in zip(
             [*lin_names, "intercept"], ci.estimate, ci.lower, ci.upper, strict=True

@@ -670,3 +670,32 @@ def test_python_api(server_uri, scratch_schema) -> None:
             assert r.row["privacy"] == mech.name and np.all(np.isfinite(r.coef_))
         with pytest.raises(psycopg.Error, match="no confidence intervals"):
             r.confint()
+
+
+def test_unmixed_runs_are_flagged(conn, scratch_schema) -> None:
+    """Ill-conditioned features (one direction with second moment 4e-4): 420 steps of 1/5
+    cannot mix, the draws are autocorrelated, the model says so and confint warns; isotropic
+    data mix (spec 002 traps 8-9). Seeded noise: deterministic."""
+    X, y, _ = _gaussian_data(3000, 3, seed=12)
+    X[:, 0] *= 0.02
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0)
+    m = _train(conn, source, "dpgd", epsilon=2.0, noise_seed=1)
+    ci = m["params"]["privacy"]["ci"]
+    assert ci["mixed"] is False and ci["draw_autocorrelation"] > 0.03
+    (its,) = conn.execute(
+        "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
+    ).fetchone()
+    v = np.asarray(its)[20:]
+    v = v - v.mean(axis=0)
+    r1 = np.sum(v[:-1] * v[1:], axis=0) / np.sum(v**2, axis=0)
+    assert ci["draw_autocorrelation"] == pytest.approx(np.max(np.maximum(r1, 0) ** 40))
+    notices = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    conn.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (m["model_id"],)).fetchall()
+    assert any("had not mixed" in (n or "") for n in notices)
+    X, y, _ = _gaussian_data(3000, 3, seed=12)
+    ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0, table="iso")
+    for ci_method, steps in (("batch_means", None), ("independent_runs", 600)):
+        m = _train(conn, source, "dpgd", epsilon=2.0, ci=ci_method, steps=steps, noise_seed=2)
+        ci = m["params"]["privacy"]["ci"]
+        assert ci["mixed"] is True and ci["draw_autocorrelation"] < 0.01, ci

@@ -400,6 +400,23 @@ BEGIN
     iterates := NULL;
 END $$;
 
+-- The correlation between draws `lag` iterates apart implied by each coordinate's lag-1
+-- autocorrelation r after the burn-in (r^lag, the AR(1) the unclipped run is along each
+-- eigen-direction), the largest over the coordinates: a free check (post-processing of released
+-- iterates) that the draws are nearly independent. A run that has not mixed (a slow direction,
+-- spec 002 traps 8-9) has r near 1. (r^lag is far more stable than the lag-`lag` sample
+-- autocorrelation, which is biased low for slow series.)
+CREATE OR REPLACE FUNCTION dpsql._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
+RETURNS float8 LANGUAGE sql IMMUTABLE STRICT AS $$
+    WITH v AS (
+        SELECT t, j, iterates[t][j] - avg(iterates[t][j]) OVER (PARTITION BY j) AS x
+          FROM generate_series(burn_in + 1, array_length(iterates, 1)) t,
+               generate_series(1, array_length(iterates, 2)) j)
+    SELECT max(greatest(r, 0) ^ lag) FROM (
+        SELECT a.j, sum(a.x * b.x) / nullif((SELECT sum(c.x ^ 2) FROM v c WHERE c.j = a.j), 0) AS r
+          FROM v a JOIN v b ON b.j = a.j AND b.t = a.t + 1 GROUP BY a.j) s
+$$;
+
 -- DP-GD: one aggregate scan per step for the clipped gradient sum; the noise is added in the
 -- server. Every iterate is kept (released) for the confidence intervals.
 CREATE OR REPLACE FUNCTION dpsql._dpgd_fit(train_table text, plan jsonb, noise_seed bigint,
@@ -420,6 +437,7 @@ DECLARE
     k bigint := 0;
     rows_clipped float8;
     ci text := plan->>'ci';
+    lag_ac float8;
 BEGIN
     iterates := '{}';
     FOR run_i IN 1..runs LOOP
@@ -439,8 +457,19 @@ BEGIN
           FROM dpsql._t_interval(dpsql._confint_draws(iterates, ci, (plan->>'ci_draws')::int,
                                                       (plan->>'burn_in')::int), 0.05);
     END IF;
+    IF ci = 'batch_means' OR ci = 'checkpoints' THEN
+        -- draws are (steps - burn_in) / m iterates apart: they should be nearly uncorrelated
+        lag_ac := dpsql._iterate_autocorrelation(iterates, (plan->>'burn_in')::int,
+            ((steps - (plan->>'burn_in')::int) / (plan->>'ci_draws')::int)::int);
+    ELSIF ci = 'independent_runs' THEN
+        -- within a run: its post-burn-in mean should have forgotten the start
+        lag_ac := dpsql._iterate_autocorrelation(iterates[1:per_run], (plan->>'burn_in')::int,
+                                                 (per_run - (plan->>'burn_in')::int)::int);
+    END IF;
     info := jsonb_build_object('ci', jsonb_build_object(
         'method', ci, 'draws', (plan->'ci_draws'), 'burn_in', (plan->'burn_in'),
+        'draw_autocorrelation', lag_ac,
+        'mixed', CASE WHEN lag_ac IS NOT NULL THEN lag_ac < 0.03 END,
         'estimate', CASE WHEN ci = 'none' THEN 'final iterate' ELSE 'mean of the draws' END,
         'covers', 'the OLS solution of the training rows if no gradient is clipped near it; '
                   'otherwise the minimiser of the Huberised loss with B_i = clip_norm/||x_i|| (spec 002 s. 3.5)'));
@@ -503,6 +532,11 @@ BEGIN
     IF its IS NULL OR ci IS NULL OR ci->>'method' = 'none' THEN
         PERFORM dpsql._fail(format('model %s has no confidence intervals', model_id),
                             hint => 'Train with privacy => ''dpgd'' and ci => batch_means, checkpoints or independent_runs.');
+    END IF;
+    IF (ci->>'mixed')::boolean IS FALSE THEN
+        RAISE WARNING 'dpsql: model %''s run had not mixed (autocorrelation % between draws): its intervals are biased',
+                      model_id, round((ci->>'draw_autocorrelation')::numeric, 2)
+            USING HINT = 'Scale the features to be close to isotropic, or use a larger step_size and more steps (docs/linear.md).';
     END IF;
     RETURN QUERY SELECT t.coef_index, t.estimate, t.lower, t.upper
                    FROM dpsql._t_interval(dpsql._confint_draws(its, ci->>'method',
