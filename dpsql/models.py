@@ -23,10 +23,11 @@ class ConfidenceIntervals:
     ``estimate``, ``lower`` and ``upper`` have one entry per coefficient (the intercept last,
     when fitted). ``covers`` says what they cover: the OLS solution of the training rows, or
     the minimiser of the Huberised loss when gradients are clipped near it. ``method``,
-    ``draws`` and ``burn_in`` say how the draws came from the released iterates; ``mixed`` is
-    False when the draws are correlated (``draw_autocorrelation`` >= 0.03, the correlation implied
-    by the iterates' lag-1 autocorrelation): the run had not mixed, and the intervals are biased. ``epsilon`` and ``delta`` are what the model
-    spent (the intervals are post-processing: no more).
+    ``draws`` and ``burn_in`` say how the draws came from the released iterates. ``mixed`` is
+    False when the draws are correlated (``draw_autocorrelation`` >= 0.03, the correlation
+    implied by the iterates' lag-1 autocorrelation): the run had not mixed, and the intervals
+    are biased. ``epsilon`` and ``delta`` are what the model spent (the intervals are
+    post-processing: no more).
     """
 
     estimate: np.ndarray
