@@ -247,8 +247,8 @@ BEGIN
                           CASE WHEN ci = 'none' THEN 20
                                WHEN ci = 'independent_runs' THEN draws * (burn_in + 40)
                                ELSE burn_in + 40 * draws END);
-        IF steps < 1 OR steps > 100000 THEN
-            PERFORM dpsql._fail(format('steps must be between 1 and 100000, got %s', steps));
+        IF steps < 1 OR steps > 20000 THEN  -- each step is a scan; iterates are appended
+            PERFORM dpsql._fail(format('steps must be between 1 and 20000, got %s', steps));
         END IF;
         runs := CASE WHEN ci = 'independent_runs' THEN draws ELSE 1 END;
         IF ci = 'independent_runs' AND (steps % draws <> 0 OR steps / draws <= burn_in) THEN
