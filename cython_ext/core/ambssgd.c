@@ -335,21 +335,6 @@ all_finite(const double *x, int n)
 	return 1;
 }
 
-/* Euclidean norm of a finite vector whose sum of squares overflowed. */
-static double
-rescaled_norm(const double *x, int n)
-{
-	double		amax = 0.0,
-				s = 0.0;
-	int			i;
-
-	for (i = 0; i < n; i++)
-		amax = fmax(amax, fabs(x[i]));
-	for (i = 0; i < n; i++)
-		s += (x[i] / amax) * (x[i] / amax);
-	return amax * sqrt(s);
-}
-
 /*
  * One row as the algorithm sees it: the augmented, clipped row is x~ = (sc x, 1?) with norm
  * xn, and res = <x~, w> - y. A zero record has valid = 0 (x~ = 0, y = 0: res = 0).
@@ -385,7 +370,7 @@ view_row(const Header *h, const double *w, const double *x, int x_len, double y,
 		/* NaN/Inf features, or finite ones whose squares overflow */
 		if (!all_finite(x, d))
 			return;
-		xnorm = rescaled_norm(x, d);
+		xnorm = dpsql_rescaled_norm(x, d);
 	}
 	v->sc = (h->x_bound > 0.0 && xnorm > h->x_bound) ? h->x_bound / xnorm : 1.0;
 	xs = v->sc * xnorm;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "noise.h"
+#include "sgd.h"
 
 /* Sums of squares in this range cannot have lost precision to overflow or underflow. */
 #define SAFE_SS_MIN 1e-280
@@ -119,28 +120,6 @@ dpsql_dpgd_row_length(const double *state)
 	return (int) h->p - (int) h->intercept;
 }
 
-/* ||x|| without overflow or underflow (x finite). */
-static double
-rescaled_norm(const double *x, int n)
-{
-	double		m = 0.0;
-	double		ss = 0.0;
-	int			i;
-
-	for (i = 0; i < n; i++)
-		if (fabs(x[i]) > m)
-			m = fabs(x[i]);
-	if (m == 0.0)
-		return 0.0;
-	for (i = 0; i < n; i++)
-	{
-		double		u = x[i] / m;
-
-		ss += u * u;
-	}
-	return m * sqrt(ss);
-}
-
 void
 dpsql_dpgd_row(double *state, const double *x, int xlen, double y)
 {
@@ -179,7 +158,7 @@ dpsql_dpgd_row(double *state, const double *x, int xlen, double y)
 			h->invalid += 1.0;
 			return;
 		}
-		xnorm = rescaled_norm(x, d);
+		xnorm = dpsql_rescaled_norm(x, d);
 	}
 	if (h->x_bound > 0.0 && xnorm > h->x_bound)
 	{

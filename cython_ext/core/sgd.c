@@ -311,9 +311,9 @@ dpsql_dot(const double *w, const double *x, int n)
 	return dot(w, x, n);
 }
 
-/* Euclidean norm of a finite vector whose sum of squares overflowed. */
-static double
-rescaled_norm(const double *x, int n)
+/* Euclidean norm of a finite vector whose sum of squares overflowed (or underflowed). */
+double
+dpsql_rescaled_norm(const double *x, int n)
 {
 	double		amax = 0.0,
 				s = 0.0;
@@ -321,6 +321,8 @@ rescaled_norm(const double *x, int n)
 
 	for (i = 0; i < n; i++)
 		amax = fmax(amax, fabs(x[i]));
+	if (amax == 0.0)
+		return 0.0;
 	for (i = 0; i < n; i++)
 		s += (x[i] / amax) * (x[i] / amax);
 	return amax * sqrt(s);
@@ -343,7 +345,7 @@ row_scale_norm(int flags, const double *x, int xlen, double *scale, double *xnor
 		/* NaN/Inf features, or finite ones whose squares overflow. */
 		if (!all_finite(x, xlen))
 			return DPSQL_E_NONFINITE_X;
-		norm = rescaled_norm(x, xlen);
+		norm = dpsql_rescaled_norm(x, xlen);
 		if (flags & DPSQL_FLAG_INTERCEPT)
 			norm = hypot(norm, 1.0);
 	}

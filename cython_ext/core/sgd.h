@@ -195,6 +195,9 @@ DpsqlStatus dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 						  const double *x, int xlen, double *out);
 
+/* ||x|| of a finite vector without overflow or underflow (scaled by its largest entry). */
+double		dpsql_rescaled_norm(const double *x, int n);
+
 /* <w, x> with the engine's summation order (four partial sums), shared by the mechanisms. */
 double		dpsql_dot(const double *w, const double *x, int n);
 
