@@ -23,4 +23,4 @@ __all__ = [
     "Model",
     "connect",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"

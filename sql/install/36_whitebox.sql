@@ -203,6 +203,8 @@ BEGIN
                'sampling_rate', (plan->>'sampling_rate')::float8,
                'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
                'clip_norm', (plan->>'clip_norm')::float8),
-           sampling_seed = dpsql._random_seed()
+           -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
+           sampling_seed = CASE WHEN noise_seed IS NULL THEN dpsql._random_seed()
+                                ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
      WHERE runs.run_id = _arm_whitebox.run_id;
 END $$;

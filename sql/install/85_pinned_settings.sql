@@ -1,0 +1,47 @@
+------------------------------------------------------------------------------------------
+-- Pinned session settings (runs after every function is created, before the privileges).
+--
+-- Plans, specs and parameters travel between dpsql's functions as jsonb and text, and the
+-- conversions of numbers, arrays and times to text follow the caller's session settings: with
+-- extra_float_digits = -15 an analyst once rounded the step size the sensitivity was computed
+-- from (0.1414 -> 0.1) while the state ran with the true one, and so cut the noise under a
+-- full charge. Every dpsql function written in SQL or PL/pgSQL therefore runs with these
+-- settings, whoever calls it, and so does everything it calls. The C functions need none: they
+-- convert nothing to text (and a SET clause would cost a GUC save/restore per row).
+-- tests/test_pinned_settings.py checks the catalog and replays every mechanism under hostile
+-- settings.
+------------------------------------------------------------------------------------------
+
+DO $$
+DECLARE
+    -- Every setting a user may change that alters a value's text form or its parsing, or
+    -- how PL/pgSQL resolves names; search_path is pinned per function (its own rule).
+    pinned text[][] := ARRAY[
+        ['extra_float_digits', '3'],                -- float8 -> text: shortest exact round trip
+        ['lc_numeric', 'C'],                        -- to_char / money formatting
+        ['DateStyle', 'ISO, YMD'],
+        ['IntervalStyle', 'postgres'],
+        ['bytea_output', 'hex'],
+        ['standard_conforming_strings', 'on'],      -- how format(%L) output is parsed back
+        ['array_nulls', 'on'],                      -- '{NULL}' is a NULL element
+        ['transform_null_equals', 'off'],
+        ['plpgsql.variable_conflict', 'error'],     -- a name both a column and a variable fails
+        ['plpgsql.extra_errors', 'none'],
+        ['debug_parallel_query', 'off']];           -- epochs scan in one process unless opted in
+    i int;
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure
+               FROM pg_catalog.pg_proc p
+               JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+              WHERE p.pronamespace = 'dpsql'::regnamespace AND p.prokind IN ('f', 'p')
+                AND l.lanname IN ('sql', 'plpgsql')
+    LOOP
+        FOR i IN 1..array_length(pinned, 1) LOOP
+            -- debug_parallel_query is PostgreSQL 16's name (15: force_parallel_mode).
+            CONTINUE WHEN pinned[i][1] NOT LIKE '%.%'
+                      AND pg_catalog.current_setting(pinned[i][1], true) IS NULL;
+            EXECUTE format('ALTER FUNCTION %s SET %s = %L', f, pinned[i][1], pinned[i][2]);
+        END LOOP;
+    END LOOP;
+END $$;

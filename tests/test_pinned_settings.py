@@ -1,0 +1,167 @@
+"""Session settings cannot change a release (issue 9, F1).
+
+Plans and parameters travel as jsonb and text, whose number formats follow the session: with
+extra_float_digits = -15 an analyst once ran the state with step 0.1414 while the sensitivity
+was computed from 0.1 (and the noise scaled to it). Every mechanism is replayed here with the
+same seeds under hostile settings; the released model and its record must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from tests.pg_helpers import load
+
+# What a caller may set that changes a value's text form, its parsing or the plan's shape.
+HOSTILE = {
+    "extra_float_digits": "-15",
+    "lc_numeric": "de_DE.UTF-8",
+    "DateStyle": "SQL, DMY",
+    "IntervalStyle": "sql_standard",
+    "bytea_output": "escape",
+    "standard_conforming_strings": "off",
+    "array_nulls": "off",
+    "transform_null_equals": "on",
+    "plpgsql.variable_conflict": "use_variable",
+    "debug_parallel_query": "on",
+    "TimeZone": "Pacific/Chatham",
+}
+
+# Every pinned setting and its value (sql/install/85_pinned_settings.sql).
+PINNED = {
+    "extra_float_digits": "3",
+    "lc_numeric": "C",
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "postgres",
+    "bytea_output": "hex",
+    "standard_conforming_strings": "on",
+    "array_nulls": "on",
+    "transform_null_equals": "off",
+    "plpgsql.variable_conflict": "error",
+    "plpgsql.extra_errors": "none",
+    "debug_parallel_query": "off",
+}
+
+CLASSIFIERS = [
+    ("bolton", {"epsilon": 1.0}),
+    ("bolton", {"epsilon": 1.0, "delta": 1e-6}),
+    ("bolton", {"epsilon": 1.0, "delta": 1e-6, "lambda": 0.01}),
+    ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "clip_norm": 1.0, "batch_size": 10}),
+    ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10, "sampling": "poisson"}),
+    ("scs13", {"epsilon": 1.0}),
+    ("bst14", {"epsilon": 1.0, "delta": 1e-5, "lambda": 0.01, "batch_size": 10}),
+]
+REGRESSORS = [
+    ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
+    ("dp_ssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
+    ("dpgd", {"epsilon": 1.0, "delta": 1e-6}),
+    ("adassp", {"epsilon": 1.0, "delta": 1e-6}),
+]
+# Fields of a model row that differ between two runs whatever the settings.
+VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}
+
+
+def _set_hostile(conn: psycopg.Connection) -> None:
+    for name, value in HOSTILE.items():
+        try:
+            conn.execute(f"SET {name} = '{value}'")
+        except psycopg.errors.InvalidParameterValue:
+            conn.execute(f"RESET {name}")  # lc_numeric: that locale may not be installed
+
+
+def _release(conn: psycopg.Connection, source: str, model: str, privacy: str, kw: dict) -> dict:
+    args = {"model": model, "privacy": privacy, "epochs": 2, "seed": 11, "noise_seed": 5, **kw}
+    names = ", ".join(f"{k} => %({k})s" for k in args)
+    (mid,) = conn.execute(
+        f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
+    ).fetchone()
+    # Binary results: exact floats, and times that the hostile DateStyle cannot garble.
+    with conn.cursor(row_factory=dict_row, binary=True) as cur:
+        row = cur.execute("SELECT * FROM dpsql.model_store WHERE model_id = %s", (mid,)).fetchone()
+    row = {k: v for k, v in row.items() if k not in VOLATILE}
+    row["params"]["privacy"].pop("ledger_entry", None)
+    return row
+
+
+def _replay(server_uri: str, source: str, model: str, privacy: str, kw: dict) -> None:
+    with psycopg.connect(server_uri, autocommit=True) as calm:
+        expected = _release(calm, source, model, privacy, kw)
+    with psycopg.connect(server_uri, autocommit=True) as hostile:
+        _set_hostile(hostile)
+        got = _release(hostile, source, model, privacy, kw)
+    # The float8 columns come back as exact binary values: any rounding inside shows here.
+    assert got == expected, privacy
+
+
+@pytest.fixture
+def classification(conn, scratch_schema) -> str:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 4)) / 3
+    y = np.where(X @ np.array([1.0, -0.7, 0.3, 0.1]) > 0, 1.0, -1.0)
+    source = load(conn, scratch_schema, "cls", X, y)
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1000,"
+        " delta_budget => 0.5, name => %s)",
+        (source, f"cls_{uuid.uuid4().hex[:8]}"),
+    )
+    return source
+
+
+@pytest.fixture
+def regression(conn, scratch_schema) -> str:
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(3000, 3)) / 2
+    y = X @ np.array([0.5, -0.25, 0.125]) + 0.1 * rng.normal(size=3000)
+    source = load(conn, scratch_schema, "reg", X, y)
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1000,"
+        " delta_budget => 0.5, label_bound => 2, row_bound => 2, row_norm => 'clip',"
+        " name => %s)",
+        (source, f"reg_{uuid.uuid4().hex[:8]}"),
+    )
+    return source
+
+
+def test_every_sql_function_pins_the_settings(conn) -> None:
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text, coalesce(p.proconfig, '{}'), p.prosecdef"
+        "  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+        " WHERE p.pronamespace = 'dpsql'::regnamespace AND l.lanname IN ('sql', 'plpgsql')"
+    ).fetchall()
+    assert len(rows) > 50
+    for name, config, definer in rows:
+        settings = dict(c.split("=", 1) for c in config)
+        lowered = {k.lower(): v for k, v in settings.items()}
+        for key, value in PINNED.items():
+            assert lowered.get(key.lower()) == value, (name, key, settings)
+        if definer:
+            assert settings.get("search_path") == "pg_catalog, pg_temp", name
+
+
+@pytest.mark.parametrize(("privacy", "kw"), CLASSIFIERS, ids=lambda v: str(v))
+def test_classifier_release_ignores_session_settings(
+    server_uri, classification, privacy, kw
+) -> None:
+    _replay(server_uri, classification, "logistic", privacy, kw)
+
+
+@pytest.mark.parametrize(("privacy", "kw"), REGRESSORS, ids=lambda v: str(v))
+def test_regression_release_ignores_session_settings(server_uri, regression, privacy, kw) -> None:
+    _replay(server_uri, regression, "linear", privacy, kw)
+
+
+def test_default_step_reaches_the_sensitivity_unrounded(server_uri, classification) -> None:
+    """The red team's case: the default step 1/sqrt(m) under extra_float_digits = -15."""
+    with psycopg.connect(server_uri, autocommit=True) as c:
+        c.execute("SET extra_float_digits = -15")
+        row = _release(c, classification, "logistic", "bolton", {"epsilon": 1.0, "batch_size": 1})
+    m = row["rows"]
+    assert row["step_size"] == 1.0 / np.sqrt(m)
+    # Algorithm 1, constant step, b = 1: sensitivity 2 k L eta.
+    assert row["sensitivity"] == pytest.approx(2 * 2 * 1.0 / np.sqrt(m), rel=1e-12)
+
