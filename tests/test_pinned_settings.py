@@ -27,7 +27,6 @@ HOSTILE = {
     "standard_conforming_strings": "off",
     "array_nulls": "off",
     "transform_null_equals": "on",
-    "plpgsql.variable_conflict": "use_variable",
     "debug_parallel_query": "on",
     "TimeZone": "Pacific/Chatham",
 }
@@ -42,7 +41,6 @@ PINNED = {
     "standard_conforming_strings": "on",
     "array_nulls": "on",
     "transform_null_equals": "off",
-    "plpgsql.variable_conflict": "error",
     "plpgsql.extra_errors": "none",
     "debug_parallel_query": "off",
 }

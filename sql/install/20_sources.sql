@@ -35,25 +35,29 @@ BEGIN
     RETURN rel::text || ' AS src';
 END $$;
 
--- SQL expression of the feature vector, and its dimension (probed on the first row).
+-- SQL expression of the feature vector, and its dimension: declared (registered datasets: the
+-- column types and dim are known, no row is read), else probed on the first row.
 -- Public feature bounds (d x 2), when given, clip and rescale each feature onto [-1, 1].
 CREATE OR REPLACE FUNCTION dpsql._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
+                                   feature_types text[] DEFAULT NULL, declared_dim int DEFAULT NULL,
                                    OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
 DECLARE
-    types text[];
+    types text[] := feature_types;
     bad int;
 BEGIN
     IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
        OR array_position(features, NULL) IS NOT NULL THEN
         PERFORM dpsql._fail('features must be a non-empty list of column names');
     END IF;
-    -- pg_typeof of a scalar subquery gives the column's type even when no row is read; an
-    -- unknown column raises undefined_column here.
-    SELECT 'SELECT ARRAY[' || string_agg(format('pg_typeof((SELECT %I FROM %s LIMIT 1))::text', f, src),
-                                        ', ' ORDER BY i) || ']'
-      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
-    EXECUTE expr INTO types;
+    IF types IS NULL THEN
+        -- pg_typeof of a scalar subquery gives the column's type even when no row is read; an
+        -- unknown column raises undefined_column here.
+        SELECT 'SELECT ARRAY[' || string_agg(format('pg_typeof((SELECT %I FROM %s LIMIT 1))::text', f, src),
+                                            ', ' ORDER BY i) || ']'
+          INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
+        EXECUTE expr INTO types;
+    END IF;
     IF cardinality(features) = 1 AND types[1] LIKE '%[]' THEN
         IF types[1] NOT IN ('double precision[]', 'real[]', 'integer[]', 'bigint[]', 'smallint[]',
                             'numeric[]') THEN
@@ -65,6 +69,10 @@ BEGIN
             -- The declared dimension: no row is read to learn it.
             expr := format('dpsql._apply_bounds(%s, %L::float8[])', expr, bounds::text);
             dim := array_length(bounds, 1);
+            RETURN;
+        END IF;
+        IF declared_dim IS NOT NULL THEN
+            dim := declared_dim;
             RETURN;
         END IF;
         EXECUTE format('SELECT array_length(%s, 1) FROM %s LIMIT 1', expr, src) INTO dim;

@@ -27,6 +27,16 @@ BEGIN
             END;
         END IF;
     END LOOP;
+    -- Private training reads registered data as this role, never as a superuser (see
+    -- dpsql._read_source): it holds SELECT on the registered columns only, and reads every row
+    -- of them whatever the row-level policies (as the extension owner did before 0.3.0).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'dpsql_reader') THEN
+        BEGIN
+            CREATE ROLE dpsql_reader NOLOGIN BYPASSRLS;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
 END $$;
 
 CREATE TABLE IF NOT EXISTS dpsql.datasets (
@@ -46,7 +56,9 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
     created_by      name NOT NULL DEFAULT session_user,
     dropped_at      timestamptz,                -- the relation was dropped (event trigger)
     label_bound     float8,                     -- regression: public bound on |y| (NULL: classes)
-    row_bound       float8                      -- regression: public bound on ||x|| (or NULL)
+    row_bound       float8,                     -- regression: public bound on ||x|| (or NULL)
+    dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
+                                                -- before 0.3.0 from an empty array column)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS
@@ -226,7 +238,8 @@ CREATE OR REPLACE FUNCTION dpsql._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
-    source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL)
+    source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
+    dim int DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -308,7 +321,16 @@ BEGIN
                 USING ERRCODE = 'datatype_mismatch';
         END IF;
     END LOOP;
-    d := CASE WHEN kinds[1] = 'array' THEN NULL ELSE cardinality(features) END;  -- NULL: any d
+    -- The public dimension: the columns, or the array column's declared length (the bounds'
+    -- rows, or dim; register_dataset reads one row as the data owner when neither is given).
+    d := CASE WHEN kinds[1] = 'array' THEN coalesce(array_length(feature_bounds, 1), dim)
+              ELSE cardinality(features) END;
+    IF d IS NULL OR d < 1 OR d > 100000 OR (dim IS NOT NULL AND dim <> d) THEN
+        RAISE EXCEPTION 'dpsql: the dataset''s dimension must be declared: % features, dim => %',
+                        coalesce(d::text, 'unknown'), coalesce(dim::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.';
+    END IF;
 
     -- Regression: a public bound on |y| instead of a label set.
     IF label_bound IS NOT NULL THEN
@@ -413,10 +435,12 @@ BEGIN
     END IF;
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
-                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound)
+                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
+                                dim)
     VALUES (nm, relid, what, features, label, CASE WHEN label_bound IS NULL THEN labels END,
-            bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound)
+            bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound, d)
     RETURNING dataset_id INTO id;
+    PERFORM dpsql._grant_reader(relid, features || label);
     RETURN id;
 END $$;
 
@@ -427,7 +451,7 @@ CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
-    label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL)
+    label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -438,12 +462,23 @@ BEGIN
     EXCEPTION WHEN OTHERS THEN  -- invalid name syntax: reported as "does not exist"
         rel := NULL;
     END;
+    IF rel IS NOT NULL AND dim IS NULL AND feature_bounds IS NULL AND cardinality(features) = 1
+       AND pg_catalog.has_table_privilege(rel, 'SELECT') THEN
+        -- One array column of undeclared length: the data owner's first row declares it (as
+        -- the owner, who may read it; the dimension is public from now on).
+        BEGIN
+            EXECUTE format('SELECT pg_catalog.array_length(%I, 1) FROM %s WHERE %I IS NOT NULL LIMIT 1',
+                           features[1], rel, features[1]) INTO dim;
+        EXCEPTION WHEN OTHERS THEN
+            dim := NULL;  -- not a readable array column: _register_dataset says what is wrong
+        END;
+    END IF;
     RETURN dpsql._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
                                    feature_bounds, row_norm, name, source, label_bound,
-                                   row_bound);
+                                   row_bound, dim);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
-                                           text, text, float8, float8) IS
+                                           text, text, float8, float8, int) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql._dataset_by_id(dataset_id bigint)

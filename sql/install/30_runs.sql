@@ -12,7 +12,7 @@ CREATE OR REPLACE FUNCTION dpsql._prepare(
     shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
     huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
-    permutation text DEFAULT 'once')
+    permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -83,11 +83,13 @@ BEGIN
 
     src := dpsql._source_sql(source);
     BEGIN
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
-        IF NOT m_any THEN
-            PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+        IF NOT private THEN  -- a private source is read once (its row count m is public)
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
+            IF NOT m_any THEN
+                PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+            END IF;
         END IF;
-        feat := dpsql._feature_sql(src, features, feature_bounds);
+        feat := dpsql._feature_sql(src, features, feature_bounds, feature_types, dim);
         yexpr := dpsql._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         tbl := format('dpsql_work.%I', 'train_' || run);

@@ -122,11 +122,31 @@ END $$;
 
 -- A private run's training table and initial state from a registered dataset: the data owner's
 -- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
+-- The data is read through dpsql._read_source (as dpsql_reader, never as a superuser), which
+-- gives float8 columns (or one float8[]) of the registered dimension: nothing is probed.
 CREATE OR REPLACE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    columns text[] := ds.features || ds.label;
+    array_column boolean := cardinality(ds.features) = 1
+        AND (SELECT a.attndims > 0 OR t.typcategory = 'A'
+               FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+              WHERE a.attrelid = ds.relid AND a.attname = ds.features[1]);
+    types text[] := CASE WHEN array_column THEN '{double precision[]}'
+                         ELSE array_fill('double precision'::text, ARRAY[cardinality(ds.features)]) END;
 BEGIN
+    IF ds.dim IS NULL THEN
+        PERFORM dpsql._fail(format('dataset %s was registered without a known dimension', ds.name),
+                            hint => 'Register it again with dim => the length of its feature array.');
+    END IF;
     RETURN dpsql._prepare(
-        source => ds.source, features => ds.features, label => ds.label, model => model,
+        source => format('SELECT * FROM dpsql._read_source(%s::regclass, %L::text[]) AS src(%s)',
+                         ds.relid::oid, columns,
+                         (SELECT string_agg(format('%I %s', c, t), ', ' ORDER BY k)
+                            FROM unnest(columns, types || 'double precision'::text)
+                                 WITH ORDINALITY AS u(c, t, k))),
+        feature_types => types, dim => ds.dim,
+        features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
         batch_size => coalesce((params->>'batch_size')::bigint, 1),
         lambda => coalesce((params->>'lambda')::float8, 0),

@@ -14,8 +14,9 @@
 
 DO $$
 DECLARE
-    -- Every setting a user may change that alters a value's text form or its parsing, or
-    -- how PL/pgSQL resolves names; search_path is pinned per function (its own rule).
+    -- Every setting any role may change (a SET clause of a superuser-only setting would fail
+    -- for analysts) that alters a value's text form, its parsing or the shape of a plan;
+    -- search_path is pinned per function (its own rule).
     pinned text[][] := ARRAY[
         ['extra_float_digits', '3'],                -- float8 -> text: shortest exact round trip
         ['lc_numeric', 'C'],                        -- to_char / money formatting
@@ -25,7 +26,6 @@ DECLARE
         ['standard_conforming_strings', 'on'],      -- how format(%L) output is parsed back
         ['array_nulls', 'on'],                      -- '{NULL}' is a NULL element
         ['transform_null_equals', 'off'],
-        ['plpgsql.variable_conflict', 'error'],     -- a name both a column and a variable fails
         ['plpgsql.extra_errors', 'none'],
         ['debug_parallel_query', 'off']];           -- epochs scan in one process unless opted in
     i int;

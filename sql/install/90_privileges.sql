@@ -8,6 +8,9 @@
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql FROM PUBLIC;  -- aggregates included
+-- From scratch on every install and upgrade: a grant that a release withdraws goes away.
+REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM dpsql_analyst, dpsql_admin;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql FROM dpsql_analyst, dpsql_admin;
 REVOKE ALL ON SCHEMA dpsql, dpsql_work FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA dpsql TO dpsql_analyst, dpsql_admin;
@@ -30,9 +33,11 @@ DECLARE
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset',
                           'revoke_dataset',
                           '_prepare', '_run_epoch', '_finish', '_abort', '_locked_run',
-                          'sgd_epoch', '_sgd_transition', '_sgd_final', '_sgd_combine',
-                          '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
+                          'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed'];
+    -- Not granted to anyone: an aggregate runs its support functions with its owner's rights,
+    -- so data owners need sgd_epoch only; EXECUTE on _sgd_transition / _sgd_final would let
+    -- them build aggregates of their own around those functions with forged states.
     missing text;
     f record;
 BEGIN
@@ -69,9 +74,36 @@ BEGIN
 END $$;
 
 -- Data owners' non-private runs (dpsql.train with privacy => 'none' runs as the caller). A
--- private run's noiseless state lives in dpsql.runs only inside its own transaction, so no
--- other session ever sees it.
+-- private run's noiseless state lives in dpsql.runs only inside its own transaction, and row
+-- security limits a data owner to the runs and models of their own non-private training
+-- (the extension owner, who runs every private release, bypasses it): a data owner can
+-- neither read another role's run nor forge a release.
 GRANT SELECT, INSERT, UPDATE, DELETE ON dpsql.runs TO dpsql_admin;
 GRANT SELECT, INSERT ON dpsql.model_store TO dpsql_admin;
+ALTER TABLE dpsql.runs ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS own_runs ON dpsql.runs;
+CREATE POLICY own_runs ON dpsql.runs
+    USING (created_by = current_user) WITH CHECK (created_by = current_user);
+ALTER TABLE dpsql.model_store ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS read_models ON dpsql.model_store;
+CREATE POLICY read_models ON dpsql.model_store FOR SELECT USING (true);
+DROP POLICY IF EXISTS store_own_noiseless_models ON dpsql.model_store;
+CREATE POLICY store_own_noiseless_models ON dpsql.model_store FOR INSERT
+    WITH CHECK (created_by = current_user AND privacy = 'none' AND dataset_id IS NULL
+                AND epsilon IS NULL AND delta IS NULL AND sensitivity IS NULL
+                AND noise_scale IS NULL
+                AND coalesce(params->'privacy', 'null') = 'null');
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA dpsql TO dpsql_admin;
 GRANT USAGE, CREATE ON SCHEMA dpsql_work TO dpsql_admin;
+
+-- dpsql_reader reads the registered columns of live datasets (registration grants them; this
+-- covers datasets registered before 0.3.0, when the extension owner read them).
+DO $$
+DECLARE
+    ds record;
+BEGIN
+    FOR ds IN SELECT d.relid, d.features || d.label AS columns FROM dpsql.datasets d
+               WHERE d.dropped_at IS NULL LOOP
+        PERFORM dpsql._grant_reader(ds.relid, ds.columns);
+    END LOOP;
+END $$;

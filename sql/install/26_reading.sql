@@ -1,0 +1,66 @@
+------------------------------------------------------------------------------------------
+-- Reading registered data (private training)
+--
+-- Private training runs as the extension owner (SECURITY DEFINER), but reading a registered
+-- view runs its functions as the current user, and an owner's function without a pinned
+-- search_path resolves its unqualified names in the caller's pg_temp, where an analyst can
+-- put a view of their own: the red team wrote a file as superuser that way. So registered
+-- data is read by dpsql._read_source, which runs as dpsql_reader (no superuser, no login,
+-- SELECT on the registered columns only), and refuses to read a view or foreign table while
+-- the session holds temporary relations or types that could capture those names.
+------------------------------------------------------------------------------------------
+
+-- SELECT on a registered relation's columns for dpsql_reader (and USAGE on its schema).
+CREATE OR REPLACE FUNCTION dpsql._grant_reader(relid regclass, columns text[])
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO dpsql_reader',
+                   (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE c.oid = relid));
+    EXECUTE format('GRANT SELECT (%s) ON %s TO dpsql_reader',
+                   (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
+END $$;
+
+-- The registered columns of a relation as float8 (scalars) or float8[] (an array column), in
+-- the order given: call it with a column definition list of those types. A numeric value out
+-- of float8's range becomes NULL (a null record), so that no cast error prints a private value.
+CREATE OR REPLACE FUNCTION dpsql._read_source(relid regclass, columns text[])
+RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    list text;
+    found_columns int;
+BEGIN
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = relid) IN ('v', 'f')
+       AND (EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = pg_my_temp_schema())
+            OR EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = pg_my_temp_schema())) THEN
+        RAISE EXCEPTION 'dpsql: this session has temporary tables or types, and the dataset is a view'
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'They could capture names in the view''s code: DISCARD TEMP, or train from a new session.';
+    END IF;
+    SELECT string_agg(
+               CASE WHEN t.typcategory = 'A' AND e.oid = 'numeric'::regtype THEN
+                        format('ARRAY(SELECT CASE WHEN abs(v) <= 1.7976931348623157e308 THEN v::float8 END'
+                               ' FROM unnest(%I) v)', a.attname)
+                    WHEN t.typcategory = 'A' THEN format('%I::float8[]', a.attname)
+                    WHEN coalesce(nullif(t.typbasetype, 0), t.oid) = 'numeric'::regtype THEN
+                        format('CASE WHEN abs(%1$I) <= 1.7976931348623157e308 THEN %1$I::float8 END',
+                               a.attname)
+                    ELSE format('%I::float8', a.attname) END,
+               ', ' ORDER BY k), count(*)
+      INTO list, found_columns
+      FROM unnest(columns) WITH ORDINALITY AS u(col, k)
+      JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
+                         AND NOT a.attisdropped
+      JOIN pg_type t ON t.oid = a.atttypid
+      LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A';
+    IF found_columns IS DISTINCT FROM cardinality(columns) THEN
+        RAISE EXCEPTION 'dpsql: the registered columns of % no longer exist', relid
+            USING ERRCODE = 'undefined_column';
+    END IF;
+    RETURN QUERY EXECUTE format('SELECT %s FROM %s', list, relid);
+END $$;
+ALTER FUNCTION dpsql._read_source(regclass, text[]) OWNER TO dpsql_reader;
