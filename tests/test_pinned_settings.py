@@ -162,4 +162,3 @@ def test_default_step_reaches_the_sensitivity_unrounded(server_uri, classificati
     assert row["step_size"] == 1.0 / np.sqrt(m)
     # Algorithm 1, constant step, b = 1: sensitivity 2 k L eta.
     assert row["sensitivity"] == pytest.approx(2 * 2 * 1.0 / np.sqrt(m), rel=1e-12)
-

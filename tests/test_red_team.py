@@ -18,7 +18,10 @@ MODEL_COLUMNS = (
     " epochs_run, batch_size, lambda, schedule, step_offset, row_norm, shuffle, rows,"
     " dropped_rows, loss_history, prepare_seconds, train_seconds"
 )
-MODEL_VALUES = "'t', '{x}', 'y', 'logistic', 2, false, '{9,9}', '{9,9}', 0, 1, 1, 1, 0, 'constant', 0, 'clip', true, 100, 0, '{}', 0, 0"
+MODEL_VALUES = (
+    "'t', '{x}', 'y', 'logistic', 2, false, '{9,9}', '{9,9}', 0, 1, 1, 1, 0, 'constant', 0,"
+    " 'clip', true, 100, 0, '{}', 0, 0"
+)
 
 
 @pytest.fixture
@@ -51,7 +54,10 @@ def _spent(conn, ds: int) -> float:
 
 
 def test_registered_views_are_read_without_superuser_rights(
-    conn, scratch_schema, points, make_role  # noqa: F811
+    conn,
+    scratch_schema,
+    points,
+    make_role,  # noqa: F811
 ) -> None:
     """A registered view's functions run as dpsql_reader, not as the extension owner."""
     conn.execute(
@@ -72,7 +78,10 @@ def test_registered_views_are_read_without_superuser_rights(
 
 
 def test_temp_objects_cannot_capture_names_in_a_registered_view(
-    conn, scratch_schema, points, make_role  # noqa: F811
+    conn,
+    scratch_schema,
+    points,
+    make_role,  # noqa: F811
 ) -> None:
     """The red team's route: an owner's function pinned to its schema still searches pg_temp
     first, where the analyst's temp view runs code as whoever reads the registered view."""
@@ -118,9 +127,11 @@ def test_data_owner_cannot_forge_a_release(conn, points, make_role) -> None:  # 
     owner, connect = make_role("owner", "dpsql_admin")
     with connect() as o:
         for extra_cols, extra_vals in [
-            (", privacy, dataset_id, epsilon, delta, params",
-             f", 'bolton', {ds}, 1, 0,"
-             " '{\"privacy\": {\"noise_seed\": \"pg_strong_random\"}}'"),
+            (
+                ", privacy, dataset_id, epsilon, delta, params",
+                f", 'bolton', {ds}, 1, 0,"
+                ' \'{"privacy": {"noise_seed": "pg_strong_random"}}\'',
+            ),
             (", privacy, params", ", 'bolton', '{}'"),
             (", created_by, params", ", 'postgres', '{}'"),
         ]:
@@ -154,7 +165,10 @@ def test_data_owners_see_only_their_own_runs(conn, points, make_role) -> None:  
             " NULL, true, 1, NULL, false, 'none', 0.1, NULL)",
             (points,),
         ).fetchone()
-        assert a.execute("SELECT count(*) FROM dpsql.runs WHERE run_id = %s", (run,)).fetchone()[0] == 1
+        assert (
+            a.execute("SELECT count(*) FROM dpsql.runs WHERE run_id = %s", (run,)).fetchone()[0]
+            == 1
+        )
         assert b.execute("SELECT count(*) FROM dpsql.runs").fetchone()[0] == 0
         assert b.execute("UPDATE dpsql.runs SET state = '{0}' RETURNING run_id").fetchall() == []
         with pytest.raises(psycopg.Error, match="no training run"):
@@ -184,7 +198,10 @@ def test_private_errors_do_not_print_values(conn, scratch_schema, make_role) -> 
                 " epochs => 1)",
                 (name,),
             ).fetchone()
-            assert a.execute("SELECT rows FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()[0] == 103
+            assert (
+                a.execute("SELECT rows FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()[0]
+                == 103
+            )
 
 
 def test_dimension_comes_from_the_registration(conn, scratch_schema) -> None:
@@ -194,7 +211,10 @@ def test_dimension_comes_from_the_registration(conn, scratch_schema) -> None:
         " CASE WHEN g % 2 = 0 THEN 1 ELSE -1 END AS y FROM generate_series(1, 100) g"
     )
     ds, name = _register(conn, f"{scratch_schema}.arr", features="{x}")
-    assert conn.execute("SELECT dim FROM dpsql.datasets WHERE dataset_id = %s", (ds,)).fetchone()[0] == 2
+    assert (
+        conn.execute("SELECT dim FROM dpsql.datasets WHERE dataset_id = %s", (ds,)).fetchone()[0]
+        == 2
+    )
     conn.execute("DELETE FROM arr")
     conn.execute("INSERT INTO arr VALUES ('{1,2,3,4,5}', 1)")
     conn.execute(
@@ -205,8 +225,14 @@ def test_dimension_comes_from_the_registration(conn, scratch_schema) -> None:
         "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1, epochs => 1)",
         (name,),
     ).fetchone()
-    assert conn.execute("SELECT n_features FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()[0] == 2
+    assert (
+        conn.execute("SELECT n_features FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()[
+            0
+        ]
+        == 2
+    )
     # An explicit declaration wins, and a contradictory one is refused.
     with pytest.raises(errors.InvalidParameterValue, match="dimension"):
-        _register(conn, f"{scratch_schema}.arr", features="{x}", dim=3,
-                  feature_bounds=[[0, 1], [0, 1]])
+        _register(
+            conn, f"{scratch_schema}.arr", features="{x}", dim=3, feature_bounds=[[0, 1], [0, 1]]
+        )
