@@ -515,3 +515,38 @@ def exponential_mechanism(utility, double epsilon, double sensitivity=1.0, seed=
 include "ambssgd.pxi"
 include "dpgd.pxi"
 include "adassp.pxi"
+
+
+cdef extern from "prediction.h":
+    DpsqlStatus dpsql_apply_bounds(const double *bounds, int d, const double *x, double *out,
+                                   int *bad)
+    int dpsql_is_positive(int loss, double raw)
+
+
+def apply_bounds(X, bounds):
+    """Rows of X with each feature clipped to its public (lo, hi) and mapped onto [-1, 1]."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] b = np.ascontiguousarray(
+        bounds, dtype=np.float64).reshape(-1, 2)
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] xs = np.ascontiguousarray(
+        np.atleast_2d(X), dtype=np.float64)
+    cdef int d = b.shape[0], bad = 0
+    cdef Py_ssize_t i
+    if xs.shape[1] != d:
+        raise ValueError(f"dpsql: {d} feature bounds for {xs.shape[1]} features")
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] out = np.empty_like(xs)
+    for i in range(xs.shape[0]):
+        if dpsql_apply_bounds(&b[0, 0], d, &xs[i, 0], &out[i, 0], &bad) != 0:
+            raise ValueError(f"dpsql: feature bound {bad + 1} is not a finite interval lo < hi")
+    return out
+
+
+def is_positive(str loss, raw):
+    """The binary decision rule on raw predictions: 1 positive, 0 negative, -1 undecided (NaN)."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] r = np.ascontiguousarray(
+        np.atleast_1d(raw), dtype=np.float64)
+    cdef cnp.ndarray[cnp.int8_t, ndim=1, mode="c"] out = np.empty(r.shape[0], dtype=np.int8)
+    cdef int code = loss_code(loss)
+    cdef Py_ssize_t i
+    for i in range(r.shape[0]):
+        out[i] = dpsql_is_positive(code, r[i])
+    return out

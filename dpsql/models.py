@@ -50,7 +50,8 @@ class Model:
 
     Attributes follow scikit-learn: ``coef_`` (n_features,) or (n_classes, n_features) for
     multinomial, ``intercept_`` (n_outputs,) (zeros when no intercept was fitted), ``classes_``.
-    Predictions use the released coefficients with the C core, exactly as the server does.
+    Predictions use the released coefficients with the C core, exactly as the server does: the
+    same feature transform (a registered dataset's public bounds) and the same decision rule.
     """
 
     def __init__(self, db: Database, row: dict[str, Any]) -> None:
@@ -67,6 +68,10 @@ class Model:
         self.loss_history_ = list(row["loss_history"])
         self.n_features_in_: int = row["n_features"]
         self._flags: int = row["flags"]
+        # A registered dataset's public feature bounds: the server applies them to every row
+        # before the model (dpsql.predict, dpsql.evaluate), and so must Python.
+        bounds = (row.get("params") or {}).get("feature_bounds")
+        self._feature_bounds = None if bounds is None else np.asarray(bounds, dtype=np.float64)
 
     @classmethod
     def load(cls, db: Database, model_id: int) -> Model:
@@ -91,6 +96,8 @@ class Model:
                 f"dpsql: model {self.model_id} expects {self.n_features_in_} "
                 f"features, got {X.shape[1]}"
             )
+        if self._feature_bounds is not None:
+            X = _core.apply_bounds(X, self._feature_bounds)
         return _core.predict(self.model, self._flags, self.weights_, X)
 
     def decision_function(self, X: Any) -> np.ndarray:
@@ -118,8 +125,10 @@ class Model:
         assert self.classes_ is not None
         if self.weights_.ndim == 2:  # multinomial or one-vs-rest: a class index
             return self.classes_[raw.astype(np.int64)]
-        threshold = 0.5 if self.model == "logistic" else 0.0
-        return np.where(raw >= threshold, self.classes_[1], self.classes_[0])
+        positive = _core.is_positive(self.model, raw)
+        if (positive < 0).any():
+            raise ValueError("dpsql: the model predicts NaN for some rows")
+        return np.where(positive == 1, self.classes_[1], self.classes_[0])
 
     def confint(self, alpha: float = 0.05) -> ConfidenceIntervals:
         """(1 - alpha) confidence intervals of the coefficients (DP-GD models), from the server.

@@ -236,3 +236,44 @@ def test_dimension_comes_from_the_registration(conn, scratch_schema) -> None:
         _register(
             conn, f"{scratch_schema}.arr", features="{x}", dim=3, feature_bounds=[[0, 1], [0, 1]]
         )
+
+
+# ------------------------------------------------------------------- SQL and Python agree
+
+
+def test_python_predicts_as_the_server_on_bounded_data(conn, scratch_schema, server_uri) -> None:
+    """Python applied no feature bounds (probabilities off by up to 0.69): one transform and
+    one decision rule (the C core's) now serve both."""
+    import numpy as np
+
+    import dpsql
+
+    conn.execute(
+        "CREATE TABLE raw AS SELECT 40 + 30 * sin(g) AS a, 1000 * cos(g * 1.7) AS b,"
+        " CASE WHEN sin(g) + cos(g * 1.7) / 2 > 0 THEN 1 ELSE 0 END AS y"
+        " FROM generate_series(1, 400) g"
+    )
+    ds, name = _register(
+        conn, f"{scratch_schema}.raw", feature_bounds=[[10, 70], [-1000, 1000]], labels=[0, 1]
+    )
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 5, epochs => 3,"
+        " step_size => 1)",
+        (name,),
+    ).fetchone()
+    rows = conn.execute(
+        "SELECT a, b, y, dpsql.predict(%s, ARRAY[a, b]) FROM raw ORDER BY a, b", (mid,)
+    ).fetchall()
+    X = np.array([[r[0], r[1]] for r in rows])
+    y = np.array([r[2] for r in rows])
+    in_sql = np.array([r[3] for r in rows])
+    (accuracy,) = conn.execute(
+        "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{scratch_schema}.raw")
+    ).fetchone()
+    with dpsql.connect(server_uri) as db:
+        model = db.model(mid)
+        np.testing.assert_array_equal(model.predict_proba(X)[:, 1], in_sql)
+        predicted = model.predict(X)
+    assert set(np.unique(predicted)) <= {0.0, 1.0}
+    assert accuracy == np.mean(predicted == y)
+    assert np.array_equal(predicted == 1, in_sql >= 0.5)

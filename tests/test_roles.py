@@ -32,6 +32,7 @@ ANALYST_FUNCTIONS = {
     "_is_admin",
     "_can_use_dataset",
     "_apply_bounds",
+    "_is_positive",
     "_jsonb_weights",
     "confint",
     "zcdp_rho",

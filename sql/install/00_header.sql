@@ -79,6 +79,11 @@ CREATE OR REPLACE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
+-- The binary decision rule (cython_ext/core/prediction.h; Python's Model.predict uses it too).
+CREATE OR REPLACE FUNCTION dpsql._is_positive(loss int, raw float8)
+RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_is_positive_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
 CREATE OR REPLACE FUNCTION dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8,
                                       delta float8, per_output boolean, calibration text,
                                       seed bigint, OUT weights float8[], OUT noise_scale float8)

@@ -113,8 +113,8 @@ BEGIN
                    '  SELECT dpsql._predict(%s, %s, $1, x) AS p, y FROM %s'
                    '   WHERE rid > $2 AND rid <= $3) e',
                    CASE WHEN array_ndims(weights) = 2 THEN 'p IS NOT DISTINCT FROM y'
-                        WHEN model = 'logistic' THEN 'coalesce((p >= 0.5) = (y > 0), false)'
-                        ELSE 'coalesce((p >= 0) = (y > 0), false)' END,
+                        ELSE format('coalesce(dpsql._is_positive(%s, p) = (y > 0), false)',
+                                    dpsql._loss_code(model)) END,
                    dpsql._loss_code(model), flags, train_table)
        INTO n USING weights, lo, hi;
     RETURN n;

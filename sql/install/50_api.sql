@@ -123,8 +123,8 @@ BEGIN
         metric := 'accuracy';
         EXECUTE format('SELECT avg((%s)::int), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
                        CASE WHEN array_ndims(m.weights) = 2 THEN 'p = y'
-                            WHEN m.model = 'logistic' THEN '(p >= 0.5) = (y > 0)'
-                            ELSE '(p >= 0) = (y > 0)' END,
+                            ELSE format('dpsql._is_positive(%s, p) = (y > 0)',
+                                        dpsql._loss_code(m.model)) END,
                        pexpr, yexpr, src) INTO value, rows;
     END IF;
 END $$;

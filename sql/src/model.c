@@ -13,6 +13,7 @@
 #include "utils/builtins.h"
 #include "port.h"
 
+#include "prediction.h"
 #include "glue.h"
 #include "losses.h"
 #include "names.h"
@@ -279,12 +280,12 @@ dpsql_loss_constants_sql(PG_FUNCTION_ARGS)
 }
 
 PG_FUNCTION_INFO_V1(dpsql_apply_bounds);
+PG_FUNCTION_INFO_V1(dpsql_is_positive_sql);
 
 /*
- * dpsql._apply_bounds(x float8[], bounds float8[]) -> float8[]
- * Public per-feature bounds (a d x 2 array of lo, hi): each feature is clipped to [lo, hi] and
- * mapped linearly onto [-1, 1]. NULL for an array of another shape (a null record in private
- * runs). NaN stays NaN (the aggregate decides what to do with it).
+ * dpsql._apply_bounds(x float8[], bounds float8[]) -> float8[]: the core's feature transform
+ * (prediction.h) of a d x 2 array of (lo, hi). NULL for an x of another shape (a null record in
+ * private runs).
  */
 Datum
 dpsql_apply_bounds(PG_FUNCTION_ARGS)
@@ -292,11 +293,8 @@ dpsql_apply_bounds(PG_FUNCTION_ARGS)
 	ArrayType  *b = PG_GETARG_ARRAYTYPE_P(1);
 	ArrayType  *x = PG_GETARG_ARRAYTYPE_P(0);
 	ArrayType  *out;
-	double	   *bounds;
-	double	   *xs;
-	double	   *os;
-	int			d,
-				j;
+	int			d;
+	int			bad = 0;
 
 	if (ARR_ELEMTYPE(b) != FLOAT8OID || ARR_NDIM(b) != 2 || ARR_DIMS(b)[1] != 2 ||
 		(ARR_HASNULL(b) && array_contains_nulls(b)))
@@ -304,26 +302,25 @@ dpsql_apply_bounds(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: feature bounds must be a d x 2 float8 array of (lo, hi)")));
 	d = ARR_DIMS(b)[0];
-	bounds = (double *) ARR_DATA_PTR(b);
 	if (ARR_ELEMTYPE(x) != FLOAT8OID || ARR_NDIM(x) != 1 || ARR_DIMS(x)[0] != d ||
 		(ARR_HASNULL(x) && array_contains_nulls(x)))
 		PG_RETURN_NULL();
-	xs = (double *) ARR_DATA_PTR(x);
 	out = dpsql_new_float8_array(d);
-	os = (double *) ARR_DATA_PTR(out);
-	for (j = 0; j < d; j++)
-	{
-		double		lo = bounds[2 * j];
-		double		hi = bounds[2 * j + 1];
-		double		v = xs[j];
-
-		if (!(lo < hi) || !isfinite(lo) || !isfinite(hi))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("dpsql: feature bound %d is not a finite interval lo < hi", j + 1)));
-		if (!isnan(v))
-			v = v < lo ? lo : (v > hi ? hi : v);
-		os[j] = (2.0 * v - lo - hi) / (hi - lo);
-	}
+	if (dpsql_apply_bounds((double *) ARR_DATA_PTR(b), d, (double *) ARR_DATA_PTR(x),
+						   (double *) ARR_DATA_PTR(out), &bad) != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: feature bound %d is not a finite interval lo < hi", bad + 1)));
 	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/* dpsql._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
+Datum
+dpsql_is_positive_sql(PG_FUNCTION_ARGS)
+{
+	int			r = dpsql_is_positive(PG_GETARG_INT32(0), PG_GETARG_FLOAT8(1));
+
+	if (r < 0)
+		PG_RETURN_NULL();
+	PG_RETURN_BOOL(r == 1);
 }
