@@ -518,7 +518,7 @@ include "adassp.pxi"
 
 
 cdef extern from "prediction.h":
-    DpsqlStatus dpsql_apply_bounds(const double *bounds, int d, const double *x, double *out,
+    DpsqlStatus dpsql_bound_features(const double *bounds, int d, const double *x, double *out,
                                    int *bad)
     int dpsql_is_positive(int loss, double raw)
 
@@ -535,7 +535,7 @@ def apply_bounds(X, bounds):
         raise ValueError(f"dpsql: {d} feature bounds for {xs.shape[1]} features")
     cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] out = np.empty_like(xs)
     for i in range(xs.shape[0]):
-        if dpsql_apply_bounds(&b[0, 0], d, &xs[i, 0], &out[i, 0], &bad) != 0:
+        if dpsql_bound_features(&b[0, 0], d, &xs[i, 0], &out[i, 0], &bad) != 0:
             raise ValueError(f"dpsql: feature bound {bad + 1} is not a finite interval lo < hi")
     return out
 

@@ -8,7 +8,7 @@
 #include "losses.h"
 
 DpsqlStatus
-dpsql_apply_bounds(const double *bounds, int d, const double *x, double *out, int *bad)
+dpsql_bound_features(const double *bounds, int d, const double *x, double *out, int *bad)
 {
 	int			j;
 

@@ -12,7 +12,7 @@
  * linearly onto [-1, 1]; NaN stays NaN (the aggregate decides what to do with it).
  * DPSQL_E_PARAM when a bound is not a finite interval lo < hi (*bad receives its index).
  */
-DpsqlStatus dpsql_apply_bounds(const double *bounds, int d, const double *x, double *out,
+DpsqlStatus dpsql_bound_features(const double *bounds, int d, const double *x, double *out,
 							   int *bad);
 
 /*

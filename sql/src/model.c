@@ -306,8 +306,8 @@ dpsql_apply_bounds(PG_FUNCTION_ARGS)
 		(ARR_HASNULL(x) && array_contains_nulls(x)))
 		PG_RETURN_NULL();
 	out = dpsql_new_float8_array(d);
-	if (dpsql_apply_bounds((double *) ARR_DATA_PTR(b), d, (double *) ARR_DATA_PTR(x),
-						   (double *) ARR_DATA_PTR(out), &bad) != DPSQL_OK)
+	if (dpsql_bound_features((double *) ARR_DATA_PTR(b), d, (double *) ARR_DATA_PTR(x),
+							 (double *) ARR_DATA_PTR(out), &bad) != DPSQL_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: feature bound %d is not a finite interval lo < hi", bad + 1)));
