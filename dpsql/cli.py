@@ -1,4 +1,5 @@
-"""Command line interface: ``dpsql server ...``, ``dpsql install-extension``, ``dpsql demo``.
+"""Command line interface: ``dpsql server ...``, ``dpsql role create``, ``dpsql install-extension``,
+``dpsql demo``.
 
 Exit codes: 0 success, 1 error, 2 usage error, 3 server not running (as ``pg_ctl status``).
 """
@@ -60,6 +61,25 @@ def _parser() -> argparse.ArgumentParser:
             help="data directory (default: $DPSQL_PGDATA or the per-user one)",
         )
 
+    role = commands.add_parser(
+        "role",
+        help="create analysts and data owners",
+        description="Create login roles of dpsql's groups on the server ($DPSQL_DSN, else the "
+        "running embedded one), with a generated password.",
+    )
+    role_actions = role.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = role_actions.add_parser(
+        "create",
+        help="create a login role and print its connection string (with its password)",
+        description="Create a login role in dpsql_analyst (default) or dpsql_admin and print "
+        "a connection string with its generated password: keep it, it is not shown again.",
+    )
+    create.add_argument("name", help="the role's name")
+    create.add_argument(
+        "--owner", action="store_true", help="a data owner (dpsql_admin), not an analyst"
+    )
+    create.add_argument("--dsn", help="server to create it on (default: $DPSQL_DSN or embedded)")
+
     install = commands.add_parser(
         "install-extension",
         help="build and install the dpsql PostgreSQL extension",
@@ -99,6 +119,23 @@ def _server_command(args: argparse.Namespace) -> int:
         )
         return EXIT_NOT_RUNNING
     print(uri)
+    return EXIT_OK
+
+
+def _role_command(args: argparse.Namespace) -> int:
+    import os
+
+    import psycopg
+
+    from dpsql import roles, server
+
+    dsn = args.dsn or os.environ.get("DPSQL_DSN") or server.status()
+    if dsn is None:
+        print("dpsql: error: no server: set DPSQL_DSN or run `dpsql server start`", file=sys.stderr)
+        return EXIT_NOT_RUNNING
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        password = roles.create_role(conn, args.name, "owner" if args.owner else "analyst")
+    print(roles.role_uri(dsn, args.name, password))
     return EXIT_OK
 
 
@@ -149,8 +186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exit_.code if isinstance(exit_.code, int) else EXIT_ERROR
         if args.command == "server":
             return _server_command(args)
+        if args.command == "role":
+            return _role_command(args)
         return _install_command(args)
     except (RuntimeError, OSError, ValueError) as err:
+        print(f"dpsql: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as err:  # psycopg.Error (imported lazily): the server's message
+        if type(err).__module__.split(".")[0] != "psycopg":
+            raise
         print(f"dpsql: error: {err}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

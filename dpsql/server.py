@@ -8,12 +8,19 @@ libpq URI for it.
 
 When the calling process runs as root, pgserver runs the server as the unprivileged system user
 ``pgserver`` (created on first use) and opens the directories above ``pgdata`` for traversal.
+
+No login is trusted: every connection, the superuser's included, authenticates with a password
+(scram-sha-256). The superuser's password is generated when dpsql first starts a cluster and kept
+in a password file readable only by its owner, next to the data directory
+(:func:`password_file`); the URIs this module returns name it (``passfile=``), so they work for
+that owner and for no one else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -24,6 +31,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import quote
 
 SUPPORTED_PG_VERSIONS: tuple[int, ...] = (16, 18)
 
@@ -206,7 +214,7 @@ def status(version: int | None = None, pgdata: str | Path | None = None) -> str 
     """
     _, path = _resolve(version, pgdata)
     info = _running_postmaster(path)
-    return None if info is None else info.get_uri()
+    return None if info is None else _uri(info, path)
 
 
 def _memory_bytes() -> int | None:
@@ -251,6 +259,69 @@ def _write_tuning(pgdata: Path, version: int) -> None:
         conf.write("\n".join(lines) + "\n")
 
 
+# Who may connect, and how: a password for everyone (pgserver's initdb trusts every local user).
+HBA = """# Written by dpsql (dpsql/server.py): every login needs its password (scram-sha-256).
+# TYPE  DATABASE  USER  ADDRESS       METHOD
+local   all       all                 scram-sha-256
+host    all       all   127.0.0.1/32  scram-sha-256
+host    all       all   ::1/128       scram-sha-256
+"""
+
+
+def password_file(pgdata: str | Path) -> Path:
+    """The superuser's password file of a cluster: ``<pgdata>.pgpass``, mode 0600.
+
+    A libpq password file (``*:*:*:postgres:<password>``): the URIs of :func:`start` and
+    :func:`status` pass it as ``passfile``, and ``psql`` reads it with ``PGPASSFILE``.
+    """
+    path = Path(pgdata)
+    return path.with_name(path.name + ".pgpass")
+
+
+def _secure(server: Any, pgdata: Path) -> None:
+    """Give the superuser a new password and require passwords, on a stopped cluster.
+
+    Runs for a cluster that has no password file yet (a new one, or one created before dpsql
+    required passwords). The password is set in single-user mode, so that no trusting server
+    ever listens; it reaches ``postgres`` on stdin, never on a command line.
+    """
+    password = secrets.token_urlsafe(24)
+    result = subprocess.run(
+        [str(server.bin_path / "postgres"), "--single", "-D", str(pgdata), "postgres"],
+        input=f"ALTER ROLE postgres PASSWORD '{password}'\n",
+        user=server.system_user,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"could not set the superuser's password on {pgdata} (exit {result.returncode}):\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    passfile = password_file(pgdata)
+    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(f"*:*:*:postgres:{password}\n")
+    os.chmod(passfile, 0o600)
+    hba = pgdata / "pg_hba.conf"
+    owner = hba.stat()
+    hba.write_text(HBA, encoding="utf-8")
+    with contextlib.suppress(PermissionError):
+        os.chown(hba, owner.st_uid, owner.st_gid)
+
+
+def _uri(info: Any, pgdata: Path) -> str:
+    """The superuser's URI of a running server, with its password file when there is one."""
+    passfile = password_file(pgdata)
+    if info.socket_dir is None or not passfile.exists():
+        return str(info.get_uri())
+    return (
+        f"postgresql://postgres@/postgres?host={quote(str(info.socket_dir), safe='/')}"
+        f"&passfile={quote(str(passfile), safe='/')}"
+    )
+
+
 # The newest pgserver handle this process made per data directory: the one whose exit hook acts.
 _handles: dict[Path, Any] = {}
 
@@ -274,6 +345,8 @@ def _launch(pgdata: Path, version: int, cleanup_mode: str | None) -> Any:
             ) from err
         if fresh:
             _write_tuning(pgdata, version)
+        if not password_file(pgdata).exists():
+            _secure(server, pgdata)
     try:
         server.start()
     except subprocess.SubprocessError as err:
@@ -321,7 +394,7 @@ def start(
     if uri is not None:
         return uri
     server = _launch(path, version, None if keep_running else "stop")
-    return str(server.get_uri())
+    return _uri(server.get_postmaster_info(), path)
 
 
 def stop(version: int | None = None, pgdata: str | Path | None = None) -> bool:
@@ -391,9 +464,10 @@ def temporary_server(version: int | None = None) -> Iterator[str]:
     try:
         server = _launch(pgdata, version, "delete")
         try:
-            yield str(server.get_uri())
+            yield _uri(server.get_postmaster_info(), pgdata)
         finally:
             server.cleanup()
             stop(version, pgdata)  # in case another process still held a handle
     finally:
         shutil.rmtree(pgdata, ignore_errors=True)
+        password_file(pgdata).unlink(missing_ok=True)

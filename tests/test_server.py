@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from dpsql import cli, extension, server
 
@@ -174,9 +175,11 @@ def test_keep_running_false_never_stops_a_server_it_did_not_start(pgdata: Path) 
 def test_temporary_server_is_removed(tmp_path: Path) -> None:
     with server.temporary_server() as uri:
         assert _select_one(uri) == 1
-        pgdata = Path(uri.split("host=", 1)[1])
+        pgdata = Path(conninfo_to_dict(uri)["host"])
         assert (pgdata / "PG_VERSION").exists()
+        assert server.password_file(pgdata).exists()
     assert not pgdata.exists()
+    assert not server.password_file(pgdata).exists()
 
 
 # --- CLI ------------------------------------------------------------------------------------
