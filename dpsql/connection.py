@@ -192,6 +192,7 @@ class Database:
         name: str | None = None,
         label_bound: float | None = None,
         row_bound: float | None = None,
+        dim: int | None = None,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -200,15 +201,16 @@ class Database:
         the default) or normalised onto it (``"unit"``). Regression (the linear mechanisms):
         ``label_bound`` is a public bound on |y| and ``row_bound`` one on ||x||; rows are kept
         (``row_norm="none"``, the default) or clipped to the unit ball. ``feature_bounds``
-        are public (lo, hi) per feature (features are rescaled onto [-1, 1]). Returns the
-        dataset id.
+        are public (lo, hi) per feature (features are rescaled onto [-1, 1]). ``dim`` declares
+        the length of a feature array column (public; default: the bounds' rows, else the
+        length of the first row, read once as the data owner). Returns the dataset id.
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
         row = self.conn.execute(
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
             " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
-            " name => %s, label_bound => %s, row_bound => %s)",
+            " name => %s, label_bound => %s, row_bound => %s, dim => %s)",
             (
                 source,
                 feats,
@@ -221,6 +223,7 @@ class Database:
                 name,
                 label_bound,
                 row_bound,
+                dim,
             ),
         ).fetchone()
         assert row is not None
