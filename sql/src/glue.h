@@ -35,4 +35,15 @@ void		dpsql_init_rng(struct DpsqlRng *rng, bool has_seed, int64 seed, uint64 str
 /* A new 1-D float8[] of n zeros, allocated in the current memory context. */
 ArrayType  *dpsql_new_float8_array(int n);
 
+/*
+ * Every state a C function receives is checked before the core reads it: states reach SQL
+ * (a superuser's call, a pg_temp aggregate's INITCOND, a table), so a forged one must be an
+ * ERROR, never a read out of bounds. The core's check functions return DPSQL_E_STATE; this
+ * raises it with SQLSTATE 22023 and says which function's state it was.
+ */
+void		dpsql_check_state(DpsqlStatus status, const char *function);
+
+/* The GUCs of accountant.c, defined by _PG_init (dpsql.c). */
+void		dpsql_define_accountant_gucs(void);
+
 #endif
