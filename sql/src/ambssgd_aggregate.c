@@ -171,13 +171,18 @@ dpsql_ambssgd_transition(PG_FUNCTION_ARGS)
 				 errmsg("dpsql: _ambssgd_transition called outside a (non-window) aggregate")));
 	state = PG_ARGISNULL(0) ? start_pass(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
 	/*
-	 * The first state may be an aggregate's INITCOND: the O(1) header check on every row covers
-	 * what a row indexes by, the full check (O(T)) runs once, at the pass's first row.
+	 * The first state may be an aggregate's INITCOND: a state met at a new address gets the O(1)
+	 * header check (what a row indexes by), and the full one (O(T)) at the pass's first row.
 	 */
-	s = dpsql_float8_array(state, &slen, "DP-AMBSSGD state");
-	dpsql_check_state(dpsql_ambssgd_check_header(s, (size_t) slen), "_ambssgd_transition");
-	if (dpsql_ambssgd_rows_seen(s) == 0)
-		dpsql_check_state(dpsql_ambssgd_check(s, (size_t) slen), "_ambssgd_transition");
+	s = (double *) ARR_DATA_PTR(state);
+	if (!dpsql_state_is_known(fcinfo, state))
+	{
+		s = dpsql_float8_array(state, &slen, "DP-AMBSSGD state");
+		dpsql_check_state(dpsql_ambssgd_check_header(s, (size_t) slen), "_ambssgd_transition");
+		if (dpsql_ambssgd_rows_seen(s) == 0)
+			dpsql_check_state(dpsql_ambssgd_check(s, (size_t) slen), "_ambssgd_transition");
+		dpsql_state_remember(fcinfo, state);
+	}
 
 	if (((const DpsqlAmbssgdHeader *) s)->block >= ((const DpsqlAmbssgdHeader *) s)->blocks)
 	{
