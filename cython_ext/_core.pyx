@@ -14,6 +14,7 @@ cnp.import_array()
 
 cdef extern from "status.h":
     ctypedef int DpsqlStatus
+    DpsqlStatus DPSQL_E_PARAM
     const char *dpsql_status_message(DpsqlStatus status)
 
 
@@ -343,6 +344,12 @@ cdef extern from "sensitivity.h":
         int paper_minibatch
     DpsqlStatus dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
     DpsqlStatus dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2) nogil
+    long DPSQL_SENSITIVITY_MAX_STEPS
+    long DPSQL_SENSITIVITY_MAX_POSITIONS
+
+
+SENSITIVITY_MAX_STEPS = DPSQL_SENSITIVITY_MAX_STEPS
+SENSITIVITY_MAX_POSITIONS = DPSQL_SENSITIVITY_MAX_POSITIONS
 
 
 cdef extern from "mechanisms.h":
@@ -479,8 +486,11 @@ def exact_sensitivity(str schedule, *, double eta=0.0, double offset=0.0, double
     cdef DpsqlStatus st
     with nogil:
         st = dpsql_exact_sensitivity(&p, &out)
-    if st != 0:
+    if st == DPSQL_E_PARAM:
         _raise(st, " (a step exceeds its expansiveness limit)")
+    if st != 0:
+        _raise(st, f" (the recursion is limited to {SENSITIVITY_MAX_STEPS} steps, and to "
+               f"{SENSITIVITY_MAX_POSITIONS} per pass with one permutation)")
     return out
 
 

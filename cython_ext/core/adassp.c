@@ -69,9 +69,8 @@ dpsql_adassp_state_matches(const double *state, int dim, double x_bound, double 
 }
 
 DpsqlStatus
-dpsql_adassp_state_check(const double *state, size_t len)
+dpsql_adassp_state_check_header(const double *state, size_t len)
 {
-	size_t		i;
 	int			p,
 				dim;
 
@@ -86,6 +85,23 @@ dpsql_adassp_state_check(const double *state, size_t len)
 		!valid_bounds(state[H_XBOUND], state[H_YBOUND], p == dim + 1) ||
 		len != dpsql_adassp_state_length(dim, p == dim + 1))
 		return DPSQL_E_STATE;
+	return DPSQL_OK;
+}
+
+double
+dpsql_adassp_state_rows(const double *state)
+{
+	return state[H_N];
+}
+
+DpsqlStatus
+dpsql_adassp_state_check(const double *state, size_t len)
+{
+	DpsqlStatus st = dpsql_adassp_state_check_header(state, len);
+	size_t		i;
+
+	if (st != DPSQL_OK)
+		return st;
 	for (i = DPSQL_ADASSP_HEADER_LEN; i < len; i++)
 		if (!isfinite(state[i]))
 			return DPSQL_E_STATE;

@@ -79,6 +79,15 @@ int			dpsql_adassp_state_matches(const double *state, int dim, double x_bound,
 DpsqlStatus dpsql_adassp_state_check(const double *state, size_t len);
 
 /*
+ * The O(1) part of dpsql_adassp_state_check (header and length, not the sums' finiteness):
+ * cheap enough for every row of the aggregate, whose state may come from a bogus INITCOND.
+ */
+DpsqlStatus dpsql_adassp_state_check_header(const double *state, size_t len);
+
+/* Rows the state has seen (n), of a header-checked state. */
+double		dpsql_adassp_state_rows(const double *state);
+
+/*
  * One row. x == NULL, xlen != dim, or any non-finite x or y: the zero record. Never fails
  * (the state must have been made by dpsql_adassp_state_init).
  */

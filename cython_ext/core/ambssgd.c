@@ -10,6 +10,7 @@
 #include "ambssgd.h"
 #include "sgd.h"
 #include "csprng.h"
+#include "host.h"
 #include "noise.h"
 
 typedef DpsqlAmbssgdHeader Header;
@@ -240,14 +241,12 @@ dpsql_ambssgd_seed_from_seed(double *state, int64_t seed)
 }
 
 DpsqlStatus
-dpsql_ambssgd_check(const double *state, size_t len)
+dpsql_ambssgd_check_header(const double *state, size_t len)
 {
 	const Header *h = (const Header *) state;
 	DpsqlAmbssgdParams p;
 	Layout		l;
-	double		T,
-				L;
-	size_t		t;
+	double		T;
 
 	if (state == NULL || len < (size_t) DPSQL_AMBSSGD_HEADER_LEN + DPSQL_AMBSSGD_RNG_LEN ||
 		h->magic != DPSQL_AMBSSGD_MAGIC || h->version != DPSQL_AMBSSGD_VERSION)
@@ -289,14 +288,29 @@ dpsql_ambssgd_check(const double *state, size_t len)
 		(h->stat == 0.0 && h->zeta != h->zeta_fixed))
 		return DPSQL_E_STATE;
 	layout((double *) state, &l);
-	L = h->levels;
-	for (t = 0; t < (size_t) T; t++)
-		if (!is_count(l.draws[t], L + 1.0) || !(isfinite(l.gammas[t]) && l.gammas[t] >= 0.0) ||
-			!(isfinite(l.zetas[t]) && l.zetas[t] >= 0.0))
-			return DPSQL_E_STATE;
 	/* the generator hands out block[used]: an index from outside must stay in range */
 	if (l.rng->used > 16 * DPSQL_RNG_BLOCKS)
 		return DPSQL_E_STATE;
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_ambssgd_check(const double *state, size_t len)
+{
+	const Header *h = (const Header *) state;
+	DpsqlStatus st = dpsql_ambssgd_check_header(state, len);
+	Layout		l;
+	double		L;
+	size_t		t;
+
+	if (st != DPSQL_OK)
+		return st;
+	layout((double *) state, &l);
+	L = h->levels;
+	for (t = 0; t < (size_t) h->blocks; t++)
+		if (!is_count(l.draws[t], L + 1.0) || !(isfinite(l.gammas[t]) && l.gammas[t] >= 0.0) ||
+			!(isfinite(l.zetas[t]) && l.zetas[t] >= 0.0))
+			return DPSQL_E_STATE;
 	return DPSQL_OK;
 }
 
@@ -491,12 +505,17 @@ dpsql_ambssgd_sort(double *r, int64_t s)
 	for (i = 0; i < s; i++)
 		if (isnan(r[i]))
 			r[i] = INFINITY;
+	/* s is up to the state's length (2^27 in the server): seconds of work, so interruptible */
 	for (i = s / 2; i-- > 0;)
+	{
+		DPSQL_CHECK_INTERRUPTS_EVERY(i, 16);
 		sift_down(r, i, s);
+	}
 	for (i = s - 1; i > 0; i--)
 	{
 		double		tmp = r[0];
 
+		DPSQL_CHECK_INTERRUPTS_EVERY(i, 16);
 		r[0] = r[i];
 		r[i] = tmp;
 		sift_down(r, 0, i);

@@ -154,8 +154,15 @@ void		dpsql_ambssgd_seed_from_seed(double *state, int64_t seed);
 /* Copy a generator keyed elsewhere (e.g. by the server's dpsql_init_rng) into the state. */
 void		dpsql_ambssgd_set_rng(double *state, const DpsqlRng *rng);
 
-/* Validate a state of length len handed in from outside (never trust it). */
+/* Validate a state of length len handed in from outside (never trust it). O(len). */
 DpsqlStatus dpsql_ambssgd_check(const double *state, size_t len);
+
+/*
+ * The O(1) part of dpsql_ambssgd_check: parameters, shape, length, progress counters and the
+ * generator's position (what dpsql_ambssgd_row indexes by), not the transcript's entries.
+ * Cheap enough for every row of an aggregate, whose state may come from a bogus INITCOND.
+ */
+DpsqlStatus dpsql_ambssgd_check_header(const double *state, size_t len);
 
 /* Number of feature values a row must carry (dim). */
 int			dpsql_ambssgd_row_length(const double *state);

@@ -90,7 +90,7 @@ dpsql_dpgd_init(double *state, size_t len, const double *theta, int p, double ga
 }
 
 DpsqlStatus
-dpsql_dpgd_check(const double *state, size_t len)
+dpsql_dpgd_check_header(const double *state, size_t len)
 {
 	const DpsqlDpgdHeader *h = (const DpsqlDpgdHeader *) state;
 	int			p;
@@ -106,6 +106,18 @@ dpsql_dpgd_check(const double *state, size_t len)
 	if (!is_count(h->n, 9007199254740992.0) || !is_count(h->clipped, h->n) ||
 		!is_count(h->invalid, h->n))
 		return DPSQL_E_STATE;
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_dpgd_check(const double *state, size_t len)
+{
+	DpsqlStatus st = dpsql_dpgd_check_header(state, len);
+	int			p;
+
+	if (st != DPSQL_OK)
+		return st;
+	p = (int) ((const DpsqlDpgdHeader *) state)->p;
 	/* theta finite; the sum may be infinite only without clipping (gamma = +Infinity) */
 	if (!all_finite(state + DPSQL_DPGD_HEADER_LEN, p))
 		return DPSQL_E_STATE;

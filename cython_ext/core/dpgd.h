@@ -59,8 +59,15 @@ size_t		dpsql_dpgd_state_length(int p);
 DpsqlStatus dpsql_dpgd_init(double *state, size_t len, const double *theta, int p,
 							double gamma, int intercept, double x_bound);
 
-/* Validate an accumulator handed in from outside (combine, parallel workers). */
+/* Validate an accumulator handed in from outside (combine, parallel workers). O(p). */
 DpsqlStatus dpsql_dpgd_check(const double *state, size_t len);
+
+/*
+ * The O(1) part of dpsql_dpgd_check (header, settings, counts and length; not theta's
+ * finiteness): cheap enough for every row of the aggregate, whose state may come from a bogus
+ * INITCOND.
+ */
+DpsqlStatus dpsql_dpgd_check_header(const double *state, size_t len);
 
 /* Features a row must carry: p, minus one with an intercept. */
 int			dpsql_dpgd_row_length(const double *state);

@@ -2,6 +2,7 @@
  * linalg.c - symmetric eigenvalues (Householder tridiagonalisation + Sturm bisection) and an
  * LU solve with partial pivoting, for small dense matrices.
  */
+#include "host.h"
 #include "linalg.h"
 
 #include <float.h>
@@ -32,6 +33,7 @@ tridiagonalise(double *m, int p, double *d, double *e, double *v, double *w)
 				i,
 				j;
 
+	/* O(p^3): about a second at the largest p, so each column checks for interrupts */
 	for (k = 0; k + 2 < p; k++)
 	{
 		/* x = column k below the diagonal = row k right of it (m stays fully symmetric) */
@@ -43,6 +45,7 @@ tridiagonalise(double *m, int p, double *d, double *e, double *v, double *w)
 					vnorm,
 					kk = 0.0;
 
+		dpsql_check_interrupts();
 		d[k] = m[(size_t) k * p + k];
 		for (i = 0; i < len; i++)
 			xnorm2 += x[i] * x[i];
@@ -252,6 +255,8 @@ dpsql_lu_solve(double *a, double *b, int p, int *singular)
 		double	   *rk;
 		double		pivot;
 		int			piv = k;
+
+		dpsql_check_interrupts();	/* O(p^3), see tridiagonalise */
 
 		for (i = k + 1; i < p; i++)
 			if (fabs(a[(size_t) i * p + k]) > fabs(a[(size_t) piv * p + k]))

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "host.h"
 #include "mechanisms.h"
 #include "noise.h"
 
@@ -52,8 +53,12 @@ dpsql_exponential_mechanism(DpsqlRng *rng, const double *utility, int n, double 
 
 	for (i = 0; i < n; i++)
 		top = fmax(top, epsilon * utility[i] / (2.0 * sensitivity));
+	/* n is an argument's length (up to 2^27 in the server): interruptible */
 	for (i = 0; i < n; i++)
+	{
+		DPSQL_CHECK_INTERRUPTS_EVERY(i, 16);
 		total += exp(epsilon * utility[i] / (2.0 * sensitivity) - top);
+	}
 	u = dpsql_rng_uniform(rng) * total;
 	for (i = 0; i < n - 1; i++)
 	{

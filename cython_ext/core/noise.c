@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "host.h"
 #include "noise.h"
 
 double
@@ -188,8 +189,12 @@ dpsql_add_gaussian(DpsqlRng *rng, double *v, int d, double sigma)
 {
 	int			i;
 
+	/* d is an argument's length (up to 2^27 in the server): interruptible */
 	for (i = 0; i < d; i++)
+	{
+		DPSQL_CHECK_INTERRUPTS_EVERY(i, 16);
 		v[i] += sigma * dpsql_sample_normal(rng);
+	}
 }
 
 static double

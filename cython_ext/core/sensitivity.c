@@ -2,8 +2,8 @@
  * sensitivity.c - bolt-on sensitivity: closed forms and the exact growth recursion.
  */
 #include <math.h>
-#include <stdlib.h>
 
+#include "host.h"
 #include "sensitivity.h"
 #include "sgd.h"
 
@@ -43,8 +43,12 @@ convex_sum(const DpsqlSensitivityParams *p, long n)
 
 	if (p->schedule == DPSQL_SCHEDULE_CONSTANT)
 		return 2.0 * (double) p->epochs * p->lipschitz * p->eta / (double) p->batch_size;
+	/* no closed form for these sums: epochs (an int in SQL) bounds the loop, interruptible */
 	for (j = 0; j < p->epochs; j++)
+	{
+		DPSQL_CHECK_INTERRUPTS_EVERY(j, 16);
 		total += step(p, 1.0 + (double) j * (double) n);
+	}
 	return 2.0 * p->lipschitz * total / (double) p->batch_size;
 }
 
@@ -73,7 +77,7 @@ dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
 		/* Lemma 7, mini-batch form: the exponent is n, not m. */
 		double		rho = 1.0 - eta1 * gamma;
 
-		*delta2 = (2.0 * eta1 * p->lipschitz / b) * (1.0 - pow(rho, (double) (p->epochs * n))) /
+		*delta2 = (2.0 * eta1 * p->lipschitz / b) * (1.0 - pow(rho, (double) p->epochs * (double) n)) /
 			(1.0 - pow(rho, (double) n));
 		return DPSQL_OK;
 	}
@@ -101,12 +105,18 @@ dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
 
 	if (st != DPSQL_OK)
 		return st;
+	/* sizes first: k n must not overflow, nor run for hours, nor allocate gigabytes */
+	if (n > DPSQL_SENSITIVITY_MAX_STEPS / p->epochs)
+		return DPSQL_E_LIMIT;
 	total_steps = p->epochs * n;
 	if (!p->fresh_permutation)
 	{
-		per_position = calloc((size_t) n, sizeof(double));
+		if (n > DPSQL_SENSITIVITY_MAX_POSITIONS)
+			return DPSQL_E_LIMIT;
+		/* the host's memory: in PostgreSQL an interrupt below frees it with the context */
+		per_position = dpsql_alloc_array((size_t) n, sizeof(double));
 		if (per_position == NULL)
-			return DPSQL_E_PARAM;
+			return DPSQL_E_MEMORY;
 	}
 	for (s = total_steps; s >= 1; s--)
 	{
@@ -114,6 +124,7 @@ dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
 		double		rho;
 		double		c = scale * eta * product;
 
+		DPSQL_CHECK_INTERRUPTS_EVERY(s, 16);
 		if (per_position != NULL)
 			per_position[(s - 1) % n] += c;
 		else
@@ -151,7 +162,7 @@ dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2)
 
 		for (i = 0; i < n; i++)
 			result = fmax(result, per_position[i]);
-		free(per_position);
+		dpsql_free(per_position);
 	}
 	*delta2 = result;
 	return st;

@@ -37,7 +37,19 @@ typedef struct DpsqlSensitivityParams
  */
 DpsqlStatus dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *delta2);
 
-/* The growth recursion of spec 003 section 5.2, O(k n): always <= the closed form. */
+/*
+ * Limits of the growth recursion (public: the SQL function's error names them). It runs one
+ * iteration per step, k n <= 2^32 (seconds, interruptible); with one permutation for every pass
+ * it keeps one double per position of a pass, n <= 2^24 (128 MB). DPSQL_E_LIMIT above them: the
+ * closed forms have no such limit.
+ */
+#define DPSQL_SENSITIVITY_MAX_STEPS (1L << 32)
+#define DPSQL_SENSITIVITY_MAX_POSITIONS (1L << 24)
+
+/*
+ * The growth recursion of spec 003 section 5.2, O(k n): always <= the closed form.
+ * DPSQL_E_LIMIT beyond the limits above, DPSQL_E_MEMORY when its work area is not available.
+ */
 DpsqlStatus dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2);
 
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "csprng.h"
+#include "host.h"
 #include "losses.h"
 #include "noise.h"
 #include "sgd.h"
@@ -49,7 +50,7 @@ white_box_valid(double clip_norm, double noise_kind, double noise_scale, double 
 		isfinite(noise_scale) && noise_scale >= 0.0 &&
 		(noise_kind == DPSQL_NOISE_NONE || noise_scale > 0.0) &&
 		isfinite(noise_divisor) && noise_divisor >= 0.0 &&
-		is_count(steps_per_epoch, 1099511627776.0);
+		is_count(steps_per_epoch, (double) DPSQL_MAX_STEPS_PER_EPOCH);
 }
 
 static int
@@ -167,10 +168,9 @@ dpsql_sgd_seed_noise_from_seed(double *state, int64_t seed)
 }
 
 DpsqlStatus
-dpsql_sgd_check(const double *state, size_t len)
+dpsql_sgd_check_header(const double *state, size_t len)
 {
 	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
-	size_t		i;
 	DpsqlStatus st;
 
 	if (state == NULL || len < (size_t) DPSQL_HEADER_LEN || h->magic != DPSQL_STATE_MAGIC)
@@ -196,7 +196,6 @@ dpsql_sgd_check(const double *state, size_t len)
 	{
 		if (rng_of((double *) state)->used > 16 * DPSQL_RNG_BLOCKS)
 			return DPSQL_E_STATE;
-		len -= DPSQL_RNG_LEN;	/* the finiteness loop below covers the model only */
 	}
 	st = check_hyperparameters((int) h->loss, (int) h->schedule, h->lambda,
 							   h->schedule == DPSQL_SCHEDULE_DECREASING ? 1.0 : h->eta,
@@ -211,7 +210,22 @@ dpsql_sgd_check(const double *state, size_t len)
 		!is_count(h->shards, 9007199254740992.0) || !is_count(h->invalid, h->rows) ||
 		!isfinite(h->loss_sum))
 		return DPSQL_E_STATE;
-	for (i = DPSQL_HEADER_LEN; i < len; i++)
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_check(const double *state, size_t len)
+{
+	DpsqlStatus st = dpsql_sgd_check_header(state, len);
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	size_t		end,
+				i;
+
+	if (st != DPSQL_OK)
+		return st;
+	/* the model and the accumulator; the generator's bytes are not numbers */
+	end = DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out;
+	for (i = DPSQL_HEADER_LEN; i < end; i++)
 		if (!isfinite(state[i]))
 			return DPSQL_E_STATE;
 	return DPSQL_OK;
@@ -669,6 +683,8 @@ advance_to(double *state, double batch)
 
 	while (h->batch_id < batch)
 	{
+		/* up to steps_per_epoch noisy steps, however few rows: stop on cancel */
+		dpsql_check_interrupts();
 		if (h->batch_id >= 1.0)
 			apply_step(state);
 		h->batch_id += 1.0;

@@ -20,6 +20,12 @@
 
 #define DPSQL_STATE_MAGIC 4472.0	/* "dpsql state, layout version 2" */
 #define DPSQL_MAX_CLASSES 1024
+/*
+ * Batched epochs (Poisson sampling, sampling with replacement) take one noisy step per batch,
+ * empty ones included: steps_per_epoch bounds an epoch's work whatever the rows are. Batch
+ * numbers are int in SQL (_poisson_batches), hence 2^31 - 1.
+ */
+#define DPSQL_MAX_STEPS_PER_EPOCH 2147483647L
 
 /* Step-size schedules; s is the global mini-batch update counter, 1-based, never reset. */
 typedef enum DpsqlSchedule
@@ -130,8 +136,18 @@ size_t		dpsql_sgd_init_length(const DpsqlSgdParams *params);
 /* Fill a zero model state of length dpsql_sgd_init_length(params) (a fresh run, step 0). */
 DpsqlStatus dpsql_sgd_init(const DpsqlSgdParams *params, double *state, size_t len);
 
-/* Validate a state array of length len (never trust a state handed in from outside). */
+/*
+ * Validate a state array of length len (never trust a state handed in from outside): every
+ * header field, the length, the generator's position, and finite weights. O(len).
+ */
 DpsqlStatus dpsql_sgd_check(const double *state, size_t len);
+
+/*
+ * The O(1) part of dpsql_sgd_check: everything the row functions index or loop by (header
+ * fields, length, generator position), not the weights' finiteness. Cheap enough for every
+ * row of an aggregate, whose state may come from a bogus INITCOND.
+ */
+DpsqlStatus dpsql_sgd_check_header(const double *state, size_t len);
 
 /* Number of feature values a row must carry for this state (dim minus the intercept). */
 int			dpsql_sgd_row_length(const double *state);

@@ -28,6 +28,10 @@ dpsql_status_message(DpsqlStatus status)
 			return "the model diverged (non-finite weights): lower the step size or clip the rows";
 		case DPSQL_E_LOSS:
 			return "unknown loss";
+		case DPSQL_E_LIMIT:
+			return "a size or count exceeds its limit";
+		case DPSQL_E_MEMORY:
+			return "out of memory for a work area";
 	}
 	return "unknown error";
 }

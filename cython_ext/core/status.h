@@ -19,7 +19,9 @@ typedef enum DpsqlStatus
 	DPSQL_E_NONFINITE_Y,		/* NaN or Inf label */
 	DPSQL_E_LABEL,				/* label outside the loss's label set */
 	DPSQL_E_DIVERGED,			/* the model became non-finite (step size too large) */
-	DPSQL_E_LOSS				/* unknown loss code */
+	DPSQL_E_LOSS,				/* unknown loss code */
+	DPSQL_E_LIMIT,				/* a size or count above the core's documented limit */
+	DPSQL_E_MEMORY				/* a work area could not be allocated */
 } DpsqlStatus;
 
 const char *dpsql_status_message(DpsqlStatus status);

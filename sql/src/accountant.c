@@ -23,10 +23,8 @@ PG_FUNCTION_INFO_V1(dpsql_accountant);
 
 static char *accountant_command = NULL;
 
-void		_PG_init(void);
-
 void
-_PG_init(void)
+dpsql_define_accountant_gucs(void)
 {
 	DefineCustomStringVariable("dpsql.accountant_command",
 							   "Command that runs the dp-accounting accountant (python -m dpsql.accounting).",

@@ -97,7 +97,22 @@ dpsql_adassp_gram_transition(PG_FUNCTION_ARGS)
 	}
 	else
 	{
+		double	   *d;
+		int			n;
+
 		state = PG_GETARG_ARRAYTYPE_P(0);
+		/* An INITCOND state is checked like any other (see dpsql_state_is_known). */
+		d = (double *) ARR_DATA_PTR(state);
+		if (!dpsql_state_is_known(fcinfo, state))
+		{
+			d = dpsql_float8_array(state, &n, "AdaSSP gram state");
+			dpsql_check_state(dpsql_adassp_state_check_header(d, (size_t) n),
+							  "_adassp_gram_transition");
+			if (dpsql_adassp_state_rows(d) == 0.0)
+				dpsql_check_state(dpsql_adassp_state_check(d, (size_t) n),
+								  "_adassp_gram_transition");
+			dpsql_state_remember(fcinfo, state);
+		}
 		if (!dpsql_adassp_state_matches((double *) ARR_DATA_PTR(state), dim, x_bound, y_bound,
 										intercept))
 			ereport(ERROR,

@@ -161,6 +161,7 @@ dpsql_ambssgd_transition(PG_FUNCTION_ARGS)
 	double	   *s;
 	const double *xs = NULL;
 	int			n = 0;
+	int			slen;
 	int			is_null;
 
 	/* a plain aggregate only: the state is updated in place */
@@ -169,7 +170,19 @@ dpsql_ambssgd_transition(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _ambssgd_transition called outside a (non-window) aggregate")));
 	state = PG_ARGISNULL(0) ? start_pass(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
+	/*
+	 * The first state may be an aggregate's INITCOND: a state met at a new address gets the O(1)
+	 * header check (what a row indexes by), and the full one (O(T)) at the pass's first row.
+	 */
 	s = (double *) ARR_DATA_PTR(state);
+	if (!dpsql_state_is_known(fcinfo, state))
+	{
+		s = dpsql_float8_array(state, &slen, "DP-AMBSSGD state");
+		dpsql_check_state(dpsql_ambssgd_check_header(s, (size_t) slen), "_ambssgd_transition");
+		if (dpsql_ambssgd_rows_seen(s) == 0)
+			dpsql_check_state(dpsql_ambssgd_check(s, (size_t) slen), "_ambssgd_transition");
+		dpsql_state_remember(fcinfo, state);
+	}
 
 	if (((const DpsqlAmbssgdHeader *) s)->block >= ((const DpsqlAmbssgdHeader *) s)->blocks)
 	{

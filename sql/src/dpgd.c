@@ -179,6 +179,7 @@ dpsql_dpgd_gradient_transition(PG_FUNCTION_ARGS)
 	DpsqlDpgdHeader *h;
 	const double *xs = NULL;
 	int			xlen = -1;
+	int			slen;
 	double		y;
 
 	if (!AggCheckCallContext(fcinfo, &aggcontext))
@@ -186,8 +187,18 @@ dpsql_dpgd_gradient_transition(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _dpgd_gradient_transition called outside an aggregate")));
 	state = PG_ARGISNULL(0) ? start_gradient(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
+	/* An INITCOND state is checked like any other (see dpsql_state_is_known). */
 	s = (double *) ARR_DATA_PTR(state);
 	h = (DpsqlDpgdHeader *) s;
+	if (!dpsql_state_is_known(fcinfo, state))
+	{
+		s = dpsql_float8_array(state, &slen, "dpgd_gradient state");
+		h = (DpsqlDpgdHeader *) s;
+		dpsql_check_state(dpsql_dpgd_check_header(s, (size_t) slen), "_dpgd_gradient_transition");
+		if (h->n == 0.0)
+			dpsql_check_state(dpsql_dpgd_check(s, (size_t) slen), "_dpgd_gradient_transition");
+		dpsql_state_remember(fcinfo, state);
+	}
 
 	/* The settings are public constants of the step; theta is trusted from the first row. */
 	if (PG_ARGISNULL(ARG_GAMMA) || PG_ARGISNULL(ARG_INTERCEPT) || PG_ARGISNULL(ARG_X_BOUND) ||

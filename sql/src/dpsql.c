@@ -9,8 +9,46 @@
 
 #include "csprng.h"
 #include "glue.h"
+#include "host.h"
+#include "miscadmin.h"
+#include "utils/memutils.h"
 
 PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+/*
+ * The core's hooks (host.h): its long loops stop on statement_timeout, cancel and terminate,
+ * and its work areas are palloc'd in the caller's memory context, so that an ERROR or an
+ * interrupt frees them and the memory is PostgreSQL's to account for. NO_OOM: the core turns
+ * a failed allocation into its own status and the glue into a dpsql: ERROR.
+ */
+static void
+host_check_interrupts(void)
+{
+	CHECK_FOR_INTERRUPTS();
+}
+
+static void *
+host_alloc(size_t size)
+{
+	return palloc_extended(size, MCXT_ALLOC_HUGE | MCXT_ALLOC_NO_OOM);
+}
+
+static void
+host_free(void *ptr)
+{
+	pfree(ptr);
+}
+
+void
+_PG_init(void)
+{
+	DpsqlHost	host = {host_check_interrupts, host_alloc, host_free};
+
+	dpsql_set_host(&host);
+	dpsql_define_accountant_gucs();
+}
 
 double *
 dpsql_float8_array(ArrayType *a, int *n, const char *what)
@@ -55,6 +93,12 @@ dpsql_raise(DpsqlStatus status, const char *context)
 		case DPSQL_E_DIVERGED:
 			code = ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE;
 			break;
+		case DPSQL_E_LIMIT:
+			code = ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+			break;
+		case DPSQL_E_MEMORY:
+			code = ERRCODE_OUT_OF_MEMORY;
+			break;
 		default:
 			code = ERRCODE_INVALID_PARAMETER_VALUE;
 			break;
@@ -98,4 +142,18 @@ dpsql_init_rng(DpsqlRng *rng, bool has_seed, int64 seed, uint64 stream)
 				 errmsg("dpsql: could not read the operating system's random generator")));
 	dpsql_rng_init(rng, key, stream);
 	explicit_bzero(key, sizeof(key));
+}
+
+void
+dpsql_check_state(DpsqlStatus status, const char *function)
+{
+	if (status == DPSQL_OK)
+		return;
+	ereport(ERROR,
+			(errcode(status == DPSQL_E_STATE ? ERRCODE_INVALID_PARAMETER_VALUE :
+					 ERRCODE_DATA_EXCEPTION),
+			 errmsg("dpsql: malformed state passed to %s", function),
+			 errdetail("%s.", dpsql_status_message(status)),
+			 errhint("States come from dpsql's own init functions and aggregates; an "
+					 "aggregate's INITCOND or an edited array is not one.")));
 }

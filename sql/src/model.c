@@ -111,6 +111,12 @@ dpsql_sgd_init_state(PG_FUNCTION_ARGS)
 	p.noise_scale = PG_GETARG_FLOAT8(13);
 	p.noise_divisor = PG_GETARG_FLOAT8(14);
 	p.steps_per_epoch = (long) PG_GETARG_INT64(15);
+	if (p.steps_per_epoch > DPSQL_MAX_STEPS_PER_EPOCH)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("dpsql: steps_per_epoch is limited to %ld, got %ld",
+						DPSQL_MAX_STEPS_PER_EPOCH, p.steps_per_epoch),
+				 errdetail("A batched epoch takes one noisy step per batch, empty ones included.")));
 
 	len = dpsql_sgd_init_length(&p);
 	if (len == 0 || len > (size_t) MaxAllocSize / sizeof(double) / 2)

@@ -7,6 +7,7 @@
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "port.h"
 #include "utils/array.h"
 
@@ -67,6 +68,9 @@ dpsql_poisson_batches(PG_FUNCTION_ARGS)
 	out = palloc(sizeof(Datum) * cap);
 	for (;;)
 	{
+		/* up to steps (2^31) entries: stop on cancel; repalloc refuses more than 1 GB */
+		if ((n & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		/* the gap to the next included step is Geometric(q) on {1, 2, ...} */
 		next += q >= 1.0 ? 1.0 : 1.0 + floor(log(dpsql_rng_uniform(&rng)) / log1p(-q));
 		if (next > steps)

@@ -165,6 +165,16 @@ dpsql_bolton_sensitivity_sql(PG_FUNCTION_ARGS)
 	p.fresh_permutation = PG_GETARG_BOOL(9);
 	p.paper_minibatch = PG_GETARG_BOOL(11);
 	st = PG_GETARG_BOOL(10) ? dpsql_exact_sensitivity(&p, &out) : dpsql_bolton_sensitivity(&p, &out);
+	if (st == DPSQL_E_LIMIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("dpsql: the exact sensitivity recursion is limited to %ld steps "
+						"(epochs * floor(rows / batch_size)), and to %ld steps per pass with one "
+						"permutation (fresh = false)",
+						(long) DPSQL_SENSITIVITY_MAX_STEPS, (long) DPSQL_SENSITIVITY_MAX_POSITIONS),
+				 errhint("Use the closed form (exact = false): it has no such limit.")));
+	if (st == DPSQL_E_MEMORY)
+		dpsql_raise(st, "the exact sensitivity recursion");
 	if (st != DPSQL_OK)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -75,6 +75,28 @@ copy_initial_state(ArrayType *init, MemoryContext aggcontext)
 	return state;
 }
 
+/*
+ * The running state (argument 0). It is ours after the first row, but the first one may be an
+ * aggregate's INITCOND (a pg_temp aggregate over this transition function): a state met at a
+ * new address gets the O(1) header check, which covers everything a row indexes or loops by,
+ * and the full check too at the start of an epoch (rows = 0). See dpsql_state_is_known.
+ */
+static double *
+running_state(FunctionCallInfo fcinfo, ArrayType *state, const char *function)
+{
+	int			n;
+	double	   *s;
+
+	if (dpsql_state_is_known(fcinfo, state))
+		return (double *) ARR_DATA_PTR(state);
+	s = dpsql_float8_array(state, &n, "model state");
+	dpsql_check_state(dpsql_sgd_check_header(s, (size_t) n), function);
+	if (((DpsqlSgdHeader *) s)->rows == 0.0)
+		dpsql_check_state(dpsql_sgd_check(s, (size_t) n), function);
+	dpsql_state_remember(fcinfo, state);
+	return s;
+}
+
 static ArrayType *
 start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 {
@@ -102,7 +124,7 @@ dpsql_sgd_transition(PG_FUNCTION_ARGS)
 				 errmsg("dpsql: _sgd_transition called outside an aggregate")));
 
 	state = PG_ARGISNULL(0) ? start_epoch(fcinfo, aggcontext) : PG_GETARG_ARRAYTYPE_P(0);
-	s = (double *) ARR_DATA_PTR(state);
+	s = running_state(fcinfo, state, "_sgd_transition");
 
 	if (((int) ((DpsqlSgdHeader *) s)->flags & DPSQL_FLAG_SANITIZE) &&
 		(PG_ARGISNULL(1) || PG_ARGISNULL(2) || !plain_float8_vector(PG_GETARG_ARRAYTYPE_P(1))))
@@ -144,13 +166,17 @@ Datum
 dpsql_sgd_final(PG_FUNCTION_ARGS)
 {
 	ArrayType  *state;
+	double	   *s;
+	int			n;
 	DpsqlStatus st;
 
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
 	/* The final function must not modify the aggregate state: work on a copy. */
 	state = PG_GETARG_ARRAYTYPE_P_COPY(0);
-	st = dpsql_sgd_epoch_end((double *) ARR_DATA_PTR(state));
+	s = dpsql_float8_array(state, &n, "model state");
+	dpsql_check_state(dpsql_sgd_check(s, (size_t) n), "_sgd_final");
+	st = dpsql_sgd_epoch_end(s);
 	if (st != DPSQL_OK)
 		dpsql_raise(st, "end of the epoch");
 	PG_RETURN_ARRAYTYPE_P(state);
@@ -214,7 +240,7 @@ dpsql_sgd_transition_batch(PG_FUNCTION_ARGS)
 	}
 	else
 		state = PG_GETARG_ARRAYTYPE_P(0);
-	s = (double *) ARR_DATA_PTR(state);
+	s = running_state(fcinfo, state, "_sgd_transition_batch");
 	if (PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
