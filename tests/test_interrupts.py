@@ -11,6 +11,7 @@ import contextlib
 import threading
 import time
 
+import psutil
 import psycopg
 import pytest
 from psycopg import errors
@@ -137,3 +138,25 @@ def test_cancel_request_stops_a_long_call(conn: psycopg.Connection, server_uri: 
             )
         thread.join()
         assert time.monotonic() - start < WITHIN_SECONDS
+
+
+def test_accountant_is_cancelled_and_killed(conn: psycopg.Connection, server_uri: str) -> None:
+    """The accountant is an outside process: a statement timeout kills it (it used to be
+    waited for with a blocking read)."""
+    with psycopg.connect(server_uri, autocommit=True) as c:
+        # A stand-in accountant that never answers (dpsql.accountant_command is superuser-only).
+        c.execute("SET dpsql.accountant_command = 'sleep 77; echo'")
+        c.execute("SET statement_timeout = '1s'")
+        _canceled_quickly(c, "SELECT dpsql._accountant('{}')")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            alive = [
+                p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "77"]
+            ]
+            if not alive:
+                break
+            time.sleep(0.2)
+        assert not alive, "the accountant's process outlived the cancelled call"
+        # and an answer still comes through
+        c.execute("SET dpsql.accountant_command = 'echo'")
+        assert c.execute("SELECT dpsql._accountant('{}')").fetchone()[0].strip() == "{}"

@@ -5,17 +5,25 @@
  * which is Python: the server runs the command in dpsql.accountant_command (set by a superuser;
  * the embedded server sets it to this package's `python -m dpsql.accounting`) with one JSON
  * argument and reads one JSON line back. The request is built by dpsql's own SQL from checked
- * numbers; its characters are still checked here before they reach the shell.
+ * numbers; its characters are still checked here before they reach the shell. The command runs
+ * in a process group of its own that the backend waits on through its latch: a cancel, a
+ * statement timeout or a terminate kills the group instead of waiting for it.
  */
 #include "postgres.h"
 
 #include <ctype.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fmgr.h"
 #include "lib/stringinfo.h"
-#include "storage/fd.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/wait_event.h"
 
 #include "glue.h"
 
@@ -34,6 +42,78 @@ dpsql_define_accountant_gucs(void)
 #endif
 }
 
+#define ACCOUNTANT_MAX_OUTPUT 65536
+
+/* Start sh -c command in a new process group, its stdout and stderr on a pipe we read. */
+static pid_t
+start_command(const char *command, int *fd)
+{
+	int			pipefd[2];
+	pid_t		pid;
+
+	if (pipe(pipefd) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("dpsql: could not create a pipe for the accountant: %m")));
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0)
+	{
+		close(pipefd[0]);
+		close(pipefd[1]);
+		ereport(ERROR,
+				(errcode(ERRCODE_SYSTEM_ERROR),
+				 errmsg("dpsql: could not start the accountant: %m")));
+	}
+	if (pid == 0)
+	{
+		/* the child: nothing of PostgreSQL's may run here */
+		setpgid(0, 0);
+		dup2(pipefd[1], STDOUT_FILENO);
+		dup2(pipefd[1], STDERR_FILENO);
+		close(pipefd[0]);
+		close(pipefd[1]);
+		execl("/bin/sh", "sh", "-c", command, (char *) NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	if (fcntl(pipefd[0], F_SETFL, O_NONBLOCK) != 0)
+		elog(WARNING, "dpsql: could not make the accountant's pipe non-blocking: %m");
+	*fd = pipefd[0];
+	return pid;
+}
+
+/* Read the command's output until it closes it; interruptible (the caller kills on error). */
+static void
+read_output(int fd, StringInfo out)
+{
+	char		buf[1024];
+
+	for (;;)
+	{
+		ssize_t		n = read(fd, buf, sizeof(buf));
+
+		if (n > 0)
+		{
+			if (out->len < ACCOUNTANT_MAX_OUTPUT)
+				appendBinaryStringInfo(out, buf, (int) n);
+			continue;
+		}
+		if (n == 0)
+			return;
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("dpsql: could not read the accountant's answer: %m")));
+		(void) WaitLatchOrSocket(MyLatch,
+								 WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fd, 1000L, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
 /* dpsql._accountant(request text) -> text: the accountant's one-line JSON answer. */
 Datum
 dpsql_accountant(PG_FUNCTION_ARGS)
@@ -41,10 +121,10 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 	char	   *request = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	StringInfoData cmd;
 	StringInfoData out;
-	FILE	   *pipe;
-	char		buf[1024];
 	const char *c;
-	int			status;
+	int			fd = -1;
+	volatile pid_t pid;
+	int			status = 0;
 
 	if (accountant_command == NULL || accountant_command[0] == '\0')
 		ereport(ERROR,
@@ -58,16 +138,31 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("dpsql: unexpected character in an accountant request")));
 	initStringInfo(&cmd);
-	appendStringInfo(&cmd, "%s '%s' 2>&1", accountant_command, request);
-	pipe = OpenPipeStream(cmd.data, PG_BINARY_R);
-	if (pipe == NULL)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("dpsql: could not run the accountant \"%s\": %m", accountant_command)));
+	appendStringInfo(&cmd, "%s '%s'", accountant_command, request);
 	initStringInfo(&out);
-	while (fgets(buf, sizeof(buf), pipe) != NULL && out.len < 65536)
-		appendStringInfoString(&out, buf);
-	status = ClosePipeStream(pipe);
+	pid = start_command(cmd.data, &fd);
+	PG_TRY();
+	{
+		read_output(fd, &out);
+	}
+	PG_CATCH();
+	{
+		/* cancelled or failed: the whole group goes, and leaves no zombie */
+		kill(-pid, SIGKILL);
+		close(fd);
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	close(fd);
+	while (waitpid(pid, &status, 0) < 0)
+	{
+		if (errno != EINTR)
+			ereport(ERROR,
+					(errcode(ERRCODE_SYSTEM_ERROR),
+					 errmsg("dpsql: could not wait for the accountant: %m")));
+	}
 	if (status != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
