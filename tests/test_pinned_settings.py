@@ -16,6 +16,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.pg_helpers import load
+from tests.test_roles import make_role  # noqa: F401  (fixture)
 
 # What a caller may set that changes a value's text form, its parsing or the plan's shape.
 HOSTILE = {
@@ -162,3 +163,35 @@ def test_default_step_reaches_the_sensitivity_unrounded(server_uri, classificati
     assert row["step_size"] == 1.0 / np.sqrt(m)
     # Algorithm 1, constant step, b = 1: sensitivity 2 k L eta.
     assert row["sensitivity"] == pytest.approx(2 * 2 * 1.0 / np.sqrt(m), rel=1e-12)
+
+
+def test_analyst_settings_do_not_reach_the_plan(conn, classification, make_role) -> None:  # noqa: F811
+    """As the red team ran it: an analyst (no noise seed) under hostile settings gets the plan
+    (step, sensitivity, noise scale, charge) of a calm session."""
+    analyst, connect = make_role("analyst", "dpsql_analyst")
+    (ds,) = conn.execute(
+        "SELECT dataset_id FROM dpsql.datasets WHERE source = %s", (classification,)
+    ).fetchone()
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    plans = []
+    for hostile in (False, True):
+        with connect() as a:
+            if hostile:
+                _set_hostile(a)
+            (mid,) = a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 1,"
+                " privacy => 'bolton', epsilon => 1, seed => 7)",
+                (classification,),
+            ).fetchone()
+            with a.cursor(binary=True) as cur:
+                plans.append(
+                    cur.execute(
+                        "SELECT step_size, sensitivity, noise_scale, epsilon, rows"
+                        " FROM dpsql.models WHERE model_id = %s",
+                        (mid,),
+                    ).fetchone()
+                )
+    assert plans[0] == plans[1]
+    step, sensitivity, _, epsilon, rows = plans[1]
+    assert step == 1 / np.sqrt(rows) and epsilon == 1.0
+    assert sensitivity == pytest.approx(2 * 5 * step, rel=1e-12)  # 2 k L eta / b, L = 1
