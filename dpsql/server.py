@@ -268,6 +268,20 @@ host    all       all   ::1/128       scram-sha-256
 """
 
 
+def _run_as_server_user(
+    server: Any, argv: list[str], stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one of the server's binaries (``argv[0]``) as the system user that owns the cluster."""
+    return subprocess.run(
+        [str(server.bin_path / argv[0]), *argv[1:]],
+        input=stdin,
+        user=server.system_user,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 def password_file(pgdata: str | Path) -> Path:
     """The superuser's password file of a cluster: ``<pgdata>.pgpass``, mode 0600.
 
@@ -286,13 +300,10 @@ def _secure(server: Any, pgdata: Path) -> None:
     ever listens; it reaches ``postgres`` on stdin, never on a command line.
     """
     password = secrets.token_urlsafe(24)
-    result = subprocess.run(
-        [str(server.bin_path / "postgres"), "--single", "-D", str(pgdata), "postgres"],
-        input=f"ALTER ROLE postgres PASSWORD '{password}'\n",
-        user=server.system_user,
-        capture_output=True,
-        text=True,
-        check=False,
+    result = _run_as_server_user(
+        server,
+        ["postgres", "--single", "-D", str(pgdata), "postgres"],
+        stdin=f"ALTER ROLE postgres PASSWORD '{password}'\n",
     )
     if result.returncode != 0:
         raise RuntimeError(
@@ -422,12 +433,8 @@ def stop(version: int | None = None, pgdata: str | Path | None = None) -> bool:
         return False
     # The handle only tells which binaries to use and which system user owns the cluster.
     server = _pgserver().PostgresServer(path, cleanup_mode=None, postgres_version=version)
-    result = subprocess.run(
-        [str(server.bin_path / "pg_ctl"), "-D", str(path), "-m", "fast", "-w", "-t", "60", "stop"],
-        user=server.system_user,
-        capture_output=True,
-        text=True,
-        check=False,
+    result = _run_as_server_user(
+        server, ["pg_ctl", "-D", str(path), "-m", "fast", "-w", "-t", "60", "stop"]
     )
     if result.returncode != 0:
         raise RuntimeError(
