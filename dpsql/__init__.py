@@ -8,7 +8,7 @@
 
 from dpsql.connection import Database, connect
 from dpsql.models import Model
-from dpsql.privacy import BST14, DPAMBSSGD, DPGD, DPSGD, DPSSGD, SCS13, AdaSSP, BoltOn
+from dpsql.privacy import BST14, DPAMBSSGD, DPGD, DPSGD, DPSSGD, SCS13, AdaSSP, Auto, BoltOn
 
 __all__ = [
     "BST14",
@@ -18,6 +18,7 @@ __all__ = [
     "DPSSGD",
     "SCS13",
     "AdaSSP",
+    "Auto",
     "BoltOn",
     "Database",
     "Model",

@@ -157,8 +157,9 @@ class Database:
         if not hasattr(privacy, "sql_args"):
             raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
         kw["lambda"] = float(kw.pop("lambda_"))
-        if kw.get("schedule") == "constant" and kw["lambda"] > 0:
-            kw["schedule"] = None  # the server picks Algorithm 2's decreasing schedule
+        if kw.get("schedule") == "constant" and (kw["lambda"] > 0 or privacy.name == "auto"):
+            # the server picks: Algorithm 2's decreasing schedule, or auto's choice
+            kw["schedule"] = None
         args = {
             "source": source,
             "features": None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BST14", "DPAMBSSGD", "DPGD", "DPSGD", "DPSSGD", "SCS13", "AdaSSP", "BoltOn"]
+__all__ = ["BST14", "DPAMBSSGD", "DPGD", "DPSGD", "DPSSGD", "SCS13", "AdaSSP", "Auto", "BoltOn"]
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,28 @@ class AdaSSP:
         return _linear_args(
             self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
         )
+
+
+@dataclass(frozen=True)
+class Auto:
+    """The server chooses the mechanism and its hyperparameters from public quantities only
+    (the registration, the model, epsilon and delta): nothing is spent on the choice, and the
+    model's record says what was chosen and why (docs/auto.md). Leave the other training
+    arguments at their defaults: auto refuses to override what you set."""
+
+    epsilon: float
+    delta: float = 1e-6
+    noise_seed: int | None = None
+
+    name = "auto"
+
+    def sql_args(self) -> dict[str, Any]:
+        return {
+            "privacy": self.name,
+            "epsilon": float(self.epsilon),
+            "delta": float(self.delta),
+            "noise_seed": self.noise_seed,
+        }
 
 
 def _linear_args(

@@ -71,6 +71,10 @@ DECLARE
     mech record := dpsql._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
     rel record;
     e record;
+    draw int;
+    noise_norm float8;
+    lambda float8;
+    reachable float8;
 BEGIN
     LOOP
         e := dpsql._run_epoch(run);  -- its training loss stays here
@@ -80,12 +84,31 @@ BEGIN
     rel := dpsql._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
                                  mech.per_output, calibration, noise_seed);
     weights := rel.weights;
+    -- Public: one noise draw's expected norm (Gamma(k, scale) has mean k scale; a Gaussian
+    -- vector about sigma sqrt(k)) against the largest norm a regularised model reaches,
+    -- lambda/2 ||w||^2 <= F(0) = phi(0).
+    draw := cardinality(weights) / CASE WHEN mech.per_output THEN array_length(weights, 1) ELSE 1 END;
+    noise_norm := CASE WHEN delta = 0 THEN draw * rel.noise_scale ELSE rel.noise_scale * sqrt(draw) END;
+    lambda := (r.spec->>'lambda')::float8;
+    IF lambda > 0 THEN
+        reachable := sqrt(2 * CASE r.spec->>'model' WHEN 'logistic' THEN ln(2)
+                                   WHEN 'multinomial' THEN ln(jsonb_array_length(r.spec->'classes'))
+                                   ELSE 1 END / lambda);
+        reachable := least(reachable, coalesce((r.spec->>'radius')::float8, reachable));
+        IF noise_norm > reachable THEN
+            RAISE WARNING 'dpsql: the bolt-on noise (expected norm %) exceeds the largest norm a model with lambda = % reaches (%): the release is mostly noise',
+                          round(noise_norm::numeric, 3), lambda, round(reachable::numeric, 3)
+                USING HINT = 'The noise falls as 1/lambda and the reachable norm as 1/sqrt(lambda): '
+                             'raise lambda or epsilon, or use privacy => ''auto''.';
+        END IF;
+    END IF;
     info := jsonb_build_object(
         'mechanism', 'bolton', 'algorithm', mech.algorithm, 'epsilon', epsilon, 'delta', delta,
         'sensitivity', mech.sensitivity, 'noise_scale', rel.noise_scale,
         'lipschitz', mech.lipschitz,
         'noise', CASE WHEN delta = 0 THEN 'gamma-norm (eq. 3), uniform direction'
                       ELSE 'gaussian (' || calibration || ')' END,
+        'expected_noise_norm', noise_norm, 'reachable_norm', reachable,
         'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
         'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
@@ -191,12 +214,27 @@ DECLARE
     fit record;
     mid bigint;
     linear boolean;
+    auto jsonb;
 BEGIN
+    IF privacy = 'auto' THEN
+        -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
+        -- in the model's record. The grant is checked first: the choice reads the registration.
+        ds := dpsql._dataset_for_source(source);
+        IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
+            PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+        END IF;
+        auto := dpsql._auto_choice(ds, model, params);
+        mid := dpsql._train_private(source, model, params || (auto->'params'));
+        UPDATE dpsql.model_store m
+           SET params = jsonb_set(m.params, '{privacy,auto}', auto->'record')
+         WHERE m.model_id = mid;
+        RETURN mid;
+    END IF;
     IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'scs13', 'bst14', 'dp_ambssgd',
                                           'dp_ssgd', 'dpgd', 'adassp') THEN
         PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'Available: bolton, dpsgd, scs13, bst14; for linear regression '
-                                    'dp_ambssgd, dp_ssgd, dpgd, adassp.');
+                            hint => 'Available: auto (chosen for you), bolton, dpsgd, scs13, bst14; '
+                                    'for linear regression dp_ambssgd, dp_ssgd, dpgd, adassp.');
     END IF;
     linear := privacy IN ('dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp');
     IF linear AND dpsql._loss_code(model) <> 2 THEN

@@ -1,0 +1,87 @@
+------------------------------------------------------------------------------------------
+-- privacy => 'auto': a mechanism and its hyperparameters chosen from public quantities only
+-- (the registration, the model, epsilon and delta), never from the data, so the choice costs
+-- nothing; the chosen mechanism is then run and charged as if it had been named. The rule and
+-- the measurements behind it are in docs/auto.md and bench/RESULTS.md (auto_defaults).
+------------------------------------------------------------------------------------------
+
+-- Parameters that auto chooses itself: given anything but their defaults, it refuses rather
+-- than drop them silently.
+CREATE OR REPLACE FUNCTION dpsql._auto_refuse_overrides(params jsonb)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    given text[];
+BEGIN
+    SELECT array_agg(k ORDER BY k) INTO given
+      FROM (VALUES
+                ('epochs', coalesce((params->>'epochs')::int, 10) <> 10),
+                ('batch_size', coalesce((params->>'batch_size')::bigint, 1) <> 1),
+                ('lambda', coalesce((params->>'lambda')::float8, 0) <> 0),
+                ('step_size', params->>'step_size' IS NOT NULL),
+                ('schedule', params->>'schedule' IS NOT NULL),
+                ('radius', params->>'radius' IS NOT NULL),
+                ('clip_norm', params->>'clip_norm' IS NOT NULL),
+                ('sampling', coalesce(params->>'sampling', 'shuffle') <> 'shuffle'),
+                ('noise_multiplier', params->>'noise_multiplier' IS NOT NULL),
+                ('steps', params->>'steps' IS NOT NULL),
+                ('ci', params->>'ci' IS NOT NULL),
+                ('options', coalesce(params->'options', 'null') <> 'null'),
+                ('tuning_lambdas', coalesce(params->'tuning_lambdas', 'null') <> 'null'),
+                ('tuning_epochs', coalesce(params->'tuning_epochs', 'null') <> 'null'),
+                ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
+                ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
+                ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0))
+           AS t(k, set_by_caller)
+     WHERE set_by_caller;
+    IF given IS NOT NULL THEN
+        PERFORM dpsql._fail(format('privacy => auto chooses %s itself', array_to_string(given, ', ')),
+                            hint => 'Leave them at their defaults, or name a mechanism to set them.');
+    END IF;
+END $$;
+
+-- The choice: (the named mechanism's parameters, the record stored with the model).
+-- Classification, delta > 0: DP-SGD with Poisson sampling (amplified accounting), clip norm =
+-- the loss's gradient bound on the unit ball (nothing is clipped), expected batch 50, 10
+-- epochs, constant step 1/(2 beta) (beta: the loss's tight smoothness on the unit ball).
+-- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP) with the same batch, epochs
+-- and step. Regression: DP-GD with its spec defaults (delta > 0 needed).
+CREATE OR REPLACE FUNCTION dpsql._auto_choice(ds dpsql.datasets, model text, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    delta float8 := coalesce((params->>'delta')::float8, 0);
+    canonical text := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    -- 1/(2 beta) with the tight smoothness on the unit ball (the core's loss_constants give
+    -- the bolt-on paper's looser beta = 1): logistic 1/4, multinomial 1/2, Huber 1/(2h).
+    step float8 := CASE canonical WHEN 'logistic' THEN 2.0 WHEN 'multinomial' THEN 1.0
+                                  ELSE coalesce((params->>'huber_h')::float8, 0.1) END;
+    chosen jsonb;
+    rule text;
+BEGIN
+    PERFORM dpsql._auto_refuse_overrides(params);
+    IF ds.label_bound IS NOT NULL OR canonical = 'linear' THEN
+        IF NOT (delta > 0) THEN
+            PERFORM dpsql._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
+        END IF;
+        chosen := jsonb_build_object('privacy', 'dpgd');
+        rule := 'regression: DP-GD with its defaults (batch-means intervals)';
+    ELSE
+        IF delta > 0 THEN
+            chosen := jsonb_build_object(
+                'privacy', 'dpsgd', 'sampling', 'poisson', 'clip_norm',
+                (dpsql.loss_constants(canonical, 0, 0, 0.1)).lipschitz_data,
+                'epochs', 10, 'step_size', step,
+                -- the expected batch; Poisson sampling needs m public only through b/m
+                'batch_size', 50);
+            rule := 'classification, delta > 0: DP-SGD, Poisson sampling, expected batch 50, '
+                    '10 epochs, clip = the gradient bound L, constant step 1/(2 beta)';
+        ELSE
+            chosen := jsonb_build_object('privacy', 'bolton', 'batch_size', 50, 'epochs', 10,
+                                         'step_size', step);
+            rule := 'classification, delta = 0: bolt-on Algorithm 1 (epsilon-DP), batch 50, '
+                    '10 epochs, constant step 1/(2 beta)';
+        END IF;
+    END IF;
+    RETURN jsonb_build_object('params', chosen,
+                              'record', jsonb_build_object('rule', rule, 'chosen', chosen,
+                                                           'cost', 'none: public quantities only'));
+END $$;
