@@ -158,7 +158,8 @@ BEGIN
         b := m - s;
         IF s < 1 OR b < 1 THEN
             PERFORM dpsql._fail(format('%s rows make no blocks of a stat sample and a batch for %s blocks',
-                                       n, blocks), hint => 'Use fewer blocks (steps) or more rows.');
+                                       n, blocks),
+                                hint => 'Use fewer blocks (steps), more rows, or privacy => ''dpgd'' (or ''auto'').');
         END IF;
         eta := coalesce((params->>'step_size')::float8,
                         dpsql._linear_option(options, 'step_scale', 1) * b / (r_x ^ 2 + (b - 1) * h_norm));
@@ -178,7 +179,8 @@ BEGIN
                                        '(it would return a tiny clip norm and learn nothing, spec 000 V3)',
                                        s, round(2 * gamma_hat)),
                                 hint => format('Needs about %s rows at this epsilon and %s blocks; use more rows, '
-                                               'a larger epsilon or fewer blocks (steps).',
+                                               'a larger epsilon or fewer blocks (steps), or privacy => ''dpgd'' '
+                                               '(or ''auto''), which works on this many rows.',
                                                ceil(2 * gamma_hat) * 11 * blocks, blocks));
         END IF;
         domain := dpsql._linear_option(options, 'domain_bound', 2 * ds.label_bound);
