@@ -531,6 +531,8 @@ cdef extern from "prediction.h":
     DpsqlStatus dpsql_bound_features(const double *bounds, int d, const double *x, double *out,
                                    int *bad)
     int dpsql_is_positive(int loss, double raw)
+    DpsqlStatus dpsql_preprocess(const double *x, int d, const double *bounds, int row_flags,
+                                 const double *centre, double *out, int *bad)
 
 
 def apply_bounds(X, bounds):
@@ -559,4 +561,36 @@ def is_positive(str loss, raw):
     cdef Py_ssize_t i
     for i in range(r.shape[0]):
         out[i] = dpsql_is_positive(code, r[i])
+    return out
+
+
+def preprocess(X, bounds, int row_flags, centre):
+    """Rows of X as a model with preprocessing sees them: public bounds (or None), the row
+    transform of row_flags, minus centre (or None); NaN rows for non-finite inputs."""
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] xs = np.ascontiguousarray(
+        np.atleast_2d(X), dtype=np.float64)
+    cdef int d = xs.shape[1], bad = 0
+    cdef Py_ssize_t i
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] b
+    cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] c
+    cdef const double *bp = NULL
+    cdef const double *cp = NULL
+    cdef DpsqlStatus st
+    if bounds is not None:
+        b = np.ascontiguousarray(bounds, dtype=np.float64).reshape(-1, 2)
+        if b.shape[0] != d:
+            raise ValueError(f"dpsql: {b.shape[0]} feature bounds for {d} features")
+        bp = &b[0, 0]
+    if centre is not None:
+        c = np.ascontiguousarray(centre, dtype=np.float64).ravel()
+        if c.shape[0] != d:
+            raise ValueError(f"dpsql: the centre has {c.shape[0]} entries for {d} features")
+        cp = &c[0]
+    cdef cnp.ndarray[cnp.float64_t, ndim=2, mode="c"] out = np.empty_like(xs)
+    for i in range(xs.shape[0]):
+        st = dpsql_preprocess(&xs[i, 0], d, bp, row_flags, cp, &out[i, 0], &bad)
+        if st == DPSQL_E_PARAM:
+            raise ValueError(f"dpsql: feature bound {bad + 1} is not a finite interval lo < hi")
+        if st != 0:
+            out[i, :] = np.nan
     return out

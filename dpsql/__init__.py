@@ -8,13 +8,25 @@
 
 from dpsql.connection import Database, connect
 from dpsql.models import Model
-from dpsql.privacy import BST14, DPAMBSSGD, DPGD, DPSGD, DPSSGD, SCS13, AdaSSP, Auto, BoltOn
+from dpsql.privacy import (
+    BST14,
+    DPAMBSSGD,
+    DPGD,
+    DPSGD,
+    DPSGDF,
+    DPSSGD,
+    SCS13,
+    AdaSSP,
+    Auto,
+    BoltOn,
+)
 
 __all__ = [
     "BST14",
     "DPAMBSSGD",
     "DPGD",
     "DPSGD",
+    "DPSGDF",
     "DPSSGD",
     "SCS13",
     "AdaSSP",

@@ -26,6 +26,12 @@ Schemes (the accountant must match the sampling actually implemented)
     record is in every step, and the event reduces exactly to ``T`` Gaussians of sensitivity ``2 C``
     as for ``"shuffle"``.
 
+A run may also release one **prefix Gaussian** before its steps (DPSGD-F's private mean of the
+rows, spec 001 section 4): a sum of per-record vectors of norm at most ``C`` plus
+``N(0, (p C)^2 I)`` (``prefix_noise_multiplier = p``; replace-one sensitivity ``2 C``, like a
+step). It is composed with the steps in the same accountant, which is much tighter than
+splitting epsilon.
+
 The schemes ``"bst14"`` and ``"scs13"`` are accounted by their own papers' formulas elsewhere.
 
 The dp-accounting trap (verified with dp-accounting 0.6, see ``tests/test_accounting.py``)
@@ -203,6 +209,8 @@ class Mechanism:
     noise_multiplier : float
     epochs, steps : int or None
     sampling_rate : float or None
+    prefix_noise_multiplier : float or None
+        The one-shot Gaussian released before the steps, if any.
     """
 
     event: dp_accounting.DpEvent
@@ -213,6 +221,7 @@ class Mechanism:
     epochs: int | None
     steps: int | None
     sampling_rate: float | None
+    prefix_noise_multiplier: float | None = None
 
     @property
     def gaussian_only(self) -> bool:
@@ -220,27 +229,48 @@ class Mechanism:
         return self.relation == NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
+def _after_prefix(event: dp_accounting.DpEvent, prefix: float | None) -> dp_accounting.DpEvent:
+    """``event`` preceded by a one-shot Gaussian of multiplier ``prefix`` (none if None)."""
+    if prefix is None:
+        return event
+    return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(prefix), event])
+
+
 def _mechanism(
-    z: float, scheme: str, epochs: int | None, steps: int | None, q: float | None
+    z: float,
+    scheme: str,
+    epochs: int | None,
+    steps: int | None,
+    q: float | None,
+    prefix: float | None = None,
 ) -> Mechanism:
     if scheme == "shuffle" or q == 1.0:
         count = epochs if scheme == "shuffle" else steps
         assert count is not None
+        # The factor 2 of replace-one folded into every multiplier, the prefix's included.
         return Mechanism(
-            event=dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z / 2), count),
+            event=_after_prefix(
+                dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z / 2), count),
+                None if prefix is None else prefix / 2,
+            ),
             relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-            add_remove_event=dp_accounting.SelfComposedDpEvent(
-                dp_accounting.GaussianDpEvent(z), count
+            add_remove_event=_after_prefix(
+                dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), count), prefix
             ),
             scheme=scheme,
             noise_multiplier=z,
             epochs=epochs,
             steps=steps,
             sampling_rate=q,
+            prefix_noise_multiplier=prefix,
         )
     assert steps is not None and q is not None
-    event = dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps
+    # REPLACE_ONE: the PLD accountant doubles the prefix Gaussian's sensitivity itself.
+    event = _after_prefix(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps
+        ),
+        prefix,
     )
     return Mechanism(
         event=event,
@@ -251,6 +281,7 @@ def _mechanism(
         epochs=None,
         steps=steps,
         sampling_rate=q,
+        prefix_noise_multiplier=prefix,
     )
 
 
@@ -261,6 +292,7 @@ def mechanism(
     epochs: int | None = None,
     steps: int | None = None,
     sampling_rate: float | None = None,
+    prefix_noise_multiplier: float | None = None,
 ) -> Mechanism:
     """The dp-accounting events of a run (validated), e.g. for a ledger's audit trail.
 
@@ -275,13 +307,22 @@ def mechanism(
         Number of steps ``T`` (``"poisson"`` only).
     sampling_rate : float, optional
         Per-step inclusion probability ``q`` in (0, 1] (``"poisson"`` only).
+    prefix_noise_multiplier : float, optional
+        ``p > 0``: a one-shot Gaussian (noise ``p C``, replace-one sensitivity ``2 C``) released
+        before the steps, composed with them.
 
     Returns
     -------
     Mechanism
     """
     z = _positive("noise_multiplier", noise_multiplier)
-    return _mechanism(z, *_scheme_args(scheme, epochs, steps, sampling_rate))
+    return _mechanism(
+        z, *_scheme_args(scheme, epochs, steps, sampling_rate), _prefix(prefix_noise_multiplier)
+    )
+
+
+def _prefix(value: Any) -> float | None:
+    return None if value is None else _positive("prefix_noise_multiplier", value)
 
 
 class ReplaceOneRdpBound(dp_accounting.PrivacyAccountant):
@@ -402,6 +443,7 @@ def epsilon(
     sampling_rate: float | None = None,
     delta: float,
     accountant: str = "pld",
+    prefix_noise_multiplier: float | None = None,
 ) -> float:
     """Replace-one (epsilon, delta) guarantee of a run with noise multiplier ``z``.
 
@@ -437,7 +479,12 @@ def epsilon(
     """
     acc = _accountant(accountant)
     mech = mechanism(
-        noise_multiplier, scheme=scheme, epochs=epochs, steps=steps, sampling_rate=sampling_rate
+        noise_multiplier,
+        scheme=scheme,
+        epochs=epochs,
+        steps=steps,
+        sampling_rate=sampling_rate,
+        prefix_noise_multiplier=prefix_noise_multiplier,
     )
     return _EPSILON[acc](mech, _delta(delta))
 
@@ -513,6 +560,7 @@ def calibrate(
     steps: int | None = None,
     sampling_rate: float | None = None,
     accountant: str = "pld",
+    prefix_noise_multiplier: float | None = None,
 ) -> float:
     """Smallest noise multiplier (within a relative 1e-4) whose epsilon is at most the target.
 
@@ -549,7 +597,10 @@ def calibrate(
             "reference value"
         )
     args = _scheme_args(scheme, epochs, steps, sampling_rate)
-    return _calibrate(lambda z: _mechanism(z, *args), target, _delta(delta), acc, CALIBRATION_RTOL)
+    prefix = _prefix(prefix_noise_multiplier)
+    return _calibrate(
+        lambda z: _mechanism(z, *args, prefix), target, _delta(delta), acc, CALIBRATION_RTOL
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,6 +624,7 @@ def report(
     steps: int | None = None,
     sampling_rate: float | None = None,
     delta: float,
+    prefix_noise_multiplier: float | None = None,
 ) -> dict[str, Any]:
     """Every accountant's epsilon for a run, with the neighbouring relation each one uses.
 
@@ -592,7 +644,12 @@ def report(
         ``accountant_versions``.
     """
     mech = mechanism(
-        noise_multiplier, scheme=scheme, epochs=epochs, steps=steps, sampling_rate=sampling_rate
+        noise_multiplier,
+        scheme=scheme,
+        epochs=epochs,
+        steps=steps,
+        sampling_rate=sampling_rate,
+        prefix_noise_multiplier=prefix_noise_multiplier,
     )
     d = _delta(delta)
     rdp_acc = _rdp_accountant(mech).compose(mech.event)
@@ -612,6 +669,7 @@ def report(
         "steps": mech.steps,
         "sampling_rate": mech.sampling_rate,
         "noise_multiplier": mech.noise_multiplier,
+        "prefix_noise_multiplier": mech.prefix_noise_multiplier,
         "unit_sensitivity_noise_multiplier": (
             mech.noise_multiplier / 2 if mech.gaussian_only else None
         ),
@@ -643,6 +701,7 @@ _KEYS = {
     "steps",
     "sampling_rate",
     "accountant",
+    "prefix_noise_multiplier",
 }
 
 

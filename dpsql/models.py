@@ -70,8 +70,13 @@ class Model:
         self._flags: int = row["flags"]
         # A registered dataset's public feature bounds: the server applies them to every row
         # before the model (dpsql.predict, dpsql.evaluate), and so must Python.
-        bounds = (row.get("params") or {}).get("feature_bounds")
+        params = row.get("params") or {}
+        bounds = params.get("feature_bounds")
         self._feature_bounds = None if bounds is None else np.asarray(bounds, dtype=np.float64)
+        # DPSGD-F: the released mean the rows are centred on (after the row transform).
+        self._preprocessing: dict[str, Any] | None = (params.get("privacy") or {}).get(
+            "preprocessing"
+        )
 
     @classmethod
     def load(cls, db: Database, model_id: int) -> Model:
@@ -96,7 +101,10 @@ class Model:
                 f"dpsql: model {self.model_id} expects {self.n_features_in_} "
                 f"features, got {X.shape[1]}"
             )
-        if self._feature_bounds is not None:
+        if self._preprocessing is not None:
+            pre = self._preprocessing
+            X = _core.preprocess(X, self._feature_bounds, int(pre["row_flags"]), pre["centre"])
+        elif self._feature_bounds is not None:
             X = _core.apply_bounds(X, self._feature_bounds)
         return _core.predict(self.model, self._flags, self.weights_, X)
 

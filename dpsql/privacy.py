@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BST14", "DPAMBSSGD", "DPGD", "DPSGD", "DPSSGD", "SCS13", "AdaSSP", "Auto", "BoltOn"]
+__all__ = [
+    "BST14",
+    "DPAMBSSGD",
+    "DPGD",
+    "DPSGD",
+    "DPSGDF",
+    "DPSSGD",
+    "SCS13",
+    "AdaSSP",
+    "Auto",
+    "BoltOn",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,31 @@ class DPSGD:
             "clip_norm": float(self.clip_norm),
             "sampling": self.sampling,
             "noise_multiplier": self.noise_multiplier,
+            "noise_seed": self.noise_seed,
+        }
+
+
+@dataclass(frozen=True)
+class DPSGDF:
+    """DPSGD-F* (spec 001 section 4): a private mean of the rows, the rows centred on it, then
+    DP-SGD with Poisson sampling, clipping ``clip_norm`` and a bias. The mean's Gaussian and
+    the steps are composed by the PLD accountant to (epsilon, delta); the mean is released
+    with the model and ``predict`` centres rows on it. ``batch_size`` below 2 means 50."""
+
+    epsilon: float
+    delta: float = 1e-6
+    clip_norm: float = 1.0
+    noise_seed: int | None = None
+
+    name = "dpsgd_f"
+
+    def sql_args(self) -> dict[str, Any]:
+        return {
+            "privacy": self.name,
+            "epsilon": float(self.epsilon),
+            "delta": float(self.delta),
+            "clip_norm": float(self.clip_norm),
+            "sampling": "poisson",
             "noise_seed": self.noise_seed,
         }
 

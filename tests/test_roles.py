@@ -33,6 +33,7 @@ ANALYST_FUNCTIONS = {
     "_can_use_dataset",
     "_apply_bounds",
     "_is_positive",
+    "_preprocess",
     "_jsonb_weights",
     "confint",
     "zcdp_rho",

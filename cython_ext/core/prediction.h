@@ -16,6 +16,15 @@ DpsqlStatus dpsql_bound_features(const double *bounds, int d, const double *x, d
 							   int *bad);
 
 /*
+ * A row as a model with preprocessing sees it (DPSGD-F): the feature bounds (if bounds is not
+ * NULL), then the row transform of row_flags (DPSQL_FLAG_CLIP_ROWS / DPSQL_FLAG_UNIT_ROWS, as
+ * in sgd.h), then minus centre (if not NULL). DPSQL_E_NONFINITE_X for a NaN or infinite
+ * feature (a null record); DPSQL_E_PARAM for a bad bound (*bad receives its index).
+ */
+DpsqlStatus dpsql_preprocess(const double *x, int d, const double *bounds, int row_flags,
+							 const double *centre, double *out, int *bad);
+
+/*
  * The decision rule of a binary model: does the raw prediction (a probability for logistic,
  * a score for huber and linear) say the positive class? NaN says neither: -1.
  */

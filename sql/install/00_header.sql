@@ -79,6 +79,12 @@ CREATE OR REPLACE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
+-- A row as a model with preprocessing sees it: bounds, row transform, minus the centre
+-- (cython_ext/core/prediction.h; Python's Model.predict uses it too).
+CREATE OR REPLACE FUNCTION dpsql._preprocess(x float8[], bounds float8[], row_flags int, centre float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_preprocess_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
 -- The binary decision rule (cython_ext/core/prediction.h; Python's Model.predict uses it too).
 CREATE OR REPLACE FUNCTION dpsql._is_positive(loss int, raw float8)
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_is_positive_sql'

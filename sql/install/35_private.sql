@@ -230,11 +230,11 @@ BEGIN
          WHERE m.model_id = mid;
         RETURN mid;
     END IF;
-    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'scs13', 'bst14', 'dp_ambssgd',
-                                          'dp_ssgd', 'dpgd', 'adassp') THEN
+    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14',
+                                          'dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp') THEN
         PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'Available: auto (chosen for you), bolton, dpsgd, scs13, bst14; '
-                                    'for linear regression dp_ambssgd, dp_ssgd, dpgd, adassp.');
+                            hint => 'Available: auto (chosen for you), bolton, dpsgd, dpsgd_f, scs13, '
+                                    'bst14; for linear regression dp_ambssgd, dp_ssgd, dpgd, adassp.');
     END IF;
     linear := privacy IN ('dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp');
     IF linear AND dpsql._loss_code(model) <> 2 THEN
@@ -314,7 +314,9 @@ BEGIN
         PERFORM dpsql._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
                                    ds.name));
     END IF;
-    IF privacy <> 'bolton' THEN
+    IF privacy = 'dpsgd_f' THEN
+        RETURN dpsql._train_dpsgd_f(ds, model, params, epsilon, delta, noise_seed);
+    ELSIF privacy <> 'bolton' THEN
         RETURN dpsql._train_whitebox(ds, model, params, privacy, epsilon, delta, noise_seed);
     END IF;
     -- Checks the budget under the dataset's row lock and appends the ledger entry.

@@ -107,7 +107,12 @@ BEGIN
             'target_epsilon', epsilon, 'noise_multiplier', z,
             'epochs', CASE WHEN sampling = 'shuffle' THEN k END,
             'steps', CASE WHEN sampling = 'poisson' THEN k * n END,
-            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END));
+            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END)
+            -- DPSGD-F: its private mean, a Gaussian released before the steps, composed with them
+            || CASE WHEN params->>'prefix_noise_multiplier' IS NOT NULL
+                    THEN jsonb_build_object('prefix_noise_multiplier',
+                                            (params->>'prefix_noise_multiplier')::float8)
+                    ELSE '{}' END);
         z := coalesce(z, (acct->>'noise_multiplier')::float8);
         plan := jsonb_build_object(
             'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,

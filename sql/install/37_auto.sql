@@ -40,8 +40,9 @@ BEGIN
 END $$;
 
 -- The choice: (the named mechanism's parameters, the record stored with the model).
--- Classification, delta > 0: DP-SGD with Poisson sampling (amplified accounting), clip norm =
--- the loss's gradient bound on the unit ball (nothing is clipped), expected batch 50, 10
+-- Classification, delta > 0: DPSGD-F (38_dpsgd_f.sql: rows centred on a private mean, whose
+-- Gaussian the accountant composes with the steps), DP-SGD with Poisson sampling, clip norm =
+-- the loss's gradient bound on the unit ball (centred rows may exceed it), expected batch 50, 10
 -- epochs, constant step 1/(2 beta) (beta: the loss's tight smoothness on the unit ball).
 -- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP) with the same batch, epochs
 -- and step. Regression: DP-GD with its spec defaults (delta > 0 needed).
@@ -67,13 +68,14 @@ BEGIN
     ELSE
         IF delta > 0 THEN
             chosen := jsonb_build_object(
-                'privacy', 'dpsgd', 'sampling', 'poisson', 'clip_norm',
+                'privacy', 'dpsgd_f', 'sampling', 'poisson', 'clip_norm',
                 (dpsql.loss_constants(canonical, 0, 0, 0.1)).lipschitz_data,
                 'epochs', 10, 'step_size', step,
                 -- the expected batch; Poisson sampling needs m public only through b/m
                 'batch_size', 50);
-            rule := 'classification, delta > 0: DP-SGD, Poisson sampling, expected batch 50, '
-                    '10 epochs, clip = the gradient bound L, constant step 1/(2 beta)';
+            rule := 'classification, delta > 0: DPSGD-F (private mean, centred rows), DP-SGD with '
+                    'Poisson sampling, expected batch 50, 10 epochs, clip = the gradient bound L, '
+                    'constant step 1/(2 beta)';
         ELSE
             chosen := jsonb_build_object('privacy', 'bolton', 'batch_size', 50, 'epochs', 10,
                                          'step_size', step);

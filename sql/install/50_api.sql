@@ -82,8 +82,13 @@ RETURNS float8 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models := dpsql._model(model_id);
     bounds float8[] := dpsql._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
+    pre jsonb := nullif(m.params->'privacy'->'preprocessing', 'null');
     p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights,
-                               CASE WHEN bounds IS NULL THEN x ELSE dpsql._apply_bounds(x, bounds) END);
+                               CASE WHEN pre IS NOT NULL
+                                    THEN dpsql._preprocess(x, bounds, (pre->>'row_flags')::int,
+                                                           dpsql._jsonb_weights(pre->'centre'))
+                                    WHEN bounds IS NULL THEN x
+                                    ELSE dpsql._apply_bounds(x, bounds) END);
 BEGIN
     IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
@@ -111,6 +116,11 @@ BEGIN
     IF feat.dim <> m.n_features THEN
         PERFORM dpsql._fail(format('model %s has %s features, the source gives %s',
                                    model_id, m.n_features, feat.dim));
+    END IF;
+    IF m.params->'privacy'->'preprocessing' <> 'null' THEN  -- DPSGD-F: rows centred as in training
+        feat.expr := format('dpsql._preprocess(%s, NULL, %s, %L::float8[])', feat.expr,
+                            (m.params->'privacy'->'preprocessing'->>'row_flags')::int,
+                            dpsql._jsonb_weights(m.params->'privacy'->'preprocessing'->'centre'));
     END IF;
     yexpr := dpsql._label_sql(m.model, coalesce(label, m.label), m.classes);
     pexpr := format('dpsql._predict(%s, %s, %L::float8[], %s)',

@@ -320,6 +320,76 @@ dpsql_apply_bounds(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
+PG_FUNCTION_INFO_V1(dpsql_preprocess_sql);
+
+/* A 1-D float8[] of length d without NULLs, or NULL (a NULL array argument). */
+static double *
+optional_vector(FunctionCallInfo fcinfo, int arg, int d, const char *what)
+{
+	ArrayType  *a;
+	int			n;
+	double	   *v;
+
+	if (PG_ARGISNULL(arg))
+		return NULL;
+	a = PG_GETARG_ARRAYTYPE_P(arg);
+	v = dpsql_float8_array(a, &n, what);
+	if (n != d)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: %s has %d entries for %d features", what, n, d)));
+	return v;
+}
+
+/*
+ * dpsql._preprocess(x float8[], bounds float8[], row_flags int, centre float8[]) -> float8[]
+ * The core's preprocessing (prediction.h). NULL for an x that is NULL, of another shape, or not
+ * finite: a null record in private runs, never an error that could show a value.
+ */
+Datum
+dpsql_preprocess_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *x;
+	ArrayType  *out;
+	double	   *bounds = NULL;
+	double	   *centre;
+	int			d;
+	int			bad = 0;
+	DpsqlStatus st;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
+		PG_RETURN_NULL();
+	x = PG_GETARG_ARRAYTYPE_P(0);
+	if (ARR_ELEMTYPE(x) != FLOAT8OID || ARR_NDIM(x) != 1 ||
+		(ARR_HASNULL(x) && array_contains_nulls(x)))
+		PG_RETURN_NULL();
+	d = ARR_DIMS(x)[0];
+	if (!PG_ARGISNULL(1))
+	{
+		ArrayType  *b = PG_GETARG_ARRAYTYPE_P(1);
+
+		if (ARR_ELEMTYPE(b) != FLOAT8OID || ARR_NDIM(b) != 2 || ARR_DIMS(b)[1] != 2 ||
+			(ARR_HASNULL(b) && array_contains_nulls(b)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dpsql: feature bounds must be a d x 2 float8 array of (lo, hi)")));
+		if (ARR_DIMS(b)[0] != d)
+			PG_RETURN_NULL();
+		bounds = (double *) ARR_DATA_PTR(b);
+	}
+	centre = optional_vector(fcinfo, 3, d, "the centre");
+	out = dpsql_new_float8_array(d);
+	st = dpsql_preprocess((double *) ARR_DATA_PTR(x), d, bounds, PG_GETARG_INT32(2), centre,
+						  (double *) ARR_DATA_PTR(out), &bad);
+	if (st == DPSQL_E_PARAM)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: feature bound %d is not a finite interval lo < hi", bad + 1)));
+	if (st != DPSQL_OK)
+		PG_RETURN_NULL();
+	PG_RETURN_ARRAYTYPE_P(out);
+}
+
 /* dpsql._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
 Datum
 dpsql_is_positive_sql(PG_FUNCTION_ARGS)

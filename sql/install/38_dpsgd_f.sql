@@ -1,0 +1,117 @@
+------------------------------------------------------------------------------------------
+-- DPSGD-F* (spec 001 section 4): private feature preprocessing for DP linear classification.
+-- A private mean of the rows (Gaussian mechanism on their sum), the rows centred on it, then
+-- DP-SGD with Poisson sampling and an ordinary bias. The mean's Gaussian and the steps are
+-- composed in the same PLD accountant (spec 001 s. 5.3: not an epsilon split). The mean is
+-- released with the model, and predict / evaluate (SQL and Python) centre rows on it.
+------------------------------------------------------------------------------------------
+
+-- Share of epsilon that fixes the mean's noise: it sets the noise multiplier p of the mean
+-- (the analytic Gaussian for (mean_fraction * epsilon, delta) alone), and the accountant then
+-- calibrates the steps so that the composition of both is (epsilon, delta).
+CREATE OR REPLACE FUNCTION dpsql._dpsgd_f_mean_fraction()
+RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 0.1::float8';
+
+-- The rows' noisy mean: rows as the model sees them (bounds applied in the training table,
+-- then the row transform: norm <= 1) summed, a null record counting as zero, plus N(0, p^2 I)
+-- (replace-one sensitivity 2), divided by the public m.
+CREATE OR REPLACE FUNCTION dpsql._private_mean(train_table text, dim int, row_flags int, rows bigint,
+                                    noise_multiplier float8, noise_seed bigint)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    total float8[];
+BEGIN
+    EXECUTE format('SELECT array_agg(coalesce(s.v, 0) ORDER BY j)'
+                   '  FROM generate_series(1, $2) j LEFT JOIN ('
+                   '    SELECT u.j, sum(u.v) AS v'
+                   '      FROM %s t, unnest(dpsql._preprocess(t.x, NULL, $1, NULL))'
+                   '           WITH ORDINALITY AS u(v, j)'
+                   '     GROUP BY u.j) s USING (j)', train_table)
+       INTO total USING row_flags, dim;
+    total := dpsql._add_gaussian(total, noise_multiplier, noise_seed, 7001);
+    RETURN ARRAY(SELECT v / rows FROM unnest(total) WITH ORDINALITY AS u(v, j) ORDER BY j);
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, params jsonb,
+                                     epsilon float8, delta float8, noise_seed bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    canonical text := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    mean_epsilon float8 := dpsql._dpsgd_f_mean_fraction() * epsilon;
+    prefix float8;
+    run bigint;
+    r dpsql.runs;
+    row_flags int;
+    centre float8[];
+    tbl text;
+    plan jsonb;
+    entry bigint;
+    e record;
+    mid bigint;
+BEGIN
+    IF canonical = 'linear' THEN
+        PERFORM dpsql._fail('dpsgd_f trains classifiers (logistic, huber, multinomial)',
+                            hint => 'For regression use dpgd (or auto).');
+    END IF;
+    IF NOT (delta > 0) THEN
+        PERFORM dpsql._fail('dpsgd_f is (epsilon, delta)-DP: delta must be > 0');
+    END IF;
+    -- Always Poisson sampling, the sampling the composed accountant assumes (spec 001 s. 4
+    -- [R]); 'shuffle' is dpsql.train's default for sampling, so it cannot mean a choice here.
+    IF params->>'noise_multiplier' IS NOT NULL THEN
+        PERFORM dpsql._fail('dpsgd_f calibrates its noise from epsilon: give epsilon, not noise_multiplier');
+    END IF;
+    -- Poisson batches of expected size 1 would cost a step per row: b < 2 means the default 50.
+    IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
+        params := params || '{"batch_size": 50}';
+    END IF;
+    -- The mean's noise std for (mean_epsilon, delta) alone at replace-one sensitivity 2: rows
+    -- have norm <= 1, so it is also the accountant's prefix multiplier (std / C, C = 1).
+    prefix := dpsql.gaussian_sigma(2, mean_epsilon, delta);
+    run := dpsql._prepare_private(ds, model, params);
+    r := dpsql._locked_run(run);
+    row_flags := (r.spec->>'flags')::int & 3;  -- the registration's clip / unit rows
+    -- The plan (and the charge) before any private number is computed from the rows.
+    plan := dpsql._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
+                                 params || jsonb_build_object('sampling', 'poisson',
+                                                              'prefix_noise_multiplier', prefix));
+    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+                           'dpsgd_f');
+    centre := dpsql._private_mean(r.train_table, (r.spec->>'dim')::int, row_flags, r.rows, prefix,
+                                  noise_seed);
+    -- Centre the rows in a new table (an UPDATE would leave every row's old version for the
+    -- epochs to skip): the row transform is done, and the bias is a plain feature 1.
+    tbl := r.train_table || '_c';
+    EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL) WITH (autovacuum_enabled = false)',
+                   tbl, r.train_table);
+    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT rid, dpsql._preprocess(x, NULL, $1, $2), y'
+                   '  FROM %s ORDER BY rid', tbl, r.train_table) USING row_flags, centre;
+    EXECUTE format('DROP TABLE %s', r.train_table);
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
+    UPDATE dpsql.runs
+       SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int & ~3) | 4,
+                                             'intercept', true)
+     WHERE runs.run_id = run;
+    r := dpsql._locked_run(run);
+    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
+    LOOP
+        e := dpsql._run_epoch(run);
+        EXIT WHEN e.done;
+    END LOOP;
+    r := dpsql._locked_run(run);
+    mid := dpsql._finish(run, dpsql._sgd_weights(r.state), (plan->'info') || jsonb_build_object(
+        'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
+        'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
+                     'DP-SGD with Poisson sampling and a bias',
+        'epsilon', plan->'epsilon', 'delta', plan->'delta', 'noise_scale', plan->'noise_scale',
+        'ledger_entry', entry,
+        'preprocessing', jsonb_build_object(
+            'row_flags', row_flags, 'centre', centre,
+            'mean_noise_std', prefix, 'mean_sensitivity', 2,
+            'mean_epsilon_alone', mean_epsilon,
+            'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),
+        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+    PERFORM dpsql._set_ledger_model(entry, mid);
+    RETURN mid;
+END $$;
