@@ -277,3 +277,20 @@ def test_python_predicts_as_the_server_on_bounded_data(conn, scratch_schema, ser
     assert set(np.unique(predicted)) <= {0.0, 1.0}
     assert accuracy == np.mean(predicted == y)
     assert np.array_equal(predicted == 1, in_sql >= 0.5)
+
+
+def test_only_relations_that_run_no_code_are_read_directly(conn, scratch_schema) -> None:
+    """A child or partition may be a foreign table: only plain tables and materialized views
+    without children skip dpsql_reader."""
+    conn.execute("CREATE TABLE plain (a float8, y float8)")
+    conn.execute("CREATE MATERIALIZED VIEW mat AS SELECT * FROM plain")
+    conn.execute("CREATE VIEW v AS SELECT * FROM plain")
+    conn.execute("CREATE TABLE parent (a float8, y float8)")
+    conn.execute("CREATE TABLE child () INHERITS (parent)")
+    conn.execute("CREATE TABLE part (a float8, y float8) PARTITION BY RANGE (a)")
+    expected = {"plain": True, "mat": True, "v": False, "parent": False, "part": False}
+    for rel, direct in expected.items():
+        (got,) = conn.execute(
+            "SELECT dpsql._runs_no_code(%s::regclass)", (f"{scratch_schema}.{rel}",)
+        ).fetchone()
+        assert got is direct, rel

@@ -4,10 +4,11 @@
 -- Private training runs as the extension owner (SECURITY DEFINER), but reading a registered
 -- view runs its functions as the current user, and an owner's function without a pinned
 -- search_path resolves its unqualified names in the caller's pg_temp, where an analyst can
--- put a view of their own: the red team wrote a file as superuser that way. So registered
--- data is read by dpsql._read_source, which runs as dpsql_reader (no superuser, no login,
--- SELECT on the registered columns only), and refuses to read a view or foreign table while
--- the session holds temporary relations or types that could capture those names.
+-- put a view of their own: the red team wrote a file as superuser that way. So a registered
+-- relation whose reading runs code (a view, a foreign table, an inheritance tree) is read by
+-- dpsql._read_source, which runs as dpsql_reader (no superuser, no login, SELECT on the
+-- registered columns only) and refuses while the session holds temporary relations or types
+-- that could capture names. A plain table or materialized view runs nobody's code when read.
 ------------------------------------------------------------------------------------------
 
 -- SELECT on a registered relation's columns for dpsql_reader (and USAGE on its schema).
@@ -23,33 +24,26 @@ BEGIN
                    (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
 END $$;
 
--- The registered columns of a relation as float8 (scalars) or float8[] (an array column), in
--- the order given: call it with a column definition list of those types. A numeric value out
--- of float8's range becomes NULL (a null record), so that no cast error prints a private value.
-CREATE OR REPLACE FUNCTION dpsql._read_source(relid regclass, columns text[])
-RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER
+-- The select list that reads registered columns as float8 (scalars) or float8[] (an array
+-- column), each under its own name. A numeric value out of float8's range becomes NULL (a
+-- null record), so that no cast error prints a private value.
+CREATE OR REPLACE FUNCTION dpsql._read_list(relid regclass, columns text[])
+RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     list text;
     found_columns int;
 BEGIN
-    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = relid) IN ('v', 'f')
-       AND (EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = pg_my_temp_schema())
-            OR EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = pg_my_temp_schema())) THEN
-        RAISE EXCEPTION 'dpsql: this session has temporary tables or types, and the dataset is a view'
-            USING ERRCODE = 'object_in_use',
-                  HINT = 'They could capture names in the view''s code: DISCARD TEMP, or train from a new session.';
-    END IF;
     SELECT string_agg(
                CASE WHEN t.typcategory = 'A' AND e.oid = 'numeric'::regtype THEN
                         format('ARRAY(SELECT CASE WHEN abs(v) <= 1.7976931348623157e308 THEN v::float8 END'
-                               ' FROM unnest(%I) v)', a.attname)
-                    WHEN t.typcategory = 'A' THEN format('%I::float8[]', a.attname)
+                               ' FROM unnest(%1$I) v) AS %1$I', a.attname)
+                    WHEN t.typcategory = 'A' THEN format('%1$I::float8[] AS %1$I', a.attname)
                     WHEN coalesce(nullif(t.typbasetype, 0), t.oid) = 'numeric'::regtype THEN
-                        format('CASE WHEN abs(%1$I) <= 1.7976931348623157e308 THEN %1$I::float8 END',
+                        format('CASE WHEN abs(%1$I) <= 1.7976931348623157e308 THEN %1$I::float8 END AS %1$I',
                                a.attname)
-                    ELSE format('%I::float8', a.attname) END,
+                    ELSE format('%1$I::float8 AS %1$I', a.attname) END,
                ', ' ORDER BY k), count(*)
       INTO list, found_columns
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
@@ -61,6 +55,33 @@ BEGIN
         RAISE EXCEPTION 'dpsql: the registered columns of % no longer exist', relid
             USING ERRCODE = 'undefined_column';
     END IF;
-    RETURN QUERY EXECUTE format('SELECT %s FROM %s', list, relid);
+    RETURN list;
 END $$;
-ALTER FUNCTION dpsql._read_source(regclass, text[]) OWNER TO dpsql_reader;
+
+-- Whether reading a relation runs nobody's code: a table or materialized view without
+-- inheritance children (a child or partition may be a foreign table). Those are read by the
+-- private training directly; everything else through dpsql._read_source.
+CREATE OR REPLACE FUNCTION dpsql._runs_no_code(relid regclass)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.relkind IN ('r', 'm') AND NOT c.relhassubclass FROM pg_class c WHERE c.oid = relid
+$$;
+
+-- Rows of a registered view, foreign table or inheritance tree (select_list from _read_list),
+-- read as dpsql_reader. Callable by the extension owner only (no grants): it runs the list it
+-- is given.
+CREATE OR REPLACE FUNCTION dpsql._read_source(relid regclass, select_list text)
+RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = pg_my_temp_schema())
+       OR EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = pg_my_temp_schema()) THEN
+        RAISE EXCEPTION 'dpsql: this session has temporary tables or types, and the dataset is a view'
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'They could capture names in the view''s code: DISCARD TEMP, or train from a new session.';
+    END IF;
+    RETURN QUERY EXECUTE format('SELECT %s FROM %s', select_list, relid);
+END $$;
+ALTER FUNCTION dpsql._read_source(regclass, text) OWNER TO dpsql_reader;

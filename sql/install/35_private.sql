@@ -145,12 +145,14 @@ END $$;
 
 -- A private run's training table and initial state from a registered dataset: the data owner's
 -- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
--- The data is read through dpsql._read_source (as dpsql_reader, never as a superuser), which
--- gives float8 columns (or one float8[]) of the registered dimension: nothing is probed.
+-- The data is read as float8 columns (or one float8[]) of the registered dimension: nothing is
+-- probed. A view, foreign table or inheritance tree is read through dpsql._read_source (as
+-- dpsql_reader, never as a superuser); a plain table or materialized view directly.
 CREATE OR REPLACE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     columns text[] := ds.features || ds.label;
+    list text := dpsql._read_list(ds.relid, columns);
     array_column boolean := cardinality(ds.features) = 1
         AND (SELECT a.attndims > 0 OR t.typcategory = 'A'
                FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
@@ -163,11 +165,13 @@ BEGIN
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
     RETURN dpsql._prepare(
-        source => format('SELECT * FROM dpsql._read_source(%s::regclass, %L::text[]) AS src(%s)',
-                         ds.relid::oid, columns,
-                         (SELECT string_agg(format('%I %s', c, t), ', ' ORDER BY k)
-                            FROM unnest(columns, types || 'double precision'::text)
-                                 WITH ORDINALITY AS u(c, t, k))),
+        source => CASE WHEN dpsql._runs_no_code(ds.relid)
+                       THEN format('SELECT %s FROM %s', list, ds.relid)
+                       ELSE format('SELECT * FROM dpsql._read_source(%s::regclass, %L) AS src(%s)',
+                                   ds.relid::oid, list,
+                                   (SELECT string_agg(format('%I %s', c, t), ', ' ORDER BY k)
+                                      FROM unnest(columns, types || 'double precision'::text)
+                                           WITH ORDINALITY AS u(c, t, k))) END,
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
