@@ -52,6 +52,9 @@ CLASSIFIERS = [
     ("bolton", {"epsilon": 1.0, "delta": 1e-6, "lambda": 0.01}),
     ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "clip_norm": 1.0, "batch_size": 10}),
     ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10, "sampling": "poisson"}),
+    ("dpsgd_f", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10}),
+    ("auto", {"epsilon": 1.0, "delta": 1e-5}),
+    ("auto", {"epsilon": 1.0}),
     ("scs13", {"epsilon": 1.0}),
     ("bst14", {"epsilon": 1.0, "delta": 1e-5, "lambda": 0.01, "batch_size": 10}),
 ]
@@ -74,7 +77,8 @@ def _set_hostile(conn: psycopg.Connection) -> None:
 
 
 def _release(conn: psycopg.Connection, source: str, model: str, privacy: str, kw: dict) -> dict:
-    args = {"model": model, "privacy": privacy, "epochs": 2, "seed": 11, "noise_seed": 5, **kw}
+    epochs = {} if privacy == "auto" else {"epochs": 2}  # auto chooses its own
+    args = {"model": model, "privacy": privacy, **epochs, "seed": 11, "noise_seed": 5, **kw}
     names = ", ".join(f"{k} => %({k})s" for k in args)
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
