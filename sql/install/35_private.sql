@@ -390,7 +390,9 @@ BEGIN
                 step_offset => 0, radius => NULL, shuffle => true, seed => (b.spec->>'seed')::bigint + i,
                 labels => labels, intercept => (b.spec->>'intercept')::boolean,
                 row_norm => b.spec->>'row_norm', huber_h => coalesce((params->>'huber_h')::float8, 0.1),
-                tolerance => NULL, private => true);
+                tolerance => NULL, private => true,
+                -- the registered dimension: no row of the training table is probed
+                feature_types => '{double precision[]}', dim => (b.spec->>'dim')::int);
             fit := dpsql._bolton_fit(cand, epsilon, delta, calibration,
                                      noise_seed # (i::bigint << 32));
             errors := errors || dpsql._errors(b.train_table, model, (b.spec->>'flags')::int,
