@@ -44,6 +44,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_register_dataset",
     "grant_dataset",
     "revoke_dataset",
+    "estimate_bounds",
     # non-private runs, as the data owner
     "_prepare",
     "_run_epoch",

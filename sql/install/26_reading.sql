@@ -85,3 +85,36 @@ BEGIN
     RETURN QUERY EXECUTE format('SELECT %s FROM %s', select_list, relid);
 END $$;
 ALTER FUNCTION dpsql._read_source(regclass, text) OWNER TO dpsql_reader;
+
+-- Whether a dataset's features are one array column (else numeric columns).
+CREATE OR REPLACE FUNCTION dpsql._array_feature(ds dpsql.datasets)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT cardinality(ds.features) = 1
+           AND (SELECT a.attndims > 0 OR t.typcategory = 'A'
+                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                 WHERE a.attrelid = ds.relid AND a.attname = ds.features[1])
+$$;
+
+-- The FROM item (alias src) that reads a registered dataset's features and label as float8
+-- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
+-- dpsql._read_source (as dpsql_reader).
+CREATE OR REPLACE FUNCTION dpsql._private_from(ds dpsql.datasets)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    columns text[] := ds.features || ds.label;
+    list text := dpsql._read_list(ds.relid, columns);
+BEGIN
+    IF dpsql._runs_no_code(ds.relid) THEN
+        RETURN format('(SELECT %s FROM %s) AS src', list, ds.relid);
+    END IF;
+    RETURN format('dpsql._read_source(%s::regclass, %L) AS src(%s)', ds.relid::oid, list,
+                  (SELECT string_agg(format('%I %s', c,
+                                            CASE WHEN k = 1 AND dpsql._array_feature(ds)
+                                                 THEN 'double precision[]' ELSE 'double precision' END),
+                                     ', ' ORDER BY k)
+                     FROM unnest(columns) WITH ORDINALITY AS u(c, k)));
+END $$;

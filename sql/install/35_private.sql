@@ -151,13 +151,7 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    columns text[] := ds.features || ds.label;
-    list text := dpsql._read_list(ds.relid, columns);
-    array_column boolean := cardinality(ds.features) = 1
-        AND (SELECT a.attndims > 0 OR t.typcategory = 'A'
-               FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-              WHERE a.attrelid = ds.relid AND a.attname = ds.features[1]);
-    types text[] := CASE WHEN array_column THEN '{double precision[]}'
+    types text[] := CASE WHEN dpsql._array_feature(ds) THEN '{double precision[]}'
                          ELSE array_fill('double precision'::text, ARRAY[cardinality(ds.features)]) END;
 BEGIN
     IF ds.dim IS NULL THEN
@@ -165,13 +159,7 @@ BEGIN
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
     RETURN dpsql._prepare(
-        source => CASE WHEN dpsql._runs_no_code(ds.relid)
-                       THEN format('SELECT %s FROM %s', list, ds.relid)
-                       ELSE format('SELECT * FROM dpsql._read_source(%s::regclass, %L) AS src(%s)',
-                                   ds.relid::oid, list,
-                                   (SELECT string_agg(format('%I %s', c, t), ', ' ORDER BY k)
-                                      FROM unnest(columns, types || 'double precision'::text)
-                                           WITH ORDINALITY AS u(c, t, k))) END,
+        source => 'SELECT * FROM ' || dpsql._private_from(ds),
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
