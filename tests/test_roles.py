@@ -25,6 +25,7 @@ ANALYST_FUNCTIONS = {
     "_feature_sql",
     "_label_sql",
     "_check_labels",
+    "_canonical_model",
     "_loss_code",
     "_predict",
     "_fail",

@@ -124,11 +124,17 @@ BEGIN
                   label, labels[1], labels[2], bad);
 END $$;
 
+-- The canonical name of a model (aliases accepted by the C core's loss names).
+CREATE OR REPLACE FUNCTION dpsql._canonical_model(model text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)]
+$$;
+
 -- Canonical model name and checked public label set.
 CREATE OR REPLACE FUNCTION dpsql._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    canonical := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    canonical := dpsql._canonical_model(model);
     IF canonical = 'linear' THEN
         IF labels IS NOT NULL THEN
             PERFORM dpsql._fail('labels apply to classification models only');

@@ -50,7 +50,7 @@ CREATE OR REPLACE FUNCTION dpsql._auto_choice(ds dpsql.datasets, model text, par
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
-    canonical text := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    canonical text := dpsql._canonical_model(model);
     -- 1/(2 beta) with the tight smoothness on the unit ball (the core's loss_constants give
     -- the bolt-on paper's looser beta = 1): logistic 1/4, multinomial 1/2, Huber 1/(2h).
     step float8 := CASE canonical WHEN 'logistic' THEN 2.0 WHEN 'multinomial' THEN 1.0

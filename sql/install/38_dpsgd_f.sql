@@ -36,7 +36,7 @@ CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, p
                                      epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    canonical text := (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)];
+    canonical text := dpsql._canonical_model(model);
     mean_epsilon float8 := dpsql._dpsgd_f_mean_fraction() * epsilon;
     prefix float8;
     run bigint;
