@@ -411,6 +411,21 @@ BEGIN
             'selection', 'exponential mechanism, utility -errors, sensitivity 1'));
 END $$;
 
+-- Arm a prepared run with a white-box plan (noise inside every step), run all its epochs and
+-- return the final weights: the release, with no output noise.
+CREATE OR REPLACE FUNCTION dpsql._run_armed(run bigint, plan jsonb, noise_seed bigint)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+BEGIN
+    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
+    LOOP
+        e := dpsql._run_epoch(run);
+        EXIT WHEN e.done;
+    END LOOP;
+    RETURN dpsql._sgd_weights((dpsql._locked_run(run)).state);
+END $$;
+
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
 -- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
@@ -422,7 +437,6 @@ DECLARE
     r dpsql.runs;
     plan jsonb;
     entry bigint;
-    e record;
     mid bigint;
 BEGIN
     run := dpsql._prepare_private(ds, model, params);
@@ -430,13 +444,8 @@ BEGIN
     plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            privacy);
-    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
-    LOOP
-        e := dpsql._run_epoch(run);
-        EXIT WHEN e.done;
-    END LOOP;
-    r := dpsql._locked_run(run);
-    mid := dpsql._finish(run, dpsql._sgd_weights(r.state), (plan->'info') || jsonb_build_object(
+    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
+                         (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
         'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'

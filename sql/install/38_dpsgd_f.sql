@@ -46,7 +46,6 @@ DECLARE
     tbl text;
     plan jsonb;
     entry bigint;
-    e record;
     mid bigint;
 BEGIN
     IF canonical = 'linear' THEN
@@ -92,14 +91,8 @@ BEGIN
        SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int & ~3) | 4,
                                              'intercept', true)
      WHERE runs.run_id = run;
-    r := dpsql._locked_run(run);
-    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
-    LOOP
-        e := dpsql._run_epoch(run);
-        EXIT WHEN e.done;
-    END LOOP;
-    r := dpsql._locked_run(run);
-    mid := dpsql._finish(run, dpsql._sgd_weights(r.state), (plan->'info') || jsonb_build_object(
+    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
+                         (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
                      'DP-SGD with Poisson sampling and a bias',
