@@ -45,7 +45,8 @@ END $$;
 -- the loss's gradient bound on the unit ball (centred rows may exceed it), expected batch 50, 10
 -- epochs, constant step 1/(2 beta) (beta: the loss's tight smoothness on the unit ball).
 -- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP) with the same batch, epochs
--- and step. Regression: DP-GD with its spec defaults (delta > 0 needed).
+-- and step. Regression: DP-GD (delta > 0 needed), whitened by its private preconditioner
+-- (44_dpgd_precondition.sql) when the rows have a public norm bound.
 CREATE OR REPLACE FUNCTION dpsql._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -63,8 +64,11 @@ BEGIN
         IF NOT (delta > 0) THEN
             PERFORM dpsql._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
         END IF;
-        chosen := jsonb_build_object('privacy', 'dpgd');
-        rule := 'regression: DP-GD with its defaults (batch-means intervals)';
+        -- With a public bound on ||x||, whiten by the private preconditioner (a tenth of rho).
+        chosen := jsonb_build_object('privacy', 'dpgd') || CASE WHEN ds.row_bound IS NOT NULL
+            THEN jsonb_build_object('options', jsonb_build_object('precondition', true)) ELSE '{}' END;
+        rule := 'regression: DP-GD with batch-means intervals, whitened by the private '
+                'preconditioner when the rows have a public norm bound';
     ELSE
         IF delta > 0 THEN
             chosen := jsonb_build_object(

@@ -88,7 +88,7 @@ DECLARE
     known text[] := CASE privacy
         WHEN 'dp_ambssgd' THEN '{r_x,h_norm,condition_number,c1,step_scale,domain_bound,beta_stat,tight_accounting,log_exponent}'
         WHEN 'dp_ssgd' THEN '{r_x}'
-        WHEN 'dpgd' THEN '{noise_level,clip_check}'
+        WHEN 'dpgd' THEN '{noise_level,clip_check,precondition}'
         ELSE '{varrho}' END::text[];
     unknown text;
     r_x float8;
@@ -114,6 +114,8 @@ DECLARE
     gamma float8;
     rho_check float8;
     rho_gd float8;
+    rho_pre float8;
+    precondition boolean;
     lam float8;
     sens record;
     sd float8;
@@ -259,7 +261,9 @@ BEGIN
         ELSIF ci IN ('batch_means', 'checkpoints') AND (steps - burn_in) / draws < 1 THEN
             PERFORM dpsql._fail(format('%s steps leave no %s draws after a burn-in of %s', steps, draws, burn_in));
         END IF;
-        eta := coalesce((params->>'step_size')::float8, 0.2);
+        precondition := coalesce((options->>'precondition')::boolean, false);
+        -- Whitened rows have a Hessian near I, where a step of 1 mixes in a few steps.
+        eta := coalesce((params->>'step_size')::float8, CASE WHEN precondition THEN 1.0 ELSE 0.2 END);
         gamma := coalesce((params->>'clip_norm')::float8,
                           5 * sqrt(p) * greatest(dpsql._linear_option(options, 'noise_level', 1), 1));
         IF NOT (gamma > 0 AND gamma < 'Infinity') THEN
@@ -268,20 +272,32 @@ BEGIN
         -- What the intervals cover depends on clipping at the estimate: a noisy count of the
         -- rows clipped there (sensitivity 1) takes 1/50 of rho unless options.clip_check = false.
         rho_check := CASE WHEN coalesce((options->>'clip_check')::boolean, true) THEN rho / 50 ELSE 0 END;
-        rho_gd := rho - rho_check;
+        -- A private preconditioner (44_dpgd_precondition.sql) takes a tenth of rho.
+        IF precondition AND x_bound = 0 THEN
+            PERFORM dpsql._fail('the preconditioner needs a public bound on ||x||',
+                                hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
+        END IF;
+        rho_pre := CASE WHEN precondition THEN rho / 10 ELSE 0 END;
+        rho_gd := rho - rho_check - rho_pre;
         lam := sqrt(2 * steps) * gamma / (sqrt(rho_gd) * n);
         PERFORM dpsql._check_finite_run(eta, steps, gamma + 100 * lam * sqrt(p));
         RETURN jsonb_build_object(
             'epsilon', epsilon, 'delta', delta, 'rho', rho, 'steps', steps, 'runs', runs,
             'step_size', eta, 'clip_norm', gamma, 'noise_std', lam, 'ci', ci, 'ci_draws', draws,
             'burn_in', burn_in, 'rho_check', rho_check,
+            'precondition', precondition, 'rho_pre', rho_pre,
+            'pre_noise_std', CASE WHEN precondition
+                                  THEN (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx
+                                       / sqrt(2 * rho_pre) END,
             'check_noise_std', CASE WHEN rho_check > 0 THEN 1 / sqrt(2 * rho_check) END,
             'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
             'info', jsonb_build_object(
                 'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
-                'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s',
+                'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s',
                                      steps, rho_gd, CASE WHEN rho_check > 0
-                                     THEN format(' + a clipped-row count at the estimate (rho %s)', rho_check) ELSE '' END),
+                                     THEN format(' + a clipped-row count at the estimate (rho %s)', rho_check) ELSE '' END,
+                                     CASE WHEN precondition
+                                     THEN format(' + the preconditioner''s second-moment matrix (rho %s)', rho_pre) ELSE '' END),
                 'rho', rho, 'steps', steps, 'runs', runs, 'step_size', eta, 'clip_norm', gamma,
                 'noise_std', lam, 'theta0', 0,
                 'neighbouring', 'replace-one, n public'));
@@ -351,6 +367,8 @@ BEGIN
     entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy);
     IF privacy IN ('dp_ambssgd', 'dp_ssgd') THEN
         rel := dpsql._ambssgd_fit(r.train_table, plan, noise_seed);
+    ELSIF privacy = 'dpgd' AND (plan->>'precondition')::boolean THEN
+        rel := dpsql._dpgd_fit_preconditioned(r.train_table, plan, noise_seed);
     ELSIF privacy = 'dpgd' THEN
         rel := dpsql._dpgd_fit(r.train_table, plan, noise_seed);
     ELSE

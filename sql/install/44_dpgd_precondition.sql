@@ -1,0 +1,99 @@
+------------------------------------------------------------------------------------------
+-- DP-GD with a private preconditioner (issue 10; spec 002's conditioning): on ill-conditioned
+-- features DP-GD's iterates barely move along the small eigen-directions and its intervals do
+-- not cover. A noisy second-moment matrix of the rows (x clipped, 1 appended) is released
+-- (Gaussian, zCDP, a tenth of rho), floored to be positive definite, G = L L^T; DP-GD runs on
+-- the whitened rows L^{-1} (x, 1) and every iterate maps back by L^{-T} (the batch means and
+-- intervals commute with that linear map). options => {"precondition": true}; auto uses it.
+------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION dpsql._cholesky(a float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_cholesky_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql._whiten_row(x float8[], l float8[], append_one boolean, x_bound float8)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_whiten_row'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql._unwhiten(theta float8[], l float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_unwhiten'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql._min_eigenvalue(a float8[])
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_min_eigenvalue'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- The released preconditioner: the noisy, floored G = (X~^T X~ + E) / n + f I (E symmetric,
+-- its upper triangle i.i.d. N(0, sigma^2), sigma = Delta / sqrt(2 rho_pre) with Delta the
+-- replace-one Frobenius sensitivity sqrt(2) (x_bound^2 + intercept)); f lifts the noisy
+-- spectrum to at least 2 sigma sqrt(p) / n (public). Returns its Cholesky factor and the
+-- bound on a whitened row's norm.
+CREATE OR REPLACE FUNCTION dpsql._dpgd_preconditioner(train_table text, plan jsonb, noise_seed bigint,
+                                           OUT factor float8[], OUT row_bound float8,
+                                           OUT info jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d int := (plan->>'dim')::int;
+    icpt boolean := (plan->>'intercept')::boolean;
+    p int := d + icpt::int;
+    xb float8 := (plan->>'x_bound')::float8;
+    n bigint := (plan->>'rows')::bigint;
+    sigma float8 := (plan->>'pre_noise_std')::float8;
+    gram float8[];
+    upper float8[];
+    g float8[];
+    g_noisy float8[];
+    lambda_min float8;
+    floor_ float8;
+BEGIN
+    EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, 1, $2, $3) FROM %s', train_table)
+       INTO gram USING xb, icpt, d;
+    -- The upper triangle (the diagonal included), row by row, noised once.
+    upper := dpsql._add_gaussian(
+        ARRAY(SELECT gram[2 + (i - 1) * p + j] FROM generate_series(1, p) i,
+                     generate_series(1, p) j WHERE j >= i ORDER BY i, j),
+        sigma, noise_seed, 8001);
+    g := ARRAY(SELECT upper[(least(i, j) - 1) * p - (least(i, j) - 1) * (least(i, j) - 2) / 2
+                            + greatest(i, j) - least(i, j) + 1] / n
+                 FROM generate_series(1, p) i, generate_series(1, p) j ORDER BY i, j);
+    g_noisy := g;
+    lambda_min := dpsql._min_eigenvalue(g);
+    floor_ := greatest(0, -lambda_min) + 2 * sigma * sqrt(p) / n;
+    g := ARRAY(SELECT g[(i - 1) * p + j] + CASE WHEN i = j THEN floor_ ELSE 0 END
+                 FROM generate_series(1, p) i, generate_series(1, p) j ORDER BY i, j);
+    factor := dpsql._cholesky(g);
+    -- ||L^{-1} x~|| <= ||x~|| / sqrt(lambda_min(G)), lambda_min(G) = lambda_min + floor
+    row_bound := sqrt(xb ^ 2 + icpt::int) / sqrt(lambda_min + floor_);
+    info := jsonb_build_object('rho', plan->'rho_pre', 'noise_std', sigma,
+                               'second_moment', g_noisy,
+                               'lambda_min_noisy', lambda_min, 'floor', floor_,
+                               'whitened_row_bound', row_bound);
+END $$;
+
+-- DP-GD on the whitened rows (a table of L^{-1} (x, 1), no intercept flag, the whitened
+-- bound), then the estimate and every iterate mapped back by L^{-T}.
+CREATE OR REPLACE FUNCTION dpsql._dpgd_fit_preconditioned(train_table text, plan jsonb, noise_seed bigint,
+                                               OUT weights float8[], OUT info jsonb,
+                                               OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    pre record := dpsql._dpgd_preconditioner(train_table, plan, noise_seed);
+    p int := (plan->>'dim')::int + (plan->>'intercept')::boolean::int;
+    whitened text := train_table || '_w';
+    fit record;
+BEGIN
+    EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint, x float8[], y float8) '
+                   'WITH (autovacuum_enabled = false)', whitened);
+    EXECUTE format('INSERT INTO %s SELECT rid, dpsql._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
+                   whitened, train_table)
+        USING pre.factor, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8;
+    fit := dpsql._dpgd_fit(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
+                                                                 'x_bound', pre.row_bound),
+                           noise_seed);
+    EXECUTE format('DROP TABLE %s', whitened);
+    weights := dpsql._unwhiten(fit.weights, pre.factor);
+    iterates := (SELECT array_agg(dpsql._unwhiten(ARRAY(SELECT unnest(fit.iterates[i:i][1:p])),
+                                                  pre.factor) ORDER BY i)
+                   FROM generate_series(1, array_length(fit.iterates, 1)) i);
+    info := fit.info || jsonb_build_object('preconditioner', pre.info);
+END $$;
