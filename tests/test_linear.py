@@ -191,11 +191,12 @@ def test_dpgd_noise_formula(conn, regression) -> None:
         eps,
         steps=400,
         clip_norm=5 * math.sqrt(10),
-        options={"clip_check": False},
+        options={"clip_check": False, "precondition": False},
     )
     assert plan["noise_std"] == pytest.approx(0.36515, abs=5e-6)
-    # Defaults: eta 1/5, gamma = 5 sqrt(p), 20 + 40 m steps, 1/50 of rho for the count.
-    plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True)
+    # The spec's defaults (no preconditioner): eta 1/5, gamma = 5 sqrt(p), 20 + 40 m steps,
+    # 1/50 of rho for the count.
+    plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True, options={"precondition": False})
     rho = plan["rho"]
     assert (plan["step_size"], plan["steps"], plan["ci"]) == (0.2, 420, "batch_means")
     assert plan["clip_norm"] == pytest.approx(5 * math.sqrt(11))
@@ -203,6 +204,13 @@ def test_dpgd_noise_formula(conn, regression) -> None:
         math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 49 / 50) * 10_000)
     )
     assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
+    # dpsql's default with a public row bound: preconditioned, step 1, a tenth of rho less.
+    plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True)
+    assert plan["precondition"] is True and plan["step_size"] == 1.0
+    assert plan["rho_pre"] == pytest.approx(rho / 10)
+    assert plan["noise_std"] == pytest.approx(
+        math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 44 / 50) * 10_000)
+    )
 
 
 def test_ambssgd_plan_formulas(conn, regression) -> None:
@@ -352,7 +360,7 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
     ds, source = _register(
         conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0, row_bound=1.0
     )
-    m = _train(conn, source, "dpgd", epsilon=1.0, noise_seed=5)
+    m = _train(conn, source, "dpgd", epsilon=1.0, noise_seed=5, options={"precondition": False})
     priv = m["params"]["privacy"]
     (its,) = conn.execute(
         "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
@@ -680,7 +688,7 @@ def test_unmixed_runs_are_flagged(conn, scratch_schema) -> None:
     X, y, _ = _gaussian_data(3000, 3, seed=12)
     X[:, 0] *= 0.02
     ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0)
-    m = _train(conn, source, "dpgd", epsilon=2.0, noise_seed=1)
+    m = _train(conn, source, "dpgd", epsilon=2.0, noise_seed=1, options={"precondition": False})
     ci = m["params"]["privacy"]["ci"]
     assert ci["mixed"] is False and ci["draw_autocorrelation"] > 0.03
     (its,) = conn.execute(

@@ -261,7 +261,8 @@ BEGIN
         ELSIF ci IN ('batch_means', 'checkpoints') AND (steps - burn_in) / draws < 1 THEN
             PERFORM dpsql._fail(format('%s steps leave no %s draws after a burn-in of %s', steps, draws, burn_in));
         END IF;
-        precondition := coalesce((options->>'precondition')::boolean, false);
+        -- On by default when the rows have a public norm bound (the noisy matrix needs one).
+        precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
         -- Whitened rows have a Hessian near I, where a step of 1 mixes in a few steps.
         eta := coalesce((params->>'step_size')::float8, CASE WHEN precondition THEN 1.0 ELSE 0.2 END);
         gamma := coalesce((params->>'clip_norm')::float8,

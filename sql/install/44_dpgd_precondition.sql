@@ -4,7 +4,8 @@
 -- not cover. A noisy second-moment matrix of the rows (x clipped, 1 appended) is released
 -- (Gaussian, zCDP, a tenth of rho), floored to be positive definite, G = L L^T; DP-GD runs on
 -- the whitened rows L^{-1} (x, 1) and every iterate maps back by L^{-T} (the batch means and
--- intervals commute with that linear map). options => {"precondition": true}; auto uses it.
+-- intervals commute with that linear map). On by default when the rows have a public norm
+-- bound; options => {"precondition": false} runs the spec's plain DP-GD.
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql._cholesky(a float8[])
