@@ -124,3 +124,16 @@ def test_preconditioner_needs_a_row_bound(conn, scratch_schema) -> None:
     )
     with pytest.raises(Exception, match="needs a public bound"):
         _train(conn, name, True)
+
+
+def test_small_row_bound_with_an_intercept(conn, scratch_schema) -> None:
+    """||x|| <= 0.5 and an intercept: (x, 1) has norm <= sqrt(1.25), the bound the noisy
+    matrix's rows are clipped to and its noise is calibrated with."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-0.3, 0.3, size=(3000, 2))
+    name = _register(conn, scratch_schema, X, X @ [1.0, -1.0] + 0.5, 0.5)
+    m = _train(conn, name, True, noise_seed=4, intercept=True, steps=60)
+    pre = m["params"]["privacy"]["preconditioner"]
+    (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, 1e-6)").fetchone()
+    assert pre["noise_std"] == pytest.approx(np.sqrt(2) * 1.25 / np.sqrt(2 * rho / 10))
+    assert len(m["coef"]) == 2 and len(m["intercept"]) == 1

@@ -47,8 +47,10 @@ DECLARE
     lambda_min float8;
     floor_ float8;
 BEGIN
+    -- The gram clips each (x, 1) as one vector: to sqrt(x_bound^2 + 1), the norm bound the
+    -- noise is calibrated to (and >= 1 with an intercept, as the aggregate needs).
     EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, 1, $2, $3) FROM %s', train_table)
-       INTO gram USING xb, icpt, d;
+       INTO gram USING sqrt(xb ^ 2 + icpt::int), icpt, d;
     -- The upper triangle (the diagonal included), row by row, noised once.
     upper := dpsql._add_gaussian(
         ARRAY(SELECT gram[2 + (i - 1) * p + j] FROM generate_series(1, p) i,
