@@ -149,6 +149,7 @@ def test_estimated_bounds_are_charged_registered_and_used(conn, unbounded, make_
     [
         ("0, '{-1,1}'", "epsilon must be"),
         ("1, '{1,-1}'", "search_range"),
+        ("1, '{-1e308,1e308}'", "search_range"),
         ("1, '{-1,1}', 0.9, 0.1", "quantiles"),
     ],
 )

@@ -102,7 +102,9 @@ BEGIN
        OR NOT (0 <= lower_quantile AND lower_quantile < upper_quantile AND upper_quantile <= 1) THEN
         PERFORM dpsql._fail('quantiles must satisfy 0 <= lower_quantile < upper_quantile <= 1');
     END IF;
-    IF cardinality(search_range) <> 2 OR NOT (a > '-Infinity' AND b < 'Infinity' AND a < b) THEN
+    IF cardinality(search_range) <> 2 OR NOT (a > '-Infinity' AND b < 'Infinity' AND a < b
+                                               -- b - a must not overflow float8
+                                               AND b / 2 - a / 2 < 8.98e307) THEN
         PERFORM dpsql._fail('search_range must be {a, b}, finite, a < b',
                             hint => 'A public range that surely holds the quantiles; wider costs little.');
     END IF;
