@@ -36,4 +36,4 @@ __all__ = [
     "Model",
     "connect",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
