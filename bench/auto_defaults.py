@@ -56,11 +56,14 @@ CLASSIFIERS: dict[str, dict[str, Any]] = {
     "bolt-on Alg. 1": {"privacy": "bolton"},
     "bolt-on Alg. 2 (lambda 1e-4)": {"privacy": "bolton", "lambda": 1e-4},
     "DP-SGD shuffle": {"privacy": "dpsgd"},
+    "DP-SGD Poisson": {"privacy": "dpsgd", "sampling": "poisson"},
+    "DPSGD-F": {"privacy": "dpsgd_f"},
     "SCS13": {"privacy": "scs13"},
     "BST14": {"privacy": "bst14"},
 }
 REGRESSORS: dict[str, dict[str, Any]] = {
     "auto": {"privacy": "auto"},
+    "DP-GD": {"privacy": "dpgd"},
     "AdaSSP": {"privacy": "adassp"},
     "DP-AMBSSGD": {"privacy": "dp_ambssgd"},
     "DP-SSGD": {"privacy": "dp_ssgd"},

@@ -68,7 +68,7 @@ METHODS: dict[str, dict[str, Any]] = {
         "steps": 20,
         "options": {"h_norm": 1.0},
     },
-    "DP-SSGD": {"privacy": "dp_ssgd"},
+    "DP-SSGD": {"privacy": "dp_ssgd", "options": {"baseline": True}},
     "DP-SGD (5 epochs, b=50)": {
         "privacy": "dpsgd",
         "epochs": 5,

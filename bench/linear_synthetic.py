@@ -99,7 +99,7 @@ METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
     # The same with spec 000's R_x^2 = Tr(H) + 2||H|| = d + 2 (E||x||^2 x x^T = (d + 2) I for
     # Gaussian x) instead of the registered row bound: options added in run_point.
     "ambssgd_rx": ("DP-AMBSSGD r_x=sqrt(d+2)", "dp_ambssgd", {}),
-    "ssgd": ("DP-SSGD", "dp_ssgd", {}),
+    "ssgd": ("DP-SSGD", "dp_ssgd", {"options": {"baseline": True}}),
     "dpgd": ("DP-GD final (20 steps)", "dpgd", {"ci": "none"}),
     "dpgd_bm": ("DP-GD batch means (420)", "dpgd", {"ci": "batch_means"}),
     "adassp": ("AdaSSP", "adassp", {}),

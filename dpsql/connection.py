@@ -71,11 +71,11 @@ class Database:
         label: str,
         model: str = "logistic",
         *,
-        epochs: int = 10,
-        batch_size: int = 1,
+        epochs: int | None = None,
+        batch_size: int | None = None,
         lambda_: float = 0.0,
         step_size: float | None = None,
-        schedule: str = "constant",
+        schedule: str | None = None,
         radius: float | None = None,
         shuffle: bool = True,
         seed: int | None = None,
@@ -96,7 +96,9 @@ class Database:
         registered dataset named by ``source`` (its features and labels). ``features``
         is a list of numeric columns or the name of one ``float8[]`` column; ``source`` a table,
         view or SELECT query. The run happens in one transaction: on any error (or Ctrl-C)
-        nothing is left behind.
+        nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left at ``None``
+        mean 10, 1 and ``"constant"`` without privacy; a private run chooses them from public
+        quantities (docs/defaults.md).
 
         Returns
         -------
@@ -130,11 +132,11 @@ class Database:
             features=features,
             label=label,
             model=model,
-            epochs=epochs,
-            batch_size=batch_size,
+            epochs=10 if epochs is None else epochs,
+            batch_size=1 if batch_size is None else batch_size,
             lambda_=lambda_,
             step_size=step_size,
-            schedule=schedule,
+            schedule=schedule or "constant",
             radius=radius,
             shuffle=shuffle,
             seed=seed,
@@ -157,9 +159,6 @@ class Database:
         if not hasattr(privacy, "sql_args"):
             raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
         kw["lambda"] = float(kw.pop("lambda_"))
-        if kw.get("schedule") == "constant" and (kw["lambda"] > 0 or privacy.name == "auto"):
-            # the server picks: Algorithm 2's decreasing schedule, or auto's choice
-            kw["schedule"] = None
         args = {
             "source": source,
             "features": None,

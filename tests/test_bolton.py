@@ -40,14 +40,17 @@ def binary(conn, scratch_schema):
     return table, X, y
 
 
-COMMON = "epochs => 3, batch_size => 5, seed => 11"
+# The paper's constant step 1/sqrt(m) (schedule given, no step: docs/defaults.md).
+BASE = "epochs => 3, batch_size => 5, seed => 11"
+PAPER = ", schedule => 'constant'"
+COMMON = BASE + PAPER
 
 
 def _noiseless(conn, table, extra=""):
     """The data owner's noiseless run with the same permutation and settings."""
     (mid,) = conn.execute(
-        f"SELECT dpsql.train(%s, '{{x}}', 'y', 'logistic', {COMMON}, labels => '{{0,1}}',"
-        f" row_norm => 'clip'{extra})", (table,)).fetchone()
+        f"SELECT dpsql.train(%s, '{{x}}', 'y', 'logistic', {BASE}{extra or PAPER},"
+        f" labels => '{{0,1}}', row_norm => 'clip')", (table,)).fetchone()
     return np.asarray(_model(conn, mid)["weights"])
 
 
@@ -147,8 +150,8 @@ def test_empirical_distance_of_neighbours_is_within_the_recorded_sensitivity(
     for extra in ("", ", lambda => 0.05, schedule => 'decreasing'"):
         w = [_noiseless(conn, f"{scratch_schema}.{t}", extra) for t in ("s1", "s2")]
         (mid,) = conn.execute(
-            f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}{extra}, privacy => 'bolton',"
-            " epsilon => 1)", (f"s1_{scratch_schema}",)).fetchone()
+            f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {BASE}{extra or PAPER},"
+            " privacy => 'bolton', epsilon => 1)", (f"s1_{scratch_schema}",)).fetchone()
         assert 0 < np.linalg.norm(w[0] - w[1]) <= _model(conn, mid)["sensitivity"] * (1 + 1e-9)
 
 
@@ -160,7 +163,8 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     _register(conn, f"{scratch_schema}.multi", labels="{0,1,2}", name=f"multi_{scratch_schema}")
     (ovr,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 3, batch_size => 10,"
-        " privacy => 'bolton', epsilon => 3)", (f"multi_{scratch_schema}",)).fetchone()
+        " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
+        (f"multi_{scratch_schema}",)).fetchone()
     m = _model(conn, ovr)
     assert np.asarray(m["coef"]).shape == (3, 4)
     assert m["params"]["privacy"]["one_vs_rest"] is True
@@ -168,7 +172,8 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     assert m["noise_scale"] == pytest.approx(m["sensitivity"] / 1.0)
     (mul,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'multinomial', epochs => 3, batch_size => 10,"
-        " privacy => 'bolton', epsilon => 3)", (f"multi_{scratch_schema}",)).fetchone()
+        " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
+        (f"multi_{scratch_schema}",)).fetchone()
     m2 = _model(conn, mul)
     assert m2["params"]["privacy"]["one_vs_rest"] is False
     # Multinomial: L = sqrt(2) (||p - e_y|| <= sqrt 2), one draw with the whole epsilon.
@@ -249,7 +254,7 @@ def test_fresh_permutations_and_feature_bounds(conn, scratch_schema) -> None:
               feature_bounds="{{0,10},{0,10}}")
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 4, batch_size => 5,"
-        " privacy => 'bolton', epsilon => 5, permutation => 'fresh')",
+        " schedule => 'constant', privacy => 'bolton', epsilon => 5, permutation => 'fresh')",
         (f"raw_{scratch_schema}",)).fetchone()
     m = _model(conn, mid)
     assert m["params"]["permutation"] == "fresh"
@@ -362,5 +367,5 @@ def test_parallel_bolton_is_the_convex_constant_step_algorithm(conn, binary) -> 
     # Averaging shard models with weights n_s/m <= 1 keeps 2 k L eta / b.
     assert m["sensitivity"] == pytest.approx(2 * 3 / np.sqrt(300) / 5, rel=1e-12)
     with pytest.raises(psycopg.Error, match="parallel bolt-on runs need"):
-        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, lambda => 0.1,"
+        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {BASE}, lambda => 0.1,"
                      " parallel_workers => 2, privacy => 'bolton', epsilon => 1)", (table,))

@@ -284,6 +284,7 @@ def test_adassp_plan_uses_replace_one_sensitivities(conn, regression) -> None:
         (dict(privacy="dpgd", noise_multiplier=1.0), "noise_multiplier"),
         (dict(privacy="dpgd", step_size=1e300), "too large"),
         (dict(privacy="dp_ssgd", step_size=1e250), "too large"),
+        (dict(privacy="dp_ssgd"), "noise would swamp the model"),
         (dict(privacy="dpgd", step_size=-1.0), "step_size must be"),
     ],
 )
@@ -562,13 +563,29 @@ def test_ambssgd_learns_and_releases_its_transcript(conn, scratch_schema) -> Non
 
 def test_dp_ssgd_runs_one_step_per_record(conn, regression) -> None:
     ds, source, X, y, w = regression
-    m = _train(conn, source, "dp_ssgd", epsilon=2.0, clip_norm=5.0)
+    m = _train(conn, source, "dp_ssgd", epsilon=2.0, clip_norm=5.0, options={"baseline": True})
     priv = m["params"]["privacy"]
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(2, %s)", (DELTA,)).fetchone()
     assert priv["noise_multiplier"] == pytest.approx(1 / math.sqrt(2 * rho))
     assert priv["gradient_noise_std"] == pytest.approx(2 * 5.0 / math.sqrt(2 * rho))
     assert priv["unused_rows"] == 0 and np.all(np.isfinite(m["coef"]))
     assert _spent(conn, ds) == pytest.approx(2.0)
+    # the stationary prediction noise sqrt(eta p / 2) * 2 zeta alpha is what the refusal tests
+    p = len(m["coef"])
+    assert priv["stationary_prediction_noise_sd"] == pytest.approx(
+        math.sqrt(priv["step_size"] * p / 2) * 2 * 5.0 / math.sqrt(2 * rho)
+    )
+
+
+def test_dp_ssgd_runs_when_its_noise_stays_below_the_label_bound(conn, regression) -> None:
+    """A step small enough that the settled prediction noise is below the label bound runs
+    without the baseline option; the same run with the default step is refused."""
+    ds, source = regression[:2]
+    (bound,) = conn.execute(
+        "SELECT label_bound FROM dpsql.datasets WHERE dataset_id = %s", (ds,)
+    ).fetchone()
+    m = _train(conn, source, "dp_ssgd", epsilon=2.0, clip_norm=0.05, step_size=1e-4)
+    assert m["params"]["privacy"]["stationary_prediction_noise_sd"] < bound
 
 
 def test_ambssgd_error_falls_with_n(conn, regression) -> None:
@@ -674,7 +691,10 @@ def test_python_api(server_uri, scratch_schema) -> None:
         assert ci.estimate.shape == (4,) and np.all(ci.lower < ci.upper)
         np.testing.assert_allclose(ci.estimate[:3], m.coef_, rtol=1e-12)
         assert ci.target in ("ols", "huberised") and "OLS" in ci.covers
-        for mech in (dpsql.AdaSSP(epsilon=1.0), dpsql.DPSSGD(epsilon=1.0, clip_norm=5.0)):
+        for mech in (
+            dpsql.AdaSSP(epsilon=1.0),
+            dpsql.DPSSGD(epsilon=1.0, clip_norm=5.0, options={"baseline": True}),
+        ):
             r = db.train(f"{scratch_schema}.pts", None, None, "linear", privacy=mech)
             assert r.row["privacy"] == mech.name and np.all(np.isfinite(r.coef_))
         with pytest.raises(psycopg.Error, match="no confidence intervals"):

@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from tests.pg_helpers import load
 from tests.test_roles import make_role  # noqa: F401  (fixture)
@@ -60,7 +61,7 @@ CLASSIFIERS = [
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
-    ("dp_ssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
+    ("dp_ssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10, "options": {"baseline": True}}),
     ("dpgd", {"epsilon": 1.0, "delta": 1e-6}),
     ("adassp", {"epsilon": 1.0, "delta": 1e-6}),
 ]
@@ -79,6 +80,7 @@ def _set_hostile(conn: psycopg.Connection) -> None:
 def _release(conn: psycopg.Connection, source: str, model: str, privacy: str, kw: dict) -> dict:
     epochs = {} if privacy == "auto" else {"epochs": 2}  # auto chooses its own
     args = {"model": model, "privacy": privacy, **epochs, "seed": 11, "noise_seed": 5, **kw}
+    args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
     names = ", ".join(f"{k} => %({k})s" for k in args)
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
@@ -162,7 +164,13 @@ def test_default_step_reaches_the_sensitivity_unrounded(server_uri, classificati
     """The red team's case: the default step 1/sqrt(m) under extra_float_digits = -15."""
     with psycopg.connect(server_uri, autocommit=True) as c:
         c.execute("SET extra_float_digits = -15")
-        row = _release(c, classification, "logistic", "bolton", {"epsilon": 1.0, "batch_size": 1})
+        row = _release(
+            c,
+            classification,
+            "logistic",
+            "bolton",
+            {"epsilon": 1.0, "batch_size": 1, "schedule": "constant"},
+        )
     m = row["rows"]
     assert row["step_size"] == 1.0 / np.sqrt(m)
     # Algorithm 1, constant step, b = 1: sensitivity 2 k L eta.
@@ -184,7 +192,7 @@ def test_analyst_settings_do_not_reach_the_plan(conn, classification, make_role)
                 _set_hostile(a)
             (mid,) = a.execute(
                 "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 1,"
-                " privacy => 'bolton', epsilon => 1, seed => 7)",
+                " schedule => 'constant', privacy => 'bolton', epsilon => 1, seed => 7)",
                 (classification,),
             ).fetchone()
             with a.cursor(binary=True) as cur:

@@ -207,6 +207,7 @@ DECLARE
     mid bigint;
     linear boolean;
     auto jsonb;
+    rows bigint;
 BEGIN
     IF privacy = 'auto' THEN
         -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
@@ -300,6 +301,21 @@ BEGIN
         PERFORM dpsql._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
 
+    IF NOT params ? 'defaults' THEN
+        -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
+        -- and record what was chosen with the model.
+        IF privacy IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14') THEN
+            EXECUTE format('SELECT count(*) FROM %s', dpsql._private_from(ds)) INTO rows;
+        END IF;
+        params := dpsql._private_defaults(ds, model, privacy, params, rows);
+        mid := dpsql._train_private(source, model, params || '{"defaults": {}}');
+        auto := params->'defaults';
+        IF auto <> '{}' THEN
+            UPDATE dpsql.model_store m SET params = jsonb_set(m.params, '{privacy,defaults}', auto)
+             WHERE m.model_id = mid;
+        END IF;
+        RETURN mid;
+    END IF;
     IF linear THEN
         RETURN dpsql._train_linear(ds, params, privacy, epsilon, delta, noise_seed);
     ELSIF ds.label_bound IS NOT NULL AND dpsql._loss_code(model) <> 2 THEN

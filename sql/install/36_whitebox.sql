@@ -22,6 +22,22 @@ BEGIN
     RETURN lo;
 END $$;
 
+-- BST14's per-step noise std at add/remove sensitivity 1 (Algorithm 4/5 with k epochs of
+-- T = k floor(m / b) steps of b draws with replacement): the Gaussian for (epsilon_2, delta_1),
+-- epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification, delta_1 = delta / T.
+CREATE OR REPLACE FUNCTION dpsql._bst14_noise(epsilon float8, delta float8, rows bigint, b bigint,
+                                   k int, OUT epsilon_1 float8, OUT epsilon_2 float8,
+                                   OUT delta_1 float8, OUT sigma float8)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t bigint := k * (rows / b);
+BEGIN
+    delta_1 := delta / t;
+    epsilon_1 := dpsql._bst14_epsilon1(epsilon, delta_1, t);
+    epsilon_2 := least(1.0, rows * epsilon_1 / (2 * b));
+    sigma := sqrt(2 * ln(1.25 / delta_1)) / epsilon_2;
+END $$;
+
 -- Answers of the accountant, a deterministic function of the request (a call costs seconds).
 CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
     request  jsonb PRIMARY KEY,
@@ -67,8 +83,7 @@ DECLARE
     eps_p float8;
     delta_p float8;
     radius float8 := (spec->>'radius')::float8;
-    e1 float8;
-    e2 float8;
+    bst record;
     sigma float8;
     lip float8;
     g float8;
@@ -153,9 +168,8 @@ BEGIN
         radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE coalesce(radius, 1e4) END;
         lip := clip + lambda * radius;
         -- Algorithm 4/5 with constant epochs: T = k m / b steps of b draws with replacement.
-        e1 := dpsql._bst14_epsilon1(epsilon, delta / (k * n), k * n);
-        e2 := least(1.0, rows * e1 / (2 * b));
-        sigma := sqrt(2 * ln(1.25 / (delta / (k * n)))) / e2;
+        bst := dpsql._bst14_noise(epsilon, delta, rows, b, k);
+        sigma := bst.sigma;
         -- 'paper': std sigma (iota = 1, add/remove sensitivity 1); 'strict': replace-one, 2L.
         IF coalesce(params->>'bst14_noise', 'strict') = 'strict' THEN
             sigma := sigma * 2 * clip;
@@ -173,7 +187,7 @@ BEGIN
             'info', jsonb_build_object(
                 'algorithm', CASE WHEN lambda > 0 THEN 'BST14 Algorithm 5 (strongly convex)'
                                   ELSE 'BST14 Algorithm 4 (convex)' END,
-                'epsilon_1', e1, 'epsilon_2', e2, 'delta_1', delta / (k * n), 'G', g,
+                'epsilon_1', bst.epsilon_1, 'epsilon_2', bst.epsilon_2, 'delta_1', bst.delta_1, 'G', g,
                 'bst14_noise', coalesce(params->>'bst14_noise', 'strict'),
                 'note', 'advanced composition as printed: the total delta slightly exceeds delta',
                 'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'

@@ -14,8 +14,8 @@ DECLARE
 BEGIN
     SELECT array_agg(k ORDER BY k) INTO given
       FROM (VALUES
-                ('epochs', coalesce((params->>'epochs')::int, 10) <> 10),
-                ('batch_size', coalesce((params->>'batch_size')::bigint, 1) <> 1),
+                ('epochs', params->>'epochs' IS NOT NULL),
+                ('batch_size', params->>'batch_size' IS NOT NULL),
                 ('lambda', coalesce((params->>'lambda')::float8, 0) <> 0),
                 ('step_size', params->>'step_size' IS NOT NULL),
                 ('schedule', params->>'schedule' IS NOT NULL),
@@ -39,28 +39,22 @@ BEGIN
     END IF;
 END $$;
 
--- The choice: (the named mechanism's parameters, the record stored with the model).
+-- The choice: (the named mechanism's parameters, the record stored with the model). Only the
+-- mechanism is chosen here; its hyperparameters are its defaults (34_defaults.sql).
 -- Classification, delta > 0: DPSGD-F (38_dpsgd_f.sql: rows centred on a private mean, whose
--- Gaussian the accountant composes with the steps), DP-SGD with Poisson sampling, clip norm =
--- the loss's gradient bound on the unit ball (centred rows may exceed it), expected batch 50, 10
--- epochs, constant step 1/(2 beta) (beta: the loss's tight smoothness on the unit ball).
--- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP) with the same batch, epochs
--- and step. Regression: DP-GD (delta > 0 needed), whitened by its private preconditioner
+-- Gaussian the accountant composes with the steps) with Poisson sampling.
+-- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP).
+-- Regression: DP-GD (delta > 0 needed), whitened by its private preconditioner
 -- (44_dpgd_precondition.sql) when the rows have a public norm bound.
 CREATE OR REPLACE FUNCTION dpsql._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
-    canonical text := dpsql._canonical_model(model);
-    -- 1/(2 beta) with the tight smoothness on the unit ball (the core's loss_constants give
-    -- the bolt-on paper's looser beta = 1): logistic 1/4, multinomial 1/2, Huber 1/(2h).
-    step float8 := CASE canonical WHEN 'logistic' THEN 2.0 WHEN 'multinomial' THEN 1.0
-                                  ELSE coalesce((params->>'huber_h')::float8, 0.1) END;
     chosen jsonb;
     rule text;
 BEGIN
     PERFORM dpsql._auto_refuse_overrides(params);
-    IF ds.label_bound IS NOT NULL OR canonical = 'linear' THEN
+    IF ds.label_bound IS NOT NULL OR dpsql._canonical_model(model) = 'linear' THEN
         IF NOT (delta > 0) THEN
             PERFORM dpsql._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
         END IF;
@@ -69,23 +63,13 @@ BEGIN
             THEN jsonb_build_object('options', jsonb_build_object('precondition', true)) ELSE '{}' END;
         rule := 'regression: DP-GD with batch-means intervals, whitened by the private '
                 'preconditioner when the rows have a public norm bound';
+    ELSIF delta > 0 THEN
+        chosen := jsonb_build_object('privacy', 'dpsgd_f', 'sampling', 'poisson');
+        rule := 'classification, delta > 0: DPSGD-F (private mean, centred rows), DP-SGD with '
+                'Poisson sampling at its defaults';
     ELSE
-        IF delta > 0 THEN
-            chosen := jsonb_build_object(
-                'privacy', 'dpsgd_f', 'sampling', 'poisson', 'clip_norm',
-                (dpsql.loss_constants(canonical, 0, 0, 0.1)).lipschitz_data,
-                'epochs', 10, 'step_size', step,
-                -- the expected batch; Poisson sampling needs m public only through b/m
-                'batch_size', 50);
-            rule := 'classification, delta > 0: DPSGD-F (private mean, centred rows), DP-SGD with '
-                    'Poisson sampling, expected batch 50, 10 epochs, clip = the gradient bound L, '
-                    'constant step 1/(2 beta)';
-        ELSE
-            chosen := jsonb_build_object('privacy', 'bolton', 'batch_size', 50, 'epochs', 10,
-                                         'step_size', step);
-            rule := 'classification, delta = 0: bolt-on Algorithm 1 (epsilon-DP), batch 50, '
-                    '10 epochs, constant step 1/(2 beta)';
-        END IF;
+        chosen := jsonb_build_object('privacy', 'bolton');
+        rule := 'classification, delta = 0: bolt-on Algorithm 1 (epsilon-DP) at its defaults';
     END IF;
     RETURN jsonb_build_object('params', chosen,
                               'record', jsonb_build_object('rule', rule, 'chosen', chosen,

@@ -87,7 +87,7 @@ DECLARE
     x_bound float8 := coalesce(ds.row_bound, 0);  -- 0: rows are not clipped
     known text[] := CASE privacy
         WHEN 'dp_ambssgd' THEN '{r_x,h_norm,condition_number,c1,step_scale,domain_bound,beta_stat,tight_accounting,log_exponent}'
-        WHEN 'dp_ssgd' THEN '{r_x}'
+        WHEN 'dp_ssgd' THEN '{r_x,baseline}'
         WHEN 'dpgd' THEN '{noise_level,clip_check,precondition}'
         ELSE '{varrho}' END::text[];
     unknown text;
@@ -220,6 +220,19 @@ BEGIN
         eta := coalesce((params->>'step_size')::float8, 1 / (2 * r_x ^ 2));
         alpha := 1 / sqrt(2 * rho);
         PERFORM dpsql._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
+        -- Constant-step SGD settles with the iterate's noise covariance about
+        -- (eta s^2 / 2) H^-1 (s the gradient noise std), so a row's prediction noise has
+        -- E (x^T noise)^2 = eta s^2 p / 2 whatever H: public. At the label bound or above, the
+        -- release predicts no better than 0; it is refused unless reproducing the baseline.
+        sd := sqrt(eta * p / 2) * 2 * zeta * alpha;
+        IF sd >= ds.label_bound AND NOT coalesce((options->>'baseline')::boolean, false) THEN
+            PERFORM dpsql._fail(format('DP-SSGD''s noise would swamp the model: its predictions would carry '
+                                       'noise of sd %s, beyond the label bound %s', round(sd::numeric, 2),
+                                       ds.label_bound),
+                                hint => 'One noisy step per row is the paper''s baseline: use privacy => '
+                                        '''dpgd'', ''adassp'' or ''auto'', or options => {"baseline": true} '
+                                        'to reproduce it anyway.');
+        END IF;
         RETURN jsonb_build_object(
             'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
             'blocks', blocks, 'batch_size', 1, 'stat_size', 0, 'step_size', eta, 'r_x', r_x,
@@ -230,6 +243,7 @@ BEGIN
                 'accounting', 'zCDP, one Gaussian step per record (parallel composition), rho = 1/(2 alpha^2); no shuffling amplification',
                 'rho', rho, 'noise_multiplier', alpha, 'clip_norm', zeta, 'step_size', eta,
                 'r_x', r_x, 'gradient_noise_std', 2 * zeta * alpha, 'unused_rows', n - blocks,
+                'stationary_prediction_noise_sd', sd,
                 'neighbouring', 'replace-one, n public'));
     ELSIF privacy = 'dpgd' THEN
         -- Spec 002: eta = 1/5, gamma = 5 sqrt(p) max(sigma_prior, 1), theta_0 = 0, and

@@ -4,7 +4,7 @@
 
 CREATE OR REPLACE FUNCTION dpsql.train(
     source text, features text[], label text, model text DEFAULT 'logistic',
-    epochs int DEFAULT 10, batch_size bigint DEFAULT 1, lambda float8 DEFAULT 0,
+    epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
     step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
     radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
     privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT false,
@@ -50,6 +50,9 @@ BEGIN
         PERFORM dpsql._fail('privacy parameters given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
+    -- Non-private defaults: 10 epochs of batch 1 (private runs: 34_defaults.sql).
+    epochs := coalesce(epochs, 10);
+    batch_size := coalesce(batch_size, 1);
     run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
                           labels, intercept, row_norm, huber_h, tolerance, parallel_workers,

@@ -1,0 +1,144 @@
+------------------------------------------------------------------------------------------
+-- Default hyperparameters of the private SGD mechanisms, chosen from public quantities only:
+-- the registration (dimension, classes, norm and label bounds), the public row count m,
+-- epsilon and delta; never from the data, so they cost nothing. A caller's own values are
+-- kept: only parameters left NULL are filled in, and the model records which (privacy ->
+-- defaults). docs/defaults.md gives the rule and why; bench/RESULTS.md (auto_defaults) the
+-- measurements.
+------------------------------------------------------------------------------------------
+
+-- The bolt-on's target for the expected norm of its noise: in units of the rows' norm bound
+-- (1), a logit moves by about target / sqrt(dim). Fixed once from the bolt-on benchmarks; the
+-- step then follows from the public sensitivity (docs/defaults.md).
+CREATE OR REPLACE FUNCTION dpsql._bolton_noise_target()
+RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 8.0::float8';
+
+-- The step 1/(2 beta), beta the loss's tight smoothness over rows of norm <= r (the core's
+-- loss_constants give the bolt-on paper's looser beta = 1 for logistic and multinomial):
+-- logistic r^2/4, multinomial r^2/2, Huber r^2/(2h), least squares r^2.
+CREATE OR REPLACE FUNCTION dpsql._default_step(canonical text, huber_h float8, r float8)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE canonical WHEN 'logistic' THEN 2.0 WHEN 'multinomial' THEN 1.0
+                          WHEN 'huber' THEN huber_h ELSE 0.5 END / (r * r)
+$$;
+
+-- The expected norm of a k-dimensional noise draw per unit of sensitivity: the Gamma-norm
+-- noise (epsilon-DP) has norm ~ Gamma(k, 1/epsilon), mean k/epsilon; the Gaussian sigma sqrt(k).
+CREATE OR REPLACE FUNCTION dpsql._unit_noise_norm(k int, epsilon float8, delta float8)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN delta > 0 THEN dpsql.gaussian_sigma(1, epsilon, delta) * sqrt(k)
+                ELSE k / epsilon END
+$$;
+
+-- The expected norm of the noise on one step's mean gradient with batch b, for the white-box
+-- mechanisms (the per-step noise of 36_whitebox.sql), in units of the gradient bound.
+CREATE OR REPLACE FUNCTION dpsql._step_noise(privacy text, params jsonb, m bigint, b bigint, k int)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    epsilon float8 := (params->>'epsilon')::float8;
+    delta float8 := coalesce((params->>'delta')::float8, 0);
+    epochs int := (params->>'epochs')::int;
+BEGIN
+    IF privacy = 'dpsgd' THEN
+        -- shuffled disjoint batches: k Gaussian mechanisms per row, noise multiplier z of C
+        RETURN (dpsql._account(jsonb_build_object(
+            'op', 'calibrate', 'scheme', 'shuffle', 'delta', delta, 'target_epsilon', epsilon,
+            'noise_multiplier', NULL, 'epochs', epochs, 'steps', NULL, 'sampling_rate', NULL))
+            ->>'noise_multiplier')::float8 * sqrt(k) / b;
+    ELSIF privacy = 'scs13' THEN
+        -- (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L
+        RETURN 2 * dpsql._unit_noise_norm(k, epsilon / epochs, delta / epochs) / b;
+    ELSIF privacy = 'bst14' THEN
+        -- replace-one: sensitivity 2 L
+        RETURN 2 * (dpsql._bst14_noise(epsilon, delta, m, b, epochs)).sigma * sqrt(k) / b;
+    END IF;
+    RETURN 0;
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql._private_defaults(ds dpsql.datasets, model text, privacy text,
+                                        params jsonb, m bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    canonical text := dpsql._canonical_model(model);
+    epsilon float8 := (params->>'epsilon')::float8;
+    delta float8 := coalesce((params->>'delta')::float8, 0);
+    lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
+    classes int := greatest(cardinality(ds.labels), 2);
+    ovr boolean := canonical IN ('logistic', 'huber') AND classes > 2;  -- one-vs-rest bolt-on
+    -- the model's dimension: one weight vector per class for multinomial, plus the intercept
+    k int := (ds.dim + coalesce((params->>'intercept')::boolean, false)::int)
+             * CASE WHEN canonical = 'multinomial' THEN classes ELSE 1 END;
+    -- rows have norm <= 1 for the classifiers (registration); regression: the public bound
+    r float8 := CASE WHEN canonical = 'linear'
+                     THEN sqrt(coalesce(ds.row_bound, 1) ^ 2
+                               + coalesce((params->>'intercept')::boolean, false)::int)
+                     ELSE 1 END;
+    c record := dpsql.loss_constants(canonical, 0, 0, huber_h);
+    filled jsonb := '{}';
+    all_params jsonb;
+    b bigint;
+    step float8;
+BEGIN
+    IF privacy NOT IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14') OR NOT (epsilon > 0) THEN
+        RETURN params;  -- the linear mechanisms' plans are their specs' (40_linear.sql)
+    END IF;
+    IF params->>'epochs' IS NULL THEN
+        -- SCS13 composes its passes basically: its batch grows with the epochs and its steps
+        -- do not, so one pass; the others gain steps from more passes.
+        filled := filled || jsonb_build_object('epochs', CASE privacy WHEN 'scs13' THEN 1 ELSE 10 END);
+    END IF;
+    IF privacy IN ('dpsgd', 'dpsgd_f') AND params->>'clip_norm' IS NULL THEN
+        -- the loss's gradient bound L; least squares has none: (x^T w - y) x is clipped at the
+        -- label bound B, the public scale of a residual (clipping near the typical gradient,
+        -- not the largest, as adaptive clipping finds), i.e. rows with |residual| ||x|| <= B
+        filled := filled || jsonb_build_object('clip_norm', CASE WHEN canonical = 'linear'
+                                                               THEN coalesce(ds.label_bound, 1)
+                                                               ELSE c.lipschitz_data END);
+    END IF;
+    all_params := params || filled;
+    IF params->>'batch_size' IS NULL THEN
+        -- The smallest batch >= 50 whose mean gradient's expected noise norm is at most a
+        -- quarter of the gradient bound, doubling, with at least 50 steps an epoch: shuffled
+        -- DP-SGD, SCS13 and BST14, whose noise on the mean falls with the batch (the steps only
+        -- with its square root or not at all). Poisson DP-SGD, DPSGD-F and the bolt-on get 50
+        -- (step noise 0): amplification by sampling makes the noise on the mean grow as the
+        -- batch shrinks, so small batches only add steps.
+        b := 50;
+        WHILE b * 2 <= m / 50
+              AND dpsql._step_noise(CASE WHEN privacy = 'dpsgd'
+                                              AND coalesce(params->>'sampling', 'shuffle') <> 'shuffle'
+                                         THEN 'poisson' ELSE privacy END,
+                                    all_params, m, b, k) > 0.25 LOOP
+            b := b * 2;
+        END LOOP;
+        filled := filled || jsonb_build_object('batch_size', greatest(1, least(b, m / 10)));
+    END IF;
+    all_params := params || filled;
+    IF params->>'step_size' IS NULL AND params->>'schedule' IS NULL AND lambda = 0 THEN
+        -- Constant step; SCS13 and BST14 keep their papers' 1/sqrt(t) schedules, lambda > 0
+        -- the strongly convex decreasing one.
+        step := dpsql._default_step(canonical, huber_h, r);
+        IF privacy = 'bolton' THEN
+            -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
+            -- / b); the step whose release has the target expected noise norm, at most 1/(2 beta).
+            step := least(step, dpsql._bolton_noise_target() / c.smoothness
+                                / dpsql.bolton_sensitivity('constant', 1 / c.smoothness, 0, c.lipschitz,
+                                                           c.smoothness, 0, m,
+                                                           (all_params->>'batch_size')::bigint,
+                                                           (all_params->>'epochs')::int)
+                                / dpsql._unit_noise_norm(CASE WHEN ovr THEN ds.dim ELSE k END,
+                                                         epsilon / CASE WHEN ovr THEN classes ELSE 1 END,
+                                                         delta / CASE WHEN ovr THEN classes ELSE 1 END));
+        END IF;
+        IF privacy IN ('bolton', 'dpsgd', 'dpsgd_f') THEN
+            filled := filled || jsonb_build_object('step_size', step);
+        END IF;
+    END IF;
+    IF privacy = 'bst14' AND lambda = 0 AND params->>'radius' IS NULL THEN
+        -- Algorithm 4's domain: with rows of norm <= 1 a model of norm 10 reaches logits of
+        -- +-10 (probabilities within 5e-5 of 0 and 1); beyond it the loss is flat.
+        filled := filled || jsonb_build_object('radius', 10);
+    END IF;
+    RETURN params || filled || jsonb_build_object('defaults', filled);
+END $$;
