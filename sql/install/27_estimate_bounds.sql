@@ -218,6 +218,22 @@ COMMENT ON FUNCTION dpsql.estimate_bounds(text, float8, float8[], float8, float8
     'Private per-feature quantile bounds of a dataset registered without bounds, charged to its ledger (noise_seed: tests only)';
 
 
+-- The distinct values of |y| on the grid [a, b] of step, ascending, and how many records have
+-- each (NULL and NaN labels: none). What the label bound's utility counts.
+CREATE OR REPLACE FUNCTION dpsql._label_grid(ds dpsql.datasets, a float8, b float8, step float8,
+                                             OUT grid_values float8[], OUT counts bigint[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format(
+        'SELECT coalesce(array_agg(w ORDER BY w), ''{}''), coalesce(array_agg(c ORDER BY w), ''{}'') FROM ('
+        '  SELECT %s AS w, count(*) AS c FROM %s'
+        '   WHERE src.%I IS NOT NULL AND src.%I <> ''NaN'' GROUP BY 1) v',
+        dpsql._grid_sql(format('abs(src.%I)', ds.label)), dpsql._private_from(ds), ds.label, ds.label)
+        INTO grid_values, counts USING a, b, step;
+END $$;
+
 -- Private label bound (regression): the quantile-q value of |y| by the same mechanism, at the
 -- whole epsilon, registered as label_bound. The linear mechanisms use it as the public bound on
 -- |y| (docs/linear.md): AdaSSP clips y to [-label_bound, label_bound] in its aggregate (its
@@ -233,8 +249,7 @@ AS $$
 DECLARE
     ds dpsql.datasets;
     g record;
-    grid_values float8[];
-    counts bigint[];
+    v record;
     bound float8;
 BEGIN
     ds := dpsql._estimation_dataset(dataset, 'estimate label bounds');
@@ -253,13 +268,8 @@ BEGIN
     PERFORM dpsql._warn_rank_error('label bound', g.m, epsilon, (g.m - ceil(quantile * g.m))::bigint);
     PERFORM dpsql._charge(ds.dataset_id, epsilon, 0, 'estimate_label_bound',
                           note => format('quantile %s of |%s| over [%s, %s]', quantile, ds.label, g.a, g.b));
-    EXECUTE format(
-        'SELECT array_agg(w ORDER BY w), array_agg(c ORDER BY w) FROM ('
-        '  SELECT %s AS w, count(*) AS c FROM %s'
-        '   WHERE src.%I IS NOT NULL AND src.%I <> ''NaN'' GROUP BY 1) v',
-        dpsql._grid_sql(format('abs(src.%I)', ds.label)), dpsql._private_from(ds), ds.label, ds.label)
-        INTO grid_values, counts USING g.a, g.b, g.step;
-    bound := dpsql._private_quantile(coalesce(grid_values, '{}'), coalesce(counts, '{}'),
+    v := dpsql._label_grid(ds, g.a, g.b, g.step);
+    bound := dpsql._private_quantile(v.grid_values, v.counts,
                                      ceil(quantile * g.m)::bigint, g.a, g.b, g.step, epsilon, noise_seed);
     bound := greatest(bound, g.step);  -- > 0 (post-processing: labels all 0, or a = 0 drawn)
     UPDATE dpsql.datasets d SET label_bound = bound WHERE d.dataset_id = ds.dataset_id;
