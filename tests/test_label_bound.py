@@ -358,3 +358,44 @@ def test_register_estimate_train_dpgd(conn, scratch_schema) -> None:
     (coef,) = conn.execute("SELECT coef FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
     assert abs(coef[0] - 2) < 0.5, coef
     assert [m for m, _, _ in _ledger(conn, name)] == ["estimate_label_bound", "dpgd"]
+
+
+def test_python_api(conn, scratch_schema) -> None:
+    import dpsql
+
+    source = _table(conn, scratch_schema, np.linspace(-4, 4, 500))
+    db = dpsql.connect(conn)
+    ds = db.register_dataset(
+        source,
+        "x",
+        "y",
+        epsilon_budget=10,
+        delta_budget=1e-3,
+        name=f"py_{uuid.uuid4().hex[:8]}",
+        estimate={
+            "feature_bounds": {"epsilon": 1, "search_range": [-10, 10]},
+            "label_bound": {"epsilon": 1, "search_range": [0, 100], "quantile": 0.9},
+            "noise_seed": 3,
+        },
+    )
+    name, label_bound = conn.execute(
+        "SELECT name, label_bound FROM dpsql.datasets WHERE dataset_id = %s", (ds,)
+    ).fetchone()
+    assert 0 < label_bound <= 100
+    assert [m for m, _, _ in _ledger(conn, name)] == ["estimate_bounds", "estimate_label_bound"]
+    later = db.register_dataset(
+        _table(conn, scratch_schema, np.linspace(-4, 4, 500), table="later"),
+        "x",
+        "y",
+        epsilon_budget=1e5,
+        name=f"py_{uuid.uuid4().hex[:8]}",
+        regression=True,
+    )
+    (later_name,) = conn.execute(
+        "SELECT name FROM dpsql.datasets WHERE dataset_id = %s", (later,)
+    ).fetchone()
+    bound = db.estimate_label_bound(later_name, 1e4, [0, 100], noise_seed=1)
+    assert 3.8 < bound < 4.1  # the 0.99 quantile of |y| over linspace(-4, 4)
+    bounds = db.estimate_bounds(later_name, 1e4, [-10, 10], upper_quantile=0.9, noise_seed=1)
+    assert len(bounds) == 1 and bounds[0][0] < bounds[0][1]
+    assert [e for _, e, _ in _ledger(conn, later_name)] == [1e4, 1e4]
