@@ -399,3 +399,30 @@ def test_python_api(conn, scratch_schema) -> None:
     bounds = db.estimate_bounds(later_name, 1e4, [-10, 10], upper_quantile=0.9, noise_seed=1)
     assert len(bounds) == 1 and bounds[0][0] < bounds[0][1]
     assert [e for _, e, _ in _ledger(conn, later_name)] == [1e4, 1e4]
+
+
+def test_estimates_ignore_session_settings(conn, server_uri, scratch_schema) -> None:
+    """Same seed, hostile session settings (tests/test_pinned_settings.py): same bounds."""
+    from tests.test_pinned_settings import _set_hostile
+
+    source = _table(conn, scratch_schema, np.random.default_rng(6).normal(0, 7, size=300))
+    call = (
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', 100, name => %s, estimate =>"
+        ' \'{"feature_bounds": {"epsilon": 0.7, "search_range": [-3, 3]},'
+        ' "label_bound": {"epsilon": 0.3, "search_range": [0, 1000]}, "noise_seed": 4}\')'
+    )
+    got = []
+    for hostile in (False, True):
+        with psycopg.connect(server_uri, autocommit=True) as c:
+            if hostile:
+                _set_hostile(c)
+            with c.transaction(force_rollback=True):
+                c.execute(call, (source, "hostile"))
+                got.append(
+                    c.execute(
+                        "SELECT label_bound, feature_bounds FROM dpsql.datasets"
+                        " WHERE name = 'hostile'",
+                        binary=True,
+                    ).fetchone()
+                )
+    assert got[0] == got[1]
