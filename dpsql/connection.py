@@ -10,16 +10,62 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from dpsql import extension, server
 from dpsql.models import Model
 from dpsql.training import TrainingRun, train_args
 
-__all__ = ["Database", "connect"]
+__all__ = ["Database", "Estimate", "FeatureBoundsEstimate", "LabelBoundEstimate", "connect"]
+
+
+class _FeatureBoundsRequired(TypedDict):
+    epsilon: float
+    search_range: Sequence[float]
+
+
+class FeatureBoundsEstimate(_FeatureBoundsRequired, total=False):
+    """Arguments of ``dpsql.estimate_bounds`` run at registration (quantiles: its defaults)."""
+
+    lower_quantile: float
+    upper_quantile: float
+
+
+class _LabelBoundRequired(TypedDict):
+    epsilon: float
+    search_range: Sequence[float]
+
+
+class LabelBoundEstimate(_LabelBoundRequired, total=False):
+    """Arguments of ``dpsql.estimate_label_bound`` run at registration: ``search_range`` is a
+    public range of |y|, ``[0, b]`` or ``[a, b]`` with ``0 <= a < b``."""
+
+    quantile: float
+
+
+class Estimate(TypedDict, total=False):
+    """``register_dataset(estimate=...)``: private bounds estimated in the registration's
+    transaction, each charged its own epsilon (the total is their sum, delta 0)."""
+
+    feature_bounds: FeatureBoundsEstimate
+    label_bound: LabelBoundEstimate
+    noise_seed: int  # tests only: the draws are then not private
+
+
+def _named_call(function: str, args: dict[str, Any]) -> sql.Composed:
+    """``SELECT function(name => %s, ...)`` for the arguments that are not None (the server's
+    defaults for the others: one place for each default)."""
+    given = [k for k, v in args.items() if v is not None]
+    return sql.SQL("SELECT {}({})").format(
+        sql.SQL(function),
+        sql.SQL(", ").join(
+            sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in given
+        ),
+    )
 
 
 def _libpq_url(url: str) -> str:
@@ -193,6 +239,8 @@ class Database:
         label_bound: float | None = None,
         row_bound: float | None = None,
         dim: int | None = None,
+        regression: bool | None = None,
+        estimate: Estimate | None = None,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -204,13 +252,21 @@ class Database:
         are public (lo, hi) per feature (features are rescaled onto [-1, 1]). ``dim`` declares
         the length of a feature array column (public; default: the bounds' rows, else the
         length of the first row, read once as the data owner). Returns the dataset id.
+
+        Private bounds instead of declared ones (docs/privacy.md): ``regression=True`` without
+        ``label_bound`` registers a regression dataset that cannot be trained on until
+        :meth:`estimate_label_bound` sets it; ``estimate`` runs the estimates in the same
+        transaction, e.g. ``{"feature_bounds": {"epsilon": 0.1, "search_range": [-10, 10]},
+        "label_bound": {"epsilon": 0.1, "search_range": [0, 100]}}`` (a ``label_bound``
+        estimate implies ``regression``). If an estimate fails, nothing is registered or charged.
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
         row = self.conn.execute(
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
             " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
-            " name => %s, label_bound => %s, row_bound => %s, dim => %s)",
+            " name => %s, label_bound => %s, row_bound => %s, dim => %s, regression => %s,"
+            " estimate => %s)",
             (
                 source,
                 feats,
@@ -224,10 +280,63 @@ class Database:
                 label_bound,
                 row_bound,
                 dim,
+                regression,
+                None if estimate is None else Jsonb(estimate),
             ),
         ).fetchone()
         assert row is not None
         return int(row[0])
+
+    def estimate_bounds(
+        self,
+        dataset: str,
+        epsilon: float,
+        search_range: Sequence[float],
+        *,
+        lower_quantile: float | None = None,
+        upper_quantile: float | None = None,
+        noise_seed: int | None = None,
+    ) -> list[list[float]]:
+        """Private per-feature (lo, hi) of a dataset registered without feature bounds, charged
+        ``epsilon`` on its ledger and registered as its bounds (data owners only)."""
+        args = {
+            "dataset": dataset,
+            "epsilon": epsilon,
+            "search_range": [float(v) for v in search_range],
+            "lower_quantile": lower_quantile,
+            "upper_quantile": upper_quantile,
+            "noise_seed": noise_seed,
+        }
+        row = self.conn.execute(
+            _named_call("dpsql.estimate_bounds", args), [v for v in args.values() if v is not None]
+        ).fetchone()
+        assert row is not None
+        return [list(b) for b in row[0]]
+
+    def estimate_label_bound(
+        self,
+        dataset: str,
+        epsilon: float,
+        search_range: Sequence[float],
+        *,
+        quantile: float | None = None,
+        noise_seed: int | None = None,
+    ) -> float:
+        """Private bound on |y| of a regression dataset registered without one, charged
+        ``epsilon`` on its ledger and registered as its ``label_bound`` (data owners only)."""
+        args = {
+            "dataset": dataset,
+            "epsilon": epsilon,
+            "search_range": [float(v) for v in search_range],
+            "quantile": quantile,
+            "noise_seed": noise_seed,
+        }
+        row = self.conn.execute(
+            _named_call("dpsql.estimate_label_bound", args),
+            [v for v in args.values() if v is not None],
+        ).fetchone()
+        assert row is not None
+        return float(row[0])
 
     def grant_dataset(self, dataset_id: int, role: str) -> None:
         """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on it."""

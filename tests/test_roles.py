@@ -46,6 +46,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "grant_dataset",
     "revoke_dataset",
     "estimate_bounds",
+    "estimate_label_bound",
     # non-private runs, as the data owner
     "_prepare",
     "_run_epoch",

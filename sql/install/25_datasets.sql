@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
     created_at      timestamptz NOT NULL DEFAULT now(),
     created_by      name NOT NULL DEFAULT session_user,
     dropped_at      timestamptz,                -- the relation was dropped (event trigger)
-    label_bound     float8,                     -- regression: public bound on |y| (NULL: classes)
+    label_bound     float8,                     -- regression: public bound on |y| (NULL with
+                                                -- labels NULL: not set yet, see
+                                                -- dpsql.estimate_label_bound; untrainable)
     row_bound       float8,                     -- regression: public bound on ||x|| (or NULL)
     dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
                                                 -- before 0.3.0 from an empty array column)
@@ -239,7 +241,7 @@ CREATE OR REPLACE FUNCTION dpsql._register_dataset(
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
-    dim int DEFAULT NULL)
+    dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -258,6 +260,7 @@ DECLARE
     lo2 int;
     existing text;
     id bigint;
+    is_regression boolean;
 BEGIN
     PERFORM dpsql._require_admin('register datasets');
     IF relid IS NULL THEN
@@ -332,27 +335,43 @@ BEGIN
                   HINT = 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.';
     END IF;
 
-    -- Regression: a public bound on |y| instead of a label set.
-    IF label_bound IS NOT NULL THEN
-        IF NOT (label_bound > 0 AND label_bound < 'Infinity') THEN
+    -- Regression: a public bound on |y| instead of a label set, given, estimated now (estimate
+    -- => {"label_bound": ...}) or later (regression => true: dpsql.estimate_label_bound).
+    PERFORM dpsql._check_estimate_option(estimate);
+    is_regression := coalesce(regression,
+                              label_bound IS NOT NULL OR coalesce(estimate ? 'label_bound', false));
+    IF NOT is_regression AND (label_bound IS NOT NULL OR estimate ? 'label_bound') THEN
+        RAISE EXCEPTION 'dpsql: a label bound is for regression datasets, and regression => false'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF label_bound IS NOT NULL AND estimate ? 'label_bound' THEN
+        RAISE EXCEPTION 'dpsql: give label_bound or estimate it (estimate => {"label_bound": ...}), not both'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF feature_bounds IS NOT NULL AND estimate ? 'feature_bounds' THEN
+        RAISE EXCEPTION 'dpsql: give feature_bounds or estimate them (estimate => {"feature_bounds": ...}), not both'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF is_regression THEN
+        IF label_bound IS NOT NULL AND NOT (label_bound > 0 AND label_bound < 'Infinity') THEN
             RAISE EXCEPTION 'dpsql: label_bound must be a finite number > 0, got %', label_bound
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF labels IS NOT NULL THEN
-            RAISE EXCEPTION 'dpsql: give labels (classification) or label_bound (regression), not both'
+            RAISE EXCEPTION 'dpsql: give labels (classification) or a label bound (regression), not both'
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
     ELSE
         labels := coalesce(labels, '{-1,1}');
     END IF;
-    IF row_bound IS NOT NULL AND (label_bound IS NULL OR NOT (row_bound > 0 AND row_bound < 'Infinity')) THEN
+    IF row_bound IS NOT NULL AND (NOT is_regression OR NOT (row_bound > 0 AND row_bound < 'Infinity')) THEN
         RAISE EXCEPTION 'dpsql: row_bound (a public bound on ||x||) is for regression datasets and must be a finite number > 0, got %',
                         row_bound
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
     -- The public label set.
-    IF label_bound IS NULL AND (labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
+    IF NOT is_regression AND (labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
        OR cardinality(labels) > 1024) THEN
         RAISE EXCEPTION 'dpsql: labels must list 2 to 1024 public label values, got %',
                         coalesce(labels::text, 'NULL')
@@ -388,23 +407,20 @@ BEGIN
         END IF;
     END IF;
 
-    row_norm := coalesce(row_norm, CASE WHEN label_bound IS NULL THEN 'clip' ELSE 'none' END);
-    IF label_bound IS NULL AND row_norm NOT IN ('clip', 'unit') THEN
+    row_norm := coalesce(row_norm, CASE WHEN is_regression THEN 'none' ELSE 'clip' END);
+    IF NOT is_regression AND row_norm NOT IN ('clip', 'unit') THEN
         RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', row_norm
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'clip scales rows to norm <= 1, unit to norm = 1.';
     END IF;
-    IF label_bound IS NOT NULL AND row_norm NOT IN ('none', 'clip') THEN
+    IF is_regression AND row_norm NOT IN ('none', 'clip') THEN
         RAISE EXCEPTION 'dpsql: row_norm of a regression dataset must be none or clip, got %', row_norm
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).';
     END IF;
-    IF label_bound IS NOT NULL THEN
-        -- The tightest public bound on ||x|| the declarations imply: clipped rows have norm <= 1,
-        -- bounded features are rescaled onto [-1, 1].
-        row_bound := CASE WHEN row_norm = 'clip' THEN least(coalesce(row_bound, 1), 1)
-                          WHEN row_bound IS NOT NULL THEN row_bound
-                          WHEN bounds IS NOT NULL THEN sqrt(array_length(bounds, 1)) END;
+    IF is_regression THEN
+        row_bound := dpsql._regression_row_bound(row_norm, row_bound,
+                                                 CASE WHEN bounds IS NOT NULL THEN d END);
     END IF;
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
         RAISE EXCEPTION 'dpsql: epsilon_budget must be a finite number > 0, got %',
@@ -437,12 +453,26 @@ BEGIN
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
                                 dim)
-    VALUES (nm, relid, what, features, label, CASE WHEN label_bound IS NULL THEN labels END,
+    VALUES (nm, relid, what, features, label, CASE WHEN NOT is_regression THEN labels END,
             bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound, d)
     RETURNING dataset_id INTO id;
     PERFORM dpsql._grant_reader(relid, features || label);
+    -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
+    -- undoes the registration, and with it every charge (27_estimate_bounds.sql).
+    PERFORM dpsql._estimate_at_registration(nm, estimate);
     RETURN id;
 END $$;
+
+-- The tightest public bound on ||x|| a regression dataset's declarations imply: clipped rows
+-- have norm <= 1; features with bounds (bounded_dim of them) are rescaled onto [-1, 1].
+CREATE OR REPLACE FUNCTION dpsql._regression_row_bound(row_norm text, row_bound float8, bounded_dim int)
+RETURNS float8 LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN row_norm = 'clip' THEN least(coalesce(row_bound, 1), 1)
+                WHEN row_bound IS NOT NULL THEN row_bound
+                WHEN bounded_dim IS NOT NULL THEN sqrt(bounded_dim) END
+$$;
 
 -- Admin entry point. SECURITY INVOKER: it resolves source with the caller's search_path and
 -- rights (nothing else runs under the caller's search_path: everything is schema-qualified),
@@ -451,7 +481,8 @@ CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
-    label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL)
+    label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL,
+    regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -475,10 +506,10 @@ BEGIN
     END IF;
     RETURN dpsql._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
                                    feature_bounds, row_norm, name, source, label_bound,
-                                   row_bound, dim);
+                                   row_bound, dim, regression, estimate);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
-                                           text, text, float8, float8, int) IS
+                                           text, text, float8, float8, int, boolean, jsonb) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql._dataset_by_id(dataset_id bigint)
@@ -536,13 +567,13 @@ END $$;
 COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
     'Withdraw a role''s grant on a dataset (its ledger entries stay)';
 
--- The registered dataset a source names, for the private training path: its name, or, among
+-- The registered dataset a source names (the private training path and the estimates): its name, or, among
 -- datasets whose relation still exists, the relation's current qualified name (quoted or not),
 -- the name it was registered under, or its unqualified name when exactly one has it. No name is
 -- resolved through a search_path. The relation is checked again (it may have been replaced
 -- since registration), and the returned row's source is the relation's current schema-qualified
 -- name: read that, never a name given by the caller.
-CREATE OR REPLACE FUNCTION dpsql._dataset_for_source(source text)
+CREATE OR REPLACE FUNCTION dpsql._lookup_dataset(source text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -552,10 +583,10 @@ DECLARE
     n int;
     rel record;
 BEGIN
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = _dataset_for_source.source;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = _lookup_dataset.source;
     IF NOT FOUND THEN
         BEGIN
-            parts := parse_ident(_dataset_for_source.source);
+            parts := parse_ident(_lookup_dataset.source);
         EXCEPTION WHEN OTHERS THEN
             parts := NULL;
         END;
@@ -568,7 +599,7 @@ BEGIN
         END IF;
         IF d.dataset_id IS NULL THEN  -- the name it was registered under
             SELECT * INTO d FROM dpsql.datasets ds
-             WHERE ds.dropped_at IS NULL AND ds.source = _dataset_for_source.source;
+             WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source;
         END IF;
         IF d.dataset_id IS NULL AND cardinality(parts) = 1 THEN
             SELECT count(*) INTO n
@@ -576,7 +607,7 @@ BEGIN
              WHERE ds.dropped_at IS NULL AND c.relname = parts[1];
             IF n > 1 THEN
                 RAISE EXCEPTION 'dpsql: % names % registered datasets',
-                                quote_literal(_dataset_for_source.source), n
+                                quote_literal(_lookup_dataset.source), n
                     USING ERRCODE = 'ambiguous_alias',
                           HINT = 'Give the dataset name or the schema-qualified table name.';
             END IF;
@@ -588,7 +619,7 @@ BEGIN
     IF d.dataset_id IS NULL THEN
         RAISE EXCEPTION 'dpsql: % is not a registered dataset; private training needs '
                         'dpsql.register_dataset by a data owner (dpsql_admin)',
-                        coalesce(quote_literal(_dataset_for_source.source), 'NULL')
+                        coalesce(quote_literal(_lookup_dataset.source), 'NULL')
             USING ERRCODE = 'undefined_object';
     END IF;
     IF d.dropped_at IS NOT NULL THEN
@@ -599,6 +630,25 @@ BEGIN
     END IF;
     rel := dpsql._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
     d.source := format('%I.%I', rel.nspname, rel.relname);
+    RETURN d;
+END $$;
+
+-- The dataset a private training reads: as _lookup_dataset, and trainable. A regression
+-- dataset registered without its label bound is not (regression => true): the linear mechanisms
+-- calibrate to it, so a data owner sets it first (dpsql.estimate_label_bound).
+CREATE OR REPLACE FUNCTION dpsql._dataset_for_source(source text)
+RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets := dpsql._lookup_dataset(source);
+BEGIN
+    IF d.labels IS NULL AND d.label_bound IS NULL THEN
+        RAISE EXCEPTION 'dpsql: dataset % is a regression dataset without a label bound yet',
+                        quote_literal(d.name)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'A data owner sets it: dpsql.estimate_label_bound(dataset, epsilon, search_range).';
+    END IF;
     RETURN d;
 END $$;
 

@@ -1,7 +1,8 @@
 ------------------------------------------------------------------------------------------
--- Private feature bounds (issue 10; spec 001 s. 3.3): for a dataset registered without
--- feature bounds, each feature's lower and upper quantiles by the exponential mechanism on a
--- public grid, charged to the dataset's ledger, then registered as its bounds.
+-- Private bounds (issue 10; spec 001 s. 3.3): for a dataset registered without feature
+-- bounds, each feature's lower and upper quantiles; for a regression dataset registered
+-- without a label bound, an upper quantile of |y|. Each is the exponential mechanism on a
+-- public grid, charged to the dataset's ledger, then registered as its declaration.
 --
 -- The grid is {a, a + step, ..., b} over the public search range [a, b], step (b - a)/m^2.
 -- Values are clamped to [a, b] and rounded to the grid (a per-record map: free). A grid point
@@ -60,6 +61,78 @@ BEGIN
                                                 points[pick]::bigint) - 1) * step;
 END $$;
 
+-- The data owner's dataset to estimate a declaration of: admin only, granted.
+CREATE OR REPLACE FUNCTION dpsql._estimation_dataset(dataset text, action text)
+RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ds dpsql.datasets;
+BEGIN
+    PERFORM dpsql._require_admin(action);
+    ds := dpsql._lookup_dataset(dataset);
+    IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
+        PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    END IF;
+    RETURN ds;
+END $$;
+
+-- The public numbers of an estimate: epsilon, the search range [a, b] (lowest: the least a
+-- allowed), the row count m and the grid step (b - a)/m^2. m is public (replace-one
+-- neighbours): counting rows reads no value, and the charge follows, before any is read.
+CREATE OR REPLACE FUNCTION dpsql._estimate_grid(ds dpsql.datasets, epsilon float8,
+                                                search_range float8[], lowest float8,
+                                                OUT a float8, OUT b float8, OUT m bigint,
+                                                OUT step float8)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+        PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
+    END IF;
+    a := search_range[array_lower(search_range, 1)];
+    b := search_range[array_lower(search_range, 1) + 1];
+    IF array_ndims(search_range) IS DISTINCT FROM 1 OR cardinality(search_range) <> 2
+       OR NOT coalesce(a > '-Infinity' AND a >= lowest AND b < 'Infinity' AND a < b
+                       -- b - a must not overflow float8
+                       AND b / 2 - a / 2 < 8.98e307, false) THEN
+        PERFORM dpsql._fail(format('search_range must be {a, b}, finite, %sa < b',
+                                   CASE WHEN lowest > '-Infinity' THEN lowest || ' <= ' ELSE '' END),
+                            hint => 'A public range that surely holds the quantiles; wider costs little.');
+    END IF;
+    EXECUTE format('SELECT count(*) FROM %s', ds.relid) INTO m;
+    IF m < 1 THEN
+        PERFORM dpsql._fail(format('dataset %s has no rows', ds.name), '22000');
+    END IF;
+    step := (b - a) / greatest(m::float8 * m, 1);
+END $$;
+
+-- Public: the exponential mechanism's rank error (2 / epsilon) ln(grid points), with
+-- probability 1 - 1/e, against the target ranks' distance from the edges of the data.
+CREATE OR REPLACE FUNCTION dpsql._warn_rank_error(what text, m bigint, eps_each float8, edge_rows bigint)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF 2 / eps_each * ln(m::float8 * m + 1) > edge_rows THEN
+        RAISE WARNING 'dpsql: with % rows, epsilon % per quantile and this search range, the % may land far outside the data',
+                      m, round(eps_each::numeric, 4), what
+            USING HINT = format('The rank error is about %s rows; the target ranks are %s rows from the edges. '
+                                'Use a larger epsilon, quantiles further from 0 and 1, or more rows.',
+                                round(2 / eps_each * ln(m::float8 * m + 1)), edge_rows);
+    END IF;
+END $$;
+
+-- SQL of a value on the grid: clamped to [$1, $2], rounded to the step $3 (a per-record map:
+-- free). One place for both estimates' reading queries.
+CREATE OR REPLACE FUNCTION dpsql._grid_sql(value_sql text)
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('$1 + round((least(greatest(%s, $1), $2) - $1) / $3) * $3', value_sql)
+$$;
+
 -- search_range is the owner's public statement of where the quantiles surely lie: the grid's
 -- empty stretches weigh against the data's (a range 10^6 times too wide needs about
 -- 2 ln(10^6) / epsilon more rows at the target rank).
@@ -72,8 +145,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ds dpsql.datasets;
-    a float8 := search_range[1];
-    b float8 := search_range[2];
+    g record;
+    a float8;
+    b float8;
     m bigint;
     step float8;
     eps_each float8;
@@ -83,11 +157,7 @@ DECLARE
     hi float8;
     bounds float8[] := '{}';
 BEGIN
-    PERFORM dpsql._require_admin('estimate feature bounds');
-    ds := dpsql._dataset_for_source(dataset);
-    IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
-        PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
-    END IF;
+    ds := dpsql._estimation_dataset(dataset, 'estimate feature bounds');
     IF ds.feature_bounds IS NOT NULL THEN
         PERFORM dpsql._fail(format('dataset %s already has feature bounds', ds.name),
                             hint => 'Bounds are estimated once, for a dataset registered without them.');
@@ -95,36 +165,18 @@ BEGIN
     IF ds.dim IS NULL THEN
         PERFORM dpsql._fail(format('dataset %s was registered without a known dimension', ds.name));
     END IF;
-    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
-    END IF;
     IF lower_quantile IS NULL OR upper_quantile IS NULL
        OR NOT (0 <= lower_quantile AND lower_quantile < upper_quantile AND upper_quantile <= 1) THEN
         PERFORM dpsql._fail('quantiles must satisfy 0 <= lower_quantile < upper_quantile <= 1');
     END IF;
-    IF cardinality(search_range) <> 2 OR NOT (a > '-Infinity' AND b < 'Infinity' AND a < b
-                                               -- b - a must not overflow float8
-                                               AND b / 2 - a / 2 < 8.98e307) THEN
-        PERFORM dpsql._fail('search_range must be {a, b}, finite, a < b',
-                            hint => 'A public range that surely holds the quantiles; wider costs little.');
-    END IF;
-    -- m is public (replace-one neighbours); the budget is charged before any row is read.
-    EXECUTE format('SELECT count(*) FROM %s', ds.relid) INTO m;
-    IF m < 1 THEN
-        PERFORM dpsql._fail(format('dataset %s has no rows', ds.name), '22000');
-    END IF;
-    step := (b - a) / greatest(m::float8 * m, 1);
+    g := dpsql._estimate_grid(ds, epsilon, search_range, '-Infinity');
+    a := g.a;
+    b := g.b;
+    m := g.m;
+    step := g.step;
     eps_each := epsilon / (2 * ds.dim);
-    -- Public: the exponential mechanism's rank error (2 / epsilon) ln(grid points), with
-    -- probability 1 - 1/e, against the target ranks' distance from the edges of the data.
-    IF 2 / eps_each * ln(m::float8 * m + 1) > least(ceil(lower_quantile * m), m - ceil(upper_quantile * m)) THEN
-        RAISE WARNING 'dpsql: with % rows, epsilon % per quantile and this search range, the bounds may land far outside the data',
-                      m, round(eps_each::numeric, 4)
-            USING HINT = format('The rank error is about %s rows; the target ranks are %s rows from the edges. '
-                                'Use a larger epsilon, quantiles further from 0 and 1, or more rows.',
-                                round(2 / eps_each * ln(m::float8 * m + 1)),
-                                least(ceil(lower_quantile * m), m - ceil(upper_quantile * m)));
-    END IF;
+    PERFORM dpsql._warn_rank_error('bounds', m, eps_each,
+                                   least(ceil(lower_quantile * m), m - ceil(upper_quantile * m))::bigint);
     PERFORM dpsql._charge(ds.dataset_id, epsilon, 0, 'estimate_bounds',
                           note => format('quantiles %s and %s of %s features over [%s, %s]',
                                          lower_quantile, upper_quantile, ds.dim, a, b));
@@ -135,10 +187,11 @@ BEGIN
     FOR f IN EXECUTE format(
         'SELECT j, g.w, g.c FROM generate_series(1, $4) j LEFT JOIN ('
         '  SELECT j, array_agg(w ORDER BY w) AS w, array_agg(c ORDER BY w) AS c FROM ('
-        '    SELECT u.j, $1 + round((least(greatest(u.v, $1), $2) - $1) / $3) * $3 AS w, count(*) AS c'
+        '    SELECT u.j, %s AS w, count(*) AS c'
         '      FROM %s, unnest(%s) WITH ORDINALITY AS u(v, j)'
         '     WHERE u.v IS NOT NULL AND u.v <> ''NaN'' AND u.j <= $4'
-        '     GROUP BY 1, 2) q GROUP BY j) g USING (j) ORDER BY j', dpsql._private_from(ds), values_expr)
+        '     GROUP BY 1, 2) q GROUP BY j) g USING (j) ORDER BY j',
+        dpsql._grid_sql('u.v'), dpsql._private_from(ds), values_expr)
         USING a, b, step, ds.dim
     LOOP
         lo := dpsql._private_quantile(coalesce(f.w, '{}'), coalesce(f.c, '{}'),
@@ -155,10 +208,183 @@ BEGIN
     END LOOP;
     UPDATE dpsql.datasets d
        SET feature_bounds = bounds,
-           row_bound = CASE WHEN d.label_bound IS NOT NULL AND d.row_norm = 'none' AND d.row_bound IS NULL
-                            THEN sqrt(d.dim) ELSE d.row_bound END
+           row_bound = CASE WHEN d.labels IS NULL  -- regression
+                            THEN dpsql._regression_row_bound(d.row_norm, d.row_bound, d.dim)
+                            ELSE d.row_bound END
      WHERE d.dataset_id = ds.dataset_id;
     RETURN bounds;
 END $$;
 COMMENT ON FUNCTION dpsql.estimate_bounds(text, float8, float8[], float8, float8, bigint) IS
     'Private per-feature quantile bounds of a dataset registered without bounds, charged to its ledger (noise_seed: tests only)';
+
+
+-- The distinct values of |y| on the grid [a, b] of step, ascending, and how many records have
+-- each (NULL and NaN labels: none). What the label bound's utility counts.
+CREATE OR REPLACE FUNCTION dpsql._label_grid(ds dpsql.datasets, a float8, b float8, step float8,
+                                             OUT grid_values float8[], OUT counts bigint[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format(
+        'SELECT coalesce(array_agg(w ORDER BY w), ''{}''), coalesce(array_agg(c ORDER BY w), ''{}'') FROM ('
+        '  SELECT %s AS w, count(*) AS c FROM %s'
+        '   WHERE src.%I IS NOT NULL AND src.%I <> ''NaN'' GROUP BY 1) v',
+        dpsql._grid_sql(format('abs(src.%I)', ds.label)), dpsql._private_from(ds), ds.label, ds.label)
+        INTO grid_values, counts USING a, b, step;
+END $$;
+
+-- Private label bound (regression): the quantile-q value of |y| by the same mechanism, at the
+-- whole epsilon, registered as label_bound. The linear mechanisms use it as the public bound on
+-- |y| (docs/linear.md): AdaSSP clips y to [-label_bound, label_bound] in its aggregate (its
+-- sensitivities assume it), DP-SSGD and DP-AMBSSGD derive their clip norm and domain from it
+-- and clip per-example gradients, so the rows above the bound never break the privacy proof.
+-- search_range is a public range of |y|: 0 <= a < b.
+CREATE OR REPLACE FUNCTION dpsql.estimate_label_bound(dataset text, epsilon float8, search_range float8[],
+                                                      quantile float8 DEFAULT 0.99,
+                                                      noise_seed bigint DEFAULT NULL)
+RETURNS float8 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ds dpsql.datasets;
+    g record;
+    v record;
+    bound float8;
+BEGIN
+    ds := dpsql._estimation_dataset(dataset, 'estimate label bounds');
+    IF ds.labels IS NOT NULL THEN
+        PERFORM dpsql._fail(format('dataset %s is a classification dataset (labels %s)', ds.name, ds.labels),
+                            hint => 'A label bound is for regression: register with regression => true (and no labels).');
+    END IF;
+    IF ds.label_bound IS NOT NULL THEN
+        PERFORM dpsql._fail(format('dataset %s already has a label bound', ds.name),
+                            hint => 'A label bound is estimated once, for a dataset registered without it.');
+    END IF;
+    IF quantile IS NULL OR NOT (0 < quantile AND quantile <= 1) THEN
+        PERFORM dpsql._fail(format('quantile must be in (0, 1], got %s', coalesce(quantile::text, 'NULL')));
+    END IF;
+    g := dpsql._estimate_grid(ds, epsilon, search_range, 0);
+    PERFORM dpsql._warn_rank_error('label bound', g.m, epsilon, (g.m - ceil(quantile * g.m))::bigint);
+    PERFORM dpsql._charge(ds.dataset_id, epsilon, 0, 'estimate_label_bound',
+                          note => format('quantile %s of |%s| over [%s, %s]', quantile, ds.label, g.a, g.b));
+    v := dpsql._label_grid(ds, g.a, g.b, g.step);
+    bound := dpsql._private_quantile(v.grid_values, v.counts,
+                                     ceil(quantile * g.m)::bigint, g.a, g.b, g.step, epsilon, noise_seed);
+    bound := greatest(bound, g.step);  -- > 0 (post-processing: labels all 0, or a = 0 drawn)
+    UPDATE dpsql.datasets d SET label_bound = bound WHERE d.dataset_id = ds.dataset_id;
+    RETURN bound;
+END $$;
+COMMENT ON FUNCTION dpsql.estimate_label_bound(text, float8, float8[], float8, bigint) IS
+    'Private bound on |y| of a regression dataset registered without one, charged to its ledger (noise_seed: tests only)';
+
+-- register_dataset(..., estimate => ...): the estimates to run at registration, each with its
+-- own epsilon (charged separately, basic composition: the total is their sum, delta 0):
+--   {"feature_bounds": {"epsilon": e1, "search_range": [a, b]
+--                       [, "lower_quantile": .01, "upper_quantile": .99]},
+--    "label_bound":    {"epsilon": e2, "search_range": [0, B] [, "quantile": .99]},
+--    "noise_seed": n}                                              (tests only)
+-- Checked here for shape only; the numbers by the estimates themselves (one place each).
+CREATE OR REPLACE FUNCTION dpsql._check_estimate_option(estimate jsonb)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    step text;
+    k text;
+    usage constant text := 'estimate => {"feature_bounds": {"epsilon": e, "search_range": [a, b]}, '
+                           '"label_bound": {"epsilon": e, "search_range": [0, b]}} (either or both)';
+BEGIN
+    IF estimate IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(estimate) <> 'object'
+       OR NOT (estimate ? 'feature_bounds' OR estimate ? 'label_bound')
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(estimate) o(key)
+                   WHERE o.key NOT IN ('feature_bounds', 'label_bound', 'noise_seed')) THEN
+        PERFORM dpsql._fail(format('estimate must name feature_bounds and/or label_bound, got %s', estimate),
+                            hint => usage);
+    END IF;
+    IF estimate ? 'noise_seed' THEN
+        IF jsonb_typeof(estimate->'noise_seed') <> 'number' THEN
+            PERFORM dpsql._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
+        END IF;
+        IF (estimate->>'noise_seed')::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807
+           OR (estimate->>'noise_seed')::numeric % 1 <> 0 THEN
+            PERFORM dpsql._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
+        END IF;
+    END IF;
+    FOREACH step IN ARRAY ARRAY['feature_bounds', 'label_bound'] LOOP
+        CONTINUE WHEN NOT estimate ? step;
+        IF jsonb_typeof(estimate->step) <> 'object' THEN
+            PERFORM dpsql._fail(format('estimate.%s must be an object, got %s', step, estimate->step),
+                                hint => usage);
+        END IF;
+        FOR k IN SELECT jsonb_object_keys(estimate->step) LOOP
+            IF k <> ALL (CASE step WHEN 'feature_bounds'
+                                   THEN '{epsilon,search_range,lower_quantile,upper_quantile}'
+                                   ELSE '{epsilon,search_range,quantile}' END::text[]) THEN
+                PERFORM dpsql._fail(format('unknown key estimate.%s.%s', step, k), hint => usage);
+            END IF;
+            IF k <> 'search_range' AND jsonb_typeof(estimate->step->k) <> 'number' THEN
+                PERFORM dpsql._fail(format('estimate.%s.%s must be a number, got %s', step, k,
+                                           estimate->step->k));
+            END IF;
+        END LOOP;
+        IF NOT (estimate->step ? 'epsilon' AND estimate->step ? 'search_range') THEN
+            PERFORM dpsql._fail(format('estimate.%s needs epsilon and search_range', step), hint => usage);
+        END IF;
+        IF jsonb_typeof(estimate->step->'search_range') <> 'array'
+           OR jsonb_array_length(estimate->step->'search_range') <> 2
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(estimate->step->'search_range') e
+                       WHERE jsonb_typeof(e) <> 'number') THEN
+            PERFORM dpsql._fail(format('estimate.%s.search_range must be [a, b], got %s', step,
+                                       estimate->step->'search_range'));
+        END IF;
+        -- A number jsonb holds that float8 does not (1e400) fails here, not mid-registration.
+        BEGIN
+            PERFORM (estimate->step->>o.key)::float8 FROM jsonb_object_keys(estimate->step) o(key)
+              WHERE o.key <> 'search_range';
+            PERFORM e::text::float8 FROM jsonb_array_elements(estimate->step->'search_range') e;
+        EXCEPTION WHEN numeric_value_out_of_range THEN
+            PERFORM dpsql._fail(format('estimate.%s has a number out of float8''s range', step));
+        END;
+    END LOOP;
+END $$;
+
+-- The estimates of a registration (checked by _check_estimate_option), on the dataset just
+-- inserted under this name, in this transaction: feature bounds first (a regression dataset's
+-- row_bound follows from them), then the label bound.
+CREATE OR REPLACE FUNCTION dpsql._estimate_at_registration(dataset text, estimate jsonb)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    seed bigint := (estimate->>'noise_seed')::bigint;
+    e jsonb;
+BEGIN
+    -- Named arguments for the keys given only: the defaults stay the estimates' own.
+    IF estimate ? 'feature_bounds' THEN
+        e := estimate->'feature_bounds';
+        EXECUTE format('SELECT dpsql.estimate_bounds($1, $2, $3, noise_seed => $4%s%s)',
+                       CASE WHEN e ? 'lower_quantile' THEN ', lower_quantile => $5' END,
+                       CASE WHEN e ? 'upper_quantile' THEN ', upper_quantile => $6' END)
+            USING dataset, (e->>'epsilon')::float8, dpsql._jsonb_float8s(e->'search_range'), seed,
+                  (e->>'lower_quantile')::float8, (e->>'upper_quantile')::float8;
+    END IF;
+    IF estimate ? 'label_bound' THEN
+        e := estimate->'label_bound';
+        EXECUTE format('SELECT dpsql.estimate_label_bound($1, $2, $3, noise_seed => $4%s)',
+                       CASE WHEN e ? 'quantile' THEN ', quantile => $5' END)
+            USING dataset, (e->>'epsilon')::float8, dpsql._jsonb_float8s(e->'search_range'), seed,
+                  (e->>'quantile')::float8;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql._jsonb_float8s(numbers jsonb)
+RETURNS float8[] LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ARRAY(SELECT v::text::float8 FROM jsonb_array_elements(numbers) WITH ORDINALITY AS t(v, k)
+                  ORDER BY k)
+$$;

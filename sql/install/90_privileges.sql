@@ -32,7 +32,7 @@ DECLARE
     -- and the non-private run machinery: data owners train noiseless models as themselves
     -- (SECURITY INVOKER, reading only what they can read).
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset',
-                          'revoke_dataset', 'estimate_bounds',
+                          'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
                           '_prepare', '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed'];

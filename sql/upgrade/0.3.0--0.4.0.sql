@@ -1,3 +1,9 @@
 -- dpsql 0.3.0 -> 0.4.0: good private models by default (issue 10). This prologue makes the
 -- changes that replaying the (idempotent) install script, which follows it, cannot make.
 \echo Use "ALTER EXTENSION dpsql UPDATE" to load this file. \quit
+
+-- Signatures that gained parameters (regression, estimate: private bounds at registration).
+DROP FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[], text,
+                                     text, float8, float8, int);
+DROP FUNCTION dpsql._register_dataset(regclass, text[], text, float8, float8, float8[], float8[],
+                                      text, text, text, float8, float8, int);
