@@ -5,10 +5,11 @@ the server with the SQL defaults of ``dpsql.train`` except the privacy arguments
 
 * Protein (KDD Cup 2004, binary, d = 74) and MNIST projected to 50 dimensions (ten classes,
   model ``multinomial``), rows normalised to the unit sphere at registration: ``auto``, bolt-on
-  (Algorithm 1; and Algorithm 2 with lambda = 1e-4), DP-SGD with shuffled batches, SCS13 and
-  BST14, each at its defaults (batch 1, 10 epochs, its own step rule);
+  (Algorithm 1; and Algorithm 2 with lambda = 1e-4), DP-SGD with shuffled and with Poisson
+  batches, DPSGD-F, SCS13 and BST14, each at its defaults (docs/defaults.md);
 * California housing (regression, d = 8 + intercept, features rescaled onto [-1, 1] by public
-  bounds): ``auto``, AdaSSP, DP-AMBSSGD, DP-SSGD and DP-SGD (model ``linear``) at their defaults.
+  bounds): ``auto``, DP-GD, AdaSSP, DP-AMBSSGD, DP-SSGD and DP-SGD (model ``linear``) at their
+  defaults.
 
 delta = 1e-6 for every mechanism (the bolt-on and SCS13 then use Gaussian noise).
 diffprivlib (``LogisticRegression(data_norm=1)`` on unit rows, ``LinearRegression`` with the
@@ -31,6 +32,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,6 +91,40 @@ def _table(
     return [*out, ""]
 
 
+# (dataset title, metric, method -> eps -> values) of every section, for the plot.
+PANELS: list[tuple[str, str, dict[str, dict[float, list[float]]]]] = []
+
+
+def _plot(path: Path, eps_grid: Sequence[float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.5), squeeze=False)
+    for ax, (title, metric, rows) in zip(axes[0], PANELS, strict=True):
+        for label, by_eps in rows.items():
+            xs = [e for e in eps_grid if by_eps.get(e)]
+            ys = [statistics.mean(by_eps[e]) for e in xs]
+            if not xs:
+                continue
+            style = "k--" if "non-private" in label else ("o-" if label == "auto" else ".-")
+            ax.plot(xs, ys, style, label=label, linewidth=2.5 if label == "auto" else 1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel("epsilon")
+        ax.set_ylabel(metric)
+        if metric == "test MSE":
+            ax.set_yscale("log")
+            ax.set_ylim(0.3, 10)
+        else:
+            ax.set_ylim(bottom=0.0 if "mnist" in title else 0.98)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _diffprivlib(kind: str) -> Any:
     try:
         from diffprivlib import models
@@ -138,6 +174,7 @@ def classification(
                     float(np.mean(clf.predict(Xt) == yt))
                 )
     rows["majority class (non-private)"] = {e: [data.majority] for e in eps_grid}
+    PANELS.append((data.name, "test accuracy", rows))
     out = [
         f"## {data.name}: {data.note}; m = {data.m:,}, d = {data.d}, model {model}, "
         f"delta = {DELTA:g}; {len(seeds)} seed(s)",
@@ -202,6 +239,7 @@ def regression(db: dpsql.Database, seeds: Sequence[int], eps_grid: Sequence[floa
                 )
     mean_mse = float(np.mean((y[test] - np.mean(y[train])) ** 2))
     rows["training mean (non-private)"] = {e: [mean_mse] for e in eps_grid}
+    PANELS.append(("cal_housing", "test MSE", rows))
     return [
         f"## cal_housing: California housing, n_train {len(train):,}, d {d} + intercept, "
         f"delta = {DELTA:g}; {len(seeds)} seed(s)",
@@ -216,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help=f"eps in {QUICK_EPS}, 1 seed")
     parser.add_argument("--dsn", help="server (default: a temporary embedded one)")
+    parser.add_argument(
+        "--plot", type=Path, default=Path(__file__).parent / "figures" / "auto_defaults.png"
+    )
     args = parser.parse_args(argv)
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
     eps_grid = QUICK_EPS if args.quick else EPS_GRID
@@ -237,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                 sections.append(lambda: regression(db, seeds, eps_grid))
             for section in sections:
                 print("\n".join(["", *section()]), flush=True)
+    if PANELS:
+        _plot(args.plot, eps_grid)
+        print(f"# plot: {args.plot}")
     for note in skipped:
         print(f"# {note}")
     return 0

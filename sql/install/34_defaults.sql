@@ -85,8 +85,15 @@ BEGIN
     END IF;
     IF params->>'epochs' IS NULL THEN
         -- SCS13 composes its passes basically: its batch grows with the epochs and its steps
-        -- do not, so one pass; the others gain steps from more passes.
-        filled := filled || jsonb_build_object('epochs', CASE privacy WHEN 'scs13' THEN 1 ELSE 10 END);
+        -- do not, so one pass. Poisson-sampled DP-SGD (and DPSGD-F): ceil(10 epsilon) passes,
+        -- at most 10; below epsilon = 1 the noise multiplier grows fast as epsilon shrinks,
+        -- and its noise piles up in the last iterate faster than more passes add signal.
+        -- The others: 10 passes, more steps for the same noise.
+        filled := filled || jsonb_build_object('epochs', CASE
+            WHEN privacy = 'scs13' THEN 1
+            WHEN privacy = 'dpsgd_f' OR (privacy = 'dpsgd' AND params->>'sampling' = 'poisson')
+                THEN least(10, greatest(1, ceil(10 * epsilon)))::int
+            ELSE 10 END);
     END IF;
     IF privacy IN ('dpsgd', 'dpsgd_f') AND params->>'clip_norm' IS NULL THEN
         -- the loss's gradient bound L; least squares has none: (x^T w - y) x is clipped at the
