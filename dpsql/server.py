@@ -228,7 +228,7 @@ def accountant_command() -> str:
     """How the server runs the dp-accounting accountant: this interpreter, ``-m dpsql.accounting``.
 
     The server cannot import Python; DP-SGD calibration runs this command (see
-    sql/src/accountant.c). The path must be readable by the server's system user.
+    sql/src/accountant_fmgr.c). The path must be readable by the server's system user.
     """
     return f"{sys.executable} -m dpsql.accounting"
 

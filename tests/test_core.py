@@ -285,7 +285,13 @@ def test_shuffle_keys_form_a_seeded_permutation() -> None:
 
 
 def test_all_losses_and_schedules_have_names() -> None:
+    """Every loss and schedule code of sgd.h has a distinct name that builds a state carrying
+    that code (the name tables and the codes agree)."""
+    assert sorted(_core.LOSSES.values()) == [1, 2, 3, 4]
+    assert sorted(_core.SCHEDULES.values()) == [1, 2, 3, 4]
     for loss, schedule in itertools.product(_core.LOSSES, _core.SCHEDULES):
         kw = {"lambda_": 0.1} if schedule == "decreasing" else {}
         n = 3 if loss == "multinomial" else 1
-        _core.init_state(loss, 2, n_classes=n, schedule=schedule, **kw)
+        h = _core.header(_core.init_state(loss, 2, n_classes=n, schedule=schedule, **kw))
+        assert (h["loss"], h["schedule"]) == (_core.LOSSES[loss], _core.SCHEDULES[schedule])
+        assert _core.loss_code(loss) == _core.LOSSES[loss]

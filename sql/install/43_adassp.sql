@@ -1,7 +1,7 @@
 ------------------------------------------------------------------------------------------
 -- AdaSSP (Wang 2018, Algorithm 2; spec 002 section 6.4): DP linear regression by
 -- sufficient-statistics perturbation with an adaptive ridge. C core: cython_ext/core/adassp.h
--- (the mechanism, the sensitivities and their proofs); glue: sql/src/adassp.c.
+-- (the mechanism, the sensitivities and their proofs); glue: sql/src/adassp_fmgr.c.
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql._adassp_gram_transition(state float8[], x float8[], y float8,

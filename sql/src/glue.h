@@ -65,7 +65,7 @@ dpsql_state_remember(FunctionCallInfo fcinfo, const void *state)
 	fcinfo->flinfo->fn_extra = (void *) state;
 }
 
-/* The GUCs of accountant.c, defined by _PG_init (dpsql.c). */
+/* The GUCs of accountant_fmgr.c, defined by _PG_init (module_fmgr.c). */
 void		dpsql_define_accountant_gucs(void);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * model.c - building model states, reading them, and predicting with released coefficients.
+ * model_fmgr.c - building model states, reading them, and predicting with released coefficients.
  */
 #include "postgres.h"
 

@@ -1,5 +1,5 @@
 /*
- * accountant.c - the DP-SGD accountant, run outside the server.
+ * accountant_fmgr.c - the DP-SGD accountant, run outside the server.
  *
  * Composition and amplification come from Google's dp-accounting library (DESIGN.md rule 6),
  * which is Python: the server runs the command in dpsql.accountant_command (set by a superuser;

@@ -1,5 +1,5 @@
 /*
- * random.c - shuffle keys and seeds.
+ * random_fmgr.c - shuffle keys and seeds.
  */
 #include "postgres.h"
 

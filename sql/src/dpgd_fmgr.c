@@ -1,5 +1,5 @@
 /*
- * dpgd.c - DP-GD for linear regression in the server (spec 002): the clipped-gradient
+ * dpgd_fmgr.c - DP-GD for linear regression in the server (spec 002): the clipped-gradient
  * aggregate of one step, the noisy step, and the confidence-interval helpers.
  *
  *   dpsql.dpgd_gradient(x, y, theta, gamma, intercept, x_bound)   aggregate, one scan per step

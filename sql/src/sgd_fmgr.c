@@ -1,5 +1,5 @@
 /*
- * sgd_aggregate.c - the epoch aggregate dpsql.sgd_epoch(x float8[], y float8, init float8[]).
+ * sgd_fmgr.c - the epoch aggregate dpsql.sgd_epoch(x float8[], y float8, init float8[]).
  *
  * One call of the aggregate is one SGD epoch over the scanned rows (Bismarck). The state is a
  * float8[] (a real type, so parallel workers and Citus can ship partial states) allocated once

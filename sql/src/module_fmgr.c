@@ -1,5 +1,5 @@
 /*
- * dpsql.c - module magic and the helpers of glue.h.
+ * module_fmgr.c - module magic and the helpers of glue.h.
  */
 #include "postgres.h"
 

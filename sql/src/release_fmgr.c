@@ -1,5 +1,5 @@
 /*
- * release.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
+ * release_fmgr.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
  * final state, the closed-form sensitivities, and the exponential mechanism.
  *
  * The noise generator is keyed with 32 bytes from pg_strong_random, unless a seed is given
