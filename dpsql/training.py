@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from tqdm.auto import tqdm
 
-# Argument order and names of dpsql._prepare (sql/dpsql--*.sql).
+# Argument order and names of dpsql._prepare (sql/install/30_runs.sql).
 _PREPARE_ARGS = (
     "source",
     "features",
