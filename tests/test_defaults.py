@@ -113,9 +113,9 @@ def test_unamplified_batches_follow_the_noise_rule(conn, scratch_schema, privacy
 
 # -- the defaults against the trivial model, on the repo's datasets -----------------------
 # Every release below uses a fixed noise_seed and shuffle seed, so the test is deterministic.
-# With fresh noise, the margins are at least 4 standard deviations of the seed-to-seed spread
-# measured by bench/auto_defaults.py (2 seeds, docs/defaults.md): false-failure rate < 1e-4
-# per assertion.
+# With fresh noise, each margin is at least 3 standard deviations of the seed-to-seed spread
+# measured by bench/auto_defaults.py (2 seeds; the tightest is the bolt-on on Protein): a
+# false-failure rate below 1e-3 per assertion.
 CLASSIFIERS = {
     "bolton": {},
     "dpsgd": {},
@@ -165,7 +165,8 @@ def test_classifier_defaults_beat_the_majority_class(conn, scratch_schema, datas
 
 def test_protein_defaults_are_not_below_the_majority_class(conn, scratch_schema, datasets_dir):
     """Protein (0.83% positives) at eps = 1: the amplified mechanisms, the bolt-on and auto
-    beat the majority class (0.9917) by >= 0.001 (spreads <= 0.0003); the mechanisms without
+    beat the majority class (0.9917) by >= 0.001 (they reach 0.994-0.995, spreads <= 0.0004);
+    the mechanisms without
     amplification by sampling (shuffled DP-SGD, SCS13, BST14) are no worse than it (their
     noise drowns the rare class's gradient: docs/defaults.md). The old BST14 default, radius
     1e4 at batch 1, fell to 0.957."""
