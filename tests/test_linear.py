@@ -204,12 +204,14 @@ def test_dpgd_noise_formula(conn, regression) -> None:
         math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 49 / 50) * 10_000)
     )
     assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
-    # dpsql's default with a public row bound: preconditioned, step 1, a tenth of rho less.
+    # dpsql's default with a public row bound: preconditioned, step 1, a tenth of rho less,
+    # draws 120 steps apart (20 + 120 m steps).
     plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True)
     assert plan["precondition"] is True and plan["step_size"] == 1.0
+    assert plan["steps"] == 1220
     assert plan["rho_pre"] == pytest.approx(rho / 10)
     assert plan["noise_std"] == pytest.approx(
-        math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 44 / 50) * 10_000)
+        math.sqrt(2 * 1220) * 5 * math.sqrt(11) / (math.sqrt(rho * 44 / 50) * 10_000)
     )
 
 

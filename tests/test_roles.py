@@ -16,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 # that evaluate/predict run as the caller, and the checks the views and train call.
 ANALYST_FUNCTIONS = {
     "train",
+    "mechanisms",
     "predict",
     "evaluate",
     "loss_constants",

@@ -80,8 +80,10 @@ DECLARE
     b bigint;
     step float8;
 BEGIN
-    IF privacy NOT IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14') OR NOT (epsilon > 0) THEN
-        RETURN params;  -- the linear mechanisms' plans are their specs' (40_linear.sql)
+    -- Called for the registry's SGD mechanisms (sgd_defaults); the linear mechanisms' plans
+    -- are their specs' (40_linear.sql).
+    IF NOT (epsilon > 0) THEN
+        RETURN params;
     END IF;
     IF params->>'epochs' IS NULL THEN
         -- SCS13 composes its passes basically: its batch grows with the epochs and its steps

@@ -201,13 +201,11 @@ DECLARE
         coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
     epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
-    entry bigint;
-    run bigint;
-    fit record;
     mid bigint;
     linear boolean;
     auto jsonb;
     rows bigint;
+    mech dpsql.mechanism_catalog;
 BEGIN
     IF privacy = 'auto' THEN
         -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
@@ -223,13 +221,8 @@ BEGIN
          WHERE m.model_id = mid;
         RETURN mid;
     END IF;
-    IF privacy IS NULL OR privacy NOT IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14',
-                                          'dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp') THEN
-        PERFORM dpsql._fail(format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
-                            hint => 'Available: auto (chosen for you), bolton, dpsgd, dpsgd_f, scs13, '
-                                    'bst14; for linear regression dp_ambssgd, dp_ssgd, dpgd, adassp.');
-    END IF;
-    linear := privacy IN ('dp_ambssgd', 'dp_ssgd', 'dpgd', 'adassp');
+    mech := dpsql._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
+    linear := mech.task = 'regression';
     IF linear AND dpsql._loss_code(model) <> 2 THEN
         PERFORM dpsql._fail(format('%s trains linear regression: model => ''linear''', privacy));
     END IF;
@@ -304,10 +297,10 @@ BEGIN
     IF NOT params ? 'defaults' THEN
         -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
         -- and record what was chosen with the model.
-        IF privacy IN ('bolton', 'dpsgd', 'dpsgd_f', 'scs13', 'bst14') THEN
+        IF mech.sgd_defaults THEN
             EXECUTE format('SELECT count(*) FROM %s', dpsql._private_from(ds)) INTO rows;
+            params := dpsql._private_defaults(ds, model, privacy, params, rows);
         END IF;
-        params := dpsql._private_defaults(ds, model, privacy, params, rows);
         mid := dpsql._train_private(source, model, params || '{"defaults": {}}');
         auto := params->'defaults';
         IF auto <> '{}' THEN
@@ -316,23 +309,38 @@ BEGIN
         END IF;
         RETURN mid;
     END IF;
-    IF linear THEN
-        RETURN dpsql._train_linear(ds, params, privacy, epsilon, delta, noise_seed);
-    ELSIF ds.label_bound IS NOT NULL AND dpsql._loss_code(model) <> 2 THEN
+    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql._loss_code(model) <> 2 THEN
         PERFORM dpsql._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
                                    ds.name));
     END IF;
-    IF privacy = 'dpsgd_f' THEN
-        RETURN dpsql._train_dpsgd_f(ds, model, params, epsilon, delta, noise_seed);
-    ELSIF privacy <> 'bolton' THEN
-        RETURN dpsql._train_whitebox(ds, model, params, privacy, epsilon, delta, noise_seed);
-    END IF;
+    -- The mechanism's own train function: plan from public numbers, charge, fit, release.
+    EXECUTE format('SELECT dpsql.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
+       INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
+    RETURN mid;
+END $$;
+
+-- The bolt-on (spec 003): Algorithms 1 and 2, or Algorithm 3 with tuning grids. Noiseless
+-- epochs, then output perturbation once.
+CREATE OR REPLACE FUNCTION dpsql._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
+                                    epsilon float8, delta float8, noise_seed bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    calibration text := coalesce(params->>'gaussian', 'analytic');
+    lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
+        coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
+    epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
+        coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
+    tuning boolean := cardinality(lambdas) + cardinality(epochs_grid) > 0;
+    entry bigint;
+    run bigint;
+    fit record;
+    mid bigint;
+BEGIN
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
     entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy,
-                           note => CASE WHEN cardinality(lambdas) + cardinality(epochs_grid) > 0
-                                        THEN 'private tuning (Algorithm 3)' END);
+                           note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END);
     run := dpsql._prepare_private(ds, model, params);
-    IF cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
+    IF tuning THEN
         fit := dpsql._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);
         run := fit.run;
@@ -344,6 +352,10 @@ BEGIN
     PERFORM dpsql._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
+SELECT dpsql._register_mechanism(
+    'bolton', '_train_bolton', 'classification', true, false,
+    'bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)',
+    'docs/bolton.md');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;
@@ -442,30 +454,3 @@ BEGIN
     RETURN dpsql._sgd_weights((dpsql._locked_run(run)).state);
 END $$;
 
--- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
--- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
--- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
-CREATE OR REPLACE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, params jsonb, privacy text,
-                                      epsilon float8, delta float8, noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    run bigint;
-    r dpsql.runs;
-    plan jsonb;
-    entry bigint;
-    mid bigint;
-BEGIN
-    run := dpsql._prepare_private(ds, model, params);
-    r := dpsql._locked_run(run);
-    plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
-    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy);
-    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
-                         (plan->'info') || jsonb_build_object(
-        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
-        'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
-    PERFORM dpsql._set_ledger_model(entry, mid);
-    RETURN mid;
-END $$;

@@ -227,3 +227,43 @@ BEGIN
                                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
      WHERE runs.run_id = _arm_whitebox.run_id;
 END $$;
+
+-- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
+-- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
+-- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
+CREATE OR REPLACE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
+                                      epsilon float8, delta float8, noise_seed bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    run bigint;
+    r dpsql.runs;
+    plan jsonb;
+    entry bigint;
+    mid bigint;
+BEGIN
+    run := dpsql._prepare_private(ds, model, params);
+    r := dpsql._locked_run(run);
+    plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
+    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+                           privacy);
+    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
+                         (plan->'info') || jsonb_build_object(
+        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
+        'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
+        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+    PERFORM dpsql._set_ledger_model(entry, mid);
+    RETURN mid;
+END $$;
+SELECT dpsql._register_mechanism(
+    'dpsgd', '_train_whitebox', 'classification', true, true,
+    'DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches '
+    '(dp-accounting); also least squares', 'docs/whitebox.md');
+SELECT dpsql._register_mechanism(
+    'scs13', '_train_whitebox', 'classification', true, false,
+    'SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)',
+    'docs/whitebox.md');
+SELECT dpsql._register_mechanism(
+    'bst14', '_train_whitebox', 'classification', true, true,
+    'BST14: noisy SGD on batches drawn with replacement, amplified and advanced composition',
+    'docs/whitebox.md');

@@ -32,8 +32,9 @@ BEGIN
     RETURN ARRAY(SELECT v / rows FROM unnest(total) WITH ORDINALITY AS u(v, j) ORDER BY j);
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, params jsonb,
-                                     epsilon float8, delta float8, noise_seed bigint)
+CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, privacy text,
+                                     params jsonb, epsilon float8, delta float8,
+                                     noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     canonical text := dpsql._canonical_model(model);
@@ -108,3 +109,7 @@ BEGIN
     PERFORM dpsql._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
+SELECT dpsql._register_mechanism(
+    'dpsgd_f', '_train_dpsgd_f', 'classification', true, true,
+    'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant',
+    'docs/whitebox.md');

@@ -261,10 +261,15 @@ BEGIN
         IF burn_in < 0 THEN
             PERFORM dpsql._fail(format('burn_in must be >= 0, got %s', burn_in));
         END IF;
+        -- On by default when the rows have a public norm bound (the noisy matrix needs one).
+        precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
+        -- Draws 40 steps apart (spec 002); whitened, 120: the directions the private
+        -- preconditioner cannot resolve (eigenvalues under its noise floor) keep whitened
+        -- eigenvalues near 0.03, and (1 - 0.03)^120 < 0.03, the `mixed` threshold.
         steps := coalesce((params->>'steps')::bigint,
                           CASE WHEN ci = 'none' THEN 20
                                WHEN ci = 'independent_runs' THEN draws * (burn_in + 40)
-                               ELSE burn_in + 40 * draws END);
+                               ELSE burn_in + CASE WHEN precondition THEN 120 ELSE 40 END * draws END);
         IF steps < 1 OR steps > 20000 THEN  -- each step is a scan; iterates are appended
             PERFORM dpsql._fail(format('steps must be between 1 and 20000, got %s', steps));
         END IF;
@@ -275,8 +280,6 @@ BEGIN
         ELSIF ci IN ('batch_means', 'checkpoints') AND (steps - burn_in) / draws < 1 THEN
             PERFORM dpsql._fail(format('%s steps leave no %s draws after a burn-in of %s', steps, draws, burn_in));
         END IF;
-        -- On by default when the rows have a public norm bound (the noisy matrix needs one).
-        precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
         -- Whitened rows have a Hessian near I, where a step of 1 mixes in a few steps.
         eta := coalesce((params->>'step_size')::float8, CASE WHEN precondition THEN 1.0 ELSE 0.2 END);
         gamma := coalesce((params->>'clip_norm')::float8,
@@ -351,8 +354,9 @@ END $$;
 -- Train a linear mechanism on a registered regression dataset and release the model. Called
 -- by _train_private (SECURITY DEFINER) after its checks; charged before anything touches the
 -- data, in the same transaction as the release.
-CREATE OR REPLACE FUNCTION dpsql._train_linear(ds dpsql.datasets, params jsonb, privacy text,
-                                               epsilon float8, delta float8, noise_seed bigint)
+CREATE OR REPLACE FUNCTION dpsql._train_linear(ds dpsql.datasets, model text, privacy text,
+                                               params jsonb, epsilon float8, delta float8,
+                                               noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off

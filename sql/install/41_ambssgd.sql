@@ -41,3 +41,11 @@ CREATE OR REPLACE FUNCTION dpsql._ambssgd_result(state float8[], OUT weights flo
                                                  OUT rows_unused bigint)
 AS 'MODULE_PATHNAME', 'dpsql_ambssgd_result_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+SELECT dpsql._register_mechanism(
+    'dp_ambssgd', '_train_linear', 'regression', false, true,
+    'DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging', 'docs/linear.md');
+SELECT dpsql._register_mechanism(
+    'dp_ssgd', '_train_linear', 'regression', false, true,
+    'DP-SSGD: the spec''s baseline, one noisy step per row (refused where its noise swamps the model)',
+    'docs/linear.md');

@@ -72,3 +72,8 @@ $$;
 CREATE OR REPLACE FUNCTION dpsql.t_quantile(p float8, df float8)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_t_quantile_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+SELECT dpsql._register_mechanism(
+    'dpgd', '_train_linear', 'regression', false, true,
+    'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
+    'docs/linear.md');

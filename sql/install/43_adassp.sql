@@ -54,3 +54,7 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.adassp_sensitivities(float8, float8) IS
     'Replace-one L2 sensitivities of AdaSSP''s lambda_min (x_bound^2), X^T X (Frobenius, '
     'sqrt(2) x_bound^2) and X^T y (2 x_bound y_bound) for ||x|| <= x_bound, |y| <= y_bound';
+
+SELECT dpsql._register_mechanism(
+    'adassp', '_train_linear', 'regression', false, true,
+    'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md');

@@ -7,3 +7,8 @@ DROP FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[
                                      text, float8, float8, int);
 DROP FUNCTION dpsql._register_dataset(regclass, text[], text, float8, float8, float8[], float8[],
                                       text, text, text, float8, float8, int);
+
+-- The mechanisms' train functions take one signature (the registry, 31_mechanisms.sql).
+DROP FUNCTION dpsql._train_linear(dpsql.datasets, jsonb, text, float8, float8, bigint);
+DROP FUNCTION dpsql._train_dpsgd_f(dpsql.datasets, text, jsonb, float8, float8, bigint);
+DROP FUNCTION dpsql._train_whitebox(dpsql.datasets, text, jsonb, text, float8, float8, bigint);

@@ -1,0 +1,67 @@
+------------------------------------------------------------------------------------------
+-- The mechanism registry: one row per privacy mechanism, written by the mechanism's own file
+-- (dpsql._register_mechanism), read by the dispatch (_train_private), the defaults
+-- (34_defaults.sql), refusal hints, dpsql.mechanisms() and the Python registry's test. Adding
+-- a mechanism = its own SQL file (the row and a train function with the common signature),
+-- its C in the core, its docs page and its test module.
+------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
+    name           text PRIMARY KEY,
+    -- dpsql.<train_function>(ds dpsql.datasets, model text, privacy text, params jsonb,
+    --                        epsilon float8, delta float8, noise_seed bigint) -> model_id
+    train_function text NOT NULL,
+    task           text NOT NULL CHECK (task IN ('classification', 'regression')),
+    -- takes the SGD defaults of 34_defaults.sql (epochs, batch, step, clip)
+    sgd_defaults   boolean NOT NULL,
+    needs_delta    boolean NOT NULL,
+    summary        text NOT NULL,
+    docs           text NOT NULL
+);
+COMMENT ON TABLE dpsql.mechanism_catalog IS
+    'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
+
+CREATE OR REPLACE FUNCTION dpsql._register_mechanism(name text, train_function text, task text,
+                                          sgd_defaults boolean, needs_delta boolean,
+                                          summary text, docs text)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO dpsql.mechanism_catalog AS c
+        VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs)
+    ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
+       SET train_function = excluded.train_function, task = excluded.task,
+           sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
+           summary = excluded.summary, docs = excluded.docs
+$$;
+
+-- The registry row of a mechanism; unknown names are refused with the list.
+CREATE OR REPLACE FUNCTION dpsql._mechanism(privacy text)
+RETURNS dpsql.mechanism_catalog LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m dpsql.mechanism_catalog;
+BEGIN
+    SELECT * INTO m FROM dpsql.mechanism_catalog c WHERE c.name = privacy;
+    IF NOT FOUND THEN
+        PERFORM dpsql._fail(
+            format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
+            hint => 'Available: auto (chosen for you), '
+                    || (SELECT string_agg(c.name, ', ' ORDER BY c.task, c.name)
+                          FROM dpsql.mechanism_catalog c WHERE c.task = 'classification')
+                    || '; for linear regression '
+                    || (SELECT string_agg(c.name, ', ' ORDER BY c.name)
+                          FROM dpsql.mechanism_catalog c WHERE c.task = 'regression')
+                    || '. SELECT * FROM dpsql.mechanisms() describes them.');
+    END IF;
+    RETURN m;
+END $$;
+
+-- What analysts may know of the registry.
+CREATE OR REPLACE FUNCTION dpsql.mechanisms()
+RETURNS TABLE (name text, task text, needs_delta boolean, summary text, docs text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.name, c.task, c.needs_delta, c.summary, c.docs
+      FROM dpsql.mechanism_catalog c ORDER BY c.task, c.name
+$$;
+COMMENT ON FUNCTION dpsql.mechanisms() IS
+    'The privacy mechanisms dpsql.train accepts (privacy => name), with their task and docs';
