@@ -2,7 +2,9 @@
 
 Type stub of the Cython module built from cython_ext/_core.pyx and its includes
 (ambssgd.pxi, dpgd.pxi, adassp.pxi). Array arguments accept anything numpy converts to float64
-(copied to C order when needed); results are new float64 arrays unless stated otherwise. Seeds
+(copied to C order when needed); results are new float64 arrays unless stated otherwise. Names
+(losses, schedules, noise kinds, calibrations, methods) are plain str: the core refuses unknown
+ones with ValueError. Seeds
 key a generator reproducibly (NOT private); ``None`` keys it from the OS. Invalid input raises
 ValueError with a ``dpsql:`` message. tests/test_core_stub.py checks that every public name of
 the compiled module is declared here.
@@ -49,13 +51,14 @@ def init_state(
     batch_size: int = 1,
     flags: int = 0,
     clip_norm: float = 0.0,
-    noise: Literal["none", "gaussian", "gamma_norm"] = "none",
+    noise: str = "none",
     noise_scale: float = 0.0,
     noise_divisor: float = 0.0,
     steps_per_epoch: int = 0,
     noise_seed: int | None = None,
 ) -> _Floats:
-    """A fresh model state (zero model, step 0) for `dim` input features."""
+    """A fresh model state (zero model, step 0) for `dim` input features; `noise` is one of
+    NOISE_KINDS."""
 
 def check_state(state: ArrayLike) -> None:
     """Validate a state array; raise ValueError when malformed."""
@@ -129,7 +132,7 @@ def gaussian_sigma(
     sensitivity: float,
     epsilon: float,
     delta: float,
-    calibration: Literal["analytic", "classic"] = "analytic",
+    calibration: str = "analytic",
 ) -> float:
     """Noise standard deviation for (epsilon, delta); 'classic' is eq. (4) (epsilon < 1)."""
 
@@ -172,7 +175,7 @@ def output_perturbation(
     *,
     seed: int | None = None,
     per_output: bool = False,
-    calibration: Literal["analytic", "classic"] = "analytic",
+    calibration: str = "analytic",
 ) -> tuple[_Floats, float]:
     """(noisy copy of weights (n_out x dim), noise scale): the bolt-on release in memory."""
 
@@ -312,7 +315,22 @@ def dpgd_run(
     seed: int | None = None,
     theta0: ArrayLike | None = None,
     return_clipped: Literal[True],
-) -> tuple[_Floats, _Ints]:
+) -> tuple[_Floats, _Ints]: ...
+@overload
+def dpgd_run(
+    X: ArrayLike,
+    y: ArrayLike,
+    *,
+    steps: int,
+    eta: float,
+    gamma: float,
+    noise_std: float,
+    intercept: bool = False,
+    x_bound: float = 0.0,
+    seed: int | None = None,
+    theta0: ArrayLike | None = None,
+    return_clipped: bool,
+) -> _Floats | tuple[_Floats, _Ints]:
     """A whole DP-GD run in memory: the iterates theta_1..theta_steps, shape (steps, p), and
     with return_clipped the clipped-gradient count of every step."""
 
@@ -324,11 +342,12 @@ def t_quantile(p: float, df: float) -> float:
 
 def confint_draws(
     iterates: ArrayLike,
-    method: Literal["independent_runs", "checkpoints", "batch_means"],
+    method: str,
     draws: int,
     burn_in: int,
 ) -> _Floats:
-    """The m = draws estimates (draws, p) of a confidence-interval method (spec 002 s. 5.2)."""
+    """The m = draws estimates (draws, p) of a confidence-interval method (spec 002 s. 5.2), one
+    of CONFINT_METHODS."""
 
 def t_interval(draws: ArrayLike, alpha: float) -> tuple[_Floats, _Floats, _Floats]:
     """(estimate, lower, upper), each (p,): mean -/+ t_{m-1,1-alpha/2} sd / sqrt(m), ddof = 1."""
