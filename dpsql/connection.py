@@ -10,17 +10,22 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, TypeAlias, TypedDict
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from dpsql import extension, server
+from dpsql.errors import InvalidParameter, NoSuchModel, NotRegistered, translate
 from dpsql.models import Model
 from dpsql.training import TrainingRun, train_args
 
 __all__ = ["Database", "Estimate", "FeatureBoundsEstimate", "LabelBoundEstimate", "connect"]
+
+# What psycopg's Connection.execute takes (a str: any statement; dpsql does not require
+# LiteralString).
+Statement: TypeAlias = "str | bytes | sql.SQL | sql.Composed"
 
 
 class _FeatureBoundsRequired(TypedDict):
@@ -110,11 +115,12 @@ class Database:
 
     # -- training ------------------------------------------------------------------------
 
+    @translate()
     def train(
         self,
         source: str,
-        features: Sequence[str] | str,
-        label: str,
+        features: Sequence[str] | str | None,
+        label: str | None,
         model: str = "logistic",
         *,
         epochs: int | None = None,
@@ -139,9 +145,10 @@ class Database:
 
         Arguments mirror ``dpsql.train`` in SQL (``lambda_`` is SQL's ``lambda``). ``privacy``
         is ``"none"`` or a mechanism such as :class:`dpsql.BoltOn`; a private run uses the
-        registered dataset named by ``source`` (its features and labels). ``features``
-        is a list of numeric columns or the name of one ``float8[]`` column; ``source`` a table,
-        view or SELECT query. The run happens in one transaction: on any error (or Ctrl-C)
+        registered dataset named by ``source`` (its features and labels), and ``features`` and
+        ``label`` are None. Otherwise ``features`` is a list of numeric columns or the name of
+        one ``float8[]`` column, ``label`` a column and ``source`` a table, view or SELECT
+        query. The run happens in one transaction: on any error (or Ctrl-C)
         nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left at ``None``
         mean 10, 1 and ``"constant"`` without privacy; a private run chooses them from public
         quantities (docs/defaults.md).
@@ -150,6 +157,13 @@ class Database:
         -------
         Model
             The stored model (``model_id``, ``coef_``, ``intercept_``, ``predict``, ...).
+
+        Raises
+        ------
+        dpsql.errors.DpsqlError
+            The server's refusal, by SQLSTATE: :class:`~dpsql.errors.BudgetExceeded`,
+            :class:`~dpsql.errors.PermissionDenied` (dataset not granted),
+            :class:`~dpsql.errors.NotRegistered`, :class:`~dpsql.errors.InvalidParameter`, ...
         """
         if not isinstance(privacy, str):
             return self._train_private(
@@ -172,6 +186,13 @@ class Database:
             raise ValueError(
                 f"dpsql: privacy={privacy!r}: pass a mechanism object such as "
                 "dpsql.BoltOn(epsilon=...), or 'none' for a non-private model"
+            )
+        if features is None or label is None:
+            # Only a private run reads them from its registered dataset.
+            raise InvalidParameter(
+                "dpsql: a non-private run needs features and label (the source's columns); "
+                "None is for private runs (privacy=dpsql.BoltOn(...), ...), which use the "
+                "registered dataset's columns"
             )
         args = train_args(
             source=source,
@@ -200,6 +221,7 @@ class Database:
             model_id = run.finish()
         return self.model(model_id)
 
+    @translate(not_found=NotRegistered)
     def _train_private(self, source: str, model: str, privacy: Any, **kw: Any) -> Model:
         """A private run: the server drives it and releases only the noisy model."""
         if not hasattr(privacy, "sql_args"):
@@ -224,6 +246,7 @@ class Database:
 
     # -- datasets (data owners) ----------------------------------------------------------
 
+    @translate()
     def register_dataset(
         self,
         source: str,
@@ -287,6 +310,7 @@ class Database:
         assert row is not None
         return int(row[0])
 
+    @translate(not_found=NotRegistered)
     def estimate_bounds(
         self,
         dataset: str,
@@ -313,6 +337,7 @@ class Database:
         assert row is not None
         return [list(b) for b in row[0]]
 
+    @translate(not_found=NotRegistered)
     def estimate_label_bound(
         self,
         dataset: str,
@@ -338,10 +363,12 @@ class Database:
         assert row is not None
         return float(row[0])
 
+    @translate()  # 42704: the dataset id or the role
     def grant_dataset(self, dataset_id: int, role: str) -> None:
         """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on it."""
         self.conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (dataset_id, role))
 
+    @translate()
     def budgets(self) -> list[dict[str, Any]]:
         """Budgets, spending and what remains, for the datasets this role may use."""
         from psycopg.rows import dict_row
@@ -352,14 +379,16 @@ class Database:
     # -- models --------------------------------------------------------------------------
 
     def model(self, model_id: int) -> Model:
-        """The stored model with this id."""
+        """The stored model with this id; :class:`dpsql.errors.NoSuchModel` if there is none."""
         return Model.load(self, model_id)
 
+    @translate()
     def models(self) -> list[Model]:
         """All stored models, oldest first."""
         rows = self.conn.execute("SELECT model_id FROM dpsql.models ORDER BY model_id").fetchall()
         return [self.model(r[0]) for r in rows]
 
+    @translate(not_found=NoSuchModel)
     def evaluate(
         self,
         model: Model | int,
@@ -377,14 +406,17 @@ class Database:
         assert row is not None
         return {row[0]: row[1], "rows": row[2]}
 
+    @translate()
     def load_numpy(self, table: str, X: Any, y: Any, **kwargs: Any) -> int:
         """Create ``table(rid, x float8[], y float8)`` from numpy arrays (binary COPY)."""
         from dpsql.loading import load_numpy
 
         return load_numpy(self.conn, table, X, y, **kwargs)
 
-    def execute(self, query: str | sql.Composable, params: Any = None) -> psycopg.Cursor:
-        """Run one statement on the underlying connection."""
+    @translate()
+    def execute(self, query: Statement, params: Any = None) -> psycopg.Cursor[Any]:
+        """Run one statement on the underlying connection (errors as for the methods above:
+        dpsql's classes by SQLSTATE)."""
         return self.conn.execute(query, params)
 
 

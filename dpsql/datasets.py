@@ -255,7 +255,7 @@ def normalize_rows(X: np.ndarray) -> np.ndarray:
     scale = np.max(np.abs(X), axis=1, keepdims=True) if X.shape[1] else np.zeros((len(X), 1))
     # Divide by 1 where the row is all zeros so zero rows stay zero instead of becoming NaN.
     scale = np.where(scale > 0.0, scale, 1.0)
-    Xs = X / scale
+    Xs: np.ndarray = X / scale
     norms = np.linalg.norm(Xs, axis=1, keepdims=True)
     Xs /= np.where(norms > 0.0, norms, 1.0)
     return Xs
@@ -359,7 +359,8 @@ CAL_HOUSING_BOUNDS: dict[str, tuple[float, float]] = {
 
 def _scale(v: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
     lo, hi = bounds
-    return 2.0 * (np.clip(v, lo, hi) - lo) / (hi - lo) - 1.0
+    scaled: np.ndarray = 2.0 * (np.clip(v, lo, hi) - lo) / (hi - lo) - 1.0
+    return scaled
 
 
 def cal_housing_features(X: np.ndarray) -> np.ndarray:

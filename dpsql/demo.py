@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,13 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _value(db: dpsql.Database, query: str, params: Sequence[Any] | None = None) -> Any:
+    """The one value a query returns."""
+    row = db.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dpsql demo", description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="server to use (default: DPSQL_DSN or the embedded server)")
@@ -34,10 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     db = dpsql.connect(args.dsn)
-    (version,) = db.execute("SHOW server_version").fetchone()
-    (extversion,) = db.execute(
-        "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'"
-    ).fetchone()
+    version = _value(db, "SHOW server_version")
+    extversion = _value(db, "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'")
     _say(f"connected: {db!r}, PostgreSQL {version}, extension dpsql {extversion}")
 
     raw, value = datasets.load_cal_housing()
@@ -48,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, idx in (("train", train), ("test", test)):
         y_cls = np.where(value[idx] > THRESHOLD, 1.0, 0.0)
         for table, y in ((f"houses_{name}", y_cls), (f"values_{name}", value[idx] / 100_000.0)):
-            exists = db.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.{table}",)).fetchone()[0]
+            exists = _value(db, "SELECT to_regclass(%s)", (f"{SCHEMA}.{table}",))
             if exists is None:
                 db.load_numpy(table, X[idx], y, schema=SCHEMA)
     _say(

@@ -73,7 +73,7 @@ def split_table_name(table: str | sql.Identifier, schema: str | None = None) -> 
 
 def _row_dtype(d: int, as_array: bool) -> np.dtype:
     # Packed (unaligned) big-endian record equal to one binary COPY tuple.
-    fields: list[tuple[str, Any]] = [("nfields", ">i2"), ("rid_len", ">i4"), ("rid", ">i8")]
+    fields: list[tuple[Any, ...]] = [("nfields", ">i2"), ("rid_len", ">i4"), ("rid", ">i8")]
     if as_array:
         fields += [
             ("arr_len", ">i4"),
@@ -109,7 +109,7 @@ def _encode_chunk(
     rec["x"]["val"] = X  # numpy byte-swaps to big-endian during the assignment
     rec["y_len"] = 8
     rec["y"] = y
-    return memoryview(rec).cast("B")
+    return rec.data.cast("B")
 
 
 def load_numpy(
@@ -170,7 +170,7 @@ def load_numpy(
     ident = split_table_name(table, schema)
 
     if as_array:
-        cols = sql.SQL("rid bigint, x float8[], y float8")
+        cols: sql.Composable = sql.SQL("rid bigint, x float8[], y float8")
     else:
         cols = sql.SQL(", ").join(
             [sql.SQL("rid bigint")]
@@ -197,7 +197,7 @@ def load_numpy(
                     _encode_chunk(X[start:stop], y[start:stop], rid_start + start, as_array, buf)
                 )
             copy.write(_TRAILER)
-    return n
+    return int(n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def load_numpy(
 
 def _select_for(
     conn: psycopg.Connection[Any], query_or_table: str | sql.Identifier, ordered: bool
-) -> tuple[sql.Composable, bool]:
+) -> tuple[sql.Composed, bool]:
     """Build ``SELECT <x>, y ...`` with exact types; also say whether x is one array column."""
     is_table = isinstance(query_or_table, sql.Identifier) or _NAME_RE.match(query_or_table)
     if is_table:
@@ -215,7 +215,7 @@ def _select_for(
     else:
         # Wrapping keeps the inner ORDER BY in practice (a plain projection over a subquery).
         assert isinstance(query_or_table, str)
-        query = sql.SQL(query_or_table.strip().rstrip(";"))  # type: ignore[arg-type]
+        query = sql.SQL(query_or_table.strip().rstrip(";"))
         source = sql.SQL("({}) AS q").format(query)
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT * FROM {} LIMIT 0").format(source))
@@ -258,7 +258,7 @@ def _decode_fixed(data: bytes | bytearray, as_array: bool) -> tuple[np.ndarray, 
         if arr_len < 20:  # NULL (-1) or empty array: not a fixed layout
             return None
         d = (arr_len - 20) // 12
-        fields: list[tuple[str, Any]] = [
+        fields: list[tuple[Any, ...]] = [
             ("nfields", ">i2"),
             ("arr_len", ">i4"),
             ("ndim", ">i4"),

@@ -9,6 +9,7 @@ import numpy as np
 from psycopg.rows import dict_row
 
 from dpsql import _core
+from dpsql.errors import NoSuchModel, translate
 
 if TYPE_CHECKING:
     from dpsql.connection import Database
@@ -79,13 +80,15 @@ class Model:
         )
 
     @classmethod
+    @translate(not_found=NoSuchModel)
     def load(cls, db: Database, model_id: int) -> Model:
+        """The stored model with this id; :class:`dpsql.errors.NoSuchModel` if there is none."""
         with db.conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
                 "SELECT * FROM dpsql.models WHERE model_id = %s", (model_id,)
             ).fetchone()
         if row is None:
-            raise LookupError(f"dpsql: no model {model_id}")
+            raise NoSuchModel(f"dpsql: no model {model_id}")
         return cls(db, row)
 
     def __repr__(self) -> str:
@@ -115,7 +118,8 @@ class Model:
         raw = self._raw(X)
         if self.model == "logistic":
             with np.errstate(divide="ignore"):
-                return np.log(raw) - np.log1p(-raw)
+                scores: np.ndarray = np.log(raw) - np.log1p(-raw)
+            return scores
         return raw
 
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -132,17 +136,20 @@ class Model:
             return raw
         assert self.classes_ is not None
         if self.weights_.ndim == 2:  # multinomial or one-vs-rest: a class index
-            return self.classes_[raw.astype(np.int64)]
+            labels: np.ndarray = self.classes_[raw.astype(np.int64)]
+            return labels
         positive = _core.is_positive(self.model, raw)
         if (positive < 0).any():
             raise ValueError("dpsql: the model predicts NaN for some rows")
-        return np.where(positive == 1, self.classes_[1], self.classes_[0])
+        predicted: np.ndarray = np.where(positive == 1, self.classes_[1], self.classes_[0])
+        return predicted
 
+    @translate(not_found=NoSuchModel)
     def confint(self, alpha: float = 0.05) -> ConfidenceIntervals:
         """(1 - alpha) confidence intervals of the coefficients (DP-GD models), from the server.
 
-        Raises ``psycopg.Error`` for models without intervals (trained otherwise, or with
-        ``ci="none"``).
+        Raises :class:`dpsql.errors.InvalidParameter` for models without intervals (trained
+        otherwise, or with ``ci="none"``).
         """
         rows = self._db.conn.execute(
             "SELECT coef_index, estimate, lower, upper FROM dpsql.confint(%s, %s)"

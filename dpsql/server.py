@@ -192,7 +192,10 @@ def _running_postmaster(pgdata: Path) -> Any | None:
     with contextlib.suppress(Exception):
         # postmaster.pid survives a crash: make sure its pid is neither a zombie (not every init
         # reaps promptly) nor reused by another program.
-        if info.process.status() == "zombie" or "postgres" not in info.process.name():
+        process = info.process
+        if process is not None and (
+            process.status() == "zombie" or "postgres" not in process.name()
+        ):
             return None
     return info
 
