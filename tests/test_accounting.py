@@ -59,8 +59,9 @@ def test_spec_rdp_vectors_integer_orders_standard_conversion(q, z, steps, expect
     assert eps == pytest.approx(expected, abs=5e-4)
     assert best == order
     # dp-accounting's improved conversion (and fractional orders) can only be smaller.
-    ours = acc.epsilon(z, scheme="poisson", steps=steps, sampling_rate=q, delta=DELTA,
-                       accountant="rdp_add_remove")
+    ours = acc.epsilon(
+        z, scheme="poisson", steps=steps, sampling_rate=q, delta=DELTA, accountant="rdp_add_remove"
+    )
     assert ours <= RdpAccountant(orders).compose(mech.add_remove_event).get_epsilon(DELTA) <= eps
 
 
@@ -89,9 +90,13 @@ def test_q_one_is_plain_gaussian_composition():
     z, steps = 5.0, 10
     orders = np.arange(2, 65)
     # Spec item 11: with q = 1 the subsampled-Gaussian RDP is T a / (2 z^2).
-    rdp = RdpAccountant(orders).compose(
-        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)), steps)
-    ).rdp
+    rdp = (
+        RdpAccountant(orders)
+        .compose(
+            dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(1.0, dpa.GaussianDpEvent(z)), steps)
+        )
+        .rdp
+    )
     np.testing.assert_allclose(rdp, steps * orders / (2 * z**2), rtol=1e-12)
     kw = dict(scheme="poisson", steps=steps, sampling_rate=1.0, delta=DELTA)
     gaussian = RdpAccountant().compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), steps))
@@ -128,8 +133,12 @@ def test_spec_noise_multiplier_vectors_cross_check(steps):
     assert rho == pytest.approx(0.0208199, abs=1e-7)
     for lam in (book, tight):
         for accountant in ("pld", "rdp"):
-            assert acc.epsilon(2 * lam, scheme="shuffle", epochs=steps, delta=DELTA,
-                               accountant=accountant) <= 1.0
+            assert (
+                acc.epsilon(
+                    2 * lam, scheme="shuffle", epochs=steps, delta=DELTA, accountant=accountant
+                )
+                <= 1.0
+            )
     z = acc.calibrate(1.0, DELTA, scheme="shuffle", epochs=steps)
     assert z <= 2 * tight
     # k Gaussians of std z C and sensitivity 2C are one Gaussian of std z / (2 sqrt(k)).
@@ -212,8 +221,9 @@ def test_shuffle_is_accounted_without_amplification():
     assert poisson == pytest.approx(1.535, abs=1e-3)
     assert shuffle > 20 * poisson
     # Exactly k Gaussians of sensitivity 2C: the analytic Gaussian of std z / (2 sqrt(k)).
-    assert shuffle == pytest.approx(dpa.get_epsilon_gaussian(z / (2 * math.sqrt(k)), DELTA),
-                                    rel=1e-4)
+    assert shuffle == pytest.approx(
+        dpa.get_epsilon_gaussian(z / (2 * math.sqrt(k)), DELTA), rel=1e-4
+    )
     assert acc.mechanism(z, scheme="shuffle", epochs=k).event == dpa.SelfComposedDpEvent(
         dpa.GaussianDpEvent(z / 2), k
     )
@@ -242,15 +252,25 @@ def test_epsilon_decreasing_in_noise(kw, noise, accountant):
 
 @pytest.mark.parametrize("accountant", ["pld", "rdp"])
 def test_epsilon_increasing_in_steps(accountant):
-    shuffle = [acc.epsilon(8.0, scheme="shuffle", epochs=k, delta=DELTA, accountant=accountant)
-               for k in (1, 2, 5, 20)]
-    poisson = [acc.epsilon(1.0, scheme="poisson", steps=t, sampling_rate=0.01, delta=DELTA,
-                           accountant=accountant) for t in (10, 100, 1000)]
+    shuffle = [
+        acc.epsilon(8.0, scheme="shuffle", epochs=k, delta=DELTA, accountant=accountant)
+        for k in (1, 2, 5, 20)
+    ]
+    poisson = [
+        acc.epsilon(
+            1.0, scheme="poisson", steps=t, sampling_rate=0.01, delta=DELTA, accountant=accountant
+        )
+        for t in (10, 100, 1000)
+    ]
     assert _strictly(lambda a, b: a < b, shuffle)
     assert _strictly(lambda a, b: a < b, poisson)
     # More sampling, more loss.
-    assert acc.epsilon(1.0, scheme="poisson", steps=100, sampling_rate=0.02, delta=DELTA,
-                       accountant=accountant) > poisson[1]
+    assert (
+        acc.epsilon(
+            1.0, scheme="poisson", steps=100, sampling_rate=0.02, delta=DELTA, accountant=accountant
+        )
+        > poisson[1]
+    )
 
 
 @pytest.mark.parametrize(
@@ -319,8 +339,8 @@ def test_epsilon_validates_its_input(kw, error):
 
 
 @pytest.mark.parametrize(
-    ("target", "delta"), [(0.0, DELTA), (-1.0, DELTA), (math.inf, DELTA), (math.nan, DELTA),
-                          (1.0, 1.0), (1.0, 0.0)]
+    ("target", "delta"),
+    [(0.0, DELTA), (-1.0, DELTA), (math.inf, DELTA), (math.nan, DELTA), (1.0, 1.0), (1.0, 0.0)],
 )
 def test_calibrate_validates_its_input(target, delta):
     with pytest.raises(ValueError):
@@ -353,15 +373,26 @@ def test_report():
 def _cli(request: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dpsql.accounting", request],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
 def test_cli_subprocess():
     """As the server calls it: nulls for absent keys, one JSON line, nothing on stderr (the
     server reads 2>&1)."""
-    request = {"op": "calibrate", "scheme": "shuffle", "delta": DELTA, "target_epsilon": 2,
-               "noise_multiplier": None, "epochs": 3, "steps": None, "sampling_rate": None}
+    request = {
+        "op": "calibrate",
+        "scheme": "shuffle",
+        "delta": DELTA,
+        "target_epsilon": 2,
+        "noise_multiplier": None,
+        "epochs": 3,
+        "steps": None,
+        "sampling_rate": None,
+    }
     done = _cli(json.dumps(request))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == "" and done.stdout.count("\n") == 1
@@ -371,8 +402,9 @@ def test_cli_subprocess():
     assert out["epsilon_rdp"] > out["epsilon_pld"]
     assert out["accountant"] == "pld" and out["dp_accounting"].startswith("0.")
 
-    done = _cli('{"op": "epsilon", "scheme": "shuffle", "epochs": 3, "delta": 2, '
-                '"noise_multiplier": 1}')
+    done = _cli(
+        '{"op": "epsilon", "scheme": "shuffle", "epochs": 3, "delta": 2, "noise_multiplier": 1}'
+    )
     assert done.returncode == 2 and done.stderr == ""
     assert "delta" in json.loads(done.stdout)["error"]
 
@@ -389,15 +421,25 @@ def test_cli_ops(capsys):
     status, out = _main(capsys, {"op": "epsilon", "noise_multiplier": 1.3, **kw})
     assert status == 0
     assert out["epsilon"] == acc.epsilon(1.3, **kw)
-    status, out = _main(capsys, {"op": "report", "noise_multiplier": 1.3, "accountant": "rdp",
-                                 **kw})
+    status, out = _main(
+        capsys, {"op": "report", "noise_multiplier": 1.3, "accountant": "rdp", **kw}
+    )
     assert status == 0
     assert out["epsilon"] == out["epsilon_rdp"] == acc.epsilon(1.3, accountant="rdp", **kw)
     assert out["relation_rdp_add_remove"].startswith("add/remove")
     assert out["dp_event_relation"] == "REPLACE_ONE" and out["epochs"] is None
-    status, out = _main(capsys, {"op": "calibrate", "scheme": "poisson", "steps": 100,
-                                 "sampling_rate": 0.05, "delta": DELTA, "target_epsilon": 2.0,
-                                 "accountant": "rdp"})
+    status, out = _main(
+        capsys,
+        {
+            "op": "calibrate",
+            "scheme": "poisson",
+            "steps": 100,
+            "sampling_rate": 0.05,
+            "delta": DELTA,
+            "target_epsilon": 2.0,
+            "accountant": "rdp",
+        },
+    )
     assert status == 0 and out["epsilon"] == out["epsilon_rdp"] <= 2.0
     assert out["target_epsilon"] == 2.0 and out["epsilon_pld"] < 2.0
 
@@ -412,21 +454,54 @@ def test_cli_ops(capsys):
         {"op": "train", "scheme": "shuffle", "epochs": 1, "delta": DELTA, "noise_multiplier": 1},
         {"op": "epsilon", "scheme": "shuffle", "epochs": 1, "noise_multiplier": 1},
         {"op": "epsilon", "scheme": "shuffle", "epochs": 1, "delta": DELTA},
-        {"op": "epsilon", "scheme": "shuffle", "epochs": 1, "delta": DELTA, "noise_multiplier": 1,
-         "target_epsilon": 1},
-        {"op": "calibrate", "scheme": "shuffle", "epochs": 1, "delta": DELTA,
-         "noise_multiplier": 1},
-        {"op": "calibrate", "scheme": "shuffle", "epochs": 1, "delta": DELTA,
-         "target_epsilon": 0},
-        {"op": "epsilon", "scheme": "shuffle", "epochs": 1, "delta": DELTA, "noise_multiplier": 1,
-         "seed": 3},
-        {"op": "epsilon", "scheme": "shuffle", "epochs": 1.5, "delta": DELTA,
-         "noise_multiplier": 1},
-        {"op": "epsilon", "scheme": "poisson", "steps": 10, "sampling_rate": 0, "delta": DELTA,
-         "noise_multiplier": 1},
+        {
+            "op": "epsilon",
+            "scheme": "shuffle",
+            "epochs": 1,
+            "delta": DELTA,
+            "noise_multiplier": 1,
+            "target_epsilon": 1,
+        },
+        {
+            "op": "calibrate",
+            "scheme": "shuffle",
+            "epochs": 1,
+            "delta": DELTA,
+            "noise_multiplier": 1,
+        },
+        {"op": "calibrate", "scheme": "shuffle", "epochs": 1, "delta": DELTA, "target_epsilon": 0},
+        {
+            "op": "epsilon",
+            "scheme": "shuffle",
+            "epochs": 1,
+            "delta": DELTA,
+            "noise_multiplier": 1,
+            "seed": 3,
+        },
+        {
+            "op": "epsilon",
+            "scheme": "shuffle",
+            "epochs": 1.5,
+            "delta": DELTA,
+            "noise_multiplier": 1,
+        },
+        {
+            "op": "epsilon",
+            "scheme": "poisson",
+            "steps": 10,
+            "sampling_rate": 0,
+            "delta": DELTA,
+            "noise_multiplier": 1,
+        },
         {"op": "epsilon", "scheme": "bst14", "delta": DELTA, "noise_multiplier": 1},
-        {"op": "calibrate", "scheme": "shuffle", "epochs": 1, "delta": DELTA,
-         "target_epsilon": 1, "accountant": "rdp_add_remove"},
+        {
+            "op": "calibrate",
+            "scheme": "shuffle",
+            "epochs": 1,
+            "delta": DELTA,
+            "target_epsilon": 1,
+            "accountant": "rdp_add_remove",
+        },
         '{"op": "epsilon", "scheme": "shuffle", "epochs": 1, "delta": 1e-5, '
         '"noise_multiplier": Infinity}',
     ],

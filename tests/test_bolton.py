@@ -50,7 +50,9 @@ def _noiseless(conn, table, extra=""):
     """The data owner's noiseless run with the same permutation and settings."""
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%s, '{{x}}', 'y', 'logistic', {BASE}{extra or PAPER},"
-        f" labels => '{{0,1}}', row_norm => 'clip')", (table,)).fetchone()
+        f" labels => '{{0,1}}', row_norm => 'clip')",
+        (table,),
+    ).fetchone()
     return np.asarray(_model(conn, mid)["weights"])
 
 
@@ -67,7 +69,9 @@ def test_epsilon_dp_noise_has_the_gamma_norm_law(conn, binary) -> None:
     for i in range(200):
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, privacy => 'bolton',"
-            " epsilon => %s, noise_seed => %s)", (table, eps, 1000 + i)).fetchone()
+            " epsilon => %s, noise_seed => %s)",
+            (table, eps, 1000 + i),
+        ).fetchone()
         m = _model(conn, mid)
         sens.add(m["sensitivity"])
         norms.append(np.linalg.norm(np.asarray(m["weights"]) - w0))
@@ -91,7 +95,8 @@ def test_gaussian_noise_has_the_calibrated_sigma(conn, binary) -> None:
     for i in range(150):
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, privacy => 'bolton',"
-            " epsilon => %s, delta => %s, noise_seed => %s)", (table, eps, delta, 5000 + i)
+            " epsilon => %s, delta => %s, noise_seed => %s)",
+            (table, eps, delta, 5000 + i),
         ).fetchone()
         m = _model(conn, mid)
         noise.append(np.asarray(m["weights"]) - w0)
@@ -110,7 +115,9 @@ def test_releases_differ_without_a_noise_seed(conn, binary) -> None:
     for _ in range(2):
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, privacy => 'bolton',"
-            " epsilon => 1)", (table,)).fetchone()
+            " epsilon => 1)",
+            (table,),
+        ).fetchone()
         m = _model(conn, mid)
         assert m["params"]["privacy"]["noise_seed"] == "pg_strong_random"
         coefs.append(m["coef"])
@@ -121,7 +128,9 @@ def test_strongly_convex_release_and_recorded_provenance(conn, binary) -> None:
     table, _, _ = binary
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 4, batch_size => 10,"
-        " lambda => 0.01, privacy => 'bolton', epsilon => 0.8, delta => 1e-6)", (table,)).fetchone()
+        " lambda => 0.01, privacy => 'bolton', epsilon => 0.8, delta => 1e-6)",
+        (table,),
+    ).fetchone()
     m = _model(conn, mid)
     # Algorithm 2: decreasing steps, R = 1/lambda, L = 2, Delta = 2L/(gamma m), not divided by b.
     assert m["schedule"] == "decreasing" and m["radius"] == pytest.approx(100.0)
@@ -130,8 +139,9 @@ def test_strongly_convex_release_and_recorded_provenance(conn, binary) -> None:
     assert m["loss_history"] == [] and m["train_loss"] is None and m["clipped_rows"] is None
     p = m["params"]["privacy"]
     assert p["algorithm"].startswith("Algorithm 2") and p["neighbouring"].startswith("replace-one")
-    ledger = conn.execute("SELECT epsilon, delta, mechanism FROM dpsql.ledger WHERE model_id = %s",
-                          (mid,)).fetchone()
+    ledger = conn.execute(
+        "SELECT epsilon, delta, mechanism FROM dpsql.ledger WHERE model_id = %s", (mid,)
+    ).fetchone()
     assert ledger == (0.8, 1e-6, "bolton")
 
 
@@ -151,7 +161,9 @@ def test_empirical_distance_of_neighbours_is_within_the_recorded_sensitivity(
         w = [_noiseless(conn, f"{scratch_schema}.{t}", extra) for t in ("s1", "s2")]
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {BASE}{extra or PAPER},"
-            " privacy => 'bolton', epsilon => 1)", (f"s1_{scratch_schema}",)).fetchone()
+            " privacy => 'bolton', epsilon => 1)",
+            (f"s1_{scratch_schema}",),
+        ).fetchone()
         assert 0 < np.linalg.norm(w[0] - w[1]) <= _model(conn, mid)["sensitivity"] * (1 + 1e-9)
 
 
@@ -164,7 +176,8 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     (ovr,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 3, batch_size => 10,"
         " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
-        (f"multi_{scratch_schema}",)).fetchone()
+        (f"multi_{scratch_schema}",),
+    ).fetchone()
     m = _model(conn, ovr)
     assert np.asarray(m["coef"]).shape == (3, 4)
     assert m["params"]["privacy"]["one_vs_rest"] is True
@@ -173,7 +186,8 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     (mul,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'multinomial', epochs => 3, batch_size => 10,"
         " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
-        (f"multi_{scratch_schema}",)).fetchone()
+        (f"multi_{scratch_schema}",),
+    ).fetchone()
     m2 = _model(conn, mul)
     assert m2["params"]["privacy"]["one_vs_rest"] is False
     # Multinomial: L = sqrt(2) (||p - e_y|| <= sqrt 2), one draw with the whole epsilon.
@@ -182,8 +196,9 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     for mid in (ovr, mul):
         pred = conn.execute("SELECT dpsql.predict(%s, %s)", (mid, list(X[0]))).fetchone()[0]
         assert pred in (0.0, 1.0, 2.0)
-        acc = conn.execute("SELECT value FROM dpsql.evaluate(%s, %s)",
-                           (mid, f"{scratch_schema}.multi")).fetchone()[0]
+        acc = conn.execute(
+            "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{scratch_schema}.multi")
+        ).fetchone()[0]
         assert acc > 0.5
 
 
@@ -216,15 +231,24 @@ def test_refused_releases_charge_nothing(conn, binary, args, message) -> None:
 def test_linear_and_unregistered_sources_are_refused(conn, binary, scratch_schema) -> None:
     table, X, y = binary
     with pytest.raises(psycopg.Error, match="Lipschitz"):
-        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'linear', {COMMON}, privacy => 'bolton',"
-                     " epsilon => 1)", (table,))
+        conn.execute(
+            f"SELECT dpsql.train(%s, NULL, NULL, 'linear', {COMMON}, privacy => 'bolton',"
+            " epsilon => 1)",
+            (table,),
+        )
     load(conn, scratch_schema, "unregistered", X, y)
     with pytest.raises(psycopg.Error, match="not a registered dataset"):
-        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON},"
-                     " privacy => 'bolton', epsilon => 1)", (f"{scratch_schema}.unregistered",))
+        conn.execute(
+            f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON},"
+            " privacy => 'bolton', epsilon => 1)",
+            (f"{scratch_schema}.unregistered",),
+        )
     with pytest.raises(psycopg.Error, match="registered with features"):
-        conn.execute(f"SELECT dpsql.train(%s, '{{z}}', NULL, 'logistic', {COMMON},"
-                     " privacy => 'bolton', epsilon => 1)", (table,))
+        conn.execute(
+            f"SELECT dpsql.train(%s, '{{z}}', NULL, 'logistic', {COMMON},"
+            " privacy => 'bolton', epsilon => 1)",
+            (table,),
+        )
 
 
 def test_private_runs_turn_bad_rows_into_null_records(conn, binary) -> None:
@@ -239,7 +263,9 @@ def test_private_runs_turn_bad_rows_into_null_records(conn, binary) -> None:
     before = leftovers(conn)
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, privacy => 'bolton',"
-        " epsilon => 1)", (table,)).fetchone()
+        " epsilon => 1)",
+        (table,),
+    ).fetchone()
     assert _model(conn, mid)["rows"] == 300
     tables, runs, models = leftovers(conn)
     assert (tables, runs, models) == (before[0], before[1], before[2] + 1)
@@ -250,24 +276,47 @@ def test_fresh_permutations_and_feature_bounds(conn, scratch_schema) -> None:
     X = rng.uniform(0, 10, size=(200, 2))
     y = np.where(X[:, 0] > X[:, 1], 1.0, -1.0)
     load(conn, scratch_schema, "raw", X, y)
-    _register(conn, f"{scratch_schema}.raw", labels="{-1,1}", name=f"raw_{scratch_schema}",
-              feature_bounds="{{0,10},{0,10}}")
+    _register(
+        conn,
+        f"{scratch_schema}.raw",
+        labels="{-1,1}",
+        name=f"raw_{scratch_schema}",
+        feature_bounds="{{0,10},{0,10}}",
+    )
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 4, batch_size => 5,"
         " schedule => 'constant', privacy => 'bolton', epsilon => 5, permutation => 'fresh')",
-        (f"raw_{scratch_schema}",)).fetchone()
+        (f"raw_{scratch_schema}",),
+    ).fetchone()
     m = _model(conn, mid)
     assert m["params"]["permutation"] == "fresh"
-    assert m["sensitivity"] == pytest.approx(_core.bolton_sensitivity(
-        "constant", eta=1 / np.sqrt(200), lipschitz=1, smoothness=1, rows=200, batch_size=5,
-        epochs=4, fresh=True))
+    assert m["sensitivity"] == pytest.approx(
+        _core.bolton_sensitivity(
+            "constant",
+            eta=1 / np.sqrt(200),
+            lipschitz=1,
+            smoothness=1,
+            rows=200,
+            batch_size=5,
+            epochs=4,
+            fresh=True,
+        )
+    )
 
 
 def test_python_boltOn(server_uri, binary) -> None:
     table, X, y = binary
     with dpsql.connect(server_uri) as db:
-        m = db.train(table, features=None, label=None, model="logistic", epochs=3, batch_size=5,
-                     seed=2, privacy=dpsql.BoltOn(epsilon=1.0, delta=1e-6))
+        m = db.train(
+            table,
+            features=None,
+            label=None,
+            model="logistic",
+            epochs=3,
+            batch_size=5,
+            seed=2,
+            privacy=dpsql.BoltOn(epsilon=1.0, delta=1e-6),
+        )
         assert m.row["privacy"] == "bolton" and m.row["delta"] == 1e-6
         assert m.coef_.shape == (4,) and set(np.unique(m.predict(X))) <= {0.0, 1.0}
 
@@ -282,7 +331,8 @@ def test_private_tuning_algorithm_3(conn, scratch_schema) -> None:
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 5, privacy => 'bolton',"
         " epsilon => 2, tuning_lambdas => '{0.001,0.01,0.1}', tuning_epochs => '{2,4}')",
-        (f"tune_{scratch_schema}",)).fetchone()
+        (f"tune_{scratch_schema}",),
+    ).fetchone()
     m = _model(conn, mid)
     t = m["params"]["privacy"]["tuning"]
     assert t["candidates"] == 6 and t["portion_rows"] == 100
@@ -291,15 +341,18 @@ def test_private_tuning_algorithm_3(conn, scratch_schema) -> None:
     assert m["rows"] == 100 and m["lambda"] == t["chosen_lambda"]
     assert m["sensitivity"] == pytest.approx(2 * 2 / (t["chosen_lambda"] * 100), rel=1e-12)
     # Charged once, for the whole procedure; nothing left behind but the model.
-    spent = conn.execute("SELECT epsilon_spent FROM dpsql.budgets WHERE dataset_id = %s",
-                         (ds,)).fetchone()[0]
+    spent = conn.execute(
+        "SELECT epsilon_spent FROM dpsql.budgets WHERE dataset_id = %s", (ds,)
+    ).fetchone()[0]
     assert spent == 2
     tables, runs, models = leftovers(conn)
     assert (tables, runs, models) == (before[0], before[1], before[2] + 1)
     with pytest.raises(psycopg.Error, match="portions"):
-        conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 300,"
-                     " privacy => 'bolton', epsilon => 1, tuning_lambdas => '{0.01,0.1}')",
-                     (f"tune_{scratch_schema}",))
+        conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'logistic', batch_size => 300,"
+            " privacy => 'bolton', epsilon => 1, tuning_lambdas => '{0.01,0.1}')",
+            (f"tune_{scratch_schema}",),
+        )
 
 
 def test_bounded_features_are_transformed_at_prediction_too(conn, scratch_schema) -> None:
@@ -307,14 +360,21 @@ def test_bounded_features_are_transformed_at_prediction_too(conn, scratch_schema
     X = rng.uniform(0, 100, size=(1000, 2))
     y = np.where(X[:, 0] > X[:, 1], 1.0, -1.0)
     load(conn, scratch_schema, "wide", X, y)
-    _register(conn, f"{scratch_schema}.wide", labels="{-1,1}", name=f"wide_{scratch_schema}",
-              feature_bounds="{{0,100},{0,100}}")
+    _register(
+        conn,
+        f"{scratch_schema}.wide",
+        labels="{-1,1}",
+        name=f"wide_{scratch_schema}",
+        feature_bounds="{{0,100},{0,100}}",
+    )
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 10,"
-        " step_size => 0.5, privacy => 'bolton', epsilon => 20)", (f"wide_{scratch_schema}",)
+        " step_size => 0.5, privacy => 'bolton', epsilon => 20)",
+        (f"wide_{scratch_schema}",),
     ).fetchone()
-    acc = conn.execute("SELECT value FROM dpsql.evaluate(%s, %s)",
-                       (mid, f"{scratch_schema}.wide")).fetchone()[0]
+    acc = conn.execute(
+        "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{scratch_schema}.wide")
+    ).fetchone()[0]
     assert acc > 0.9
     # predict maps [0, 100] onto [-1, 1] and clips to the unit ball, like training did.
     p = conn.execute("SELECT dpsql.predict(%s, '{90,10}')", (mid,)).fetchone()[0]
@@ -332,8 +392,11 @@ def test_concurrent_trainings_never_overspend(conn, binary, server_uri) -> None:
     table, _, _ = binary
     name = table.replace(".", "_") + "_c"
     conn.execute(f"CREATE TABLE {table}_copy AS SELECT * FROM {table}")
-    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1.2,"
-                 " labels => '{0,1}', name => %s)", (f"{table}_copy", name))
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1.2,"
+        " labels => '{0,1}', name => %s)",
+        (f"{table}_copy", name),
+    )
     barrier = threading.Barrier(6)
     outcomes: list[str] = []
 
@@ -341,8 +404,11 @@ def test_concurrent_trainings_never_overspend(conn, binary, server_uri) -> None:
         with psycopg.connect(server_uri, autocommit=True) as c:
             barrier.wait()
             try:
-                c.execute("SELECT dpsql.train(%s, NULL, NULL, epochs => 2, privacy => 'bolton',"
-                          " epsilon => 0.5)", (name,))
+                c.execute(
+                    "SELECT dpsql.train(%s, NULL, NULL, epochs => 2, privacy => 'bolton',"
+                    " epsilon => 0.5)",
+                    (name,),
+                )
                 outcomes.append("ok")
             except psycopg.Error as err:
                 outcomes.append(err.sqlstate or "?")
@@ -353,8 +419,9 @@ def test_concurrent_trainings_never_overspend(conn, binary, server_uri) -> None:
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["DP001"] * 4 + ["ok"] * 2
-    spent = conn.execute("SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s",
-                         (name,)).fetchone()[0]
+    spent = conn.execute(
+        "SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s", (name,)
+    ).fetchone()[0]
     assert spent == 1.0
 
 
@@ -362,10 +429,15 @@ def test_parallel_bolton_is_the_convex_constant_step_algorithm(conn, binary) -> 
     table, _, _ = binary
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, parallel_workers => 2,"
-        " privacy => 'bolton', epsilon => 1)", (table,)).fetchone()
+        " privacy => 'bolton', epsilon => 1)",
+        (table,),
+    ).fetchone()
     m = _model(conn, mid)
     # Averaging shard models with weights n_s/m <= 1 keeps 2 k L eta / b.
     assert m["sensitivity"] == pytest.approx(2 * 3 / np.sqrt(300) / 5, rel=1e-12)
     with pytest.raises(psycopg.Error, match="parallel bolt-on runs need"):
-        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {BASE}, lambda => 0.1,"
-                     " parallel_workers => 2, privacy => 'bolton', epsilon => 1)", (table,))
+        conn.execute(
+            f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {BASE}, lambda => 0.1,"
+            " parallel_workers => 2, privacy => 'bolton', epsilon => 1)",
+            (table,),
+        )

@@ -26,8 +26,27 @@ SEED = 20240611
 MUTANTS_PER_STATE = 28
 
 SPECIAL = [
-    math.nan, math.inf, -math.inf, -1.0, 0.0, 1.0, 2.0, 0.5, 1e300, -1e300, 2.0**31,
-    2.0**31 - 1, 2.0**40, 2.0**53, 2.0**63, 1e15, 4472.0, 4473.0, 4474.0, 4433.0, 5e-324,
+    math.nan,
+    math.inf,
+    -math.inf,
+    -1.0,
+    0.0,
+    1.0,
+    2.0,
+    0.5,
+    1e300,
+    -1e300,
+    2.0**31,
+    2.0**31 - 1,
+    2.0**40,
+    2.0**53,
+    2.0**63,
+    1e15,
+    4472.0,
+    4473.0,
+    4474.0,
+    4433.0,
+    5e-324,
 ]
 
 # DpsqlRng is key[8], nonce[3], counter, block[128], used (uint32): `used` is the low half of the
@@ -53,8 +72,13 @@ def _with_used(value: float, used: int) -> float:
     return struct.unpack("<d", struct.pack("<II", used & 0xFFFFFFFF, hi))[0]
 
 
-def mutants(base: list[float], header_len: int, rng: random.Random, rng_tail: int | None,
-            count: int = MUTANTS_PER_STATE) -> Iterator[list[float]]:
+def mutants(
+    base: list[float],
+    header_len: int,
+    rng: random.Random,
+    rng_tail: int | None,
+    count: int = MUTANTS_PER_STATE,
+) -> Iterator[list[float]]:
     """Forged variants of a real state: edited header fields, lengths, generator position."""
     for k in range(count):
         s = list(base)
@@ -123,8 +147,14 @@ class Prober:
             assert other.execute("SELECT 1").fetchone() == (1,)
 
 
-def _aggregate(prober: Prober, sfunc: str, arg_types: str, initcond: list[float],
-               rows_sql: str, finalfunc: str | None = None) -> None:
+def _aggregate(
+    prober: Prober,
+    sfunc: str,
+    arg_types: str,
+    initcond: list[float],
+    rows_sql: str,
+    finalfunc: str | None = None,
+) -> None:
     name = f"pg_temp.fz_{uuid.uuid4().hex[:10]}"
     final = f", FINALFUNC = {finalfunc}" if finalfunc else ""
     prober.conn.execute(
@@ -142,8 +172,37 @@ def _state(conn: psycopg.Connection, sql: str) -> list[float]:
     return list(conn.execute(sql).fetchone()[0])
 
 
-RED_TEAM_STATE = [0, 0, 0, 0, 1000000, 1000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0,
-                  0, 0, 0, 0, 0]
+RED_TEAM_STATE = [
+    0,
+    0,
+    0,
+    0,
+    1000000,
+    1000,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    5,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+    0,
+]
 
 
 def test_red_team_final_of_forged_state(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
@@ -160,8 +219,9 @@ def test_red_team_bogus_initcond(fuzz_conn: psycopg.Connection, server_uri: str)
         f"dpsql._sgd_transition, STYPE = float8[], INITCOND = '{_literal(RED_TEAM_STATE)}')"
     )
     with pytest.raises(errors.InvalidParameterValue, match="dpsql: malformed state"):
-        fuzz_conn.execute("SELECT pg_temp.forged(ARRAY[1, 2]::float8[], 1, NULL) "
-                          "FROM generate_series(1, 3)")
+        fuzz_conn.execute(
+            "SELECT pg_temp.forged(ARRAY[1, 2]::float8[], 1, NULL) FROM generate_series(1, 3)"
+        )
     Prober(fuzz_conn, server_uri).survived()
 
 
@@ -176,9 +236,11 @@ SGD_INITS = {
 }
 SGD_HEADER = 29
 
-ROWS3 = "x, y FROM (VALUES (ARRAY[0.5, -0.25, 1]::float8[], 1.0::float8), " \
-    "(ARRAY[1, 2, 3]::float8[], -1.0), (ARRAY[0.1, 0.1, 0.1]::float8[], 1.0), " \
+ROWS3 = (
+    "x, y FROM (VALUES (ARRAY[0.5, -0.25, 1]::float8[], 1.0::float8), "
+    "(ARRAY[1, 2, 3]::float8[], -1.0), (ARRAY[0.1, 0.1, 0.1]::float8[], 1.0), "
     "(NULL::float8[], NULL::float8)) AS r(x, y)"
+)
 
 
 def test_fuzz_sgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
@@ -192,28 +254,57 @@ def test_fuzz_sgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None
             p.call("SELECT dpsql._sgd_final(%s::float8[])", (s,))
             p.call("SELECT * FROM dpsql._sgd_info(%s::float8[])", (s,))
             p.call("SELECT dpsql._sgd_weights(%s::float8[])", (s,))
-            p.call("SELECT * FROM dpsql._bolton_release(%s::float8[], 1.0, 1.0, 0.0, true, "
-                   "'analytic', 1)", (s,))
+            p.call(
+                "SELECT * FROM dpsql._bolton_release(%s::float8[], 1.0, 1.0, 0.0, true, "
+                "'analytic', 1)",
+                (s,),
+            )
             rows = ROWS3.replace("x, y FROM", f"x, y, '{real}'::float8[] FROM")
-            _aggregate(p, "dpsql._sgd_transition", "float8[], float8, float8[]", s, rows,
-                       "dpsql._sgd_final")
+            _aggregate(
+                p,
+                "dpsql._sgd_transition",
+                "float8[], float8, float8[]",
+                s,
+                rows,
+                "dpsql._sgd_final",
+            )
             batched = ROWS3.replace("x, y FROM", f"x, y, b, '{real}'::float8[] FROM").replace(
-                "AS r(x, y)", "AS r(x, y) CROSS JOIN (VALUES (1::bigint), (3)) AS bb(b)")
-            _aggregate(p, "dpsql._sgd_transition_batch", "float8[], float8, bigint, float8[]", s,
-                       batched, "dpsql._sgd_final")
+                "AS r(x, y)", "AS r(x, y) CROSS JOIN (VALUES (1::bigint), (3)) AS bb(b)"
+            )
+            _aggregate(
+                p,
+                "dpsql._sgd_transition_batch",
+                "float8[], float8, bigint, float8[]",
+                s,
+                batched,
+                "dpsql._sgd_final",
+            )
             # the combine function as a transition: a forged state meets a real one, and back
-            _aggregate(p, "dpsql._sgd_combine", "float8[]", s,
-                       f"v FROM (VALUES ('{real}'::float8[])) AS t(v)")
-            _aggregate(p, "dpsql._sgd_combine", "float8[]", base,
-                       f"v FROM (VALUES ('{_literal(s)}'::float8[])) AS t(v)")
+            _aggregate(
+                p,
+                "dpsql._sgd_combine",
+                "float8[]",
+                s,
+                f"v FROM (VALUES ('{real}'::float8[])) AS t(v)",
+            )
+            _aggregate(
+                p,
+                "dpsql._sgd_combine",
+                "float8[]",
+                base,
+                f"v FROM (VALUES ('{_literal(s)}'::float8[])) AS t(v)",
+            )
         p.survived()
     assert p.calls > 0
 
 
-AMBSSGD_INIT = ("SELECT dpsql._ambssgd_init(3, false, 1.0, 40, 2, 5, 5, 1.0, 0.1, 1.0, 1.0, "
-                "1.0, 4, 2.0, 2.0, 0, 7)")
-AMBSSGD_FIXED_INIT = ("SELECT dpsql._ambssgd_init(3, true, 1.0, 40, 4, 5, 0, 1.0, 0.1, 0, 0, 0, "
-                      "0, 0, 0, 0.5, 7)")
+AMBSSGD_INIT = (
+    "SELECT dpsql._ambssgd_init(3, false, 1.0, 40, 2, 5, 5, 1.0, 0.1, 1.0, 1.0, "
+    "1.0, 4, 2.0, 2.0, 0, 7)"
+)
+AMBSSGD_FIXED_INIT = (
+    "SELECT dpsql._ambssgd_init(3, true, 1.0, 40, 4, 5, 0, 1.0, 0.1, 0, 0, 0, 0, 0, 0, 0.5, 7)"
+)
 AMBSSGD_HEADER = 25
 
 
@@ -232,8 +323,11 @@ def test_fuzz_ambssgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> 
 
 def _dpgd_base(p: int, intercept: bool) -> list[float]:
     # DpsqlDpgdHeader: magic, p, intercept, gamma, x_bound, n, clipped, invalid | theta | sum
-    return [4473.0, float(p), 1.0 if intercept else 0.0, 1.0, 0.0, 0.0, 0.0, 0.0] + \
-        [0.1] * p + [0.0] * p
+    return (
+        [4473.0, float(p), 1.0 if intercept else 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+        + [0.1] * p
+        + [0.0] * p
+    )
 
 
 def _adassp_base(dim: int) -> list[float]:
@@ -247,26 +341,52 @@ def test_fuzz_linear_states(fuzz_conn: psycopg.Connection, server_uri: str) -> N
     dpgd = _dpgd_base(3, False)
     for s in mutants(dpgd, 8, rng, None):
         p.call("SELECT dpsql._dpgd_gradient_final(%s::float8[])", (s,))
-        rows = ROWS3.replace("x, y FROM", "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], 1.0::float8, "
-                             "false, 0.0::float8 FROM")
-        _aggregate(p, "dpsql._dpgd_gradient_transition",
-                   "float8[], float8, float8[], float8, boolean, float8", s, rows,
-                   "dpsql._dpgd_gradient_final")
-        _aggregate(p, "dpsql._dpgd_gradient_combine", "float8[]", s,
-                   f"v FROM (VALUES ('{_literal(dpgd)}'::float8[])) AS t(v)")
-        p.call("SELECT dpsql._dpgd_step(ARRAY[0.1, 0.1, 0.1]::float8[], %s::float8[], 0.1, 1.0, "
-               "1, 0)", (s[8:13],))
+        rows = ROWS3.replace(
+            "x, y FROM",
+            "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], 1.0::float8, false, 0.0::float8 FROM",
+        )
+        _aggregate(
+            p,
+            "dpsql._dpgd_gradient_transition",
+            "float8[], float8, float8[], float8, boolean, float8",
+            s,
+            rows,
+            "dpsql._dpgd_gradient_final",
+        )
+        _aggregate(
+            p,
+            "dpsql._dpgd_gradient_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(dpgd)}'::float8[])) AS t(v)",
+        )
+        p.call(
+            "SELECT dpsql._dpgd_step(ARRAY[0.1, 0.1, 0.1]::float8[], %s::float8[], 0.1, 1.0, 1, 0)",
+            (s[8:13],),
+        )
     adassp = _adassp_base(3)
     for s in mutants(adassp, 6, rng, None):
         p.call("SELECT dpsql._adassp_gram_final(%s::float8[])", (s,))
-        p.call("SELECT * FROM dpsql._adassp_release(%s::float8[], 1, 1, 1, 0, 1, 1)",
-               ([5.0, 3.0] + s[6:],))
+        p.call(
+            "SELECT * FROM dpsql._adassp_release(%s::float8[], 1, 1, 1, 0, 1, 1)",
+            ([5.0, 3.0] + s[6:],),
+        )
         rows = ROWS3.replace("x, y FROM", "x, y, 1.0::float8, 1.0::float8, false, 3 FROM")
-        _aggregate(p, "dpsql._adassp_gram_transition",
-                   "float8[], float8, float8, float8, boolean, int", s, rows,
-                   "dpsql._adassp_gram_final")
-        _aggregate(p, "dpsql._adassp_gram_combine", "float8[]", s,
-                   f"v FROM (VALUES ('{_literal(adassp)}'::float8[])) AS t(v)")
+        _aggregate(
+            p,
+            "dpsql._adassp_gram_transition",
+            "float8[], float8, float8, float8, boolean, int",
+            s,
+            rows,
+            "dpsql._adassp_gram_final",
+        )
+        _aggregate(
+            p,
+            "dpsql._adassp_gram_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(adassp)}'::float8[])) AS t(v)",
+        )
     p.survived()
 
 
@@ -285,11 +405,31 @@ def _value_makers(rng: random.Random) -> dict[str, Callable[[], object]]:
         return [floats() for _ in range(rng.choice([0, 1, 2, 3, 5, 40]))]
 
     def texts() -> str:
-        return rng.choice(["constant", "sqrt", "logistic", "multinomial", "analytic", "classic",
-                           "checkpoints", "batch_means", "independent_runs", "gaussian", "x", ""])
+        return rng.choice(
+            [
+                "constant",
+                "sqrt",
+                "logistic",
+                "multinomial",
+                "analytic",
+                "classic",
+                "checkpoints",
+                "batch_means",
+                "independent_runs",
+                "gaussian",
+                "x",
+                "",
+            ]
+        )
 
-    return {"float8": floats, "int4": ints, "int8": bigints, "_float8": arrays, "text": texts,
-            "bool": lambda: rng.choice([True, False])}
+    return {
+        "float8": floats,
+        "int4": ints,
+        "int8": bigints,
+        "_float8": arrays,
+        "text": texts,
+        "bool": lambda: rng.choice([True, False]),
+    }
 
 
 # Not fuzzed here: _accountant runs a program (its input is checked character by character),

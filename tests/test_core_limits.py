@@ -15,22 +15,26 @@ from dpsql import _core
 def test_exact_sensitivity_step_limit() -> None:
     assert _core.SENSITIVITY_MAX_STEPS == 2**32
     with pytest.raises(ValueError, match="limited to 4294967296 steps"):
-        _core.exact_sensitivity("constant", eta=0.1, lipschitz=1, smoothness=1,
-                                rows=10**15, fresh=True)
+        _core.exact_sensitivity(
+            "constant", eta=0.1, lipschitz=1, smoothness=1, rows=10**15, fresh=True
+        )
 
 
 def test_exact_sensitivity_work_area_limit() -> None:
     assert _core.SENSITIVITY_MAX_POSITIONS == 2**24
     with pytest.raises(ValueError, match="16777216 per pass"):
-        _core.exact_sensitivity("constant", eta=0.1, lipschitz=1, smoothness=1,
-                                rows=200_000_000, fresh=False)
+        _core.exact_sensitivity(
+            "constant", eta=0.1, lipschitz=1, smoothness=1, rows=200_000_000, fresh=False
+        )
 
 
 def test_exact_sensitivity_below_the_limits_matches_the_closed_form() -> None:
-    exact = _core.exact_sensitivity("constant", eta=0.1, lipschitz=1, smoothness=1,
-                                    rows=1000, epochs=3)
-    closed = _core.bolton_sensitivity("constant", eta=0.1, lipschitz=1, smoothness=1,
-                                      rows=1000, epochs=3)
+    exact = _core.exact_sensitivity(
+        "constant", eta=0.1, lipschitz=1, smoothness=1, rows=1000, epochs=3
+    )
+    closed = _core.bolton_sensitivity(
+        "constant", eta=0.1, lipschitz=1, smoothness=1, rows=1000, epochs=3
+    )
     assert exact == pytest.approx(closed)
 
 
@@ -38,7 +42,7 @@ def test_forged_generator_position_is_rejected() -> None:
     state = _core.init_state("logistic", 3, noise="gaussian", noise_scale=1.0, noise_seed=7)
     forged = np.array(state)
     # DpsqlRng.used is the low half of the tail's double 70
-    used = forged[len(forged) - 72 + 70:len(forged) - 72 + 71].view(np.uint32)
+    used = forged[len(forged) - 72 + 70 : len(forged) - 72 + 71].view(np.uint32)
     used[0] = 10**6
     with pytest.raises(ValueError, match="malformed model state"):
         _core.check_state(forged)

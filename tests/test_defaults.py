@@ -23,7 +23,8 @@ def _register(conn, source: str, **kw) -> str:
     extra = "".join(f", {k} => %({k})s" for k in kw)
     conn.execute(
         "SELECT dpsql.register_dataset(%(source)s, '{x}', 'y', 1e9, 0.5, name => %(name)s"
-        + extra + ")",
+        + extra
+        + ")",
         {"source": source, "name": name, **kw},
     )
     return name
@@ -51,8 +52,7 @@ def binary(conn, scratch_schema) -> str:
     rng = np.random.default_rng(5)
     X = rng.normal(size=(6000, 6)) / 3
     y = np.where(X @ np.array([3.0, -2, 1, 0, 0.5, 1]) + 0.3 * rng.normal(size=6000) > 0, 1.0, 0.0)
-    return _register(conn, load(conn, scratch_schema, "b", X, y), labels="{0,1}",
-                     row_norm="clip")
+    return _register(conn, load(conn, scratch_schema, "b", X, y), labels="{0,1}", row_norm="clip")
 
 
 @pytest.mark.parametrize("delta", [0.0, DELTA], ids=["gamma", "gaussian"])
@@ -70,8 +70,16 @@ def test_bolton_step_gives_the_target_noise_norm(conn, binary, delta) -> None:
 
 
 def test_given_values_are_kept_and_not_recorded_as_defaults(conn, binary) -> None:
-    m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1.0, batch_size=20,
-               epochs=3, step_size=0.01)
+    m = _train(
+        conn,
+        binary,
+        "logistic",
+        privacy="bolton",
+        epsilon=1.0,
+        batch_size=20,
+        epochs=3,
+        step_size=0.01,
+    )
     assert (m["batch_size"], m["epochs"], m["step_size"]) == (20, 3, 0.01)
     assert "defaults" not in m["params"]["privacy"]
     # a schedule without a step: the schedule's own step, the bolt-on paper's 1/sqrt(m)
@@ -97,8 +105,7 @@ def test_unamplified_batches_follow_the_noise_rule(conn, scratch_schema, privacy
     rng = np.random.default_rng(6)
     X = rng.normal(size=(40000, 4)) / 2
     y = np.where(X[:, 0] - X[:, 1] > 0, 1.0, 0.0)
-    name = _register(conn, load(conn, scratch_schema, "u", X, y), labels="{0,1}",
-                     row_norm="clip")
+    name = _register(conn, load(conn, scratch_schema, "u", X, y), labels="{0,1}", row_norm="clip")
     m = _train(conn, name, "logistic", privacy=privacy, epsilon=1.0, delta=DELTA)
     b = m["batch_size"]
     noise = m["noise_scale"] * math.sqrt(4) / b  # per-step std on the sum, L = 1
@@ -153,11 +160,9 @@ def test_classifier_defaults_beat_the_majority_class(conn, scratch_schema, datas
     above the majority class (0.11): >= 0.3 above it, BST14 (the weakest, 0.29) >= 0.1;
     spreads <= 0.05. The old batch-1 defaults gave 0.08-0.29 for shuffled DP-SGD, SCS13 and
     BST14 on all 60,000 rows."""
-    name, test, model, majority = _load_classification(conn, scratch_schema, datasets_dir,
-                                                       "mnist")
+    name, test, model, majority = _load_classification(conn, scratch_schema, datasets_dir, "mnist")
     for label, kw in CLASSIFIERS.items():
-        args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3,
-                "noise_seed": 11}
+        args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3, "noise_seed": 11}
         m = _train(conn, name, model, **args)
         acc = _score(conn, m["model_id"], test)
         assert acc > majority + (0.1 if label == "bst14" else 0.3), (label, acc, majority)
@@ -169,11 +174,11 @@ def test_protein_defaults_are_not_below_the_majority_class(conn, scratch_schema,
     The mechanisms without amplification by sampling (shuffled DP-SGD, SCS13, BST14) are no
     worse than it: their noise drowns the rare class's gradient (docs/defaults.md). The old
     BST14 default, radius 1e4 at batch 1, fell to 0.960."""
-    name, test, model, majority = _load_classification(conn, scratch_schema, datasets_dir,
-                                                       "protein")
+    name, test, model, majority = _load_classification(
+        conn, scratch_schema, datasets_dir, "protein"
+    )
     for label, kw in CLASSIFIERS.items():
-        args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3,
-                "noise_seed": 11}
+        args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3, "noise_seed": 11}
         acc = _score(conn, _train(conn, name, model, **args)["model_id"], test)
         amplified = label in ("bolton", "dpsgd_poisson", "dpsgd_f", "auto")
         floor = majority + 0.001 if amplified else majority - 0.001
@@ -193,11 +198,19 @@ def test_regression_defaults_beat_the_mean(conn, scratch_schema, datasets_dir) -
     name = _register(conn, source, label_bound=5.00001, row_bound=math.sqrt(X.shape[1]))
     mean_mse = float(np.mean((y[te] - y[tr].mean()) ** 2))
     for privacy in ("dpgd", "adassp", "dpsgd", "auto"):
-        m = _train(conn, name, "linear", privacy=privacy, epsilon=1.0, delta=DELTA,
-                   intercept=True, seed=3, noise_seed=11)
+        m = _train(
+            conn,
+            name,
+            "linear",
+            privacy=privacy,
+            epsilon=1.0,
+            delta=DELTA,
+            intercept=True,
+            seed=3,
+            noise_seed=11,
+        )
         mse = _score(conn, m["model_id"], test)
         assert mse < 0.8 * mean_mse, (privacy, mse, mean_mse)
     for privacy in ("dp_ssgd", "dp_ambssgd"):
         with pytest.raises(Exception, match="dpgd"):
-            _train(conn, name, "linear", privacy=privacy, epsilon=1.0, delta=DELTA,
-                   intercept=True)
+            _train(conn, name, "linear", privacy=privacy, epsilon=1.0, delta=DELTA, intercept=True)

@@ -124,6 +124,7 @@ def test_cancel_request_stops_a_long_call(conn: psycopg.Connection, server_uri: 
     # pg_cancel_backend from another session, not only the timeout
     pid = conn.info.backend_pid
     with psycopg.connect(server_uri, autocommit=True) as other:
+
         def cancel_soon() -> None:
             time.sleep(0.5)
             other.execute("SELECT pg_cancel_backend(%s)", (pid,))

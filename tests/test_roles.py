@@ -746,30 +746,40 @@ def test_data_owner_trains_non_private_and_analyst_trains_private_only(
     whose private release is charged and visible."""
     admin, connect_admin = make_role("owner", "dpsql_admin")
     analyst, connect_analyst = make_role("analyst", "dpsql_analyst")
-    conn.execute(f"CREATE TABLE {scratch_schema}.pts AS SELECT i AS rid,"
-                 " ARRAY[sin(i), cos(i)]::float8[] AS x, (i % 2)::float8 AS y"
-                 " FROM generate_series(1, 200) i")
+    conn.execute(
+        f"CREATE TABLE {scratch_schema}.pts AS SELECT i AS rid,"
+        " ARRAY[sin(i), cos(i)]::float8[] AS x, (i % 2)::float8 AS y"
+        " FROM generate_series(1, 200) i"
+    )
     conn.execute(f"GRANT USAGE ON SCHEMA {scratch_schema} TO {admin}")
     conn.execute(f"GRANT SELECT ON {scratch_schema}.pts TO {admin}")
     with connect_admin() as ad:
         (noiseless,) = ad.execute(
             f"SELECT dpsql.train('{scratch_schema}.pts', '{{x}}', 'y', labels => '{{0,1}}',"
-            " epochs => 2)").fetchone()
+            " epochs => 2)"
+        ).fetchone()
         (ds,) = ad.execute(
             f"SELECT dpsql.register_dataset('{scratch_schema}.pts', '{{x}}', 'y',"
-            f" epsilon_budget => 2, labels => '{{0,1}}', name => 'pts_{analyst}')").fetchone()
+            f" epsilon_budget => 2, labels => '{{0,1}}', name => 'pts_{analyst}')"
+        ).fetchone()
         ad.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
     with connect_analyst() as a:
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="data owners"):
             a.execute(f"SELECT dpsql.train('{scratch_schema}.pts', '{{x}}', 'y')")
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="noise_seed"):
-            a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bolton',"
-                      " epsilon => 1, noise_seed => 1)")
+            a.execute(
+                f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bolton',"
+                " epsilon => 1, noise_seed => 1)"
+            )
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="reproductions"):
-            a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bst14',"
-                      " epsilon => 1, delta => 1e-5, bst14_noise => 'paper')")
-        (mid,) = a.execute(f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, epochs => 2,"
-                           " privacy => 'bolton', epsilon => 1)").fetchone()
+            a.execute(
+                f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, privacy => 'bst14',"
+                " epsilon => 1, delta => 1e-5, bst14_noise => 'paper')"
+            )
+        (mid,) = a.execute(
+            f"SELECT dpsql.train('pts_{analyst}', NULL, NULL, epochs => 2,"
+            " privacy => 'bolton', epsilon => 1)"
+        ).fetchone()
         seen = [r[0] for r in a.execute("SELECT model_id FROM dpsql.models").fetchall()]
         assert mid in seen and noiseless not in seen
         assert a.execute("SELECT dpsql.predict(%s, '{0.1, 0.2}')", (mid,)).fetchone()[0] > 0

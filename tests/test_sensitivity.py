@@ -579,10 +579,22 @@ def test_degenerate_constants_are_refused_not_zero() -> None:
     """A strong convexity above the smoothness (or infinite), or a non-positive step, has no
     meaning: both calculators refuse it instead of returning 0."""
     bad = [
-        dict(schedule="decreasing", lipschitz=2, smoothness=1.01, strong_convexity=float("inf"),
-             rows=100),
-        dict(schedule="constant", eta=1.0, lipschitz=1, smoothness=1, strong_convexity=2, rows=3,
-             epochs=2),
+        dict(
+            schedule="decreasing",
+            lipschitz=2,
+            smoothness=1.01,
+            strong_convexity=float("inf"),
+            rows=100,
+        ),
+        dict(
+            schedule="constant",
+            eta=1.0,
+            lipschitz=1,
+            smoothness=1,
+            strong_convexity=2,
+            rows=3,
+            epochs=2,
+        ),
         dict(schedule="constant", eta=0.0, lipschitz=1, smoothness=1, rows=100),
     ]
     for kw in bad:
@@ -593,4 +605,5 @@ def test_degenerate_constants_are_refused_not_zero() -> None:
     # calculators give the convex bound.
     kw = dict(eta=1.97, lipschitz=2, smoothness=1.01, strong_convexity=0.01, rows=100, epochs=2)
     assert _core.exact_sensitivity("constant", **kw) == pytest.approx(
-        _core.bolton_sensitivity("constant", **kw), rel=1e-12)
+        _core.bolton_sensitivity("constant", **kw), rel=1e-12
+    )

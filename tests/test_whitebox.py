@@ -30,8 +30,15 @@ def test_per_step_noise_is_present_and_scaled() -> None:
     steps = epochs * (m // b)
     w = []
     for seed in range(400):
-        s = _core.init_state("logistic", d, eta=eta, batch_size=b, noise="gaussian",
-                             noise_scale=sigma, noise_seed=seed)
+        s = _core.init_state(
+            "logistic",
+            d,
+            eta=eta,
+            batch_size=b,
+            noise="gaussian",
+            noise_scale=sigma,
+            noise_seed=seed,
+        )
         for _ in range(epochs):
             s = _core.run_epoch(s, X, y)
         w.append(_core.weights(s)[0])
@@ -47,8 +54,15 @@ def test_gamma_norm_step_noise() -> None:
     d, b, eta, scale = 4, 5, 1.0, 0.7
     norms = []
     for seed in range(2000):
-        s = _core.init_state("logistic", d, eta=eta, batch_size=b, noise="gamma_norm",
-                             noise_scale=scale, noise_seed=seed)
+        s = _core.init_state(
+            "logistic",
+            d,
+            eta=eta,
+            batch_size=b,
+            noise="gamma_norm",
+            noise_scale=scale,
+            noise_seed=seed,
+        )
         s = _core.run_epoch(s, np.zeros((b, d)), np.ones(b))
         norms.append(np.linalg.norm(_core.weights(s)) * b / eta)
     assert stats.kstest(norms, stats.gamma(d, scale=scale).cdf).pvalue > 1e-3
@@ -61,11 +75,14 @@ def test_clipping_bounds_every_per_example_gradient(model) -> None:
     n_classes = 3 if model == "multinomial" else 1
     for trial in range(50):
         x = rng.normal(size=(1, d)) * rng.choice([0.01, 1, 100])
-        y = [float(trial % 3)] if model == "multinomial" else (
-            [rng.normal() * 100] if model == "linear" else [rng.choice([-1.0, 1.0])])
+        y = (
+            [float(trial % 3)]
+            if model == "multinomial"
+            else ([rng.normal() * 100] if model == "linear" else [rng.choice([-1.0, 1.0])])
+        )
         w0 = rng.normal(size=(n_classes, d))
         s = _core.init_state(model, d, n_classes=n_classes, eta=eta, clip_norm=clip)
-        s[_core.HEADER_LEN:_core.HEADER_LEN + w0.size] = w0.ravel()
+        s[_core.HEADER_LEN : _core.HEADER_LEN + w0.size] = w0.ravel()
         _, g = _core.example_gradient(s, x[0], y[0])
         after = _core.weights(_core.run_epoch(s, x, y))
         step = np.linalg.norm(after - w0) / eta
@@ -76,8 +93,17 @@ def test_clipping_bounds_every_per_example_gradient(model) -> None:
 def test_empty_batches_still_step_with_noise() -> None:
     """Batched epochs (Poisson): batch numbers that no row carries are steps of noise only."""
     d = 3
-    s = _core.init_state("logistic", d, eta=1.0, batch_size=2, noise="gaussian", noise_scale=1.0,
-                         noise_divisor=2.0, steps_per_epoch=5, noise_seed=1)
+    s = _core.init_state(
+        "logistic",
+        d,
+        eta=1.0,
+        batch_size=2,
+        noise="gaussian",
+        noise_scale=1.0,
+        noise_divisor=2.0,
+        steps_per_epoch=5,
+        noise_seed=1,
+    )
     out = _core.run_epoch(s, np.zeros((1, d)), [1.0], batches=[3])  # batches 1, 2, 4, 5 empty
     assert _core.header(out)["step"] == 5 and np.linalg.norm(_core.weights(out)) > 0
     with pytest.raises(ValueError):
@@ -86,12 +112,16 @@ def test_empty_batches_still_step_with_noise() -> None:
 
 def test_bst14_epsilon1_solves_the_composition_equation(conn) -> None:
     """Spec 003 s. 15 item 23 and the s. 17.2 table (b = 1, delta = 1/m^2, delta1 = delta/(km))."""
-    for m, eps, k, sigma in [(60000, 0.01, 10, 182.9), (72876, 0.1, 10, 16.89),
-                             (498010, 0.1, 5, 9.08)]:
+    for m, eps, k, sigma in [
+        (60000, 0.01, 10, 182.9),
+        (72876, 0.1, 10, 16.89),
+        (498010, 0.1, 5, 9.08),
+    ]:
         delta1 = (1 / m**2) / (k * m)
         steps = k * m
-        (e1,) = conn.execute("SELECT dpsql._bst14_epsilon1(%s, %s, %s)",
-                             (eps, delta1, steps)).fetchone()
+        (e1,) = conn.execute(
+            "SELECT dpsql._bst14_epsilon1(%s, %s, %s)", (eps, delta1, steps)
+        ).fetchone()
         lhs = steps * e1 * np.expm1(e1) + np.sqrt(2 * steps * np.log(1 / delta1)) * e1
         assert abs(lhs - eps) < 1e-12 * eps
         e2 = min(1.0, m * e1 / 2)
@@ -106,9 +136,11 @@ def zeros(conn, scratch_schema):
     """A registered dataset of zero features: released models are pure accumulated noise."""
     m, d = 100, 3
     load(conn, scratch_schema, "zeros", np.zeros((m, d)), np.ones(m))
-    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
-                 " delta_budget => 0.999, labels => '{0,1}', name => %s)",
-                 (f"{scratch_schema}.zeros", f"zeros_{scratch_schema}"))
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        " delta_budget => 0.999, labels => '{0,1}', name => %s)",
+        (f"{scratch_schema}.zeros", f"zeros_{scratch_schema}"),
+    )
     return f"zeros_{scratch_schema}", m, d
 
 
@@ -121,7 +153,8 @@ def test_scs13_release_carries_its_per_step_noise(conn, zeros) -> None:
         (mid,) = conn.execute(
             "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
             " privacy => 'scs13', epsilon => 1, delta => 1e-5, noise_seed => %s)",
-            (name, seed)).fetchone()
+            (name, seed),
+        ).fetchone()
         row = _model(conn, mid)
         sig = row["noise_scale"]
         w.append(np.asarray(row["weights"]))
@@ -139,21 +172,27 @@ def test_bst14_release_and_refusals(conn, zeros) -> None:
     name, m, d = zeros
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 5,"
-        " lambda => 0.01, privacy => 'bst14', epsilon => 1, delta => 1e-5)", (name,)).fetchone()
+        " lambda => 0.01, privacy => 'bst14', epsilon => 1, delta => 1e-5)",
+        (name,),
+    ).fetchone()
     row = _model(conn, mid)
     p = row["params"]["privacy"]
     assert p["algorithm"].startswith("BST14 Algorithm 5") and row["schedule"] == "inverse"
     assert row["params"]["sampling"] == "replacement" and row["radius"] == pytest.approx(100)
     assert np.linalg.norm(row["weights"]) > 0  # noise, not the zero model
     before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
-    for args, msg in [("privacy => 'bst14', epsilon => 1", "delta must be > 0"),
-                      ("privacy => 'scs13', epsilon => 1, tuning_lambdas => '{0.1}'", "tuning"),
-                      ("privacy => 'bst14', epsilon => 1e12, delta => 1e-5", "budget")]:
+    for args, msg in [
+        ("privacy => 'bst14', epsilon => 1", "delta must be > 0"),
+        ("privacy => 'scs13', epsilon => 1, tuning_lambdas => '{0.1}'", "tuning"),
+        ("privacy => 'bst14', epsilon => 1e12, delta => 1e-5", "budget"),
+    ]:
         with pytest.raises(psycopg.Error, match=msg):
             conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {args})", (name,))
     with pytest.raises(psycopg.Error, match="Lipschitz"):
-        conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'scs13',"
-                     " epsilon => 1)", (name,))
+        conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'scs13', epsilon => 1)",
+            (name,),
+        )
     assert (leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()) == before
 
 
@@ -161,22 +200,34 @@ def test_poisson_batches_are_binomial(conn) -> None:
     """Realised batch sizes of the Poisson sampler: Binomial(m, q) by chi-square over 400
     batches (alpha = 1e-3; seeded), and each row joins Binomial(steps, q) batches."""
     m, steps, q = 2000, 400, 0.01
-    sizes = [r[0] for r in conn.execute(
-        "SELECT count(*) FROM generate_series(1, %s) rid,"
-        " unnest(dpsql._poisson_batches(42, rid, %s, %s)) b GROUP BY b ORDER BY b",
-        (m, steps, q)).fetchall()]
+    sizes = [
+        r[0]
+        for r in conn.execute(
+            "SELECT count(*) FROM generate_series(1, %s) rid,"
+            " unnest(dpsql._poisson_batches(42, rid, %s, %s)) b GROUP BY b ORDER BY b",
+            (m, steps, q),
+        ).fetchall()
+    ]
     sizes += [0] * (steps - len(sizes))  # batches nobody joined
     assert abs(np.mean(sizes) - m * q) < 4 * np.sqrt(m * q * (1 - q) / steps)
     assert np.var(sizes, ddof=1) == pytest.approx(m * q * (1 - q), rel=0.25)
-    per_row = [r[0] for r in conn.execute(
-        "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s))"
-        " FROM generate_series(1, %s) rid",
-        (steps, q, m)).fetchall()]
+    per_row = [
+        r[0]
+        for r in conn.execute(
+            "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s))"
+            " FROM generate_series(1, %s) rid",
+            (steps, q, m),
+        ).fetchall()
+    ]
     counts = np.bincount(per_row, minlength=12)[:12]
     expected = stats.binom(steps, q).pmf(np.arange(12)) * m
     keep = expected > 5
-    assert stats.chisquare(counts[keep], expected[keep] * counts[keep].sum()
-                           / expected[keep].sum()).pvalue > 1e-3
+    assert (
+        stats.chisquare(
+            counts[keep], expected[keep] * counts[keep].sum() / expected[keep].sum()
+        ).pvalue
+        > 1e-3
+    )
 
 
 # ---------------------------------------------------------------- DP-SGD (needs the accountant)
@@ -188,7 +239,9 @@ def test_dpsgd_calibrates_to_the_target_and_charges_it(conn, zeros) -> None:
     name, m, d = zeros
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 3, batch_size => 10,"
-        " privacy => 'dpsgd', epsilon => 2, delta => 1e-5, clip_norm => 0.5)", (name,)).fetchone()
+        " privacy => 'dpsgd', epsilon => 2, delta => 1e-5, clip_norm => 0.5)",
+        (name,),
+    ).fetchone()
     row = _model(conn, mid)
     p = row["params"]["privacy"]
     z = p["noise_multiplier"]
@@ -196,8 +249,9 @@ def test_dpsgd_calibrates_to_the_target_and_charges_it(conn, zeros) -> None:
     # Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
     assert accounting.epsilon(z, scheme="shuffle", epochs=3, delta=1e-5) <= 2 + 1e-9
     assert row["noise_scale"] == pytest.approx(z * 0.5) and row["epsilon"] == 2
-    assert conn.execute("SELECT epsilon, delta FROM dpsql.ledger WHERE model_id = %s",
-                        (mid,)).fetchone() == (2.0, 1e-5)
+    assert conn.execute(
+        "SELECT epsilon, delta FROM dpsql.ledger WHERE model_id = %s", (mid,)
+    ).fetchone() == (2.0, 1e-5)
 
 
 def test_dpsgd_with_a_noise_multiplier_reports_and_charges_epsilon(conn, zeros) -> None:
@@ -207,13 +261,18 @@ def test_dpsgd_with_a_noise_multiplier_reports_and_charges_epsilon(conn, zeros) 
         (mid,) = conn.execute(
             "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
             " privacy => 'dpsgd', noise_multiplier => 1.5, delta => 1e-5, sampling => %s)",
-            (name, sampling)).fetchone()
+            (name, sampling),
+        ).fetchone()
         row = _model(conn, mid)
         eps[sampling] = row["epsilon"]
-        kw = (dict(epochs=2) if sampling == "shuffle"
-              else dict(steps=2 * (m // 10), sampling_rate=10 / m))
+        kw = (
+            dict(epochs=2)
+            if sampling == "shuffle"
+            else dict(steps=2 * (m // 10), sampling_rate=10 / m)
+        )
         assert row["epsilon"] == pytest.approx(
-            accounting.epsilon(1.5, scheme=sampling, delta=1e-5, **kw), rel=1e-6)
+            accounting.epsilon(1.5, scheme=sampling, delta=1e-5, **kw), rel=1e-6
+        )
         assert row["params"]["privacy"]["accountant"]["epsilon_rdp"] > 0
     # Never present shuffled batches as Poisson: without amplification epsilon is larger.
     assert eps["shuffle"] > eps["poisson"]
@@ -229,7 +288,9 @@ def test_dpsgd_per_step_noise_in_the_server(conn, zeros) -> None:
         (mid,) = conn.execute(
             "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => %s, batch_size => %s,"
             " step_size => %s, privacy => 'dpsgd', noise_multiplier => %s, clip_norm => %s,"
-            " delta => 1e-5, noise_seed => %s)", (name, k, b, eta, z, clip, seed)).fetchone()
+            " delta => 1e-5, noise_seed => %s)",
+            (name, k, b, eta, z, clip, seed),
+        ).fetchone()
         w.append(np.asarray(_model(conn, mid)["weights"]))
     steps = k * (m // b)
     zs = np.concatenate(w) / (np.sqrt(steps) * eta * z * clip / b)
@@ -242,9 +303,11 @@ def test_dpsgd_trains_any_loss_and_refuses_bad_input(conn, scratch_schema) -> No
     X = rng.normal(size=(400, 3)) * 50  # huge norms: bolt-on's assumptions fail, clipping holds
     y = X @ [1.0, -1.0, 0.5] + rng.normal(size=400)
     load(conn, scratch_schema, "reg", X, y)
-    conn.execute("SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 100,"
-                 " delta_budget => 0.1, labels => '{0,1}', row_norm => 'clip', name => %s)",
-                 (f"{scratch_schema}.reg", f"reg_{scratch_schema}"))
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 100,"
+        " delta_budget => 0.1, labels => '{0,1}', row_norm => 'clip', name => %s)",
+        (f"{scratch_schema}.reg", f"reg_{scratch_schema}"),
+    )
     name = f"reg_{scratch_schema}"
     before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
     for args, msg in [
@@ -255,12 +318,17 @@ def test_dpsgd_trains_any_loss_and_refuses_bad_input(conn, scratch_schema) -> No
         ("noise_multiplier => -1, delta => 1e-5", "noise_multiplier"),
     ]:
         with pytest.raises(psycopg.Error, match=msg):
-            conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', privacy => 'dpsgd',"
-                         f" {args})", (name,))
+            conn.execute(
+                f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', privacy => 'dpsgd', {args})",
+                (name,),
+            )
     assert (leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()) == before
-    (mid,) = conn.execute("SELECT dpsql.train(%s, NULL, NULL, 'linear', epochs => 5,"
-                          " batch_size => 10, step_size => 0.5, privacy => 'dpsgd', epsilon => 5,"
-                          " delta => 1e-5, clip_norm => 1)", (name,)).fetchone()
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, 'linear', epochs => 5,"
+        " batch_size => 10, step_size => 0.5, privacy => 'dpsgd', epsilon => 5,"
+        " delta => 1e-5, clip_norm => 1)",
+        (name,),
+    ).fetchone()
     assert np.isfinite(_model(conn, mid)["weights"]).all()
 
 
@@ -269,8 +337,12 @@ def test_python_mechanism_objects(server_uri, zeros) -> None:
 
     name, m, d = zeros
     with dpsql.connect(server_uri) as db:
-        for mech in (dpsql.DPSGD(epsilon=3.0, delta=1e-5, sampling="poisson"),
-                     dpsql.SCS13(epsilon=1.0), dpsql.BST14(epsilon=1.0, delta=1e-5)):
-            model = db.train(name, None, None, model="logistic", epochs=1, batch_size=10,
-                             privacy=mech)
+        for mech in (
+            dpsql.DPSGD(epsilon=3.0, delta=1e-5, sampling="poisson"),
+            dpsql.SCS13(epsilon=1.0),
+            dpsql.BST14(epsilon=1.0, delta=1e-5),
+        ):
+            model = db.train(
+                name, None, None, model="logistic", epochs=1, batch_size=10, privacy=mech
+            )
             assert model.row["privacy"] == mech.name and model.coef_.shape == (d,)
