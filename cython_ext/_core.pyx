@@ -2,7 +2,7 @@
 """dpsql._core: the C core of dpsql on numpy arrays (the in-memory engine).
 
 The same C functions run inside PostgreSQL's aggregate; for the same row order both engines
-produce the same model bit for bit (tests/test_parity.py).
+produce the same model bit for bit (tests/python/test_parity.py).
 """
 
 import numpy as np

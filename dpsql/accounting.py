@@ -34,7 +34,7 @@ splitting epsilon.
 
 The schemes ``"bst14"`` and ``"scs13"`` are accounted by their own papers' formulas elsewhere.
 
-The dp-accounting trap (verified with dp-accounting 0.6, see ``tests/test_accounting.py``)
+The dp-accounting trap (verified with dp-accounting 0.6, see ``tests/core/test_accounting.py``)
 -------------------------------------------------------------------------------------------
 For ``GaussianDpEvent(z)``, ``PLDAccountant(REPLACE_ONE)`` doubles the sensitivity, but
 ``RdpAccountant(REPLACE_ONE)`` does **not** (it returns the add/remove value, half the true

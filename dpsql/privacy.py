@@ -326,7 +326,7 @@ def _linear_args(
 
 
 # The Python side of the server's mechanism registry (sql/install/31_mechanisms.sql, listed by
-# ``SELECT * FROM dpsql.mechanisms()``): tests/test_mechanisms.py checks that both name the
+# ``SELECT * FROM dpsql.mechanisms()``): tests/server/test_mechanisms.py checks that both name the
 # same mechanisms. ``auto`` is a chooser, not a registered mechanism.
 MECHANISMS: dict[str, type] = {
     cls.name: cls for cls in (BoltOn, DPSGD, DPSGDF, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
 
 from dpsql import extension, server
@@ -81,3 +83,42 @@ def datasets_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"datasets folder {path} not found")
     return path
+
+
+# A login role as (name, connect); the factory below makes them (roles, red team, errors).
+Role = tuple[str, Callable[..., psycopg.Connection]]
+
+
+@pytest.fixture
+def make_role(conn, server_uri) -> Iterator[Callable[..., Role]]:
+    """Factory of login roles (unique names, random passwords) and a way to connect as them."""
+    made: list[str] = []
+
+    def make(prefix: str, *member_of: str) -> Role:
+        name = f"test_{prefix}_{uuid.uuid4().hex[:8]}"
+        password = secrets.token_hex(16)
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+        made.append(name)
+        for group in member_of:
+            conn.execute(
+                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name))
+            )
+
+        def connect(**kw) -> psycopg.Connection:
+            info = make_conninfo(server_uri, user=name, password=password)
+            return psycopg.connect(info, autocommit=True, **kw)
+
+        return name, connect
+
+    yield make
+    for name in reversed(made):
+        role = sql.Identifier(name)
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+        )
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
+        conn.execute(sql.SQL("DROP ROLE {}").format(role))

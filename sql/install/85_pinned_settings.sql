@@ -8,7 +8,7 @@
 -- full charge. Every dpsql function written in SQL or PL/pgSQL therefore runs with these
 -- settings, whoever calls it, and so does everything it calls. The C functions need none: they
 -- convert nothing to text (and a SET clause would cost a GUC save/restore per row).
--- tests/test_pinned_settings.py checks the catalog and replays every mechanism under hostile
+-- tests/server/test_pinned_settings.py checks the catalog and replays every mechanism under hostile
 -- settings.
 ------------------------------------------------------------------------------------------
 

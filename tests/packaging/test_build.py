@@ -10,7 +10,7 @@ import pytest
 
 from dpsql import server
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEBIAN_15 = Path("/usr/lib/postgresql/15/bin/pg_config")
 
 

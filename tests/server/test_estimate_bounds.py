@@ -11,8 +11,6 @@ import psycopg
 import pytest
 from scipy import stats
 
-from tests.test_roles import make_role  # noqa: F401  (fixture)
-
 # A tiny grid: points 0..10 (step 1), ten values at 2, 5 and 8, the median rank 5.
 VALUES, COUNTS, RANK = [2.0, 5.0, 8.0], [3, 4, 3], 5
 

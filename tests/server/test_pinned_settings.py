@@ -17,7 +17,6 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from tests.pg_helpers import load
-from tests.test_roles import make_role  # noqa: F401  (fixture)
 
 # What a caller may set that changes a value's text form, its parsing or the plan's shape.
 HOSTILE = {

@@ -3,14 +3,11 @@ cannot do, on a real server, connected as real login roles."""
 
 from __future__ import annotations
 
-import secrets
 import uuid
-from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 from psycopg import errors, sql
-from psycopg.conninfo import make_conninfo
 
 # What an analyst may execute in schema dpsql: the entry points, the SECURITY INVOKER helpers
 # that evaluate/predict run as the caller, and the checks the views and train call.
@@ -79,43 +76,6 @@ FORBIDDEN = [
     "revoke_dataset",
     "_dataset_for_source",
 ]
-
-Role = tuple[str, Callable[..., psycopg.Connection]]
-
-
-@pytest.fixture
-def make_role(conn, server_uri) -> Iterator[Callable[..., Role]]:
-    """Factory of login roles (unique names, random passwords) and a way to connect as them."""
-    made: list[str] = []
-
-    def make(prefix: str, *member_of: str) -> Role:
-        name = f"test_{prefix}_{uuid.uuid4().hex[:8]}"
-        password = secrets.token_hex(16)
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(name), sql.Literal(password)
-            )
-        )
-        made.append(name)
-        for group in member_of:
-            conn.execute(
-                sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name))
-            )
-
-        def connect(**kw) -> psycopg.Connection:
-            info = make_conninfo(server_uri, user=name, password=password)
-            return psycopg.connect(info, autocommit=True, **kw)
-
-        return name, connect
-
-    yield make
-    for name in reversed(made):
-        role = sql.Identifier(name)
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-        )
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(role))
-        conn.execute(sql.SQL("DROP ROLE {}").format(role))
 
 
 @pytest.fixture

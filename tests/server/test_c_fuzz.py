@@ -108,7 +108,7 @@ def mutants(
 
 @pytest.fixture
 def fuzz_conn(conn: psycopg.Connection) -> psycopg.Connection:
-    # a long call is not what this test looks for (tests/test_interrupts.py is)
+    # a long call is not what this test looks for (tests/server/test_interrupts.py is)
     conn.execute("SET statement_timeout = '2s'")
     conn.execute("SET client_min_messages = warning")
     return conn

@@ -1,6 +1,6 @@
 """Issue 9's findings, each replayed as the role that found it (F4 definer rights through a
 registered view, F5 forged releases and other owners' runs, F6 values in errors and
-dimensions read from data). F1 is tests/test_pinned_settings.py; F2 and F3 the C fuzz and
+dimensions read from data). F1 is tests/server/test_pinned_settings.py; F2 and F3 the C fuzz and
 interrupt tests."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import uuid
 import psycopg
 import pytest
 from psycopg import errors
-
-from tests.test_roles import make_role  # noqa: F401  (fixture)
 
 MODEL_COLUMNS = (
     "source, features, label, model, n_features, fit_intercept, coef, weights, flags, epochs,"

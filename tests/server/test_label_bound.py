@@ -14,8 +14,6 @@ import pytest
 from psycopg.types.json import Jsonb
 from scipy import stats
 
-from tests.test_roles import make_role  # noqa: F401  (fixture)
-
 # Ten labels whose |y| are 2 (x3), 5 (x4) and 8 (x3), signs mixed; the median rank 5. Over the
 # search range [0, 10] the grid step is 10 / m^2 = 0.1, so 101 grid points, the data on them.
 LABELS = [-2.0, 2.0, 2.0, -5.0, 5.0, 5.0, -5.0, 8.0, -8.0, 8.0]
@@ -402,8 +400,8 @@ def test_python_api(conn, scratch_schema) -> None:
 
 
 def test_estimates_ignore_session_settings(conn, server_uri, scratch_schema) -> None:
-    """Same seed, hostile session settings (tests/test_pinned_settings.py): same bounds."""
-    from tests.test_pinned_settings import _set_hostile
+    """Same seed, hostile session settings (tests/server/test_pinned_settings.py): same bounds."""
+    from tests.server.test_pinned_settings import _set_hostile
 
     source = _table(conn, scratch_schema, np.random.default_rng(6).normal(0, 7, size=300))
     call = (

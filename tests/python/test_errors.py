@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 
 import dpsql
 from dpsql import errors
-from tests.test_roles import Role, make_role  # noqa: F401  (fixture)
+from tests.conftest import Role
 
 Connect = Callable[[], dpsql.Database]
 

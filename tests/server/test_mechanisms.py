@@ -11,7 +11,7 @@ import pytest
 
 from dpsql.privacy import MECHANISMS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIGNATURE = (
     "ds dpsql.datasets, model text, privacy text, params jsonb, epsilon double precision, "
     "delta double precision, noise_seed bigint"
