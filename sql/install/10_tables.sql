@@ -2,7 +2,7 @@
 -- Tables
 ------------------------------------------------------------------------------------------
 
--- Every trained model; analysts read it through the filtered view dpsql.models (35_private.sql).
+-- Every trained model; analysts read it through the filtered view dpsql.models (29_views.sql).
 CREATE TABLE IF NOT EXISTS dpsql.model_store (
     model_id        bigserial PRIMARY KEY,
     created_at      timestamptz NOT NULL DEFAULT now(),

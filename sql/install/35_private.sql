@@ -2,20 +2,6 @@
 -- Private training: bolt-on output perturbation (spec 003), released by the server
 ------------------------------------------------------------------------------------------
 
--- What analysts see of the models: private releases on datasets granted to them. Data owners
--- see everything (their non-private models too).
-CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS
-    SELECT * FROM dpsql.model_store m
-     WHERE dpsql._is_admin()
-        OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
-            -- a release with a known noise seed would give its noiseless model away
-            AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
-            -- BST14 as printed is add/remove-calibrated: a reproduction, not a release
-            AND coalesce(m.params->'privacy'->>'bst14_noise', 'strict') = 'strict'
-            AND dpsql._can_use_dataset(m.dataset_id));
-COMMENT ON VIEW dpsql.models IS
-    'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
-
 -- Algorithm 1 or 2 of the bolt-on paper for the run's loss and schedule, its sensitivity
 -- (C core closed forms) and the noise it needs; the noiseless state never leaves the server.
 CREATE OR REPLACE FUNCTION dpsql._bolton_mechanism(spec jsonb, rows bigint, epsilon float8, delta float8,

@@ -1,0 +1,127 @@
+------------------------------------------------------------------------------------------
+-- The privacy ledger: append-only, one row per charged release, charged under a row lock on
+-- the dataset so that concurrent trainings can never overspend.
+------------------------------------------------------------------------------------------
+
+-- The privacy ledger. Append-only (trigger below); a dataset with entries cannot be deleted.
+CREATE TABLE IF NOT EXISTS dpsql.ledger_entries (
+    entry_id        bigserial PRIMARY KEY,
+    dataset_id      bigint NOT NULL REFERENCES dpsql.datasets,
+    model_id        bigint,                     -- set once the released model is stored
+    mechanism       text NOT NULL,
+    epsilon         float8 NOT NULL CHECK (epsilon >= 0 AND epsilon < 'Infinity'),
+    delta           float8 NOT NULL CHECK (delta >= 0 AND delta < 1),
+    charged_at      timestamptz NOT NULL DEFAULT now(),
+    role            name NOT NULL DEFAULT session_user,  -- the login role that was charged
+    note            text
+);
+CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
+COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
+
+-- The only change allowed to a ledger entry: model_id from NULL to a value, nothing else.
+CREATE OR REPLACE FUNCTION dpsql._ledger_append_only()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    expected dpsql.ledger_entries;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        expected := OLD;
+        expected.model_id := NEW.model_id;
+        IF OLD.model_id IS NULL AND NEW.model_id IS NOT NULL
+           AND NEW IS NOT DISTINCT FROM expected THEN
+            RETURN NEW;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'dpsql: the privacy ledger is append-only (% refused)', TG_OP
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Only model_id may be filled in once, by dpsql._set_ledger_model.';
+END $$;
+
+CREATE OR REPLACE TRIGGER ledger_entries_append_only
+    BEFORE UPDATE OR DELETE ON dpsql.ledger_entries
+    FOR EACH ROW EXECUTE FUNCTION dpsql._ledger_append_only();
+CREATE OR REPLACE TRIGGER ledger_entries_no_truncate
+    BEFORE TRUNCATE ON dpsql.ledger_entries
+    FOR EACH STATEMENT EXECUTE FUNCTION dpsql._ledger_append_only();
+-- ALWAYS: also under session_replication_role = replica.
+ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_append_only;
+ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate;
+
+------------------------------------------------------------------------------------------
+-- Charging the ledger
+------------------------------------------------------------------------------------------
+
+-- Charge (epsilon, delta) to a dataset; returns the ledger entry. The dataset row is locked
+-- (FOR UPDATE, then bumped) before the spent budget is summed, so concurrent charges serialize:
+-- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
+-- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
+-- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing.
+CREATE OR REPLACE FUNCTION dpsql._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
+                              model_id bigint DEFAULT NULL, note text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slack constant float8 := 1e-12;  -- relative, for float sums of many charges
+    d dpsql.datasets;
+    eps_spent float8;
+    delta_spent float8;
+    entry bigint;
+BEGIN
+    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+        RAISE EXCEPTION 'dpsql: epsilon must be a finite number > 0, got %',
+                        coalesce(epsilon::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
+        RAISE EXCEPTION 'dpsql: delta must be in [0, 1), got %', coalesce(delta::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF mechanism IS NULL OR btrim(mechanism) = '' THEN
+        RAISE EXCEPTION 'dpsql: a charge needs the name of its mechanism'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    SELECT coalesce(sum(e.epsilon), 0), coalesce(sum(e.delta), 0) INTO eps_spent, delta_spent
+      FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id;
+    IF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
+       OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'DP001',
+            MESSAGE = format('dpsql: privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
+                             'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
+                             quote_literal(d.name), eps_spent, delta_spent, d.epsilon_budget,
+                             d.delta_budget, epsilon, delta),
+            HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release with '
+                   'a smaller epsilon/delta.';
+    END IF;
+    INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, role, note)
+    VALUES (d.dataset_id, _charge.model_id, _charge.mechanism, _charge.epsilon, _charge.delta,
+            session_user, _charge.note)
+    RETURNING entry_id INTO entry;
+    UPDATE dpsql.datasets ds SET charges = ds.charges + 1 WHERE ds.dataset_id = d.dataset_id;
+    RETURN entry;
+END $$;
+
+-- Record the model a charged release produced (the only update the ledger allows).
+CREATE OR REPLACE FUNCTION dpsql._set_ledger_model(entry_id bigint, model_id bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF model_id IS NULL THEN
+        RAISE EXCEPTION 'dpsql: model_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id
+     WHERE e.entry_id = _set_ledger_model.entry_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no ledger entry %', coalesce(entry_id::text, 'NULL')
+            USING ERRCODE = 'undefined_object';
+    END IF;
+END $$;

@@ -1,0 +1,52 @@
+------------------------------------------------------------------------------------------
+-- The views analysts and data owners read (security barriers over the catalog tables).
+------------------------------------------------------------------------------------------
+
+-- What analysts see of the models: private releases on datasets granted to them. Data owners
+-- see everything (their non-private models too).
+CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS
+    SELECT * FROM dpsql.model_store m
+     WHERE dpsql._is_admin()
+        OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
+            -- a release with a known noise seed would give its noiseless model away
+            AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
+            -- BST14 as printed is add/remove-calibrated: a reproduction, not a release
+            AND coalesce(m.params->'privacy'->>'bst14_noise', 'strict') = 'strict'
+            AND dpsql._can_use_dataset(m.dataset_id));
+COMMENT ON VIEW dpsql.models IS
+    'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
+
+CREATE OR REPLACE VIEW dpsql.ledger WITH (security_barrier) AS
+SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.epsilon, e.delta,
+       e.charged_at, e.role, e.note
+  FROM dpsql.ledger_entries e
+  JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
+ WHERE dpsql._can_use_dataset(e.dataset_id);
+COMMENT ON VIEW dpsql.ledger IS 'Ledger entries of the datasets the login role can use';
+
+CREATE OR REPLACE VIEW dpsql.budgets WITH (security_barrier) AS
+SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
+       s.epsilon_spent, s.delta_spent,
+       greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
+       d.dropped_at
+  FROM dpsql.datasets d
+ CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
+                            coalesce(sum(e.delta), 0) AS delta_spent
+                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ WHERE dpsql._can_use_dataset(d.dataset_id);
+COMMENT ON VIEW dpsql.budgets IS 'Budget, spent and remaining (epsilon, delta) of usable datasets';
+
+CREATE OR REPLACE VIEW dpsql.my_datasets WITH (security_barrier) AS
+SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm,
+       d.feature_bounds, d.epsilon_budget, d.delta_budget, s.epsilon_spent, s.delta_spent,
+       greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
+       greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
+       d.label_bound, d.row_bound
+  FROM dpsql.datasets d
+ CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
+                            coalesce(sum(e.delta), 0) AS delta_spent
+                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ WHERE d.dropped_at IS NULL AND dpsql._can_use_dataset(d.dataset_id);
+COMMENT ON VIEW dpsql.my_datasets IS
+    'Datasets the login role can train on: public declarations and remaining budget';
