@@ -221,7 +221,7 @@ BEGIN
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql._loss_code(model) = 2 AND NOT linear AND privacy <> 'dpsgd' THEN
+    IF dpsql._loss_code(model) = 2 AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
         PERFORM dpsql._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
                             hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
     END IF;

@@ -12,23 +12,27 @@
 CREATE OR REPLACE FUNCTION dpsql._dpsgd_f_mean_fraction()
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 0.1::float8';
 
--- The rows' noisy mean: rows as the model sees them (bounds applied in the training table,
--- then the row transform: norm <= 1) summed, a null record counting as zero, plus N(0, p^2 I)
--- (replace-one sensitivity 2), divided by the public m.
+-- The rows' noisy mean: rows as the model sees them (bounds applied in the training table),
+-- scaled by 1 / x_bound, put through the row transform (clip or unit: norm <= 1) and scaled
+-- back, summed, a null record counting as zero, plus N(0, std^2 I) (replace-one sensitivity
+-- 2 x_bound), divided by the public m.
 CREATE OR REPLACE FUNCTION dpsql._private_mean(train_table text, dim int, row_flags int, rows bigint,
-                                    noise_multiplier float8, noise_seed bigint)
+                                    noise_std float8, noise_seed bigint,
+                                    x_bound float8 DEFAULT 1)
 RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
     total float8[];
 BEGIN
     EXECUTE format('SELECT array_agg(coalesce(s.v, 0) ORDER BY j)'
                    '  FROM generate_series(1, $2) j LEFT JOIN ('
-                   '    SELECT u.j, sum(u.v) AS v'
-                   '      FROM %s t, unnest(dpsql._preprocess(t.x, NULL, $1, NULL))'
+                   '    SELECT u.j, sum(u.v) * $3 AS v'
+                   '      FROM %s t, unnest(dpsql._preprocess('
+                   '             CASE WHEN $3 = 1 THEN t.x ELSE ARRAY(SELECT e / $3 FROM unnest(t.x)'
+                   '                  WITH ORDINALITY AS q(e, k) ORDER BY k) END, NULL, $1, NULL))'
                    '           WITH ORDINALITY AS u(v, j)'
                    '     GROUP BY u.j) s USING (j)', train_table)
-       INTO total USING row_flags, dim;
-    total := dpsql._add_gaussian(total, noise_multiplier, noise_seed, 7001);
+       INTO total USING row_flags, dim, x_bound;
+    total := dpsql._add_gaussian(total, noise_std, noise_seed, 7001);
     RETURN ARRAY(SELECT v / rows FROM unnest(total) WITH ORDINALITY AS u(v, j) ORDER BY j);
 END $$;
 
@@ -38,6 +42,7 @@ CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, p
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     canonical text := dpsql._canonical_model(model);
+    x_bound float8 := CASE WHEN canonical = 'linear' THEN ds.row_bound ELSE 1 END;
     mean_epsilon float8 := dpsql._dpsgd_f_mean_fraction() * epsilon;
     prefix float8;
     run bigint;
@@ -49,9 +54,9 @@ DECLARE
     entry bigint;
     mid bigint;
 BEGIN
-    IF canonical = 'linear' THEN
-        PERFORM dpsql._fail('dpsgd_f trains classifiers (logistic, huber, multinomial)',
-                            hint => 'For regression use dpgd (or auto).');
+    IF canonical = 'linear' AND (ds.label_bound IS NULL OR ds.row_bound IS NULL) THEN
+        PERFORM dpsql._fail('dpsgd_f for least squares needs a regression dataset with a public bound on ||x||',
+                            hint => 'Register it with label_bound and row_bound (or feature_bounds).');
     END IF;
     IF NOT (delta > 0) THEN
         PERFORM dpsql._fail('dpsgd_f is (epsilon, delta)-DP: delta must be > 0');
@@ -65,20 +70,23 @@ BEGIN
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
         params := params || '{"batch_size": 50}';
     END IF;
-    -- The mean's noise std for (mean_epsilon, delta) alone at replace-one sensitivity 2: rows
-    -- have norm <= 1, so it is also the accountant's prefix multiplier (std / C, C = 1).
-    prefix := dpsql.gaussian_sigma(2, mean_epsilon, delta);
+    -- The mean's noise std for (mean_epsilon, delta) alone at replace-one sensitivity 2 r, r
+    -- the rows' norm bound (1 for classifiers); std / r is the accountant's prefix multiplier
+    -- (the steps' multiplier is std / C at sensitivity 2 C).
+    prefix := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
     run := dpsql._prepare_private(ds, model, params);
     r := dpsql._locked_run(run);
     row_flags := (r.spec->>'flags')::int & 3;  -- the registration's clip / unit rows
     -- The plan (and the charge) before any private number is computed from the rows.
     plan := dpsql._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
                                  params || jsonb_build_object('sampling', 'poisson',
-                                                              'prefix_noise_multiplier', prefix));
+                                                              'prefix_noise_multiplier', prefix / x_bound));
     entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            'dpsgd_f');
-    centre := dpsql._private_mean(r.train_table, (r.spec->>'dim')::int, row_flags, r.rows, prefix,
-                                  noise_seed);
+    -- regression rows (row_norm none) are clipped to x_bound for the sum only
+    centre := dpsql._private_mean(r.train_table, (r.spec->>'dim')::int,
+                                  CASE WHEN canonical = 'linear' THEN 1 ELSE row_flags END,
+                                  r.rows, prefix, noise_seed, x_bound);
     -- Centre the rows in a new table (an UPDATE would leave every row's old version for the
     -- epochs to skip): the row transform is done, and the bias is a plain feature 1.
     tbl := r.train_table || '_c';
@@ -101,7 +109,7 @@ BEGIN
         'ledger_entry', entry,
         'preprocessing', jsonb_build_object(
             'row_flags', row_flags, 'centre', centre,
-            'mean_noise_std', prefix, 'mean_sensitivity', 2,
+            'mean_noise_std', prefix, 'mean_sensitivity', 2 * x_bound,
             'mean_epsilon_alone', mean_epsilon,
             'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
@@ -111,5 +119,5 @@ BEGIN
 END $$;
 SELECT dpsql._register_mechanism(
     'dpsgd_f', '_train_dpsgd_f', 'classification', true, true,
-    'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant',
-    'docs/whitebox.md');
+    'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; '
+    'also least squares', 'docs/whitebox.md');

@@ -12,3 +12,6 @@ DROP FUNCTION dpsql._register_dataset(regclass, text[], text, float8, float8, fl
 DROP FUNCTION dpsql._train_linear(dpsql.datasets, jsonb, text, float8, float8, bigint);
 DROP FUNCTION dpsql._train_dpsgd_f(dpsql.datasets, text, jsonb, float8, float8, bigint);
 DROP FUNCTION dpsql._train_whitebox(dpsql.datasets, text, jsonb, text, float8, float8, bigint);
+
+-- DPSGD-F's private mean takes the rows' norm bound (least squares).
+DROP FUNCTION dpsql._private_mean(text, int, int, bigint, float8, bigint);
