@@ -2,8 +2,9 @@
 -- The mechanism registry: one row per privacy mechanism, written by the mechanism's own file
 -- (dpsql._register_mechanism), read by the dispatch (_train_private), the defaults
 -- (34_defaults.sql), refusal hints, dpsql.mechanisms() and the Python registry's test. Adding
--- a mechanism = its own SQL file (the row and a train function with the common signature),
--- its C in the core, its docs page and its test module.
+-- a mechanism = its own SQL file (the row and a train function with the common signature; a
+-- linear one: a plan and a fit function for _train_linear), its C in the core, its docs page
+-- and its test module.
 ------------------------------------------------------------------------------------------
 
 CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
@@ -16,21 +17,34 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     sgd_defaults   boolean NOT NULL,
     needs_delta    boolean NOT NULL,
     summary        text NOT NULL,
-    docs           text NOT NULL
+    docs           text NOT NULL,
+    -- the keys of options => {...} it accepts (any other is refused)
+    options        text[] NOT NULL,
+    -- the linear mechanisms' two halves, called by _train_linear (40_linear.sql):
+    -- dpsql.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
+    --                       epsilon float8, delta float8, params jsonb) -> plan jsonb
+    -- dpsql.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
+    --                      OUT weights float8[], OUT info jsonb, OUT iterates float8[])
+    plan_function  text,
+    fit_function   text
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
 
 CREATE OR REPLACE FUNCTION dpsql._register_mechanism(name text, train_function text, task text,
                                           sgd_defaults boolean, needs_delta boolean,
-                                          summary text, docs text)
+                                          summary text, docs text, options text[] DEFAULT '{}',
+                                          plan_function text DEFAULT NULL,
+                                          fit_function text DEFAULT NULL)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
-        VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs)
+        VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
+                plan_function, fit_function)
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
-           summary = excluded.summary, docs = excluded.docs
+           summary = excluded.summary, docs = excluded.docs, options = excluded.options,
+           plan_function = excluded.plan_function, fit_function = excluded.fit_function
 $$;
 
 -- The registry row of a mechanism; unknown names are refused with the list.

@@ -2,7 +2,8 @@
 -- DP-AMBSSGD and DP-SSGD (spec 000): one pass over a shuffled training table, in one
 -- aggregate call (cython_ext/core/ambssgd.h). The state holds noiseless intermediate values
 -- (residuals, gradient sums): it stays inside the server; _ambssgd_result releases the
--- private transcript only. Not granted to anyone here (the entry points call these).
+-- private transcript only. Not granted to anyone here (the entry points call these). Then
+-- their plans (public numbers only) and their shared fit.
 ------------------------------------------------------------------------------------------
 
 -- A fresh pass state (w_0 = 0). stat > 0: adaptive clipping (DP-STAT, levels
@@ -42,10 +43,214 @@ CREATE OR REPLACE FUNCTION dpsql._ambssgd_result(state float8[], OUT weights flo
 AS 'MODULE_PATHNAME', 'dpsql_ambssgd_result_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+-- R_x: the "expected x norm" of spec 000 (E||x||^2 x x^T <= R_x^2 H); the registered bound on
+-- ||x|| is one (plus the intercept's constant 1).
+CREATE OR REPLACE FUNCTION dpsql._ambssgd_r_x(privacy text, options jsonb, x_bound float8,
+                                              intercept boolean)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    r_x float8 := dpsql._linear_option(options, 'r_x', sqrt(nullif(x_bound, 0) ^ 2 + intercept::int));
+BEGIN
+    IF r_x IS NULL THEN
+        PERFORM dpsql._fail(format('%s needs a public R_x (a bound on ||x||)', privacy),
+                            hint => 'Register the dataset with row_bound (or feature_bounds), or pass options => ''{"r_x": ...}''.');
+    END IF;
+    RETURN r_x;
+END $$;
+
+-- The plan of DP-AMBSSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+CREATE OR REPLACE FUNCTION dpsql._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+                                               epsilon float8, delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb;
+    intercept boolean;
+    p int;
+    rho float8;
+    x_bound float8;
+    r_x float8;
+    h_norm float8;
+    blocks bigint;
+    m bigint;
+    s bigint;
+    b bigint;
+    eta float8;
+    alpha float8;
+    levels int;
+    sigma_c float8;
+    gamma_hat float8;
+    beta_s float8;
+    domain float8;
+    log_factor float8;
+BEGIN
+    SELECT * INTO options, intercept, p, rho, x_bound
+      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+    r_x := dpsql._ambssgd_r_x(privacy, options, x_bound, intercept);
+    -- Spec 000 s. 2.3 / 5.3: T = c1 kappa ln N blocks (even), blocks of b + s rows with
+    -- s = floor(m / 11); eta = b / (R_x^2 + (b - 1) ||H||) (Lemma 22); the robust DP-STAT
+    -- (V1: n_q = L + 1 counts of std alpha sqrt(n_q); V2: threshold s - Gamma_hat;
+    -- V3: refuse s < 2 Gamma_hat; Delta = B 2^-L with L = ceil(log2 N)).
+    h_norm := dpsql._linear_option(options, 'h_norm', r_x ^ 2);  -- ||H|| <= E||x||^2 <= R_x^2
+    blocks := coalesce((params->>'steps')::bigint,
+                       2 * ceil(dpsql._linear_option(options, 'c1', 8)
+                                * dpsql._linear_option(options, 'condition_number', 1, 1, false)
+                                * ln(n) / 2)::bigint);
+    IF blocks < 2 OR blocks % 2 <> 0 THEN
+        PERFORM dpsql._fail(format('DP-AMBSSGD needs an even number of blocks >= 2 (steps), got %s', blocks));
+    END IF;
+    m := n / blocks;
+    s := m / 11;
+    b := m - s;
+    IF s < 1 OR b < 1 THEN
+        PERFORM dpsql._fail(format('%s rows make no blocks of a stat sample and a batch for %s blocks',
+                                   n, blocks),
+                            hint => 'Use fewer blocks (steps), more rows, or privacy => ''dpgd'' (or ''auto'').');
+    END IF;
+    eta := coalesce((params->>'step_size')::float8,
+                    dpsql._linear_option(options, 'step_scale', 1) * b / (r_x ^ 2 + (b - 1) * h_norm));
+    -- Paper accounting: DP-STAT and the gradient step each 1/(2 alpha^2)-zCDP, added (rho =
+    -- 1/alpha^2); tight: a record is in one of them only (rho = 1/(2 alpha^2), s. 3.4).
+    alpha := CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
+                  THEN 1 / sqrt(2 * rho) ELSE 1 / sqrt(rho) END;
+    levels := ceil(log(2, n::numeric))::int;
+    sigma_c := alpha * sqrt(levels + 1);
+    beta_s := dpsql._linear_option(options, 'beta_stat', 1e-3);
+    IF beta_s >= 1 THEN
+        PERFORM dpsql._fail('options.beta_stat must be in (0, 1)');
+    END IF;
+    gamma_hat := sigma_c * sqrt(2 * ln(2 * (levels + 1) / beta_s));
+    IF s < 2 * gamma_hat THEN
+        PERFORM dpsql._fail(format('DP-STAT is infeasible: stat samples of %s rows < 2 Gamma = %s '
+                                   '(it would return a tiny clip norm and learn nothing, spec 000 V3)',
+                                   s, round(2 * gamma_hat)),
+                            hint => format('Needs about %s rows at this epsilon and %s blocks; use more rows, '
+                                           'a larger epsilon or fewer blocks (steps), or privacy => ''dpgd'' '
+                                           '(or ''auto''), which works on this many rows.',
+                                           ceil(2 * gamma_hat) * 11 * blocks, blocks));
+    END IF;
+    domain := dpsql._linear_option(options, 'domain_bound', 2 * ds.label_bound);
+    log_factor := ln(n) ^ dpsql._linear_option(options, 'log_exponent', 0.5, 0, false);
+    -- zeta_t <= r_x B log_factor; the noise's normals stay below 100 sd.
+    PERFORM dpsql._check_finite_run(eta, blocks, r_x * domain * log_factor * (1 + 200 * alpha * sqrt(p)));
+    RETURN jsonb_build_object(
+        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
+        'blocks', blocks, 'batch_size', b, 'stat_size', s, 'step_size', eta, 'r_x', r_x,
+        'h_norm', h_norm, 'log_factor', log_factor, 'domain_bound', domain, 'levels', levels,
+        'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat, 'beta_stat', beta_s,
+        'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
+        'unused_rows', n - blocks * (b + s),
+        'info', jsonb_build_object(
+            'algorithm', 'DP-AMBSSGD (Varshney, Thakurta, Jain 2022; one pass, robust DP-STAT V1-V4)',
+            'accounting', CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
+                               THEN 'zCDP, parallel composition over blocks, rho = 1/(2 alpha^2) (a record is in DP-STAT or the step)'
+                               ELSE 'zCDP, parallel composition over blocks, rho = 1/alpha^2 (paper)' END,
+            'rho', rho, 'noise_multiplier', alpha, 'blocks', blocks, 'batch_size', b,
+            'stat_size', s, 'step_size', eta, 'r_x', r_x, 'h_norm', h_norm,
+            'log_factor', log_factor, 'domain_bound', domain, 'levels', levels,
+            'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat,
+            'gradient_noise_std', '2 zeta_t alpha / b on the mean gradient',
+            'unused_rows', n - blocks * (b + s),
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+-- The plan of DP-SSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+CREATE OR REPLACE FUNCTION dpsql._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+                                            epsilon float8, delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb;
+    intercept boolean;
+    p int;
+    rho float8;
+    x_bound float8;
+    r_x float8;
+    blocks bigint;
+    zeta float8;
+    eta float8;
+    alpha float8;
+    sd float8;
+BEGIN
+    SELECT * INTO options, intercept, p, rho, x_bound
+      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+    r_x := dpsql._ambssgd_r_x(privacy, options, x_bound, intercept);
+    -- Spec 000 Algorithm 1: batch 1, one pass, fixed clip zeta, noise 2 zeta alpha on each
+    -- step's gradient; each record is in one Gaussian step (parallel composition; no
+    -- amplification by shuffling is claimed: rho = 1/(2 alpha^2)).
+    blocks := (n / 2) * 2;
+    zeta := coalesce((params->>'clip_norm')::float8, r_x * ds.label_bound);
+    IF NOT (zeta > 0 AND zeta < 'Infinity') THEN
+        PERFORM dpsql._fail(format('clip_norm must be a finite number > 0, got %s', zeta));
+    END IF;
+    eta := coalesce((params->>'step_size')::float8, 1 / (2 * r_x ^ 2));
+    alpha := 1 / sqrt(2 * rho);
+    PERFORM dpsql._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
+    -- Constant-step SGD settles with the iterate's noise covariance about
+    -- (eta s^2 / 2) H^-1 (s the gradient noise std), so a row's prediction noise has
+    -- E (x^T noise)^2 = eta s^2 p / 2 whatever H: public. At the label bound or above, the
+    -- release predicts no better than 0; it is refused unless reproducing the baseline.
+    sd := sqrt(eta * p / 2) * 2 * zeta * alpha;
+    IF sd >= ds.label_bound AND NOT coalesce((options->>'baseline')::boolean, false) THEN
+        PERFORM dpsql._fail(format('DP-SSGD''s noise would swamp the model: its predictions would carry '
+                                   'noise of sd %s, beyond the label bound %s', round(sd::numeric, 2),
+                                   ds.label_bound),
+                            hint => 'One noisy step per row is the paper''s baseline: use privacy => '
+                                    '''dpgd'', ''adassp'' or ''auto'', or options => {"baseline": true} '
+                                    'to reproduce it anyway.');
+    END IF;
+    RETURN jsonb_build_object(
+        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
+        'blocks', blocks, 'batch_size', 1, 'stat_size', 0, 'step_size', eta, 'r_x', r_x,
+        'clip_norm', zeta, 'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
+        'unused_rows', n - blocks,
+        'info', jsonb_build_object(
+            'algorithm', 'DP-SSGD (Varshney, Thakurta, Jain 2022, Algorithm 1; baseline)',
+            'accounting', 'zCDP, one Gaussian step per record (parallel composition), rho = 1/(2 alpha^2); no shuffling amplification',
+            'rho', rho, 'noise_multiplier', alpha, 'clip_norm', zeta, 'step_size', eta,
+            'r_x', r_x, 'gradient_noise_std', 2 * zeta * alpha, 'unused_rows', n - blocks,
+            'stationary_prediction_noise_sd', sd,
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+-- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order.
+CREATE OR REPLACE FUNCTION dpsql._ambssgd_fit(train_table text, plan jsonb, noise_seed bigint,
+                                              OUT weights float8[], OUT info jsonb,
+                                              OUT iterates float8[])
+LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    st float8[];
+    res record;
+BEGIN
+    st := dpsql._ambssgd_init(
+        (plan->>'dim')::int, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8,
+        (plan->>'rows')::bigint, (plan->>'blocks')::int, (plan->>'batch_size')::bigint,
+        (plan->>'stat_size')::bigint, (plan->>'noise_multiplier')::float8,
+        (plan->>'step_size')::float8, (plan->>'r_x')::float8,
+        coalesce((plan->>'log_factor')::float8, 1), coalesce((plan->>'domain_bound')::float8, 1),
+        coalesce((plan->>'levels')::int, 0), coalesce((plan->>'count_noise_std')::float8, 0),
+        coalesce((plan->>'stat_threshold')::float8, 0), coalesce((plan->>'clip_norm')::float8, 0),
+        noise_seed);
+    -- One pass in the order of the (data-independent) permutation.
+    EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1 ORDER BY rid) FROM %s', train_table)
+       INTO st USING st;
+    res := dpsql._ambssgd_result(st);
+    weights := res.weights;
+    -- The transcript (gamma_t, zeta_t) is covered by the guarantee (spec 000 s. 2.3).
+    info := CASE WHEN (plan->>'stat_size')::bigint > 0
+                 THEN jsonb_build_object('released_gammas', res.gammas, 'released_zetas', res.zetas)
+                 ELSE '{}' END;
+    iterates := NULL;
+END $$;
+
 SELECT dpsql._register_mechanism(
     'dp_ambssgd', '_train_linear', 'regression', false, true,
-    'DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging', 'docs/linear.md');
+    'DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging', 'docs/linear.md',
+    options => '{r_x,h_norm,condition_number,c1,step_scale,domain_bound,beta_stat,tight_accounting,log_exponent}',
+    plan_function => '_ambssgd_plan', fit_function => '_ambssgd_fit');
 SELECT dpsql._register_mechanism(
     'dp_ssgd', '_train_linear', 'regression', false, true,
     'DP-SSGD: the spec''s baseline, one noisy step per row (refused where its noise swamps the model)',
-    'docs/linear.md');
+    'docs/linear.md', options => '{r_x,baseline}',
+    plan_function => '_ssgd_plan', fit_function => '_ambssgd_fit');

@@ -1,7 +1,8 @@
 ------------------------------------------------------------------------------------------
 -- AdaSSP (Wang 2018, Algorithm 2; spec 002 section 6.4): DP linear regression by
 -- sufficient-statistics perturbation with an adaptive ridge. C core: cython_ext/core/adassp.h
--- (the mechanism, the sensitivities and their proofs); glue: sql/src/adassp_fmgr.c.
+-- (the mechanism, the sensitivities and their proofs); glue: sql/src/adassp_fmgr.c. Then its
+-- plan and fit.
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql._adassp_gram_transition(state float8[], x float8[], y float8,
@@ -55,6 +56,74 @@ COMMENT ON FUNCTION dpsql.adassp_sensitivities(float8, float8) IS
     'Replace-one L2 sensitivities of AdaSSP''s lambda_min (x_bound^2), X^T X (Frobenius, '
     'sqrt(2) x_bound^2) and X^T y (2 x_bound y_bound) for ||x|| <= x_bound, |y| <= y_bound';
 
+-- The plan of AdaSSP (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+CREATE OR REPLACE FUNCTION dpsql._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+                                              epsilon float8, delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb;
+    intercept boolean;
+    p int;
+    rho float8;
+    x_bound float8;
+    sens record;
+    sd float8;
+    varrho float8;
+BEGIN
+    SELECT * INTO options, intercept, p, rho, x_bound
+      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+    -- AdaSSP (Wang 2018, Algorithm 2) with its three releases calibrated in zCDP (rho/3
+    -- each) to their replace-one sensitivities for ||x|| <= X, |y| <= Y.
+    IF ds.row_bound IS NULL THEN
+        PERFORM dpsql._fail('AdaSSP needs a public bound on ||x||',
+                            hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
+    END IF;
+    x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
+    sens := dpsql.adassp_sensitivities(x_bound, ds.label_bound);
+    sd := 1 / sqrt(2 * rho / 3);
+    varrho := dpsql._linear_option(options, 'varrho', 0.05);
+    IF varrho >= 1 THEN
+        PERFORM dpsql._fail('options.varrho must be in (0, 1)');
+    END IF;
+    RETURN jsonb_build_object(
+        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'x_bound', x_bound,
+        'y_bound', ds.label_bound, 'intercept', intercept, 'dim', d, 'rows', n,
+        'sigma_min', sens.lambda_min * sd, 'sigma_xx', sens.xtx * sd, 'sigma_xy', sens.xty * sd,
+        'min_shift', sens.lambda_min * sd * sqrt(ln(6 / delta)),
+        'ridge_factor', sens.xtx * sd * sqrt(p * ln(2.0 * p * p / varrho)),
+        'info', jsonb_build_object(
+            'algorithm', 'AdaSSP (Wang 2018, Algorithm 2): noisy X^T X, X^T y and lambda_min, adaptive ridge',
+            'accounting', 'zCDP: three Gaussian releases of rho/3 each',
+            'rho', rho, 'x_bound', x_bound, 'y_bound', ds.label_bound, 'varrho', varrho,
+            'sensitivities', jsonb_build_object('lambda_min', sens.lambda_min, 'xtx', sens.xtx,
+                                                 'xty', sens.xty),
+            'noise_std', jsonb_build_object('lambda_min', sens.lambda_min * sd,
+                                             'xtx', sens.xtx * sd, 'xty', sens.xty * sd),
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+-- AdaSSP: one aggregate scan for X^T X, X^T y (rows clipped to the public bounds); the noise,
+-- the adaptive ridge and the solve in the server.
+CREATE OR REPLACE FUNCTION dpsql._adassp_fit(train_table text, plan jsonb, noise_seed bigint,
+                                             OUT weights float8[], OUT info jsonb,
+                                             OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    gram float8[];
+    rel record;
+BEGIN
+    EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
+       INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
+                       (plan->>'intercept')::boolean, (plan->>'dim')::int;
+    rel := dpsql._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
+                                 (plan->>'sigma_xy')::float8, (plan->>'min_shift')::float8,
+                                 (plan->>'ridge_factor')::float8, noise_seed);
+    weights := rel.weights;
+    info := jsonb_build_object('ridge', rel.ridge, 'lambda_min_noisy', rel.lambda_min_noisy);
+    iterates := NULL;
+END $$;
+
 SELECT dpsql._register_mechanism(
     'adassp', '_train_linear', 'regression', false, true,
-    'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md');
+    'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md',
+    options => '{varrho}', plan_function => '_adassp_plan', fit_function => '_adassp_fit');

@@ -90,9 +90,9 @@ BEGIN
     EXECUTE format('INSERT INTO %s SELECT rid, dpsql._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
                    whitened, train_table)
         USING pre.factor, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8;
-    fit := dpsql._dpgd_fit(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
-                                                                 'x_bound', pre.row_bound),
-                           noise_seed);
+    fit := dpsql._dpgd_fit_plain(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
+                                                                       'x_bound', pre.row_bound),
+                                 noise_seed);
     EXECUTE format('DROP TABLE %s', whitened);
     weights := dpsql._unwhiten(fit.weights, pre.factor);
     iterates := (SELECT array_agg(dpsql._unwhiten(ARRAY(SELECT unnest(fit.iterates[i:i][1:p])),

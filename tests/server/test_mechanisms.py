@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from dpsql.privacy import MECHANISMS
 
@@ -15,6 +16,15 @@ REPO = Path(__file__).resolve().parents[2]
 SIGNATURE = (
     "ds dpsql.datasets, model text, privacy text, params jsonb, epsilon double precision, "
     "delta double precision, noise_seed bigint"
+)
+# The linear mechanisms' plan and fit functions, called by _train_linear (40_linear.sql).
+PLAN_SIGNATURE = (
+    "privacy text, ds dpsql.datasets, n bigint, d integer, epsilon double precision, "
+    "delta double precision, params jsonb"
+)
+FIT_SIGNATURE = (
+    "train_table text, plan jsonb, noise_seed bigint, OUT weights double precision[], "
+    "OUT info jsonb, OUT iterates double precision[]"
 )
 
 
@@ -58,3 +68,44 @@ def test_the_sgd_defaults_apply_to_the_registered_sgd_mechanisms(conn) -> None:
     """The registry's sgd_defaults flag is what 34_defaults.sql serves: the SGD family."""
     flagged = {row[0] for row in _catalog(conn) if row[3]}
     assert flagged == {"bolton", "dpsgd", "dpsgd_f", "scs13", "bst14"}
+
+
+def _arguments(conn, function: str) -> str:
+    (args,) = conn.execute(
+        "SELECT pg_get_function_arguments(p.oid) FROM pg_proc p"
+        " WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname = %s",
+        (function,),
+    ).fetchone()
+    return args
+
+
+def test_linear_mechanisms_register_a_plan_and_a_fit(conn) -> None:
+    rows = conn.execute(
+        "SELECT name, task, train_function, options, plan_function, fit_function"
+        " FROM dpsql.mechanism_catalog ORDER BY name"
+    ).fetchall()
+    for name, task, train, options, plan, fit in rows:
+        if task == "regression":
+            assert train == "_train_linear", name
+            assert _arguments(conn, plan) == PLAN_SIGNATURE, name
+            assert _arguments(conn, fit) == FIT_SIGNATURE, name
+        else:
+            assert (options, plan, fit) == ([], None, None), name
+
+
+def test_the_registered_options_are_what_the_plans_accept(conn) -> None:
+    """An unknown option is refused with the registered list as the hint; every registered one
+    passes the check (JSON null: the default)."""
+    rows = conn.execute(
+        "SELECT name, options FROM dpsql.mechanism_catalog WHERE task = 'regression'"
+    ).fetchall()
+    plan = "SELECT dpsql._linear_plan(%s, NULL, 100000, 3, 1, 1e-6, %s)"
+    for name, options in rows:
+        assert options, name
+        with pytest.raises(psycopg.Error, match=f"unknown options for {name}: bogus") as err:
+            conn.execute(plan, (name, Jsonb({"options": {"bogus": 1}})))
+        assert err.value.diag.message_hint == "Known: " + ", ".join(options) + "."
+        try:
+            conn.execute(plan, (name, Jsonb({"options": dict.fromkeys(options)})))
+        except psycopg.Error as refusal:  # without a registered dataset: no bound on ||x||
+            assert "unknown options" not in str(refusal), name
