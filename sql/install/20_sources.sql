@@ -5,8 +5,10 @@
 CREATE OR REPLACE FUNCTION dpsql._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
 RETURNS float8 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code,
-                          HINT = coalesce(hint, '');
+    IF coalesce(hint, '') = '' THEN  -- no empty HINT line
+        RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code;
+    END IF;
+    RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code, HINT = hint;
 END $$;
 
 -- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.

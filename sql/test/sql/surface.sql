@@ -1,0 +1,34 @@
+-- The SQL surface as an analyst meets it: the mechanism list, and refusals that say why and
+-- charge nothing (errors without CONTEXT: their text and hints are the interface).
+\set SHOW_CONTEXT never
+\set VERBOSITY default
+CREATE EXTENSION dpsql;
+
+SELECT name, task, needs_delta FROM dpsql.mechanisms();
+
+CREATE TABLE pts AS
+SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0]::float8[] AS x,
+       CASE WHEN i % 2 = 0 THEN 1 ELSE 0 END::float8 AS y
+  FROM generate_series(1, 400) i;
+SELECT dpsql.register_dataset('pts', '{x}', 'y', epsilon_budget => 1, labels => '{0,1}',
+                              name => 'pts');
+
+-- unknown mechanism: the hint lists the registry
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'nope', epsilon => 1);
+-- bad epsilon, a regression mechanism on a classification dataset, auto overriding a choice
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => -1);
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'dpgd', model => 'linear', epsilon => 1,
+                   delta => 1e-6);
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'auto', epsilon => 1, batch_size => 10);
+-- private runs refuse a data-dependent stop
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, tolerance => 1e-3);
+-- more than the budget: refused, nothing charged
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 2);
+SELECT name, epsilon_spent, epsilon_remaining FROM dpsql.budgets;
+
+-- a release within budget, with the defaults recorded; the ledger has one entry
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 0.5, seed => 1) > 0 AS trained;
+SELECT params->'privacy'->'defaults' ? 'step_size' AS step_defaulted, epsilon, delta
+  FROM dpsql.models;
+SELECT mechanism, epsilon, delta FROM dpsql.ledger;
+SELECT name, epsilon_spent, epsilon_remaining FROM dpsql.budgets;
