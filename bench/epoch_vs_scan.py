@@ -12,8 +12,10 @@ epoch b=50, ... then again) so that the drift of a noisy shared machine hits eve
 * exporting the table to numpy (``dpsql.loading.fetch_numpy``, binary COPY).
 
 It also times the load (``load_numpy``) and the server-side shuffle of a training run
-(``dpsql._prepare(..., shuffle => true)``). Times are client wall times; every query returns one
-small row. The last line of the output is ``epoch/scan ratio: <median epoch b=1 / median scan>``.
+(``dpsql_internal._prepare(..., shuffle => true)``). Times are client wall times; every query
+returns one small row. The last line of the output is ``epoch/scan ratio: <median epoch b=1 /
+median scan>``.
+
 
 Usage::
 
@@ -54,7 +56,8 @@ SCAN_SQL = "SELECT sum(array_length(x, 1)) FROM {t}"
 COUNT_SQL = "SELECT count(x) FROM {t}"
 EPOCH_SQL = "SELECT dpsql.sgd_epoch(x, y, %s::float8[]) FROM {t}"
 INIT_SQL = (
-    "SELECT dpsql._sgd_init('logistic', %s, 1, 0.0, 'constant', %s, 0, 0, 0.1, %s, 0)::float8[]"
+    "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0.0, 'constant', %s, 0, 0, 0.1, %s,"
+    " 0)::float8[]"
 )
 
 
@@ -230,7 +233,7 @@ def _run(
     def prepare() -> int:
         return _query(
             conn,
-            "SELECT dpsql._prepare(source => %s, features => ARRAY['x'], label => 'y', "
+            "SELECT dpsql_internal._prepare(source => %s, features => ARRAY['x'], label => 'y', "
             "model => 'logistic', epochs => 1, batch_size => 1, lambda => 0, step_size => NULL, "
             "schedule => 'constant', step_offset => 0, radius => NULL, shuffle => true, "
             "seed => 42, labels => NULL, intercept => false, row_norm => 'none', "
@@ -239,8 +242,8 @@ def _run(
         )
 
     t_prep, run_id = _timed(prepare)
-    figures["shuffle once (dpsql._prepare)"] = [t_prep]
-    conn.execute("SELECT dpsql._abort(%s)", (run_id,))
+    figures["shuffle once (dpsql_internal._prepare)"] = [t_prep]
+    conn.execute("SELECT dpsql_internal._abort(%s)", (run_id,))
 
     # -- sessions ---------------------------------------------------------------------------
     serial = {

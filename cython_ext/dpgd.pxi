@@ -1,7 +1,7 @@
 # DP-GD for linear regression and its confidence intervals (spec 002): included from _core.pyx.
 #
 # The same C functions run in the server: dpsql.dpgd_gradient (one aggregate scan per step),
-# dpsql._dpgd_step, dpsql._confint_draws, dpsql._t_interval and dpsql.t_quantile.
+# dpsql_internal._dpgd_step, dpsql_internal._confint_draws, dpsql_internal._t_interval and dpsql.t_quantile.
 
 
 cdef extern from "dpgd.h":
@@ -121,7 +121,7 @@ def dpgd_step(theta, grad_sum, double n, double eta, double noise_std, seed=None
     """theta - eta * grad_sum / n + eta * z, z ~ N(0, noise_std^2 I).
 
     The generator is keyed by the OS, or by seed (reproducible, NOT private) with stream
-    separating the steps; dpsql._dpgd_step with the same seed and stream gives the same
+    separating the steps; dpsql_internal._dpgd_step with the same seed and stream gives the same
     iterate.
     """
     cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] t = np.array(

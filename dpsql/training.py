@@ -1,9 +1,9 @@
 """The Python controller: drives a training run's server-side steps with a progress bar.
 
-The server does the work (``dpsql._prepare`` shuffles the source into a training table,
-``dpsql._run_epoch`` runs one aggregate scan, ``dpsql._finish`` stores the model); this module
-only calls them in order, so SQL's ``dpsql.train`` and Python's ``Database.train`` share one
-implementation. Model states stay in the server.
+The server does the work (``dpsql_internal._prepare`` shuffles the source into a training table,
+``dpsql_internal._run_epoch`` runs one aggregate scan, ``dpsql_internal._finish`` stores the
+model); this module only calls them in order, so SQL's ``dpsql.train`` and Python's
+``Database.train`` share one implementation. Model states stay in the server.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from tqdm.auto import tqdm
 
-# Argument order and names of dpsql._prepare (sql/install/30_runs.sql).
+# Argument order and names of dpsql_internal._prepare (sql/install/30_runs.sql).
 _PREPARE_ARGS = (
     "source",
     "features",
@@ -43,7 +43,8 @@ _PREPARE_ARGS = (
 def train_args(
     *, features: Sequence[str] | str, lambda_: float, labels: Sequence[float] | None, **kwargs: Any
 ) -> dict[str, Any]:
-    """Arguments of ``dpsql._prepare`` from Python keyword arguments (checked by the server)."""
+    """Arguments of ``dpsql_internal._prepare`` from Python keyword arguments (checked by the
+    server)."""
     args = dict(kwargs)
     args["features"] = [features] if isinstance(features, str) else list(features)
     args["lambda"] = float(lambda_)
@@ -67,7 +68,7 @@ class TrainingRun:
     @classmethod
     def prepare(cls, conn: psycopg.Connection, args: dict[str, Any]) -> TrainingRun:
         """Shuffle the source into a training table and create the run's initial state."""
-        query = sql.SQL("SELECT dpsql._prepare({})").format(
+        query = sql.SQL("SELECT dpsql_internal._prepare({})").format(
             sql.SQL(", ").join(
                 sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder())
                 for name in _PREPARE_ARGS
@@ -80,7 +81,7 @@ class TrainingRun:
     def run_epoch(self) -> tuple[int, float, bool]:
         """One epoch; returns (epoch, training objective, done)."""
         row = self.conn.execute(
-            "SELECT epoch, objective, done FROM dpsql._run_epoch(%s)", (self.run_id,)
+            "SELECT epoch, objective, done FROM dpsql_internal._run_epoch(%s)", (self.run_id,)
         ).fetchone()
         assert row is not None
         self.history.append(row[1])
@@ -100,10 +101,10 @@ class TrainingRun:
 
     def finish(self) -> int:
         """Store the model; returns its ``model_id``."""
-        row = self.conn.execute("SELECT dpsql._finish(%s)", (self.run_id,)).fetchone()
+        row = self.conn.execute("SELECT dpsql_internal._finish(%s)", (self.run_id,)).fetchone()
         assert row is not None
         return int(row[0])
 
     def abort(self) -> None:
         """Drop the run's training table and state."""
-        self.conn.execute("SELECT dpsql._abort(%s)", (self.run_id,))
+        self.conn.execute("SELECT dpsql_internal._abort(%s)", (self.run_id,))

@@ -1,6 +1,6 @@
 /*
  * prediction.h - what a released model does to a row before and after the dot product, in one
- * place for the server (dpsql._apply_bounds, dpsql._is_positive) and Python (Model.predict).
+ * place for the server (dpsql_internal._apply_bounds, dpsql_internal._is_positive) and Python (Model.predict).
  */
 #ifndef DPSQL_PREDICTION_H
 #define DPSQL_PREDICTION_H

@@ -4,34 +4,36 @@
 
 -- Training tables of runs in progress live here, out of analysts' reach.
 CREATE SCHEMA IF NOT EXISTS dpsql_work;
+-- The extension's internal functions (names starting with _): the dpsql schema holds the API.
+CREATE SCHEMA IF NOT EXISTS dpsql_internal;
 
 ------------------------------------------------------------------------------------------
 -- C functions (sql/src, cython_ext/core)
 ------------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_transition(state float8[], x float8[], y float8, init float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_transition(state float8[], x float8[], y float8, init float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition'
 LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_final(state float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_final'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_combine(a float8[], b float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_combine(a float8[], b float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_combine_states'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- One call = one SGD epoch over the scanned rows, in scan order. COMBINEFUNC averages the
 -- models of parallel partial scans weighted by their row counts (opt-in model averaging).
 CREATE OR REPLACE AGGREGATE dpsql.sgd_epoch(x float8[], y float8, init float8[]) (
-    SFUNC = dpsql._sgd_transition,
+    SFUNC = dpsql_internal._sgd_transition,
     STYPE = float8[],
-    FINALFUNC = dpsql._sgd_final,
-    COMBINEFUNC = dpsql._sgd_combine,
+    FINALFUNC = dpsql_internal._sgd_final,
+    COMBINEFUNC = dpsql_internal._sgd_combine,
     PARALLEL = SAFE
 );
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, lambda float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_init(model text, dim int, n_classes int, lambda float8,
                                 schedule text, eta float8, step_offset float8, radius float8,
                                 huber_h float8, batch_size bigint, flags int,
                                 clip_norm float8 DEFAULT 0, noise text DEFAULT 'none',
@@ -40,21 +42,21 @@ CREATE OR REPLACE FUNCTION dpsql._sgd_init(model text, dim int, n_classes int, l
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_init_state'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_info(state float8[], OUT step bigint, OUT rows bigint,
                                 OUT objective float8, OUT dropped bigint, OUT clipped bigint,
                                 OUT shards int)
 AS 'MODULE_PATHNAME', 'dpsql_sgd_state_info'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_weights(state float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_weights(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_state_weights'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._predict(loss int, flags int, coef float8[], x float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._predict(loss int, flags int, coef float8[], x float8[])
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_predict_coef'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._loss_code(model text)
+CREATE OR REPLACE FUNCTION dpsql_internal._loss_code(model text)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_loss_code'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
@@ -67,30 +69,30 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.loss_constants(text, float8, float8, float8) IS
     'Lipschitz, smoothness and strong-convexity constants of one example''s loss for ||x|| <= 1';
 
-CREATE OR REPLACE FUNCTION dpsql._shuffle_key(seed bigint, pos bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._shuffle_key(seed bigint, pos bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_shuffle_key_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._random_seed()
+CREATE OR REPLACE FUNCTION dpsql_internal._random_seed()
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_random_seed'
 LANGUAGE C STRICT VOLATILE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._apply_bounds(x float8[], bounds float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._apply_bounds(x float8[], bounds float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- A row as a model with preprocessing sees it: bounds, row transform, minus the centre
 -- (cython_ext/core/prediction.h; Python's Model.predict uses it too).
-CREATE OR REPLACE FUNCTION dpsql._preprocess(x float8[], bounds float8[], row_flags int, centre float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._preprocess(x float8[], bounds float8[], row_flags int, centre float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_preprocess_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- The binary decision rule (cython_ext/core/prediction.h; Python's Model.predict uses it too).
-CREATE OR REPLACE FUNCTION dpsql._is_positive(loss int, raw float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._is_positive(loss int, raw float8)
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_is_positive_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_release(state float8[], sensitivity float8, epsilon float8,
                                       delta float8, per_output boolean, calibration text,
                                       seed bigint, OUT weights float8[], OUT noise_scale float8)
 AS 'MODULE_PATHNAME', 'dpsql_bolton_release'
@@ -107,12 +109,12 @@ CREATE OR REPLACE FUNCTION dpsql.bolton_sensitivity(schedule text, eta float8, s
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_bolton_sensitivity_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
                                              seed bigint)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_exponential_mechanism_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
-CREATE OR REPLACE FUNCTION dpsql._sgd_transition_batch(state float8[], x float8[], y float8, batch bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_transition_batch(state float8[], x float8[], y float8, batch bigint,
                                             init float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition_batch'
 LANGUAGE C CALLED ON NULL INPUT;
@@ -120,16 +122,16 @@ LANGUAGE C CALLED ON NULL INPUT;
 -- An epoch whose rows carry their batch number (Poisson sampling, sampling with replacement):
 -- call it with ORDER BY batch. Sequential by nature: no combine function.
 CREATE OR REPLACE AGGREGATE dpsql.sgd_epoch_batches(x float8[], y float8, batch bigint, init float8[]) (
-    SFUNC = dpsql._sgd_transition_batch,
+    SFUNC = dpsql_internal._sgd_transition_batch,
     STYPE = float8[],
-    FINALFUNC = dpsql._sgd_final
+    FINALFUNC = dpsql_internal._sgd_final
 );
 
-CREATE OR REPLACE FUNCTION dpsql._poisson_batches(seed bigint, rid bigint, steps int, q float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._poisson_batches(seed bigint, rid bigint, steps int, q float8)
 RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_poisson_batches'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._uniform_index(seed bigint, pos bigint, rows bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._uniform_index(seed bigint, pos bigint, rows bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_uniform_index'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
@@ -140,6 +142,6 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.gaussian_sigma(float8, float8, float8, text) IS
     'Gaussian noise for (epsilon, delta): analytic (Balle-Wang) or classic (eq. 4, epsilon < 1)';
 
-CREATE OR REPLACE FUNCTION dpsql._accountant(request text)
+CREATE OR REPLACE FUNCTION dpsql_internal._accountant(request text)
 RETURNS text AS 'MODULE_PATHNAME', 'dpsql_accountant'
 LANGUAGE C STRICT VOLATILE;

@@ -2,7 +2,7 @@
 -- Preparing sources
 ------------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION dpsql._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
 RETURNS float8 LANGUAGE plpgsql AS $$
 BEGIN
     IF coalesce(hint, '') = '' THEN  -- no empty HINT line
@@ -12,7 +12,7 @@ BEGIN
 END $$;
 
 -- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.
-CREATE OR REPLACE FUNCTION dpsql._source_sql(source text)
+CREATE OR REPLACE FUNCTION dpsql_internal._source_sql(source text)
 RETURNS text LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -20,7 +20,7 @@ DECLARE
     q text := regexp_replace(coalesce(source, ''), ';\s*$', '');
 BEGIN
     IF btrim(q) = '' THEN
-        PERFORM dpsql._fail('source is empty');
+        PERFORM dpsql_internal._fail('source is empty');
     END IF;
     IF q ~* '^\s*(\(|select\s|with\s|values\s|table\s)' THEN
         RETURN '(' || q || ') AS src';
@@ -31,7 +31,7 @@ BEGIN
         rel := NULL;
     END;
     IF rel IS NULL THEN
-        PERFORM dpsql._fail(format('relation %s does not exist', quote_literal(q)), '42P01',
+        PERFORM dpsql_internal._fail(format('relation %s does not exist', quote_literal(q)), '42P01',
                             'Give a table or view name (schema-qualified if needed) or a SELECT query.');
     END IF;
     RETURN rel::text || ' AS src';
@@ -40,7 +40,7 @@ END $$;
 -- SQL expression of the feature vector, and its dimension: declared (registered datasets: the
 -- column types and dim are known, no row is read), else probed on the first row.
 -- Public feature bounds (d x 2), when given, clip and rescale each feature onto [-1, 1].
-CREATE OR REPLACE FUNCTION dpsql._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION dpsql_internal._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
                                    feature_types text[] DEFAULT NULL, declared_dim int DEFAULT NULL,
                                    OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
@@ -50,7 +50,7 @@ DECLARE
 BEGIN
     IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
        OR array_position(features, NULL) IS NOT NULL THEN
-        PERFORM dpsql._fail('features must be a non-empty list of column names');
+        PERFORM dpsql_internal._fail('features must be a non-empty list of column names');
     END IF;
     IF types IS NULL THEN
         -- pg_typeof of a scalar subquery gives the column's type even when no row is read; an
@@ -63,13 +63,13 @@ BEGIN
     IF cardinality(features) = 1 AND types[1] LIKE '%[]' THEN
         IF types[1] NOT IN ('double precision[]', 'real[]', 'integer[]', 'bigint[]', 'smallint[]',
                             'numeric[]') THEN
-            PERFORM dpsql._fail(format('feature column %I has type %s, not a numeric array',
+            PERFORM dpsql_internal._fail(format('feature column %I has type %s, not a numeric array',
                                        features[1], types[1]), '42804');
         END IF;
         expr := format('%I::float8[]', features[1]);
         IF bounds IS NOT NULL THEN
             -- The declared dimension: no row is read to learn it.
-            expr := format('dpsql._apply_bounds(%s, %L::float8[])', expr, bounds::text);
+            expr := format('dpsql_internal._apply_bounds(%s, %L::float8[])', expr, bounds::text);
             dim := array_length(bounds, 1);
             RETURN;
         END IF;
@@ -79,7 +79,7 @@ BEGIN
         END IF;
         EXECUTE format('SELECT array_length(%s, 1) FROM %s LIMIT 1', expr, src) INTO dim;
         IF dim IS NULL THEN
-            PERFORM dpsql._fail(format('the feature array column %I is NULL or empty in the first row',
+            PERFORM dpsql_internal._fail(format('the feature array column %I is NULL or empty in the first row',
                                        features[1]));
         END IF;
         RETURN;
@@ -87,7 +87,7 @@ BEGIN
     SELECT min(i) INTO bad FROM unnest(types) WITH ORDINALITY AS t(ty, i)
      WHERE ty NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric');
     IF bad IS NOT NULL THEN
-        PERFORM dpsql._fail(format('feature column %I has type %s: give several numeric columns or '
+        PERFORM dpsql_internal._fail(format('feature column %I has type %s: give several numeric columns or '
                                    'one float8[] column', features[bad], types[bad]), '42804');
     END IF;
     SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
@@ -95,25 +95,25 @@ BEGIN
     dim := cardinality(features);
     IF bounds IS NOT NULL THEN
         IF array_length(bounds, 1) <> dim THEN
-            PERFORM dpsql._fail(format('%s feature bounds for %s features', array_length(bounds, 1), dim));
+            PERFORM dpsql_internal._fail(format('%s feature bounds for %s features', array_length(bounds, 1), dim));
         END IF;
-        expr := format('dpsql._apply_bounds(%s, %L::float8[])', expr, bounds::text);
+        expr := format('dpsql_internal._apply_bounds(%s, %L::float8[])', expr, bounds::text);
     END IF;
 END $$;
 
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
 -- NULL, which the aggregate turns into a null record instead of an error revealing the value.
-CREATE OR REPLACE FUNCTION dpsql._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
+CREATE OR REPLACE FUNCTION dpsql_internal._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bad text := 'NULL::float8';
 BEGIN
     IF label IS NULL THEN
-        PERFORM dpsql._fail('label must name a column');
+        PERFORM dpsql_internal._fail('label must name a column');
     END IF;
     IF strict THEN
-        bad := format('dpsql._fail(format(''label %%s is not in the declared label set %%s'', '
+        bad := format('dpsql_internal._fail(format(''label %%s is not in the declared label set %%s'', '
                       'coalesce(%I::text, ''NULL''), %L))', label, coalesce(labels::text, '(any number)'));
     END IF;
     IF model = 'linear' THEN
@@ -127,19 +127,19 @@ BEGIN
 END $$;
 
 -- The canonical name of a model (aliases accepted by the C core's loss names).
-CREATE OR REPLACE FUNCTION dpsql._canonical_model(model text)
+CREATE OR REPLACE FUNCTION dpsql_internal._canonical_model(model text)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql._loss_code(model)]
+    SELECT (ARRAY['logistic', 'linear', 'huber', 'multinomial'])[dpsql_internal._loss_code(model)]
 $$;
 
 -- Canonical model name and checked public label set.
-CREATE OR REPLACE FUNCTION dpsql._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._check_labels(model text, labels float8[], OUT canonical text, OUT checked float8[])
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    canonical := dpsql._canonical_model(model);
+    canonical := dpsql_internal._canonical_model(model);
     IF canonical = 'linear' THEN
         IF labels IS NOT NULL THEN
-            PERFORM dpsql._fail('labels apply to classification models only');
+            PERFORM dpsql_internal._fail('labels apply to classification models only');
         END IF;
         RETURN;
     END IF;
@@ -147,20 +147,20 @@ BEGIN
         -- Two labels: one binary model; three or more: one-vs-rest, one binary model per class.
         checked := coalesce(labels, '{-1,1}');
         IF cardinality(checked) < 2 OR cardinality(checked) > 1024 THEN
-            PERFORM dpsql._fail(format('%s models need labels => {negative, positive} (or 3 to 1024 '
+            PERFORM dpsql_internal._fail(format('%s models need labels => {negative, positive} (or 3 to 1024 '
                                        'classes for one-vs-rest), got %s', canonical, checked));
         END IF;
     ELSIF labels IS NULL THEN
-        PERFORM dpsql._fail('multinomial models need labels => the public list of classes');
+        PERFORM dpsql_internal._fail('multinomial models need labels => the public list of classes');
     ELSE
         checked := labels;
         IF cardinality(checked) < 2 OR cardinality(checked) > 1024 THEN
-            PERFORM dpsql._fail('multinomial models need 2 to 1024 classes');
+            PERFORM dpsql_internal._fail('multinomial models need 2 to 1024 classes');
         END IF;
     END IF;
     IF array_ndims(checked) <> 1
        OR EXISTS (SELECT 1 FROM unnest(checked) v WHERE v IS NULL OR v IN ('NaN', 'Infinity', '-Infinity'))
        OR (SELECT count(DISTINCT v) FROM unnest(checked) v) <> cardinality(checked) THEN
-        PERFORM dpsql._fail(format('labels must be distinct finite numbers, got %s', checked));
+        PERFORM dpsql_internal._fail(format('labels must be distinct finite numbers, got %s', checked));
     END IF;
 END $$;

@@ -19,7 +19,7 @@ BEGIN
         END IF;
     END LOOP;
     -- Private training reads registered data as this role, never as a superuser (see
-    -- dpsql._read_source): it holds SELECT on the registered columns only, and reads every row
+    -- dpsql_internal._read_source): it holds SELECT on the registered columns only, and reads every row
     -- of them whatever the row-level policies (as the extension owner did before 0.3.0).
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'dpsql_reader') THEN
         BEGIN

@@ -53,7 +53,7 @@ COMMENT ON TABLE dpsql.dataset_grants IS 'Roles (and their members) allowed to t
 ------------------------------------------------------------------------------------------
 
 -- Whether the login role is a superuser or a data owner (member of dpsql_admin).
-CREATE OR REPLACE FUNCTION dpsql._is_admin()
+CREATE OR REPLACE FUNCTION dpsql_internal._is_admin()
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -61,12 +61,12 @@ AS $$
            OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')
 $$;
 
-CREATE OR REPLACE FUNCTION dpsql._require_admin(action text)
+CREATE OR REPLACE FUNCTION dpsql_internal._require_admin(action text)
 RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT dpsql._is_admin() THEN
+    IF NOT dpsql_internal._is_admin() THEN
         RAISE EXCEPTION 'dpsql: only a data owner (member of dpsql_admin) or a superuser can %',
                         action
             USING ERRCODE = 'insufficient_privilege',
@@ -76,12 +76,12 @@ END $$;
 
 -- Whether the login role may train on a dataset: superuser, data owner, or member of a role
 -- the dataset is granted to. False for an unknown dataset.
-CREATE OR REPLACE FUNCTION dpsql._can_use_dataset(dataset_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._can_use_dataset(dataset_id bigint)
 RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT 1 FROM dpsql.datasets d WHERE d.dataset_id = $1)
-           AND (dpsql._is_admin()
+           AND (dpsql_internal._is_admin()
                 OR EXISTS (SELECT 1
                              FROM dpsql.dataset_grants g
                              JOIN pg_roles r ON r.rolname = g.role  -- roles dropped since: ignored
@@ -95,7 +95,7 @@ $$;
 
 -- 'scalar' for a numeric type, 'array' for a numeric array type, NULL otherwise (domains are
 -- unwrapped).
-CREATE OR REPLACE FUNCTION dpsql._numeric_kind(typ oid)
+CREATE OR REPLACE FUNCTION dpsql_internal._numeric_kind(typ oid)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -123,7 +123,7 @@ END $$;
 -- extension owner's rights. Tables, partitioned tables and materialized views run no code of
 -- their owner's when read; views and foreign tables do (functions in the view, the owner's
 -- user mappings), so they must be owned by a superuser. Returns (schema, name, owner).
-CREATE OR REPLACE FUNCTION dpsql._check_dataset_relation(relid regclass, what text,
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_relation(relid regclass, what text,
                                               OUT nspname name, OUT relname name,
                                               OUT owner_is_superuser boolean)
 LANGUAGE plpgsql STABLE
@@ -163,7 +163,7 @@ BEGIN
 END $$;
 
 -- The registration itself. Admin-only; nothing is written unless every check passes.
-CREATE OR REPLACE FUNCTION dpsql._register_dataset(
+CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
@@ -189,7 +189,7 @@ DECLARE
     id bigint;
     is_regression boolean;
 BEGIN
-    PERFORM dpsql._require_admin('register datasets');
+    PERFORM dpsql_internal._require_admin('register datasets');
     IF relid IS NULL THEN
         RAISE EXCEPTION 'dpsql: relation % does not exist',
                         coalesce(quote_literal(source_text), 'NULL')
@@ -197,7 +197,7 @@ BEGIN
                   HINT = 'Give a table name (schema-qualified if needed).';
     END IF;
     what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
-    rel := dpsql._check_dataset_relation(relid, what);
+    rel := dpsql_internal._check_dataset_relation(relid, what);
     what := format('%I.%I', rel.nspname, rel.relname);
     SELECT r.rolsuper OR r.rolbypassrls INTO privileged
       FROM pg_roles r WHERE r.rolname = session_user;
@@ -225,7 +225,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOREACH col IN ARRAY features || label LOOP
-        SELECT a.attnum, dpsql._numeric_kind(a.atttypid) AS kind,
+        SELECT a.attnum, dpsql_internal._numeric_kind(a.atttypid) AS kind,
                format_type(a.atttypid, a.atttypmod) AS type
           INTO att FROM pg_attribute a
          WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
@@ -264,7 +264,7 @@ BEGIN
 
     -- Regression: a public bound on |y| instead of a label set, given, estimated now (estimate
     -- => {"label_bound": ...}) or later (regression => true: dpsql.estimate_label_bound).
-    PERFORM dpsql._check_estimate_option(estimate);
+    PERFORM dpsql_internal._check_estimate_option(estimate);
     is_regression := coalesce(regression,
                               label_bound IS NOT NULL OR coalesce(estimate ? 'label_bound', false));
     IF NOT is_regression AND (label_bound IS NOT NULL OR estimate ? 'label_bound') THEN
@@ -346,7 +346,7 @@ BEGIN
                   HINT = 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).';
     END IF;
     IF is_regression THEN
-        row_bound := dpsql._regression_row_bound(row_norm, row_bound,
+        row_bound := dpsql_internal._regression_row_bound(row_norm, row_bound,
                                                  CASE WHEN bounds IS NOT NULL THEN d END);
     END IF;
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
@@ -383,16 +383,16 @@ BEGIN
     VALUES (nm, relid, what, features, label, CASE WHEN NOT is_regression THEN labels END,
             bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound, d)
     RETURNING dataset_id INTO id;
-    PERFORM dpsql._grant_reader(relid, features || label);
+    PERFORM dpsql_internal._grant_reader(relid, features || label);
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
     -- undoes the registration, and with it every charge (27_estimate_bounds.sql).
-    PERFORM dpsql._estimate_at_registration(nm, estimate);
+    PERFORM dpsql_internal._estimate_at_registration(nm, estimate);
     RETURN id;
 END $$;
 
 -- The tightest public bound on ||x|| a regression dataset's declarations imply: clipped rows
 -- have norm <= 1; features with bounds (bounded_dim of them) are rescaled onto [-1, 1].
-CREATE OR REPLACE FUNCTION dpsql._regression_row_bound(row_norm text, row_bound float8, bounded_dim int)
+CREATE OR REPLACE FUNCTION dpsql_internal._regression_row_bound(row_norm text, row_bound float8, bounded_dim int)
 RETURNS float8 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -431,7 +431,7 @@ BEGIN
             dim := NULL;  -- not a readable array column: _register_dataset says what is wrong
         END;
     END IF;
-    RETURN dpsql._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
+    RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
                                    feature_bounds, row_norm, name, source, label_bound,
                                    row_bound, dim, regression, estimate);
 END $$;
@@ -439,7 +439,7 @@ COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, f
                                            text, text, float8, float8, int, boolean, jsonb) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
-CREATE OR REPLACE FUNCTION dpsql._dataset_by_id(dataset_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -461,8 +461,8 @@ AS $$
 DECLARE
     d dpsql.datasets;
 BEGIN
-    PERFORM dpsql._require_admin('grant datasets');
-    d := dpsql._dataset_by_id(dataset_id);
+    PERFORM dpsql_internal._require_admin('grant datasets');
+    d := dpsql_internal._dataset_by_id(dataset_id);
     IF role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = grant_dataset.role) THEN
         RAISE EXCEPTION 'dpsql: role % does not exist', coalesce(quote_ident(role), 'NULL')
             USING ERRCODE = 'undefined_object';
@@ -486,8 +486,8 @@ AS $$
 DECLARE
     d dpsql.datasets;
 BEGIN
-    PERFORM dpsql._require_admin('revoke datasets');
-    d := dpsql._dataset_by_id(dataset_id);
+    PERFORM dpsql_internal._require_admin('revoke datasets');
+    d := dpsql_internal._dataset_by_id(dataset_id);
     DELETE FROM dpsql.dataset_grants g
      WHERE g.dataset_id = d.dataset_id AND g.role = revoke_dataset.role;
 END $$;
@@ -500,7 +500,7 @@ COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
 -- resolved through a search_path. The relation is checked again (it may have been replaced
 -- since registration), and the returned row's source is the relation's current schema-qualified
 -- name: read that, never a name given by the caller.
-CREATE OR REPLACE FUNCTION dpsql._lookup_dataset(source text)
+CREATE OR REPLACE FUNCTION dpsql_internal._lookup_dataset(source text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -555,7 +555,7 @@ BEGIN
                         d.dropped_at
             USING ERRCODE = 'undefined_table';
     END IF;
-    rel := dpsql._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
+    rel := dpsql_internal._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
     d.source := format('%I.%I', rel.nspname, rel.relname);
     RETURN d;
 END $$;
@@ -563,12 +563,12 @@ END $$;
 -- The dataset a private training reads: as _lookup_dataset, and trainable. A regression
 -- dataset registered without its label bound is not (regression => true): the linear mechanisms
 -- calibrate to it, so a data owner sets it first (dpsql.estimate_label_bound).
-CREATE OR REPLACE FUNCTION dpsql._dataset_for_source(source text)
+CREATE OR REPLACE FUNCTION dpsql_internal._dataset_for_source(source text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    d dpsql.datasets := dpsql._lookup_dataset(source);
+    d dpsql.datasets := dpsql_internal._lookup_dataset(source);
 BEGIN
     IF d.labels IS NULL AND d.label_bound IS NULL THEN
         RAISE EXCEPTION 'dpsql: dataset % is a regression dataset without a label bound yet',
@@ -581,7 +581,7 @@ END $$;
 
 -- Datasets whose relation is dropped are marked, so that a later relation that happens to get
 -- the same oid is never taken for them (and the relation can be registered anew).
-CREATE OR REPLACE FUNCTION dpsql._mark_dropped_datasets()
+CREATE OR REPLACE FUNCTION dpsql_internal._mark_dropped_datasets()
 RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -600,6 +600,6 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger
                     WHERE evtname = 'dpsql_mark_dropped_datasets') THEN
         CREATE EVENT TRIGGER dpsql_mark_dropped_datasets ON sql_drop
-            EXECUTE FUNCTION dpsql._mark_dropped_datasets();
+            EXECUTE FUNCTION dpsql_internal._mark_dropped_datasets();
     END IF;
 END $$;

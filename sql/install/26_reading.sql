@@ -6,13 +6,13 @@
 -- search_path resolves its unqualified names in the caller's pg_temp, where an analyst can
 -- put a view of their own: the red team wrote a file as superuser that way. So a registered
 -- relation whose reading runs code (a view, a foreign table, an inheritance tree) is read by
--- dpsql._read_source, which runs as dpsql_reader (no superuser, no login, SELECT on the
+-- dpsql_internal._read_source, which runs as dpsql_reader (no superuser, no login, SELECT on the
 -- registered columns only) and refuses while the session holds temporary relations or types
 -- that could capture names. A plain table or materialized view runs nobody's code when read.
 ------------------------------------------------------------------------------------------
 
 -- SELECT on a registered relation's columns for dpsql_reader (and USAGE on its schema).
-CREATE OR REPLACE FUNCTION dpsql._grant_reader(relid regclass, columns text[])
+CREATE OR REPLACE FUNCTION dpsql_internal._grant_reader(relid regclass, columns text[])
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -27,7 +27,7 @@ END $$;
 -- The select list that reads registered columns as float8 (scalars) or float8[] (an array
 -- column), each under its own name. A numeric value out of float8's range becomes NULL (a
 -- null record), so that no cast error prints a private value.
-CREATE OR REPLACE FUNCTION dpsql._read_list(relid regclass, columns text[])
+CREATE OR REPLACE FUNCTION dpsql_internal._read_list(relid regclass, columns text[])
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -60,8 +60,8 @@ END $$;
 
 -- Whether reading a relation runs nobody's code: a table or materialized view without
 -- inheritance children (a child or partition may be a foreign table). Those are read by the
--- private training directly; everything else through dpsql._read_source.
-CREATE OR REPLACE FUNCTION dpsql._runs_no_code(relid regclass)
+-- private training directly; everything else through dpsql_internal._read_source.
+CREATE OR REPLACE FUNCTION dpsql_internal._runs_no_code(relid regclass)
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -71,7 +71,7 @@ $$;
 -- Rows of a registered view, foreign table or inheritance tree (select_list from _read_list),
 -- read as dpsql_reader. Callable by the extension owner only (no grants): it runs the list it
 -- is given.
-CREATE OR REPLACE FUNCTION dpsql._read_source(relid regclass, select_list text)
+CREATE OR REPLACE FUNCTION dpsql_internal._read_source(relid regclass, select_list text)
 RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -84,10 +84,10 @@ BEGIN
     END IF;
     RETURN QUERY EXECUTE format('SELECT %s FROM %s', select_list, relid);
 END $$;
-ALTER FUNCTION dpsql._read_source(regclass, text) OWNER TO dpsql_reader;
+ALTER FUNCTION dpsql_internal._read_source(regclass, text) OWNER TO dpsql_reader;
 
 -- Whether a dataset's features are one array column (else numeric columns).
-CREATE OR REPLACE FUNCTION dpsql._array_feature(ds dpsql.datasets)
+CREATE OR REPLACE FUNCTION dpsql_internal._array_feature(ds dpsql.datasets)
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -99,21 +99,21 @@ $$;
 
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
--- dpsql._read_source (as dpsql_reader).
-CREATE OR REPLACE FUNCTION dpsql._private_from(ds dpsql.datasets)
+-- dpsql_internal._read_source (as dpsql_reader).
+CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     columns text[] := ds.features || ds.label;
-    list text := dpsql._read_list(ds.relid, columns);
+    list text := dpsql_internal._read_list(ds.relid, columns);
 BEGIN
-    IF dpsql._runs_no_code(ds.relid) THEN
+    IF dpsql_internal._runs_no_code(ds.relid) THEN
         RETURN format('(SELECT %s FROM %s) AS src', list, ds.relid);
     END IF;
-    RETURN format('dpsql._read_source(%s::regclass, %L) AS src(%s)', ds.relid::oid, list,
+    RETURN format('dpsql_internal._read_source(%s::regclass, %L) AS src(%s)', ds.relid::oid, list,
                   (SELECT string_agg(format('%I %s', c,
-                                            CASE WHEN k = 1 AND dpsql._array_feature(ds)
+                                            CASE WHEN k = 1 AND dpsql_internal._array_feature(ds)
                                                  THEN 'double precision[]' ELSE 'double precision' END),
                                      ', ' ORDER BY k)
                      FROM unnest(columns) WITH ORDINALITY AS u(c, k)));

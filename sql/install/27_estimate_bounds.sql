@@ -16,7 +16,7 @@
 -- The segments of the grid with their utility: a point at each distinct value (ties) and the
 -- runs of points between them. grid_values: the distinct values, ascending; counts: how many
 -- records have each.
-CREATE OR REPLACE FUNCTION dpsql._quantile_segments(grid_values float8[], counts bigint[], rank bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._quantile_segments(grid_values float8[], counts bigint[], rank bigint,
                                          lo float8, hi float8, step float8,
                                          OUT start float8, OUT points float8, OUT utility float8)
 RETURNS SETOF record LANGUAGE sql IMMUTABLE AS $$
@@ -41,7 +41,7 @@ $$;
 
 -- One private quantile: a segment by the exponential mechanism (its points' count enters as
 -- 2/epsilon ln(points), so the draw is over grid points), then a uniform point in it.
-CREATE OR REPLACE FUNCTION dpsql._private_quantile(grid_values float8[], counts bigint[], rank bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._private_quantile(grid_values float8[], counts bigint[], rank bigint,
                                         lo float8, hi float8, step float8, epsilon float8,
                                         seed bigint)
 RETURNS float8 LANGUAGE plpgsql AS $$
@@ -55,24 +55,24 @@ BEGIN
     SELECT array_agg(s.start ORDER BY s.start), array_agg(s.points ORDER BY s.start),
            array_agg(s.utility + 2 / epsilon * ln(s.points) ORDER BY s.start)
       INTO starts, points, scores
-      FROM dpsql._quantile_segments(grid_values, counts, rank, lo, hi, step) s;
-    pick := dpsql._exponential_mechanism(scores, epsilon, 1, seed);
-    RETURN starts[pick] + (dpsql._uniform_index(coalesce(seed, dpsql._random_seed()), pick,
+      FROM dpsql_internal._quantile_segments(grid_values, counts, rank, lo, hi, step) s;
+    pick := dpsql_internal._exponential_mechanism(scores, epsilon, 1, seed);
+    RETURN starts[pick] + (dpsql_internal._uniform_index(coalesce(seed, dpsql_internal._random_seed()), pick,
                                                 points[pick]::bigint) - 1) * step;
 END $$;
 
 -- The data owner's dataset to estimate a declaration of: admin only, granted.
-CREATE OR REPLACE FUNCTION dpsql._estimation_dataset(dataset text, action text)
+CREATE OR REPLACE FUNCTION dpsql_internal._estimation_dataset(dataset text, action text)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ds dpsql.datasets;
 BEGIN
-    PERFORM dpsql._require_admin(action);
-    ds := dpsql._lookup_dataset(dataset);
-    IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
-        PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    PERFORM dpsql_internal._require_admin(action);
+    ds := dpsql_internal._lookup_dataset(dataset);
+    IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
     END IF;
     RETURN ds;
 END $$;
@@ -80,7 +80,7 @@ END $$;
 -- The public numbers of an estimate: epsilon, the search range [a, b] (lowest: the least a
 -- allowed), the row count m and the grid step (b - a)/m^2. m is public (replace-one
 -- neighbours): counting rows reads no value, and the charge follows, before any is read.
-CREATE OR REPLACE FUNCTION dpsql._estimate_grid(ds dpsql.datasets, epsilon float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._estimate_grid(ds dpsql.datasets, epsilon float8,
                                                 search_range float8[], lowest float8,
                                                 OUT a float8, OUT b float8, OUT m bigint,
                                                 OUT step float8)
@@ -89,7 +89,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
     END IF;
     a := search_range[array_lower(search_range, 1)];
     b := search_range[array_lower(search_range, 1) + 1];
@@ -97,20 +97,20 @@ BEGIN
        OR NOT coalesce(a > '-Infinity' AND a >= lowest AND b < 'Infinity' AND a < b
                        -- b - a must not overflow float8
                        AND b / 2 - a / 2 < 8.98e307, false) THEN
-        PERFORM dpsql._fail(format('search_range must be {a, b}, finite, %sa < b',
+        PERFORM dpsql_internal._fail(format('search_range must be {a, b}, finite, %sa < b',
                                    CASE WHEN lowest > '-Infinity' THEN lowest || ' <= ' ELSE '' END),
                             hint => 'A public range that surely holds the quantiles; wider costs little.');
     END IF;
     EXECUTE format('SELECT count(*) FROM %s', ds.relid) INTO m;
     IF m < 1 THEN
-        PERFORM dpsql._fail(format('dataset %s has no rows', ds.name), '22000');
+        PERFORM dpsql_internal._fail(format('dataset %s has no rows', ds.name), '22000');
     END IF;
     step := (b - a) / greatest(m::float8 * m, 1);
 END $$;
 
 -- Public: the exponential mechanism's rank error (2 / epsilon) ln(grid points), with
 -- probability 1 - 1/e, against the target ranks' distance from the edges of the data.
-CREATE OR REPLACE FUNCTION dpsql._warn_rank_error(what text, m bigint, eps_each float8, edge_rows bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._warn_rank_error(what text, m bigint, eps_each float8, edge_rows bigint)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -126,7 +126,7 @@ END $$;
 
 -- SQL of a value on the grid: clamped to [$1, $2], rounded to the step $3 (a per-record map:
 -- free). One place for both estimates' reading queries.
-CREATE OR REPLACE FUNCTION dpsql._grid_sql(value_sql text)
+CREATE OR REPLACE FUNCTION dpsql_internal._grid_sql(value_sql text)
 RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -157,30 +157,30 @@ DECLARE
     hi float8;
     bounds float8[] := '{}';
 BEGIN
-    ds := dpsql._estimation_dataset(dataset, 'estimate feature bounds');
+    ds := dpsql_internal._estimation_dataset(dataset, 'estimate feature bounds');
     IF ds.feature_bounds IS NOT NULL THEN
-        PERFORM dpsql._fail(format('dataset %s already has feature bounds', ds.name),
+        PERFORM dpsql_internal._fail(format('dataset %s already has feature bounds', ds.name),
                             hint => 'Bounds are estimated once, for a dataset registered without them.');
     END IF;
     IF ds.dim IS NULL THEN
-        PERFORM dpsql._fail(format('dataset %s was registered without a known dimension', ds.name));
+        PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name));
     END IF;
     IF lower_quantile IS NULL OR upper_quantile IS NULL
        OR NOT (0 <= lower_quantile AND lower_quantile < upper_quantile AND upper_quantile <= 1) THEN
-        PERFORM dpsql._fail('quantiles must satisfy 0 <= lower_quantile < upper_quantile <= 1');
+        PERFORM dpsql_internal._fail('quantiles must satisfy 0 <= lower_quantile < upper_quantile <= 1');
     END IF;
-    g := dpsql._estimate_grid(ds, epsilon, search_range, '-Infinity');
+    g := dpsql_internal._estimate_grid(ds, epsilon, search_range, '-Infinity');
     a := g.a;
     b := g.b;
     m := g.m;
     step := g.step;
     eps_each := epsilon / (2 * ds.dim);
-    PERFORM dpsql._warn_rank_error('bounds', m, eps_each,
+    PERFORM dpsql_internal._warn_rank_error('bounds', m, eps_each,
                                    least(ceil(lower_quantile * m), m - ceil(upper_quantile * m))::bigint);
-    PERFORM dpsql._charge(ds.dataset_id, epsilon, 0, 'estimate_bounds',
+    PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, 0, 'estimate_bounds',
                           note => format('quantiles %s and %s of %s features over [%s, %s]',
                                          lower_quantile, upper_quantile, ds.dim, a, b));
-    values_expr := CASE WHEN dpsql._array_feature(ds) THEN format('src.%I', ds.features[1])
+    values_expr := CASE WHEN dpsql_internal._array_feature(ds) THEN format('src.%I', ds.features[1])
                         ELSE format('ARRAY[%s]', (SELECT string_agg(format('src.%I', c), ', ' ORDER BY k)
                                                     FROM unnest(ds.features) WITH ORDINALITY AS u(c, k)))
                    END;
@@ -191,13 +191,13 @@ BEGIN
         '      FROM %s, unnest(%s) WITH ORDINALITY AS u(v, j)'
         '     WHERE u.v IS NOT NULL AND u.v <> ''NaN'' AND u.j <= $4'
         '     GROUP BY 1, 2) q GROUP BY j) g USING (j) ORDER BY j',
-        dpsql._grid_sql('u.v'), dpsql._private_from(ds), values_expr)
+        dpsql_internal._grid_sql('u.v'), dpsql_internal._private_from(ds), values_expr)
         USING a, b, step, ds.dim
     LOOP
-        lo := dpsql._private_quantile(coalesce(f.w, '{}'), coalesce(f.c, '{}'),
+        lo := dpsql_internal._private_quantile(coalesce(f.w, '{}'), coalesce(f.c, '{}'),
                                       ceil(lower_quantile * m)::bigint, a, b, step, eps_each,
                                       noise_seed # (2 * f.j));
-        hi := dpsql._private_quantile(coalesce(f.w, '{}'), coalesce(f.c, '{}'),
+        hi := dpsql_internal._private_quantile(coalesce(f.w, '{}'), coalesce(f.c, '{}'),
                                       ceil(upper_quantile * m)::bigint, a, b, step, eps_each,
                                       noise_seed # (2 * f.j + 1));
         IF hi <= lo THEN  -- a feature constant in the data, or crossed draws
@@ -209,7 +209,7 @@ BEGIN
     UPDATE dpsql.datasets d
        SET feature_bounds = bounds,
            row_bound = CASE WHEN d.labels IS NULL  -- regression
-                            THEN dpsql._regression_row_bound(d.row_norm, d.row_bound, d.dim)
+                            THEN dpsql_internal._regression_row_bound(d.row_norm, d.row_bound, d.dim)
                             ELSE d.row_bound END
      WHERE d.dataset_id = ds.dataset_id;
     RETURN bounds;
@@ -220,7 +220,7 @@ COMMENT ON FUNCTION dpsql.estimate_bounds(text, float8, float8[], float8, float8
 
 -- The distinct values of |y| on the grid [a, b] of step, ascending, and how many records have
 -- each (NULL and NaN labels: none). What the label bound's utility counts.
-CREATE OR REPLACE FUNCTION dpsql._label_grid(ds dpsql.datasets, a float8, b float8, step float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._label_grid(ds dpsql.datasets, a float8, b float8, step float8,
                                              OUT grid_values float8[], OUT counts bigint[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -230,7 +230,7 @@ BEGIN
         'SELECT coalesce(array_agg(w ORDER BY w), ''{}''), coalesce(array_agg(c ORDER BY w), ''{}'') FROM ('
         '  SELECT %s AS w, count(*) AS c FROM %s'
         '   WHERE src.%I IS NOT NULL AND src.%I <> ''NaN'' GROUP BY 1) v',
-        dpsql._grid_sql(format('abs(src.%I)', ds.label)), dpsql._private_from(ds), ds.label, ds.label)
+        dpsql_internal._grid_sql(format('abs(src.%I)', ds.label)), dpsql_internal._private_from(ds), ds.label, ds.label)
         INTO grid_values, counts USING a, b, step;
 END $$;
 
@@ -252,24 +252,24 @@ DECLARE
     v record;
     bound float8;
 BEGIN
-    ds := dpsql._estimation_dataset(dataset, 'estimate label bounds');
+    ds := dpsql_internal._estimation_dataset(dataset, 'estimate label bounds');
     IF ds.labels IS NOT NULL THEN
-        PERFORM dpsql._fail(format('dataset %s is a classification dataset (labels %s)', ds.name, ds.labels),
+        PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset (labels %s)', ds.name, ds.labels),
                             hint => 'A label bound is for regression: register with regression => true (and no labels).');
     END IF;
     IF ds.label_bound IS NOT NULL THEN
-        PERFORM dpsql._fail(format('dataset %s already has a label bound', ds.name),
+        PERFORM dpsql_internal._fail(format('dataset %s already has a label bound', ds.name),
                             hint => 'A label bound is estimated once, for a dataset registered without it.');
     END IF;
     IF quantile IS NULL OR NOT (0 < quantile AND quantile <= 1) THEN
-        PERFORM dpsql._fail(format('quantile must be in (0, 1], got %s', coalesce(quantile::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('quantile must be in (0, 1], got %s', coalesce(quantile::text, 'NULL')));
     END IF;
-    g := dpsql._estimate_grid(ds, epsilon, search_range, 0);
-    PERFORM dpsql._warn_rank_error('label bound', g.m, epsilon, (g.m - ceil(quantile * g.m))::bigint);
-    PERFORM dpsql._charge(ds.dataset_id, epsilon, 0, 'estimate_label_bound',
+    g := dpsql_internal._estimate_grid(ds, epsilon, search_range, 0);
+    PERFORM dpsql_internal._warn_rank_error('label bound', g.m, epsilon, (g.m - ceil(quantile * g.m))::bigint);
+    PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, 0, 'estimate_label_bound',
                           note => format('quantile %s of |%s| over [%s, %s]', quantile, ds.label, g.a, g.b));
-    v := dpsql._label_grid(ds, g.a, g.b, g.step);
-    bound := dpsql._private_quantile(v.grid_values, v.counts,
+    v := dpsql_internal._label_grid(ds, g.a, g.b, g.step);
+    bound := dpsql_internal._private_quantile(v.grid_values, v.counts,
                                      ceil(quantile * g.m)::bigint, g.a, g.b, g.step, epsilon, noise_seed);
     bound := greatest(bound, g.step);  -- > 0 (post-processing: labels all 0, or a = 0 drawn)
     UPDATE dpsql.datasets d SET label_bound = bound WHERE d.dataset_id = ds.dataset_id;
@@ -285,7 +285,7 @@ COMMENT ON FUNCTION dpsql.estimate_label_bound(text, float8, float8[], float8, b
 --    "label_bound":    {"epsilon": e2, "search_range": [0, B] [, "quantile": .99]},
 --    "noise_seed": n}                                              (tests only)
 -- Checked here for shape only; the numbers by the estimates themselves (one place each).
-CREATE OR REPLACE FUNCTION dpsql._check_estimate_option(estimate jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._check_estimate_option(estimate jsonb)
 RETURNS void LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -302,43 +302,43 @@ BEGIN
        OR NOT (estimate ? 'feature_bounds' OR estimate ? 'label_bound')
        OR EXISTS (SELECT 1 FROM jsonb_object_keys(estimate) o(key)
                    WHERE o.key NOT IN ('feature_bounds', 'label_bound', 'noise_seed')) THEN
-        PERFORM dpsql._fail(format('estimate must name feature_bounds and/or label_bound, got %s', estimate),
+        PERFORM dpsql_internal._fail(format('estimate must name feature_bounds and/or label_bound, got %s', estimate),
                             hint => usage);
     END IF;
     IF estimate ? 'noise_seed' THEN
         IF jsonb_typeof(estimate->'noise_seed') <> 'number' THEN
-            PERFORM dpsql._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
+            PERFORM dpsql_internal._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
         END IF;
         IF (estimate->>'noise_seed')::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807
            OR (estimate->>'noise_seed')::numeric % 1 <> 0 THEN
-            PERFORM dpsql._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
+            PERFORM dpsql_internal._fail(format('estimate.noise_seed must be an integer, got %s', estimate->'noise_seed'));
         END IF;
     END IF;
     FOREACH step IN ARRAY ARRAY['feature_bounds', 'label_bound'] LOOP
         CONTINUE WHEN NOT estimate ? step;
         IF jsonb_typeof(estimate->step) <> 'object' THEN
-            PERFORM dpsql._fail(format('estimate.%s must be an object, got %s', step, estimate->step),
+            PERFORM dpsql_internal._fail(format('estimate.%s must be an object, got %s', step, estimate->step),
                                 hint => usage);
         END IF;
         FOR k IN SELECT jsonb_object_keys(estimate->step) LOOP
             IF k <> ALL (CASE step WHEN 'feature_bounds'
                                    THEN '{epsilon,search_range,lower_quantile,upper_quantile}'
                                    ELSE '{epsilon,search_range,quantile}' END::text[]) THEN
-                PERFORM dpsql._fail(format('unknown key estimate.%s.%s', step, k), hint => usage);
+                PERFORM dpsql_internal._fail(format('unknown key estimate.%s.%s', step, k), hint => usage);
             END IF;
             IF k <> 'search_range' AND jsonb_typeof(estimate->step->k) <> 'number' THEN
-                PERFORM dpsql._fail(format('estimate.%s.%s must be a number, got %s', step, k,
+                PERFORM dpsql_internal._fail(format('estimate.%s.%s must be a number, got %s', step, k,
                                            estimate->step->k));
             END IF;
         END LOOP;
         IF NOT (estimate->step ? 'epsilon' AND estimate->step ? 'search_range') THEN
-            PERFORM dpsql._fail(format('estimate.%s needs epsilon and search_range', step), hint => usage);
+            PERFORM dpsql_internal._fail(format('estimate.%s needs epsilon and search_range', step), hint => usage);
         END IF;
         IF jsonb_typeof(estimate->step->'search_range') <> 'array'
            OR jsonb_array_length(estimate->step->'search_range') <> 2
            OR EXISTS (SELECT 1 FROM jsonb_array_elements(estimate->step->'search_range') e
                        WHERE jsonb_typeof(e) <> 'number') THEN
-            PERFORM dpsql._fail(format('estimate.%s.search_range must be [a, b], got %s', step,
+            PERFORM dpsql_internal._fail(format('estimate.%s.search_range must be [a, b], got %s', step,
                                        estimate->step->'search_range'));
         END IF;
         -- A number jsonb holds that float8 does not (1e400) fails here, not mid-registration.
@@ -347,7 +347,7 @@ BEGIN
               WHERE o.key <> 'search_range';
             PERFORM e::text::float8 FROM jsonb_array_elements(estimate->step->'search_range') e;
         EXCEPTION WHEN numeric_value_out_of_range THEN
-            PERFORM dpsql._fail(format('estimate.%s has a number out of float8''s range', step));
+            PERFORM dpsql_internal._fail(format('estimate.%s has a number out of float8''s range', step));
         END;
     END LOOP;
 END $$;
@@ -355,7 +355,7 @@ END $$;
 -- The estimates of a registration (checked by _check_estimate_option), on the dataset just
 -- inserted under this name, in this transaction: feature bounds first (a regression dataset's
 -- row_bound follows from them), then the label bound.
-CREATE OR REPLACE FUNCTION dpsql._estimate_at_registration(dataset text, estimate jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._estimate_at_registration(dataset text, estimate jsonb)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -369,19 +369,19 @@ BEGIN
         EXECUTE format('SELECT dpsql.estimate_bounds($1, $2, $3, noise_seed => $4%s%s)',
                        CASE WHEN e ? 'lower_quantile' THEN ', lower_quantile => $5' END,
                        CASE WHEN e ? 'upper_quantile' THEN ', upper_quantile => $6' END)
-            USING dataset, (e->>'epsilon')::float8, dpsql._jsonb_float8s(e->'search_range'), seed,
+            USING dataset, (e->>'epsilon')::float8, dpsql_internal._jsonb_float8s(e->'search_range'), seed,
                   (e->>'lower_quantile')::float8, (e->>'upper_quantile')::float8;
     END IF;
     IF estimate ? 'label_bound' THEN
         e := estimate->'label_bound';
         EXECUTE format('SELECT dpsql.estimate_label_bound($1, $2, $3, noise_seed => $4%s)',
                        CASE WHEN e ? 'quantile' THEN ', quantile => $5' END)
-            USING dataset, (e->>'epsilon')::float8, dpsql._jsonb_float8s(e->'search_range'), seed,
+            USING dataset, (e->>'epsilon')::float8, dpsql_internal._jsonb_float8s(e->'search_range'), seed,
                   (e->>'quantile')::float8;
     END IF;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql._jsonb_float8s(numbers jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._jsonb_float8s(numbers jsonb)
 RETURNS float8[] LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$

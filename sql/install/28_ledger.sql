@@ -19,7 +19,7 @@ CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (d
 COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, nothing else.
-CREATE OR REPLACE FUNCTION dpsql._ledger_append_only()
+CREATE OR REPLACE FUNCTION dpsql_internal._ledger_append_only()
 RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -36,15 +36,15 @@ BEGIN
     END IF;
     RAISE EXCEPTION 'dpsql: the privacy ledger is append-only (% refused)', TG_OP
         USING ERRCODE = 'insufficient_privilege',
-              HINT = 'Only model_id may be filled in once, by dpsql._set_ledger_model.';
+              HINT = 'Only model_id may be filled in once, by dpsql_internal._set_ledger_model.';
 END $$;
 
 CREATE OR REPLACE TRIGGER ledger_entries_append_only
     BEFORE UPDATE OR DELETE ON dpsql.ledger_entries
-    FOR EACH ROW EXECUTE FUNCTION dpsql._ledger_append_only();
+    FOR EACH ROW EXECUTE FUNCTION dpsql_internal._ledger_append_only();
 CREATE OR REPLACE TRIGGER ledger_entries_no_truncate
     BEFORE TRUNCATE ON dpsql.ledger_entries
-    FOR EACH STATEMENT EXECUTE FUNCTION dpsql._ledger_append_only();
+    FOR EACH STATEMENT EXECUTE FUNCTION dpsql_internal._ledger_append_only();
 -- ALWAYS: also under session_replication_role = replica.
 ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_append_only;
 ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncate;
@@ -58,7 +58,7 @@ ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncat
 -- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
 -- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
 -- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing.
-CREATE OR REPLACE FUNCTION dpsql._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
+CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -110,7 +110,7 @@ BEGIN
 END $$;
 
 -- Record the model a charged release produced (the only update the ledger allows).
-CREATE OR REPLACE FUNCTION dpsql._set_ledger_model(entry_id bigint, model_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._set_ledger_model(entry_id bigint, model_id bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$

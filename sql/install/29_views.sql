@@ -6,13 +6,13 @@
 -- see everything (their non-private models too).
 CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS
     SELECT * FROM dpsql.model_store m
-     WHERE dpsql._is_admin()
+     WHERE dpsql_internal._is_admin()
         OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
             -- a release with a known noise seed would give its noiseless model away
             AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
             -- BST14 as printed is add/remove-calibrated: a reproduction, not a release
             AND coalesce(m.params->'privacy'->>'bst14_noise', 'strict') = 'strict'
-            AND dpsql._can_use_dataset(m.dataset_id));
+            AND dpsql_internal._can_use_dataset(m.dataset_id));
 COMMENT ON VIEW dpsql.models IS
     'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
 
@@ -21,7 +21,7 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
        e.charged_at, e.role, e.note
   FROM dpsql.ledger_entries e
   JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
- WHERE dpsql._can_use_dataset(e.dataset_id);
+ WHERE dpsql_internal._can_use_dataset(e.dataset_id);
 COMMENT ON VIEW dpsql.ledger IS 'Ledger entries of the datasets the login role can use';
 
 CREATE OR REPLACE VIEW dpsql.budgets WITH (security_barrier) AS
@@ -34,7 +34,7 @@ SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
  CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
                             coalesce(sum(e.delta), 0) AS delta_spent
                        FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
- WHERE dpsql._can_use_dataset(d.dataset_id);
+ WHERE dpsql_internal._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.budgets IS 'Budget, spent and remaining (epsilon, delta) of usable datasets';
 
 CREATE OR REPLACE VIEW dpsql.my_datasets WITH (security_barrier) AS
@@ -47,6 +47,6 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
  CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
                             coalesce(sum(e.delta), 0) AS delta_spent
                        FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
- WHERE d.dropped_at IS NULL AND dpsql._can_use_dataset(d.dataset_id);
+ WHERE d.dropped_at IS NULL AND dpsql_internal._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.my_datasets IS
     'Datasets the login role can train on: public declarations and remaining budget';

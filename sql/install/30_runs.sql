@@ -6,7 +6,7 @@
 -- Copy the source into a shuffled training table (rid, x, y) and build the initial state.
 -- Parallel scans and synchronized scans are off: row positions must follow the physical order
 -- so that the permutation is a function of the seed alone.
-CREATE OR REPLACE FUNCTION dpsql._prepare(
+CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     source text, features text[], label text, model text, epochs int, batch_size bigint,
     lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
     shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
@@ -33,64 +33,64 @@ DECLARE
     seed_policy text := 'none';
     init float8[];
 BEGIN
-    lab := dpsql._check_labels(model, labels);
+    lab := dpsql_internal._check_labels(model, labels);
     IF epochs IS NULL OR epochs < 1 THEN
-        PERFORM dpsql._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
     END IF;
     IF batch_size IS NULL OR batch_size < 1 THEN
-        PERFORM dpsql._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
     END IF;
     IF lambda IS NULL OR NOT (lambda >= 0 AND lambda < 'Infinity') THEN
-        PERFORM dpsql._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')));
     END IF;
     IF step_size IS NOT NULL AND NOT (step_size > 0 AND step_size < 'Infinity') THEN
-        PERFORM dpsql._fail(format('step_size must be a finite number > 0, got %s', step_size));
+        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', step_size));
     END IF;
     IF schedule IS NULL OR schedule NOT IN ('constant', 'decreasing', 'inverse', 'sqrt') THEN
-        PERFORM dpsql._fail(format('unknown schedule %s', coalesce(quote_literal(schedule), 'NULL')),
+        PERFORM dpsql_internal._fail(format('unknown schedule %s', coalesce(quote_literal(schedule), 'NULL')),
                             hint => 'Use constant, decreasing (min(1/beta, 1/(lambda t))), inverse or sqrt.');
     END IF;
     IF schedule = 'decreasing' AND lambda = 0 THEN
-        PERFORM dpsql._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0');
+        PERFORM dpsql_internal._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0');
     END IF;
     IF step_offset IS NULL OR NOT (step_offset >= 0 AND step_offset < 'Infinity') THEN
-        PERFORM dpsql._fail('step_offset must be a finite number >= 0');
+        PERFORM dpsql_internal._fail('step_offset must be a finite number >= 0');
     END IF;
     IF radius IS NOT NULL AND NOT (radius >= 0 AND radius < 'Infinity') THEN
-        PERFORM dpsql._fail(format('radius must be a finite number >= 0, got %s', radius));
+        PERFORM dpsql_internal._fail(format('radius must be a finite number >= 0, got %s', radius));
     END IF;
     IF row_norm IS NULL OR row_norm NOT IN ('none', 'clip', 'unit') THEN
-        PERFORM dpsql._fail(format('row_norm must be none, clip or unit, got %s', coalesce(row_norm, 'NULL')));
+        PERFORM dpsql_internal._fail(format('row_norm must be none, clip or unit, got %s', coalesce(row_norm, 'NULL')));
     END IF;
     IF huber_h IS NULL OR NOT (huber_h > 0 AND huber_h < 1) THEN
-        PERFORM dpsql._fail('huber_h must be in (0, 1)');
+        PERFORM dpsql_internal._fail('huber_h must be in (0, 1)');
     END IF;
     IF tolerance IS NOT NULL AND NOT (tolerance > 0) THEN
-        PERFORM dpsql._fail('tolerance must be > 0');
+        PERFORM dpsql_internal._fail('tolerance must be > 0');
     END IF;
     IF parallel_workers IS NULL OR parallel_workers < 0 OR parallel_workers > 64 THEN
-        PERFORM dpsql._fail('parallel_workers must be between 0 and 64');
+        PERFORM dpsql_internal._fail('parallel_workers must be between 0 and 64');
     END IF;
     IF shuffle IS NULL THEN
-        PERFORM dpsql._fail('shuffle must be true or false');
+        PERFORM dpsql_internal._fail('shuffle must be true or false');
     END IF;
     IF permutation IS NULL OR permutation NOT IN ('once', 'fresh') THEN
-        PERFORM dpsql._fail('permutation must be once (shuffle once) or fresh (a new one each epoch)');
+        PERFORM dpsql_internal._fail('permutation must be once (shuffle once) or fresh (a new one each epoch)');
     END IF;
     IF permutation = 'fresh' AND (NOT shuffle OR parallel_workers > 0) THEN
-        PERFORM dpsql._fail('fresh permutations need shuffle => true and a serial scan');
+        PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan');
     END IF;
 
-    src := dpsql._source_sql(source);
+    src := dpsql_internal._source_sql(source);
     BEGIN
         IF NOT private THEN  -- a private source is read once (its row count m is public)
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
             IF NOT m_any THEN
-                PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+                PERFORM dpsql_internal._fail(format('source %s has no rows', source), '22000');
             END IF;
         END IF;
-        feat := dpsql._feature_sql(src, features, feature_bounds, feature_types, dim);
-        yexpr := dpsql._label_sql(lab.canonical, label, lab.checked, NOT private);
+        feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
+        yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         tbl := format('dpsql_work.%I', 'train_' || run);
         EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
@@ -101,11 +101,11 @@ BEGIN
                        CASE WHEN feat.dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
         IF shuffle THEN
             seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
-            seed := coalesce(seed, dpsql._random_seed());
+            seed := coalesce(seed, dpsql_internal._random_seed());
             EXECUTE format(
                 'INSERT INTO %s (rid, x, y) '
                 'SELECT row_number() OVER (ORDER BY k, pos), x, y FROM ('
-                '  SELECT dpsql._shuffle_key($1, pos) AS k, pos, x, y FROM ('
+                '  SELECT dpsql_internal._shuffle_key($1, pos) AS k, pos, x, y FROM ('
                 '    SELECT row_number() OVER () AS pos, %s AS x, %s AS y FROM %s) a) b '
                 'ORDER BY k, pos', tbl, feat.expr, yexpr, src) USING seed;
         ELSE
@@ -119,7 +119,7 @@ BEGIN
             DETAIL = format('source %s, features %s, label %s', source, features, label);
     END;
     IF m = 0 THEN
-        PERFORM dpsql._fail(format('source %s has no rows', source), '22000');
+        PERFORM dpsql_internal._fail(format('source %s has no rows', source), '22000');
     END IF;
 
     r := CASE WHEN radius IS NOT NULL THEN radius
@@ -134,7 +134,7 @@ BEGIN
     flags := CASE row_norm WHEN 'clip' THEN 1 WHEN 'unit' THEN 2 ELSE 0 END
            | CASE WHEN intercept THEN 4 ELSE 0 END
            | CASE WHEN private THEN 8 ELSE 0 END;  -- malformed rows become null records
-    init := dpsql._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
+    init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 
     INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds)
@@ -155,21 +155,21 @@ BEGIN
 END $$;
 
 -- A run's row, locked for the rest of the transaction.
-CREATE OR REPLACE FUNCTION dpsql._locked_run(run_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._locked_run(run_id bigint)
 RETURNS dpsql.runs LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs;
 BEGIN
     SELECT * INTO r FROM dpsql.runs WHERE runs.run_id = _locked_run.run_id FOR UPDATE;
     IF NOT FOUND THEN
-        PERFORM dpsql._fail(format('no training run %s', coalesce(run_id::text, 'NULL')), '42704');
+        PERFORM dpsql_internal._fail(format('no training run %s', coalesce(run_id::text, 'NULL')), '42704');
     END IF;
     RETURN r;
 END $$;
 
 -- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
 -- the epoch's training objective, and whether the run is done (epochs reached or converged).
-CREATE OR REPLACE FUNCTION dpsql._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
+CREATE OR REPLACE FUNCTION dpsql_internal._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
 LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -186,9 +186,9 @@ DECLARE
     prev float8;
     tol float8;
 BEGIN
-    r := dpsql._locked_run(run_id);
+    r := dpsql_internal._locked_run(run_id);
     IF r.done THEN
-        PERFORM dpsql._fail(format('training run %s is already done', run_id));
+        PERFORM dpsql_internal._fail(format('training run %s is already done', run_id));
     END IF;
     workers := coalesce((r.spec->>'parallel_workers')::int, 0);
     IF workers > 0 THEN
@@ -202,7 +202,7 @@ BEGIN
         -- Poisson sampling: each row joins each batch with probability q, by secret coins; the
         -- aggregate takes the rows ordered by batch and still steps (noise only) on empty ones.
         EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
-                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql._poisson_batches($2, t.rid,'
+                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches($2, t.rid,'
                        '       $3, $4)) AS b(batch)', r.train_table)
            INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
                          (r.spec->>'steps_per_epoch')::int, (r.spec->>'sampling_rate')::float8;
@@ -211,19 +211,19 @@ BEGIN
         EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
                        '       ORDER BY g.pos)'
                        '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'
-                       '  JOIN %s t ON t.rid = dpsql._uniform_index($2, g.pos, $5)', r.train_table)
+                       '  JOIN %s t ON t.rid = dpsql_internal._uniform_index($2, g.pos, $5)', r.train_table)
            INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
                          (r.spec->>'batch_size')::bigint, (r.spec->>'steps_per_epoch')::bigint,
                          r.rows;
     ELSIF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
         -- A new data-independent permutation for this pass: the epoch number mixed into the seed.
-        EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1 ORDER BY dpsql._shuffle_key($2, rid)) FROM %s',
+        EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1 ORDER BY dpsql_internal._shuffle_key($2, rid)) FROM %s',
                        r.train_table)
            INTO st USING r.state, (r.spec->>'seed')::bigint # (r.epochs_done::bigint << 40);
     ELSE
         EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1) FROM %s', r.train_table) INTO st USING r.state;
     END IF;
-    info := dpsql._sgd_info(st);
+    info := dpsql_internal._sgd_info(st);
     epoch := r.epochs_done + 1;
     objective := info.objective;
     prev := r.losses[cardinality(r.losses)];
@@ -240,7 +240,7 @@ END $$;
 -- Store the run's model with its provenance, drop its training table, forget its state.
 -- released (private runs): the noisy weights to store instead of the state's; privacy: the
 -- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...).
-CREATE OR REPLACE FUNCTION dpsql._finish(run_id bigint, released float8[] DEFAULT NULL,
+CREATE OR REPLACE FUNCTION dpsql_internal._finish(run_id bigint, released float8[] DEFAULT NULL,
                               privacy jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -252,15 +252,15 @@ DECLARE
     mid bigint;
     fit_icpt boolean;
 BEGIN
-    r := dpsql._locked_run(run_id);
+    r := dpsql_internal._locked_run(run_id);
     IF r.epochs_done = 0 THEN
-        PERFORM dpsql._fail(format('training run %s has not run any epoch', run_id));
+        PERFORM dpsql_internal._fail(format('training run %s has not run any epoch', run_id));
     END IF;
     s := r.spec;
-    info := dpsql._sgd_info(r.state);
-    w := coalesce(released, dpsql._sgd_weights(r.state));
+    info := dpsql_internal._sgd_info(r.state);
+    w := coalesce(released, dpsql_internal._sgd_weights(r.state));
     IF (s->>'private')::boolean AND (released IS NULL OR privacy IS NULL) THEN
-        PERFORM dpsql._fail('a private run can only finish with a released (noisy) model', 'XX000');
+        PERFORM dpsql_internal._fail('a private run can only finish with a released (noisy) model', 'XX000');
     END IF;
     d := (s->>'dim')::int;
     fit_icpt := (s->>'intercept')::boolean;
@@ -299,7 +299,7 @@ BEGIN
 END $$;
 
 -- Abandon a run: drop its training table and state.
-CREATE OR REPLACE FUNCTION dpsql._abort(run_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._abort(run_id bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     tbl text;

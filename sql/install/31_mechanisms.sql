@@ -1,6 +1,6 @@
 ------------------------------------------------------------------------------------------
 -- The mechanism registry: one row per privacy mechanism, written by the mechanism's own file
--- (dpsql._register_mechanism), read by the dispatch (_train_private), the defaults
+-- (dpsql_internal._register_mechanism), read by the dispatch (_train_private), the defaults
 -- (34_defaults.sql), refusal hints, dpsql.mechanisms() and the Python registry's test. Adding
 -- a mechanism = its own SQL file (the row and a train function with the common signature; a
 -- linear one: a plan and a fit function for _train_linear), its C in the core, its docs page
@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
 
-CREATE OR REPLACE FUNCTION dpsql._register_mechanism(name text, train_function text, task text,
+CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_function text, task text,
                                           sgd_defaults boolean, needs_delta boolean,
                                           summary text, docs text, options text[] DEFAULT '{}',
                                           plan_function text DEFAULT NULL,
@@ -48,14 +48,14 @@ RETURNS void LANGUAGE sql AS $$
 $$;
 
 -- The registry row of a mechanism; unknown names are refused with the list.
-CREATE OR REPLACE FUNCTION dpsql._mechanism(privacy text)
+CREATE OR REPLACE FUNCTION dpsql_internal._mechanism(privacy text)
 RETURNS dpsql.mechanism_catalog LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.mechanism_catalog;
 BEGIN
     SELECT * INTO m FROM dpsql.mechanism_catalog c WHERE c.name = privacy;
     IF NOT FOUND THEN
-        PERFORM dpsql._fail(
+        PERFORM dpsql_internal._fail(
             format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
             hint => 'Available: auto (chosen for you), '
                     || (SELECT string_agg(c.name, ', ' ORDER BY c.task, c.name)

@@ -10,13 +10,13 @@
 -- The bolt-on's target for the expected norm of its noise: in units of the rows' norm bound
 -- (1), a logit moves by about target / sqrt(dim). Fixed once from the bolt-on benchmarks; the
 -- step then follows from the public sensitivity (docs/defaults.md).
-CREATE OR REPLACE FUNCTION dpsql._bolton_noise_target()
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_target()
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 8.0::float8';
 
 -- The step 1/(2 beta), beta the loss's tight smoothness over rows of norm <= r (the core's
 -- loss_constants give the bolt-on paper's looser beta = 1 for logistic and multinomial):
 -- logistic r^2/4, multinomial r^2/2, Huber r^2/(2h), least squares r^2.
-CREATE OR REPLACE FUNCTION dpsql._default_step(canonical text, huber_h float8, r float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._default_step(canonical text, huber_h float8, r float8)
 RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE canonical WHEN 'logistic' THEN 2.0 WHEN 'multinomial' THEN 1.0
                           WHEN 'huber' THEN huber_h ELSE 0.5 END / (r * r)
@@ -24,7 +24,7 @@ $$;
 
 -- The expected norm of a k-dimensional noise draw per unit of sensitivity: the Gamma-norm
 -- noise (epsilon-DP) has norm ~ Gamma(k, 1/epsilon), mean k/epsilon; the Gaussian sigma sqrt(k).
-CREATE OR REPLACE FUNCTION dpsql._unit_noise_norm(k int, epsilon float8, delta float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._unit_noise_norm(k int, epsilon float8, delta float8)
 RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN delta > 0 THEN dpsql.gaussian_sigma(1, epsilon, delta) * sqrt(k)
                 ELSE k / epsilon END
@@ -32,7 +32,7 @@ $$;
 
 -- The expected norm of the noise on one step's mean gradient with batch b, for the white-box
 -- mechanisms (the per-step noise of 36_whitebox.sql), in units of the gradient bound.
-CREATE OR REPLACE FUNCTION dpsql._step_noise(privacy text, params jsonb, m bigint, b bigint, k int)
+CREATE OR REPLACE FUNCTION dpsql_internal._step_noise(privacy text, params jsonb, m bigint, b bigint, k int)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
     epsilon float8 := (params->>'epsilon')::float8;
@@ -41,25 +41,25 @@ DECLARE
 BEGIN
     IF privacy = 'dpsgd' THEN
         -- shuffled disjoint batches: k Gaussian mechanisms per row, noise multiplier z of C
-        RETURN (dpsql._account(jsonb_build_object(
+        RETURN (dpsql_internal._account(jsonb_build_object(
             'op', 'calibrate', 'scheme', 'shuffle', 'delta', delta, 'target_epsilon', epsilon,
             'noise_multiplier', NULL, 'epochs', epochs, 'steps', NULL, 'sampling_rate', NULL))
             ->>'noise_multiplier')::float8 * sqrt(k) / b;
     ELSIF privacy = 'scs13' THEN
         -- (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L
-        RETURN 2 * dpsql._unit_noise_norm(k, epsilon / epochs, delta / epochs) / b;
+        RETURN 2 * dpsql_internal._unit_noise_norm(k, epsilon / epochs, delta / epochs) / b;
     ELSIF privacy = 'bst14' THEN
         -- replace-one: sensitivity 2 L
-        RETURN 2 * (dpsql._bst14_noise(epsilon, delta, m, b, epochs)).sigma * sqrt(k) / b;
+        RETURN 2 * (dpsql_internal._bst14_noise(epsilon, delta, m, b, epochs)).sigma * sqrt(k) / b;
     END IF;
     RETURN 0;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql._private_defaults(ds dpsql.datasets, model text, privacy text,
+CREATE OR REPLACE FUNCTION dpsql_internal._private_defaults(ds dpsql.datasets, model text, privacy text,
                                         params jsonb, m bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    canonical text := dpsql._canonical_model(model);
+    canonical text := dpsql_internal._canonical_model(model);
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
@@ -115,7 +115,7 @@ BEGIN
         -- batch shrinks, so small batches only add steps.
         b := 50;
         WHILE b * 2 <= m / 50
-              AND dpsql._step_noise(CASE WHEN privacy = 'dpsgd'
+              AND dpsql_internal._step_noise(CASE WHEN privacy = 'dpsgd'
                                               AND coalesce(params->>'sampling', 'shuffle') <> 'shuffle'
                                          THEN 'poisson' ELSE privacy END,
                                     all_params, m, b, k) > 0.25 LOOP
@@ -127,16 +127,16 @@ BEGIN
     IF params->>'step_size' IS NULL AND params->>'schedule' IS NULL AND lambda = 0 THEN
         -- Constant step; SCS13 and BST14 keep their papers' 1/sqrt(t) schedules, lambda > 0
         -- the strongly convex decreasing one.
-        step := dpsql._default_step(canonical, huber_h, r);
+        step := dpsql_internal._default_step(canonical, huber_h, r);
         IF privacy = 'bolton' THEN
             -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
             -- / b); the step whose release has the target expected noise norm, at most 1/(2 beta).
-            step := least(step, dpsql._bolton_noise_target() / c.smoothness
+            step := least(step, dpsql_internal._bolton_noise_target() / c.smoothness
                                 / dpsql.bolton_sensitivity('constant', 1 / c.smoothness, 0, c.lipschitz,
                                                            c.smoothness, 0, m,
                                                            (all_params->>'batch_size')::bigint,
                                                            (all_params->>'epochs')::int)
-                                / dpsql._unit_noise_norm(CASE WHEN ovr THEN ds.dim ELSE k END,
+                                / dpsql_internal._unit_noise_norm(CASE WHEN ovr THEN ds.dim ELSE k END,
                                                          epsilon / CASE WHEN ovr THEN classes ELSE 1 END,
                                                          delta / CASE WHEN ovr THEN classes ELSE 1 END));
         END IF;

@@ -4,7 +4,7 @@
 
 -- Algorithm 1 or 2 of the bolt-on paper for the run's loss and schedule, its sensitivity
 -- (C core closed forms) and the noise it needs; the noiseless state never leaves the server.
-CREATE OR REPLACE FUNCTION dpsql._bolton_mechanism(spec jsonb, rows bigint, epsilon float8, delta float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_mechanism(spec jsonb, rows bigint, epsilon float8, delta float8,
                                         calibration text, OUT per_output boolean,
                                         OUT model_epsilon float8, OUT model_delta float8,
                                         OUT sensitivity float8, OUT algorithm text,
@@ -19,7 +19,7 @@ DECLARE
     schedule text := spec->>'schedule';
 BEGIN
     IF lambda > 0 AND radius = 0 THEN
-        PERFORM dpsql._fail('a strongly convex bolt-on run (lambda > 0) needs the ball ||w|| <= radius',
+        PERFORM dpsql_internal._fail('a strongly convex bolt-on run (lambda > 0) needs the ball ||w|| <= radius',
                             hint => 'Leave radius unset with schedule => ''decreasing'' (R = 1/lambda), or give one.');
     END IF;
     c := dpsql.loss_constants(model, lambda, radius, coalesce((spec->>'huber_h')::float8, 0.1));
@@ -28,7 +28,7 @@ BEGIN
     -- bound 2kL eta/b still holds; the other closed forms are not derived for averaging.
     IF coalesce((spec->>'parallel_workers')::int, 0) > 0
        AND NOT (lambda = 0 AND schedule = 'constant') THEN
-        PERFORM dpsql._fail('parallel bolt-on runs need the convex constant-step algorithm (lambda = 0)');
+        PERFORM dpsql_internal._fail('parallel bolt-on runs need the convex constant-step algorithm (lambda = 0)');
     END IF;
     sensitivity := dpsql.bolton_sensitivity(
         schedule, coalesce((spec->>'step_size')::float8, 0), (spec->>'step_offset')::float8,
@@ -42,19 +42,19 @@ BEGIN
     model_epsilon := CASE WHEN per_output THEN epsilon / outputs ELSE epsilon END;
     model_delta := CASE WHEN per_output THEN delta / outputs ELSE delta END;
     IF delta > 0 AND calibration = 'classic' AND model_epsilon >= 1 THEN
-        PERFORM dpsql._fail(format('the classic Gaussian mechanism (eq. 4) needs epsilon < 1 per model, got %s',
+        PERFORM dpsql_internal._fail(format('the classic Gaussian mechanism (eq. 4) needs epsilon < 1 per model, got %s',
                                    model_epsilon), hint => 'Use gaussian => ''analytic'' (the default).');
     END IF;
 END $$;
 
 -- Train a prepared private run for its fixed number of epochs and release it: the weights
 -- with bolt-on noise and the mechanism's record. The noiseless state stays in dpsql.runs.
-CREATE OR REPLACE FUNCTION dpsql._bolton_fit(run bigint, epsilon float8, delta float8, calibration text,
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_fit(run bigint, epsilon float8, delta float8, calibration text,
                                   noise_seed bigint, OUT weights float8[], OUT info jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    r dpsql.runs := dpsql._locked_run(run);
-    mech record := dpsql._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
+    r dpsql.runs := dpsql_internal._locked_run(run);
+    mech record := dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
     rel record;
     e record;
     draw int;
@@ -63,11 +63,11 @@ DECLARE
     reachable float8;
 BEGIN
     LOOP
-        e := dpsql._run_epoch(run);  -- its training loss stays here
+        e := dpsql_internal._run_epoch(run);  -- its training loss stays here
         EXIT WHEN e.done;
     END LOOP;
-    r := dpsql._locked_run(run);
-    rel := dpsql._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
+    r := dpsql_internal._locked_run(run);
+    rel := dpsql_internal._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
                                  mech.per_output, calibration, noise_seed);
     weights := rel.weights;
     -- Public: one noise draw's expected norm (Gamma(k, scale) has mean k scale; a Gaussian
@@ -102,7 +102,7 @@ BEGIN
 END $$;
 
 -- Weights back from their jsonb form (1-D, or 2-D for several outputs).
-CREATE OR REPLACE FUNCTION dpsql._jsonb_weights(j jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._jsonb_weights(j jsonb)
 RETURNS float8[] LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN jsonb_typeof(j->0) = 'array'
                 THEN (SELECT array_agg(ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(r) v)
@@ -112,19 +112,19 @@ RETURNS float8[] LANGUAGE sql IMMUTABLE STRICT AS $$
 $$;
 
 -- Classification errors of released weights on the rows rid in (lo, hi] of a training table.
-CREATE OR REPLACE FUNCTION dpsql._errors(train_table text, model text, flags int, weights float8[],
+CREATE OR REPLACE FUNCTION dpsql_internal._errors(train_table text, model text, flags int, weights float8[],
                               lo bigint, hi bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     n bigint;
 BEGIN
     EXECUTE format('SELECT count(*) FILTER (WHERE NOT (%s)) FROM ('
-                   '  SELECT dpsql._predict(%s, %s, $1, x) AS p, y FROM %s'
+                   '  SELECT dpsql_internal._predict(%s, %s, $1, x) AS p, y FROM %s'
                    '   WHERE rid > $2 AND rid <= $3) e',
                    CASE WHEN array_ndims(weights) = 2 THEN 'p IS NOT DISTINCT FROM y'
-                        ELSE format('coalesce(dpsql._is_positive(%s, p) = (y > 0), false)',
-                                    dpsql._loss_code(model)) END,
-                   dpsql._loss_code(model), flags, train_table)
+                        ELSE format('coalesce(dpsql_internal._is_positive(%s, p) = (y > 0), false)',
+                                    dpsql_internal._loss_code(model)) END,
+                   dpsql_internal._loss_code(model), flags, train_table)
        INTO n USING weights, lo, hi;
     RETURN n;
 END $$;
@@ -132,20 +132,20 @@ END $$;
 -- A private run's training table and initial state from a registered dataset: the data owner's
 -- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
 -- The data is read as float8 columns (or one float8[]) of the registered dimension: nothing is
--- probed. A view, foreign table or inheritance tree is read through dpsql._read_source (as
+-- probed. A view, foreign table or inheritance tree is read through dpsql_internal._read_source (as
 -- dpsql_reader, never as a superuser); a plain table or materialized view directly.
-CREATE OR REPLACE FUNCTION dpsql._prepare_private(ds dpsql.datasets, model text, params jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    types text[] := CASE WHEN dpsql._array_feature(ds) THEN '{double precision[]}'
+    types text[] := CASE WHEN dpsql_internal._array_feature(ds) THEN '{double precision[]}'
                          ELSE array_fill('double precision'::text, ARRAY[cardinality(ds.features)]) END;
 BEGIN
     IF ds.dim IS NULL THEN
-        PERFORM dpsql._fail(format('dataset %s was registered without a known dimension', ds.name),
+        PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
-    RETURN dpsql._prepare(
-        source => 'SELECT * FROM ' || dpsql._private_from(ds),
+    RETURN dpsql_internal._prepare(
+        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds),
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
@@ -158,7 +158,7 @@ BEGIN
         step_offset => coalesce((params->>'step_offset')::float8, 0),
         radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
         -- regression (DP-SGD): the registered label set does not apply
-        labels => CASE WHEN dpsql._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
+        labels => CASE WHEN dpsql_internal._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
         intercept => coalesce((params->>'intercept')::boolean, false),
         row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
@@ -172,7 +172,7 @@ END $$;
 -- release; a run that fails releases nothing and, being one transaction, charges nothing
 -- (private runs have no data-dependent error: malformed rows become null records).
 -- With tuning grids it is Algorithm 3 of the bolt-on paper (private tuning, spec 003 s. 9).
-CREATE OR REPLACE FUNCTION dpsql._train_private(source text, model text, params jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._train_private(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -196,98 +196,98 @@ BEGIN
     IF privacy = 'auto' THEN
         -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
         -- in the model's record. The grant is checked first: the choice reads the registration.
-        ds := dpsql._dataset_for_source(source);
-        IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
-            PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+        ds := dpsql_internal._dataset_for_source(source);
+        IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
+            PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
         END IF;
-        auto := dpsql._auto_choice(ds, model, params);
-        mid := dpsql._train_private(source, model, params || (auto->'params'));
+        auto := dpsql_internal._auto_choice(ds, model, params);
+        mid := dpsql_internal._train_private(source, model, params || (auto->'params'));
         UPDATE dpsql.model_store m
            SET params = jsonb_set(m.params, '{privacy,auto}', auto->'record')
          WHERE m.model_id = mid;
         RETURN mid;
     END IF;
-    mech := dpsql._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
+    mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
     linear := mech.task = 'regression';
-    IF linear AND dpsql._loss_code(model) <> 2 THEN
-        PERFORM dpsql._fail(format('%s trains linear regression: model => ''linear''', privacy));
+    IF linear AND dpsql_internal._loss_code(model) <> 2 THEN
+        PERFORM dpsql_internal._fail(format('%s trains linear regression: model => ''linear''', privacy));
     END IF;
     IF NOT linear AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
                        OR params->'options' <> 'null') THEN
-        PERFORM dpsql._fail('steps, ci and options are parameters of the linear-regression mechanisms');
+        PERFORM dpsql_internal._fail('steps, ci and options are parameters of the linear-regression mechanisms');
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
-        PERFORM dpsql._fail('paper_minibatch_formula is refused for real releases: it underestimates '
+        PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql._loss_code(model) = 2 AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
-        PERFORM dpsql._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
+    IF dpsql_internal._loss_code(model) = 2 AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
+        PERFORM dpsql_internal._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
                             hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
     END IF;
     IF linear AND params->>'noise_multiplier' IS NOT NULL THEN
-        PERFORM dpsql._fail('noise_multiplier is a dpsgd parameter: the linear mechanisms take epsilon and delta');
+        PERFORM dpsql_internal._fail('noise_multiplier is a dpsgd parameter: the linear mechanisms take epsilon and delta');
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
-        PERFORM dpsql._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
     END IF;
     IF NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql._fail(format('delta must be in [0, 1), got %s', delta));
+        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta));
     END IF;
     IF calibration NOT IN ('analytic', 'classic') THEN
-        PERFORM dpsql._fail('gaussian must be analytic or classic');
+        PERFORM dpsql_internal._fail('gaussian must be analytic or classic');
     END IF;
-    IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql._is_admin() THEN
-        PERFORM dpsql._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
+    IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql_internal._is_admin() THEN
+        PERFORM dpsql_internal._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
                             'reproductions: it is not replace-one DP at the stated epsilon', '42501');
     END IF;
-    IF noise_seed IS NOT NULL AND NOT dpsql._is_admin() THEN
-        PERFORM dpsql._fail('noise_seed is for data owners'' tests: whoever knows the noise seed can '
+    IF noise_seed IS NOT NULL AND NOT dpsql_internal._is_admin() THEN
+        PERFORM dpsql_internal._fail('noise_seed is for data owners'' tests: whoever knows the noise seed can '
                             'subtract the noise', '42501');
     END IF;
     IF params->>'tolerance' IS NOT NULL THEN
-        PERFORM dpsql._fail('tolerance is not allowed in private runs: a data-dependent stop would leak',
+        PERFORM dpsql_internal._fail('tolerance is not allowed in private runs: a data-dependent stop would leak',
                             hint => 'The number of epochs is fixed in advance.');
     END IF;
     IF NOT coalesce((params->>'shuffle')::boolean, true) THEN
-        PERFORM dpsql._fail('private runs shuffle the data (a data-independent permutation)');
+        PERFORM dpsql_internal._fail('private runs shuffle the data (a data-independent permutation)');
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(lambdas) v WHERE v IS NULL OR NOT (v >= 0 AND v < 'Infinity'))
        OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1)
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
-        PERFORM dpsql._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
+        PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
     END IF;
     IF privacy <> 'bolton' AND cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
-        PERFORM dpsql._fail('private tuning (Algorithm 3) is implemented for bolton');
+        PERFORM dpsql_internal._fail('private tuning (Algorithm 3) is implemented for bolton');
     END IF;
     IF privacy <> 'bolton' AND coalesce(params->>'permutation', 'once') <> 'once' THEN
-        PERFORM dpsql._fail('permutation => fresh is a bolt-on option');
+        PERFORM dpsql_internal._fail('permutation => fresh is a bolt-on option');
     END IF;
     IF privacy <> 'bolton' AND coalesce((params->>'parallel_workers')::int, 0) > 0 THEN
-        PERFORM dpsql._fail('per-step noise belongs to one sequential scan: parallel_workers => 0');
+        PERFORM dpsql_internal._fail('per-step noise belongs to one sequential scan: parallel_workers => 0');
     END IF;
 
-    ds := dpsql._dataset_for_source(source);
-    IF NOT dpsql._can_use_dataset(ds.dataset_id) THEN
-        PERFORM dpsql._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    ds := dpsql_internal._dataset_for_source(source);
+    IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
     END IF;
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
-        PERFORM dpsql._fail(format('dataset %s is registered with features %s', ds.name, ds.features),
+        PERFORM dpsql_internal._fail(format('dataset %s is registered with features %s', ds.name, ds.features),
                             hint => 'Pass NULL (or the registered features): private runs use the registration.');
     END IF;
     IF params->>'label' IS NOT NULL AND params->>'label' <> ds.label THEN
-        PERFORM dpsql._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
+        PERFORM dpsql_internal._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
 
     IF NOT params ? 'defaults' THEN
         -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
         -- and record what was chosen with the model.
         IF mech.sgd_defaults THEN
-            EXECUTE format('SELECT count(*) FROM %s', dpsql._private_from(ds)) INTO rows;
-            params := dpsql._private_defaults(ds, model, privacy, params, rows);
+            EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO rows;
+            params := dpsql_internal._private_defaults(ds, model, privacy, params, rows);
         END IF;
-        mid := dpsql._train_private(source, model, params || '{"defaults": {}}');
+        mid := dpsql_internal._train_private(source, model, params || '{"defaults": {}}');
         auto := params->'defaults';
         IF auto <> '{}' THEN
             UPDATE dpsql.model_store m SET params = jsonb_set(m.params, '{privacy,defaults}', auto)
@@ -295,19 +295,19 @@ BEGIN
         END IF;
         RETURN mid;
     END IF;
-    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql._loss_code(model) <> 2 THEN
-        PERFORM dpsql._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
+    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql_internal._loss_code(model) <> 2 THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
                                    ds.name));
     END IF;
     -- The mechanism's own train function: plan from public numbers, charge, fit, release.
-    EXECUTE format('SELECT dpsql.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
        INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
     RETURN mid;
 END $$;
 
 -- The bolt-on (spec 003): Algorithms 1 and 2, or Algorithm 3 with tuning grids. Noiseless
 -- epochs, then output perturbation once.
-CREATE OR REPLACE FUNCTION dpsql._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
+CREATE OR REPLACE FUNCTION dpsql_internal._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
                                     epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -323,22 +323,22 @@ DECLARE
     mid bigint;
 BEGIN
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
-    entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy,
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END);
-    run := dpsql._prepare_private(ds, model, params);
+    run := dpsql_internal._prepare_private(ds, model, params);
     IF tuning THEN
-        fit := dpsql._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
+        fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);
         run := fit.run;
     ELSE
-        fit := dpsql._bolton_fit(run, epsilon, delta, calibration, noise_seed);
+        fit := dpsql_internal._bolton_fit(run, epsilon, delta, calibration, noise_seed);
     END IF;
-    mid := dpsql._finish(run, fit.weights,
+    mid := dpsql_internal._finish(run, fit.weights,
                          fit.info || jsonb_build_object('dataset_id', ds.dataset_id, 'ledger_entry', entry));
-    PERFORM dpsql._set_ledger_model(entry, mid);
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'bolton', '_train_bolton', 'classification', true, false,
     'bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)',
     'docs/bolton.md');
@@ -348,13 +348,13 @@ SELECT dpsql._register_mechanism(
 -- count each released candidate's errors chi_i on the last portion; pick one with probability
 -- proportional to exp(-epsilon chi_i / 2). Portions are disjoint, so training costs (epsilon,
 -- delta) by parallel composition and the selection epsilon on the held-out portion.
-CREATE OR REPLACE FUNCTION dpsql._bolton_tune(base bigint, model text, params jsonb, lambdas float8[],
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_tune(base bigint, model text, params jsonb, lambdas float8[],
                                    epochs_grid int[], epsilon float8, delta float8,
                                    calibration text, noise_seed bigint,
                                    OUT run bigint, OUT weights float8[], OUT info jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    b dpsql.runs := dpsql._locked_run(base);
+    b dpsql.runs := dpsql_internal._locked_run(base);
     grid_l float8[] := CASE WHEN cardinality(lambdas) > 0 THEN lambdas
                             ELSE ARRAY[coalesce((params->>'lambda')::float8, 0)] END;
     grid_k int[] := CASE WHEN cardinality(epochs_grid) > 0 THEN epochs_grid
@@ -373,7 +373,7 @@ DECLARE
     pick int;
 BEGIN
     IF portion < batch THEN
-        PERFORM dpsql._fail(format('%s rows cannot be split into %s portions of at least one batch',
+        PERFORM dpsql_internal._fail(format('%s rows cannot be split into %s portions of at least one batch',
                                    b.rows, l + 1));
     END IF;
     -- The base table already holds transformed features and mapped labels.
@@ -383,7 +383,7 @@ BEGIN
     FOREACH lam IN ARRAY grid_l LOOP
         FOREACH k IN ARRAY grid_k LOOP
             i := i + 1;
-            cand := dpsql._prepare(
+            cand := dpsql_internal._prepare(
                 source => format('SELECT x, y FROM %s WHERE rid > %s AND rid <= %s',
                                  b.train_table, (i - 1) * portion, i * portion),
                 features => '{x}', label => 'y', model => model, epochs => k, batch_size => batch,
@@ -395,9 +395,9 @@ BEGIN
                 tolerance => NULL, private => true,
                 -- the registered dimension: no row of the training table is probed
                 feature_types => '{double precision[]}', dim => (b.spec->>'dim')::int);
-            fit := dpsql._bolton_fit(cand, epsilon, delta, calibration,
+            fit := dpsql_internal._bolton_fit(cand, epsilon, delta, calibration,
                                      noise_seed # (i::bigint << 32));
-            errors := errors || dpsql._errors(b.train_table, model, (b.spec->>'flags')::int,
+            errors := errors || dpsql_internal._errors(b.train_table, model, (b.spec->>'flags')::int,
                                               fit.weights, l::bigint * portion,
                                               (l + 1)::bigint * portion)::float8;
             candidates := candidates || jsonb_build_object(
@@ -406,15 +406,15 @@ BEGIN
         END LOOP;
     END LOOP;
     -- Utility -chi_i with sensitivity 1: p_i proportional to exp(-epsilon chi_i / 2).
-    pick := dpsql._exponential_mechanism(ARRAY(SELECT -v FROM unnest(errors) v), epsilon, 1, noise_seed);
+    pick := dpsql_internal._exponential_mechanism(ARRAY(SELECT -v FROM unnest(errors) v), epsilon, 1, noise_seed);
     FOR i IN 1..l LOOP
         IF i <> pick THEN
-            PERFORM dpsql._abort((candidates->(i - 1)->>'run')::bigint);
+            PERFORM dpsql_internal._abort((candidates->(i - 1)->>'run')::bigint);
         END IF;
     END LOOP;
-    PERFORM dpsql._abort(base);
+    PERFORM dpsql_internal._abort(base);
     run := (candidates->(pick - 1)->>'run')::bigint;
-    weights := dpsql._jsonb_weights(candidates->(pick - 1)->'weights');
+    weights := dpsql_internal._jsonb_weights(candidates->(pick - 1)->'weights');
     info := (candidates->(pick - 1)->'info') || jsonb_build_object(
         'epsilon', epsilon, 'delta', delta,
         'tuning', jsonb_build_object(
@@ -427,16 +427,16 @@ END $$;
 
 -- Arm a prepared run with a white-box plan (noise inside every step), run all its epochs and
 -- return the final weights: the release, with no output noise.
-CREATE OR REPLACE FUNCTION dpsql._run_armed(run bigint, plan jsonb, noise_seed bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._run_armed(run bigint, plan jsonb, noise_seed bigint)
 RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
     e record;
 BEGIN
-    PERFORM dpsql._arm_whitebox(run, plan, noise_seed);
+    PERFORM dpsql_internal._arm_whitebox(run, plan, noise_seed);
     LOOP
-        e := dpsql._run_epoch(run);
+        e := dpsql_internal._run_epoch(run);
         EXIT WHEN e.done;
     END LOOP;
-    RETURN dpsql._sgd_weights((dpsql._locked_run(run)).state);
+    RETURN dpsql_internal._sgd_weights((dpsql_internal._locked_run(run)).state);
 END $$;
 

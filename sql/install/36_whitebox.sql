@@ -4,7 +4,7 @@
 
 -- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
 -- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1, increasing in e1.
-CREATE OR REPLACE FUNCTION dpsql._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     lo float8 := 0;
@@ -25,7 +25,7 @@ END $$;
 -- BST14's per-step noise std at add/remove sensitivity 1 (Algorithm 4/5 with k epochs of
 -- T = k floor(m / b) steps of b draws with replacement): the Gaussian for (epsilon_2, delta_1),
 -- epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification, delta_1 = delta / T.
-CREATE OR REPLACE FUNCTION dpsql._bst14_noise(epsilon float8, delta float8, rows bigint, b bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._bst14_noise(epsilon float8, delta float8, rows bigint, b bigint,
                                    k int, OUT epsilon_1 float8, OUT epsilon_2 float8,
                                    OUT delta_1 float8, OUT sigma float8)
 LANGUAGE plpgsql IMMUTABLE AS $$
@@ -33,7 +33,7 @@ DECLARE
     t bigint := k * (rows / b);
 BEGIN
     delta_1 := delta / t;
-    epsilon_1 := dpsql._bst14_epsilon1(epsilon, delta_1, t);
+    epsilon_1 := dpsql_internal._bst14_epsilon1(epsilon, delta_1, t);
     epsilon_2 := least(1.0, rows * epsilon_1 / (2 * b));
     sigma := sqrt(2 * ln(1.25 / delta_1)) / epsilon_2;
 END $$;
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
 );
 
 -- Ask the dp-accounting accountant (dpsql/accounting.py) for a DP-SGD calibration or epsilon.
-CREATE OR REPLACE FUNCTION dpsql._account(request jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._account(request jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     answer jsonb;
@@ -55,9 +55,9 @@ BEGIN
     IF FOUND THEN
         RETURN answer;
     END IF;
-    answer := dpsql._accountant(request::text)::jsonb;
+    answer := dpsql_internal._accountant(request::text)::jsonb;
     IF answer ? 'error' THEN
-        PERFORM dpsql._fail('the accountant refused: ' || (answer->>'error'));
+        PERFORM dpsql_internal._fail('the accountant refused: ' || (answer->>'error'));
     END IF;
     INSERT INTO dpsql.accountant_answers (request, answer) VALUES (request, answer)
         ON CONFLICT DO NOTHING;
@@ -66,7 +66,7 @@ END $$;
 
 -- Noise, clipping, step schedule, sampling and accounting of a white-box mechanism for a
 -- prepared run of `rows` rows (m public). 'public' keys go into the model's provenance.
-CREATE OR REPLACE FUNCTION dpsql._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -90,33 +90,33 @@ DECLARE
     plan jsonb;
 BEGIN
     IF n < 1 THEN
-        PERFORM dpsql._fail(format('%s rows make no batch of %s', rows, b));
+        PERFORM dpsql_internal._fail(format('%s rows make no batch of %s', rows, b));
     END IF;
     IF privacy IN ('scs13', 'bst14') AND model IN ('logistic', 'huber')
        AND coalesce(jsonb_array_length(nullif(spec->'classes', 'null')), 1) > 2 THEN
-        PERFORM dpsql._fail(privacy || ' trains binary or multinomial models here, not one-vs-rest');
+        PERFORM dpsql_internal._fail(privacy || ' trains binary or multinomial models here, not one-vs-rest');
     END IF;
     IF privacy = 'dpsgd' THEN
         clip := coalesce((params->>'clip_norm')::float8, 1.0);
         IF NOT (clip > 0 AND clip < 'Infinity') THEN
-            PERFORM dpsql._fail('clip_norm must be a finite number > 0');
+            PERFORM dpsql_internal._fail('clip_norm must be a finite number > 0');
         END IF;
         IF NOT (delta > 0) THEN
-            PERFORM dpsql._fail('DP-SGD is (epsilon, delta)-DP: delta must be > 0');
+            PERFORM dpsql_internal._fail('DP-SGD is (epsilon, delta)-DP: delta must be > 0');
         END IF;
         IF sampling NOT IN ('shuffle', 'poisson') THEN
-            PERFORM dpsql._fail('sampling must be shuffle (disjoint batches) or poisson');
+            PERFORM dpsql_internal._fail('sampling must be shuffle (disjoint batches) or poisson');
         END IF;
         IF (epsilon IS NULL) = (z IS NULL) THEN
-            PERFORM dpsql._fail('DP-SGD takes either epsilon (the noise is calibrated) or '
+            PERFORM dpsql_internal._fail('DP-SGD takes either epsilon (the noise is calibrated) or '
                                 'noise_multiplier (epsilon is reported)');
         END IF;
         IF z IS NOT NULL AND NOT (z > 0 AND z < 'Infinity') THEN
-            PERFORM dpsql._fail('noise_multiplier must be a finite number > 0');
+            PERFORM dpsql_internal._fail('noise_multiplier must be a finite number > 0');
         END IF;
         -- Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
         -- Poisson: q = b/m per step, k*n steps, amplification by sampling (PLD, replace-one).
-        acct := dpsql._account(jsonb_build_object(
+        acct := dpsql_internal._account(jsonb_build_object(
             'op', CASE WHEN z IS NULL THEN 'calibrate' ELSE 'report' END,
             'scheme', sampling, 'delta', delta,
             'target_epsilon', epsilon, 'noise_multiplier', z,
@@ -162,19 +162,19 @@ BEGIN
                 'neighbouring', 'replace-one, m public'));
     ELSIF privacy = 'bst14' THEN
         IF NOT (delta > 0) THEN
-            PERFORM dpsql._fail('BST14 exists only for (epsilon, delta): delta must be > 0');
+            PERFORM dpsql_internal._fail('BST14 exists only for (epsilon, delta): delta must be > 0');
         END IF;
         clip := c.lipschitz_data;
         radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE coalesce(radius, 1e4) END;
         lip := clip + lambda * radius;
         -- Algorithm 4/5 with constant epochs: T = k m / b steps of b draws with replacement.
-        bst := dpsql._bst14_noise(epsilon, delta, rows, b, k);
+        bst := dpsql_internal._bst14_noise(epsilon, delta, rows, b, k);
         sigma := bst.sigma;
         -- 'paper': std sigma (iota = 1, add/remove sensitivity 1); 'strict': replace-one, 2L.
         IF coalesce(params->>'bst14_noise', 'strict') = 'strict' THEN
             sigma := sigma * 2 * clip;
         ELSIF params->>'bst14_noise' <> 'paper' THEN
-            PERFORM dpsql._fail('bst14_noise must be strict (replace-one) or paper');
+            PERFORM dpsql_internal._fail('bst14_noise must be strict (replace-one) or paper');
         END IF;
         g := sqrt((spec->>'dim')::float8 * sigma * sigma + b * b * lip * lip);
         plan := jsonb_build_object(
@@ -193,21 +193,21 @@ BEGIN
                 'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'
                                     THEN 2 * clip ELSE 1 END));
     ELSE
-        PERFORM dpsql._fail(format('unknown privacy mechanism %s', quote_literal(privacy)));
+        PERFORM dpsql_internal._fail(format('unknown privacy mechanism %s', quote_literal(privacy)));
     END IF;
     RETURN plan;
 END $$;
 
 -- Rebuild a prepared private run's initial state with the plan's noise, clipping, schedule
 -- and sampling (keyed by pg_strong_random), and draw its secret sampling seed.
-CREATE OR REPLACE FUNCTION dpsql._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    r dpsql.runs := dpsql._locked_run(run_id);
+    r dpsql.runs := dpsql_internal._locked_run(run_id);
     s jsonb := r.spec;
     init float8[];
 BEGIN
-    init := dpsql._sgd_init(
+    init := dpsql_internal._sgd_init(
         s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(nullif(s->'classes', 'null')), 1),
         (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
         (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
@@ -223,7 +223,7 @@ BEGIN
                'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
                'clip_norm', (plan->>'clip_norm')::float8),
            -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
-           sampling_seed = CASE WHEN noise_seed IS NULL THEN dpsql._random_seed()
+           sampling_seed = CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
                                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
      WHERE runs.run_id = _arm_whitebox.run_id;
 END $$;
@@ -231,7 +231,7 @@ END $$;
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
 -- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
-CREATE OR REPLACE FUNCTION dpsql._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
+CREATE OR REPLACE FUNCTION dpsql_internal._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
                                       epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -241,29 +241,29 @@ DECLARE
     entry bigint;
     mid bigint;
 BEGIN
-    run := dpsql._prepare_private(ds, model, params);
-    r := dpsql._locked_run(run);
-    plan := dpsql._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
-    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+    run := dpsql_internal._prepare_private(ds, model, params);
+    r := dpsql_internal._locked_run(run);
+    plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
+    entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            privacy);
-    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
+    mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
         'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
                            ELSE 'user seed ' || noise_seed || ': NOT private' END));
-    PERFORM dpsql._set_ledger_model(entry, mid);
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dpsgd', '_train_whitebox', 'classification', true, true,
     'DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches '
     '(dp-accounting); also least squares', 'docs/whitebox.md');
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'scs13', '_train_whitebox', 'classification', true, false,
     'SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)',
     'docs/whitebox.md');
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'bst14', '_train_whitebox', 'classification', true, true,
     'BST14: noisy SGD on batches drawn with replacement, amplified and advanced composition',
     'docs/whitebox.md');

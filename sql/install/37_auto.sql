@@ -7,7 +7,7 @@
 
 -- Parameters that auto chooses itself: given anything but their defaults, it refuses rather
 -- than drop them silently.
-CREATE OR REPLACE FUNCTION dpsql._auto_refuse_overrides(params jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._auto_refuse_overrides(params jsonb)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     given text[];
@@ -34,7 +34,7 @@ BEGIN
            AS t(k, set_by_caller)
      WHERE set_by_caller;
     IF given IS NOT NULL THEN
-        PERFORM dpsql._fail(format('privacy => auto chooses %s itself', array_to_string(given, ', ')),
+        PERFORM dpsql_internal._fail(format('privacy => auto chooses %s itself', array_to_string(given, ', ')),
                             hint => 'Leave them at their defaults, or name a mechanism to set them.');
     END IF;
 END $$;
@@ -46,17 +46,17 @@ END $$;
 -- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP).
 -- Regression: DP-GD (delta > 0 needed), whitened by its private preconditioner
 -- (44_dpgd_precondition.sql) when the rows have a public norm bound.
-CREATE OR REPLACE FUNCTION dpsql._auto_choice(ds dpsql.datasets, model text, params jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
     chosen jsonb;
     rule text;
 BEGIN
-    PERFORM dpsql._auto_refuse_overrides(params);
-    IF ds.label_bound IS NOT NULL OR dpsql._canonical_model(model) = 'linear' THEN
+    PERFORM dpsql_internal._auto_refuse_overrides(params);
+    IF ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear' THEN
         IF NOT (delta > 0) THEN
-            PERFORM dpsql._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
+            PERFORM dpsql_internal._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
         END IF;
         -- With a public bound on ||x||, whiten by the private preconditioner (a tenth of rho).
         chosen := jsonb_build_object('privacy', 'dpgd') || CASE WHEN ds.row_bound IS NOT NULL

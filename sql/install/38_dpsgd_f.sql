@@ -9,14 +9,14 @@
 -- Share of epsilon that fixes the mean's noise: it sets the noise multiplier p of the mean
 -- (the analytic Gaussian for (mean_fraction * epsilon, delta) alone), and the accountant then
 -- calibrates the steps so that the composition of both is (epsilon, delta).
-CREATE OR REPLACE FUNCTION dpsql._dpsgd_f_mean_fraction()
+CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_f_mean_fraction()
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 0.1::float8';
 
 -- The rows' noisy mean: rows as the model sees them (bounds applied in the training table),
 -- scaled by 1 / x_bound, put through the row transform (clip or unit: norm <= 1) and scaled
 -- back, summed, a null record counting as zero, plus N(0, std^2 I) (replace-one sensitivity
 -- 2 x_bound), divided by the public m.
-CREATE OR REPLACE FUNCTION dpsql._private_mean(train_table text, dim int, row_flags int, rows bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._private_mean(train_table text, dim int, row_flags int, rows bigint,
                                     noise_std float8, noise_seed bigint,
                                     x_bound float8 DEFAULT 1)
 RETURNS float8[] LANGUAGE plpgsql AS $$
@@ -26,24 +26,24 @@ BEGIN
     EXECUTE format('SELECT array_agg(coalesce(s.v, 0) ORDER BY j)'
                    '  FROM generate_series(1, $2) j LEFT JOIN ('
                    '    SELECT u.j, sum(u.v) * $3 AS v'
-                   '      FROM %s t, unnest(dpsql._preprocess('
+                   '      FROM %s t, unnest(dpsql_internal._preprocess('
                    '             CASE WHEN $3 = 1 THEN t.x ELSE ARRAY(SELECT e / $3 FROM unnest(t.x)'
                    '                  WITH ORDINALITY AS q(e, k) ORDER BY k) END, NULL, $1, NULL))'
                    '           WITH ORDINALITY AS u(v, j)'
                    '     GROUP BY u.j) s USING (j)', train_table)
        INTO total USING row_flags, dim, x_bound;
-    total := dpsql._add_gaussian(total, noise_std, noise_seed, 7001);
+    total := dpsql_internal._add_gaussian(total, noise_std, noise_seed, 7001);
     RETURN ARRAY(SELECT v / rows FROM unnest(total) WITH ORDINALITY AS u(v, j) ORDER BY j);
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f(ds dpsql.datasets, model text, privacy text,
+CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f(ds dpsql.datasets, model text, privacy text,
                                      params jsonb, epsilon float8, delta float8,
                                      noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    canonical text := dpsql._canonical_model(model);
+    canonical text := dpsql_internal._canonical_model(model);
     x_bound float8 := CASE WHEN canonical = 'linear' THEN ds.row_bound ELSE 1 END;
-    mean_epsilon float8 := dpsql._dpsgd_f_mean_fraction() * epsilon;
+    mean_epsilon float8 := dpsql_internal._dpsgd_f_mean_fraction() * epsilon;
     prefix float8;
     run bigint;
     r dpsql.runs;
@@ -55,16 +55,16 @@ DECLARE
     mid bigint;
 BEGIN
     IF canonical = 'linear' AND (ds.label_bound IS NULL OR ds.row_bound IS NULL) THEN
-        PERFORM dpsql._fail('dpsgd_f for least squares needs a regression dataset with a public bound on ||x||',
+        PERFORM dpsql_internal._fail('dpsgd_f for least squares needs a regression dataset with a public bound on ||x||',
                             hint => 'Register it with label_bound and row_bound (or feature_bounds).');
     END IF;
     IF NOT (delta > 0) THEN
-        PERFORM dpsql._fail('dpsgd_f is (epsilon, delta)-DP: delta must be > 0');
+        PERFORM dpsql_internal._fail('dpsgd_f is (epsilon, delta)-DP: delta must be > 0');
     END IF;
     -- Always Poisson sampling, the sampling the composed accountant assumes (spec 001 s. 4
     -- [R]); 'shuffle' is dpsql.train's default for sampling, so it cannot mean a choice here.
     IF params->>'noise_multiplier' IS NOT NULL THEN
-        PERFORM dpsql._fail('dpsgd_f calibrates its noise from epsilon: give epsilon, not noise_multiplier');
+        PERFORM dpsql_internal._fail('dpsgd_f calibrates its noise from epsilon: give epsilon, not noise_multiplier');
     END IF;
     -- Poisson batches of expected size 1 would cost a step per row: b < 2 means the default 50.
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
@@ -74,17 +74,17 @@ BEGIN
     -- the rows' norm bound (1 for classifiers); std / r is the accountant's prefix multiplier
     -- (the steps' multiplier is std / C at sensitivity 2 C).
     prefix := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
-    run := dpsql._prepare_private(ds, model, params);
-    r := dpsql._locked_run(run);
+    run := dpsql_internal._prepare_private(ds, model, params);
+    r := dpsql_internal._locked_run(run);
     row_flags := (r.spec->>'flags')::int & 3;  -- the registration's clip / unit rows
     -- The plan (and the charge) before any private number is computed from the rows.
-    plan := dpsql._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
+    plan := dpsql_internal._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
                                  params || jsonb_build_object('sampling', 'poisson',
                                                               'prefix_noise_multiplier', prefix / x_bound));
-    entry := dpsql._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+    entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            'dpsgd_f');
     -- regression rows (row_norm none) are clipped to x_bound for the sum only
-    centre := dpsql._private_mean(r.train_table, (r.spec->>'dim')::int,
+    centre := dpsql_internal._private_mean(r.train_table, (r.spec->>'dim')::int,
                                   CASE WHEN canonical = 'linear' THEN 1 ELSE row_flags END,
                                   r.rows, prefix, noise_seed, x_bound);
     -- Centre the rows in a new table (an UPDATE would leave every row's old version for the
@@ -92,7 +92,7 @@ BEGIN
     tbl := r.train_table || '_c';
     EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL) WITH (autovacuum_enabled = false)',
                    tbl, r.train_table);
-    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT rid, dpsql._preprocess(x, NULL, $1, $2), y'
+    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT rid, dpsql_internal._preprocess(x, NULL, $1, $2), y'
                    '  FROM %s ORDER BY rid', tbl, r.train_table) USING row_flags, centre;
     EXECUTE format('DROP TABLE %s', r.train_table);
     EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
@@ -100,7 +100,7 @@ BEGIN
        SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int & ~3) | 4,
                                              'intercept', true)
      WHERE runs.run_id = run;
-    mid := dpsql._finish(run, dpsql._run_armed(run, plan, noise_seed),
+    mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
@@ -114,10 +114,10 @@ BEGIN
             'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
                            ELSE 'user seed ' || noise_seed || ': NOT private' END));
-    PERFORM dpsql._set_ledger_model(entry, mid);
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dpsgd_f', '_train_dpsgd_f', 'classification', true, true,
     'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; '
     'also least squares', 'docs/whitebox.md');

@@ -12,7 +12,7 @@ CREATE OR REPLACE FUNCTION dpsql.zcdp_rho(epsilon float8, delta float8)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 BEGIN
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta > 0 AND delta < 1) THEN
-        PERFORM dpsql._fail(format('zCDP needs epsilon > 0 and 0 < delta < 1, got (%s, %s)',
+        PERFORM dpsql_internal._fail(format('zCDP needs epsilon > 0 and 0 < delta < 1, got (%s, %s)',
                                    epsilon, delta),
                             hint => 'The linear-regression mechanisms are (epsilon, delta)-DP with delta > 0.');
     END IF;
@@ -29,7 +29,7 @@ COMMENT ON FUNCTION dpsql.zcdp_epsilon(float8, float8) IS 'epsilon of rho-zCDP a
 
 -- v plus i.i.d. N(0, sigma^2) noise on each coordinate (pg_strong_random unless a seed is given;
 -- stream separates the uses of one seed).
-CREATE OR REPLACE FUNCTION dpsql._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_add_gaussian_sql' LANGUAGE C VOLATILE;
 
 -- Every released iterate of a DP-GD model (N x p, in step order; independent runs one after
@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS dpsql.model_iterates (
 COMMENT ON TABLE dpsql.model_iterates IS 'Released iterates of DP-GD models (for confidence intervals)';
 
 -- A public number of a linear mechanism: the analyst's option, else the default; checked.
-CREATE OR REPLACE FUNCTION dpsql._linear_option(options jsonb, key text, fallback float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._linear_option(options jsonb, key text, fallback float8,
                                                 lo float8 DEFAULT 0, lo_open boolean DEFAULT true)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -51,11 +51,11 @@ BEGIN
         RETURN fallback;
     END IF;
     IF jsonb_typeof(options->key) <> 'number' THEN
-        PERFORM dpsql._fail(format('options.%s must be a number, got %s', key, options->key));
+        PERFORM dpsql_internal._fail(format('options.%s must be a number, got %s', key, options->key));
     END IF;
     v := (options->>key)::float8;
     IF NOT (v < 'Infinity') OR v < lo OR (lo_open AND v = lo) THEN
-        PERFORM dpsql._fail(format('options.%s must be a finite number %s %s, got %s', key,
+        PERFORM dpsql_internal._fail(format('options.%s must be a finite number %s %s, got %s', key,
                                    CASE WHEN lo_open THEN '>' ELSE '>=' END, lo, v));
     END IF;
     RETURN v;
@@ -64,21 +64,21 @@ END $$;
 -- Clipping bounds every step, so ||w|| <= steps * eta * (clip + noise); refusing plans whose bound
 -- is astronomical makes a non-finite model impossible whatever the data (an error there would be
 -- a data-dependent, uncharged answer).
-CREATE OR REPLACE FUNCTION dpsql._check_finite_run(eta float8, steps float8, per_step float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._check_finite_run(eta float8, steps float8, per_step float8)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF NOT (eta > 0 AND eta < 'Infinity') THEN
-        PERFORM dpsql._fail(format('step_size must be a finite number > 0, got %s', eta));
+        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', eta));
     END IF;
     IF NOT (eta * steps * per_step < 1e100) THEN
-        PERFORM dpsql._fail(format('step_size %s is too large: %s steps could overflow the model', eta, steps));
+        PERFORM dpsql_internal._fail(format('step_size %s is too large: %s steps could overflow the model', eta, steps));
     END IF;
 END $$;
 
 -- What every linear plan starts from: the analyst's options checked against the mechanism's
 -- registered list (31_mechanisms.sql), the intercept, p = d + intercept, rho, and the
 -- registered bound on ||x||.
-CREATE OR REPLACE FUNCTION dpsql._linear_plan_common(privacy text, ds dpsql.datasets, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._linear_plan_common(privacy text, ds dpsql.datasets, d int,
                                                      epsilon float8, delta float8, params jsonb,
                                                      OUT options jsonb, OUT intercept boolean,
                                                      OUT p int, OUT rho float8, OUT x_bound float8)
@@ -92,15 +92,15 @@ BEGIN
     p := d + intercept::int;
     rho := dpsql.zcdp_rho(epsilon, delta);
     x_bound := coalesce(ds.row_bound, 0);  -- 0: rows are not clipped
-    known := (dpsql._mechanism(privacy)).options;
+    known := (dpsql_internal._mechanism(privacy)).options;
     SELECT string_agg(k, ', ') INTO unknown
       FROM jsonb_object_keys(coalesce(options, '{}')) k WHERE k <> ALL (known);
     IF unknown IS NOT NULL THEN
-        PERFORM dpsql._fail(format('unknown options for %s: %s', privacy, unknown),
+        PERFORM dpsql_internal._fail(format('unknown options for %s: %s', privacy, unknown),
                             hint => 'Known: ' || array_to_string(known, ', ') || '.');
     END IF;
     IF options IS NOT NULL AND jsonb_typeof(options) <> 'object' THEN
-        PERFORM dpsql._fail('options must be a JSON object');
+        PERFORM dpsql_internal._fail('options must be a JSON object');
     END IF;
 END $$;
 
@@ -108,17 +108,17 @@ END $$;
 -- dataset's declarations and the analyst's parameters only (never from the data), and the
 -- noise that makes it (epsilon, delta)-DP. 'info' goes into the model's provenance. The
 -- mechanism's file registers its plan function.
-CREATE OR REPLACE FUNCTION dpsql._linear_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._linear_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                               epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    plan_function text := (dpsql._mechanism(privacy)).plan_function;
+    plan_function text := (dpsql_internal._mechanism(privacy)).plan_function;
     plan jsonb;
 BEGIN
     IF plan_function IS NULL THEN
-        PERFORM dpsql._fail(format('%s is not a linear-regression mechanism', privacy));
+        PERFORM dpsql_internal._fail(format('%s is not a linear-regression mechanism', privacy));
     END IF;
-    EXECUTE format('SELECT dpsql.%I($1, $2, $3, $4, $5, $6, $7)', plan_function)
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', plan_function)
        INTO plan USING privacy, ds, n, d, epsilon, delta, params;
     RETURN plan;
 END $$;
@@ -126,7 +126,7 @@ END $$;
 -- Train a linear mechanism on a registered regression dataset and release the model. Called
 -- by _train_private (SECURITY DEFINER) after its checks; charged before anything touches the
 -- data, in the same transaction as the release.
-CREATE OR REPLACE FUNCTION dpsql._train_linear(ds dpsql.datasets, model text, privacy text,
+CREATE OR REPLACE FUNCTION dpsql_internal._train_linear(ds dpsql.datasets, model text, privacy text,
                                                params jsonb, epsilon float8, delta float8,
                                                noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql
@@ -145,22 +145,22 @@ DECLARE
     mid bigint;
 BEGIN
     IF ds.label_bound IS NULL THEN
-        PERFORM dpsql._fail(format('%s is linear regression, and dataset %s is a classification dataset',
+        PERFORM dpsql_internal._fail(format('%s is linear regression, and dataset %s is a classification dataset',
                                    privacy, ds.name),
                             hint => 'Register the table with label_bound (a public bound on |y|) instead of labels.');
     END IF;
     IF delta IS NULL OR delta <= 0 THEN
-        PERFORM dpsql._fail(format('%s is (epsilon, delta)-DP through zCDP: delta must be > 0', privacy));
+        PERFORM dpsql_internal._fail(format('%s is (epsilon, delta)-DP through zCDP: delta must be > 0', privacy));
     END IF;
-    run := dpsql._prepare_private(ds, 'linear', params);
-    r := dpsql._locked_run(run);
-    plan := dpsql._linear_plan(privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta, params);
-    entry := dpsql._charge(ds.dataset_id, epsilon, delta, privacy);
+    run := dpsql_internal._prepare_private(ds, 'linear', params);
+    r := dpsql_internal._locked_run(run);
+    plan := dpsql_internal._linear_plan(privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta, params);
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy);
     -- The mechanism's registered fit (in its own file) scans the training table.
-    EXECUTE format('SELECT * FROM dpsql.%I($1, $2, $3)', (dpsql._mechanism(privacy)).fit_function)
+    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', (dpsql_internal._mechanism(privacy)).fit_function)
        INTO rel USING r.train_table, plan, noise_seed;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
-    mid := dpsql._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
+    mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', epsilon, 'delta', delta,
         'ledger_entry', entry,
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
@@ -168,7 +168,7 @@ BEGIN
     IF rel.iterates IS NOT NULL THEN
         INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
     END IF;
-    PERFORM dpsql._set_ledger_model(entry, mid);
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
 
@@ -186,17 +186,17 @@ DECLARE
     ci jsonb;
 BEGIN
     IF alpha IS NULL OR NOT (alpha > 0 AND alpha < 1) THEN
-        PERFORM dpsql._fail(format('alpha must be in (0, 1), got %s', coalesce(alpha::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('alpha must be in (0, 1), got %s', coalesce(alpha::text, 'NULL')));
     END IF;
     -- Only models the caller may see (the row-filtered view, evaluated as the session user).
     SELECT v.model_id, v.privacy, v.params INTO m FROM dpsql.models v WHERE v.model_id = confint.model_id;
     IF NOT FOUND THEN
-        PERFORM dpsql._fail(format('no model %s', coalesce(model_id::text, 'NULL')), '42704');
+        PERFORM dpsql_internal._fail(format('no model %s', coalesce(model_id::text, 'NULL')), '42704');
     END IF;
     SELECT i.iterates INTO its FROM dpsql.model_iterates i WHERE i.model_id = confint.model_id;
     ci := m.params->'privacy'->'ci';
     IF its IS NULL OR ci IS NULL OR ci->>'method' = 'none' THEN
-        PERFORM dpsql._fail(format('model %s has no confidence intervals', model_id),
+        PERFORM dpsql_internal._fail(format('model %s has no confidence intervals', model_id),
                             hint => 'Train with privacy => ''dpgd'' and ci => batch_means, checkpoints or independent_runs.');
     END IF;
     IF (ci->>'mixed')::boolean IS FALSE THEN
@@ -205,7 +205,7 @@ BEGIN
             USING HINT = 'Scale the features to be close to isotropic, or use a larger step_size and more steps (docs/linear.md).';
     END IF;
     RETURN QUERY SELECT t.coef_index, t.estimate, t.lower, t.upper
-                   FROM dpsql._t_interval(dpsql._confint_draws(its, ci->>'method',
+                   FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(its, ci->>'method',
                                                                (ci->>'draws')::int,
                                                                (ci->>'burn_in')::int), alpha) t;
 END $$;

@@ -10,7 +10,7 @@
 -- domain 2^(i - levels), count noise sigma_c, threshold theta, zeta_t = r_x gamma_t log_factor);
 -- stat = 0: fixed clipping norm zeta_fixed (DP-SSGD with batch 1 and blocks = n_rows).
 -- The noise generator is keyed by pg_strong_random, or by seed (tests only: not private).
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_init(dim int, intercept boolean, x_bound float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_init(dim int, intercept boolean, x_bound float8,
                                                n_rows bigint, blocks int, batch bigint,
                                                stat bigint, alpha float8, eta float8,
                                                r_x float8, log_factor float8, domain float8,
@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION dpsql._ambssgd_init(dim int, intercept boolean, x_bou
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_init_state'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL UNSAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_transition(state float8[], x float8[], y float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_transition(state float8[], x float8[], y float8,
                                                      init float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_transition'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL UNSAFE;
@@ -29,14 +29,14 @@ LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL UNSAFE;
 -- nature: no combine function, never in a parallel plan. Malformed rows (NULL x or y, wrong
 -- length, NaN/Inf) are zero records, never errors.
 CREATE OR REPLACE AGGREGATE dpsql.ambssgd_pass(x float8[], y float8, init float8[]) (
-    SFUNC = dpsql._ambssgd_transition,
+    SFUNC = dpsql_internal._ambssgd_transition,
     STYPE = float8[],
     PARALLEL = UNSAFE
 );
 
 -- The released transcript of a finished pass: the tail average w_bar, gamma_t and zeta_t of
 -- every block, and how many noisy counts each block's DP-STAT made (<= levels + 1).
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_result(state float8[], OUT weights float8[],
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_result(state float8[], OUT weights float8[],
                                                  OUT gammas float8[], OUT zetas float8[],
                                                  OUT draws int[], OUT rows_used bigint,
                                                  OUT rows_unused bigint)
@@ -45,21 +45,21 @@ LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- R_x: the "expected x norm" of spec 000 (E||x||^2 x x^T <= R_x^2 H); the registered bound on
 -- ||x|| is one (plus the intercept's constant 1).
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_r_x(privacy text, options jsonb, x_bound float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_r_x(privacy text, options jsonb, x_bound float8,
                                               intercept boolean)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
-    r_x float8 := dpsql._linear_option(options, 'r_x', sqrt(nullif(x_bound, 0) ^ 2 + intercept::int));
+    r_x float8 := dpsql_internal._linear_option(options, 'r_x', sqrt(nullif(x_bound, 0) ^ 2 + intercept::int));
 BEGIN
     IF r_x IS NULL THEN
-        PERFORM dpsql._fail(format('%s needs a public R_x (a bound on ||x||)', privacy),
+        PERFORM dpsql_internal._fail(format('%s needs a public R_x (a bound on ||x||)', privacy),
                             hint => 'Register the dataset with row_bound (or feature_bounds), or pass options => ''{"r_x": ...}''.');
     END IF;
     RETURN r_x;
 END $$;
 
 -- The plan of DP-AMBSSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -84,43 +84,43 @@ DECLARE
     log_factor float8;
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
-      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
-    r_x := dpsql._ambssgd_r_x(privacy, options, x_bound, intercept);
+      FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+    r_x := dpsql_internal._ambssgd_r_x(privacy, options, x_bound, intercept);
     -- Spec 000 s. 2.3 / 5.3: T = c1 kappa ln N blocks (even), blocks of b + s rows with
     -- s = floor(m / 11); eta = b / (R_x^2 + (b - 1) ||H||) (Lemma 22); the robust DP-STAT
     -- (V1: n_q = L + 1 counts of std alpha sqrt(n_q); V2: threshold s - Gamma_hat;
     -- V3: refuse s < 2 Gamma_hat; Delta = B 2^-L with L = ceil(log2 N)).
-    h_norm := dpsql._linear_option(options, 'h_norm', r_x ^ 2);  -- ||H|| <= E||x||^2 <= R_x^2
+    h_norm := dpsql_internal._linear_option(options, 'h_norm', r_x ^ 2);  -- ||H|| <= E||x||^2 <= R_x^2
     blocks := coalesce((params->>'steps')::bigint,
-                       2 * ceil(dpsql._linear_option(options, 'c1', 8)
-                                * dpsql._linear_option(options, 'condition_number', 1, 1, false)
+                       2 * ceil(dpsql_internal._linear_option(options, 'c1', 8)
+                                * dpsql_internal._linear_option(options, 'condition_number', 1, 1, false)
                                 * ln(n) / 2)::bigint);
     IF blocks < 2 OR blocks % 2 <> 0 THEN
-        PERFORM dpsql._fail(format('DP-AMBSSGD needs an even number of blocks >= 2 (steps), got %s', blocks));
+        PERFORM dpsql_internal._fail(format('DP-AMBSSGD needs an even number of blocks >= 2 (steps), got %s', blocks));
     END IF;
     m := n / blocks;
     s := m / 11;
     b := m - s;
     IF s < 1 OR b < 1 THEN
-        PERFORM dpsql._fail(format('%s rows make no blocks of a stat sample and a batch for %s blocks',
+        PERFORM dpsql_internal._fail(format('%s rows make no blocks of a stat sample and a batch for %s blocks',
                                    n, blocks),
                             hint => 'Use fewer blocks (steps), more rows, or privacy => ''dpgd'' (or ''auto'').');
     END IF;
     eta := coalesce((params->>'step_size')::float8,
-                    dpsql._linear_option(options, 'step_scale', 1) * b / (r_x ^ 2 + (b - 1) * h_norm));
+                    dpsql_internal._linear_option(options, 'step_scale', 1) * b / (r_x ^ 2 + (b - 1) * h_norm));
     -- Paper accounting: DP-STAT and the gradient step each 1/(2 alpha^2)-zCDP, added (rho =
     -- 1/alpha^2); tight: a record is in one of them only (rho = 1/(2 alpha^2), s. 3.4).
     alpha := CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
                   THEN 1 / sqrt(2 * rho) ELSE 1 / sqrt(rho) END;
     levels := ceil(log(2, n::numeric))::int;
     sigma_c := alpha * sqrt(levels + 1);
-    beta_s := dpsql._linear_option(options, 'beta_stat', 1e-3);
+    beta_s := dpsql_internal._linear_option(options, 'beta_stat', 1e-3);
     IF beta_s >= 1 THEN
-        PERFORM dpsql._fail('options.beta_stat must be in (0, 1)');
+        PERFORM dpsql_internal._fail('options.beta_stat must be in (0, 1)');
     END IF;
     gamma_hat := sigma_c * sqrt(2 * ln(2 * (levels + 1) / beta_s));
     IF s < 2 * gamma_hat THEN
-        PERFORM dpsql._fail(format('DP-STAT is infeasible: stat samples of %s rows < 2 Gamma = %s '
+        PERFORM dpsql_internal._fail(format('DP-STAT is infeasible: stat samples of %s rows < 2 Gamma = %s '
                                    '(it would return a tiny clip norm and learn nothing, spec 000 V3)',
                                    s, round(2 * gamma_hat)),
                             hint => format('Needs about %s rows at this epsilon and %s blocks; use more rows, '
@@ -128,10 +128,10 @@ BEGIN
                                            '(or ''auto''), which works on this many rows.',
                                            ceil(2 * gamma_hat) * 11 * blocks, blocks));
     END IF;
-    domain := dpsql._linear_option(options, 'domain_bound', 2 * ds.label_bound);
-    log_factor := ln(n) ^ dpsql._linear_option(options, 'log_exponent', 0.5, 0, false);
+    domain := dpsql_internal._linear_option(options, 'domain_bound', 2 * ds.label_bound);
+    log_factor := ln(n) ^ dpsql_internal._linear_option(options, 'log_exponent', 0.5, 0, false);
     -- zeta_t <= r_x B log_factor; the noise's normals stay below 100 sd.
-    PERFORM dpsql._check_finite_run(eta, blocks, r_x * domain * log_factor * (1 + 200 * alpha * sqrt(p)));
+    PERFORM dpsql_internal._check_finite_run(eta, blocks, r_x * domain * log_factor * (1 + 200 * alpha * sqrt(p)));
     RETURN jsonb_build_object(
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
         'blocks', blocks, 'batch_size', b, 'stat_size', s, 'step_size', eta, 'r_x', r_x,
@@ -154,7 +154,7 @@ BEGIN
 END $$;
 
 -- The plan of DP-SSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
-CREATE OR REPLACE FUNCTION dpsql._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -171,26 +171,26 @@ DECLARE
     sd float8;
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
-      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
-    r_x := dpsql._ambssgd_r_x(privacy, options, x_bound, intercept);
+      FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+    r_x := dpsql_internal._ambssgd_r_x(privacy, options, x_bound, intercept);
     -- Spec 000 Algorithm 1: batch 1, one pass, fixed clip zeta, noise 2 zeta alpha on each
     -- step's gradient; each record is in one Gaussian step (parallel composition; no
     -- amplification by shuffling is claimed: rho = 1/(2 alpha^2)).
     blocks := (n / 2) * 2;
     zeta := coalesce((params->>'clip_norm')::float8, r_x * ds.label_bound);
     IF NOT (zeta > 0 AND zeta < 'Infinity') THEN
-        PERFORM dpsql._fail(format('clip_norm must be a finite number > 0, got %s', zeta));
+        PERFORM dpsql_internal._fail(format('clip_norm must be a finite number > 0, got %s', zeta));
     END IF;
     eta := coalesce((params->>'step_size')::float8, 1 / (2 * r_x ^ 2));
     alpha := 1 / sqrt(2 * rho);
-    PERFORM dpsql._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
+    PERFORM dpsql_internal._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
     -- Constant-step SGD settles with the iterate's noise covariance about
     -- (eta s^2 / 2) H^-1 (s the gradient noise std), so a row's prediction noise has
     -- E (x^T noise)^2 = eta s^2 p / 2 whatever H: public. At the label bound or above, the
     -- release predicts no better than 0; it is refused unless reproducing the baseline.
     sd := sqrt(eta * p / 2) * 2 * zeta * alpha;
     IF sd >= ds.label_bound AND NOT coalesce((options->>'baseline')::boolean, false) THEN
-        PERFORM dpsql._fail(format('DP-SSGD''s noise would swamp the model: its predictions would carry '
+        PERFORM dpsql_internal._fail(format('DP-SSGD''s noise would swamp the model: its predictions would carry '
                                    'noise of sd %s, beyond the label bound %s', round(sd::numeric, 2),
                                    ds.label_bound),
                             hint => 'One noisy step per row is the paper''s baseline: use privacy => '
@@ -212,7 +212,7 @@ BEGIN
 END $$;
 
 -- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order.
-CREATE OR REPLACE FUNCTION dpsql._ambssgd_fit(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fit(train_table text, plan jsonb, noise_seed bigint,
                                               OUT weights float8[], OUT info jsonb,
                                               OUT iterates float8[])
 LANGUAGE plpgsql
@@ -223,7 +223,7 @@ DECLARE
     st float8[];
     res record;
 BEGIN
-    st := dpsql._ambssgd_init(
+    st := dpsql_internal._ambssgd_init(
         (plan->>'dim')::int, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8,
         (plan->>'rows')::bigint, (plan->>'blocks')::int, (plan->>'batch_size')::bigint,
         (plan->>'stat_size')::bigint, (plan->>'noise_multiplier')::float8,
@@ -235,7 +235,7 @@ BEGIN
     -- One pass in the order of the (data-independent) permutation.
     EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1 ORDER BY rid) FROM %s', train_table)
        INTO st USING st;
-    res := dpsql._ambssgd_result(st);
+    res := dpsql_internal._ambssgd_result(st);
     weights := res.weights;
     -- The transcript (gamma_t, zeta_t) is covered by the guarantee (spec 000 s. 2.3).
     info := CASE WHEN (plan->>'stat_size')::bigint > 0
@@ -244,12 +244,12 @@ BEGIN
     iterates := NULL;
 END $$;
 
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dp_ambssgd', '_train_linear', 'regression', false, true,
     'DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging', 'docs/linear.md',
     options => '{r_x,h_norm,condition_number,c1,step_scale,domain_bound,beta_stat,tight_accounting,log_exponent}',
     plan_function => '_ambssgd_plan', fit_function => '_ambssgd_fit');
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dp_ssgd', '_train_linear', 'regression', false, true,
     'DP-SSGD: the spec''s baseline, one noisy step per row (refused where its noise swamps the model)',
     'docs/linear.md', options => '{r_x,baseline}',

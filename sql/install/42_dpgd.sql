@@ -8,17 +8,17 @@
 -- intercept appends a feature 1 after it; a NULL or malformed record (NULL x or y, wrong
 -- length, NULL elements, NaN/Inf) counts as a row and adds nothing. theta, gamma, intercept
 -- and x_bound are the step's public constants (read on the first row).
-CREATE OR REPLACE FUNCTION dpsql._dpgd_gradient_transition(state float8[], x float8[], y float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_gradient_transition(state float8[], x float8[], y float8,
                                                            theta float8[], gamma float8,
                                                            intercept boolean, x_bound float8)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_dpgd_gradient_transition'
 LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._dpgd_gradient_combine(a float8[], b float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_gradient_combine(a float8[], b float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_dpgd_gradient_combine'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._dpgd_gradient_final(state float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_gradient_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_dpgd_gradient_final'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
@@ -28,17 +28,17 @@ LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 -- NULL when no row was scanned. Partial sums of a parallel scan add up (COMBINEFUNC).
 CREATE OR REPLACE AGGREGATE dpsql.dpgd_gradient(x float8[], y float8, theta float8[], gamma float8,
                                                 intercept boolean, x_bound float8) (
-    SFUNC = dpsql._dpgd_gradient_transition,
+    SFUNC = dpsql_internal._dpgd_gradient_transition,
     STYPE = float8[],
-    FINALFUNC = dpsql._dpgd_gradient_final,
-    COMBINEFUNC = dpsql._dpgd_gradient_combine,
+    FINALFUNC = dpsql_internal._dpgd_gradient_final,
+    COMBINEFUNC = dpsql_internal._dpgd_gradient_combine,
     PARALLEL = SAFE
 );
 
 -- theta - eta * sum / n + eta * z, z ~ N(0, noise_std^2 I), from dpgd_gradient's output
 -- grad. The noise is keyed by pg_strong_random, or by seed (tests only: NOT private) with
 -- stream separating the steps of a run.
-CREATE OR REPLACE FUNCTION dpsql._dpgd_step(theta float8[], grad float8[], eta float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_step(theta float8[], grad float8[], eta float8,
                                             noise_std float8, seed bigint DEFAULT NULL,
                                             stream bigint DEFAULT 0)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_dpgd_step_sql'
@@ -48,24 +48,24 @@ LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 -- theta_k): 'independent_runs' (the runs' iterates concatenated; the mean of each run's
 -- iterates after the burn-in), 'checkpoints' (theta_{b + l B}, B = floor((N - b) / m)) or
 -- 'batch_means' (means of m consecutive batches of B iterates after the burn-in).
-CREATE OR REPLACE FUNCTION dpsql._confint_draws(iterates float8[], method text, draws int,
+CREATE OR REPLACE FUNCTION dpsql_internal._confint_draws(iterates float8[], method text, draws int,
                                                 burn_in int)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_confint_draws_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- Rows estimate (mean), sd (ddof = 1), lower, upper of the per-coordinate t-interval
 -- mean -/+ t_{m-1, 1-alpha/2} sd / sqrt(m) from m draws (m x p).
-CREATE OR REPLACE FUNCTION dpsql._t_interval_matrix(draws float8[], alpha float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._t_interval_matrix(draws float8[], alpha float8)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_t_interval_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- The same, one row per coefficient (coef_index 1..p).
-CREATE OR REPLACE FUNCTION dpsql._t_interval(draws float8[], alpha float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._t_interval(draws float8[], alpha float8,
                                              OUT coef_index int, OUT estimate float8,
                                              OUT lower float8, OUT upper float8, OUT sd float8)
 RETURNS SETOF record LANGUAGE sql STRICT IMMUTABLE PARALLEL SAFE AS $$
     SELECT j, ci[1][j], ci[3][j], ci[4][j], ci[2][j]
-    FROM (SELECT dpsql._t_interval_matrix(draws, alpha) AS ci) AS t,
+    FROM (SELECT dpsql_internal._t_interval_matrix(draws, alpha) AS ci) AS t,
          generate_series(1, array_length(t.ci, 2)) AS j
 $$;
 
@@ -75,7 +75,7 @@ RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_t_quantile_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- The plan of DP-GD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
-CREATE OR REPLACE FUNCTION dpsql._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -98,21 +98,21 @@ DECLARE
     lam float8;
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
-      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+      FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
     -- Spec 002: eta = 1/5, gamma = 5 sqrt(p) max(sigma_prior, 1), theta_0 = 0, and
     -- lambda^2 = 2 N gamma^2 / (rho n^2) over all N released steps (Lemma 2.1).
     ci := coalesce(params->>'ci', 'batch_means');
     IF ci NOT IN ('none', 'batch_means', 'checkpoints', 'independent_runs') THEN
-        PERFORM dpsql._fail(format('unknown ci %s', quote_literal(ci)),
+        PERFORM dpsql_internal._fail(format('unknown ci %s', quote_literal(ci)),
                             hint => 'Use batch_means (default), checkpoints, independent_runs or none.');
     END IF;
     draws := coalesce((params->>'ci_draws')::int, 10);
     burn_in := coalesce((params->>'burn_in')::int, 20);
     IF ci <> 'none' AND (draws IS NULL OR draws < 2 OR draws > 1000) THEN
-        PERFORM dpsql._fail(format('ci_draws must be between 2 and 1000, got %s', draws));
+        PERFORM dpsql_internal._fail(format('ci_draws must be between 2 and 1000, got %s', draws));
     END IF;
     IF burn_in < 0 THEN
-        PERFORM dpsql._fail(format('burn_in must be >= 0, got %s', burn_in));
+        PERFORM dpsql_internal._fail(format('burn_in must be >= 0, got %s', burn_in));
     END IF;
     -- On by default when the rows have a public norm bound (the noisy matrix needs one).
     precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
@@ -124,34 +124,34 @@ BEGIN
                            WHEN ci = 'independent_runs' THEN draws * (burn_in + 40)
                            ELSE burn_in + CASE WHEN precondition THEN 120 ELSE 40 END * draws END);
     IF steps < 1 OR steps > 20000 THEN  -- each step is a scan; iterates are appended
-        PERFORM dpsql._fail(format('steps must be between 1 and 20000, got %s', steps));
+        PERFORM dpsql_internal._fail(format('steps must be between 1 and 20000, got %s', steps));
     END IF;
     runs := CASE WHEN ci = 'independent_runs' THEN draws ELSE 1 END;
     IF ci = 'independent_runs' AND (steps % draws <> 0 OR steps / draws <= burn_in) THEN
-        PERFORM dpsql._fail(format('independent runs: steps (%s) must split into %s runs longer than the burn-in (%s)',
+        PERFORM dpsql_internal._fail(format('independent runs: steps (%s) must split into %s runs longer than the burn-in (%s)',
                                    steps, draws, burn_in));
     ELSIF ci IN ('batch_means', 'checkpoints') AND (steps - burn_in) / draws < 1 THEN
-        PERFORM dpsql._fail(format('%s steps leave no %s draws after a burn-in of %s', steps, draws, burn_in));
+        PERFORM dpsql_internal._fail(format('%s steps leave no %s draws after a burn-in of %s', steps, draws, burn_in));
     END IF;
     -- Whitened rows have a Hessian near I, where a step of 1 mixes in a few steps.
     eta := coalesce((params->>'step_size')::float8, CASE WHEN precondition THEN 1.0 ELSE 0.2 END);
     gamma := coalesce((params->>'clip_norm')::float8,
-                      5 * sqrt(p) * greatest(dpsql._linear_option(options, 'noise_level', 1), 1));
+                      5 * sqrt(p) * greatest(dpsql_internal._linear_option(options, 'noise_level', 1), 1));
     IF NOT (gamma > 0 AND gamma < 'Infinity') THEN
-        PERFORM dpsql._fail(format('clip_norm must be a finite number > 0, got %s', gamma));
+        PERFORM dpsql_internal._fail(format('clip_norm must be a finite number > 0, got %s', gamma));
     END IF;
     -- What the intervals cover depends on clipping at the estimate: a noisy count of the
     -- rows clipped there (sensitivity 1) takes 1/50 of rho unless options.clip_check = false.
     rho_check := CASE WHEN coalesce((options->>'clip_check')::boolean, true) THEN rho / 50 ELSE 0 END;
     -- A private preconditioner (44_dpgd_precondition.sql) takes a tenth of rho.
     IF precondition AND x_bound = 0 THEN
-        PERFORM dpsql._fail('the preconditioner needs a public bound on ||x||',
+        PERFORM dpsql_internal._fail('the preconditioner needs a public bound on ||x||',
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
     rho_pre := CASE WHEN precondition THEN rho / 10 ELSE 0 END;
     rho_gd := rho - rho_check - rho_pre;
     lam := sqrt(2 * steps) * gamma / (sqrt(rho_gd) * n);
-    PERFORM dpsql._check_finite_run(eta, steps, gamma + 100 * lam * sqrt(p));
+    PERFORM dpsql_internal._check_finite_run(eta, steps, gamma + 100 * lam * sqrt(p));
     RETURN jsonb_build_object(
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'steps', steps, 'runs', runs,
         'step_size', eta, 'clip_norm', gamma, 'noise_std', lam, 'ci', ci, 'ci_draws', draws,
@@ -176,22 +176,22 @@ END $$;
 
 -- The registry's fit of DP-GD: on the privately whitened rows when the plan has a
 -- preconditioner (44_dpgd_precondition.sql), else on the rows as they are.
-CREATE OR REPLACE FUNCTION dpsql._dpgd_fit(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit(train_table text, plan jsonb, noise_seed bigint,
                                            OUT weights float8[], OUT info jsonb,
                                            OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 BEGIN
     IF (plan->>'precondition')::boolean THEN
         SELECT * INTO weights, info, iterates
-          FROM dpsql._dpgd_fit_preconditioned(train_table, plan, noise_seed);
+          FROM dpsql_internal._dpgd_fit_preconditioned(train_table, plan, noise_seed);
     ELSE
-        SELECT * INTO weights, info, iterates FROM dpsql._dpgd_fit_plain(train_table, plan, noise_seed);
+        SELECT * INTO weights, info, iterates FROM dpsql_internal._dpgd_fit_plain(train_table, plan, noise_seed);
     END IF;
 END $$;
 
 -- DP-GD on the rows as they are: one aggregate scan per step for the clipped gradient sum; the
 -- noise is added in the server. Every iterate is kept (released) for the confidence intervals.
-CREATE OR REPLACE FUNCTION dpsql._dpgd_fit_plain(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_plain(train_table text, plan jsonb, noise_seed bigint,
                                                  OUT weights float8[], OUT info jsonb,
                                                  OUT iterates float8[])
 LANGUAGE plpgsql AS $$
@@ -217,7 +217,7 @@ BEGIN
         FOR t IN 1..per_run LOOP
             k := k + 1;
             EXECUTE q INTO g USING theta, gamma, icpt, xb;
-            theta := dpsql._dpgd_step(theta, g, (plan->>'step_size')::float8,
+            theta := dpsql_internal._dpgd_step(theta, g, (plan->>'step_size')::float8,
                                       (plan->>'noise_std')::float8, noise_seed, k);
             iterates := iterates || ARRAY[theta];
         END LOOP;
@@ -226,16 +226,16 @@ BEGIN
         weights := theta;  -- the final iterate (spec 002 s. 2.1)
     ELSE
         SELECT array_agg(estimate ORDER BY coef_index) INTO weights
-          FROM dpsql._t_interval(dpsql._confint_draws(iterates, ci, (plan->>'ci_draws')::int,
+          FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(iterates, ci, (plan->>'ci_draws')::int,
                                                       (plan->>'burn_in')::int), 0.05);
     END IF;
     IF ci = 'batch_means' OR ci = 'checkpoints' THEN
         -- draws are (steps - burn_in) / m iterates apart: they should be nearly uncorrelated
-        lag_ac := dpsql._iterate_autocorrelation(iterates, (plan->>'burn_in')::int,
+        lag_ac := dpsql_internal._iterate_autocorrelation(iterates, (plan->>'burn_in')::int,
             ((steps - (plan->>'burn_in')::int) / (plan->>'ci_draws')::int)::int);
     ELSIF ci = 'independent_runs' THEN
         -- within a run: its post-burn-in mean should have forgotten the start
-        lag_ac := dpsql._iterate_autocorrelation(iterates[1:per_run], (plan->>'burn_in')::int,
+        lag_ac := dpsql_internal._iterate_autocorrelation(iterates[1:per_run], (plan->>'burn_in')::int,
                                                  (per_run - (plan->>'burn_in')::int)::int);
     END IF;
     info := jsonb_build_object('ci', jsonb_build_object(
@@ -247,7 +247,7 @@ BEGIN
                   'otherwise the minimiser of the Huberised loss with B_i = clip_norm/||x_i|| (spec 002 s. 3.5)'));
     IF (plan->>'rho_check')::float8 > 0 THEN
         EXECUTE q INTO g USING weights, gamma, icpt, xb;
-        rows_clipped := (dpsql._add_gaussian(ARRAY[g[p + 2]], (plan->>'check_noise_std')::float8,
+        rows_clipped := (dpsql_internal._add_gaussian(ARRAY[g[p + 2]], (plan->>'check_noise_std')::float8,
                                              noise_seed, k + 1))[1];
         info := jsonb_set(info, '{ci,clipped_rows_at_estimate}', to_jsonb(rows_clipped));
         info := jsonb_set(info, '{ci,clipped_rows_noise_std}', plan->'check_noise_std');
@@ -263,7 +263,7 @@ END $$;
 -- iterates) that the draws are nearly independent. A run that has not mixed (a slow direction,
 -- spec 002 traps 8-9) has r near 1. (r^lag is far more stable than the lag-`lag` sample
 -- autocorrelation, which is biased low for slow series.)
-CREATE OR REPLACE FUNCTION dpsql._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
+CREATE OR REPLACE FUNCTION dpsql_internal._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
 RETURNS float8 LANGUAGE sql IMMUTABLE STRICT AS $$
     WITH v AS (
         SELECT t, j, iterates[t][j] - avg(iterates[t][j]) OVER (PARTITION BY j) AS x
@@ -274,7 +274,7 @@ RETURNS float8 LANGUAGE sql IMMUTABLE STRICT AS $$
           FROM v a JOIN v b ON b.j = a.j AND b.t = a.t + 1 GROUP BY a.j) s
 $$;
 
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dpgd', '_train_linear', 'regression', false, true,
     'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
     'docs/linear.md', options => '{noise_level,clip_check,precondition}',

@@ -5,17 +5,17 @@
 -- plan and fit.
 ------------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION dpsql._adassp_gram_transition(state float8[], x float8[], y float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_gram_transition(state float8[], x float8[], y float8,
                                                          x_bound float8, y_bound float8,
                                                          intercept boolean, dim int)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_adassp_gram_transition'
 LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._adassp_gram_combine(a float8[], b float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_gram_combine(a float8[], b float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_adassp_gram_combine'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._adassp_gram_final(state float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_gram_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_adassp_gram_final'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
@@ -27,10 +27,10 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- public (never inferred from the rows). Parallel partial scans are summed.
 CREATE OR REPLACE AGGREGATE dpsql.adassp_gram(x float8[], y float8, x_bound float8,
                                               y_bound float8, intercept boolean, dim int) (
-    SFUNC = dpsql._adassp_gram_transition,
+    SFUNC = dpsql_internal._adassp_gram_transition,
     STYPE = float8[],
-    FINALFUNC = dpsql._adassp_gram_final,
-    COMBINEFUNC = dpsql._adassp_gram_combine,
+    FINALFUNC = dpsql_internal._adassp_gram_final,
+    COMBINEFUNC = dpsql_internal._adassp_gram_combine,
     PARALLEL = SAFE
 );
 
@@ -39,7 +39,7 @@ CREATE OR REPLACE AGGREGATE dpsql.adassp_gram(x float8[], y float8, x_bound floa
 -- weights = (X^T X + sigma_xx E + ridge I)^{-1} (X^T y + sigma_xy z). The caller calibrates the
 -- sigmas from dpsql.adassp_sensitivities. Noise from pg_strong_random unless seed is given
 -- (tests only: not private). A singular noisy system raises SQLSTATE 22P01 (nothing released).
-CREATE OR REPLACE FUNCTION dpsql._adassp_release(gram float8[], sigma_min float8, sigma_xx float8,
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_release(gram float8[], sigma_min float8, sigma_xx float8,
                                                  sigma_xy float8, min_shift float8,
                                                  ridge_factor float8, seed bigint DEFAULT NULL,
                                                  OUT weights float8[], OUT ridge float8,
@@ -57,7 +57,7 @@ COMMENT ON FUNCTION dpsql.adassp_sensitivities(float8, float8) IS
     'sqrt(2) x_bound^2) and X^T y (2 x_bound y_bound) for ||x|| <= x_bound, |y| <= y_bound';
 
 -- The plan of AdaSSP (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
-CREATE OR REPLACE FUNCTION dpsql._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                               epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
@@ -71,19 +71,19 @@ DECLARE
     varrho float8;
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
-      FROM dpsql._linear_plan_common(privacy, ds, d, epsilon, delta, params);
+      FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
     -- AdaSSP (Wang 2018, Algorithm 2) with its three releases calibrated in zCDP (rho/3
     -- each) to their replace-one sensitivities for ||x|| <= X, |y| <= Y.
     IF ds.row_bound IS NULL THEN
-        PERFORM dpsql._fail('AdaSSP needs a public bound on ||x||',
+        PERFORM dpsql_internal._fail('AdaSSP needs a public bound on ||x||',
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
     x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
     sens := dpsql.adassp_sensitivities(x_bound, ds.label_bound);
     sd := 1 / sqrt(2 * rho / 3);
-    varrho := dpsql._linear_option(options, 'varrho', 0.05);
+    varrho := dpsql_internal._linear_option(options, 'varrho', 0.05);
     IF varrho >= 1 THEN
-        PERFORM dpsql._fail('options.varrho must be in (0, 1)');
+        PERFORM dpsql_internal._fail('options.varrho must be in (0, 1)');
     END IF;
     RETURN jsonb_build_object(
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'x_bound', x_bound,
@@ -104,7 +104,7 @@ END $$;
 
 -- AdaSSP: one aggregate scan for X^T X, X^T y (rows clipped to the public bounds); the noise,
 -- the adaptive ridge and the solve in the server.
-CREATE OR REPLACE FUNCTION dpsql._adassp_fit(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_fit(train_table text, plan jsonb, noise_seed bigint,
                                              OUT weights float8[], OUT info jsonb,
                                              OUT iterates float8[])
 LANGUAGE plpgsql AS $$
@@ -115,7 +115,7 @@ BEGIN
     EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
        INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
                        (plan->>'intercept')::boolean, (plan->>'dim')::int;
-    rel := dpsql._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
+    rel := dpsql_internal._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
                                  (plan->>'sigma_xy')::float8, (plan->>'min_shift')::float8,
                                  (plan->>'ridge_factor')::float8, noise_seed);
     weights := rel.weights;
@@ -123,7 +123,7 @@ BEGIN
     iterates := NULL;
 END $$;
 
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'adassp', '_train_linear', 'regression', false, true,
     'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md',
     options => '{varrho}', plan_function => '_adassp_plan', fit_function => '_adassp_fit');

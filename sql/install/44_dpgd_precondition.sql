@@ -8,19 +8,19 @@
 -- bound; options => {"precondition": false} runs the spec's plain DP-GD.
 ------------------------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION dpsql._cholesky(a float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._cholesky(a float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_cholesky_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._whiten_row(x float8[], l float8[], append_one boolean, x_bound float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._whiten_row(x float8[], l float8[], append_one boolean, x_bound float8)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_whiten_row'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._unwhiten(theta float8[], l float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._unwhiten(theta float8[], l float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_unwhiten'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
-CREATE OR REPLACE FUNCTION dpsql._min_eigenvalue(a float8[])
+CREATE OR REPLACE FUNCTION dpsql_internal._min_eigenvalue(a float8[])
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_min_eigenvalue'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
@@ -29,7 +29,7 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- replace-one Frobenius sensitivity sqrt(2) (x_bound^2 + intercept)); f lifts the noisy
 -- spectrum to at least 2 sigma sqrt(p) / n (public). Returns its Cholesky factor and the
 -- bound on a whitened row's norm.
-CREATE OR REPLACE FUNCTION dpsql._dpgd_preconditioner(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_preconditioner(train_table text, plan jsonb, noise_seed bigint,
                                            OUT factor float8[], OUT row_bound float8,
                                            OUT info jsonb)
 LANGUAGE plpgsql AS $$
@@ -52,7 +52,7 @@ BEGIN
     EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, 1, $2, $3) FROM %s', train_table)
        INTO gram USING sqrt(xb ^ 2 + icpt::int), icpt, d;
     -- The upper triangle (the diagonal included), row by row, noised once.
-    upper := dpsql._add_gaussian(
+    upper := dpsql_internal._add_gaussian(
         ARRAY(SELECT gram[2 + (i - 1) * p + j] FROM generate_series(1, p) i,
                      generate_series(1, p) j WHERE j >= i ORDER BY i, j),
         sigma, noise_seed, 8001);
@@ -60,11 +60,11 @@ BEGIN
                             + greatest(i, j) - least(i, j) + 1] / n
                  FROM generate_series(1, p) i, generate_series(1, p) j ORDER BY i, j);
     g_noisy := g;
-    lambda_min := dpsql._min_eigenvalue(g);
+    lambda_min := dpsql_internal._min_eigenvalue(g);
     floor_ := greatest(0, -lambda_min) + 2 * sigma * sqrt(p) / n;
     g := ARRAY(SELECT g[(i - 1) * p + j] + CASE WHEN i = j THEN floor_ ELSE 0 END
                  FROM generate_series(1, p) i, generate_series(1, p) j ORDER BY i, j);
-    factor := dpsql._cholesky(g);
+    factor := dpsql_internal._cholesky(g);
     -- ||L^{-1} x~|| <= ||x~|| / sqrt(lambda_min(G)), lambda_min(G) = lambda_min + floor
     row_bound := sqrt(xb ^ 2 + icpt::int) / sqrt(lambda_min + floor_);
     info := jsonb_build_object('rho', plan->'rho_pre', 'noise_std', sigma,
@@ -75,27 +75,27 @@ END $$;
 
 -- DP-GD on the whitened rows (a table of L^{-1} (x, 1), no intercept flag, the whitened
 -- bound), then the estimate and every iterate mapped back by L^{-T}.
-CREATE OR REPLACE FUNCTION dpsql._dpgd_fit_preconditioned(train_table text, plan jsonb, noise_seed bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_preconditioned(train_table text, plan jsonb, noise_seed bigint,
                                                OUT weights float8[], OUT info jsonb,
                                                OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    pre record := dpsql._dpgd_preconditioner(train_table, plan, noise_seed);
+    pre record := dpsql_internal._dpgd_preconditioner(train_table, plan, noise_seed);
     p int := (plan->>'dim')::int + (plan->>'intercept')::boolean::int;
     whitened text := train_table || '_w';
     fit record;
 BEGIN
     EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint, x float8[], y float8) '
                    'WITH (autovacuum_enabled = false)', whitened);
-    EXECUTE format('INSERT INTO %s SELECT rid, dpsql._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
+    EXECUTE format('INSERT INTO %s SELECT rid, dpsql_internal._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
                    whitened, train_table)
         USING pre.factor, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8;
-    fit := dpsql._dpgd_fit_plain(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
+    fit := dpsql_internal._dpgd_fit_plain(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
                                                                        'x_bound', pre.row_bound),
                                  noise_seed);
     EXECUTE format('DROP TABLE %s', whitened);
-    weights := dpsql._unwhiten(fit.weights, pre.factor);
-    iterates := (SELECT array_agg(dpsql._unwhiten(ARRAY(SELECT unnest(fit.iterates[i:i][1:p])),
+    weights := dpsql_internal._unwhiten(fit.weights, pre.factor);
+    iterates := (SELECT array_agg(dpsql_internal._unwhiten(ARRAY(SELECT unnest(fit.iterates[i:i][1:p])),
                                                   pre.factor) ORDER BY i)
                    FROM generate_series(1, array_length(fit.iterates, 1)) i);
     info := fit.info || jsonb_build_object('preconditioner', pre.info);

@@ -25,7 +25,7 @@ BEGIN
     IF privacy IS DISTINCT FROM 'none' THEN
         -- Registered datasets only, with their owner's columns, labels and bounds (features
         -- and label may be NULL, or must match the registration).
-        RETURN dpsql._train_private(source, model, jsonb_build_object(
+        RETURN dpsql_internal._train_private(source, model, jsonb_build_object(
             'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
             'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
             'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
@@ -38,8 +38,8 @@ BEGIN
             'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
             'burn_in', burn_in, 'options', options));
     END IF;
-    IF NOT dpsql._is_admin() THEN
-        PERFORM dpsql._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
+    IF NOT dpsql_internal._is_admin() THEN
+        PERFORM dpsql_internal._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '
                             'private models of registered datasets', '42501',
                             'Use privacy => ''bolton'' with epsilon (and delta).');
     END IF;
@@ -47,34 +47,34 @@ BEGIN
        OR tuning_epochs IS NOT NULL OR clip_norm IS NOT NULL OR noise_multiplier IS NOT NULL
        OR sampling <> 'shuffle' OR steps IS NOT NULL OR ci IS NOT NULL OR ci_draws IS NOT NULL
        OR burn_in IS NOT NULL OR options IS NOT NULL THEN
-        PERFORM dpsql._fail('privacy parameters given with privacy => ''none''',
+        PERFORM dpsql_internal._fail('privacy parameters given with privacy => ''none''',
                             hint => 'Use privacy => ''bolton'' for a private model.');
     END IF;
     -- Non-private defaults: 10 epochs of batch 1 (private runs: 34_defaults.sql).
     epochs := coalesce(epochs, 10);
     batch_size := coalesce(batch_size, 1);
-    run := dpsql._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
+    run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
                           labels, intercept, row_norm, huber_h, tolerance, parallel_workers,
                           permutation => permutation);
     LOOP
-        e := dpsql._run_epoch(run);
+        e := dpsql_internal._run_epoch(run);
         RAISE NOTICE 'dpsql: epoch %/% objective %', e.epoch, epochs, round(e.objective::numeric, 6);
         EXIT WHEN e.done;
     END LOOP;
-    RETURN dpsql._finish(run);
+    RETURN dpsql_internal._finish(run);
 END $$;
 COMMENT ON FUNCTION dpsql.train IS
     'Train a model by in-database SGD (one aggregate scan per epoch); returns its model_id';
 
-CREATE OR REPLACE FUNCTION dpsql._model(model_id bigint)
+CREATE OR REPLACE FUNCTION dpsql_internal._model(model_id bigint)
 RETURNS dpsql.models LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models;
 BEGIN
     SELECT * INTO m FROM dpsql.models WHERE models.model_id = _model.model_id;
     IF NOT FOUND THEN
-        PERFORM dpsql._fail(format('no model %s', coalesce(model_id::text, 'NULL')), '42704');
+        PERFORM dpsql_internal._fail(format('no model %s', coalesce(model_id::text, 'NULL')), '42704');
     END IF;
     RETURN m;
 END $$;
@@ -83,15 +83,15 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, x float8[])
 RETURNS float8 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    m dpsql.models := dpsql._model(model_id);
-    bounds float8[] := dpsql._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
+    m dpsql.models := dpsql_internal._model(model_id);
+    bounds float8[] := dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
     pre jsonb := nullif(m.params->'privacy'->'preprocessing', 'null');
-    p float8 := dpsql._predict(dpsql._loss_code(m.model), m.flags, m.weights,
+    p float8 := dpsql_internal._predict(dpsql_internal._loss_code(m.model), m.flags, m.weights,
                                CASE WHEN pre IS NOT NULL
-                                    THEN dpsql._preprocess(x, bounds, (pre->>'row_flags')::int,
-                                                           dpsql._jsonb_weights(pre->'centre'))
+                                    THEN dpsql_internal._preprocess(x, bounds, (pre->>'row_flags')::int,
+                                                           dpsql_internal._jsonb_weights(pre->'centre'))
                                     WHEN bounds IS NULL THEN x
-                                    ELSE dpsql._apply_bounds(x, bounds) END);
+                                    ELSE dpsql_internal._apply_bounds(x, bounds) END);
 BEGIN
     IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
@@ -107,27 +107,27 @@ LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 AS $$
 DECLARE
-    m dpsql.models := dpsql._model(model_id);
-    src text := dpsql._source_sql(source);
+    m dpsql.models := dpsql_internal._model(model_id);
+    src text := dpsql_internal._source_sql(source);
     feat record;
     yexpr text;
     pexpr text;
 BEGIN
     -- The same public feature bounds as in training (registered datasets).
-    feat := dpsql._feature_sql(src, coalesce(features, m.features),
-                               dpsql._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
+    feat := dpsql_internal._feature_sql(src, coalesce(features, m.features),
+                               dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
     IF feat.dim <> m.n_features THEN
-        PERFORM dpsql._fail(format('model %s has %s features, the source gives %s',
+        PERFORM dpsql_internal._fail(format('model %s has %s features, the source gives %s',
                                    model_id, m.n_features, feat.dim));
     END IF;
     IF m.params->'privacy'->'preprocessing' <> 'null' THEN  -- DPSGD-F: rows centred as in training
-        feat.expr := format('dpsql._preprocess(%s, NULL, %s, %L::float8[])', feat.expr,
+        feat.expr := format('dpsql_internal._preprocess(%s, NULL, %s, %L::float8[])', feat.expr,
                             (m.params->'privacy'->'preprocessing'->>'row_flags')::int,
-                            dpsql._jsonb_weights(m.params->'privacy'->'preprocessing'->'centre'));
+                            dpsql_internal._jsonb_weights(m.params->'privacy'->'preprocessing'->'centre'));
     END IF;
-    yexpr := dpsql._label_sql(m.model, coalesce(label, m.label), m.classes);
-    pexpr := format('dpsql._predict(%s, %s, %L::float8[], %s)',
-                    dpsql._loss_code(m.model), m.flags, m.weights, feat.expr);
+    yexpr := dpsql_internal._label_sql(m.model, coalesce(label, m.label), m.classes);
+    pexpr := format('dpsql_internal._predict(%s, %s, %L::float8[], %s)',
+                    dpsql_internal._loss_code(m.model), m.flags, m.weights, feat.expr);
     IF m.model = 'linear' THEN
         metric := 'mse';
         EXECUTE format('SELECT avg((p - y) ^ 2), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
@@ -136,8 +136,8 @@ BEGIN
         metric := 'accuracy';
         EXECUTE format('SELECT avg((%s)::int), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
                        CASE WHEN array_ndims(m.weights) = 2 THEN 'p = y'
-                            ELSE format('dpsql._is_positive(%s, p) = (y > 0)',
-                                        dpsql._loss_code(m.model)) END,
+                            ELSE format('dpsql_internal._is_positive(%s, p) = (y > 0)',
+                                        dpsql_internal._loss_code(m.model)) END,
                        pexpr, yexpr, src) INTO value, rows;
     END IF;
 END $$;

@@ -34,7 +34,8 @@ BEGIN
     FOR f IN SELECT p.oid::regprocedure
                FROM pg_catalog.pg_proc p
                JOIN pg_catalog.pg_language l ON l.oid = p.prolang
-              WHERE p.pronamespace = 'dpsql'::regnamespace AND p.prokind IN ('f', 'p')
+              WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
+                AND p.prokind IN ('f', 'p')
                 AND l.lanname IN ('sql', 'plpgsql')
     LOOP
         FOR i IN 1..array_length(pinned, 1) LOOP

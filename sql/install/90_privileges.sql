@@ -7,13 +7,14 @@
 
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql FROM PUBLIC;  -- aggregates included
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM PUBLIC;  -- aggregates included
 -- From scratch on every install and upgrade: a grant that a release withdraws goes away.
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM dpsql_analyst, dpsql_admin;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql FROM dpsql_analyst, dpsql_admin;
-REVOKE ALL ON SCHEMA dpsql, dpsql_work FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin;
+REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
 
-GRANT USAGE ON SCHEMA dpsql TO dpsql_analyst, dpsql_admin;
+-- dpsql_internal: the granted helpers below are called by the entry points as the caller.
+GRANT USAGE ON SCHEMA dpsql, dpsql_internal TO dpsql_analyst, dpsql_admin;
 
 -- EXECUTE by function name (every overload), so that signature changes need no edit here.
 DO $$
@@ -45,13 +46,14 @@ BEGIN
     SELECT string_agg(w, ', ') INTO missing
       FROM unnest(analyst || admin) w
      WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                        WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname = w);
+                        WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
+                          AND p.proname = w);
     IF missing IS NOT NULL THEN
         RAISE EXCEPTION 'dpsql install: functions to grant do not exist: %', missing;
     END IF;
     FOR f IN SELECT p.oid::regprocedure AS sig, p.proname = ANY (admin) AS admin_only
                FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = 'dpsql'::regnamespace
+              WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
                 AND p.proname = ANY (analyst || analyst_optional || admin)
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f.sig,
@@ -105,6 +107,6 @@ DECLARE
 BEGIN
     FOR ds IN SELECT d.relid, d.features || d.label AS columns FROM dpsql.datasets d
                WHERE d.dropped_at IS NULL LOOP
-        PERFORM dpsql._grant_reader(ds.relid, ds.columns);
+        PERFORM dpsql_internal._grant_reader(ds.relid, ds.columns);
     END LOOP;
 END $$;

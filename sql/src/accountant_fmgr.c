@@ -114,7 +114,7 @@ read_output(int fd, StringInfo out)
 	}
 }
 
-/* dpsql._accountant(request text) -> text: the accountant's one-line JSON answer. */
+/* dpsql_internal._accountant(request text) -> text: the accountant's one-line JSON answer. */
 Datum
 dpsql_accountant(PG_FUNCTION_ARGS)
 {

@@ -1,7 +1,7 @@
 /*
  * adassp_fmgr.c - AdaSSP (cython_ext/core/adassp.h) in SQL: the gram aggregate
  * dpsql.adassp_gram(x, y, x_bound, y_bound, intercept, dim), the release
- * dpsql._adassp_release(gram, ...) and dpsql.adassp_sensitivities(x_bound, y_bound).
+ * dpsql_internal._adassp_release(gram, ...) and dpsql.adassp_sensitivities(x_bound, y_bound).
  *
  * The aggregate's state is a float8[] allocated once in the aggregate context and updated in
  * place; partial states of a parallel scan are summed. A NULL, malformed or non-finite record
@@ -48,7 +48,7 @@ raise_bad_bounds(void)
 }
 
 /*
- * dpsql._adassp_gram_transition(state float8[], x float8[], y float8, x_bound float8,
+ * dpsql_internal._adassp_gram_transition(state float8[], x float8[], y float8, x_bound float8,
  *                               y_bound float8, intercept boolean, dim int) -> float8[]
  * dim (the number of features) is public: a row of another length is a zero record, so no row
  * can change the shape of the result.
@@ -137,7 +137,7 @@ dpsql_adassp_gram_transition(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(state);
 }
 
-/* dpsql._adassp_gram_combine(a float8[], b float8[]) -> float8[]: a + b, in place. */
+/* dpsql_internal._adassp_gram_combine(a float8[], b float8[]) -> float8[]: a + b, in place. */
 Datum
 dpsql_adassp_gram_combine(PG_FUNCTION_ARGS)
 {
@@ -165,7 +165,7 @@ dpsql_adassp_gram_combine(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(a);
 }
 
-/* dpsql._adassp_gram_final(state float8[]) -> float8[] [n, p, X^T X (p*p), X^T y (p)] */
+/* dpsql_internal._adassp_gram_final(state float8[]) -> float8[] [n, p, X^T X (p*p), X^T y (p)] */
 Datum
 dpsql_adassp_gram_final(PG_FUNCTION_ARGS)
 {
@@ -184,7 +184,7 @@ dpsql_adassp_gram_final(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._adassp_release(gram float8[], sigma_min float8, sigma_xx float8, sigma_xy float8,
+ * dpsql_internal._adassp_release(gram float8[], sigma_min float8, sigma_xx float8, sigma_xy float8,
  *                       min_shift float8, ridge_factor float8, seed bigint,
  *                       OUT weights float8[], OUT ridge float8, OUT lambda_min_noisy float8)
  * The noise is keyed by pg_strong_random unless seed is given (tests; not private). A singular

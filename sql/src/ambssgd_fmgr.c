@@ -1,8 +1,8 @@
 /*
  * ambssgd_fmgr.c - DP-AMBSSGD / DP-SSGD in one scan (cython_ext/core/ambssgd.h):
- *   dpsql._ambssgd_init(...)                  -> a fresh pass state, its generator keyed
+ *   dpsql_internal._ambssgd_init(...)                  -> a fresh pass state, its generator keyed
  *   dpsql.ambssgd_pass(x, y, init float8[])   -> the state after the whole pass
- *   dpsql._ambssgd_result(state)              -> (weights, gammas, zetas, draws, rows_used,
+ *   dpsql_internal._ambssgd_result(state)              -> (weights, gammas, zetas, draws, rows_used,
  *                                                 rows_unused)
  * The aggregate's state is a float8[] allocated once in the aggregate context and updated in
  * place. Rows count in scan order, so the aggregate is sequential: no combine function, and
@@ -35,7 +35,7 @@ static const char *const init_arg_names[INIT_NARGS] = {
 };
 
 /*
- * dpsql._ambssgd_init(dim int, intercept boolean, x_bound float8, n_rows bigint, blocks int,
+ * dpsql_internal._ambssgd_init(dim int, intercept boolean, x_bound float8, n_rows bigint, blocks int,
  *                     batch bigint, stat bigint, alpha float8, eta float8, r_x float8,
  *                     log_factor float8, domain float8, levels int, sigma_c float8,
  *                     theta float8, zeta_fixed float8, seed bigint) -> float8[]
@@ -149,7 +149,7 @@ start_pass(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 }
 
 /*
- * dpsql._ambssgd_transition(state float8[], x float8[], y float8, init float8[]): one row.
+ * dpsql_internal._ambssgd_transition(state float8[], x float8[], y float8, init float8[]): one row.
  * Never an error on data: NULL x or y, x with NULL elements, of another dimension or length,
  * or with NaN/Inf is the zero record. Rows after the T (b + s) used ones are not read.
  */
@@ -219,7 +219,7 @@ float8_array_datum(const double *v, int n)
 }
 
 /*
- * dpsql._ambssgd_result(state float8[]) -> (weights float8[], gammas float8[], zetas float8[],
+ * dpsql_internal._ambssgd_result(state float8[]) -> (weights float8[], gammas float8[], zetas float8[],
  *                                          draws int[], rows_used bigint, rows_unused bigint)
  * The released transcript of a finished pass: w_bar, gamma_t, zeta_t and the number of noisy
  * counts of each block's DP-STAT. Never the noiseless parts of the state.

@@ -6,9 +6,9 @@
  *       -> float8[] [sum_1 .. sum_p, n, clipped]: the sum of the per-example gradients
  *          x_i (<x_i, theta> - y_i) clipped to norm gamma, the row count, and how many
  *          gradients were clipped (a diagnostic that is NOT private: never release it)
- *   dpsql._dpgd_step(theta, grad, eta, noise_std, seed, stream)
+ *   dpsql_internal._dpgd_step(theta, grad, eta, noise_std, seed, stream)
  *       -> theta - eta * sum / n + eta * N(0, noise_std^2 I)
- *   dpsql._confint_draws(iterates, method, draws, burn_in), dpsql._t_interval_matrix(draws,
+ *   dpsql_internal._confint_draws(iterates, method, draws, burn_in), dpsql_internal._t_interval_matrix(draws,
  *   alpha), dpsql.t_quantile(p, df): post-processing of released iterates (section 5).
  */
 #include "postgres.h"
@@ -166,7 +166,7 @@ start_gradient(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 }
 
 /*
- * dpsql._dpgd_gradient_transition(state, x, y, theta, gamma, intercept, x_bound).
+ * dpsql_internal._dpgd_gradient_transition(state, x, y, theta, gamma, intercept, x_bound).
  * Not strict: a NULL or malformed x or y is a null record (counted, zero gradient), so that
  * no error can reveal a data value.
  */
@@ -227,7 +227,7 @@ dpsql_dpgd_gradient_transition(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(state);
 }
 
-/* dpsql._dpgd_gradient_combine(a, b): strict, so a is a copy in the aggregate context. */
+/* dpsql_internal._dpgd_gradient_combine(a, b): strict, so a is a copy in the aggregate context. */
 Datum
 dpsql_dpgd_gradient_combine(PG_FUNCTION_ARGS)
 {
@@ -254,7 +254,7 @@ dpsql_dpgd_gradient_combine(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(a);
 }
 
-/* dpsql._dpgd_gradient_final(state) -> [sum_1..sum_p, n, clipped]; NULL when no rows. */
+/* dpsql_internal._dpgd_gradient_final(state) -> [sum_1..sum_p, n, clipped]; NULL when no rows. */
 Datum
 dpsql_dpgd_gradient_final(PG_FUNCTION_ARGS)
 {
@@ -279,7 +279,7 @@ dpsql_dpgd_gradient_final(PG_FUNCTION_ARGS)
  * ------------------------------------------------------------------------------------------ */
 
 /*
- * dpsql._dpgd_step(theta float8[], grad float8[], eta float8, noise_std float8,
+ * dpsql_internal._dpgd_step(theta float8[], grad float8[], eta float8, noise_std float8,
  *                  seed bigint, stream bigint) -> float8[]
  * grad is dpgd_gradient's output [sum_1..sum_p, n, clipped]. The noise generator is keyed
  * with pg_strong_random, or by seed (tests; NOT private) with stream separating the steps.
@@ -364,7 +364,7 @@ dpsql_dpgd_step_sql(PG_FUNCTION_ARGS)
  * ------------------------------------------------------------------------------------------ */
 
 /*
- * dpsql._confint_draws(iterates float8[] (N x p), method text, draws int, burn_in int)
+ * dpsql_internal._confint_draws(iterates float8[] (N x p), method text, draws int, burn_in int)
  *   -> float8[] (draws x p)
  */
 Datum
@@ -416,7 +416,7 @@ dpsql_confint_draws_sql(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._t_interval_matrix(draws float8[] (m x p), alpha float8) -> float8[] (4 x p):
+ * dpsql_internal._t_interval_matrix(draws float8[] (m x p), alpha float8) -> float8[] (4 x p):
  * rows estimate (mean), sd (ddof = 1), lower, upper.
  */
 Datum

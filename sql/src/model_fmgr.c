@@ -40,7 +40,7 @@ loss_code(text *name)
 	return code;
 }
 
-/* dpsql._loss_code(model text) -> int: canonical code of a model name (errors if unknown). */
+/* dpsql_internal._loss_code(model text) -> int: canonical code of a model name (errors if unknown). */
 Datum
 dpsql_loss_code(PG_FUNCTION_ARGS)
 {
@@ -48,7 +48,7 @@ dpsql_loss_code(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._sgd_init(model text, dim int, n_classes int, lambda float8, schedule text, eta float8,
+ * dpsql_internal._sgd_init(model text, dim int, n_classes int, lambda float8, schedule text, eta float8,
  *                 step_offset float8, radius float8, huber_h float8, batch_size bigint,
  *                 flags int, clip_norm float8, noise text, noise_scale float8,
  *                 noise_divisor float8, steps_per_epoch bigint, noise_seed bigint) -> float8[]
@@ -165,7 +165,7 @@ checked_state(ArrayType *a, int *n)
 }
 
 /*
- * dpsql._sgd_info(state float8[]) -> (step bigint, rows bigint, objective float8,
+ * dpsql_internal._sgd_info(state float8[]) -> (step bigint, rows bigint, objective float8,
  *                                    dropped bigint, clipped bigint, shards int)
  */
 Datum
@@ -193,7 +193,7 @@ dpsql_sgd_state_info(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._sgd_weights(state float8[]) -> float8[]: the model, 1-D (dim) for one output,
+ * dpsql_internal._sgd_weights(state float8[]) -> float8[]: the model, 1-D (dim) for one output,
  * 2-D (classes x dim) for multinomial.
  */
 Datum
@@ -225,7 +225,7 @@ dpsql_sgd_state_weights(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._predict(loss int, flags int, coef float8[], x float8[]) -> float8
+ * dpsql_internal._predict(loss int, flags int, coef float8[], x float8[]) -> float8
  * coef is 1-D (dim) or 2-D (classes x dim). Multinomial returns the 0-based class index.
  */
 Datum
@@ -289,7 +289,7 @@ PG_FUNCTION_INFO_V1(dpsql_apply_bounds);
 PG_FUNCTION_INFO_V1(dpsql_is_positive_sql);
 
 /*
- * dpsql._apply_bounds(x float8[], bounds float8[]) -> float8[]: the core's feature transform
+ * dpsql_internal._apply_bounds(x float8[], bounds float8[]) -> float8[]: the core's feature transform
  * (prediction.h) of a d x 2 array of (lo, hi). NULL for an x of another shape (a null record in
  * private runs).
  */
@@ -342,7 +342,7 @@ optional_vector(FunctionCallInfo fcinfo, int arg, int d, const char *what)
 }
 
 /*
- * dpsql._preprocess(x float8[], bounds float8[], row_flags int, centre float8[]) -> float8[]
+ * dpsql_internal._preprocess(x float8[], bounds float8[], row_flags int, centre float8[]) -> float8[]
  * The core's preprocessing (prediction.h). NULL for an x that is NULL, of another shape, or not
  * finite: a null record in private runs, never an error that could show a value.
  */
@@ -390,7 +390,7 @@ dpsql_preprocess_sql(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
-/* dpsql._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
+/* dpsql_internal._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
 Datum
 dpsql_is_positive_sql(PG_FUNCTION_ARGS)
 {

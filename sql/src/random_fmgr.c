@@ -17,14 +17,14 @@
 PG_FUNCTION_INFO_V1(dpsql_shuffle_key_sql);
 PG_FUNCTION_INFO_V1(dpsql_random_seed);
 
-/* dpsql._shuffle_key(seed bigint, position bigint) -> bigint */
+/* dpsql_internal._shuffle_key(seed bigint, position bigint) -> bigint */
 Datum
 dpsql_shuffle_key_sql(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT64(dpsql_shuffle_key(PG_GETARG_INT64(0), PG_GETARG_INT64(1)));
 }
 
-/* dpsql._random_seed() -> bigint from the OS's CSPRNG (pg_strong_random). */
+/* dpsql_internal._random_seed() -> bigint from the OS's CSPRNG (pg_strong_random). */
 Datum
 dpsql_random_seed(PG_FUNCTION_ARGS)
 {
@@ -42,7 +42,7 @@ PG_FUNCTION_INFO_V1(dpsql_poisson_batches);
 PG_FUNCTION_INFO_V1(dpsql_uniform_index);
 
 /*
- * dpsql._poisson_batches(seed bigint, rid bigint, steps int, q float8) -> int[]
+ * dpsql_internal._poisson_batches(seed bigint, rid bigint, steps int, q float8) -> int[]
  * The batches 1..steps that row rid joins under Poisson sampling: each independently with
  * probability q, drawn by geometric skips from a ChaCha20 stream keyed by (seed, rid). The
  * seed is secret (pg_strong_random), so the coins are unpredictable to the analyst.
@@ -87,7 +87,7 @@ dpsql_poisson_batches(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._uniform_index(seed bigint, pos bigint, rows bigint) -> bigint
+ * dpsql_internal._uniform_index(seed bigint, pos bigint, rows bigint) -> bigint
  * Draw number pos of sampling with replacement: a uniform row id in 1..rows (BST14).
  */
 Datum

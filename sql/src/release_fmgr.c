@@ -59,7 +59,7 @@ calibration_code(text *name)
 }
 
 /*
- * dpsql._bolton_release(state float8[], sensitivity float8, epsilon float8, delta float8,
+ * dpsql_internal._bolton_release(state float8[], sensitivity float8, epsilon float8, delta float8,
  *                       per_output boolean, calibration text, seed bigint)
  *   -> (weights float8[], noise_scale float8)
  * The noisy weights only: the state's noiseless weights are copied, perturbed and returned.
@@ -185,7 +185,7 @@ dpsql_bolton_sensitivity_sql(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
+ * dpsql_internal._exponential_mechanism(utility float8[], epsilon float8, sensitivity float8,
  *                              seed bigint) -> int (1-based index)
  */
 Datum
@@ -241,7 +241,7 @@ dpsql_gaussian_sigma_sql(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint) -> float8[]
+ * dpsql_internal._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint) -> float8[]
  * v + N(0, sigma^2 I): the noise of a Gaussian mechanism released by the server.
  */
 Datum

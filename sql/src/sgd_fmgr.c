@@ -212,7 +212,7 @@ dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._sgd_transition_batch(state, x, y, batch bigint, init): rows ordered by batch number
+ * dpsql_internal._sgd_transition_batch(state, x, y, batch bigint, init): rows ordered by batch number
  * (Poisson sampling, sampling with replacement). The aggregate is called with ORDER BY batch.
  */
 Datum

@@ -35,7 +35,7 @@ square(ArrayType *a, int *p, const char *what)
 	return d;
 }
 
-/* dpsql._cholesky(a float8[]) -> float8[]: the lower factor of a p x p positive definite a. */
+/* dpsql_internal._cholesky(a float8[]) -> float8[]: the lower factor of a p x p positive definite a. */
 Datum
 dpsql_cholesky_sql(PG_FUNCTION_ARGS)
 {
@@ -53,7 +53,7 @@ dpsql_cholesky_sql(PG_FUNCTION_ARGS)
 }
 
 /*
- * dpsql._whiten_row(x float8[], l float8[], append_one boolean, x_bound float8) -> float8[]:
+ * dpsql_internal._whiten_row(x float8[], l float8[], append_one boolean, x_bound float8) -> float8[]:
  * L^{-1} (x clipped to norm x_bound, then 1 appended if asked), as DP-GD's gradient sees a
  * row. NULL for a NULL, mis-sized or non-finite row (a null record, never an error on data).
  */
@@ -105,7 +105,7 @@ dpsql_whiten_row(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
-/* dpsql._unwhiten(theta float8[], l float8[]) -> float8[]: L^{-T} theta. */
+/* dpsql_internal._unwhiten(theta float8[], l float8[]) -> float8[]: L^{-T} theta. */
 Datum
 dpsql_unwhiten(PG_FUNCTION_ARGS)
 {
@@ -124,7 +124,7 @@ dpsql_unwhiten(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
-/* dpsql._min_eigenvalue(a float8[]) -> float8: the smallest eigenvalue of a symmetric p x p a. */
+/* dpsql_internal._min_eigenvalue(a float8[]) -> float8: the smallest eigenvalue of a symmetric p x p a. */
 Datum
 dpsql_min_eigenvalue(PG_FUNCTION_ARGS)
 {

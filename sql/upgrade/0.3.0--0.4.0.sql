@@ -15,3 +15,20 @@ DROP FUNCTION dpsql._train_whitebox(dpsql.datasets, text, jsonb, text, float8, f
 
 -- DPSGD-F's private mean takes the rows' norm bound (least squares).
 DROP FUNCTION dpsql._private_mean(text, int, int, bigint, float8, bigint);
+
+-- Internal functions leave the API schema: every dpsql._* routine moves to dpsql_internal
+-- (the install script then replaces them there; references are by qualified name).
+CREATE SCHEMA dpsql_internal;
+DO $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS sig, p.prokind
+               FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname LIKE '\_%'
+    LOOP
+        EXECUTE format('ALTER %s %s SET SCHEMA dpsql_internal',
+                       CASE f.prokind WHEN 'a' THEN 'AGGREGATE' WHEN 'p' THEN 'PROCEDURE'
+                                      ELSE 'FUNCTION' END, f.sig);
+    END LOOP;
+END $$;

@@ -21,7 +21,9 @@ CATALOG = {
                p.proisstrict, p.proparallel, coalesce(p.proconfig::text, ''),
                pg_get_function_result(p.oid), pg_get_function_arguments(p.oid),
                coalesce(p.proacl::text, '')
-          FROM pg_proc p WHERE p.pronamespace = 'dpsql'::regnamespace ORDER BY 1""",
+          FROM pg_proc p
+         WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
+         ORDER BY 1""",
     "relations": """
         SELECT c.relname, c.relkind, coalesce(c.relacl::text, ''),
                coalesce(array_to_string(c.reloptions, ','), '')

@@ -413,7 +413,7 @@ def test_noiseless_release_is_ols(conn, intercept) -> None:
     assert ridge == 0.0
     assert lam == pytest.approx(np.linalg.eigvalsh(A.T @ A)[0], rel=1e-12)
     row = conn.execute(
-        "SELECT * FROM dpsql._adassp_release(%s, 0, 0, 0, 0, 0)", (list(gram),)
+        "SELECT * FROM dpsql_internal._adassp_release(%s, 0, 0, 0, 0, 0)", (list(gram),)
     ).fetchone()
     np.testing.assert_allclose(row[0], ols, rtol=0, atol=1e-9)
     assert row[1] == 0.0 and row[2] == pytest.approx(lam, rel=1e-12)
@@ -519,7 +519,7 @@ def test_sql_release_equals_cython_release(conn) -> None:
     for seed in (1, 2, 12345):
         w, ridge, lam = _core.adassp_release(gram, *args, seed=seed)
         row = conn.execute(
-            "SELECT * FROM dpsql._adassp_release(%s, %s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM dpsql_internal._adassp_release(%s, %s, %s, %s, %s, %s, %s)",
             (list(gram), *args, seed),
         ).fetchone()
         np.testing.assert_array_equal(row[0], w)
@@ -530,7 +530,7 @@ def test_sql_release_noise_law(conn) -> None:
     # lambda_tilde = 100 + 2 Z through the server, for 300 seeds in one query
     gram = _gram_of(100 * np.eye(2), np.ones(2))
     lams = conn.execute(
-        "SELECT (dpsql._adassp_release(%s, 2, 0, 0, 0, 0, s)).lambda_min_noisy"
+        "SELECT (dpsql_internal._adassp_release(%s, 2, 0, 0, 0, 0, s)).lambda_min_noisy"
         " FROM generate_series(1, 300) s",
         (list(gram),),
     ).fetchall()
@@ -542,7 +542,7 @@ def test_unseeded_releases_differ(conn) -> None:
     a = _core.adassp_release(gram, 1, 1, 1, 0, 0)[0]
     b = _core.adassp_release(gram, 1, 1, 1, 0, 0)[0]
     assert not np.array_equal(a, b)
-    q = "SELECT (dpsql._adassp_release(%s, 1, 1, 1, 0, 0)).weights"
+    q = "SELECT (dpsql_internal._adassp_release(%s, 1, 1, 1, 0, 0)).weights"
     assert conn.execute(q, (list(gram),)).fetchone() != conn.execute(q, (list(gram),)).fetchone()
 
 
@@ -585,9 +585,11 @@ def test_gram_bad_arguments(conn, scratch_schema) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="same for every row"):
         conn.execute("SELECT dpsql.adassp_gram(x, y, 1 + id, 1, false, 2) FROM pts")
     with pytest.raises(psycopg.Error, match="outside an aggregate"):
-        conn.execute("SELECT dpsql._adassp_gram_transition(NULL, '{1,2}', 1, 1, 1, false, 2)")
+        conn.execute(
+            "SELECT dpsql_internal._adassp_gram_transition(NULL, '{1,2}', 1, 1, 1, false, 2)"
+        )
     with pytest.raises(psycopg.Error, match="AdaSSP gram state"):
-        conn.execute("SELECT dpsql._adassp_gram_final('{4433, 1, 2, 2, 1, 1, 0}')")
+        conn.execute("SELECT dpsql_internal._adassp_gram_final('{4433, 1, 2, 2, 1, 1, 0}')")
     with pytest.raises(ValueError, match="rows"):
         _core.adassp_gram(np.ones((3, 2)), np.ones(4), 1.0, 1.0)
     assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -624,17 +626,23 @@ def test_release_corrupt_gram(conn, name) -> None:
     with pytest.raises(ValueError, match="malformed AdaSSP gram"):
         _core.adassp_release(gram, 1, 1, 1, 0, 0, seed=1)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="malformed AdaSSP gram"):
-        conn.execute("SELECT * FROM dpsql._adassp_release(%s::float8[], 1, 1, 1, 0, 0, 1)", (gram,))
+        conn.execute(
+            "SELECT * FROM dpsql_internal._adassp_release(%s::float8[], 1, 1, 1, 0, 0, 1)", (gram,)
+        )
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_release_gram_not_a_vector(conn) -> None:
     with pytest.raises(psycopg.Error, match="one-dimensional"):
-        conn.execute("SELECT * FROM dpsql._adassp_release('{{1,1},{1,1}}', 1, 1, 1, 0, 0, 1)")
+        conn.execute(
+            "SELECT * FROM dpsql_internal._adassp_release('{{1,1},{1,1}}', 1, 1, 1, 0, 0, 1)"
+        )
     with pytest.raises(psycopg.Error, match="NULL"):
-        conn.execute("SELECT * FROM dpsql._adassp_release('{1,1,NULL,1}', 1, 1, 1, 0, 0, 1)")
+        conn.execute(
+            "SELECT * FROM dpsql_internal._adassp_release('{1,1,NULL,1}', 1, 1, 1, 0, 0, 1)"
+        )
     with pytest.raises(psycopg.errors.NullValueNotAllowed):
-        conn.execute("SELECT * FROM dpsql._adassp_release(NULL, 1, 1, 1, 0, 0, 1)")
+        conn.execute("SELECT * FROM dpsql_internal._adassp_release(NULL, 1, 1, 1, 0, 0, 1)")
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
@@ -648,7 +656,8 @@ def test_release_bad_noise_parameters(conn, position, value) -> None:
         _core.adassp_release(gram, *args, seed=1)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="noise parameters"):
         conn.execute(
-            "SELECT * FROM dpsql._adassp_release(%s, %s, %s, %s, %s, %s, 1)", (list(gram), *args)
+            "SELECT * FROM dpsql_internal._adassp_release(%s, %s, %s, %s, %s, %s, 1)",
+            (list(gram), *args),
         )
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
@@ -658,7 +667,9 @@ def test_release_singular_system(conn) -> None:
     with pytest.raises(_core.SingularSystemError, match="nothing released"):
         _core.adassp_release(gram, 0, 0, 0, 0, 0, seed=1)
     with pytest.raises(psycopg.errors.FloatingPointException, match="singular"):
-        conn.execute("SELECT * FROM dpsql._adassp_release(%s, 0, 0, 0, 0, 0, 1)", (list(gram),))
+        conn.execute(
+            "SELECT * FROM dpsql_internal._adassp_release(%s, 0, 0, 0, 0, 0, 1)", (list(gram),)
+        )
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
 

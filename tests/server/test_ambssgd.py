@@ -520,7 +520,8 @@ def test_corrupt_states_are_refused_in_memory() -> None:
 # ------------------------------------------------------------------ through the server
 
 INIT_SQL = (
-    "SELECT dpsql._ambssgd_init(%(dim)s, %(intercept)s, %(x_bound)s, %(n_rows)s, %(blocks)s,"
+    "SELECT dpsql_internal._ambssgd_init(%(dim)s, %(intercept)s, %(x_bound)s, %(n_rows)s,"
+    " %(blocks)s,"
     " %(batch)s, %(stat)s, %(alpha)s, %(eta)s, %(r_x)s, %(log_factor)s, %(domain)s,"
     " %(levels)s, %(sigma_c)s, %(theta)s, %(zeta_fixed)s, %(seed)s)"
 )
@@ -587,7 +588,9 @@ def test_sql_aggregate_matches_the_memory_engine_bit_for_bit(conn, scratch_schem
         memory = _core.ambssgd_run(memory_init, Xm, y)
         assert np.array_equal(final.view(np.uint64), memory.view(np.uint64))
         with conn.cursor(binary=True) as cur:
-            res = cur.execute("SELECT * FROM dpsql._ambssgd_result(%b)", (list(final),)).fetchone()
+            res = cur.execute(
+                "SELECT * FROM dpsql_internal._ambssgd_result(%b)", (list(final),)
+            ).fetchone()
         ref = _core.ambssgd_result(memory)
         np.testing.assert_array_equal(res[0], ref["weights"])
         np.testing.assert_array_equal(res[1], ref["gammas"])
@@ -642,7 +645,7 @@ def test_sql_aggregate_refuses_corrupt_states_without_crashing(conn, scratch_sch
                 f"SELECT dpsql.ambssgd_pass(x, y, %b ORDER BY rid) FROM {table}", (list(bad),)
             )
         with pytest.raises(psycopg.errors.InvalidParameterValue):
-            conn.execute("SELECT dpsql._ambssgd_result(%b)", (list(bad),))
+            conn.execute("SELECT dpsql_internal._ambssgd_result(%b)", (list(bad),))
     for sql_state, err in [
         ("NULL::float8[]", psycopg.errors.NullValueNotAllowed),
         ("ARRAY[1.0, NULL]::float8[]", psycopg.errors.NullValueNotAllowed),
@@ -657,7 +660,7 @@ def test_sql_aggregate_refuses_corrupt_states_without_crashing(conn, scratch_sch
         )
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         conn.execute(
-            f"SELECT dpsql._ambssgd_transition(NULL, x, y, %b) FROM {table}", (list(good),)
+            f"SELECT dpsql_internal._ambssgd_transition(NULL, x, y, %b) FROM {table}", (list(good),)
         )
     assert conn.execute("SELECT 1").fetchone() == (1,)
 
@@ -667,12 +670,13 @@ def test_sql_result_needs_a_complete_pass(conn, scratch_schema) -> None:
     table = load(conn, scratch_schema, "src", X, y)
     _, final = _sql_pass(conn, table, _sql_args(3, 1, **_private(SMALL)))
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="incomplete"):
-        conn.execute("SELECT dpsql._ambssgd_result(%b)", (list(final),))
+        conn.execute("SELECT dpsql_internal._ambssgd_result(%b)", (list(final),))
     empty = f"{scratch_schema}.empty"
     conn.execute(f"CREATE TABLE {empty} (rid bigint, x float8[], y float8)")
     _, final = _sql_pass(conn, empty, _sql_args(3, 1, **_private(SMALL)))
     assert final is None  # no row, no state
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="no rows"):
         conn.execute(
-            f"SELECT dpsql._ambssgd_result((SELECT dpsql.ambssgd_pass(x, y, NULL) FROM {empty}))"
+            f"SELECT dpsql_internal._ambssgd_result((SELECT dpsql.ambssgd_pass(x, y, NULL) FROM"
+            f" {empty}))"
         )

@@ -86,14 +86,14 @@ def test_aggregate_refuses_malformed_states(conn, src) -> None:
         with pytest.raises(psycopg.Error, match="dpsql"):
             conn.execute(f"SELECT dpsql.sgd_epoch(x, y, {state}::float8[]) FROM src")
     good = conn.execute(
-        "SELECT dpsql._sgd_init('logistic', 3, 1, 0, 'constant', 0.1, 0, 0, 0.1, 1, 0)"
+        "SELECT dpsql_internal._sgd_init('logistic', 3, 1, 0, 'constant', 0.1, 0, 0, 0.1, 1, 0)"
     ).fetchone()[0]
     bad = list(good)
     bad[4] = 1e9  # dim that does not match the array's length
     with pytest.raises(psycopg.Error, match="malformed model state"):
         conn.execute("SELECT dpsql.sgd_epoch(x, y, %s) FROM src", (bad,))
     with pytest.raises(psycopg.Error, match="outside an aggregate"):
-        conn.execute("SELECT dpsql._sgd_transition(NULL, '{1,2,3}', 1, %s)", (good,))
+        conn.execute("SELECT dpsql_internal._sgd_transition(NULL, '{1,2,3}', 1, %s)", (good,))
 
 
 def test_predict_and_evaluate_bad_input(conn, src) -> None:

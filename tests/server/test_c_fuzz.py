@@ -208,7 +208,7 @@ RED_TEAM_STATE = [
 def test_red_team_final_of_forged_state(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
     """Issue 9 F2: _sgd_final of a forged array was a segfault; now a clean 22023."""
     with pytest.raises(errors.InvalidParameterValue, match="dpsql: malformed state"):
-        fuzz_conn.execute("SELECT dpsql._sgd_final(%s::float8[])", (RED_TEAM_STATE,))
+        fuzz_conn.execute("SELECT dpsql_internal._sgd_final(%s::float8[])", (RED_TEAM_STATE,))
     Prober(fuzz_conn, server_uri).survived()
 
 
@@ -216,7 +216,8 @@ def test_red_team_bogus_initcond(fuzz_conn: psycopg.Connection, server_uri: str)
     """Issue 9 F2: a pg_temp aggregate over _sgd_transition with a forged INITCOND."""
     fuzz_conn.execute(
         "CREATE AGGREGATE pg_temp.forged(float8[], float8, float8[]) (SFUNC = "
-        f"dpsql._sgd_transition, STYPE = float8[], INITCOND = '{_literal(RED_TEAM_STATE)}')"
+        f"dpsql_internal._sgd_transition, STYPE = float8[], INITCOND ="
+        f" '{_literal(RED_TEAM_STATE)}')"
     )
     with pytest.raises(errors.InvalidParameterValue, match="dpsql: malformed state"):
         fuzz_conn.execute(
@@ -226,12 +227,13 @@ def test_red_team_bogus_initcond(fuzz_conn: psycopg.Connection, server_uri: str)
 
 
 SGD_INITS = {
-    "plain": "SELECT dpsql._sgd_init('logistic', 3, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 1, 0)",
-    "multinomial": "SELECT dpsql._sgd_init('multinomial', 3, 3, 0.01, 'constant', 0.1, 0, 1, "
-    "0.1, 2, 5)",
-    "noise": "SELECT dpsql._sgd_init('logistic', 3, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 2, 1, "
-    "1.0, 'gaussian', 1.0, 0, 0, 7)",
-    "batched": "SELECT dpsql._sgd_init('huber', 3, 2, 0.01, 'sqrt', 0.1, 1, 1, 0.1, 1, 1, "
+    "plain": "SELECT dpsql_internal._sgd_init('logistic', 3, 2, 0.01, 'constant', 0.1, 0, 0, "
+    "0.1, 1, 0)",
+    "multinomial": "SELECT dpsql_internal._sgd_init('multinomial', 3, 3, 0.01, 'constant', 0.1, "
+    "0, 1, 0.1, 2, 5)",
+    "noise": "SELECT dpsql_internal._sgd_init('logistic', 3, 2, 0.01, 'constant', 0.1, 0, 0, "
+    "0.1, 2, 1, 1.0, 'gaussian', 1.0, 0, 0, 7)",
+    "batched": "SELECT dpsql_internal._sgd_init('huber', 3, 2, 0.01, 'sqrt', 0.1, 1, 1, 0.1, 1, 1, "
     "1.0, 'gamma_norm', 1.0, 2, 4, 7)",
 }
 SGD_HEADER = 29
@@ -251,45 +253,45 @@ def test_fuzz_sgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None
         real = _literal(base)
         tail = len(base) - 72 if name in ("noise", "batched") else None
         for s in mutants(base, SGD_HEADER, rng, tail):
-            p.call("SELECT dpsql._sgd_final(%s::float8[])", (s,))
-            p.call("SELECT * FROM dpsql._sgd_info(%s::float8[])", (s,))
-            p.call("SELECT dpsql._sgd_weights(%s::float8[])", (s,))
+            p.call("SELECT dpsql_internal._sgd_final(%s::float8[])", (s,))
+            p.call("SELECT * FROM dpsql_internal._sgd_info(%s::float8[])", (s,))
+            p.call("SELECT dpsql_internal._sgd_weights(%s::float8[])", (s,))
             p.call(
-                "SELECT * FROM dpsql._bolton_release(%s::float8[], 1.0, 1.0, 0.0, true, "
+                "SELECT * FROM dpsql_internal._bolton_release(%s::float8[], 1.0, 1.0, 0.0, true, "
                 "'analytic', 1)",
                 (s,),
             )
             rows = ROWS3.replace("x, y FROM", f"x, y, '{real}'::float8[] FROM")
             _aggregate(
                 p,
-                "dpsql._sgd_transition",
+                "dpsql_internal._sgd_transition",
                 "float8[], float8, float8[]",
                 s,
                 rows,
-                "dpsql._sgd_final",
+                "dpsql_internal._sgd_final",
             )
             batched = ROWS3.replace("x, y FROM", f"x, y, b, '{real}'::float8[] FROM").replace(
                 "AS r(x, y)", "AS r(x, y) CROSS JOIN (VALUES (1::bigint), (3)) AS bb(b)"
             )
             _aggregate(
                 p,
-                "dpsql._sgd_transition_batch",
+                "dpsql_internal._sgd_transition_batch",
                 "float8[], float8, bigint, float8[]",
                 s,
                 batched,
-                "dpsql._sgd_final",
+                "dpsql_internal._sgd_final",
             )
             # the combine function as a transition: a forged state meets a real one, and back
             _aggregate(
                 p,
-                "dpsql._sgd_combine",
+                "dpsql_internal._sgd_combine",
                 "float8[]",
                 s,
                 f"v FROM (VALUES ('{real}'::float8[])) AS t(v)",
             )
             _aggregate(
                 p,
-                "dpsql._sgd_combine",
+                "dpsql_internal._sgd_combine",
                 "float8[]",
                 base,
                 f"v FROM (VALUES ('{_literal(s)}'::float8[])) AS t(v)",
@@ -299,11 +301,12 @@ def test_fuzz_sgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None
 
 
 AMBSSGD_INIT = (
-    "SELECT dpsql._ambssgd_init(3, false, 1.0, 40, 2, 5, 5, 1.0, 0.1, 1.0, 1.0, "
+    "SELECT dpsql_internal._ambssgd_init(3, false, 1.0, 40, 2, 5, 5, 1.0, 0.1, 1.0, 1.0, "
     "1.0, 4, 2.0, 2.0, 0, 7)"
 )
 AMBSSGD_FIXED_INIT = (
-    "SELECT dpsql._ambssgd_init(3, true, 1.0, 40, 4, 5, 0, 1.0, 0.1, 0, 0, 0, 0, 0, 0, 0.5, 7)"
+    "SELECT dpsql_internal._ambssgd_init(3, true, 1.0, 40, 4, 5, 0, 1.0, 0.1, 0, 0, 0, 0, 0, 0,"
+    " 0.5, 7)"
 )
 AMBSSGD_HEADER = 25
 
@@ -315,9 +318,11 @@ def test_fuzz_ambssgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> 
         base = _state(fuzz_conn, init)
         real = _literal(base)
         for s in mutants(base, AMBSSGD_HEADER, rng, len(base) - 72):
-            p.call("SELECT * FROM dpsql._ambssgd_result(%s::float8[])", (s,))
+            p.call("SELECT * FROM dpsql_internal._ambssgd_result(%s::float8[])", (s,))
             rows = ROWS3.replace("x, y FROM", f"x, y, '{real}'::float8[] FROM")
-            _aggregate(p, "dpsql._ambssgd_transition", "float8[], float8, float8[]", s, rows)
+            _aggregate(
+                p, "dpsql_internal._ambssgd_transition", "float8[], float8, float8[]", s, rows
+            )
         p.survived()
 
 
@@ -340,49 +345,50 @@ def test_fuzz_linear_states(fuzz_conn: psycopg.Connection, server_uri: str) -> N
     p = Prober(fuzz_conn, server_uri)
     dpgd = _dpgd_base(3, False)
     for s in mutants(dpgd, 8, rng, None):
-        p.call("SELECT dpsql._dpgd_gradient_final(%s::float8[])", (s,))
+        p.call("SELECT dpsql_internal._dpgd_gradient_final(%s::float8[])", (s,))
         rows = ROWS3.replace(
             "x, y FROM",
             "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], 1.0::float8, false, 0.0::float8 FROM",
         )
         _aggregate(
             p,
-            "dpsql._dpgd_gradient_transition",
+            "dpsql_internal._dpgd_gradient_transition",
             "float8[], float8, float8[], float8, boolean, float8",
             s,
             rows,
-            "dpsql._dpgd_gradient_final",
+            "dpsql_internal._dpgd_gradient_final",
         )
         _aggregate(
             p,
-            "dpsql._dpgd_gradient_combine",
+            "dpsql_internal._dpgd_gradient_combine",
             "float8[]",
             s,
             f"v FROM (VALUES ('{_literal(dpgd)}'::float8[])) AS t(v)",
         )
         p.call(
-            "SELECT dpsql._dpgd_step(ARRAY[0.1, 0.1, 0.1]::float8[], %s::float8[], 0.1, 1.0, 1, 0)",
+            "SELECT dpsql_internal._dpgd_step(ARRAY[0.1, 0.1, 0.1]::float8[], %s::float8[], 0.1,"
+            " 1.0, 1, 0)",
             (s[8:13],),
         )
     adassp = _adassp_base(3)
     for s in mutants(adassp, 6, rng, None):
-        p.call("SELECT dpsql._adassp_gram_final(%s::float8[])", (s,))
+        p.call("SELECT dpsql_internal._adassp_gram_final(%s::float8[])", (s,))
         p.call(
-            "SELECT * FROM dpsql._adassp_release(%s::float8[], 1, 1, 1, 0, 1, 1)",
+            "SELECT * FROM dpsql_internal._adassp_release(%s::float8[], 1, 1, 1, 0, 1, 1)",
             ([5.0, 3.0] + s[6:],),
         )
         rows = ROWS3.replace("x, y FROM", "x, y, 1.0::float8, 1.0::float8, false, 3 FROM")
         _aggregate(
             p,
-            "dpsql._adassp_gram_transition",
+            "dpsql_internal._adassp_gram_transition",
             "float8[], float8, float8, float8, boolean, int",
             s,
             rows,
-            "dpsql._adassp_gram_final",
+            "dpsql_internal._adassp_gram_final",
         )
         _aggregate(
             p,
-            "dpsql._adassp_gram_combine",
+            "dpsql_internal._adassp_gram_combine",
             "float8[]",
             s,
             f"v FROM (VALUES ('{_literal(adassp)}'::float8[])) AS t(v)",
@@ -434,7 +440,7 @@ def _value_makers(rng: random.Random) -> dict[str, Callable[[], object]]:
 
 # Not fuzzed here: _accountant runs a program (its input is checked character by character),
 # and aggregates' support functions need an aggregate (the tests above build them).
-SKIP = {"_accountant"}
+SKIP = {"dpsql_internal._accountant"}
 
 
 def test_fuzz_every_c_function(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
@@ -442,13 +448,13 @@ def test_fuzz_every_c_function(fuzz_conn: psycopg.Connection, server_uri: str) -
     makers = _value_makers(rng)
     functions = fuzz_conn.execute(
         """
-        SELECT p.proname, p.oid::regprocedure::text,
+        SELECT n.nspname || '.' || p.proname, p.oid::regprocedure::text,
                array(SELECT t::regtype::text FROM unnest(p.proargtypes::oid[]) AS t),
                array(SELECT typname FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS u(t, i)
                      JOIN pg_type ON pg_type.oid = u.t ORDER BY i)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         JOIN pg_language l ON l.oid = p.prolang
-        WHERE n.nspname = 'dpsql' AND l.lanname = 'c' AND p.prokind = 'f'
+        WHERE n.nspname IN ('dpsql', 'dpsql_internal') AND l.lanname = 'c' AND p.prokind = 'f'
         ORDER BY 1
         """
     ).fetchall()
@@ -460,5 +466,5 @@ def test_fuzz_every_c_function(fuzz_conn: psycopg.Connection, server_uri: str) -
         for _ in range(12):
             args = tuple(makers[t]() if rng.random() > 0.05 else None for t in typnames)
             placeholders = ", ".join(f"%s::{t}" for t in types)
-            p.call(f"SELECT * FROM dpsql.{name}({placeholders})", args)
+            p.call(f"SELECT * FROM {name}({placeholders})", args)
     p.survived()

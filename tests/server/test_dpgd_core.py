@@ -1,7 +1,7 @@
 """DP-GD for linear regression (spec 002): the clipped gradient sum, the noisy step, the law
 of the iterates, the confidence-interval estimators and the Student-t quantile, in memory
-(dpsql._core) and in the server (dpsql.dpgd_gradient, dpsql._dpgd_step, dpsql._confint_draws,
-dpsql._t_interval, dpsql.t_quantile).
+(dpsql._core) and in the server (dpsql.dpgd_gradient, dpsql_internal._dpgd_step,
+dpsql_internal._confint_draws, dpsql_internal._t_interval, dpsql.t_quantile).
 
 Statistical tests are seeded, so every run draws the same numbers and the outcome is
 deterministic; each states its false-failure probability: the chance that a correct
@@ -566,7 +566,7 @@ def test_seeded_step_and_run_equal_the_in_memory_ones(conn, scratch_schema) -> N
     theta = np.array([0.2, 0.0, -0.1, 0.5])
     grad = _sql_gradient(conn, table, theta, gamma, True)
     (sql_step,) = conn.execute(
-        "SELECT dpsql._dpgd_step(%s::float8[], %s::float8[], %s, %s, %s, %s)",
+        "SELECT dpsql_internal._dpgd_step(%s::float8[], %s::float8[], %s, %s, %s, %s)",
         (theta.tolist(), grad.tolist(), eta, lam, seed, 7),
     ).fetchone()
     mem_step = _core.dpgd_step(theta, grad[:4], grad[4], eta, lam, seed=seed, stream=7)
@@ -577,7 +577,7 @@ def test_seeded_step_and_run_equal_the_in_memory_ones(conn, scratch_schema) -> N
     for t in range(1, steps + 1):
         grad = _sql_gradient(conn, table, theta, gamma, True)
         (theta,) = conn.execute(
-            "SELECT dpsql._dpgd_step(%s::float8[], %s::float8[], %s, %s, %s, %s)",
+            "SELECT dpsql_internal._dpgd_step(%s::float8[], %s::float8[], %s, %s, %s, %s)",
             (list(theta), grad.tolist(), eta, lam, seed, t),
         ).fetchone()
         sql_its.append(theta)
@@ -588,8 +588,8 @@ def test_seeded_step_and_run_equal_the_in_memory_ones(conn, scratch_schema) -> N
 
     # unseeded steps draw fresh noise
     (a, b) = conn.execute(
-        "SELECT dpsql._dpgd_step('{0,0}', '{0,0,5,0}', 1, 1),"
-        " dpsql._dpgd_step('{0,0}', '{0,0,5,0}', 1, 1)"
+        "SELECT dpsql_internal._dpgd_step('{0,0}', '{0,0,5,0}', 1, 1),"
+        " dpsql_internal._dpgd_step('{0,0}', '{0,0,5,0}', 1, 1)"
     ).fetchone()
     assert a != b
 
@@ -603,12 +603,14 @@ def test_confidence_intervals_in_the_server(conn) -> None:
         ("independent_runs", 4, 5),
     ):
         (draws,) = conn.execute(
-            "SELECT dpsql._confint_draws(%s::float8[], %s, %s, %s)", (its.tolist(), method, m, b)
+            "SELECT dpsql_internal._confint_draws(%s::float8[], %s, %s, %s)",
+            (its.tolist(), method, m, b),
         ).fetchone()
         np.testing.assert_array_equal(draws, _core.confint_draws(its, method, m, b))
     draws = rng.normal(size=(10, 3))
     rows = conn.execute(
-        "SELECT coef_index, estimate, lower, upper, sd FROM dpsql._t_interval(%s::float8[], 0.05)"
+        "SELECT coef_index, estimate, lower, upper, sd FROM"
+        " dpsql_internal._t_interval(%s::float8[], 0.05)"
         " ORDER BY coef_index",
         (draws.tolist(),),
     ).fetchall()
@@ -635,30 +637,34 @@ BAD_SQL = [
     ("SELECT dpsql.dpgd_gradient(x, y, '{{0,0},{0,0}}', 1, false, 0) FROM {t}", "one-dimensional"),
     ("SELECT dpsql.dpgd_gradient(x, y, '{0,0}', rid + 1, false, 0) FROM {t}", "same on every row"),
     (
-        "SELECT dpsql._dpgd_gradient_transition(NULL, x, y, '{0,0}', 1, false, 0) FROM {t}",
+        "SELECT dpsql_internal._dpgd_gradient_transition(NULL, x, y, '{0,0}', 1, false, 0) FROM"
+        " {t}",
         "outside an aggregate",
     ),
-    ("SELECT dpsql._dpgd_step('{0,0,0}', '{1,1,5,0}', 0.1, 1)", "expected 5"),
-    ("SELECT dpsql._dpgd_step('{0,NaN}', '{1,1,5,0}', 0.1, 1)", "theta contains NaN"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,Infinity,5,0}', 0.1, 1)", "gradient sum"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,0,0}', 0.1, 1)", "row count"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,2.5,0}', 0.1, 1)", "row count"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,5,6}', 0.1, 1)", "clipped count"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,5,0}', 0, 1)", "eta"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,5,0}', 0.1, -1)", "noise_std"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,1,5,0}', 0.1, 1, 3, -1)", "stream"),
-    ("SELECT dpsql._dpgd_step('{0,0}', NULL, 0.1, 1)", "gradient is NULL"),
-    ("SELECT dpsql._dpgd_step('{0,0}', '{1,NULL,5,0}', 0.1, 1)", "NULL elements"),
-    ("SELECT dpsql._dpgd_step('{1e300,0}', '{-1e300,0,1,0}', 1e10, 0)", "diverged"),
-    ("SELECT dpsql._confint_draws('{1,2,3,4}', 'checkpoints', 2, 0)", "two-dimensional"),
-    ("SELECT dpsql._confint_draws('{{1,2},{3,NULL}}', 'checkpoints', 2, 0)", "NULL elements"),
-    ("SELECT dpsql._confint_draws('{{1},{2}}', 'bootstrap', 2, 0)", "unknown method"),
-    ("SELECT dpsql._confint_draws('{{1},{2}}', 'checkpoints', 1, 0)", "draws must be"),
-    ("SELECT dpsql._confint_draws('{{1},{2}}', 'checkpoints', 2, -1)", "burn_in"),
-    ("SELECT dpsql._confint_draws('{{1},{2},{3}}', 'checkpoints', 2, 2)", "too few"),
-    ("SELECT dpsql._confint_draws('{{1},{NaN}}', 'checkpoints', 2, 0)", "NaN"),
-    ("SELECT * FROM dpsql._t_interval('{{1,2}}', 0.05)", "at least 2 rows"),
-    ("SELECT * FROM dpsql._t_interval('{{1},{2}}', 1.5)", "alpha"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0,0}', '{1,1,5,0}', 0.1, 1)", "expected 5"),
+    ("SELECT dpsql_internal._dpgd_step('{0,NaN}', '{1,1,5,0}', 0.1, 1)", "theta contains NaN"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,Infinity,5,0}', 0.1, 1)", "gradient sum"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,0,0}', 0.1, 1)", "row count"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,2.5,0}', 0.1, 1)", "row count"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,5,6}', 0.1, 1)", "clipped count"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,5,0}', 0, 1)", "eta"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,5,0}', 0.1, -1)", "noise_std"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,1,5,0}', 0.1, 1, 3, -1)", "stream"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', NULL, 0.1, 1)", "gradient is NULL"),
+    ("SELECT dpsql_internal._dpgd_step('{0,0}', '{1,NULL,5,0}', 0.1, 1)", "NULL elements"),
+    ("SELECT dpsql_internal._dpgd_step('{1e300,0}', '{-1e300,0,1,0}', 1e10, 0)", "diverged"),
+    ("SELECT dpsql_internal._confint_draws('{1,2,3,4}', 'checkpoints', 2, 0)", "two-dimensional"),
+    (
+        "SELECT dpsql_internal._confint_draws('{{1,2},{3,NULL}}', 'checkpoints', 2, 0)",
+        "NULL elements",
+    ),
+    ("SELECT dpsql_internal._confint_draws('{{1},{2}}', 'bootstrap', 2, 0)", "unknown method"),
+    ("SELECT dpsql_internal._confint_draws('{{1},{2}}', 'checkpoints', 1, 0)", "draws must be"),
+    ("SELECT dpsql_internal._confint_draws('{{1},{2}}', 'checkpoints', 2, -1)", "burn_in"),
+    ("SELECT dpsql_internal._confint_draws('{{1},{2},{3}}', 'checkpoints', 2, 2)", "too few"),
+    ("SELECT dpsql_internal._confint_draws('{{1},{NaN}}', 'checkpoints', 2, 0)", "NaN"),
+    ("SELECT * FROM dpsql_internal._t_interval('{{1,2}}', 0.05)", "at least 2 rows"),
+    ("SELECT * FROM dpsql_internal._t_interval('{{1},{2}}', 1.5)", "alpha"),
     ("SELECT dpsql.t_quantile(1, 3)", "p must be"),
     ("SELECT dpsql.t_quantile(0.5, 0.5)", "df must be"),
 ]

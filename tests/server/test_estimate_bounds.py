@@ -25,7 +25,8 @@ def _grid_utility(values: list[float], counts: list[int], rank: int) -> np.ndarr
 
 def _draws(conn, epsilon: float, n: int) -> np.ndarray:
     rows = conn.execute(
-        "SELECT dpsql._private_quantile(%s, %s, %s, 0, 10, 1, %s, s) FROM generate_series(1, %s) s",
+        "SELECT dpsql_internal._private_quantile(%s, %s, %s, 0, 10, 1, %s, s) FROM"
+        " generate_series(1, %s) s",
         (VALUES, COUNTS, RANK, epsilon, n),
     ).fetchall()
     return np.array([r[0] for r in rows])
@@ -60,7 +61,8 @@ def test_utility_sensitivity_on_adversarial_neighbours(conn) -> None:
 
     def utilities(values, counts) -> np.ndarray:
         rows = conn.execute(
-            "SELECT start, points, utility FROM dpsql._quantile_segments(%s, %s, %s, 0, 10, 1)",
+            "SELECT start, points, utility FROM dpsql_internal._quantile_segments(%s, %s, %s, 0,"
+            " 10, 1)",
             (values, counts, RANK),
         ).fetchall()
         out = np.full(11, np.nan)

@@ -93,7 +93,8 @@ def test_steps_per_epoch_limit(conn: psycopg.Connection) -> None:
     limit = "dpsql: steps_per_epoch is limited to 2147483647"
     with pytest.raises(errors.ProgramLimitExceeded, match=limit):
         conn.execute(
-            "SELECT dpsql._sgd_init('logistic', 2, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 1, 0, "
+            "SELECT dpsql_internal._sgd_init('logistic', 2, 2, 0.01, 'constant', 0.1, 0, 0, 0.1,"
+            " 1, 0, "
             "1.0, 'gaussian', 1.0, 1, 1099511627776, 7)"
         )
 
@@ -101,7 +102,8 @@ def test_steps_per_epoch_limit(conn: psycopg.Connection) -> None:
 def test_batched_epoch_over_empty_steps_is_interruptible(timed_conn: psycopg.Connection) -> None:
     # one row in the last batch of 2^31 - 1: every empty step before it adds its noise
     state = timed_conn.execute(
-        "SELECT dpsql._sgd_init('logistic', 50, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 1, 0, "
+        "SELECT dpsql_internal._sgd_init('logistic', 50, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 1,"
+        " 0, "
         "1.0, 'gaussian', 1.0, 1, 2147483647, 7)"
     ).fetchone()[0]
     _canceled_quickly(
@@ -116,7 +118,9 @@ def test_poisson_batches_is_interruptible(timed_conn: psycopg.Connection) -> Non
     # q = 1 over 2^31 - 1 steps: an int[] of every step, refused above 1 GB or canceled first
     start = time.monotonic()
     with pytest.raises((errors.QueryCanceled, errors.ProgramLimitExceeded, errors.InternalError)):
-        timed_conn.execute("SELECT cardinality(dpsql._poisson_batches(1, 1, 2147483647, 1.0))")
+        timed_conn.execute(
+            "SELECT cardinality(dpsql_internal._poisson_batches(1, 1, 2147483647, 1.0))"
+        )
     assert time.monotonic() - start < WITHIN_SECONDS
 
 
@@ -148,7 +152,7 @@ def test_accountant_is_cancelled_and_killed(conn: psycopg.Connection, server_uri
         # A stand-in accountant that never answers (dpsql.accountant_command is superuser-only).
         c.execute("SET dpsql.accountant_command = 'sleep 77; echo'")
         c.execute("SET statement_timeout = '1s'")
-        _canceled_quickly(c, "SELECT dpsql._accountant('{}')")
+        _canceled_quickly(c, "SELECT dpsql_internal._accountant('{}')")
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             alive = [
@@ -160,4 +164,4 @@ def test_accountant_is_cancelled_and_killed(conn: psycopg.Connection, server_uri
         assert not alive, "the accountant's process outlived the cancelled call"
         # and an answer still comes through
         c.execute("SET dpsql.accountant_command = 'echo'")
-        assert c.execute("SELECT dpsql._accountant('{}')").fetchone()[0].strip() == "{}"
+        assert c.execute("SELECT dpsql_internal._accountant('{}')").fetchone()[0].strip() == "{}"

@@ -110,11 +110,11 @@ def test_label_bound_draws_follow_the_exponential_mechanism(conn, small) -> None
 
 def _utilities(conn, name: str) -> np.ndarray:
     """The utility of every grid point of [0, 10] (step 0.1) as estimate_label_bound computes
-    it: the labels read by dpsql._label_grid, then dpsql._quantile_segments."""
+    it: the labels read by dpsql_internal._label_grid, then dpsql_internal._quantile_segments."""
     rows = conn.execute(
         "SELECT s.start, s.points, s.utility FROM dpsql.datasets d,"
-        " dpsql._label_grid(d, 0, 10, 0.1) g,"
-        " dpsql._quantile_segments(g.grid_values, g.counts, %s, 0, 10, 0.1) s"
+        " dpsql_internal._label_grid(d, 0, 10, 0.1) g,"
+        " dpsql_internal._quantile_segments(g.grid_values, g.counts, %s, 0, 10, 0.1) s"
         " WHERE d.name = %s",
         (RANK, name),
     ).fetchall()

@@ -1,5 +1,5 @@
-"""The privacy ledger (DESIGN.md §3.3): budget arithmetic of dpsql._charge, refusals that write
-nothing, append-only entries, and concurrent charges that never overspend."""
+"""The privacy ledger (DESIGN.md §3.3): budget arithmetic of dpsql_internal._charge, refusals
+that write nothing, append-only entries, and concurrent charges that never overspend."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def make_dataset(conn, scratch_schema):
 
 def _charge(conn, ds, epsilon, delta=0.0, mechanism="test"):
     return conn.execute(
-        "SELECT dpsql._charge(%s, %s, %s, %s)", (ds, epsilon, delta, mechanism)
+        "SELECT dpsql_internal._charge(%s, %s, %s, %s)", (ds, epsilon, delta, mechanism)
     ).fetchone()[0]
 
 
@@ -136,7 +136,8 @@ def test_bad_charges_are_refused_and_write_nothing(
     ds = make_dataset(1.0, 0.5)
     with pytest.raises(psycopg.Error) as err:
         conn.execute(
-            "SELECT dpsql._charge(%s, %s::float8, %s::float8, %s)", (ds, epsilon, delta, mechanism)
+            "SELECT dpsql_internal._charge(%s, %s::float8, %s::float8, %s)",
+            (ds, epsilon, delta, mechanism),
         )
     assert err.value.sqlstate == code and str(err.value).startswith("dpsql:"), str(err.value)
     assert _spent(conn, ds)[0] == 0
@@ -144,7 +145,7 @@ def test_bad_charges_are_refused_and_write_nothing(
 
 def test_unknown_dataset(conn) -> None:
     with pytest.raises(errors.UndefinedObject, match="no dataset"):
-        conn.execute("SELECT dpsql._charge(-1, 0.1, 0, 'test')")
+        conn.execute("SELECT dpsql_internal._charge(-1, 0.1, 0, 'test')")
 
 
 def test_ledger_is_append_only(conn, make_dataset) -> None:
@@ -162,11 +163,11 @@ def test_ledger_is_append_only(conn, make_dataset) -> None:
             conn.execute(stmt, {"e": entry, "d": ds})
         assert err.value.sqlstate in ("42501", "23503"), (stmt, str(err.value))
     # model_id may be filled in once, and only it.
-    conn.execute("SELECT dpsql._set_ledger_model(%s, 41)", (entry,))
+    conn.execute("SELECT dpsql_internal._set_ledger_model(%s, 41)", (entry,))
     with pytest.raises(errors.InsufficientPrivilege, match="append-only"):
-        conn.execute("SELECT dpsql._set_ledger_model(%s, 42)", (entry,))
+        conn.execute("SELECT dpsql_internal._set_ledger_model(%s, 42)", (entry,))
     with pytest.raises(errors.UndefinedObject):
-        conn.execute("SELECT dpsql._set_ledger_model(-1, 42)")
+        conn.execute("SELECT dpsql_internal._set_ledger_model(-1, 42)")
     row = conn.execute(
         "SELECT model_id, epsilon, note FROM dpsql.ledger_entries WHERE entry_id = %s", (entry,)
     ).fetchone()
@@ -191,7 +192,7 @@ def test_concurrent_charges_never_overspend(conn, server_uri, make_dataset) -> N
         with psycopg.connect(server_uri) as c:  # not autocommit: one transaction each
             barrier.wait(timeout=30)
             try:
-                c.execute("SELECT dpsql._charge(%s, 0.3, 0, 'test')", (ds,))
+                c.execute("SELECT dpsql_internal._charge(%s, 0.3, 0, 'test')", (ds,))
                 c.execute("SELECT pg_sleep(0.05)")
                 c.commit()
                 result = "ok"
@@ -226,6 +227,6 @@ def test_repeatable_read_charges_fail_instead_of_overspending(
         )  # the snapshot is taken here
         _charge(conn, ds, 0.6)  # commits (autocommit)
         with pytest.raises(errors.SerializationFailure):
-            stale.execute("SELECT dpsql._charge(%s, 0.6, 0, 'test')", (ds,))
+            stale.execute("SELECT dpsql_internal._charge(%s, 0.6, 0, 'test')", (ds,))
         stale.rollback()
     assert _spent(conn, ds) == (1, 0.6, 0.0)

@@ -54,7 +54,7 @@ def _plan(conn, ds, privacy, n, d, epsilon, delta=DELTA, **params) -> dict:
     if isinstance(params.get("options"), dict):
         params["options"] = params["options"]
     (plan,) = conn.execute(
-        "SELECT dpsql._linear_plan(%s, d, %s, %s, %s, %s, %s) FROM dpsql.datasets d"
+        "SELECT dpsql_internal._linear_plan(%s, d, %s, %s, %s, %s, %s) FROM dpsql.datasets d"
         " WHERE dataset_id = %s",
         (privacy, n, d, epsilon, delta, Jsonb(params), ds),
     ).fetchone()

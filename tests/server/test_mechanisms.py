@@ -46,7 +46,8 @@ def test_every_registered_train_function_has_the_common_signature(conn) -> None:
     for name, function, task, _, _, docs in _catalog(conn):
         (args,) = conn.execute(
             "SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p"
-            " WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname = %s",
+            " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+            " p.proname = %s",
             (function,),
         ).fetchone()
         assert args == SIGNATURE, name
@@ -73,7 +74,8 @@ def test_the_sgd_defaults_apply_to_the_registered_sgd_mechanisms(conn) -> None:
 def _arguments(conn, function: str) -> str:
     (args,) = conn.execute(
         "SELECT pg_get_function_arguments(p.oid) FROM pg_proc p"
-        " WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname = %s",
+        " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+        " p.proname = %s",
         (function,),
     ).fetchone()
     return args
@@ -99,7 +101,7 @@ def test_the_registered_options_are_what_the_plans_accept(conn) -> None:
     rows = conn.execute(
         "SELECT name, options FROM dpsql.mechanism_catalog WHERE task = 'regression'"
     ).fetchall()
-    plan = "SELECT dpsql._linear_plan(%s, NULL, 100000, 3, 1, 1e-6, %s)"
+    plan = "SELECT dpsql_internal._linear_plan(%s, NULL, 100000, 3, 1, 1e-6, %s)"
     for name, options in rows:
         assert options, name
         with pytest.raises(psycopg.Error, match=f"unknown options for {name}: bogus") as err:

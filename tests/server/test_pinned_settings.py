@@ -135,7 +135,8 @@ def test_every_sql_function_pins_the_settings(conn) -> None:
     rows = conn.execute(
         "SELECT p.oid::regprocedure::text, coalesce(p.proconfig, '{}'), p.prosecdef"
         "  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
-        " WHERE p.pronamespace = 'dpsql'::regnamespace AND l.lanname IN ('sql', 'plpgsql')"
+        " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+        " l.lanname IN ('sql', 'plpgsql')"
     ).fetchall()
     assert len(rows) > 50
     for name, config, definer in rows:

@@ -140,15 +140,15 @@ def test_data_owner_cannot_forge_a_release(conn, points, make_role) -> None:  # 
                 )
         # Only the server's support functions of the aggregate, never called directly.
         for call in [
-            "SELECT dpsql._sgd_final('{1}'::float8[])",
-            "SELECT dpsql._sgd_combine('{1}'::float8[], '{1}'::float8[])",
+            "SELECT dpsql_internal._sgd_final('{1}'::float8[])",
+            "SELECT dpsql_internal._sgd_combine('{1}'::float8[], '{1}'::float8[])",
         ]:
             with pytest.raises(errors.InsufficientPrivilege):
                 o.execute(call)
         with pytest.raises(errors.InsufficientPrivilege):
             o.execute(
                 "CREATE AGGREGATE pg_temp.forged(float8[], float8, float8[]) ("
-                " SFUNC = dpsql._sgd_transition, STYPE = float8[], INITCOND = '{0}')"
+                " SFUNC = dpsql_internal._sgd_transition, STYPE = float8[], INITCOND = '{0}')"
             )
 
 
@@ -159,7 +159,8 @@ def test_data_owners_see_only_their_own_runs(conn, points, make_role) -> None:  
     conn.execute(f"GRANT SELECT ON {points} TO {first}")
     with connect_first() as a, connect_second() as b:
         (run,) = a.execute(
-            "SELECT dpsql._prepare(%s, '{a,b}', 'y', 'logistic', 1, 1, 0, NULL, 'constant', 0,"
+            "SELECT dpsql_internal._prepare(%s, '{a,b}', 'y', 'logistic', 1, 1, 0, NULL,"
+            " 'constant', 0,"
             " NULL, true, 1, NULL, false, 'none', 0.1, NULL)",
             (points,),
         ).fetchone()
@@ -170,8 +171,8 @@ def test_data_owners_see_only_their_own_runs(conn, points, make_role) -> None:  
         assert b.execute("SELECT count(*) FROM dpsql.runs").fetchone()[0] == 0
         assert b.execute("UPDATE dpsql.runs SET state = '{0}' RETURNING run_id").fetchall() == []
         with pytest.raises(psycopg.Error, match="no training run"):
-            b.execute("SELECT dpsql._run_epoch(%s)", (run,))
-        a.execute("SELECT dpsql._abort(%s)", (run,))
+            b.execute("SELECT dpsql_internal._run_epoch(%s)", (run,))
+        a.execute("SELECT dpsql_internal._abort(%s)", (run,))
 
 
 # ------------------------------------------------------------------------------------ F6
@@ -289,6 +290,6 @@ def test_only_relations_that_run_no_code_are_read_directly(conn, scratch_schema)
     expected = {"plain": True, "mat": True, "v": False, "parent": False, "part": False}
     for rel, direct in expected.items():
         (got,) = conn.execute(
-            "SELECT dpsql._runs_no_code(%s::regclass)", (f"{scratch_schema}.{rel}",)
+            "SELECT dpsql_internal._runs_no_code(%s::regclass)", (f"{scratch_schema}.{rel}",)
         ).fetchone()
         assert got is direct, rel

@@ -101,20 +101,21 @@ def _refused(c: psycopg.Connection, query: str, *params, code: str = "42501") ->
 
 
 def _null_call(conn: psycopg.Connection, name: str) -> list[str]:
-    """SELECT statements calling every overload of dpsql.<name> with typed NULLs."""
+    """SELECT statements calling every overload of dpsql(_internal).<name> with typed NULLs."""
     rows = conn.execute(
-        "SELECT p.proargtypes::oid[]::regtype[]::text[] FROM pg_proc p"
-        " WHERE p.pronamespace = 'dpsql'::regnamespace AND p.proname = %s",
+        "SELECT p.pronamespace::regnamespace::text, p.proargtypes::oid[]::regtype[]::text[]"
+        " FROM pg_proc p WHERE p.proname = %s"
+        " AND p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)",
         (name,),
     ).fetchall()
     assert rows, f"dpsql.{name} does not exist"
     calls = []
-    for (types,) in rows:
+    for schema, types in rows:
         # Arguments from a subquery that cannot be flattened: a STRICT function of constant
         # NULLs would be folded away by the planner, never executed, never checked.
         cols = ", ".join(f"NULL::{t} AS a{i}" for i, t in enumerate(types))
         args = ", ".join(f"a{i}" for i in range(len(types)))
-        calls.append(f"SELECT dpsql.{name}({args}) FROM (SELECT {cols} OFFSET 0) s")
+        calls.append(f"SELECT {schema}.{name}({args}) FROM (SELECT {cols} OFFSET 0) s")
     return calls
 
 
@@ -202,7 +203,8 @@ def test_analyst_executes_only_the_entry_points(conn, make_role) -> None:
         executable = {
             n
             for (n,) in conn.execute(
-                "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'dpsql'::regnamespace"
+                "SELECT p.proname FROM pg_proc p WHERE p.pronamespace IN ('dpsql'::regnamespace,"
+                " 'dpsql_internal'::regnamespace)"
                 " AND has_function_privilege(%s, p.oid, 'EXECUTE')",
                 (role,),
             ).fetchall()
@@ -212,11 +214,13 @@ def test_analyst_executes_only_the_entry_points(conn, make_role) -> None:
     # PUBLIC has nothing.
     public = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p, aclexplode(p.proacl) a"
-        " WHERE p.pronamespace = 'dpsql'::regnamespace AND a.grantee = 0"
+        " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+        " a.grantee = 0"
     ).fetchall()
     assert public == []
     nulls = conn.execute(
-        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'dpsql'::regnamespace AND proacl IS NULL"
+        "SELECT count(*) FROM pg_proc WHERE pronamespace IN ('dpsql'::regnamespace,"
+        " 'dpsql_internal'::regnamespace) AND proacl IS NULL"
     ).fetchone()[0]
     assert nulls == 0  # a NULL ACL means the default: EXECUTE for PUBLIC
     # Real calls are refused before any argument is looked at.
@@ -232,7 +236,8 @@ def test_analyst_executes_only_the_entry_points(conn, make_role) -> None:
                 assert "permission denied" in msg, msg
         # Every other function not on the allowlist, whatever later releases add.
         others = conn.execute(
-            "SELECT DISTINCT proname FROM pg_proc WHERE pronamespace = 'dpsql'::regnamespace"
+            "SELECT DISTINCT proname FROM pg_proc WHERE pronamespace IN ('dpsql'::regnamespace,"
+            " 'dpsql_internal'::regnamespace)"
             " AND NOT (proname = ANY (%s))",
             (sorted(ANALYST_FUNCTIONS),),
         ).fetchall()
@@ -248,7 +253,8 @@ def test_admin_entry_points_check_membership_themselves(conn, make_role, dataset
     for fn in ["register_dataset", "_register_dataset", "grant_dataset", "revoke_dataset"]:
         for (sig,) in conn.execute(
             "SELECT oid::regprocedure::text FROM pg_proc"
-            " WHERE pronamespace = 'dpsql'::regnamespace AND proname = %s",
+            " WHERE pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+            " proname = %s",
             (fn,),
         ).fetchall():
             conn.execute(
@@ -261,13 +267,13 @@ def test_admin_entry_points_check_membership_themselves(conn, make_role, dataset
     with connect() as r:
         for call, args in [
             ("SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 100, name => 'stolen')", (table,)),
-            ("SELECT dpsql._register_dataset(%s::regclass, '{a}', 'y', 100)", (table,)),
+            ("SELECT dpsql_internal._register_dataset(%s::regclass, '{a}', 'y', 100)", (table,)),
             ("SELECT dpsql.grant_dataset(%s, %s)", (ds, rogue)),
             ("SELECT dpsql.revoke_dataset(%s, %s)", (ds, rogue)),
         ]:
             msg = _refused(r, call, *args)
             assert "only a data owner (member of dpsql_admin)" in msg, msg
-        assert r.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+        assert r.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
     stolen = conn.execute("SELECT count(*) FROM dpsql.datasets WHERE name = 'stolen'").fetchone()
     assert stolen[0] == 0
 
@@ -289,7 +295,7 @@ def test_admin_registers_grants_and_revokes(conn, scratch_schema, make_role) -> 
     conn.execute(f"GRANT SELECT ON owned TO {admin}")
     name = f"owned_{uuid.uuid4().hex[:8]}"
     with connect_admin() as ad:
-        assert ad.execute("SELECT dpsql._is_admin()").fetchone()[0] is True
+        assert ad.execute("SELECT dpsql_internal._is_admin()").fetchone()[0] is True
         ad.execute(f"SET search_path = {scratch_schema}")
         # Unqualified names resolve with the admin's own search_path.
         (ds,) = ad.execute(
@@ -326,11 +332,17 @@ def test_admin_registers_grants_and_revokes(conn, scratch_schema, make_role) -> 
         # Data owners see budgets of every dataset, but no raw table of the extension.
         assert _visible(ad, "my_datasets", ds) == 1
         _refused(ad, "SELECT * FROM dpsql.ledger_entries")
-        _refused(ad, "SELECT dpsql._charge(%s, 0.1, 0, 'x')", ds)
+        _refused(ad, "SELECT dpsql_internal._charge(%s, 0.1, 0, 'x')", ds)
         with connect_analyst() as an:
-            assert an.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is True
+            assert (
+                an.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0]
+                is True
+            )
             ad.execute("SELECT dpsql.revoke_dataset(%s, %s)", (ds, analyst))
-            assert an.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+            assert (
+                an.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0]
+                is False
+            )
         ad.execute("SELECT dpsql.revoke_dataset(%s, %s)", (ds, analyst))  # idempotent
 
 
@@ -340,16 +352,16 @@ def test_grants_decide_what_an_analyst_sees(conn, make_role, dataset) -> None:
     team, _ = make_role("team")  # a group: its members use what it is granted
     conn.execute(f"GRANT {team} TO {analyst}")
     (entry,) = conn.execute(
-        "SELECT dpsql._charge(%s, 0.5, 1e-6, 'test', note => 'n')", (ds,)
+        "SELECT dpsql_internal._charge(%s, 0.5, 1e-6, 'test', note => 'n')", (ds,)
     ).fetchone()
     with connect() as a:
-        assert a.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
         for view in ["ledger", "budgets", "my_datasets"]:
             assert _visible(a, view, ds) == 0
-        assert a.execute("SELECT dpsql._is_admin()").fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._is_admin()").fetchone()[0] is False
 
         conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, team))
-        assert a.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is True
+        assert a.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is True
         for view in ["ledger", "budgets", "my_datasets"]:
             assert _visible(a, view, ds) == 1
         row = a.execute(
@@ -377,7 +389,7 @@ def test_grants_decide_what_an_analyst_sees(conn, make_role, dataset) -> None:
     conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, team))
     conn.execute(f"DROP ROLE {team}")
     with connect() as a:
-        assert a.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
         assert _visible(a, "my_datasets", ds) == 0
     conn.execute(f"CREATE ROLE {team}")  # for make_role's cleanup
 
@@ -444,20 +456,20 @@ def test_search_path_hijack_does_not_reach_definer_code(conn, make_role, dataset
     entries = conn.execute("SELECT count(*) FROM dpsql.ledger_entries").fetchone()[0]
     with connect() as a:
         _arm(a, f"evil_{analyst}")
-        assert a.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
-        assert a.execute("SELECT dpsql._is_admin()").fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._is_admin()").fetchone()[0] is False
         for view in ["ledger", "budgets", "my_datasets"]:
             assert a.execute(f"SELECT count(*) FROM dpsql.{view}").fetchone()[0] == 0
         # The private entry point resolves datasets and grants with pinned names.
         with pytest.raises(psycopg.Error) as err:
             a.execute(
-                "SELECT dpsql._train_private(%s, 'logistic', %s::jsonb)",
+                "SELECT dpsql_internal._train_private(%s, 'logistic', %s::jsonb)",
                 (table, '{"privacy": "bolton", "epsilon": 0.5}'),
             )
         assert err.value.sqlstate == "42501", str(err.value)
         with pytest.raises(psycopg.Error):
             a.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
-        assert a.execute("SELECT dpsql._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
+        assert a.execute("SELECT dpsql_internal._can_use_dataset(%s)", (ds,)).fetchone()[0] is False
     with connect_admin() as ad:
         _arm(ad, f"evil_{admin}")
         # Every check below would pass with the shadowing operators.
@@ -483,19 +495,21 @@ def test_search_path_hijack_does_not_reach_definer_code(conn, make_role, dataset
 def test_security_definer_functions_pin_search_path(conn) -> None:
     unpinned = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p"
-        " WHERE p.pronamespace = 'dpsql'::regnamespace AND p.prosecdef"
+        " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
+        " p.prosecdef"
         "   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)"
     ).fetchall()
     assert unpinned == []
     definers = conn.execute(
-        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'dpsql'::regnamespace AND prosecdef"
+        "SELECT count(*) FROM pg_proc WHERE pronamespace IN ('dpsql'::regnamespace,"
+        " 'dpsql_internal'::regnamespace) AND prosecdef"
     ).fetchone()[0]
     assert definers >= 4
 
 
 def test_ledger_is_append_only_even_for_superusers(conn, dataset) -> None:
     ds, _ = dataset
-    (entry,) = conn.execute("SELECT dpsql._charge(%s, 0.1, 0, 'test')", (ds,)).fetchone()
+    (entry,) = conn.execute("SELECT dpsql_internal._charge(%s, 0.1, 0, 'test')", (ds,)).fetchone()
     for stmt in [
         "UPDATE dpsql.ledger_entries SET epsilon = 0 WHERE entry_id = %s",
         "DELETE FROM dpsql.ledger_entries WHERE entry_id = %s",
@@ -659,7 +673,7 @@ def test_dataset_for_source(conn, scratch_schema) -> None:
 
         def found(source: str) -> tuple[int, str]:
             return conn.execute(
-                "SELECT (d).dataset_id, (d).source FROM dpsql._dataset_for_source(%s) d",
+                "SELECT (d).dataset_id, (d).source FROM dpsql_internal._dataset_for_source(%s) d",
                 (source,),
             ).fetchone()
 
@@ -669,10 +683,12 @@ def test_dataset_for_source(conn, scratch_schema) -> None:
             "SELECT dpsql.register_dataset(%s, '{f}', 'y', 1, name => %s)", (f"{s}_b.alpha", n2)
         ).fetchone()
         assert found(f"{s}_b.alpha") == (d2, f"{s}_b.alpha")
-        msg = _refused(conn, "SELECT dpsql._dataset_for_source('alpha')", code="42P09")
+        msg = _refused(conn, "SELECT dpsql_internal._dataset_for_source('alpha')", code="42P09")
         assert "names 2 registered datasets" in msg
         for source in ["beta", "SELECT * FROM alpha", "", None, f"{s}.alpha.x"]:
-            msg = _refused(conn, "SELECT dpsql._dataset_for_source(%s)", source, code="42704")
+            msg = _refused(
+                conn, "SELECT dpsql_internal._dataset_for_source(%s)", source, code="42704"
+            )
             assert "is not a registered dataset; private training needs" in msg, msg
         # A renamed relation is found by its new name too; the source returned is current.
         conn.execute("ALTER TABLE alpha RENAME TO gamma")
@@ -681,9 +697,9 @@ def test_dataset_for_source(conn, scratch_schema) -> None:
         # A dropped one is marked (event trigger) and refused, whatever later gets its oid;
         # the name can then be registered anew.
         conn.execute("DROP TABLE gamma")
-        msg = _refused(conn, "SELECT dpsql._dataset_for_source(%s)", n1, code="42P01")
+        msg = _refused(conn, "SELECT dpsql_internal._dataset_for_source(%s)", n1, code="42P01")
         assert f"the relation of dataset '{n1}' was dropped at" in msg
-        _refused(conn, "SELECT dpsql._dataset_for_source(%s)", f"{s}.gamma", code="42704")
+        _refused(conn, "SELECT dpsql_internal._dataset_for_source(%s)", f"{s}.gamma", code="42704")
         dropped = conn.execute(
             "SELECT dropped_at IS NOT NULL FROM dpsql.budgets WHERE dataset_id = %s", (d1,)
         ).fetchone()
@@ -747,3 +763,17 @@ def test_data_owner_trains_non_private_and_analyst_trains_private_only(
             a.execute("SELECT dpsql.predict(%s, '{0.1, 0.2}')", (noiseless,))
         assert a.execute("SELECT epsilon_spent FROM dpsql.budgets").fetchone()[0] == 1
         assert a.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0] == 1
+
+
+def test_the_api_schema_holds_only_the_api(conn) -> None:
+    """Internal routines (names starting with _) live in dpsql_internal, the API in dpsql."""
+    misplaced = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p"
+        " WHERE (p.pronamespace = 'dpsql'::regnamespace AND p.proname LIKE '\\_%')"
+        " OR (p.pronamespace = 'dpsql_internal'::regnamespace AND p.proname NOT LIKE '\\_%')"
+    ).fetchall()
+    assert misplaced == []
+    (internal,) = conn.execute(
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'dpsql_internal'::regnamespace"
+    ).fetchone()
+    assert internal > 100

@@ -120,7 +120,7 @@ def test_bst14_epsilon1_solves_the_composition_equation(conn) -> None:
         delta1 = (1 / m**2) / (k * m)
         steps = k * m
         (e1,) = conn.execute(
-            "SELECT dpsql._bst14_epsilon1(%s, %s, %s)", (eps, delta1, steps)
+            "SELECT dpsql_internal._bst14_epsilon1(%s, %s, %s)", (eps, delta1, steps)
         ).fetchone()
         lhs = steps * e1 * np.expm1(e1) + np.sqrt(2 * steps * np.log(1 / delta1)) * e1
         assert abs(lhs - eps) < 1e-12 * eps
@@ -204,7 +204,7 @@ def test_poisson_batches_are_binomial(conn) -> None:
         r[0]
         for r in conn.execute(
             "SELECT count(*) FROM generate_series(1, %s) rid,"
-            " unnest(dpsql._poisson_batches(42, rid, %s, %s)) b GROUP BY b ORDER BY b",
+            " unnest(dpsql_internal._poisson_batches(42, rid, %s, %s)) b GROUP BY b ORDER BY b",
             (m, steps, q),
         ).fetchall()
     ]
@@ -214,7 +214,7 @@ def test_poisson_batches_are_binomial(conn) -> None:
     per_row = [
         r[0]
         for r in conn.execute(
-            "SELECT cardinality(dpsql._poisson_batches(7, rid, %s, %s))"
+            "SELECT cardinality(dpsql_internal._poisson_batches(7, rid, %s, %s))"
             " FROM generate_series(1, %s) rid",
             (steps, q, m),
         ).fetchall()
