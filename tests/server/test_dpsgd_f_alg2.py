@@ -130,29 +130,35 @@ def test_refusals_charge_nothing(conn, scratch_schema) -> None:
 
 
 def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> None:
-    """All rows equal (0.5, 0, ...): the medians and the radius are exact grid points, so
-    (mean - c) m is the noise alone, N(0, s^2) with s = gaussian_sigma(2 r, eps/9, delta/3).
-    30 seeded runs x 20 coordinates: KS against N(0, 1) and a two-sided chi-square test of the
-    scale, each at alpha = 1e-3 (false-failure rate <= 2e-3; deterministic under the seeds)."""
-    m, d = 100, 20
-    X = np.zeros((m, d))
-    X[:, 0] = 0.5
-    name = _register(conn, scratch_schema, X, np.tile([0.0, 1.0], m // 2), row_norm="clip")
+    """All rows 0, m = 3000, d = 2: the EM medians (epsilon/18 each, utility -1500 off the
+    value) and the EM radius (rank 2411 of 3000 equal distances) leave the data's grid point
+    with probability < 1e-10, so c = 0, r = one grid step and mean * m is the noise alone, N(0, s^2) per
+    coordinate with s = gaussian_sigma(2 r, eps/9, delta/3), replace-one sensitivity 2 r.
+    60 seeded runs x 2 coordinates: KS against N(0, 1) and a two-sided chi-square test of the
+    scale, each at alpha = 1e-3 (false-failure rate <= 2e-3; deterministic under the seeds);
+    the scale test rejects the same draws read with a std off by 50%."""
+    m, d = 3000, 2
+    name = _register(conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2),
+                     row_norm="clip")
     z = []
-    for seed in range(30):
+    for seed in range(60):
         pre = _train(conn, name, noise_seed=seed)["params"]["privacy"]["preprocessing"]
         info = pre["mean_info"]
+        assert info["coarse_centre"] == [0.0] * d
+        assert info["radius"] == pytest.approx(1 / m**2, rel=1e-9)
         (s,) = conn.execute(
             "SELECT dpsql.gaussian_sigma(2 * %s, 1.0 / 9, 1e-5 / 3)", (info["radius"],)
         ).fetchone()
-        assert info["noise_std"] == pytest.approx(s)
-        c = np.asarray(info["coarse_centre"])
-        # the mean was projected onto the unit ball only if its norm exceeded 1
-        assert np.linalg.norm(pre["mean"]) <= 1
-        z.extend((np.asarray(pre["mean"]) - c) * m / s)
+        assert info["noise_std"] == pytest.approx(s) and info["sensitivity"] == 2 * info["radius"]
+        z.extend(np.asarray(pre["mean"]) * m / s)
     z = np.asarray(z)
-    q = stats.chi2.cdf(float(np.sum(z**2)), df=len(z))
-    assert stats.kstest(z, "norm").pvalue > 1e-3 and 2 * min(q, 1 - q) > 1e-3
+
+    def scale_p(v: np.ndarray) -> float:
+        q = stats.chi2.cdf(float(np.sum(v**2)), df=len(v))
+        return 2 * min(q, 1 - q)
+
+    assert stats.kstest(z, "norm").pvalue > 1e-3 and scale_p(z) > 1e-3
+    assert scale_p(z / 1.5) < 1e-3 and scale_p(z * 1.5) < 1e-3
 
 
 def test_multinomial_maps_back_per_class(conn, scratch_schema, server_uri) -> None:
