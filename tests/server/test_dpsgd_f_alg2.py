@@ -14,7 +14,6 @@ from scipy import stats
 import dpsql
 from tests.pg_helpers import load
 
-
 _SOURCES: dict[str, str] = {}
 
 
@@ -131,15 +130,17 @@ def test_refusals_charge_nothing(conn, scratch_schema) -> None:
 
 def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> None:
     """All rows 0, m = 3000, d = 2: the EM medians (epsilon/18 each, utility -1500 off the
-    value) and the EM radius (rank 2411 of 3000 equal distances) leave the data's grid point
-    with probability < 1e-10, so c = 0, r = one grid step and mean * m is the noise alone, N(0, s^2) per
-    coordinate with s = gaussian_sigma(2 r, eps/9, delta/3), replace-one sensitivity 2 r.
+    value) and the EM radius (rank 2411 of 3000 equal distances) leave the data's grid
+    point with probability < 1e-10, so c = 0, r = one grid step and mean * m is the noise
+    alone, N(0, s^2) per coordinate with s = gaussian_sigma(2 r, eps/9, delta/3), replace-one
+    sensitivity 2 r.
     60 seeded runs x 2 coordinates: KS against N(0, 1) and a two-sided chi-square test of the
     scale, each at alpha = 1e-3 (false-failure rate <= 2e-3; deterministic under the seeds);
     the scale test rejects the same draws read with a std off by 50%."""
     m, d = 3000, 2
-    name = _register(conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2),
-                     row_norm="clip")
+    name = _register(
+        conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2), row_norm="clip"
+    )
     z = []
     for seed in range(60):
         pre = _train(conn, name, noise_seed=seed)["params"]["privacy"]["preprocessing"]
@@ -202,8 +203,15 @@ def test_counterexample_dpsgd_fails_dpsgd_f_succeeds(conn, scratch_schema) -> No
         name = _register(conn, scratch_schema, X, y, row_norm="unit")
         for clip, step in [(1.0, 1.0), (1.0, 100.0), (1e-4, 1e4)]:
             m = _train(
-                conn, name, privacy="dpsgd", epochs=5, clip_norm=clip, step_size=step,
-                sampling="poisson", batch_size=50, noise_seed=11,
+                conn,
+                name,
+                privacy="dpsgd",
+                epochs=5,
+                clip_norm=clip,
+                step_size=step,
+                sampling="poisson",
+                batch_size=50,
+                noise_seed=11,
             )
             (acc,) = conn.execute(
                 "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], _SOURCES[name])
