@@ -63,7 +63,7 @@ def test_map_back_round_trip_and_predictions_agree(conn, scratch_schema, server_
     stated (epsilon, delta), once."""
     X, y = _blobs(0)
     name = _register(conn, scratch_schema, X, y, row_norm="clip")
-    m = _train(conn, name, noise_seed=3, epochs=2)
+    m = _train(conn, name, noise_seed=3, epochs=2, seed=7)
     priv = m["params"]["privacy"]
     pre = priv["preprocessing"]
     theta = np.asarray(priv["theta"])
@@ -71,7 +71,7 @@ def test_map_back_round_trip_and_predictions_agree(conn, scratch_schema, server_
     w, b = np.asarray(m["coef"]), m["intercept"][0]
     assert m["privacy"] == "dpsgd_f_alg2" and m["fit_intercept"]
     assert (m["epsilon"], m["delta"]) == (1.0, 1e-5)
-    assert _charges(conn, name) == [[1.0, 1e-5]]
+    assert _charges(conn, name) == [[1.0, 1e-5]]  # once, the stated (epsilon, delta)
     np.testing.assert_allclose(w, theta[:3], rtol=0, atol=0)
     inside = np.linalg.norm(X - mean, axis=1) <= tau  # rows have norm < 1: clip is the identity
     assert inside.sum() > 100
@@ -88,6 +88,17 @@ def test_map_back_round_trip_and_predictions_agree(conn, scratch_schema, server_
     with dpsql.connect(server_uri) as db:
         model = db.model(m["model_id"])
         np.testing.assert_allclose(model.predict_proba(X[:50])[:, 1], sql_p, rtol=1e-12)
+        # the Python mechanism object: the same release under the same seeds
+        again = db.train(
+            name,
+            None,
+            None,
+            "logistic",
+            epochs=2,
+            seed=7,
+            privacy=dpsql.DPSGDFAlg2(epsilon=1.0, delta=1e-5, noise_seed=3),
+        )
+        np.testing.assert_allclose(again.predict_proba(X[:50])[:, 1], sql_p, rtol=1e-12)
     (acc,) = conn.execute(
         "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], _SOURCES[name])
     ).fetchone()
