@@ -236,3 +236,21 @@ def test_counterexample_dpsgd_fails_dpsgd_f_succeeds(conn, scratch_schema) -> No
             tau = m["params"]["privacy"]["preprocessing"]["tau"]
             assert acc >= 0.95, (flip, seed, acc, tau)
     assert time.monotonic() - t0 < 120
+
+
+def test_malformed_rows_are_null_records(conn, scratch_schema) -> None:
+    """A NaN, an infinite or a NULL feature raises no error (an error would reveal a value):
+    the row counts as 0 in the quantiles and as the centre c in the mean, and is a null
+    record in the steps; the release is finite."""
+    X, y = _blobs(6, 300)
+    name = _register(conn, scratch_schema, X, y, row_norm="clip")
+    source = _SOURCES[name]
+    for change in (
+        "x[2] = 'NaN' WHERE rid = 3",
+        "x[1] = 'Infinity' WHERE rid = 5",
+        "x = NULL WHERE rid = 7",
+    ):
+        assert conn.execute(f"UPDATE {source} SET {change}").rowcount == 1
+    m = _train(conn, name, noise_seed=1)
+    assert np.all(np.isfinite(m["weights"]))
+    assert np.isfinite(m["params"]["privacy"]["preprocessing"]["tau"])
