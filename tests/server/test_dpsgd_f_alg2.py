@@ -254,3 +254,32 @@ def test_malformed_rows_are_null_records(conn, scratch_schema) -> None:
     m = _train(conn, name, noise_seed=1)
     assert np.all(np.isfinite(m["weights"]))
     assert np.isfinite(m["params"]["privacy"]["preprocessing"]["tau"])
+
+
+def test_an_analyst_trains_it(conn, scratch_schema, make_role) -> None:
+    """Real roles: an analyst's dpsgd_f_alg2 release (pg_strong_random noise) is charged once."""
+    admin, connect_admin = make_role("owner", "dpsql_admin")
+    analyst, connect_analyst = make_role("analyst", "dpsql_analyst")
+    conn.execute(
+        f"CREATE TABLE {scratch_schema}.pts AS SELECT i AS rid,"
+        " ARRAY[0.5 + 0.1 * sin(i), 0.1 * cos(i)]::float8[] AS x, (i % 2)::float8 AS y"
+        " FROM generate_series(1, 400) i"
+    )
+    conn.execute(f"GRANT USAGE ON SCHEMA {scratch_schema} TO {admin}")
+    conn.execute(f"GRANT SELECT ON {scratch_schema}.pts TO {admin}")
+    name = f"pts_{analyst}"
+    with connect_admin() as ad:
+        (ds,) = ad.execute(
+            f"SELECT dpsql.register_dataset('{scratch_schema}.pts', '{{x}}', 'y',"
+            f" epsilon_budget => 2, delta_budget => 1e-4, labels => '{{0,1}}',"
+            f" row_norm => 'clip', name => '{name}')"
+        ).fetchone()
+        ad.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    with connect_analyst() as a:
+        (mid,) = a.execute(
+            f"SELECT dpsql.train('{name}', NULL, NULL, privacy => 'dpsgd_f_alg2',"
+            " epsilon => 1, delta => 1e-5, epochs => 2)"
+        ).fetchone()
+        (p,) = a.execute("SELECT dpsql.predict(%s, ARRAY[0.5, 0.1])", (mid,)).fetchone()
+        assert 0 <= p <= 1
+    assert _charges(conn, name) == [[1.0, 1e-5]]
