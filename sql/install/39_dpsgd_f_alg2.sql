@@ -31,10 +31,18 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
                   dim, train_table, row_flags)
 $$;
 
+-- The SQL of ||x - $4|| for a row r of _alg2_rows_sql (NULL for a null record).
+CREATE OR REPLACE FUNCTION dpsql._alg2_distance_sql()
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'CASE WHEN r.x IS NOT NULL THEN sqrt((SELECT sum((e - $4[k]) ^ 2)'
+           ' FROM unnest(r.x) WITH ORDINALITY q(e, k))) END'
+$$;
+
 -- An EM quantile (27_estimate_bounds.sql) of the values of value_sql over rows_sql, clamped to
 -- [lo, hi] and rounded to the grid of step (a per-record map: free); NULL values count as 0.
-CREATE OR REPLACE FUNCTION dpsql._alg2_quantile(rows_sql text, value_sql text, rank bigint,
-                                                lo float8, hi float8, step float8,
+-- value_sql may read ref as $4 (a parameter, never a literal: no float text round trip).
+CREATE OR REPLACE FUNCTION dpsql._alg2_quantile(rows_sql text, value_sql text, ref float8[],
+                                                rank bigint, lo float8, hi float8, step float8,
                                                 epsilon float8, seed bigint)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
@@ -45,7 +53,7 @@ BEGIN
         'SELECT coalesce(array_agg(w ORDER BY w), ''{}''), coalesce(array_agg(c ORDER BY w), ''{}'') FROM ('
         '  SELECT %s AS w, count(*) AS c FROM (%s) r GROUP BY 1) v',
         dpsql._grid_sql(format('coalesce(%s, 0)', value_sql)), rows_sql)
-        INTO grid_values, counts USING lo, hi, step;
+        INTO grid_values, counts USING lo, hi, step, ref;
     RETURN dpsql._private_quantile(grid_values, counts, rank, lo, hi, step, epsilon, seed);
 END $$;
 
@@ -68,16 +76,13 @@ DECLARE
 BEGIN
     -- 1. coordinate-wise medians, rank floor(m/2), range [-R, R], epsilon_m / (3 d) each
     FOR j IN 1..dim LOOP
-        c := c || dpsql._alg2_quantile(rows_sql, format('r.x[%s]', j), greatest(m / 2, 1),
+        c := c || dpsql._alg2_quantile(rows_sql, format('r.x[%s]', j), NULL, greatest(m / 2, 1),
                                        -1, 1, step, epsilon_m / (3 * dim),
                                        dpsql._alg2_seed(noise_seed, 'median' || j));
     END LOOP;
     -- 2. radius: rank m - ceil(2 / (epsilon_m/3) (ln(K + 1) + 2 ln m)), range [0, 2R], plus a step
     rad_rank := least(m, greatest(1, m - ceil(2 / (epsilon_m / 3) * (ln(rad_points) + 2 * ln(m)))::bigint));
-    rad := dpsql._alg2_quantile(
-        rows_sql, format('CASE WHEN r.x IS NOT NULL THEN sqrt((SELECT sum((e - (%L::float8[])[k]) ^ 2)'
-                         ' FROM unnest(r.x) WITH ORDINALITY q(e, k))) END', c),
-        rad_rank, 0, 2, step, epsilon_m / 3, dpsql._alg2_seed(noise_seed, 'radius')) + step;
+    rad := dpsql._alg2_quantile(rows_sql, dpsql._alg2_distance_sql(), c, rad_rank, 0, 2, step, epsilon_m / 3, dpsql._alg2_seed(noise_seed, 'radius')) + step;
     -- 3. c + (sum Clip(x - c, r) + N(0, s^2 I)) / m, replace-one sensitivity 2 r
     s := dpsql.gaussian_sigma(2 * rad, epsilon_m / 3, delta_m);
     EXECUTE format(
@@ -104,12 +109,6 @@ BEGIN
                                         'Gaussian (epsilon/3, delta)');
 END $$;
 
--- The SQL of ||x - mean|| for a row r of _alg2_rows_sql.
-CREATE OR REPLACE FUNCTION dpsql._alg2_distance_sql(mean float8[])
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('CASE WHEN r.x IS NOT NULL THEN sqrt((SELECT sum((e - (%L::float8[])[k]) ^ 2)'
-                  ' FROM unnest(r.x) WITH ORDINALITY q(e, k))) END', mean)
-$$;
 
 -- Steps 3-4: x'' = Clip((x - mean, tau), sqrt(2) tau) (NULL for a null record).
 CREATE OR REPLACE FUNCTION dpsql._alg2_features(x float8[], mean float8[], tau float8)
@@ -220,7 +219,7 @@ BEGIN
     pm := dpsql._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);
     -- 2. tau at epsilon/3 (pure), rank m - (100 / epsilon) ln m (total epsilon), in [1, m]
     tau_rank := least(m, greatest(1, ceil(m - 100 / epsilon * ln(m))::bigint));
-    tau_hat := dpsql._alg2_quantile(rows_sql, dpsql._alg2_distance_sql(pm.mean), tau_rank,
+    tau_hat := dpsql._alg2_quantile(rows_sql, dpsql._alg2_distance_sql(), pm.mean, tau_rank,
                                     0, 2, 1.0 / (m::float8 * m), epsilon / 3,
                                     dpsql._alg2_seed(noise_seed, 'tau'));
     tau := tau_hat + 1.0 / (m::float8 * m);
