@@ -41,6 +41,7 @@ from dpsql.privacy import (
     AdaSSP,
     Auto,
     BoltOn,
+    DPSGDFAlg2,
 )
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "DPGD",
     "DPSGD",
     "DPSGDF",
+    "DPSGDFAlg2",
     "DPSSGD",
     "SCS13",
     "AdaSSP",

@@ -11,6 +11,7 @@ __all__ = [
     "DPGD",
     "DPSGD",
     "DPSGDF",
+    "DPSGDFAlg2",
     "DPSSGD",
     "SCS13",
     "AdaSSP",
@@ -117,6 +118,30 @@ class DPSGDF:
             "delta": float(self.delta),
             "clip_norm": float(self.clip_norm),
             "sampling": "poisson",
+            "noise_seed": self.noise_seed,
+        }
+
+
+@dataclass(frozen=True)
+class DPSGDFAlg2:
+    """DPSGD-F, the theoretical version (spec 001 section 3, Algorithm 2): a diameter-adaptive
+    private mean, a private quantile tau of the distances to it, DP-SGD on the features
+    ``(x - mean, tau)`` clipped to sqrt(2) tau (no gradient is clipped), then the map back to
+    ``(w, b)``. Mean, tau and DP-SGD get (epsilon/3, delta/3) each (basic composition).
+    ``train(step_size=...)`` is eta_0: the step is eta_0 / tau^2. Logistic and multinomial
+    only; the released model has an intercept (leave ``intercept`` false)."""
+
+    epsilon: float
+    delta: float = 1e-6
+    noise_seed: int | None = None
+
+    name = "dpsgd_f_alg2"
+
+    def sql_args(self) -> dict[str, Any]:
+        return {
+            "privacy": self.name,
+            "epsilon": float(self.epsilon),
+            "delta": float(self.delta),
             "noise_seed": self.noise_seed,
         }
 
@@ -329,5 +354,6 @@ def _linear_args(
 # ``SELECT * FROM dpsql.mechanisms()``): tests/server/test_mechanisms.py checks that both name the
 # same mechanisms. ``auto`` is a chooser, not a registered mechanism.
 MECHANISMS: dict[str, type] = {
-    cls.name: cls for cls in (BoltOn, DPSGD, DPSGDF, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)
+    cls.name: cls
+    for cls in (BoltOn, DPSGD, DPSGDF, DPSGDFAlg2, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)
 }
