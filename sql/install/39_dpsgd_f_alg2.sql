@@ -17,22 +17,22 @@
 ------------------------------------------------------------------------------------------
 
 -- A deterministic seed per use of a data owner's noise seed (NULL: pg_strong_random).
-CREATE OR REPLACE FUNCTION dpsql._alg2_seed(noise_seed bigint, tag text)
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_seed(noise_seed bigint, tag text)
 RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN noise_seed IS NOT NULL
                 THEN ('x' || substr(md5(noise_seed::text || ':dpsgd_f_alg2:' || tag), 1, 16))::bit(64)::bigint END
 $$;
 
 -- The rows as the model sees them (the row transform applied), NULL for a null record.
-CREATE OR REPLACE FUNCTION dpsql._alg2_rows_sql(train_table text, dim int, row_flags int)
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_rows_sql(train_table text, dim int, row_flags int)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format('SELECT t.rid, t.y, CASE WHEN cardinality(p.v) = %s THEN p.v END AS x'
-                  '  FROM %s t, LATERAL (SELECT dpsql._preprocess(t.x, NULL, %s, NULL) AS v) p',
+                  '  FROM %s t, LATERAL (SELECT dpsql_internal._preprocess(t.x, NULL, %s, NULL) AS v) p',
                   dim, train_table, row_flags)
 $$;
 
 -- The SQL of ||x - $4|| for a row r of _alg2_rows_sql (NULL for a null record).
-CREATE OR REPLACE FUNCTION dpsql._alg2_distance_sql()
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_distance_sql()
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT 'CASE WHEN r.x IS NOT NULL THEN sqrt((SELECT sum((e - $4[k]) ^ 2)'
            ' FROM unnest(r.x) WITH ORDINALITY q(e, k))) END'
@@ -41,7 +41,7 @@ $$;
 -- An EM quantile (27_estimate_bounds.sql) of the values of value_sql over rows_sql, clamped to
 -- [lo, hi] and rounded to the grid of step (a per-record map: free); NULL values count as 0.
 -- value_sql may read ref as $4 (a parameter, never a literal: no float text round trip).
-CREATE OR REPLACE FUNCTION dpsql._alg2_quantile(rows_sql text, value_sql text, ref float8[],
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_quantile(rows_sql text, value_sql text, ref float8[],
                                                 rank bigint, lo float8, hi float8, step float8,
                                                 epsilon float8, seed bigint)
 RETURNS float8 LANGUAGE plpgsql AS $$
@@ -52,14 +52,14 @@ BEGIN
     EXECUTE format(
         'SELECT coalesce(array_agg(w ORDER BY w), ''{}''), coalesce(array_agg(c ORDER BY w), ''{}'') FROM ('
         '  SELECT %s AS w, count(*) AS c FROM (%s) r GROUP BY 1) v',
-        dpsql._grid_sql(format('coalesce(%s, 0)', value_sql)), rows_sql)
+        dpsql_internal._grid_sql(format('coalesce(%s, 0)', value_sql)), rows_sql)
         INTO grid_values, counts USING lo, hi, step, ref;
-    RETURN dpsql._private_quantile(grid_values, counts, rank, lo, hi, step, epsilon, seed);
+    RETURN dpsql_internal._private_quantile(grid_values, counts, rank, lo, hi, step, epsilon, seed);
 END $$;
 
 -- Step 1, PrivMean (spec 001 s. 3.2 substitute) at (epsilon_m, delta_m), R = 1: the mean,
 -- and what it is made of (public: derived from released values only).
-CREATE OR REPLACE FUNCTION dpsql._alg2_private_mean(rows_sql text, dim int, m bigint,
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_private_mean(rows_sql text, dim int, m bigint,
                                                     epsilon_m float8, delta_m float8,
                                                     noise_seed bigint,
                                                     OUT mean float8[], OUT info jsonb)
@@ -76,13 +76,13 @@ DECLARE
 BEGIN
     -- 1. coordinate-wise medians, rank floor(m/2), range [-R, R], epsilon_m / (3 d) each
     FOR j IN 1..dim LOOP
-        c := c || dpsql._alg2_quantile(rows_sql, format('r.x[%s]', j), NULL, greatest(m / 2, 1),
+        c := c || dpsql_internal._alg2_quantile(rows_sql, format('r.x[%s]', j), NULL, greatest(m / 2, 1),
                                        -1, 1, step, epsilon_m / (3 * dim),
-                                       dpsql._alg2_seed(noise_seed, 'median' || j));
+                                       dpsql_internal._alg2_seed(noise_seed, 'median' || j));
     END LOOP;
     -- 2. radius: rank m - ceil(2 / (epsilon_m/3) (ln(K + 1) + 2 ln m)), range [0, 2R], plus a step
     rad_rank := least(m, greatest(1, m - ceil(2 / (epsilon_m / 3) * (ln(rad_points) + 2 * ln(m)))::bigint));
-    rad := dpsql._alg2_quantile(rows_sql, dpsql._alg2_distance_sql(), c, rad_rank, 0, 2, step, epsilon_m / 3, dpsql._alg2_seed(noise_seed, 'radius')) + step;
+    rad := dpsql_internal._alg2_quantile(rows_sql, dpsql_internal._alg2_distance_sql(), c, rad_rank, 0, 2, step, epsilon_m / 3, dpsql_internal._alg2_seed(noise_seed, 'radius')) + step;
     -- 3. c + (sum Clip(x - c, r) + N(0, s^2 I)) / m, replace-one sensitivity 2 r
     s := dpsql.gaussian_sigma(2 * rad, epsilon_m / 3, delta_m);
     EXECUTE format(
@@ -95,7 +95,7 @@ BEGIN
         '           WITH ORDINALITY AS u(v, j)'
         '   WHERE r.x IS NOT NULL GROUP BY u.j) s USING (j)', rows_sql)
         INTO total USING dim, c, rad;
-    total := dpsql._add_gaussian(total, s, dpsql._alg2_seed(noise_seed, 'mean'), 7101);
+    total := dpsql_internal._add_gaussian(total, s, dpsql_internal._alg2_seed(noise_seed, 'mean'), 7101);
     mean := ARRAY(SELECT c[j] + total[j] / m FROM generate_series(1, dim) j);
     -- post-processing: the projection onto the R-ball
     nrm := sqrt((SELECT sum(v * v) FROM unnest(mean) v));
@@ -111,7 +111,7 @@ END $$;
 
 
 -- Steps 3-4: x'' = Clip((x - mean, tau), sqrt(2) tau) (NULL for a null record).
-CREATE OR REPLACE FUNCTION dpsql._alg2_features(x float8[], mean float8[], tau float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_features(x float8[], mean float8[], tau float8)
 RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY(SELECT v * least(1, sqrt(2) * tau / nullif(n, 0))
                    FROM unnest(z.a) WITH ORDINALITY q(v, k) ORDER BY k)
@@ -122,7 +122,7 @@ RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Step 6: (w, b) from theta'' (d + 1, or K x (d + 1) for multinomial).
-CREATE OR REPLACE FUNCTION dpsql._alg2_map_back(theta float8[], mean float8[], tau float8)
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_map_back(theta float8[], mean float8[], tau float8)
 RETURNS float8[] LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     d int := cardinality(mean);
@@ -143,12 +143,12 @@ BEGIN
     RETURN out;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
+CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
                                           params jsonb, epsilon float8, delta float8,
                                           noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    canonical text := dpsql._canonical_model(model);
+    canonical text := dpsql_internal._canonical_model(model);
     c record := dpsql.loss_constants(canonical, 0, 0, 0.1);
     run bigint;
     r dpsql.runs;
@@ -173,37 +173,37 @@ DECLARE
 BEGIN
     -- Refusals first: nothing is charged (one transaction).
     IF canonical NOT IN ('logistic', 'multinomial') THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 trains logistic (binary) or multinomial models',
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 trains logistic (binary) or multinomial models',
                             hint => 'Algorithm 2 is for Lipschitz margin losses; least squares has no gradient bound.');
     END IF;
     IF NOT (delta > 0) THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 is (epsilon, delta)-DP: delta must be > 0');
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 is (epsilon, delta)-DP: delta must be > 0');
     END IF;
     IF params->>'noise_multiplier' IS NOT NULL THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 calibrates its noise from epsilon: give epsilon, not noise_multiplier');
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 calibrates its noise from epsilon: give epsilon, not noise_multiplier');
     END IF;
     IF params->>'clip_norm' IS NOT NULL THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 clips features to sqrt(2) tau and gradients at sqrt(2) G tau: '
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 clips features to sqrt(2) tau and gradients at sqrt(2) G tau: '
                             'clip_norm is not a parameter');
     END IF;
     IF coalesce((params->>'intercept')::boolean, false) THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 learns its bias through the feature tau: leave intercept false',
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 learns its bias through the feature tau: leave intercept false',
                             hint => 'The released model has an intercept (the map back).');
     END IF;
     IF params->>'schedule' IS NOT NULL AND params->>'schedule' <> 'constant'
        OR coalesce((params->>'lambda')::float8, 0) <> 0 THEN
-        PERFORM dpsql._fail('dpsgd_f_alg2 runs a constant step eta_0 / tau^2 without regularisation');
+        PERFORM dpsql_internal._fail('dpsgd_f_alg2 runs a constant step eta_0 / tau^2 without regularisation');
     END IF;
     eta0 := coalesce((params->>'step_size')::float8,
-                     dpsql._default_step(canonical, 0.1, sqrt(2)));  -- rows of norm sqrt(2) tau, tau = 1
+                     dpsql_internal._default_step(canonical, 0.1, sqrt(2)));  -- rows of norm sqrt(2) tau, tau = 1
     IF NOT (eta0 > 0 AND eta0 < 'Infinity') THEN
-        PERFORM dpsql._fail('step_size (eta_0; the step is eta_0 / tau^2) must be a finite number > 0');
+        PERFORM dpsql_internal._fail('step_size (eta_0; the step is eta_0 / tau^2) must be a finite number > 0');
     END IF;
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
         params := params || '{"batch_size": 50}';
     END IF;
-    run := dpsql._prepare_private(ds, model, params);
-    r := dpsql._locked_run(run);
+    run := dpsql_internal._prepare_private(ds, model, params);
+    r := dpsql_internal._locked_run(run);
     d := (r.spec->>'dim')::int;
     m := r.rows;
     row_flags := (r.spec->>'flags')::int & 3;
@@ -211,23 +211,23 @@ BEGIN
     -- The DP-SGD calibration at (epsilon/3, delta/3) from public numbers (clip 1: the noise
     -- multiplier does not depend on it), then the charge, before any value is read.
     sgd_params := jsonb_build_object('sampling', 'poisson', 'clip_norm', 1.0, 'step_size', 1.0);
-    plan := dpsql._whitebox_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
+    plan := dpsql_internal._whitebox_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
                                  epsilon / 3, delta / 3, sgd_params);
-    entry := dpsql._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2');
-    rows_sql := dpsql._alg2_rows_sql(r.train_table, d, row_flags);
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2');
+    rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
-    pm := dpsql._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);
+    pm := dpsql_internal._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);
     -- 2. tau at epsilon/3 (pure), rank m - (100 / epsilon) ln m (total epsilon), in [1, m]
     tau_rank := least(m, greatest(1, ceil(m - 100 / epsilon * ln(m))::bigint));
-    tau_hat := dpsql._alg2_quantile(rows_sql, dpsql._alg2_distance_sql(), pm.mean, tau_rank,
+    tau_hat := dpsql_internal._alg2_quantile(rows_sql, dpsql_internal._alg2_distance_sql(), pm.mean, tau_rank,
                                     0, 2, 1.0 / (m::float8 * m), epsilon / 3,
-                                    dpsql._alg2_seed(noise_seed, 'tau'));
+                                    dpsql_internal._alg2_seed(noise_seed, 'tau'));
     tau := tau_hat + 1.0 / (m::float8 * m);
     -- 3-4. the rows x'' in a new table: no row transform, no intercept (tau is the bias)
     tbl := r.train_table || '_a';
     EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL) WITH (autovacuum_enabled = false)',
                    tbl, r.train_table);
-    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT r.rid, dpsql._alg2_features(r.x, $1, $2), r.y'
+    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT r.rid, dpsql_internal._alg2_features(r.x, $1, $2), r.y'
                    '  FROM (%s) r ORDER BY r.rid', tbl, rows_sql) USING pm.mean, tau;
     EXECUTE format('DROP TABLE %s', r.train_table);
     EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
@@ -236,16 +236,16 @@ BEGIN
      WHERE runs.run_id = run;
     -- 5. DP-SGD: C = sqrt(2) G tau, step eta_0 / tau^2 (the same calibration, now with C)
     clip := sqrt(2) * c.lipschitz_data * tau;
-    plan := dpsql._whitebox_plan('dpsgd', (dpsql._locked_run(run)).spec, m, epsilon / 3, delta / 3,
+    plan := dpsql_internal._whitebox_plan('dpsgd', (dpsql_internal._locked_run(run)).spec, m, epsilon / 3, delta / 3,
                                  sgd_params || jsonb_build_object('clip_norm', clip,
                                                                   'step_size', eta0 / (tau * tau)));
-    theta := dpsql._run_armed(run, plan, noise_seed);
+    theta := dpsql_internal._run_armed(run, plan, noise_seed);
     -- 6. map back; released as (w, b) on the rows after the row transform
-    released := dpsql._alg2_map_back(theta, pm.mean, tau);
+    released := dpsql_internal._alg2_map_back(theta, pm.mean, tau);
     UPDATE dpsql.runs
        SET spec = spec || jsonb_build_object('dim', d, 'flags', (flags & ~7) | 4, 'intercept', true)
      WHERE runs.run_id = run;
-    mid := dpsql._finish(run, released, (plan->'info') || jsonb_build_object(
+    mid := dpsql_internal._finish(run, released, (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f_alg2', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F (Sun, Suresh, Menon 2024, Algorithm 2): private mean, private quantile '
                      'tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD with C = sqrt(2) G tau, '
@@ -261,10 +261,10 @@ BEGIN
             'step_size', eta0 / (tau * tau), 'eta_0', eta0, 'clip_norm', clip),
         'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
                            ELSE 'user seed ' || noise_seed || ': NOT private' END));
-    PERFORM dpsql._set_ledger_model(entry, mid);
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql._register_mechanism(
+SELECT dpsql_internal._register_mechanism(
     'dpsgd_f_alg2', '_train_dpsgd_f_alg2', 'classification', false, true,
     'DPSGD-F (Algorithm 2): private mean and quantile tau, features (x - mean, tau) clipped to '
     'sqrt(2) tau, DP-SGD, mapped back; epsilon/3 each', 'docs/whitebox.md');

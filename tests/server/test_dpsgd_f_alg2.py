@@ -112,7 +112,7 @@ def test_feature_clipping_bounds_the_rows(conn) -> None:
     mean, tau = rng.normal(size=4) * 0.1, 0.3
     rows = [
         conn.execute(
-            "SELECT dpsql._alg2_features(%s, %s, %s)", (list(x), list(mean), tau)
+            "SELECT dpsql_internal._alg2_features(%s, %s, %s)", (list(x), list(mean), tau)
         ).fetchone()
         for x in X
     ]

@@ -53,6 +53,7 @@ CLASSIFIERS = [
     ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "clip_norm": 1.0, "batch_size": 10}),
     ("dpsgd", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10, "sampling": "poisson"}),
     ("dpsgd_f", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10}),
+    ("dpsgd_f_alg2", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10}),
     ("auto", {"epsilon": 1.0, "delta": 1e-5}),
     ("auto", {"epsilon": 1.0}),
     ("scs13", {"epsilon": 1.0}),
