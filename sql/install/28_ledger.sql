@@ -53,6 +53,13 @@ ALTER TABLE dpsql.ledger_entries ENABLE ALWAYS TRIGGER ledger_entries_no_truncat
 -- Charging the ledger
 ------------------------------------------------------------------------------------------
 
+-- What each dataset has spent: the one sum of the ledger, read by the charge and the views.
+CREATE OR REPLACE VIEW dpsql_internal.spent AS
+SELECT d.dataset_id, coalesce(sum(e.epsilon), 0) AS epsilon_spent,
+       coalesce(sum(e.delta), 0) AS delta_spent
+  FROM dpsql.datasets d LEFT JOIN dpsql.ledger_entries e ON e.dataset_id = d.dataset_id
+ GROUP BY d.dataset_id;
+
 -- Charge (epsilon, delta) to a dataset; returns the ledger entry. The dataset row is locked
 -- (FOR UPDATE, then bumped) before the spent budget is summed, so concurrent charges serialize:
 -- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
@@ -88,8 +95,8 @@ BEGIN
         RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
             USING ERRCODE = 'undefined_object';
     END IF;
-    SELECT coalesce(sum(e.epsilon), 0), coalesce(sum(e.delta), 0) INTO eps_spent, delta_spent
-      FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id;
+    SELECT s.epsilon_spent, s.delta_spent INTO eps_spent, delta_spent
+      FROM dpsql_internal.spent s WHERE s.dataset_id = d.dataset_id;
     IF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
        OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
         RAISE EXCEPTION USING

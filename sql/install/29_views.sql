@@ -31,9 +31,7 @@ SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
        greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
        d.dropped_at
   FROM dpsql.datasets d
- CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
-                            coalesce(sum(e.delta), 0) AS delta_spent
-                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE dpsql_internal._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.budgets IS 'Budget, spent and remaining (epsilon, delta) of usable datasets';
 
@@ -44,9 +42,7 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
        greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
        d.label_bound, d.row_bound
   FROM dpsql.datasets d
- CROSS JOIN LATERAL (SELECT coalesce(sum(e.epsilon), 0) AS epsilon_spent,
-                            coalesce(sum(e.delta), 0) AS delta_spent
-                       FROM dpsql.ledger_entries e WHERE e.dataset_id = d.dataset_id) s
+ JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE d.dropped_at IS NULL AND dpsql_internal._can_use_dataset(d.dataset_id);
 COMMENT ON VIEW dpsql.my_datasets IS
     'Datasets the login role can train on: public declarations and remaining budget';

@@ -5,11 +5,11 @@
 -- tables (raw states, training tables, ledger) or runs the non-private aggregate.
 ------------------------------------------------------------------------------------------
 
-REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM PUBLIC;  -- aggregates included
 -- From scratch on every install and upgrade: a grant that a release withdraws goes away.
-REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_work FROM dpsql_analyst, dpsql_admin;
+REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM dpsql_analyst, dpsql_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin;
 REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
 

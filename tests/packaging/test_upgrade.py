@@ -28,7 +28,7 @@ CATALOG = {
         SELECT c.relname, c.relkind, coalesce(c.relacl::text, ''),
                coalesce(array_to_string(c.reloptions, ','), '')
           FROM pg_class c
-         WHERE c.relnamespace IN ('dpsql'::regnamespace, 'dpsql_work'::regnamespace)
+         WHERE c.relnamespace::regnamespace::text IN ('dpsql', 'dpsql_internal', 'dpsql_work')
          ORDER BY 1""",
     "columns": """
         SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -41,7 +41,8 @@ CATALOG = {
         SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid)
           FROM pg_constraint WHERE connamespace = 'dpsql'::regnamespace ORDER BY 1, 2""",
     "views": """
-        SELECT viewname, definition FROM pg_views WHERE schemaname = 'dpsql' ORDER BY 1""",
+        SELECT viewname, definition FROM pg_views
+         WHERE schemaname IN ('dpsql', 'dpsql_internal') ORDER BY 1""",
     "triggers": """
         SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid), tgenabled
           FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2""",

@@ -179,8 +179,10 @@ def test_analyst_cannot_read_any_table(conn, make_role, dataset) -> None:
     # Every table, sequence and schema of the extension: no privilege at all.
     leaks = conn.execute(
         "SELECT c.oid::regclass::text FROM pg_class c"
-        " WHERE c.relnamespace IN ('dpsql'::regnamespace, 'dpsql_work'::regnamespace)"
-        "   AND ((c.relkind IN ('r', 'p', 'm') AND has_table_privilege(%(r)s, c.oid, %(t)s))"
+        " WHERE c.relnamespace::regnamespace::text IN ('dpsql', 'dpsql_internal', 'dpsql_work')"
+        "   AND ((c.relkind IN ('r', 'p', 'm', 'v') AND c.oid::regclass::text NOT IN"
+        "          ('dpsql.models', 'dpsql.ledger', 'dpsql.budgets', 'dpsql.my_datasets')"
+        "          AND has_table_privilege(%(r)s, c.oid, %(t)s))"
         "     OR (c.relkind = 'S' AND has_sequence_privilege(%(r)s, c.oid, %(s)s)))",
         {"r": name, "t": "SELECT, INSERT, UPDATE, DELETE, TRUNCATE", "s": "USAGE, SELECT, UPDATE"},
     ).fetchall()
