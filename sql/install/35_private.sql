@@ -158,7 +158,7 @@ BEGIN
         step_offset => coalesce((params->>'step_offset')::float8, 0),
         radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
         -- regression (DP-SGD): the registered label set does not apply
-        labels => CASE WHEN dpsql_internal._loss_code(model) = 2 THEN NULL ELSE ds.labels END,
+        labels => CASE WHEN dpsql_internal._canonical_model(model) = 'linear' THEN NULL ELSE ds.labels END,
         intercept => coalesce((params->>'intercept')::boolean, false),
         row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
@@ -209,7 +209,7 @@ BEGIN
     END IF;
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
     linear := mech.task = 'regression';
-    IF linear AND dpsql_internal._loss_code(model) <> 2 THEN
+    IF linear AND dpsql_internal._canonical_model(model) <> 'linear' THEN
         PERFORM dpsql_internal._fail(format('%s trains linear regression: model => ''linear''', privacy));
     END IF;
     IF NOT linear AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
@@ -221,7 +221,7 @@ BEGIN
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql_internal._loss_code(model) = 2 AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
+    IF dpsql_internal._canonical_model(model) = 'linear' AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
         PERFORM dpsql_internal._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
                             hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
     END IF;
@@ -295,7 +295,7 @@ BEGIN
         END IF;
         RETURN mid;
     END IF;
-    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql_internal._loss_code(model) <> 2 THEN
+    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql_internal._canonical_model(model) <> 'linear' THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
                                    ds.name));
     END IF;
