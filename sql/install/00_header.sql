@@ -87,6 +87,11 @@ CREATE OR REPLACE FUNCTION dpsql_internal._preprocess(x float8[], bounds float8[
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_preprocess_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+-- A state flag bit of sgd.h by name (clip_rows, unit_rows, row_transform, intercept, sanitize).
+CREATE OR REPLACE FUNCTION dpsql_internal._flag(name text)
+RETURNS int AS 'MODULE_PATHNAME', 'dpsql_row_flag'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
 -- The binary decision rule (cython_ext/core/prediction.h; Python's Model.predict uses it too).
 CREATE OR REPLACE FUNCTION dpsql_internal._is_positive(loss int, raw float8)
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_is_positive_sql'

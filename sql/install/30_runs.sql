@@ -131,9 +131,11 @@ BEGIN
                         WHEN 'decreasing' THEN 0
                         ELSE 2.0 / (dpsql.loss_constants(lab.canonical, lambda, r, huber_h)).smoothness
                     END);
-    flags := CASE row_norm WHEN 'clip' THEN 1 WHEN 'unit' THEN 2 ELSE 0 END
-           | CASE WHEN intercept THEN 4 ELSE 0 END
-           | CASE WHEN private THEN 8 ELSE 0 END;  -- malformed rows become null records
+    flags := CASE row_norm WHEN 'clip' THEN dpsql_internal._flag('clip_rows')
+                           WHEN 'unit' THEN dpsql_internal._flag('unit_rows') ELSE 0 END
+           | CASE WHEN intercept THEN dpsql_internal._flag('intercept') ELSE 0 END
+           -- malformed rows become null records
+           | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END;
     init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 

@@ -76,7 +76,8 @@ BEGIN
     prefix := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
     run := dpsql_internal._prepare_private(ds, model, params);
     r := dpsql_internal._locked_run(run);
-    row_flags := (r.spec->>'flags')::int & 3;  -- the registration's clip / unit rows
+    -- the registration's clip / unit rows
+    row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
     -- The plan (and the charge) before any private number is computed from the rows.
     plan := dpsql_internal._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
                                  params || jsonb_build_object('sampling', 'poisson',
@@ -97,7 +98,9 @@ BEGIN
     EXECUTE format('DROP TABLE %s', r.train_table);
     EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
     UPDATE dpsql.runs
-       SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int & ~3) | 4,
+       SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int
+                                                        & ~dpsql_internal._flag('row_transform'))
+                                                       | dpsql_internal._flag('intercept'),
                                              'intercept', true)
      WHERE runs.run_id = run;
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),

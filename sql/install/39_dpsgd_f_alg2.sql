@@ -206,7 +206,7 @@ BEGIN
     r := dpsql_internal._locked_run(run);
     d := (r.spec->>'dim')::int;
     m := r.rows;
-    row_flags := (r.spec->>'flags')::int & 3;
+    row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
     flags := (r.spec->>'flags')::int;
     -- The DP-SGD calibration at (epsilon/3, delta/3) from public numbers (clip 1: the noise
     -- multiplier does not depend on it), then the charge, before any value is read.
@@ -243,7 +243,10 @@ BEGIN
     -- 6. map back; released as (w, b) on the rows after the row transform
     released := dpsql_internal._alg2_map_back(theta, pm.mean, tau);
     UPDATE dpsql.runs
-       SET spec = spec || jsonb_build_object('dim', d, 'flags', (flags & ~7) | 4, 'intercept', true)
+       SET spec = spec || jsonb_build_object(
+                'dim', d, 'intercept', true,
+                'flags', (flags & ~dpsql_internal._flag('row_transform'))
+                         | dpsql_internal._flag('intercept'))
      WHERE runs.run_id = run;
     mid := dpsql_internal._finish(run, released, (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f_alg2', 'dataset_id', ds.dataset_id,

@@ -36,7 +36,7 @@ DECLARE
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
                           '_prepare', '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
-                          '_random_seed'];
+                          '_random_seed', '_flag'];
     -- Not granted to anyone: an aggregate runs its support functions with its owner's rights,
     -- so data owners need sgd_epoch only; EXECUTE on _sgd_transition / _sgd_final would let
     -- them build aggregates of their own around those functions with forged states.

@@ -4,6 +4,7 @@
 #include "postgres.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
@@ -399,4 +400,32 @@ dpsql_is_positive_sql(PG_FUNCTION_ARGS)
 	if (r < 0)
 		PG_RETURN_NULL();
 	PG_RETURN_BOOL(r == 1);
+}
+
+PG_FUNCTION_INFO_V1(dpsql_row_flag);
+
+/*
+ * dpsql_internal._flag(name text) -> int: a state flag bit of sgd.h (DPSQL_FLAG_*), so that SQL
+ * builds and tests flags by name instead of repeating the bits.
+ */
+Datum
+dpsql_row_flag(PG_FUNCTION_ARGS)
+{
+	char	   *name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+	if (strcmp(name, "clip_rows") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_CLIP_ROWS);
+	if (strcmp(name, "unit_rows") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_UNIT_ROWS);
+	if (strcmp(name, "row_transform") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS);
+	if (strcmp(name, "intercept") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_INTERCEPT);
+	if (strcmp(name, "sanitize") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_SANITIZE);
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: unknown state flag \"%s\"", name),
+			 errhint("Known: clip_rows, unit_rows, row_transform, intercept, sanitize.")));
+	PG_RETURN_NULL();			/* not reached */
 }

@@ -57,6 +57,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_sgd_weights",
     "_shuffle_key",
     "_random_seed",
+    "_flag",
 }
 # Named in the brief: must exist and be refused to analysts.
 FORBIDDEN = [

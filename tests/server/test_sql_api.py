@@ -148,3 +148,17 @@ def test_failed_train_in_a_transaction_leaves_nothing(conn, binary) -> None:
     with pytest.raises(psycopg.errors.DataException, match="NaN"):
         conn.execute("SELECT dpsql.train('pts', '{x}', 'y', labels => '{0,1}', epochs => 3)")
     assert leftovers(conn) == before
+
+
+def test_sql_flag_names_are_the_core_bits(conn) -> None:
+    """dpsql_internal._flag gives sgd.h's bits by name (SQL builds no flag from literals)."""
+    for name, bit in [
+        ("clip_rows", _core.FLAG_CLIP_ROWS),
+        ("unit_rows", _core.FLAG_UNIT_ROWS),
+        ("row_transform", _core.FLAG_CLIP_ROWS | _core.FLAG_UNIT_ROWS),
+        ("intercept", _core.FLAG_INTERCEPT),
+        ("sanitize", _core.FLAG_SANITIZE),
+    ]:
+        assert conn.execute("SELECT dpsql_internal._flag(%s)", (name,)).fetchone()[0] == bit
+    with pytest.raises(psycopg.Error, match="unknown state flag"):
+        conn.execute("SELECT dpsql_internal._flag('nope')")
