@@ -41,10 +41,11 @@ DECLARE
 BEGIN
     IF privacy = 'dpsgd' THEN
         -- shuffled disjoint batches: k Gaussian mechanisms per row, noise multiplier z of C
-        RETURN (dpsql_internal._account(jsonb_build_object(
+        -- (the caller's, or calibrated to epsilon)
+        RETURN coalesce((params->>'noise_multiplier')::float8, (dpsql_internal._account(jsonb_build_object(
             'op', 'calibrate', 'scheme', 'shuffle', 'delta', delta, 'target_epsilon', epsilon,
             'noise_multiplier', NULL, 'epochs', epochs, 'steps', NULL, 'sampling_rate', NULL))
-            ->>'noise_multiplier')::float8 * sqrt(k) / b;
+            ->>'noise_multiplier')::float8) * sqrt(k) / b;
     ELSIF privacy = 'scs13' THEN
         -- (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L
         RETURN 2 * dpsql_internal._unit_noise_norm(k, epsilon / epochs, delta / epochs) / b;
@@ -80,10 +81,11 @@ DECLARE
     b bigint;
     step float8;
 BEGIN
-    -- Called for the registry's SGD mechanisms (sgd_defaults); the linear mechanisms' plans
-    -- are their specs' (40_linear.sql).
-    IF NOT (epsilon > 0) THEN
-        RETURN params;
+    -- Called for the registry's SGD mechanisms (sgd_defaults) after _train_private checked
+    -- epsilon (NULL only for DP-SGD given a noise multiplier); the linear mechanisms' plans are
+    -- their specs' (40_linear.sql).
+    IF (params->>'epochs')::int < 1 THEN  -- the rules below divide by it; _prepare says the same
+        PERFORM dpsql_internal._fail(format('epochs must be >= 1, got %s', params->>'epochs'));
     END IF;
     IF params->>'epochs' IS NULL THEN
         -- SCS13 composes its passes basically: its batch grows with the epochs and its steps

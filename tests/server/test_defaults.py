@@ -214,3 +214,18 @@ def test_regression_defaults_beat_the_mean(conn, scratch_schema, datasets_dir) -
     for privacy in ("dp_ssgd", "dp_ambssgd"):
         with pytest.raises(Exception, match="dpgd"):
             _train(conn, name, "linear", privacy=privacy, epsilon=1.0, delta=DELTA, intercept=True)
+
+
+def test_noise_multiplier_runs_get_the_batch_rule_and_bad_epochs_a_clear_error(conn, binary):
+    """DP-SGD given a noise multiplier (epsilon reported, not calibrated): the shuffled batch
+    rule uses that multiplier. Zero epochs are refused before anything is charged."""
+    m = _train(conn, binary, "logistic", privacy="dpsgd", noise_multiplier=2.0, delta=DELTA)
+    b = m["batch_size"]
+    assert b == 50 or 2.0 * math.sqrt(6) / (b // 2) > 0.25
+    assert 2.0 * math.sqrt(6) / b <= 0.25 or b * 2 > 6000 // 50
+    with pytest.raises(Exception, match="epochs must be >= 1"):
+        _train(conn, binary, "logistic", privacy="scs13", epsilon=1.0, epochs=0)
+    (spent,) = conn.execute(
+        "SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s", (binary,)
+    ).fetchone()
+    assert spent == pytest.approx(m["epsilon"])
