@@ -64,6 +64,8 @@ REGRESSORS = [
     ("dp_ssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10, "options": {"baseline": True}}),
     ("dpgd", {"epsilon": 1.0, "delta": 1e-6}),
     ("adassp", {"epsilon": 1.0, "delta": 1e-6}),
+    ("dpsgd_f", {"epsilon": 1.0, "delta": 1e-6}),
+    ("dpsgd", {"epsilon": 1.0, "delta": 1e-6}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}
