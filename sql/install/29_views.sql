@@ -2,6 +2,14 @@
 -- The views analysts and data owners read (security barriers over the catalog tables).
 ------------------------------------------------------------------------------------------
 
+-- Where a release's noise came from, as its model records it: the models view below shows
+-- analysts only releases whose record says 'pg_strong_random' (a known seed gives the noise away).
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_source(noise_seed bigint)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
+                ELSE 'user seed ' || noise_seed || ': NOT private' END
+$$;
+
 -- What analysts see of the models: private releases on datasets granted to them. Data owners
 -- see everything (their non-private models too).
 CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS

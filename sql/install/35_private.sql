@@ -97,8 +97,7 @@ BEGIN
         'expected_noise_norm', noise_norm, 'reachable_norm', reachable,
         'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
         'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END);
+        'noise_seed', dpsql_internal._noise_source(noise_seed));
 END $$;
 
 -- Weights back from their jsonb form (1-D, or 2-D for several outputs).

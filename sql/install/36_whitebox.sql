@@ -250,8 +250,7 @@ BEGIN
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
         'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+        'noise_seed', dpsql_internal._noise_source(noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

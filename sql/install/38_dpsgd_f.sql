@@ -115,8 +115,7 @@ BEGIN
             'mean_noise_std', prefix, 'mean_sensitivity', 2 * x_bound,
             'mean_epsilon_alone', mean_epsilon,
             'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+        'noise_seed', dpsql_internal._noise_source(noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

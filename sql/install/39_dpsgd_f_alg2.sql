@@ -262,8 +262,7 @@ BEGIN
             'mean', pm.mean, 'mean_info', pm.info,
             'tau', tau, 'tau_hat', tau_hat, 'tau_rank', tau_rank, 'tau_epsilon', epsilon / 3,
             'step_size', eta0 / (tau * tau), 'eta_0', eta0, 'clip_norm', clip),
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+        'noise_seed', dpsql_internal._noise_source(noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

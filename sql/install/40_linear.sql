@@ -163,8 +163,7 @@ BEGIN
     mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', epsilon, 'delta', delta,
         'ledger_entry', entry,
-        'noise_seed', CASE WHEN noise_seed IS NULL THEN 'pg_strong_random'
-                           ELSE 'user seed ' || noise_seed || ': NOT private' END));
+        'noise_seed', dpsql_internal._noise_source(noise_seed)));
     IF rel.iterates IS NOT NULL THEN
         INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
     END IF;
