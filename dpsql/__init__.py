@@ -77,4 +77,4 @@ __all__ = [
     "Model",
     "connect",
 ]
-__version__ = "0.4.0"
+__version__ = "0.5.0"

@@ -12,7 +12,9 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- dpsql.<train_function>(ds dpsql.datasets, model text, privacy text, params jsonb,
     --                        epsilon float8, delta float8, noise_seed bigint) -> model_id
     train_function text NOT NULL,
-    task           text NOT NULL CHECK (task IN ('classification', 'regression')),
+    -- 'any': trains classifiers and regressions (the models column says which)
+    task           text NOT NULL CONSTRAINT mechanism_catalog_task_check
+                        CHECK (task IN ('classification', 'regression', 'any')),
     -- takes the SGD defaults of 34_defaults.sql (epochs, batch, step, clip)
     sgd_defaults   boolean NOT NULL,
     needs_delta    boolean NOT NULL,
@@ -26,7 +28,10 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- dpsql.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
     --                      OUT weights float8[], OUT info jsonb, OUT iterates float8[])
     plan_function  text,
-    fit_function   text
+    fit_function   text,
+    -- the models it trains (canonical names, dpsql_internal._erm_model); NULL: the task's
+    -- (classification: logistic, huber, multinomial; regression: linear)
+    models         text[]
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
@@ -35,16 +40,32 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_f
                                           sgd_defaults boolean, needs_delta boolean,
                                           summary text, docs text, options text[] DEFAULT '{}',
                                           plan_function text DEFAULT NULL,
-                                          fit_function text DEFAULT NULL)
+                                          fit_function text DEFAULT NULL,
+                                          models text[] DEFAULT NULL)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
         VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
-                plan_function, fit_function)
+                plan_function, fit_function, models)
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
            summary = excluded.summary, docs = excluded.docs, options = excluded.options,
-           plan_function = excluded.plan_function, fit_function = excluded.fit_function
+           plan_function = excluded.plan_function, fit_function = excluded.fit_function,
+           models = excluded.models
+$$;
+
+-- A model name as the mechanisms know it: the loss's canonical name (20_sources.sql), or
+-- 'lasso' (least squares in an L1 ball: a model of the mechanisms that list it).
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_model(model text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN model = 'lasso' THEN 'lasso' ELSE dpsql_internal._canonical_model(model) END
+$$;
+
+-- The models a registered mechanism trains.
+CREATE OR REPLACE FUNCTION dpsql_internal._mechanism_models(m dpsql.mechanism_catalog)
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(m.models, CASE m.task WHEN 'regression' THEN '{linear}'::text[]
+                                          ELSE '{logistic,huber,multinomial}'::text[] END)
 $$;
 
 -- The registry row of a mechanism; unknown names are refused with the list.
@@ -58,11 +79,7 @@ BEGIN
         PERFORM dpsql_internal._fail(
             format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
             hint => 'Available: auto (chosen for you), '
-                    || (SELECT string_agg(c.name, ', ' ORDER BY c.task, c.name)
-                          FROM dpsql.mechanism_catalog c WHERE c.task = 'classification')
-                    || '; for linear regression '
-                    || (SELECT string_agg(c.name, ', ' ORDER BY c.name)
-                          FROM dpsql.mechanism_catalog c WHERE c.task = 'regression')
+                    || (SELECT string_agg(c.name, ', ' ORDER BY c.name) FROM dpsql.mechanism_catalog c)
                     || '. SELECT * FROM dpsql.mechanisms() describes them.');
     END IF;
     RETURN m;
@@ -70,11 +87,12 @@ END $$;
 
 -- What analysts may know of the registry.
 CREATE OR REPLACE FUNCTION dpsql.mechanisms()
-RETURNS TABLE (name text, task text, needs_delta boolean, summary text, docs text)
+RETURNS TABLE (name text, task text, models text[], needs_delta boolean, summary text,
+               docs text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT c.name, c.task, c.needs_delta, c.summary, c.docs
+    SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.summary, c.docs
       FROM dpsql.mechanism_catalog c ORDER BY c.task, c.name
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS

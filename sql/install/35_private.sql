@@ -187,7 +187,7 @@ DECLARE
     epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
     mid bigint;
-    linear boolean;
+    canonical text;
     auto jsonb;
     rows bigint;
     mech dpsql.mechanism_catalog;
@@ -207,25 +207,28 @@ BEGIN
         RETURN mid;
     END IF;
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
-    linear := mech.task = 'regression';
-    IF linear AND dpsql_internal._canonical_model(model) <> 'linear' THEN
-        PERFORM dpsql_internal._fail(format('%s trains linear regression: model => ''linear''', privacy));
+    canonical := dpsql_internal._erm_model(model);
+    IF canonical <> ALL (dpsql_internal._mechanism_models(mech)) THEN
+        PERFORM dpsql_internal._fail(
+            format('%s trains model => %s, not %s', privacy,
+                   (SELECT string_agg(quote_literal(m), ' or ')
+                      FROM unnest(dpsql_internal._mechanism_models(mech)) m),
+                   quote_literal(model)),
+            hint => CASE WHEN canonical = 'linear'
+                         THEN 'Least squares has no gradient bound: it needs a linear-regression mechanism.' END);
     END IF;
-    IF NOT linear AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
-                       OR params->'options' <> 'null') THEN
-        PERFORM dpsql_internal._fail('steps, ci and options are parameters of the linear-regression mechanisms');
+    IF mech.task = 'classification' AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
+                                         OR params->'options' <> 'null') THEN
+        PERFORM dpsql_internal._fail('steps, ci and options are parameters of the plan-and-fit mechanisms '
+                                     '(linear regression and the private-ERM toolbox)');
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF dpsql_internal._canonical_model(model) = 'linear' AND NOT linear AND privacy NOT IN ('dpsgd', 'dpsgd_f') THEN
-        PERFORM dpsql_internal._fail(privacy || ' needs a Lipschitz loss: logistic, huber or multinomial',
-                            hint => 'Least squares has no gradient bound; DP linear regression has its own mechanisms.');
-    END IF;
-    IF linear AND params->>'noise_multiplier' IS NOT NULL THEN
-        PERFORM dpsql_internal._fail('noise_multiplier is a dpsgd parameter: the linear mechanisms take epsilon and delta');
+    IF mech.task <> 'classification' AND params->>'noise_multiplier' IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(format('noise_multiplier is a dpsgd parameter: %s takes epsilon and delta', privacy));
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
@@ -294,9 +297,13 @@ BEGIN
         END IF;
         RETURN mid;
     END IF;
-    IF NOT linear AND ds.label_bound IS NOT NULL AND dpsql_internal._canonical_model(model) <> 'linear' THEN
+    IF ds.label_bound IS NOT NULL AND canonical NOT IN ('linear', 'lasso') THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
                                    ds.name));
+    END IF;
+    IF ds.label_bound IS NULL AND canonical = 'lasso' THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset: model => ''lasso'' '
+                                            'needs a regression dataset (label_bound)', ds.name));
     END IF;
     -- The mechanism's own train function: plan from public numbers, charge, fit, release.
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)

@@ -257,7 +257,8 @@ END $$;
 SELECT dpsql_internal._register_mechanism(
     'dpsgd', '_train_whitebox', 'classification', true, true,
     'DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches '
-    '(dp-accounting); also least squares', 'docs/whitebox.md');
+    '(dp-accounting); also least squares', 'docs/whitebox.md',
+    models => '{logistic,huber,multinomial,linear}');
 SELECT dpsql_internal._register_mechanism(
     'scs13', '_train_whitebox', 'classification', true, false,
     'SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)',

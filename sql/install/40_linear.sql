@@ -83,25 +83,12 @@ CREATE OR REPLACE FUNCTION dpsql_internal._linear_plan_common(privacy text, ds d
                                                      OUT options jsonb, OUT intercept boolean,
                                                      OUT p int, OUT rho float8, OUT x_bound float8)
 LANGUAGE plpgsql AS $$
-DECLARE
-    known text[];
-    unknown text;
 BEGIN
-    options := nullif(params->'options', 'null');
+    options := dpsql_internal._plan_options(privacy, params);
     intercept := coalesce((params->>'intercept')::boolean, false);
     p := d + intercept::int;
     rho := dpsql.zcdp_rho(epsilon, delta);
     x_bound := coalesce(ds.row_bound, 0);  -- 0: rows are not clipped
-    known := (dpsql_internal._mechanism(privacy)).options;
-    SELECT string_agg(k, ', ') INTO unknown
-      FROM jsonb_object_keys(coalesce(options, '{}')) k WHERE k <> ALL (known);
-    IF unknown IS NOT NULL THEN
-        PERFORM dpsql_internal._fail(format('unknown options for %s: %s', privacy, unknown),
-                            hint => 'Known: ' || array_to_string(known, ', ') || '.');
-    END IF;
-    IF options IS NOT NULL AND jsonb_typeof(options) <> 'object' THEN
-        PERFORM dpsql_internal._fail('options must be a JSON object');
-    END IF;
 END $$;
 
 -- The plan of a linear mechanism: every public number it uses, computed from n, d, the
@@ -123,26 +110,12 @@ BEGIN
     RETURN plan;
 END $$;
 
--- Train a linear mechanism on a registered regression dataset and release the model. Called
--- by _train_private (SECURITY DEFINER) after its checks; charged before anything touches the
--- data, in the same transaction as the release.
+-- Train a linear mechanism on a registered regression dataset (the registered train
+-- function of the linear mechanisms): their common checks, then plan and fit (33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._train_linear(ds dpsql.datasets, model text, privacy text,
                                                params jsonb, epsilon float8, delta float8,
                                                noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql
-SET max_parallel_workers_per_gather = 0
-SET synchronize_seqscans = off
-AS $$
-DECLARE
-    run bigint;
-    r dpsql.runs;
-    plan jsonb;
-    entry bigint;
-    rel record;
-    weights float8[];
-    info jsonb;
-    iterates float8[];
-    mid bigint;
+RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     IF ds.label_bound IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s is linear regression, and dataset %s is a classification dataset',
@@ -152,23 +125,7 @@ BEGIN
     IF delta IS NULL OR delta <= 0 THEN
         PERFORM dpsql_internal._fail(format('%s is (epsilon, delta)-DP through zCDP: delta must be > 0', privacy));
     END IF;
-    run := dpsql_internal._prepare_private(ds, 'linear', params);
-    r := dpsql_internal._locked_run(run);
-    plan := dpsql_internal._linear_plan(privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta, params);
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy);
-    -- The mechanism's registered fit (in its own file) scans the training table.
-    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', (dpsql_internal._mechanism(privacy)).fit_function)
-       INTO rel USING r.train_table, plan, noise_seed;
-    UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
-    mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
-        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', epsilon, 'delta', delta,
-        'ledger_entry', entry,
-        'noise_seed', dpsql_internal._noise_source(noise_seed)));
-    IF rel.iterates IS NOT NULL THEN
-        INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
-    END IF;
-    PERFORM dpsql_internal._set_ledger_model(entry, mid);
-    RETURN mid;
+    RETURN dpsql_internal._train_planned(ds, 'linear', privacy, params, epsilon, delta, noise_seed);
 END $$;
 
 -- Student-t confidence intervals of a DP-GD model's coefficients, from its released iterates

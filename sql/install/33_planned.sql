@@ -1,0 +1,81 @@
+------------------------------------------------------------------------------------------
+-- Mechanisms as a plan and a fit: the linear-regression mechanisms (40_linear.sql) and the
+-- private-ERM toolbox (45_*.sql onwards). The mechanism's plan function computes every public
+-- number it uses (noise scales, step counts, regularisers) from n, d, the registration and
+-- the analyst's parameters, never from the data; its fit function scans the training table
+-- and releases. _train_planned runs them in one transaction: prepare, plan, charge, fit,
+-- finish. A failure anywhere releases and charges nothing.
+--   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
+--                                         epsilon float8, delta float8, params jsonb) -> jsonb
+--         (params->>'model' is the canonical model, params->'classes' the mapped label set;
+--          the plan's 'info' goes into the model's provenance)
+--   fit:  dpsql_internal.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
+--                                        OUT weights float8[], OUT info jsonb,
+--                                        OUT iterates float8[])
+------------------------------------------------------------------------------------------
+
+-- The analyst's options => {...}, checked against the mechanism's registered keys.
+CREATE OR REPLACE FUNCTION dpsql_internal._plan_options(privacy text, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb := nullif(params->'options', 'null');
+    known text[] := (dpsql_internal._mechanism(privacy)).options;
+    unknown text;
+BEGIN
+    IF options IS NOT NULL AND jsonb_typeof(options) <> 'object' THEN
+        PERFORM dpsql_internal._fail('options must be a JSON object');
+    END IF;
+    SELECT string_agg(k, ', ') INTO unknown
+      FROM jsonb_object_keys(coalesce(options, '{}')) k WHERE k <> ALL (known);
+    IF unknown IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(format('unknown options for %s: %s', privacy, unknown),
+                            hint => CASE WHEN cardinality(known) > 0
+                                         THEN 'Known: ' || array_to_string(known, ', ') || '.'
+                                         ELSE privacy || ' takes no options.' END);
+    END IF;
+    RETURN options;
+END $$;
+
+-- Train a plan-and-fit mechanism on a registered dataset and release the model. Called by
+-- _train_private (SECURITY DEFINER) after its checks, directly or through a task's own checks
+-- (_train_linear). Charged before the fit touches the data, in the release's transaction.
+CREATE OR REPLACE FUNCTION dpsql_internal._train_planned(ds dpsql.datasets, model text, privacy text,
+                                                params jsonb, epsilon float8, delta float8,
+                                                noise_seed bigint)
+RETURNS bigint LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    mech dpsql.mechanism_catalog := dpsql_internal._mechanism(privacy);
+    canonical text := dpsql_internal._erm_model(model);
+    run bigint;
+    r dpsql.runs;
+    plan jsonb;
+    entry bigint;
+    rel record;
+    mid bigint;
+BEGIN
+    IF mech.plan_function IS NULL OR mech.fit_function IS NULL THEN
+        PERFORM dpsql_internal._fail(format('%s is not a plan-and-fit mechanism', privacy), 'XX000');
+    END IF;
+    run := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
+                                           params);
+    r := dpsql_internal._locked_run(run);
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
+       INTO plan USING privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta,
+                       params || jsonb_build_object('model', canonical, 'classes', r.spec->'classes');
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy);
+    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
+       INTO rel USING r.train_table, plan, noise_seed;
+    UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
+    mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
+        'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,
+        'delta', delta, 'ledger_entry', entry,
+        'noise_seed', dpsql_internal._noise_source(noise_seed)));
+    IF rel.iterates IS NOT NULL THEN
+        INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
+    END IF;
+    PERFORM dpsql_internal._set_ledger_model(entry, mid);
+    RETURN mid;
+END $$;
