@@ -4,7 +4,8 @@
 -- number it uses (noise scales, step counts, regularisers) from n, d, the registration and
 -- the analyst's parameters, never from the data; its fit function scans the training table
 -- and releases. _train_planned runs them in one transaction: prepare, plan, charge, fit,
--- finish. A failure anywhere releases and charges nothing.
+-- finish. A failure anywhere releases and charges nothing; a fit that returns no weights (its
+-- certificate failed) releases nothing and keeps the charge.
 --   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
 --                                         epsilon float8, delta float8, params jsonb) -> jsonb
 --         (params->>'model' is the canonical model, params->'classes' the mapped label set;
@@ -68,6 +69,15 @@ BEGIN
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy);
     EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
        INTO rel USING r.train_table, plan, noise_seed;
+    IF rel.weights IS NULL THEN
+        -- The fit could not certify what its proof needs (an exact minimiser): nothing is
+        -- released, and the budget stays spent (whether it converged depends on the data).
+        PERFORM dpsql_internal._abort(run);
+        RAISE WARNING 'dpsql: % released nothing: its solver did not certify the minimiser (%); '
+                      'the budget of this call is spent', privacy, rel.info
+            USING HINT = 'Raise options.max_scans, or lambda (a better conditioned objective).';
+        RETURN NULL;
+    END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
     mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,

@@ -1,0 +1,300 @@
+/*
+ * objective.c - the GLM sums, the Newton direction and the calibrations of objective and
+ * output perturbation (objective.h; spec 004 cards A2 and A10).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "linalg.h"
+#include "objective.h"
+
+DpsqlStatus
+dpsql_glm_check(const DpsqlGlm *g)
+{
+	if (g->p < 1 || g->p > DPSQL_GLM_MAX_DIM || (g->intercept != 0 && g->intercept != 1) ||
+		g->p - g->intercept < 1 || !(g->x_bound > 0.0 && isfinite(g->x_bound)))
+		return DPSQL_E_PARAM;
+	switch (g->loss)
+	{
+		case DPSQL_GLM_LOGISTIC:
+			return DPSQL_OK;
+		case DPSQL_GLM_HUBER_SVM:
+			return (g->param > 0.0 && g->param < 1.0) ? DPSQL_OK : DPSQL_E_PARAM;
+		case DPSQL_GLM_HUBER_REG:
+			return (g->param > 0.0 && isfinite(g->param) && g->y_bound > 0.0 &&
+					isfinite(g->y_bound)) ? DPSQL_OK : DPSQL_E_PARAM;
+		default:
+			return DPSQL_E_PARAM;
+	}
+}
+
+int
+dpsql_glm_sums_length(int p)
+{
+	return 2 + p + p * p;
+}
+
+/* l(z, y), l' and l'' in z. */
+static double
+glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
+{
+	double		m,
+				r,
+				h,
+				k;
+
+	switch (g->loss)
+	{
+		case DPSQL_GLM_LOGISTIC:
+			{
+				/* s = sigmoid(-m): l' = -y s, l'' = s (1 - s); stable for large |m| */
+				double		s;
+
+				m = y * z;
+				s = m >= 0.0 ? exp(-m) / (1.0 + exp(-m)) : 1.0 / (1.0 + exp(m));
+				*d1 = -y * s;
+				*d2 = s * (1.0 - s);
+				return m >= 0.0 ? log1p(exp(-m)) : -m + log1p(exp(m));
+			}
+		case DPSQL_GLM_HUBER_SVM:
+			h = g->param;
+			m = y * z;
+			if (m > 1.0 + h)
+			{
+				*d1 = *d2 = 0.0;
+				return 0.0;
+			}
+			if (m < 1.0 - h)
+			{
+				*d1 = -y;
+				*d2 = 0.0;
+				return 1.0 - m;
+			}
+			*d1 = -y * (1.0 + h - m) / (2.0 * h);
+			*d2 = 1.0 / (2.0 * h);
+			return (1.0 + h - m) * (1.0 + h - m) / (4.0 * h);
+		default:				/* DPSQL_GLM_HUBER_REG */
+			k = g->param;
+			r = z - y;
+			if (fabs(r) <= k)
+			{
+				*d1 = r;
+				*d2 = 1.0;
+				return 0.5 * r * r;
+			}
+			*d1 = r > 0.0 ? k : -k;
+			*d2 = 0.0;
+			return k * fabs(r) - 0.5 * k * k;
+	}
+}
+
+void
+dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y, int y_null,
+				  double *sums)
+{
+	int			p = g->p;
+	int			d = p - g->intercept;
+	double		xr[DPSQL_GLM_MAX_DIM];
+	double		norm2 = 0.0,
+				z = 0.0,
+				d1,
+				d2,
+				scale;
+	int			j,
+				k;
+
+	sums[0] += 1.0;
+	if (x == NULL || y_null || !isfinite(y))
+		return;
+	if (g->loss == DPSQL_GLM_HUBER_REG)
+		y = fmin(fmax(y, -g->y_bound), g->y_bound);
+	else if (y != 1.0 && y != -1.0)
+		return;
+	for (j = 0; j < d; j++)
+	{
+		if (!isfinite(x[j]))
+			return;
+		norm2 += x[j] * x[j];
+	}
+	if (isfinite(norm2))
+		scale = norm2 > g->x_bound * g->x_bound ? g->x_bound / sqrt(norm2) : 1.0;
+	else
+	{
+		/* the squared norm overflowed: rescale by the largest entry first */
+		double		big = 0.0,
+					n2 = 0.0;
+
+		for (j = 0; j < d; j++)
+			big = fmax(big, fabs(x[j]));
+		for (j = 0; j < d; j++)
+			n2 += (x[j] / big) * (x[j] / big);
+		scale = g->x_bound / (big * sqrt(n2));
+	}
+	for (j = 0; j < d; j++)
+		xr[j] = x[j] * scale;
+	if (g->intercept)
+		xr[d] = 1.0;
+	for (j = 0; j < p; j++)
+		z += xr[j] * theta[j];
+	sums[1] += glm_loss(g, z, y, &d1, &d2);
+	for (j = 0; j < p; j++)
+		sums[2 + j] += d1 * xr[j];
+	if (d2 != 0.0)
+	{
+		double	   *hess = sums + 2 + p;
+
+		for (j = 0; j < p; j++)
+		{
+			double		a = d2 * xr[j];
+
+			for (k = 0; k < p; k++)
+				hess[j * p + k] += a * xr[k];
+		}
+	}
+}
+
+double
+dpsql_glm_lipschitz(const DpsqlGlm *g)
+{
+	double		rx = sqrt(g->x_bound * g->x_bound + g->intercept);
+
+	/* |l'| <= 1 for the classifiers, <= k for Huber regression; ||x|| <= rx */
+	return g->loss == DPSQL_GLM_HUBER_REG ? g->param * rx : rx;
+}
+
+double
+dpsql_glm_curvature(const DpsqlGlm *g)
+{
+	double		rx2 = g->x_bound * g->x_bound + g->intercept;
+
+	switch (g->loss)
+	{
+		case DPSQL_GLM_LOGISTIC:
+			return rx2 / 4.0;
+		case DPSQL_GLM_HUBER_SVM:
+			return rx2 / (2.0 * g->param);
+		default:
+			return rx2;
+	}
+}
+
+DpsqlStatus
+dpsql_glm_newton(const double *sums, int p, const double *theta, double reg, const double *b,
+				 double *direction, double *objective, double *grad_norm, double *slope,
+				 double *work)
+{
+	double	   *h = work;
+	double		sq = 0.0,
+				g2 = 0.0,
+				lin = 0.0,
+				s = 0.0;
+	int			j,
+				singular = 0;
+	DpsqlStatus st;
+
+	if (p < 1 || p > DPSQL_GLM_MAX_DIM || !(reg >= 0.0 && isfinite(reg)))
+		return DPSQL_E_PARAM;
+	for (j = 0; j < dpsql_glm_sums_length(p); j++)
+		if (!isfinite(sums[j]))
+			return DPSQL_E_PARAM;
+	for (j = 0; j < p; j++)
+	{
+		double		gj = sums[2 + j] + reg * theta[j] + (b ? b[j] : 0.0);
+
+		if (!isfinite(theta[j]) || (b && !isfinite(b[j])))
+			return DPSQL_E_PARAM;
+		direction[j] = -gj;
+		g2 += gj * gj;
+		sq += theta[j] * theta[j];
+		lin += (b ? b[j] : 0.0) * theta[j];
+	}
+	memcpy(h, sums + 2 + p, sizeof(double) * p * p);
+	for (j = 0; j < p; j++)
+		h[j * p + j] += reg;
+	st = dpsql_lu_solve(h, direction, p, &singular);
+	if (st != DPSQL_OK)
+		return st;
+	if (singular)
+		return DPSQL_E_DIVERGED;
+	for (j = 0; j < p; j++)
+		s += (sums[2 + j] + reg * theta[j] + (b ? b[j] : 0.0)) * direction[j];
+	*objective = sums[1] + 0.5 * reg * sq + lin;
+	*grad_norm = sqrt(g2);
+	*slope = s;
+	return DPSQL_OK;
+}
+
+double
+dpsql_objpert_min_regularizer(double rank, double curvature, double eps_det)
+{
+	return rank * curvature / -expm1(-eps_det);
+}
+
+double
+dpsql_objpert_gaussian_sigma(double lipschitz, double epsilon, double delta)
+{
+	/* z = Phi^{-1}(1 - delta/4) by bisection on Phi(-z) = erfc(z / sqrt 2) / 2 */
+	double		lo = 0.0,
+				hi = 40.0,
+				z;
+	int			i;
+
+	for (i = 0; i < 200; i++)
+	{
+		double		mid = 0.5 * (lo + hi);
+
+		if (0.5 * erfc(mid / sqrt(2.0)) > delta / 4.0)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	z = hi;
+	return lipschitz * (z + sqrt(z * z + 2.0 * epsilon)) / epsilon;
+}
+
+double
+dpsql_erm_tolerance(double lipschitz, double n)
+{
+	return 1e-8 * lipschitz * sqrt(fmax(n, 1.0));
+}
+
+double
+dpsql_output_perturbation_sensitivity(double lipschitz, double reg, double tolerance)
+{
+	return 2.0 * (lipschitz + tolerance) / reg;
+}
+
+DpsqlStatus
+dpsql_objpert_calibrate(double epsilon, double delta, int p, double lipschitz, double curvature,
+						double n, DpsqlObjPert *out)
+{
+	double		eps_main;
+
+	if (!(epsilon > 0.0 && isfinite(epsilon)) || !(delta >= 0.0 && delta < 1.0) || p < 1 ||
+		p > DPSQL_GLM_MAX_DIM || !(lipschitz > 0.0 && isfinite(lipschitz)) ||
+		!(curvature > 0.0 && isfinite(curvature)) || !(n >= 1.0 && isfinite(n)))
+		return DPSQL_E_PARAM;
+	/* 1% of the budget certifies the approximate minimiser; the rest is split evenly between
+	 * the noise term and the Jacobian term of the density ratio (spec 004 A2). */
+	out->eps_extra = 0.01 * epsilon;
+	eps_main = epsilon - out->eps_extra;
+	out->eps_noise = 0.5 * eps_main;
+	out->eps_det = 0.5 * eps_main;
+	out->delta_extra = 0.01 * delta;
+	out->delta_noise = delta - out->delta_extra;
+	out->min_reg = dpsql_objpert_min_regularizer(1.0, curvature, out->eps_det);
+	if (delta == 0.0)
+	{
+		/* density exp(-eps ||b|| / (2L)): replace-one moves -grad J by <= 2L */
+		out->noise_scale = 2.0 * lipschitz / out->eps_noise;
+		out->noise_sq_norm = p * (p + 1.0) * out->noise_scale * out->noise_scale;
+	}
+	else
+	{
+		out->noise_scale = dpsql_objpert_gaussian_sigma(lipschitz, out->eps_noise,
+														out->delta_noise);
+		out->noise_sq_norm = p * out->noise_scale * out->noise_scale;
+	}
+	out->tolerance = dpsql_erm_tolerance(lipschitz, n);
+	return DPSQL_OK;
+}

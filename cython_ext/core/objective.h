@@ -1,0 +1,111 @@
+/*
+ * objective.h - private ERM through an exact minimiser (spec 004 cards A2 and A10): objective
+ * perturbation (Chaudhuri-Monteleoni-Sarwate 2011, Kifer-Smith-Thakurta 2012) and output
+ * perturbation of the regularised minimiser. The pieces: the second-order sums of a GLM loss
+ * over the rows (one aggregate scan per Newton iterate), the Newton direction, and every
+ * calibration of the two mechanisms (the one place for their formulas).
+ *
+ * Objective: J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>, the SUM
+ * loss (spec 004 s. 0), x_i the row clipped to x_bound with a constant 1 appended when there
+ * is an intercept. Neighbours are replace-one with n public.
+ */
+#ifndef DPSQL_OBJECTIVE_H
+#define DPSQL_OBJECTIVE_H
+
+#include "status.h"
+
+/* The GLM losses: l(z, y) with l'' bounded and a Lipschitz constant on x's bound. */
+typedef enum DpsqlGlmLoss
+{
+	DPSQL_GLM_LOGISTIC = 1,		/* ln(1 + e^{-yz}), y in {-1, 1}: l'' <= 1/4 */
+	DPSQL_GLM_HUBER_SVM = 2,	/* smoothed hinge of half-width h (losses.h), y in {-1, 1}: l'' <= 1/(2h) */
+	DPSQL_GLM_HUBER_REG = 3		/* Huber regression: r^2/2 for |r| <= k, k|r| - k^2/2 beyond,
+								 * r = z - y, y clamped to [-y_bound, y_bound]: l'' <= 1 */
+} DpsqlGlmLoss;
+
+/* The largest dimension (p = features + intercept): the state holds a p x p Hessian. */
+#define DPSQL_GLM_MAX_DIM 512
+
+typedef struct DpsqlGlm
+{
+	int			loss;
+	double		param;			/* h (Huber SVM) or k (Huber regression); unused for logistic */
+	double		y_bound;		/* Huber regression: |y| is clamped to it */
+	double		x_bound;		/* rows clipped to this L2 norm before the intercept; > 0 */
+	int			intercept;
+	int			p;				/* features + intercept */
+} DpsqlGlm;
+
+/* DPSQL_E_PARAM unless the loss, its parameter, the bounds and p are valid. */
+DpsqlStatus dpsql_glm_check(const DpsqlGlm *g);
+
+/* Doubles in the sums: [n, loss, gradient (p), Hessian (p * p, row-major)]. */
+int			dpsql_glm_sums_length(int p);
+
+/*
+ * Adds one row's loss, gradient and Hessian at theta to sums. x holds p - intercept features;
+ * a NULL x (x == NULL), a NaN/Inf feature or label, or a classification label other than +-1
+ * is the zero record: it counts in n and adds nothing (never an error that could leak it).
+ */
+void		dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y,
+							  int y_null, double *sums);
+
+/* Public constants of one example's loss for the clipped rows: L = sup ||grad l|| and
+ * lambda_max = sup of the Hessian's eigenvalue (rank 1 for a GLM). */
+double		dpsql_glm_lipschitz(const DpsqlGlm *g);
+double		dpsql_glm_curvature(const DpsqlGlm *g);
+
+/*
+ * The Newton direction of J at theta from its sums: direction = -(H + reg I)^{-1} g with
+ * g = sum gradient + reg theta + b (b may be NULL: zero). *objective receives J(theta),
+ * *grad_norm ||g||, *slope <g, direction>. work: p * p + p doubles. DPSQL_E_PARAM on bad sizes
+ * or non-finite input, DPSQL_E_DIVERGED if the system is singular (reg > 0 prevents it).
+ */
+DpsqlStatus dpsql_glm_newton(const double *sums, int p, const double *theta, double reg,
+							 const double *b, double *direction, double *objective,
+							 double *grad_norm, double *slope, double *work);
+
+/* The objective-perturbation calibration for (epsilon, delta), replace-one neighbours. */
+typedef struct DpsqlObjPert
+{
+	double		eps_noise;		/* share of epsilon on the noise term (A in the proof) */
+	double		eps_det;		/* share on the Jacobian determinant term (B) */
+	double		eps_extra;		/* share on the extra noise of the approximate minimiser */
+	double		delta_noise;	/* share of delta on the Gaussian noise term (0: Gamma-norm) */
+	double		delta_extra;
+	double		min_reg;		/* Delta_priv: the regulariser the proof needs */
+	double		noise_scale;	/* Gamma-norm scale (||b|| ~ Gamma(p, scale)) or Gaussian sigma */
+	double		noise_sq_norm;	/* E ||b||^2 (sets the utility regulariser) */
+	double		tolerance;		/* gradient-norm certificate gamma of the released minimiser */
+} DpsqlObjPert;
+
+/*
+ * Splits (epsilon, delta) and calibrates (delta = 0: epsilon-DP with Gamma-norm b; delta > 0:
+ * Gaussian b, valid for GLMs because the gradients' difference lies in span{x, x'}). L and
+ * lambda_max from dpsql_glm_*, n the public row count. DPSQL_E_PARAM on bad numbers.
+ */
+DpsqlStatus dpsql_objpert_calibrate(double epsilon, double delta, int p, double lipschitz,
+									double curvature, double n, DpsqlObjPert *out);
+
+/* Delta_priv = rank lambda_max / (1 - e^{-eps_det}) (spec 004 A2, Claim 6.8). */
+double		dpsql_objpert_min_regularizer(double rank, double curvature, double eps_det);
+
+/*
+ * sigma of the Gaussian noise term, replace-one, GLM: with z = Phi^{-1}(1 - delta/4),
+ * sigma = L (z + sqrt(z^2 + 2 eps)) / eps makes the noise term's privacy loss exceed eps with
+ * probability at most delta.
+ */
+double		dpsql_objpert_gaussian_sigma(double lipschitz, double epsilon, double delta);
+
+/* The certificate: ||grad J(theta)|| <= gamma = 1e-8 L sqrt(n) (far above the rounding of an
+ * n-term sum), so ||theta - argmin J|| <= gamma / reg. */
+double		dpsql_erm_tolerance(double lipschitz, double n);
+
+/*
+ * Replace-one L2 sensitivity of a certified minimiser of sum l + (reg/2)||theta||^2
+ * (spec 004 A10): the exact minimisers differ by <= 2L/reg, each certified point is within
+ * tolerance/reg of its minimiser.
+ */
+double		dpsql_output_perturbation_sensitivity(double lipschitz, double reg, double tolerance);
+
+#endif

@@ -1,0 +1,112 @@
+------------------------------------------------------------------------------------------
+-- Objective perturbation (spec 004 card A2; Chaudhuri, Monteleoni and Sarwate 2011; the
+-- Gaussian variant after Kifer, Smith and Thakurta 2012): release the minimiser of
+--   J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>
+-- for a secret noise vector b, for GLM losses that are convex with a bounded rank-1 Hessian
+-- (logistic, Huber SVM, Huber regression). Replace-one neighbours, n public. The privacy loss
+-- at any output splits into the noise term (b moves by at most 2L between neighbours: eps_noise)
+-- and the Jacobian term (|log det ratio| <= ln(1 + lambda_max/reg) <= eps_det once
+-- reg >= lambda_max / (1 - e^{-eps_det})). The released point is the Newton solver's certified
+-- approximation (45_erm_solver.sql) plus extra noise for its distance to the exact minimiser
+-- (Iyengar et al. 2019): 1% of (epsilon, delta). All calibration is in the C core
+-- (objective.h: dpsql_objpert_calibrate). docs/objective_perturbation.md.
+------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION dpsql_internal._objpert_calibrate(epsilon float8, delta float8, p int,
+                                                             lipschitz float8, curvature float8,
+                                                             n float8,
+                                                             OUT eps_noise float8, OUT eps_det float8,
+                                                             OUT eps_extra float8,
+                                                             OUT delta_noise float8,
+                                                             OUT delta_extra float8,
+                                                             OUT min_reg float8,
+                                                             OUT noise_scale float8,
+                                                             OUT noise_sq_norm float8,
+                                                             OUT tolerance float8)
+AS 'MODULE_PATHNAME', 'dpsql_objpert_calibrate_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+-- The plan: the GLM, the calibration and the regulariser
+-- reg = max(Delta_priv, n lambda if the analyst gave lambda > 0, else the utility choice
+-- 2 sqrt(E ||b||^2) / radius, radius a public bound on ||theta*|| (options.radius, default 10)).
+CREATE OR REPLACE FUNCTION dpsql_internal._objpert_plan(privacy text, ds dpsql.datasets, n bigint,
+                                                        d int, epsilon float8, delta float8,
+                                                        params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb := dpsql_internal._plan_options(privacy, params);
+    glm jsonb := dpsql_internal._glm_plan(privacy, ds, d, params, options);
+    cal record;
+    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    reg float8;
+BEGIN
+    IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
+    END IF;
+    cal := dpsql_internal._objpert_calibrate(epsilon, delta, (glm->>'p')::int,
+                                             (glm->>'lipschitz')::float8,
+                                             (glm->>'curvature')::float8, n);
+    reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
+                                      ELSE 2 * sqrt(cal.noise_sq_norm) / radius END);
+    RETURN glm || jsonb_build_object(
+        'regularizer', reg, 'tolerance', cal.tolerance, 'noise_scale', cal.noise_scale,
+        'eps_noise', cal.eps_noise, 'eps_extra', cal.eps_extra, 'delta_extra', cal.delta_extra,
+        'gaussian', delta > 0,
+        'extra_sensitivity', 2 * cal.tolerance / reg,
+        'info', jsonb_build_object(
+            'algorithm', 'objective perturbation (spec 004 A2): exact minimiser of the perturbed, '
+                         'regularised SUM loss by Newton''s method, certified ||grad J|| <= tolerance',
+            'loss', CASE (glm->>'loss')::int WHEN 1 THEN 'logistic' WHEN 2 THEN 'huber svm'
+                                              ELSE 'huber regression' END,
+            'noise', CASE WHEN delta > 0 THEN 'gaussian (GLM variant)' ELSE 'gamma-norm' END,
+            'noise_scale', cal.noise_scale, 'regularizer', reg, 'min_regularizer', cal.min_reg,
+            'lipschitz', glm->'lipschitz', 'curvature', glm->'curvature',
+            'epsilon_split', jsonb_build_object('noise', cal.eps_noise, 'jacobian', cal.eps_det,
+                                                'certificate', cal.eps_extra),
+            'delta_split', jsonb_build_object('noise', cal.delta_noise, 'certificate', cal.delta_extra),
+            'tolerance', cal.tolerance, 'radius', radius,
+            'huber_threshold', CASE WHEN (glm->>'loss')::int = 3 THEN glm->'param' END,
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._objpert_fit(train_table text, plan jsonb, noise_seed bigint,
+                                                       OUT weights float8[], OUT info jsonb,
+                                                       OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    p int := (plan->>'p')::int;
+    zero float8[] := array_fill(0::float8, ARRAY[p]);
+    b float8[];
+    sol record;
+    rel record;
+BEGIN
+    -- The secret linear term (never leaves the server).
+    IF (plan->>'gaussian')::boolean THEN
+        b := dpsql_internal._add_gaussian(zero, (plan->>'noise_scale')::float8, noise_seed, 1);
+    ELSE
+        -- density exp(-eps_noise ||b|| / (2L)): scale 2L / eps_noise
+        b := (dpsql_internal._perturb(zero, 2 * (plan->>'lipschitz')::float8,
+                                      (plan->>'eps_noise')::float8, 0, noise_seed, 1)).weights;
+    END IF;
+    sol := dpsql_internal._erm_solve(train_table, plan, b);
+    info := jsonb_build_object('scans', sol.scans, 'certified', sol.certified);
+    iterates := NULL;
+    IF NOT sol.certified THEN
+        weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
+        RETURN;
+    END IF;
+    rel := dpsql_internal._perturb(sol.theta, (plan->>'extra_sensitivity')::float8,
+                                   (plan->>'eps_extra')::float8, (plan->>'delta_extra')::float8,
+                                   noise_seed, 2);
+    weights := rel.weights;
+    info := info || jsonb_build_object('extra_noise_scale', rel.noise_scale);
+END $$;
+
+SELECT dpsql_internal._register_mechanism(
+    'objective_perturbation', '_train_planned', 'any', false, false,
+    'objective perturbation: the exact minimiser of a randomly perturbed, regularised objective '
+    '(epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)',
+    'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
+    plan_function => '_objpert_plan', fit_function => '_objpert_fit',
+    models => '{logistic,huber,linear}');

@@ -1,0 +1,76 @@
+------------------------------------------------------------------------------------------
+-- Output perturbation of the exact regularised minimiser (spec 004 card A10; Chaudhuri,
+-- Monteleoni and Sarwate 2011): minimise sum_i l + (reg/2) ||theta||^2 by the certified Newton
+-- solver (45_erm_solver.sql), then add noise for the replace-one sensitivity
+-- 2 (L + tolerance) / reg (dpsql_output_perturbation_sensitivity, objective.h): Gamma-norm for
+-- epsilon-DP, the analytic Gaussian with delta > 0. With reg = n lambda it is the bolt-on's
+-- strongly convex sensitivity 2L / (lambda m) for the exact minimiser (tests check both agree).
+-- docs/objective_perturbation.md.
+------------------------------------------------------------------------------------------
+
+-- The plan: reg = n lambda if the analyst gave lambda > 0, else card A10's utility choice
+-- L sqrt(2 n p / epsilon) / radius (radius a public bound on ||theta*||, default 10).
+CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.datasets, n bigint,
+                                                        d int, epsilon float8, delta float8,
+                                                        params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb := dpsql_internal._plan_options(privacy, params);
+    glm jsonb := dpsql_internal._glm_plan(privacy, ds, d, params, options);
+    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    lipschitz float8 := (glm->>'lipschitz')::float8;
+    tolerance float8;
+    reg float8;
+    sensitivity float8;
+BEGIN
+    IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
+    END IF;
+    reg := CASE WHEN lambda > 0 THEN n * lambda
+                ELSE lipschitz * sqrt(2.0 * n * (glm->>'p')::int / epsilon) / radius END;
+    -- the same certificate rule as objective perturbation (objective.h)
+    tolerance := (dpsql_internal._objpert_calibrate(epsilon, delta, (glm->>'p')::int, lipschitz,
+                                                    (glm->>'curvature')::float8, n)).tolerance;
+    sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
+    RETURN glm || jsonb_build_object(
+        'regularizer', reg, 'tolerance', tolerance, 'sensitivity', sensitivity,
+        'epsilon', epsilon, 'delta', delta,
+        'info', jsonb_build_object(
+            'algorithm', 'output perturbation (spec 004 A10) of the regularised minimiser, '
+                         'certified by Newton''s method',
+            'noise', CASE WHEN delta > 0 THEN 'gaussian (analytic)' ELSE 'gamma-norm' END,
+            'sensitivity', sensitivity, 'regularizer', reg, 'lipschitz', lipschitz,
+            'tolerance', tolerance, 'radius', radius,
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._outpert_fit(train_table text, plan jsonb, noise_seed bigint,
+                                                       OUT weights float8[], OUT info jsonb,
+                                                       OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    sol record;
+    rel record;
+BEGIN
+    sol := dpsql_internal._erm_solve(train_table, plan, NULL);
+    info := jsonb_build_object('scans', sol.scans, 'certified', sol.certified);
+    iterates := NULL;
+    IF NOT sol.certified THEN
+        weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
+        RETURN;
+    END IF;
+    rel := dpsql_internal._perturb(sol.theta, (plan->>'sensitivity')::float8,
+                                   (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+                                   noise_seed, 1);
+    weights := rel.weights;
+    info := info || jsonb_build_object('noise_scale', rel.noise_scale);
+END $$;
+
+SELECT dpsql_internal._register_mechanism(
+    'output_perturbation', '_train_planned', 'any', false, false,
+    'output perturbation of the exact regularised minimiser (epsilon-DP Gamma-norm noise, or '
+    'Gaussian with delta > 0)',
+    'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
+    plan_function => '_outpert_plan', fit_function => '_outpert_fit',
+    models => '{logistic,huber,linear}');
