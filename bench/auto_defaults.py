@@ -95,7 +95,7 @@ def _table(
 PANELS: list[tuple[str, str, dict[str, dict[float, list[float]]]]] = []
 
 
-def _plot(path: Path, eps_grid: Sequence[float]) -> None:
+def _plot(path: Path, eps_grid: Sequence[float], accuracy_floor: float = 0.98) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +117,7 @@ def _plot(path: Path, eps_grid: Sequence[float]) -> None:
             ax.set_yscale("log")
             ax.set_ylim(0.3, 10)
         else:
-            ax.set_ylim(bottom=0.0 if "mnist" in title else 0.98)
+            ax.set_ylim(bottom=0.0 if "mnist" in title else accuracy_floor)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -134,14 +134,19 @@ def _diffprivlib(kind: str) -> Any:
 
 
 def classification(
-    db: dpsql.Database, data: BenchData, seeds: Sequence[int], eps_grid: Sequence[float]
+    db: dpsql.Database,
+    data: BenchData,
+    seeds: Sequence[int],
+    eps_grid: Sequence[float],
+    mechanisms: dict[str, dict[str, Any]] = CLASSIFIERS,
+    model: str | None = None,
 ) -> list[str]:
-    model = "multinomial" if data.multiclass else "logistic"
+    model = model or ("multinomial" if data.multiclass else "logistic")
     rows: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     notes: list[str] = []
     seconds: dict[str, list[float]] = defaultdict(list)
     for eps in eps_grid:
-        for label, kw in CLASSIFIERS.items():
+        for label, kw in mechanisms.items():
             for seed in seeds:
                 t0 = time.perf_counter()
                 try:
@@ -149,10 +154,10 @@ def classification(
                         db,
                         data.dataset,
                         (None, None, model),
-                        {**kw, "epsilon": eps, "delta": DELTA, "seed": seed},
+                        {"epsilon": eps, "delta": DELTA, "seed": seed, **kw},
                     )
                 except psycopg.Error as err:
-                    notes.append(f"- {label}, eps {eps:g}: {err.diag.message_primary}")
+                    notes.append(f"- {label}, eps {eps:g}: {err.diag.message_primary or err}")
                     break
                 seconds[label].append(time.perf_counter() - t0)
                 (acc,) = db.execute(
@@ -188,7 +193,12 @@ def classification(
     return out
 
 
-def regression(db: dpsql.Database, seeds: Sequence[int], eps_grid: Sequence[float]) -> list[str]:
+def regression(
+    db: dpsql.Database,
+    seeds: Sequence[int],
+    eps_grid: Sequence[float],
+    mechanisms: dict[str, dict[str, Any]] = REGRESSORS,
+) -> list[str]:
     raw, value = dsets.load_cal_housing()
     X = dsets.cal_housing_features(raw)
     y = value / 100_000.0
@@ -208,17 +218,18 @@ def regression(db: dpsql.Database, seeds: Sequence[int], eps_grid: Sequence[floa
     rows: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     notes: list[str] = []
     for eps in eps_grid:
-        for label, kw in REGRESSORS.items():
+        for label, kw in mechanisms.items():
             for seed in seeds:
                 try:
                     mid = _call_train(
                         db,
                         name,
-                        (None, None, "linear"),
-                        {**kw, "epsilon": eps, "delta": DELTA, "seed": seed, "intercept": True},
+                        (None, None, kw.get("model", "linear")),
+                        {"epsilon": eps, "delta": DELTA, "seed": seed, "intercept": True}
+                        | {k: v for k, v in kw.items() if k != "model"},
                     )
                 except psycopg.Error as err:
-                    notes.append(f"- {label}, eps {eps:g}: {err.diag.message_primary}")
+                    notes.append(f"- {label}, eps {eps:g}: {err.diag.message_primary or err}")
                     break
                 (mse,) = db.execute(
                     "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{schema}.houses_test")

@@ -250,11 +250,16 @@ def run_tag(dsn_given: bool) -> str:
 def _call_train(
     db: dpsql.Database, source: str, positional: tuple[Any, Any, str], args: dict[str, Any]
 ) -> int:
+    from psycopg.types.json import Jsonb
+
     names = ", ".join(f"{k} => %s" for k in args)
+    values = [Jsonb(v) if isinstance(v, dict) else v for v in args.values()]
     row = db.execute(
-        f"SELECT dpsql.train(%s, %s, %s, %s, {names})", (source, *positional, *args.values())
+        f"SELECT dpsql.train(%s, %s, %s, %s, {names})", (source, *positional, *values)
     ).fetchone()
     assert row is not None
+    if row[0] is None:
+        raise dpsql.NothingReleased("the mechanism released nothing (uncertified minimiser)")
     return int(row[0])
 
 

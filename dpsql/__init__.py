@@ -23,6 +23,7 @@ from dpsql.errors import (
     NoSuchModel,
     NoSuchRelation,
     NotFound,
+    NothingReleased,
     NotReady,
     NotRegistered,
     PermissionDenied,
@@ -42,6 +43,8 @@ from dpsql.privacy import (
     Auto,
     BoltOn,
     DPSGDFAlg2,
+    ObjectivePerturbation,
+    OutputPerturbation,
 )
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "NoSuchRelation",
     "NotFound",
     "NotReady",
+    "NothingReleased",
     "NotRegistered",
     "PermissionDenied",
     "UnsuitableRelation",
@@ -73,6 +77,8 @@ __all__ = [
     "AdaSSP",
     "Auto",
     "BoltOn",
+    "ObjectivePerturbation",
+    "OutputPerturbation",
     "Database",
     "Model",
     "connect",

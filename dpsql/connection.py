@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from dpsql import extension, server
-from dpsql.errors import InvalidParameter, NoSuchModel, NotRegistered, translate
+from dpsql.errors import InvalidParameter, NoSuchModel, NothingReleased, NotRegistered, translate
 from dpsql.models import Model
 from dpsql.training import TrainingRun, train_args
 
@@ -242,6 +242,11 @@ class Database:
         )
         row = self.conn.execute(query, list(args.values())).fetchone()
         assert row is not None
+        if row[0] is None:
+            raise NothingReleased(
+                f"dpsql: {privacy.name} released nothing: its solver did not certify the"
+                " minimiser; the budget of this call is spent"
+            )
         return self.model(int(row[0]))
 
     # -- datasets (data owners) ----------------------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "NoSuchRelation",
     "NotFound",
     "NotReady",
+    "NothingReleased",
     "NotRegistered",
     "PermissionDenied",
     "UnsuitableRelation",
@@ -136,6 +137,13 @@ class AccountantFailed(DpsqlError, pg.ExternalRoutineException):
 class LimitExceeded(DpsqlError, pg.ProgramLimitExceeded):
     """54000: a run exceeds a limit of the core (steps per epoch, the sensitivity recursion's
     steps), or diverged."""
+
+
+class NothingReleased(DpsqlError):
+    """No SQLSTATE: ``dpsql.train`` returned no model. A mechanism whose proof needs an exact
+    minimiser (objective and output perturbation) releases nothing when its solver cannot
+    certify one; the call's budget stays spent (whether it converged depends on the data).
+    Raised by the Python API itself, after the server's warning."""
 
 
 _CLASSES: dict[str, type[DpsqlError]] = {

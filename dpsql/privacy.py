@@ -17,6 +17,8 @@ __all__ = [
     "AdaSSP",
     "Auto",
     "BoltOn",
+    "ObjectivePerturbation",
+    "OutputPerturbation",
 ]
 
 
@@ -329,6 +331,51 @@ class Auto:
         }
 
 
+@dataclass(frozen=True)
+class ObjectivePerturbation:
+    """Objective perturbation (Chaudhuri et al. 2011; spec 004 A2): the server draws a secret
+    linear term b and releases the exact minimiser of the regularised SUM loss plus <b, theta>,
+    found by Newton's method and certified (||grad|| <= tolerance, covered by extra noise from
+    1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
+    GLM variant. Models: logistic, huber (binary), linear (Huber regression with threshold the
+    label bound). ``options``: radius (public bound on ||theta*||, default 10),
+    huber_threshold, max_scans (default 100). An uncertified solve releases nothing (and stays
+    charged): ``Database.train`` then returns None."""
+
+    epsilon: float
+    delta: float = 0.0
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "objective_perturbation"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
+@dataclass(frozen=True)
+class OutputPerturbation:
+    """Output perturbation of the exact regularised minimiser (spec 004 A10): Newton's method
+    to a certified minimiser, then noise for the replace-one sensitivity 2 (L + tolerance) /
+    (n lambda) — the bolt-on's strongly convex sensitivity for the exact minimiser. Give
+    ``lambda_`` to ``Database.train``, or let the server choose the regulariser from
+    public numbers (docs/objective_perturbation.md)."""
+
+    epsilon: float
+    delta: float = 0.0
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "output_perturbation"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
 def _linear_args(
     name: str, epsilon: float, delta: float, noise_seed: int | None, **extra: Any
 ) -> dict[str, Any]:
@@ -355,5 +402,18 @@ def _linear_args(
 # same mechanisms. ``auto`` is a chooser, not a registered mechanism.
 MECHANISMS: dict[str, type] = {
     cls.name: cls
-    for cls in (BoltOn, DPSGD, DPSGDF, DPSGDFAlg2, SCS13, BST14, DPAMBSSGD, DPSSGD, DPGD, AdaSSP)
+    for cls in (
+        BoltOn,
+        DPSGD,
+        DPSGDF,
+        DPSGDFAlg2,
+        SCS13,
+        BST14,
+        DPAMBSSGD,
+        DPSSGD,
+        DPGD,
+        AdaSSP,
+        ObjectivePerturbation,
+        OutputPerturbation,
+    )
 }

@@ -86,15 +86,16 @@ DECLARE
     c record;
     -- classification rows are clipped (or normalised) to norm 1 by their registration
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
+    -- three or more classes: one-vs-rest, C binary models on all the rows, (epsilon, delta) / C each
+    outputs int := CASE WHEN model IN ('logistic', 'huber')
+                        THEN greatest(jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]')), 1)
+                        ELSE 1 END;
 BEGIN
     IF x_bound IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s needs a public bound on ||x||', privacy),
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
-    IF model IN ('logistic', 'huber') AND jsonb_array_length(coalesce(params->'classes', '[]')) > 2 THEN
-        PERFORM dpsql_internal._fail(format('%s trains binary classifiers: dataset %s has %s classes',
-                                            privacy, ds.name, jsonb_array_length(params->'classes')));
-    END IF;
+
     IF p > 512 THEN
         PERFORM dpsql_internal._fail(format('%s solves a p x p Newton system: at most 512 coefficients, got %s',
                                             privacy, p));
@@ -111,13 +112,16 @@ BEGIN
                                        intercept, p);
     RETURN jsonb_build_object('loss', loss, 'param', param, 'y_bound', coalesce(ds.label_bound, 1),
                               'x_bound', x_bound, 'intercept', intercept, 'p', p,
+                              'outputs', CASE WHEN outputs > 2 THEN outputs ELSE 1 END,
                               'lipschitz', c.lipschitz, 'curvature', c.curvature,
                               'max_scans', dpsql_internal._linear_option(options, 'max_scans', 100, 1, false));
 END $$;
 
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks: near the optimum
--- rounding hides the objective's decrease) from theta = 0.
+-- rounding hides the objective's decrease) from theta = 0. positive: the class index of a
+-- one-vs-rest model (labels mapped to +1 for it, -1 for the others).
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_solve(train_table text, plan jsonb, b float8[],
+                                                     positive float8 DEFAULT NULL,
                                                      OUT theta float8[], OUT grad_norm float8,
                                                      OUT scans int, OUT certified boolean)
 LANGUAGE plpgsql AS $$
@@ -125,7 +129,11 @@ DECLARE
     reg float8 := (plan->>'regularizer')::float8;
     tolerance float8 := (plan->>'tolerance')::float8;
     max_scans int := (plan->>'max_scans')::int;
-    q text := format('SELECT dpsql_internal._glm_sums(x, y, $1, $2, $3, $4, $5, $6) FROM %s',
+    -- one-vs-rest: the class index positive against the rest (a NULL label stays NULL)
+    q text := format('SELECT dpsql_internal._glm_sums(x, %s, $1, $2, $3, $4, $5, $6) FROM %s',
+                     CASE WHEN positive IS NULL THEN 'y'
+                          ELSE format('CASE WHEN y = %s THEN 1.0 WHEN y IS NOT NULL THEN -1.0 END',
+                                      positive) END,
                      train_table);
     loss int := (plan->>'loss')::int;
     param float8 := (plan->>'param')::float8;

@@ -39,12 +39,14 @@ DECLARE
     cal record;
     radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    outputs int := (glm->>'outputs')::int;
     reg float8;
 BEGIN
     IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
     END IF;
-    cal := dpsql_internal._objpert_calibrate(epsilon, delta, (glm->>'p')::int,
+    -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
+    cal := dpsql_internal._objpert_calibrate(epsilon / outputs, delta / outputs, (glm->>'p')::int,
                                              (glm->>'lipschitz')::float8,
                                              (glm->>'curvature')::float8, n);
     reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
@@ -65,7 +67,8 @@ BEGIN
             'epsilon_split', jsonb_build_object('noise', cal.eps_noise, 'jacobian', cal.eps_det,
                                                 'certificate', cal.eps_extra),
             'delta_split', jsonb_build_object('noise', cal.delta_noise, 'certificate', cal.delta_extra),
-            'tolerance', cal.tolerance, 'radius', radius,
+            'tolerance', cal.tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
+            'model_epsilon', epsilon / outputs, 'model_delta', delta / outputs,
             'huber_threshold', CASE WHEN (glm->>'loss')::int = 3 THEN glm->'param' END,
             'neighbouring', 'replace-one, n public'));
 END $$;
@@ -76,31 +79,40 @@ CREATE OR REPLACE FUNCTION dpsql_internal._objpert_fit(train_table text, plan js
 LANGUAGE plpgsql AS $$
 DECLARE
     p int := (plan->>'p')::int;
+    outputs int := (plan->>'outputs')::int;
     zero float8[] := array_fill(0::float8, ARRAY[p]);
     b float8[];
     sol record;
     rel record;
+    scans int := 0;
+    scales float8[] := '{}';
 BEGIN
-    -- The secret linear term (never leaves the server).
-    IF (plan->>'gaussian')::boolean THEN
-        b := dpsql_internal._add_gaussian(zero, (plan->>'noise_scale')::float8, noise_seed, 1);
-    ELSE
-        -- density exp(-eps_noise ||b|| / (2L)): scale 2L / eps_noise
-        b := (dpsql_internal._perturb(zero, 2 * (plan->>'lipschitz')::float8,
-                                      (plan->>'eps_noise')::float8, 0, noise_seed, 1)).weights;
-    END IF;
-    sol := dpsql_internal._erm_solve(train_table, plan, b);
-    info := jsonb_build_object('scans', sol.scans, 'certified', sol.certified);
+    weights := '{}';
     iterates := NULL;
-    IF NOT sol.certified THEN
-        weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
-        RETURN;
-    END IF;
-    rel := dpsql_internal._perturb(sol.theta, (plan->>'extra_sensitivity')::float8,
-                                   (plan->>'eps_extra')::float8, (plan->>'delta_extra')::float8,
-                                   noise_seed, 2);
-    weights := rel.weights;
-    info := info || jsonb_build_object('extra_noise_scale', rel.noise_scale);
+    FOR c IN 0 .. outputs - 1 LOOP
+        -- The secret linear term (never leaves the server); streams keep the draws apart.
+        IF (plan->>'gaussian')::boolean THEN
+            b := dpsql_internal._add_gaussian(zero, (plan->>'noise_scale')::float8, noise_seed, 1 + 2 * c);
+        ELSE
+            -- density exp(-eps_noise ||b|| / (2L)): scale 2L / eps_noise
+            b := (dpsql_internal._perturb(zero, 2 * (plan->>'lipschitz')::float8,
+                                          (plan->>'eps_noise')::float8, 0, noise_seed, 1 + 2 * c)).weights;
+        END IF;
+        sol := dpsql_internal._erm_solve(train_table, plan, b,
+                                         CASE WHEN outputs > 1 THEN c END);
+        scans := scans + sol.scans;
+        IF NOT sol.certified THEN
+            weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
+            info := jsonb_build_object('scans', scans, 'certified', false, 'output', c);
+            RETURN;
+        END IF;
+        rel := dpsql_internal._perturb(sol.theta, (plan->>'extra_sensitivity')::float8,
+                                       (plan->>'eps_extra')::float8, (plan->>'delta_extra')::float8,
+                                       noise_seed, 2 + 2 * c);
+        weights := CASE WHEN outputs > 1 THEN weights || ARRAY[rel.weights] ELSE rel.weights END;
+        scales := scales || rel.noise_scale;
+    END LOOP;
+    info := jsonb_build_object('scans', scans, 'certified', true, 'extra_noise_scale', scales[1]);
 END $$;
 
 SELECT dpsql_internal._register_mechanism(

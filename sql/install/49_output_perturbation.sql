@@ -23,25 +23,28 @@ DECLARE
     tolerance float8;
     reg float8;
     sensitivity float8;
+    outputs int := (glm->>'outputs')::int;
 BEGIN
     IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
     END IF;
     reg := CASE WHEN lambda > 0 THEN n * lambda
-                ELSE lipschitz * sqrt(2.0 * n * (glm->>'p')::int / epsilon) / radius END;
+                ELSE lipschitz * sqrt(2.0 * n * (glm->>'p')::int * outputs / epsilon) / radius END;
     -- the same certificate rule as objective perturbation (objective.h)
     tolerance := (dpsql_internal._objpert_calibrate(epsilon, delta, (glm->>'p')::int, lipschitz,
                                                     (glm->>'curvature')::float8, n)).tolerance;
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
         'regularizer', reg, 'tolerance', tolerance, 'sensitivity', sensitivity,
-        'epsilon', epsilon, 'delta', delta,
+        -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
+        'epsilon', epsilon / outputs, 'delta', delta / outputs,
         'info', jsonb_build_object(
             'algorithm', 'output perturbation (spec 004 A10) of the regularised minimiser, '
                          'certified by Newton''s method',
             'noise', CASE WHEN delta > 0 THEN 'gaussian (analytic)' ELSE 'gamma-norm' END,
             'sensitivity', sensitivity, 'regularizer', reg, 'lipschitz', lipschitz,
-            'tolerance', tolerance, 'radius', radius,
+            'tolerance', tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
+            'model_epsilon', epsilon / outputs, 'model_delta', delta / outputs,
             'neighbouring', 'replace-one, n public'));
 END $$;
 
@@ -50,21 +53,27 @@ CREATE OR REPLACE FUNCTION dpsql_internal._outpert_fit(train_table text, plan js
                                                        OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
+    outputs int := (plan->>'outputs')::int;
     sol record;
     rel record;
+    scans int := 0;
 BEGIN
-    sol := dpsql_internal._erm_solve(train_table, plan, NULL);
-    info := jsonb_build_object('scans', sol.scans, 'certified', sol.certified);
+    weights := '{}';
     iterates := NULL;
-    IF NOT sol.certified THEN
-        weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
-        RETURN;
-    END IF;
-    rel := dpsql_internal._perturb(sol.theta, (plan->>'sensitivity')::float8,
-                                   (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                                   noise_seed, 1);
-    weights := rel.weights;
-    info := info || jsonb_build_object('noise_scale', rel.noise_scale);
+    FOR c IN 0 .. outputs - 1 LOOP
+        sol := dpsql_internal._erm_solve(train_table, plan, NULL, CASE WHEN outputs > 1 THEN c END);
+        scans := scans + sol.scans;
+        IF NOT sol.certified THEN
+            weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
+            info := jsonb_build_object('scans', scans, 'certified', false, 'output', c);
+            RETURN;
+        END IF;
+        rel := dpsql_internal._perturb(sol.theta, (plan->>'sensitivity')::float8,
+                                       (plan->>'epsilon')::float8, (plan->>'delta')::float8,
+                                       noise_seed, 1 + c);
+        weights := CASE WHEN outputs > 1 THEN weights || ARRAY[rel.weights] ELSE rel.weights END;
+    END LOOP;
+    info := jsonb_build_object('scans', scans, 'certified', true, 'noise_scale', rel.noise_scale);
 END $$;
 
 SELECT dpsql_internal._register_mechanism(

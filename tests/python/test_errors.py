@@ -196,8 +196,8 @@ def test_other_errors_keep_psycopgs_class_and_psycopg_is_unchanged(server_uri) -
 def test_every_class_is_psycopgs_class_of_its_sqlstate() -> None:
     for name in errors.__all__:
         cls = getattr(errors, name)
-        if not isinstance(cls, type) or cls is errors.DpsqlError:
-            continue
+        if not isinstance(cls, type) or cls in (errors.DpsqlError, errors.NothingReleased):
+            continue  # the base, and the API's own (no SQLSTATE: nothing was raised)
         assert issubclass(cls, errors.DpsqlError) and issubclass(cls, psycopg.Error)
         assert cls.sqlstate is not None, name
         if cls is not errors.BudgetExceeded:  # DP001 is dpsql's own: psycopg has no class
@@ -205,3 +205,22 @@ def test_every_class_is_psycopgs_class_of_its_sqlstate() -> None:
         base = errors.NotFound if issubclass(cls, errors.NotFound) else cls
         assert errors.class_for_sqlstate(cls.sqlstate) is base
         assert getattr(dpsql, name) is cls  # exported at the top level too
+
+
+def test_an_uncertified_minimiser_raises_nothing_released(owner_and_analyst) -> None:
+    """Objective perturbation that cannot certify its minimiser in max_scans releases nothing
+    (NothingReleased, no SQLSTATE) and the analyst's budget stays spent; a certified one is a
+    Model with the mechanism's record."""
+    owner_of, analyst_of, table = owner_and_analyst
+    with owner_of() as owner, analyst_of() as analyst:
+        ds, name = _register(owner, table, epsilon_budget=2.0)
+        _grant(owner, ds, analyst)
+        stuck = dpsql.ObjectivePerturbation(epsilon=0.5, options={"max_scans": 1})
+        with pytest.raises(errors.NothingReleased, match="released nothing"):
+            analyst.train(name, None, None, privacy=stuck, progress=False)
+        model = analyst.train(
+            name, None, None, privacy=dpsql.ObjectivePerturbation(epsilon=0.5), progress=False
+        )
+        assert model.row["params"]["privacy"]["mechanism"] == "objective_perturbation"
+        spent = [b["epsilon_spent"] for b in owner.budgets() if b["dataset_id"] == ds]
+        assert spent == [pytest.approx(1.0)]

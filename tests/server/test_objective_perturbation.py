@@ -43,8 +43,9 @@ def regression(conn, scratch_schema):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(4000, 3)) / 2
     y = np.clip(X @ np.array([0.5, -0.25, 0.125]) + 0.1 * rng.normal(size=4000), -2, 2)
-    ds, source = _register(conn, scratch_schema, X, y, label_bound=2.0, row_bound=2.0,
-                           row_norm="clip")
+    ds, source = _register(
+        conn, scratch_schema, X, y, label_bound=2.0, row_bound=2.0, row_norm="clip"
+    )
     return ds, source, X, y
 
 
@@ -190,8 +191,17 @@ def test_coupling_on_adversarial_neighbours(conn, scratch_schema, loss) -> None:
     X2[0] = [1e6, -1e6, 1e6]
     y2[0] = -y[0] if loss < 3 else -2.0
     x_bound = 1.0
-    plan = {"loss": loss, "param": 0.1 if loss == 2 else 1.0, "y_bound": 2.0, "x_bound": x_bound,
-            "intercept": True, "p": 4, "regularizer": 5.0, "tolerance": 1e-10, "max_scans": 100}
+    plan = {
+        "loss": loss,
+        "param": 0.1 if loss == 2 else 1.0,
+        "y_bound": 2.0,
+        "x_bound": x_bound,
+        "intercept": True,
+        "p": 4,
+        "regularizer": 5.0,
+        "tolerance": 1e-10,
+        "max_scans": 100,
+    }
     (L,) = conn.execute(
         "SELECT lipschitz FROM dpsql_internal._glm_constants(%s, %s, 2, %s, true, 4)",
         (loss, plan["param"], x_bound),
@@ -237,8 +247,17 @@ def test_output_perturbation_sensitivity_agrees_with_the_bolt_on(conn, scratch_s
     y = np.sign(X[:, 1] + 0.5 * rng.normal(size=n))
     X2, y2 = X.copy(), y.copy()
     X2[7], y2[7] = [-1e6, 1e6, 0.0], -y[7]
-    plan = {"loss": 1, "param": 0, "y_bound": 1.0, "x_bound": 1.0, "intercept": False, "p": 3,
-            "regularizer": n * lam, "tolerance": 1e-10, "max_scans": 100}
+    plan = {
+        "loss": 1,
+        "param": 0,
+        "y_bound": 1.0,
+        "x_bound": 1.0,
+        "intercept": False,
+        "p": 3,
+        "regularizer": n * lam,
+        "tolerance": 1e-10,
+        "max_scans": 100,
+    }
     a = _solve(conn, _table(conn, scratch_schema, X, y), plan, None)
     c = _solve(conn, _table(conn, scratch_schema, X2, y2), plan, None)
     gap = np.linalg.norm(np.asarray(a["theta"]) - np.asarray(c["theta"]))
@@ -327,10 +346,19 @@ def test_refusals_charge_nothing(conn, binary, kw, message) -> None:
     assert leftovers(conn) == before
 
 
-def test_three_classes_are_refused(conn, scratch_schema) -> None:
+def test_three_classes_train_one_vs_rest(conn, scratch_schema) -> None:
+    """Three labels: three binary models on all the rows, (epsilon, delta) / 3 each."""
     rng = np.random.default_rng(2)
-    X = rng.normal(size=(300, 2))
-    y = rng.integers(0, 3, size=300).astype(float)
-    ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1, 2])
-    with pytest.raises(psycopg.Error, match="binary classifiers"):
-        _train(conn, source)
+    centres = np.array([[1.0, 0.0], [-0.5, 0.8], [-0.5, -0.8]])
+    y = rng.integers(0, 3, size=1500)
+    X = centres[y] * 0.6 + 0.15 * rng.normal(size=(1500, 2))
+    ds, source = _register(conn, scratch_schema, X, y.astype(float), labels=[0, 1, 2])
+    for privacy in ("objective_perturbation", "output_perturbation"):
+        m = _train(conn, source, privacy=privacy, epsilon=3.0)
+        assert np.asarray(m["weights"]).shape == (3, 2)
+        assert m["params"]["privacy"]["one_vs_rest"] is True
+        assert m["params"]["privacy"]["model_epsilon"] == pytest.approx(1.0)
+        (acc,) = conn.execute(
+            "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], source)
+        ).fetchone()
+        assert acc > 0.8

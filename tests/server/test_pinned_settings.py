@@ -58,6 +58,9 @@ CLASSIFIERS = [
     ("auto", {"epsilon": 1.0}),
     ("scs13", {"epsilon": 1.0}),
     ("bst14", {"epsilon": 1.0, "delta": 1e-5, "lambda": 0.01, "batch_size": 10}),
+    ("objective_perturbation", {"epsilon": 1.0}),
+    ("objective_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
+    ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
@@ -66,6 +69,8 @@ REGRESSORS = [
     ("adassp", {"epsilon": 1.0, "delta": 1e-6}),
     ("dpsgd_f", {"epsilon": 1.0, "delta": 1e-6}),
     ("dpsgd", {"epsilon": 1.0, "delta": 1e-6}),
+    ("objective_perturbation", {"epsilon": 1.0}),
+    ("output_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}

@@ -4,7 +4,7 @@
 \set VERBOSITY default
 CREATE EXTENSION dpsql;
 
-SELECT name, task, needs_delta FROM dpsql.mechanisms();
+SELECT name, task, models, needs_delta FROM dpsql.mechanisms();
 
 CREATE TABLE pts AS
 SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0]::float8[] AS x,
@@ -15,6 +15,9 @@ SELECT dpsql.register_dataset('pts', '{x}', 'y', epsilon_budget => 1, labels => 
 
 -- unknown mechanism: the hint lists the registry
 SELECT dpsql.train('pts', NULL, NULL, privacy => 'nope', epsilon => 1);
+-- a model the mechanism does not train (the registry's models)
+SELECT dpsql.train('pts', NULL, NULL, privacy => 'objective_perturbation', model => 'lasso',
+                   epsilon => 1);
 -- bad epsilon, a regression mechanism on a classification dataset, auto overriding a choice
 SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => -1);
 SELECT dpsql.train('pts', NULL, NULL, privacy => 'dpgd', model => 'linear', epsilon => 1,
