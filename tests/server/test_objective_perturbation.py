@@ -327,6 +327,8 @@ def test_uncertified_minimiser_releases_nothing_and_stays_charged(conn, binary) 
         (dict(model="multinomial"), "not 'multinomial'"),
         (dict(options={"bogus": 1}), "unknown options"),
         (dict(options={"radius": -1}), "radius"),
+        (dict(options={"max_scans": 2.5}), "max_scans"),
+        (dict(options={"max_scans": 0}), "max_scans"),
         (dict(huber_h=2.0, model="huber"), "huber_h"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(lambda_=-1.0), "lambda"),
