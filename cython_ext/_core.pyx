@@ -528,6 +528,7 @@ include "adassp.pxi"
 
 # Private ERM toolbox (spec 004).
 include "frank_wolfe.pxi"
+include "exp_mech_erm.pxi"
 
 
 cdef extern from "prediction.h":
