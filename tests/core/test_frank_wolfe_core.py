@@ -57,7 +57,8 @@ def test_accounting_formulas() -> None:
     # default K: round((Gamma n eps)^(2/3) / (L_1 s)^(2/3)), Gamma = (2 s R)^2, clamped
     g = (2 * 1 * 1) ** 2
     assert _core.fw_default_steps("lasso", 1000, 1, 1, 1, 2) == round(
-        (g * 1000) ** (2 / 3) / 2 ** (2 / 3))
+        (g * 1000) ** (2 / 3) / 2 ** (2 / 3)
+    )
     assert _core.fw_default_steps("lasso", 1e12, 1, 1, 1, 2) == 2000
     assert _core.fw_default_steps("logistic", 1, 1e-6, 1, 1, 1) == 2
     for bad in [(-1.0, 1.0, 1.0), (1.0, math.inf, 1.0), (1.0, 1.0, -1.0)]:
@@ -73,8 +74,9 @@ def test_iterates_in_the_ball_and_sparse() -> None:
     X, y, _ = _design()
     gram = _core.adassp_gram(X, y, 1.0, 2.0)
     for s, steps in [(1.0, 5), (0.3, 40), (4.0, 200)]:
-        theta, its = _core.fw_lasso(gram, s, steps, 0.5, 2 * s * (s + 2), seed=1,
-                                    return_iterates=True)
+        theta, its = _core.fw_lasso(
+            gram, s, steps, 0.5, 2 * s * (s + 2), seed=1, return_iterates=True
+        )
         assert its.shape == (steps, X.shape[1])
         assert np.all(np.abs(its).sum(axis=1) <= s * (1 + 1e-12))
         nnz = np.count_nonzero(its, axis=1)
@@ -89,8 +91,8 @@ def test_non_private_convergence_rate() -> None:
     s = 1.0
     gram = _core.adassp_gram(X, y, 1.0, 2.0)
     p = X.shape[1]
-    xtx = gram[2:2 + p * p].reshape(p, p)
-    xty = gram[2 + p * p:]
+    xtx = gram[2 : 2 + p * p].reshape(p, p)
+    xty = gram[2 + p * p :]
     f = lambda t: 0.5 * t @ xtx @ t - xty @ t  # noqa: E731 (f up to a constant)
     fstar = f(_lasso_optimum(xtx, xty, s))
     gamma_f = (2 * s) ** 2 * np.max(np.diag(xtx))
@@ -111,8 +113,9 @@ def test_selection_follows_the_exponential_mechanism() -> None:
     expected = np.exp(-eps_step * np.concatenate([s * g, -s * g]) / (2 * du))
     np.testing.assert_allclose(prob, expected / expected.sum())
     draws = 20000
-    counts = np.bincount([_core.fw_select(g, s, eps_step, du, seed=i) for i in range(draws)],
-                         minlength=10)
+    counts = np.bincount(
+        [_core.fw_select(g, s, eps_step, du, seed=i) for i in range(draws)], minlength=10
+    )
     assert stats.chisquare(counts, prob * draws).pvalue > 1e-3
     for factor in (0.9, 1.1):
         wrong = _core.fw_probabilities(g, s, factor * eps_step, du)
@@ -150,8 +153,8 @@ def test_score_sensitivity_on_adversarial_neighbours() -> None:
             theta[j] = s
         g1 = _core.adassp_gram(X, y, R, Y)
         g2 = _core.adassp_gram(X2, y2, R, Y)
-        a1, b1 = g1[2:2 + p * p].reshape(p, p), g1[2 + p * p:]
-        a2, b2 = g2[2:2 + p * p].reshape(p, p), g2[2 + p * p:]
+        a1, b1 = g1[2 : 2 + p * p].reshape(p, p), g1[2 + p * p :]
+        a2, b2 = g2[2 : 2 + p * p].reshape(p, p), g2[2 + p * p :]
         d = (a1 @ theta - b1) - (a2 @ theta - b2)
         scores = s * np.abs(d)  # |<+-s e_j, g - g'>|
         worst = max(worst, float(np.max(scores)))
@@ -183,5 +186,6 @@ def test_logistic_gradient_is_clamped_and_matches_the_loss() -> None:
     yb[1] = 0.5
     gb = _core.fw_gradient(Xb, yb, theta, 1.0, True, 1e9)
     assert gb[0] == 50
-    np.testing.assert_allclose(gb[1:], expected - (-(y / (1 + np.exp(m)))[:, None] * Z)[:2]
-                               .sum(axis=0), atol=1e-12)
+    np.testing.assert_allclose(
+        gb[1:], expected - (-(y / (1 + np.exp(m)))[:, None] * Z)[:2].sum(axis=0), atol=1e-12
+    )

@@ -68,13 +68,16 @@ def test_sampler_follows_the_probabilities_and_detects_mis_scale() -> None:
     eps, du = 2.0, 2.0
     prob = _core.em_probabilities(losses, eps, du)
     draws = 30000
-    counts = np.bincount([_core.em_sample(losses, eps, du, seed=i) for i in range(draws)],
-                         minlength=len(prob))
+    counts = np.bincount(
+        [_core.em_sample(losses, eps, du, seed=i) for i in range(draws)], minlength=len(prob)
+    )
     keep = prob * draws >= 5
+
     def p_value(q):
         exp_ = np.append(q[keep] * draws, q[~keep].sum() * draws)
         obs = np.append(counts[keep], counts[~keep].sum())
         return stats.chisquare(obs, exp_ * obs.sum() / exp_.sum()).pvalue
+
     assert p_value(prob) > 1e-3
     for factor in (0.9, 1.1):
         assert p_value(_core.em_probabilities(losses, factor * eps, du)) < 1e-3
@@ -93,9 +96,11 @@ def test_expected_excess_below_the_bound() -> None:
     assert lip == 1.0
     grid, losses, _ = _core.em_losses("logistic", X, y, 1.0, 1.0)
     prob = _core.em_probabilities(losses, 1.0, 2 * lip * 1.0)
+
     # the continuous minimum over [-1, 1] (convex in theta): fine ternary search
     def loss(t):
         return float(np.sum(np.logaddexp(0, -y * X[:, 0] * t)))
+
     lo, hi = -1.0, 1.0
     for _ in range(200):
         a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
@@ -151,14 +156,16 @@ def test_server_release_matches_the_core(conn, scratch_schema) -> None:
     X /= np.maximum(np.abs(X), 1)
     y = (X[:, 0] + 0.3 * rng.normal(size=2000) > 0).astype(float)
     name = _register(conn, scratch_schema, X, y, labels="{0,1}")
-    m = _train(conn, name, noise_seed=7, intercept=True,
-               options=Jsonb({"radius": 4.0, "grid_points": 500}))
+    m = _train(
+        conn, name, noise_seed=7, intercept=True, options=Jsonb({"radius": 4.0, "grid_points": 500})
+    )
     info = m["params"]["privacy"]
     r_x = math.sqrt(2)
     assert info["lipschitz"] == pytest.approx(r_x)
     assert info["delta_u"] == pytest.approx(2 * r_x * 4.0)
-    grid, losses, n = _core.em_losses("logistic", X, 2 * y - 1, 1.0, 4.0, intercept=True,
-                                      max_points=500)
+    grid, losses, n = _core.em_losses(
+        "logistic", X, 2 * y - 1, 1.0, 4.0, intercept=True, max_points=500
+    )
     assert info["grid_size"] == len(grid) and n == 2000
     i = _core.em_sample(losses, 1.0, info["delta_u"], seed=7)
     np.testing.assert_allclose(m["weights"], grid[i], atol=1e-12)

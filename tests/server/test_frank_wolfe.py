@@ -96,8 +96,14 @@ def test_logistic_steps_and_gradient_sensitivity(conn, scratch_schema) -> None:
     X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1)
     y = (X[:, 0] > 0).astype(float)
     name = _register(conn, scratch_schema, X, y, labels="{0,1}")
-    m = _train(conn, name, model="logistic", noise_seed=5, intercept=True,
-               options=Jsonb({"l1_radius": 5.0, "steps": 25}))
+    m = _train(
+        conn,
+        name,
+        model="logistic",
+        noise_seed=5,
+        intercept=True,
+        options=Jsonb({"l1_radius": 5.0, "steps": 25}),
+    )
     info = m["params"]["privacy"]
     w = np.asarray(m["weights"], dtype=float)
     assert info["l1"] == 1.0 and info["steps"] == 25
@@ -115,8 +121,9 @@ def test_logistic_steps_and_gradient_sensitivity(conn, scratch_schema) -> None:
     (g2,) = conn.execute(q.format(t2), (theta,)).fetchone()
     assert g1[0] == g2[0] == 200
     assert np.max(np.abs(np.subtract(g1, g2))) <= 2.0 + 1e-12
-    np.testing.assert_allclose(g1, _core.fw_gradient(X[:200], 2 * y[:200] - 1, theta, 1.0,
-                                                     True, 1.0), atol=1e-9)
+    np.testing.assert_allclose(
+        g1, _core.fw_gradient(X[:200], 2 * y[:200] - 1, theta, 1.0, True, 1.0), atol=1e-9
+    )
 
 
 def test_pure_dp_uses_basic_composition(conn, scratch_schema) -> None:
@@ -154,8 +161,9 @@ def test_lasso_needs_a_row_bound_and_logistic_two_classes(conn, scratch_schema) 
     before = conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
     with pytest.raises(Exception, match="needs a public bound"):
         _train(conn, name)
-    three = _register(conn, scratch_schema, X, rng.integers(0, 3, 100).astype(float),
-                      labels="{0,1,2}")
+    three = _register(
+        conn, scratch_schema, X, rng.integers(0, 3, 100).astype(float), labels="{0,1,2}"
+    )
     with pytest.raises(Exception, match="2 classes"):
         _train(conn, three, model="logistic")
     assert conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone() == before
