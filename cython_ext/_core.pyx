@@ -526,6 +526,10 @@ include "ambssgd.pxi"
 include "dpgd.pxi"
 include "adassp.pxi"
 
+# Private ERM toolbox (spec 004).
+include "frank_wolfe.pxi"
+include "exp_mech_erm.pxi"
+
 
 cdef extern from "prediction.h":
     DpsqlStatus dpsql_bound_features(const double *bounds, int d, const double *x, double *out,

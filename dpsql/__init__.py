@@ -43,6 +43,8 @@ from dpsql.privacy import (
     Auto,
     BoltOn,
     DPSGDFAlg2,
+    ExponentialMechanism,
+    FrankWolfe,
     ObjectivePerturbation,
     OutputPerturbation,
 )
@@ -75,6 +77,8 @@ __all__ = [
     "DPSSGD",
     "SCS13",
     "AdaSSP",
+    "ExponentialMechanism",
+    "FrankWolfe",
     "Auto",
     "BoltOn",
     "ObjectivePerturbation",

@@ -61,6 +61,8 @@ CLASSIFIERS = [
     ("objective_perturbation", {"epsilon": 1.0}),
     ("objective_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
     ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
+    ("frank_wolfe", {"epsilon": 1.0, "delta": 1e-6, "options": {"steps": 5}}),
+    ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
@@ -71,6 +73,7 @@ REGRESSORS = [
     ("dpsgd", {"epsilon": 1.0, "delta": 1e-6}),
     ("objective_perturbation", {"epsilon": 1.0}),
     ("output_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
+    ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}
