@@ -498,3 +498,61 @@ def test_fuzz_every_c_function(fuzz_conn: psycopg.Connection, server_uri: str) -
             placeholders = ", ".join(f"%s::{t}" for t in types)
             p.call(f"SELECT * FROM {name}({placeholders})", args)
     p.survived()
+
+
+def _raw_state(conn: psycopg.Connection, sfunc: str, arg_types: str, rows_sql: str) -> list[float]:
+    """A real transition state: the aggregate's rows folded by a temporary aggregate with no
+    final function."""
+    name = f"pg_temp.raw_{uuid.uuid4().hex[:10]}"
+    conn.execute(f"CREATE AGGREGATE {name}({arg_types}) (SFUNC = {sfunc}, STYPE = float8[])")
+    try:
+        args, rest = rows_sql.split(" FROM ", 1)
+        return list(conn.execute(f"SELECT {name}({args}) FROM {rest}").fetchone()[0])
+    finally:
+        conn.execute(f"DROP AGGREGATE IF EXISTS {name}({arg_types})")
+
+
+def test_fuzz_erm_toolbox_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
+    """Frank-Wolfe's gradient and the exponential mechanism's grid-loss states, forged."""
+    rng = random.Random(SEED + 4)
+    p = Prober(fuzz_conn, server_uri)
+    fw_types = "float8[], float8, float8[], float8, boolean, float8"
+    fw_rows = ROWS3.replace(
+        "x, y FROM", "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], 1.0::float8, false, 1.0::float8 FROM"
+    )
+    fw = _raw_state(fuzz_conn, "dpsql_internal._fw_gradient_transition", fw_types, fw_rows)
+    for s in mutants(fw, 6, rng, None):
+        p.call("SELECT dpsql_internal._fw_gradient_final(%s::float8[])", (s,))
+        _aggregate(
+            p,
+            "dpsql_internal._fw_gradient_transition",
+            fw_types,
+            s,
+            fw_rows,
+            "dpsql_internal._fw_gradient_final",
+        )
+        _aggregate(
+            p,
+            "dpsql_internal._fw_gradient_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(fw)}'::float8[])) AS t(v)",
+        )
+    em_types = "float8[], float8, text, int, boolean, float8, float8, float8, float8, int"
+    em_rows = ROWS3.replace(
+        "x, y FROM",
+        "x, y, 'logistic'::text, 3, false, 1.0::float8, 0.0::float8, 1.0::float8, 0.1::float8,"
+        " 64 FROM",
+    )
+    em = _raw_state(fuzz_conn, "dpsql_internal._em_losses_transition", em_types, em_rows)
+    for s in mutants(em, 10, rng, None):
+        p.call("SELECT * FROM dpsql_internal._em_release(%s::float8[], 1, 1, 1)", (s,))
+        _aggregate(p, "dpsql_internal._em_losses_transition", em_types, s, em_rows)
+        _aggregate(
+            p,
+            "dpsql_internal._em_losses_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(em)}'::float8[])) AS t(v)",
+        )
+    p.survived()
