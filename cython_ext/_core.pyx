@@ -525,6 +525,7 @@ def exponential_mechanism(utility, double epsilon, double sensitivity=1.0, seed=
 include "ambssgd.pxi"
 include "dpgd.pxi"
 include "adassp.pxi"
+include "ftrl.pxi"
 
 
 cdef extern from "prediction.h":

@@ -45,6 +45,7 @@ from dpsql.privacy import (
     DPSGDFAlg2,
     ObjectivePerturbation,
     OutputPerturbation,
+    DPFTRL,
 )
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "BoltOn",
     "ObjectivePerturbation",
     "OutputPerturbation",
+    "DPFTRL",
     "Database",
     "Model",
     "connect",
