@@ -34,6 +34,7 @@ from dpsql.models import Model
 from dpsql.privacy import (
     BST14,
     DPAMBSSGD,
+    DPFTRL,
     DPGD,
     DPSGD,
     DPSGDF,
@@ -45,7 +46,6 @@ from dpsql.privacy import (
     DPSGDFAlg2,
     ObjectivePerturbation,
     OutputPerturbation,
-    DPFTRL,
 )
 
 __all__ = [

@@ -104,7 +104,9 @@ def test_sigma_is_monotone_and_below_the_chapter_rule() -> None:
 
 
 @pytest.mark.parametrize(("m", "epochs", "eps", "delta"), [(10, 1, 1.0, 1e-5), (7, 4, 0.5, 1e-6)])
-def test_sigma_cross_checked_by_dp_accounting(m: int, epochs: int, eps: float, delta: float) -> None:
+def test_sigma_cross_checked_by_dp_accounting(
+    m: int, epochs: int, eps: float, delta: float
+) -> None:
     """The whole node-release vector is one Gaussian of sensitivity 2 C sqrt(m E): the PLD
     accountant on GaussianDpEvent(sigma / (2 C sqrt(m E))) gives epsilon <= requested."""
     import dp_accounting
@@ -170,9 +172,7 @@ def _numpy_ftrl(X, y, model, clip, batch, epochs, reg, radius, x_bound, y_bound,
                 dz = -yb / (1 + np.exp(yb * z))
             elif model == "huber":
                 m = yb * z
-                dz = np.where(
-                    m > 1 + h, 0.0, np.where(m < 1 - h, -yb, -yb * (1 + h - m) / (2 * h))
-                )
+                dz = np.where(m > 1 + h, 0.0, np.where(m < 1 - h, -yb, -yb * (1 + h - m) / (2 * h)))
             else:
                 dz = z - np.clip(yb, -y_bound, y_bound)
             g = dz[:, None] * xb

@@ -89,7 +89,11 @@ def _table(conn, schema, X, y) -> str:
         cur.executemany(
             f"INSERT INTO {name} VALUES (%s, %s, %s)",
             [
-                (i + 1, None if x is None else [float(v) for v in x], None if t is None else float(t))
+                (
+                    i + 1,
+                    None if x is None else [float(v) for v in x],
+                    None if t is None else float(t),
+                )
                 for i, (x, t) in enumerate(zip(X, y, strict=True))
             ],
         )
@@ -98,8 +102,10 @@ def _table(conn, schema, X, y) -> str:
 
 def _config(model, p, clip, batch, n, sigma, reg, radius, x_bound=1.0, y_bound=1.0, intercept=1):
     loss = {"logistic": 1, "huber": 2, "linear": 3}[model]
-    return [float(v) for v in (loss, 0.1, x_bound, y_bound, intercept, p, clip, batch, n, sigma,
-                               reg, radius)]
+    return [
+        float(v)
+        for v in (loss, 0.1, x_bound, y_bound, intercept, p, clip, batch, n, sigma, reg, radius)
+    ]
 
 
 def _fit(conn, table, config, epochs=1, seed=None, output="average"):
@@ -120,17 +126,29 @@ def test_aggregate_equals_the_core_bit_for_bit(conn, scratch_schema) -> None:
     for epochs, output in [(1, "average"), (3, "last")]:
         got = _fit(conn, table, cfg, epochs=epochs, seed=11, output=output)
         avg, last, _ = _core.ftrl_run(
-            X, y, "logistic", clip=1.2, batch=8, epochs=epochs, sigma=3.0, reg=40.0, radius=5.0,
-            x_bound=1.5, intercept=True, seed=11,
+            X,
+            y,
+            "logistic",
+            clip=1.2,
+            batch=8,
+            epochs=epochs,
+            sigma=3.0,
+            reg=40.0,
+            radius=5.0,
+            x_bound=1.5,
+            intercept=True,
+            seed=11,
         )
-        np.testing.assert_allclose(got, avg if output == "average" else last, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(
+            got, avg if output == "average" else last, rtol=1e-12, atol=1e-15
+        )
 
 
 def test_server_noise_is_sigma_per_coordinate(conn, scratch_schema) -> None:
     """Rows with NULL labels (zero records), one leaf (B = n), reg 1, huge radius: the last
-    iterate is minus the one node's noise. 300 seeds x 20 coordinates = 6000 draws: the variance's relative sd is
-    1.8%; an 8% band (4.4 sd, false failure < 2e-5) rejects 10% mis-scale (>= 19%) and zero
-    noise."""
+    iterate is minus the one node's noise. 300 seeds x 20 coordinates = 6000 draws: the
+    variance's relative sd is 1.8%; an 8% band (4.4 sd, false failure < 2e-5) rejects 10%
+    mis-scale (>= 19%) and zero noise."""
     n, d = 16, 19
     table = _table(conn, scratch_schema, np.ones((n, d)), [None] * n)
     sigma = 1.7
@@ -140,7 +158,9 @@ def test_server_noise_is_sigma_per_coordinate(conn, scratch_schema) -> None:
     assert abs(ratio - 1) < 0.08
     assert abs(ratio / 1.21 - 1) > 0.08 and abs(ratio / 0.81 - 1) > 0.08
     # without a seed the key comes from pg_strong_random: two calls differ
-    assert not np.allclose(_fit(conn, table, cfg, output="last"), _fit(conn, table, cfg, output="last"))
+    assert not np.allclose(
+        _fit(conn, table, cfg, output="last"), _fit(conn, table, cfg, output="last")
+    )
 
 
 @pytest.mark.parametrize("model", ["logistic", "huber", "linear"])
@@ -163,7 +183,8 @@ def test_leaf_sums_on_adversarial_neighbours(conn, scratch_schema, model) -> Non
         sums = []
         for t in (t1, t2):
             (out,) = conn.execute(
-                f"SELECT dpsql_internal._dp_ftrl_epoch(x, y, %s, %s, NULL, 1 ORDER BY rid) FROM {t}",
+                f"SELECT dpsql_internal._dp_ftrl_epoch(x, y, %s, %s, NULL, 1 ORDER BY rid)"
+                f" FROM {t}",
                 (cfg, s_prev),
             ).fetchone()
             sums.append(np.asarray(out[1 : d + 2]) - np.asarray(s_prev))
@@ -187,7 +208,8 @@ def test_malformed_rows_count_and_add_nothing(conn, scratch_schema) -> None:
     bad = _config("logistic", 3, 1.0, 4, 5, 0.0, 1.0, 1e9)
     with pytest.raises(Exception, match="row count"):
         conn.execute(
-            f"SELECT dpsql_internal._dp_ftrl_epoch(x, y, %s, NULL, NULL, 1 ORDER BY rid) FROM {table}",
+            f"SELECT dpsql_internal._dp_ftrl_epoch(x, y, %s, NULL, NULL, 1 ORDER BY rid)"
+            f" FROM {table}",
             (bad,),
         )
     conn.rollback()
@@ -212,7 +234,7 @@ def test_release_is_charged_and_recorded(conn, binary) -> None:
     for key in ("noise_std", "levels", "batch_size", "regularizer", "replace-one, n public"):
         assert key in text
     # the recorded sigma is the analytic Gaussian of 2 C sqrt(m E)
-    priv = info["privacy"] if "privacy" in info else info
+    priv = info["privacy"]
     found = _find(priv, "noise_std")
     levels, epochs, clip = _find(priv, "levels"), _find(priv, "epochs"), _find(priv, "clip_norm")
     assert clip == pytest.approx(math.sqrt(2))  # rows of norm <= 1 and the intercept

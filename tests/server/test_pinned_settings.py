@@ -61,6 +61,7 @@ CLASSIFIERS = [
     ("objective_perturbation", {"epsilon": 1.0}),
     ("objective_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
     ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
+    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6}),
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
@@ -71,6 +72,7 @@ REGRESSORS = [
     ("dpsgd", {"epsilon": 1.0, "delta": 1e-6}),
     ("objective_perturbation", {"epsilon": 1.0}),
     ("output_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
+    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6, "epochs": 2}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}
