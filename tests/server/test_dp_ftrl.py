@@ -304,7 +304,7 @@ def test_linear_regression_release(conn, regression) -> None:
         ({"batch_size": 10**9}, "batch_size"),
         ({"epochs": 0}, "epochs"),
         ({"clip_norm": -1.0}, "clip_norm"),
-        ({"model": "multinomial"}, ""),
+        ({"model": "multinomial"}, "dp_ftrl"),
     ],
 )
 def test_refusals_charge_nothing(conn, binary, kw, message) -> None:
