@@ -525,6 +525,10 @@ def exponential_mechanism(utility, double epsilon, double sensitivity=1.0, seed=
 include "ambssgd.pxi"
 include "dpgd.pxi"
 include "adassp.pxi"
+
+# Private ERM toolbox (spec 004).
+include "frank_wolfe.pxi"
+include "exp_mech_erm.pxi"
 include "ftrl.pxi"
 
 

@@ -44,6 +44,8 @@ from dpsql.privacy import (
     Auto,
     BoltOn,
     DPSGDFAlg2,
+    ExponentialMechanism,
+    FrankWolfe,
     ObjectivePerturbation,
     OutputPerturbation,
 )
@@ -76,6 +78,8 @@ __all__ = [
     "DPSSGD",
     "SCS13",
     "AdaSSP",
+    "ExponentialMechanism",
+    "FrankWolfe",
     "Auto",
     "BoltOn",
     "ObjectivePerturbation",

@@ -384,6 +384,62 @@ def adassp_release(
 ) -> tuple[_Floats, float, float]:
     """(weights, ridge, lambda_tilde): the AdaSSP release of a gram (adassp.h)."""
 
+# Private Frank-Wolfe over the L1 ball (frank_wolfe.h; cython_ext/frank_wolfe.pxi).
+def fw_l1_bound(model: str, r_inf: float, s: float, y_bound: float = 0.0) -> float: ...
+def fw_eps_step(epsilon: float, delta: float, rho: float, steps: int) -> float: ...
+def fw_default_steps(
+    model: str, n: float, epsilon: float, s: float, r_inf: float, l1: float
+) -> int: ...
+def fw_probabilities(grad: ArrayLike, s: float, eps_step: float, delta_u: float) -> _Floats: ...
+def fw_select(
+    grad: ArrayLike,
+    s: float,
+    eps_step: float,
+    delta_u: float,
+    seed: int | None = None,
+    stream: int = 0,
+) -> int: ...
+def fw_gradient(
+    X: ArrayLike,
+    y: ArrayLike,
+    theta: ArrayLike,
+    x_bound: float,
+    intercept: bool = False,
+    l1_clamp: float = 1.0,
+) -> _Floats: ...
+def fw_lasso(
+    gram: ArrayLike,
+    s: float,
+    steps: int,
+    eps_step: float,
+    delta_u: float,
+    seed: int | None = None,
+    return_iterates: bool = False,
+) -> Any: ...
+
+# Exponential-mechanism ERM on a public grid (exp_mech_erm.h; cython_ext/exp_mech_erm.pxi).
+def em_grid(p: int, radius: float, max_points: int = 4096) -> _Floats: ...
+def em_lipschitz(model: str, r_x: float, radius: float, y_bound: float = 0.0) -> float: ...
+def em_losses(
+    model: str,
+    X: ArrayLike,
+    y: ArrayLike,
+    x_bound: float,
+    radius: float,
+    intercept: bool = False,
+    y_bound: float = 0.0,
+    huber_h: float = 0.1,
+    max_points: int = 4096,
+) -> tuple[_Floats, _Floats, float]: ...
+def em_probabilities(losses: ArrayLike, epsilon: float, delta_u: float) -> _Floats: ...
+def em_sample(
+    losses: ArrayLike,
+    epsilon: float,
+    delta_u: float,
+    seed: int | None = None,
+    stream: int = 0,
+) -> int: ...
+
 # -- DP-FTRL with tree aggregation (ftrl.pxi) --------------------------------------------------
 
 FTRL_LOSSES: Final[dict[str, int]]

@@ -19,6 +19,8 @@ __all__ = [
     "BoltOn",
     "ObjectivePerturbation",
     "OutputPerturbation",
+    "ExponentialMechanism",
+    "FrankWolfe",
     "DPFTRL",
 ]
 
@@ -418,6 +420,45 @@ def _linear_args(
     return args
 
 
+@dataclass(frozen=True)
+class FrankWolfe:
+    """Private Frank-Wolfe over an L1 ball (spec 004 A7/A8): sparse LASSO (``model="lasso"``,
+    one scan of sufficient statistics) or binary logistic regression, each step's vertex drawn
+    by the exponential mechanism. Options: ``l1_radius`` (default 1), ``steps`` (default from
+    Thm 6.22). delta = 0 gives pure epsilon-DP (docs/frank_wolfe.md)."""
+
+    epsilon: float
+    delta: float = 1e-6
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "frank_wolfe"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
+@dataclass(frozen=True)
+class ExponentialMechanism:
+    """Exponential-mechanism ERM on a public grid in an L2 ball (spec 004 A1): pure
+    epsilon-DP, at most 5 coefficients. Options: ``radius`` (default 1), ``grid_points``
+    (default 4096) (docs/exponential_mechanism.md)."""
+
+    epsilon: float
+    delta: float = 0.0
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "exponential_mechanism"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
 # The Python side of the server's mechanism registry (sql/install/31_mechanisms.sql, listed by
 # ``SELECT * FROM dpsql.mechanisms()``): tests/server/test_mechanisms.py checks that both name the
 # same mechanisms. ``auto`` is a chooser, not a registered mechanism.
@@ -436,6 +477,8 @@ MECHANISMS: dict[str, type] = {
         AdaSSP,
         ObjectivePerturbation,
         OutputPerturbation,
+        FrankWolfe,
+        ExponentialMechanism,
         DPFTRL,
     )
 }

@@ -3,24 +3,11 @@
 ------------------------------------------------------------------------------------------
 
 -- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
--- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1, increasing in e1.
+-- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1 (C core:
+-- dpsql_advanced_composition_step, cython_ext/core/composition.h).
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
-RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    lo float8 := 0;
-    hi float8 := least(epsilon, 50.0);  -- e^{e1} must not overflow; e1 is tiny in practice
-    mid float8;
-BEGIN
-    FOR i IN 1..200 LOOP
-        mid := (lo + hi) / 2;
-        IF steps * mid * (exp(mid) - 1) + sqrt(2 * steps * ln(1 / delta1)) * mid > epsilon THEN
-            hi := mid;
-        ELSE
-            lo := mid;
-        END IF;
-    END LOOP;
-    RETURN lo;
-END $$;
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_advanced_composition_step_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- BST14's per-step noise std at add/remove sensitivity 1 (Algorithm 4/5 with k epochs of
 -- T = k floor(m / b) steps of b draws with replacement): the Gaussian for (epsilon_2, delta_1),

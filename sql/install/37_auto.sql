@@ -44,8 +44,9 @@ END $$;
 -- Classification, delta > 0: DPSGD-F (38_dpsgd_f.sql: rows centred on a private mean, whose
 -- Gaussian the accountant composes with the steps) with Poisson sampling.
 -- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP).
--- Regression: DP-GD (delta > 0 needed), whitened by its private preconditioner
+-- Regression, delta > 0: DP-GD, whitened by its private preconditioner
 -- (44_dpgd_precondition.sql) when the rows have a public norm bound.
+-- Regression, delta = 0: objective perturbation (45_objective_perturbation.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -54,10 +55,17 @@ DECLARE
     rule text;
 BEGIN
     PERFORM dpsql_internal._auto_refuse_overrides(params);
-    IF ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear' THEN
-        IF NOT (delta > 0) THEN
-            PERFORM dpsql_internal._fail('privacy => auto for regression needs delta > 0 (DP-GD is (epsilon, delta)-DP)');
+    IF (ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear')
+       AND NOT (delta > 0) THEN
+        IF ds.row_bound IS NULL THEN
+            PERFORM dpsql_internal._fail('privacy => auto for regression with delta = 0 needs a public bound on ||x|| '
+                                         '(objective perturbation); with delta > 0 it trains DP-GD',
+                                         hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip'', or give delta.');
         END IF;
+        chosen := jsonb_build_object('privacy', 'objective_perturbation');
+        rule := 'regression, delta = 0: objective perturbation (epsilon-DP; Huber regression with '
+                'threshold the label bound), the only epsilon-DP regression mechanism';
+    ELSIF ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear' THEN
         -- With a public bound on ||x||, whiten by the private preconditioner (a tenth of rho).
         chosen := jsonb_build_object('privacy', 'dpgd') || CASE WHEN ds.row_bound IS NOT NULL
             THEN jsonb_build_object('options', jsonb_build_object('precondition', true)) ELSE '{}' END;

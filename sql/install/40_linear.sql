@@ -7,24 +7,17 @@
 ------------------------------------------------------------------------------------------
 
 -- The largest rho whose zCDP -> (epsilon, delta) conversion rho + 2 sqrt(rho ln(1/delta)) is at
--- most epsilon (Bun-Steinke Prop. 1.3; spec 000 s. 3.3, spec 002 s. 2.2).
+-- most epsilon (Bun-Steinke Prop. 1.3; spec 000 s. 3.3, spec 002 s. 2.2), and back. C core:
+-- cython_ext/core/composition.h.
 CREATE OR REPLACE FUNCTION dpsql.zcdp_rho(epsilon float8, delta float8)
-RETURNS float8 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
-BEGIN
-    IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta > 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(format('zCDP needs epsilon > 0 and 0 < delta < 1, got (%s, %s)',
-                                   epsilon, delta),
-                            hint => 'The linear-regression mechanisms are (epsilon, delta)-DP with delta > 0.');
-    END IF;
-    RETURN (sqrt(ln(1 / delta) + epsilon) - sqrt(ln(1 / delta))) ^ 2;
-END $$;
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_rho_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.zcdp_rho(float8, float8) IS
     'Largest rho such that rho-zCDP implies (epsilon, delta)-DP';
 
 CREATE OR REPLACE FUNCTION dpsql.zcdp_epsilon(rho float8, delta float8)
-RETURNS float8 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT rho + 2 * sqrt(rho * ln(1 / delta))
-$$;
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_epsilon_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.zcdp_epsilon(float8, float8) IS 'epsilon of rho-zCDP at delta';
 
 -- v plus i.i.d. N(0, sigma^2) noise on each coordinate (pg_strong_random unless a seed is given;

@@ -86,16 +86,18 @@ DECLARE
     c record;
     -- classification rows are clipped (or normalised) to norm 1 by their registration
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
-    -- three or more classes: one-vs-rest, C binary models on all the rows, (epsilon, delta) / C each
-    outputs int := CASE WHEN model IN ('logistic', 'huber')
-                        THEN greatest(jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]')), 1)
-                        ELSE 1 END;
+    classes int := CASE WHEN model IN ('logistic', 'huber')
+                        THEN jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'))
+                        ELSE 0 END;
+    max_scans float8 := dpsql_internal._linear_option(options, 'max_scans', 100, 1, false);
 BEGIN
     IF x_bound IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s needs a public bound on ||x||', privacy),
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
-
+    IF max_scans <> floor(max_scans) OR max_scans > 10000 THEN
+        PERFORM dpsql_internal._fail(format('options.max_scans must be an integer in [1, 10000], got %s', max_scans));
+    END IF;
     IF p > 512 THEN
         PERFORM dpsql_internal._fail(format('%s solves a p x p Newton system: at most 512 coefficients, got %s',
                                             privacy, p));
@@ -112,9 +114,10 @@ BEGIN
                                        intercept, p);
     RETURN jsonb_build_object('loss', loss, 'param', param, 'y_bound', coalesce(ds.label_bound, 1),
                               'x_bound', x_bound, 'intercept', intercept, 'p', p,
-                              'outputs', CASE WHEN outputs > 2 THEN outputs ELSE 1 END,
+                              -- three or more classes: one-vs-rest, C binary models on all the rows
+                              'outputs', CASE WHEN classes > 2 THEN classes ELSE 1 END,
                               'lipschitz', c.lipschitz, 'curvature', c.curvature,
-                              'max_scans', dpsql_internal._linear_option(options, 'max_scans', 100, 1, false));
+                              'max_scans', max_scans::int);
 END $$;
 
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks: near the optimum

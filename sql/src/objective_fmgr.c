@@ -64,6 +64,31 @@ glm_from_args(FunctionCallInfo fcinfo, int loss_arg, int p)
 	return g;
 }
 
+/*
+ * The GLM of a state's header, or ERROR: every field is range-checked before it is converted
+ * (a forged state can hold any double), and the length must be the header's.
+ */
+static DpsqlGlm
+glm_from_state(const double *s, int len, const char *function)
+{
+	DpsqlGlm	g;
+
+	if (len < HEADER || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) || s[0] != floor(s[0]) ||
+		!(s[1] == DPSQL_GLM_LOGISTIC || s[1] == DPSQL_GLM_HUBER_SVM ||
+		  s[1] == DPSQL_GLM_HUBER_REG) || !(s[5] == 0.0 || s[5] == 1.0) ||
+		len != HEADER + (int) s[0] + dpsql_glm_sums_length((int) s[0]))
+		dpsql_check_state(DPSQL_E_STATE, function);
+	g.p = (int) s[0];
+	g.loss = (int) s[1];
+	g.param = s[2];
+	g.y_bound = s[3];
+	g.x_bound = s[4];
+	g.intercept = (int) s[5];
+	if (dpsql_glm_check(&g) != DPSQL_OK)
+		dpsql_check_state(DPSQL_E_STATE, function);
+	return g;
+}
+
 static void
 header_from(double *s, const DpsqlGlm *g)
 {
@@ -122,28 +147,20 @@ dpsql_glm_sums_transition(PG_FUNCTION_ARGS)
 	}
 	else
 	{
+		int			len;
+
 		state = PG_GETARG_ARRAYTYPE_P(0);
 		s = (double *) ARR_DATA_PTR(state);
+		len = ARR_DIMS(state)[0];
 		if (!dpsql_state_is_known(fcinfo, state))
 		{
-			int			len;
-
 			s = dpsql_float8_array(state, &len, "_glm_sums state");
-			if (len < HEADER || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) ||
-				len != HEADER + (int) s[0] + dpsql_glm_sums_length((int) s[0]))
-				dpsql_check_state(DPSQL_E_STATE, "_glm_sums_transition");
+			(void) glm_from_state(s, len, "_glm_sums_transition");
 			dpsql_state_remember(fcinfo, state);
 		}
+		g = glm_from_state(s, len, "_glm_sums_transition");
+		p = g.p;
 	}
-	p = (int) s[0];
-	g.p = p;
-	g.loss = (int) s[1];
-	g.param = s[2];
-	g.y_bound = s[3];
-	g.x_bound = s[4];
-	g.intercept = (int) s[5];
-	if (dpsql_glm_check(&g) != DPSQL_OK)
-		dpsql_check_state(DPSQL_E_STATE, "_glm_sums_transition");
 	/* the same settings on every row (a constant in the query) */
 	if (PG_ARGISNULL(4) || PG_ARGISNULL(5) || PG_ARGISNULL(6) || PG_ARGISNULL(7) ||
 		PG_ARGISNULL(8) || PG_GETARG_INT32(4) != g.loss || PG_GETARG_FLOAT8(5) != g.param ||
@@ -189,12 +206,13 @@ dpsql_glm_sums_combine(PG_FUNCTION_ARGS)
 	a = PG_GETARG_ARRAYTYPE_P(0);
 	da = dpsql_float8_array(a, &na, "_glm_sums state");
 	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "_glm_sums state");
-	if (na != nb || na < HEADER)
+	p = glm_from_state(da, na, "_glm_sums_combine").p;
+	(void) glm_from_state(db, nb, "_glm_sums_combine");
+	if (na != nb)
 		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial _glm_sums states");
-	for (int j = 0; j < HEADER + (int) da[0]; j++)
+	for (int j = 0; j < HEADER + p; j++)
 		if (da[j] != db[j])
 			dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial _glm_sums states");
-	p = (int) da[0];
 	for (int j = HEADER + p; j < na; j++)
 		da[j] += db[j];
 	PG_RETURN_POINTER(a);
@@ -212,10 +230,7 @@ dpsql_glm_sums_final(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
 	s = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &len, "_glm_sums state");
-	if (len < HEADER || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) ||
-		len != HEADER + (int) s[0] + dpsql_glm_sums_length((int) s[0]))
-		dpsql_check_state(DPSQL_E_STATE, "_glm_sums_final");
-	p = (int) s[0];
+	p = glm_from_state(s, len, "_glm_sums_final").p;
 	out = dpsql_new_float8_array(dpsql_glm_sums_length(p));
 	memcpy(ARR_DATA_PTR(out), s + HEADER + p, sizeof(double) * dpsql_glm_sums_length(p));
 	PG_RETURN_ARRAYTYPE_P(out);

@@ -96,13 +96,23 @@ def test_auto_regression_is_dpgd_with_intervals(conn, scratch_schema) -> None:
     assert len(rows) == 3
 
 
+def test_auto_regression_with_delta_zero_is_objective_perturbation(conn, scratch_schema) -> None:
+    name, y_test = _regression(conn, scratch_schema)
+    m = _auto(conn, name, "linear", epsilon=1.0, delta=0.0, noise_seed=4)
+    assert m["privacy"] == "objective_perturbation"
+    assert _ledger(conn, name) == [("objective_perturbation", 1.0, 0.0)]
+    (mse,) = conn.execute(
+        "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], f"{scratch_schema}.reg_test")
+    ).fetchone()
+    assert mse < 0.5 * np.var(y_test), (mse, np.var(y_test))
+
+
 @pytest.mark.parametrize(
     ("model", "kw", "message"),
     [
         ("logistic", {"epochs": 3}, "chooses epochs"),
         ("logistic", {"batch_size": 10, "step_size": 0.1}, "chooses batch_size, step_size"),
         ("logistic", {"clip_norm": 2.0}, "chooses clip_norm"),
-        ("linear", {"epsilon": 1.0, "delta": 0.0}, "needs delta > 0"),
     ],
 )
 def test_auto_refuses_and_charges_nothing(conn, scratch_schema, model, kw, message) -> None:

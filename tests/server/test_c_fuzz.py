@@ -393,6 +393,36 @@ def test_fuzz_linear_states(fuzz_conn: psycopg.Connection, server_uri: str) -> N
             s,
             f"v FROM (VALUES ('{_literal(adassp)}'::float8[])) AS t(v)",
         )
+    # objective perturbation's GLM sums: [p, loss, param, y_bound, x_bound, intercept, theta,
+    # n, loss, gradient, Hessian]
+    glm = [3.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.1, 0.1, 0.1] + [0.0] * (2 + 3 + 9)
+    glm_rows = ROWS3.replace(
+        "x, y FROM",
+        "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], 1, 0.0::float8, 1.0::float8, 1.0::float8,"
+        " false FROM",
+    )
+    for s in mutants(glm, 9, rng, None):
+        p.call("SELECT dpsql_internal._glm_sums_final(%s::float8[])", (s,))
+        _aggregate(
+            p,
+            "dpsql_internal._glm_sums_transition",
+            "float8[], float8, float8[], int, float8, float8, float8, boolean",
+            s,
+            glm_rows,
+            "dpsql_internal._glm_sums_final",
+        )
+        _aggregate(
+            p,
+            "dpsql_internal._glm_sums_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(glm)}'::float8[])) AS t(v)",
+        )
+        p.call(
+            "SELECT * FROM dpsql_internal._glm_newton(%s::float8[], ARRAY[0.1, 0.1, 0.1]::float8[],"
+            " 1.0, NULL)",
+            (s[9:],),
+        )
     p.survived()
 
 

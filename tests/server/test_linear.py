@@ -135,6 +135,17 @@ def test_zcdp_conversion_reproduces_spec_table(conn, rho, eps) -> None:
     assert r == pytest.approx(rho, rel=2e-5)
 
 
+def test_zcdp_tight_inversion_reproduces_spec_004_vectors(conn) -> None:
+    """Spec 004 s. 5.1.4: rho*(1, 1e-5) = 0.0208199, lambda* = sqrt(T / (2 rho*)) = 4.900555 at
+    T = 1 and 49.005552 at T = 100, below GaussNoiseMult (5.002584, 50.025844)."""
+    (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, 1e-5)").fetchone()
+    assert rho == pytest.approx(0.0208199, abs=1e-7)
+    for steps, tight, book in [(1, 4.900555, 5.002584), (100, 49.005552, 50.025844)]:
+        lam = math.sqrt(steps / (2 * rho))
+        assert lam == pytest.approx(tight, abs=1e-5)
+        assert lam < book == pytest.approx(math.sqrt(2 * steps * (math.log(1e5) + 1)), abs=1e-5)
+
+
 @pytest.mark.parametrize(
     "eps, delta, alpha",
     [

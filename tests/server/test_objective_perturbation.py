@@ -327,6 +327,8 @@ def test_uncertified_minimiser_releases_nothing_and_stays_charged(conn, binary) 
         (dict(model="multinomial"), "not 'multinomial'"),
         (dict(options={"bogus": 1}), "unknown options"),
         (dict(options={"radius": -1}), "radius"),
+        (dict(options={"max_scans": 2.5}), "max_scans"),
+        (dict(options={"max_scans": 0}), "max_scans"),
         (dict(huber_h=2.0, model="huber"), "huber_h"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(lambda_=-1.0), "lambda"),
@@ -362,3 +364,40 @@ def test_three_classes_train_one_vs_rest(conn, scratch_schema) -> None:
             "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], source)
         ).fetchone()
         assert acc > 0.8
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_output_perturbation_release_is_minimiser_plus_calibrated_noise(
+    conn, scratch_schema, binary, delta
+) -> None:
+    """The release minus the certified noiseless minimiser is exactly the noise vector the
+    server draws for the recorded sensitivity (same noise seed): Gamma-norm with scale
+    sensitivity / epsilon, or the analytic Gaussian. The noise scale itself is checked by
+    test_gamma_noise_norm_and_gaussian_std."""
+    ds, source, X, y = binary
+    m = _train(conn, source, privacy="output_perturbation", epsilon=1.0, delta=delta, noise_seed=9)
+    info = m["params"]["privacy"]
+    plan = {
+        "loss": 1,
+        "param": 0,
+        "y_bound": 1.0,
+        "x_bound": 1.0,
+        "intercept": False,
+        "p": 4,
+        "regularizer": info["regularizer"],
+        "tolerance": info["tolerance"],
+        "max_scans": 100,
+    }
+    exact = _solve(conn, _table(conn, scratch_schema, X, 2 * y - 1), plan, None)
+    (noise, scale) = conn.execute(
+        "SELECT weights, noise_scale FROM dpsql_internal._perturb(%s, %s, 1, %s, 9, 1)",
+        ([0.0] * 4, info["sensitivity"], delta),
+    ).fetchone()
+    released = np.asarray(m["weights"])
+    assert np.allclose(released - np.asarray(exact["theta"]), noise, atol=1e-6)
+    assert np.linalg.norm(noise) > 100 * 1e-6
+    assert info["sensitivity"] == pytest.approx(
+        2 * (info["lipschitz"] + info["tolerance"]) / info["regularizer"]
+    )
+    if delta == 0:
+        assert scale == pytest.approx(info["sensitivity"])

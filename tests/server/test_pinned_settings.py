@@ -61,6 +61,8 @@ CLASSIFIERS = [
     ("objective_perturbation", {"epsilon": 1.0}),
     ("objective_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
     ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
+    ("frank_wolfe", {"epsilon": 1.0, "delta": 1e-6, "options": {"steps": 5}}),
+    ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
     ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6}),
 ]
 REGRESSORS = [
@@ -72,6 +74,7 @@ REGRESSORS = [
     ("dpsgd", {"epsilon": 1.0, "delta": 1e-6}),
     ("objective_perturbation", {"epsilon": 1.0}),
     ("output_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
+    ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
     ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6, "epochs": 2}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.

@@ -1,0 +1,28 @@
+/*
+ * composition.h - closed-form conversions between privacy notions, the one place for them:
+ * zero-concentrated DP and (epsilon, delta) (Bun-Steinke 2016), and the per-step epsilon of
+ * advanced composition (Dwork-Rothblum-Vadhan; BST14's line 5 with the spec 003 ERRATA).
+ * Accountants for sampled mechanisms are dp-accounting's (dpsql/accounting.py), never here.
+ */
+#ifndef DPSQL_COMPOSITION_H
+#define DPSQL_COMPOSITION_H
+
+/*
+ * The largest rho whose conversion rho + 2 sqrt(rho ln(1/delta)) is at most epsilon:
+ * (sqrt(ln(1/delta) + epsilon) - sqrt(ln(1/delta)))^2. NaN unless epsilon > 0 is finite and
+ * 0 < delta < 1.
+ */
+double		dpsql_zcdp_rho(double epsilon, double delta);
+
+/* epsilon of rho-zCDP at delta: rho + 2 sqrt(rho ln(1/delta)). */
+double		dpsql_zcdp_epsilon(double rho, double delta);
+
+/*
+ * The per-step epsilon_1 of `steps` adaptive epsilon_1-DP steps that advanced composition
+ * makes (epsilon, steps delta_1 + delta_1)-DP: the root of
+ *   epsilon = steps e1 (e^{e1} - 1) + sqrt(2 steps ln(1/delta1)) e1
+ * (increasing in e1), by bisection on [0, min(epsilon, 50)]. NaN on bad input.
+ */
+double		dpsql_advanced_composition_step(double epsilon, double delta1, double steps);
+
+#endif

@@ -1,0 +1,176 @@
+------------------------------------------------------------------------------------------
+-- Private Frank-Wolfe over the L1 ball (spec 004 cards A6-A8): LASSO from one scan of
+-- sufficient statistics, logistic regression with one gradient scan per step. The vertex of
+-- each step is drawn by the exponential mechanism in C; C core and proofs:
+-- cython_ext/core/frank_wolfe.h; glue: sql/src/frank_wolfe_fmgr.c; docs/frank_wolfe.md.
+------------------------------------------------------------------------------------------
+
+-- The plan's numbers (frank_wolfe.h, the one place of the formulas): L_1, K (NULL steps: the
+-- default of Thm 6.22), eps_step and Delta_u = 2 s L_1.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_numbers(model text, r_inf float8, s float8, y_bound float8,
+                                                      n float8, epsilon float8, delta float8,
+                                                      rho float8, steps int,
+                                                      OUT l1 float8, OUT steps int,
+                                                      OUT eps_step float8, OUT delta_u float8)
+AS 'MODULE_PATHNAME', 'dpsql_fw_numbers_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_gradient_transition(state float8[], x float8[], y float8,
+                                                                  theta float8[], x_bound float8,
+                                                                  intercept boolean, l1_clamp float8)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_gradient_transition'
+LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_gradient_combine(a float8[], b float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_gradient_combine'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_gradient_final(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_gradient_final'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- [n, g_1..g_p]: the SUM over rows of the logistic gradient at theta, each row's x clipped to
+-- L2 norm x_bound (then a 1 appended with an intercept), y in {-1, +1}, each per-example
+-- gradient clamped coordinate-wise to [-l1_clamp, l1_clamp]. A NULL or malformed record counts
+-- in n and adds nothing. Noiseless: internal (the fit feeds it to _fw_step only).
+CREATE OR REPLACE AGGREGATE dpsql_internal._fw_gradient(x float8[], y float8, theta float8[],
+                                                        x_bound float8, intercept boolean,
+                                                        l1_clamp float8) (
+    SFUNC = dpsql_internal._fw_gradient_transition,
+    STYPE = float8[],
+    FINALFUNC = dpsql_internal._fw_gradient_final,
+    COMBINEFUNC = dpsql_internal._fw_gradient_combine,
+    PARALLEL = SAFE
+);
+
+-- theta_{k+1} = (1 - 2/(k+2)) theta_k + 2/(k+2) v, v drawn by the exponential mechanism with
+-- P(v) ∝ exp(-eps_step <v, g> / (2 delta_u)). Noise from pg_strong_random unless seed is
+-- given (tests only: NOT private), stream k.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_step(theta float8[], grad float8[], k int, s float8,
+                                                   eps_step float8, delta_u float8,
+                                                   seed bigint DEFAULT NULL)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_step_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- All K private steps from dpsql.adassp_gram's [n, p, X^T X, X^T y] (g = X^T X theta - X^T y).
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_lasso(gram float8[], s float8, steps int, eps_step float8,
+                                                    delta_u float8, seed bigint DEFAULT NULL)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_lasso_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- The plan: every number from n, d, the registration and the analyst's options.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_plan(privacy text, ds dpsql.datasets, n bigint, d int,
+                                                   epsilon float8, delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb := dpsql_internal._plan_options(privacy, params);
+    model text := params->>'model';
+    intercept boolean := coalesce((params->>'intercept')::boolean, false);
+    p int := d + intercept::int;
+    s float8 := dpsql_internal._linear_option(options, 'l1_radius', 1);
+    steps_opt float8 := dpsql_internal._linear_option(options, 'steps', NULL, 1, false);
+    x_bound float8;
+    r_inf float8;
+    y_bound float8 := 0;
+    rho float8;
+    num record;
+    max_p int;
+BEGIN
+    IF model NOT IN ('lasso', 'logistic') THEN
+        PERFORM dpsql_internal._fail(format('frank_wolfe trains model => lasso or logistic, not %s',
+                                            quote_literal(model)));
+    END IF;
+    IF model = 'logistic' AND jsonb_array_length(params->'classes') <> 2 THEN
+        PERFORM dpsql_internal._fail('frank_wolfe trains binary logistic regression (2 classes)');
+    END IF;
+    IF steps_opt IS NOT NULL AND (steps_opt <> floor(steps_opt) OR steps_opt > 2000) THEN
+        PERFORM dpsql_internal._fail(format('options.steps must be a whole number between 1 and 2000, got %s',
+                                            steps_opt));
+    END IF;
+    max_p := CASE WHEN model = 'lasso' THEN 1024 ELSE 65536 END;
+    IF p > max_p THEN
+        PERFORM dpsql_internal._fail(format('frank_wolfe %s takes at most %s coefficients, got %s',
+                                            model, max_p, p));
+    END IF;
+    IF model = 'lasso' THEN
+        -- dpsql.adassp_gram clips each (x, 1) to L2 norm x_bound, so |x_j| <= x_bound.
+        IF ds.row_bound IS NULL THEN
+            PERFORM dpsql_internal._fail('frank_wolfe LASSO needs a public bound on ||x||',
+                                hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
+        END IF;
+        x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
+        r_inf := x_bound;
+        y_bound := ds.label_bound;
+    ELSE
+        -- Classification rows are registered with row_norm clip or unit: ||x|| <= 1. The
+        -- intercept coordinate is 1, so R_inf = 1 (and per-example gradients are clamped).
+        x_bound := 1;
+        r_inf := 1;
+    END IF;
+    IF delta > 0 THEN
+        rho := dpsql.zcdp_rho(epsilon, delta);
+    END IF;
+    num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
+    RETURN jsonb_build_object(
+        'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
+        'y_bound', y_bound, 'l1_radius', s, 'l1', num.l1, 'steps', num.steps,
+        'eps_step', num.eps_step, 'delta_u', num.delta_u,
+        'info', jsonb_build_object(
+            'algorithm', format('private Frank-Wolfe over the L1 ball of radius %s (spec 004 A7/A8): '
+                                'theta_0 = 0, mu_k = 2/(k+2), vertex by the exponential mechanism on '
+                                'the SUM-gradient scores%s', s,
+                                CASE WHEN model = 'lasso' THEN ', one scan of sufficient statistics'
+                                     ELSE ', one gradient scan per step' END),
+            'accounting', CASE WHEN delta > 0
+                THEN format('zCDP: %s exponential mechanisms of eps_step^2/8 each (bounded range), rho %s',
+                            num.steps, rho)
+                ELSE format('pure epsilon-DP: basic composition of %s eps_step-DP steps', num.steps) END,
+            'steps', num.steps, 'eps_step', num.eps_step, 'delta_u', num.delta_u,
+            'l1_radius', s, 'l1', num.l1, 'r_inf', r_inf, 'x_bound', x_bound,
+            'y_bound', CASE WHEN model = 'lasso' THEN y_bound END, 'rho', rho,
+            'theta0', 0, 'neighbouring', 'replace-one, n public'));
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_fit(train_table text, plan jsonb, noise_seed bigint,
+                                                  OUT weights float8[], OUT info jsonb,
+                                                  OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    icpt boolean := (plan->>'intercept')::boolean;
+    d int := (plan->>'dim')::int;
+    steps int := (plan->>'steps')::int;
+    s float8 := (plan->>'l1_radius')::float8;
+    eps_step float8 := (plan->>'eps_step')::float8;
+    delta_u float8 := (plan->>'delta_u')::float8;
+    gram float8[];
+    g float8[];
+    q text;
+BEGIN
+    IF plan->>'model' = 'lasso' THEN
+        EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
+           INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8, icpt, d;
+        IF gram IS NULL THEN  -- no rows: the zero statistics
+            gram := ARRAY[0, d + icpt::int]::float8[] || array_fill(0::float8, ARRAY[(d + icpt::int) * (d + icpt::int + 1)]);
+        END IF;
+        weights := dpsql_internal._fw_lasso(gram, s, steps, eps_step, delta_u, noise_seed);
+    ELSE
+        weights := array_fill(0::float8, ARRAY[d + icpt::int]);
+        q := format('SELECT dpsql_internal._fw_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
+        FOR k IN 0..steps - 1 LOOP
+            EXECUTE q INTO g USING weights, (plan->>'x_bound')::float8, icpt, (plan->>'l1')::float8;
+            IF g IS NULL THEN
+                g := array_fill(0::float8, ARRAY[d + icpt::int + 1]);
+            END IF;
+            weights := dpsql_internal._fw_step(weights, g, k, s, eps_step, delta_u, noise_seed);
+        END LOOP;
+    END IF;
+    info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0));
+    iterates := NULL;
+END $$;
+
+SELECT dpsql_internal._register_mechanism(
+    'frank_wolfe', '_train_planned', 'any', false, false,
+    'private Frank-Wolfe over an L1 ball (sparse LASSO / logistic), exponential-mechanism vertex choice',
+    'docs/frank_wolfe.md',
+    options => '{l1_radius,steps}', plan_function => '_fw_plan', fit_function => '_fw_fit',
+    models => '{lasso,logistic}');
