@@ -529,6 +529,7 @@ include "adassp.pxi"
 # Private ERM toolbox (spec 004).
 include "frank_wolfe.pxi"
 include "exp_mech_erm.pxi"
+include "ftrl.pxi"
 
 
 cdef extern from "prediction.h":

@@ -34,6 +34,7 @@ from dpsql.models import Model
 from dpsql.privacy import (
     BST14,
     DPAMBSSGD,
+    DPFTRL,
     DPGD,
     DPSGD,
     DPSGDF,
@@ -83,6 +84,7 @@ __all__ = [
     "BoltOn",
     "ObjectivePerturbation",
     "OutputPerturbation",
+    "DPFTRL",
     "Database",
     "Model",
     "connect",

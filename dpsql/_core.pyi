@@ -439,3 +439,44 @@ def em_sample(
     seed: int | None = None,
     stream: int = 0,
 ) -> int: ...
+
+# -- DP-FTRL with tree aggregation (ftrl.pxi) --------------------------------------------------
+
+FTRL_LOSSES: Final[dict[str, int]]
+
+def tree_levels(n: int) -> int: ...
+def ftrl_sigma(clip: float, levels: int, epochs: int, epsilon: float, delta: float) -> float: ...
+def tree_prefix_sums(
+    leaves: ArrayLike,
+    sigma: float,
+    seed: int | None = None,
+    n_leaves: int | None = None,
+    stream: int = 1,
+) -> tuple[_Floats, _Ints]: ...
+def ftrl_leaf_sum(
+    X: ArrayLike,
+    y: ArrayLike,
+    theta: ArrayLike,
+    model: str = "logistic",
+    clip: float = 1.0,
+    x_bound: float = 1.0,
+    y_bound: float = 1.0,
+    intercept: bool = False,
+    huber_h: float = 0.1,
+) -> tuple[_Floats, _Floats]: ...
+def ftrl_run(
+    X: ArrayLike,
+    y: ArrayLike,
+    model: str = "logistic",
+    clip: float = 1.0,
+    batch: int = 1,
+    epochs: int = 1,
+    sigma: float = 0.0,
+    reg: float = 1.0,
+    radius: float = 10.0,
+    x_bound: float = 1.0,
+    y_bound: float = 1.0,
+    intercept: bool = False,
+    huber_h: float = 0.1,
+    seed: int | None = None,
+) -> tuple[_Floats, _Floats, _Floats]: ...

@@ -21,6 +21,7 @@ __all__ = [
     "OutputPerturbation",
     "ExponentialMechanism",
     "FrankWolfe",
+    "DPFTRL",
 ]
 
 
@@ -378,6 +379,26 @@ class OutputPerturbation:
         )
 
 
+@dataclass(frozen=True)
+class DPFTRL:
+    """DP-FTRL with tree aggregation (Kairouz et al. 2021; spec 004 A4/A5): one ordered scan
+    per epoch over minibatch leaves of the shuffled rows, noisy prefix sums of clipped
+    gradients, no sampling. Binary classifiers and linear regression; Gaussian noise, so
+    delta > 0. Options: radius, regularizer, output ("average" or "last")."""
+
+    epsilon: float
+    delta: float = 1e-6
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name = "dp_ftrl"
+
+    def sql_args(self) -> dict[str, Any]:
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
 def _linear_args(
     name: str, epsilon: float, delta: float, noise_seed: int | None, **extra: Any
 ) -> dict[str, Any]:
@@ -458,5 +479,6 @@ MECHANISMS: dict[str, type] = {
         OutputPerturbation,
         FrankWolfe,
         ExponentialMechanism,
+        DPFTRL,
     )
 }

@@ -63,6 +63,7 @@ CLASSIFIERS = [
     ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
     ("frank_wolfe", {"epsilon": 1.0, "delta": 1e-6, "options": {"steps": 5}}),
     ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
+    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6}),
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
@@ -74,6 +75,7 @@ REGRESSORS = [
     ("objective_perturbation", {"epsilon": 1.0}),
     ("output_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
     ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
+    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6, "epochs": 2}),
 ]
 # Fields of a model row that differ between two runs whatever the settings.
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}

@@ -1,0 +1,201 @@
+------------------------------------------------------------------------------------------
+-- DP-FTRL with tree aggregation (spec 004 cards A4 and A5; Kairouz et al. 2021), the
+-- streaming private optimiser: one ordered scan per epoch, no sampling. Leaves are minibatches
+-- of B consecutive rids of the secretly shuffled training table (leaf t = rids ((t-1)B, tB]);
+-- a leaf is the SUM of its rows' per-example gradients at the current iterate, clipped to
+-- norm C; a streaming binary tree releases noisy prefix sums (node noise N(0, sigma^2 I_p),
+-- drawn in C as each node completes) and theta_{t+1} = Pi_{||theta|| <= R}(-S_t / Delta).
+-- E epochs restart the tree; S carries the previous epochs' noisy totals. Released: the
+-- average of the iterates used (or the last, options.output).
+--
+-- Privacy (replace-one, n public): a row is in one leaf per epoch and moves it by <= 2C; the
+-- leaf enters m = floor(lg n_leaves) + 1 node releases per epoch, so the adaptively composed
+-- Gaussian node releases have L2 sensitivity 2C sqrt(m E): sigma is the analytic Gaussian of
+-- that sensitivity at (epsilon, delta). C core: cython_ext/core/ftrl.h; glue:
+-- sql/src/ftrl_fmgr.c; docs/dp_ftrl.md.
+------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_sigma(clip float8, levels int, epochs int,
+                                                         epsilon float8, delta float8)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_ftrl_sigma_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- m = floor(lg n) + 1: the tree levels used over n leaves.
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_levels(n_leaves bigint)
+RETURNS int AS 'MODULE_PATHNAME', 'dpsql_tree_levels_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_epoch_transition(state internal, x float8[],
+                                                                    y float8, config float8[],
+                                                                    s_prev float8[], seed bigint,
+                                                                    stream bigint)
+RETURNS internal AS 'MODULE_PATHNAME', 'dpsql_ftrl_epoch_transition'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_epoch_final(state internal)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_epoch_final'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- One epoch over the rows, to be called with ORDER BY rid: config = [loss, huber h, x_bound,
+-- y_bound, intercept, p, clip, batch, n, sigma, reg, radius]; s_prev the previous epochs'
+-- noisy total (NULL: zeros); seed NULL = pg_strong_random; stream = the epoch. Returns
+-- [leaves, S_prev + this epoch's noisy total (p), sum of the iterates used (p), last iterate
+-- (p)]: all post-processing of the noisy tree nodes.
+CREATE OR REPLACE AGGREGATE dpsql_internal._dp_ftrl_epoch(x float8[], y float8, config float8[],
+                                                          s_prev float8[], seed bigint,
+                                                          stream bigint) (
+    SFUNC = dpsql_internal._dp_ftrl_epoch_transition,
+    STYPE = internal,
+    FINALFUNC = dpsql_internal._dp_ftrl_epoch_final,
+    FINALFUNC_MODIFY = READ_WRITE
+);
+
+-- The plan: every number from n, d, the registration and the analyst's parameters.
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_plan(privacy text, ds dpsql.datasets, n bigint,
+                                                        d int, epsilon float8, delta float8,
+                                                        params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    options jsonb := dpsql_internal._plan_options(privacy, params);
+    model text := params->>'model';
+    intercept boolean := coalesce((params->>'intercept')::boolean, false);
+    p int := d + intercept::int;
+    classes int := jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'));
+    loss int := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
+    huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
+    -- classification rows are clipped (or normalised) to norm 1 by their registration
+    x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
+    y_bound float8 := coalesce(ds.label_bound, 1);
+    epochs int := coalesce((params->>'epochs')::int, 1);
+    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    output text := coalesce(options->>'output', 'average');
+    clip float8;
+    batch bigint := (params->>'batch_size')::bigint;
+    leaves bigint;
+    levels int;
+    sigma float8;
+    steps bigint;
+    noisy_nodes bigint;
+    g float8;
+    b_noise float8;
+    reg float8;
+BEGIN
+    IF loss IS NULL THEN
+        PERFORM dpsql_internal._fail(format('%s trains logistic, huber or linear models, not %s', privacy, model));
+    END IF;
+    IF classes > 2 THEN
+        PERFORM dpsql_internal._fail(format('%s trains binary classifiers: %s classes', privacy, classes),
+                            hint => 'Use a one-vs-rest mechanism (objective_perturbation) or dpsgd.');
+    END IF;
+    IF NOT (delta > 0) THEN
+        PERFORM dpsql_internal._fail(format('%s adds Gaussian noise: it needs delta > 0', privacy));
+    END IF;
+    IF x_bound IS NULL THEN
+        PERFORM dpsql_internal._fail(format('%s needs a public bound on ||x||', privacy),
+                            hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
+    END IF;
+    IF p > 4096 THEN
+        PERFORM dpsql_internal._fail(format('%s: at most 4096 coefficients, got %s', privacy, p));
+    END IF;
+    IF model = 'huber' AND NOT (huber_h > 0 AND huber_h < 1) THEN
+        PERFORM dpsql_internal._fail(format('huber_h must be in (0, 1), got %s', huber_h));
+    END IF;
+    IF NOT (epochs BETWEEN 1 AND 1000) THEN
+        PERFORM dpsql_internal._fail(format('epochs must be in 1..1000, got %s', epochs));
+    END IF;
+    IF output NOT IN ('average', 'last') THEN
+        PERFORM dpsql_internal._fail(format('options.output must be ''average'' or ''last'', got %s',
+                                            options->'output'));
+    END IF;
+    -- C: the per-example gradient bound of the classifiers (|l'| <= 1, ||(x, 1)|| <= rx: no
+    -- clipping happens); linear: |r| clipped at label_bound, i.e. the gradient norm at theta = 0.
+    clip := coalesce((params->>'clip_norm')::float8,
+                     CASE WHEN loss = 3 THEN y_bound ELSE 1 END * sqrt(x_bound ^ 2 + intercept::int));
+    IF NOT (clip > 0 AND clip < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('clip_norm must be a finite number > 0, got %s', clip));
+    END IF;
+    IF batch IS NULL THEN
+        -- the smallest B (doubling from 1, at most n/10) whose noisy prefix sum per row,
+        -- sigma sqrt(p m) / B, is <= C / 4 (sigma depends on m, which depends on B)
+        batch := 1;
+        LOOP
+            leaves := (n + batch - 1) / batch;
+            levels := dpsql_internal._dp_ftrl_levels(leaves);
+            sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon, delta);
+            EXIT WHEN sigma * sqrt(p * levels) / batch <= clip / 4 OR batch * 2 > n / 10;
+            batch := batch * 2;
+        END LOOP;
+    ELSIF NOT (batch BETWEEN 1 AND n) THEN
+        PERFORM dpsql_internal._fail(format('batch_size must be in 1..%s (the rows), got %s', n, batch));
+    END IF;
+    leaves := (n + batch - 1) / batch;
+    levels := dpsql_internal._dp_ftrl_levels(leaves);
+    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon, delta);
+    steps := epochs * leaves;
+    -- the noise in S at any step: at most (E - 1) popcount(n_leaves) + m nodes
+    noisy_nodes := (epochs - 1) * length(replace(leaves::bit(63)::text, '0', '')) + levels;
+    g := batch * clip;
+    b_noise := sigma * sqrt(noisy_nodes) * (sqrt(p) + sqrt(2 * ln(steps / 0.05)));
+    reg := dpsql_internal._linear_option(options, 'regularizer',
+                                         sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius);
+    RETURN jsonb_build_object(
+        'config', jsonb_build_array(loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound,
+                                    y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
+        'p', p, 'epochs', epochs, 'output', output,
+        'info', jsonb_build_object(
+            'algorithm', 'DP-FTRL with tree aggregation (spec 004 A4/A5; Kairouz et al. 2021): '
+                         'minibatch leaves of consecutive shuffled rows, one ordered scan per '
+                         'epoch, a fresh tree per epoch',
+            'accounting', format('Gaussian: the node releases of %s epochs x %s levels, L2 '
+                                 'sensitivity 2 C sqrt(m E) = %s, analytic Gaussian sigma %s',
+                                 epochs, levels, 2 * clip * sqrt(levels * epochs), sigma),
+            'loss', model, 'clip_norm', clip, 'batch_size', batch, 'leaves', leaves,
+            'levels', levels, 'epochs', epochs, 'steps', steps, 'noise_std', sigma,
+            'noise_multiplier', sigma / (2 * clip * sqrt(levels * epochs)),
+            'regularizer', reg, 'radius', radius, 'output', output,
+            'huber_h', CASE WHEN loss = 2 THEN huber_h END, 'x_bound', x_bound,
+            'neighbouring', 'replace-one, n public'));
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_fit(train_table text, plan jsonb, noise_seed bigint,
+                                                       OUT weights float8[], OUT info jsonb,
+                                                       OUT iterates float8[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    p int := (plan->>'p')::int;
+    epochs int := (plan->>'epochs')::int;
+    config float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'config')::float8);
+    s_prev float8[];
+    theta_sum float8[] := array_fill(0::float8, ARRAY[p]);
+    last float8[];
+    out float8[];
+    leaves bigint := 0;
+BEGIN
+    FOR e IN 1 .. epochs LOOP
+        EXECUTE format('SELECT dpsql_internal._dp_ftrl_epoch(x, y, $1, $2, $3, $4 ORDER BY rid) FROM %s',
+                       train_table)
+           INTO out USING config, s_prev, noise_seed, e::bigint;
+        IF out IS NULL THEN
+            PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
+        END IF;
+        leaves := leaves + out[1]::bigint;
+        s_prev := out[2 : p + 1];
+        theta_sum := ARRAY(SELECT a + b FROM unnest(theta_sum, out[p + 2 : 2 * p + 1]) WITH ORDINALITY
+                                         AS u(a, b, i) ORDER BY i);
+        last := out[2 * p + 2 : 3 * p + 1];
+    END LOOP;
+    weights := CASE WHEN plan->>'output' = 'last' THEN last
+                    ELSE ARRAY(SELECT a / leaves FROM unnest(theta_sum) WITH ORDINALITY AS u(a, i)
+                                ORDER BY i) END;
+    info := jsonb_build_object('scans', epochs, 'iterates_averaged',
+                               CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END);
+    iterates := NULL;
+END $$;
+
+SELECT dpsql_internal._register_mechanism(
+    'dp_ftrl', '_train_planned', 'any', false, true,
+    'DP-FTRL with tree aggregation: one ordered scan per epoch over minibatch leaves, noisy '
+    'prefix sums of clipped gradients, no sampling (Gaussian, needs delta > 0)',
+    'docs/dp_ftrl.md', options => '{radius,regularizer,output}',
+    plan_function => '_dp_ftrl_plan', fit_function => '_dp_ftrl_fit',
+    models => '{logistic,huber,linear}');
