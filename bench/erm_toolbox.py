@@ -7,7 +7,8 @@ the certified minimiser, DP-FTRL, private Frank-Wolfe (L1 ball; LASSO for regres
 exponential mechanism (refused beyond p = 5: every dataset here), next to the bolt-on, DP-SGD
 (shuffled and Poisson), DP-GD, AdaSSP and diffprivlib, all at their defaults from public
 numbers (docs/defaults.md and each mechanism's page). Then LASSO's support recovery on a sparse
-synthetic design, and the wall time of one release against noiseless training on Protein.
+synthetic design, a one-feature regression where the exponential mechanism runs, and the
+wall time of one release against noiseless training on Protein.
 
 delta = 1e-6 unless a row says delta 0 (epsilon-DP). Each cell is the mean (± sd) over
 ``--seeds`` runs (shuffle seed and fresh server noise).
@@ -73,7 +74,7 @@ BASE_REGRESSORS: dict[str, dict[str, Any]] = {
 
 def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> list[str]:
     """Sparse design: n = 20000, p = 40, 4 non-zero coefficients of 0.5 (||theta*||_1 = 2);
-    x uniform on [-1, 1] (public bounds), |y| <= 3. Support recovery: the share of the true
+    x uniform on [-1, 1] (public feature bounds), |y| <= 3. Support recovery: the share of the true
     support among the 4 largest |coef| of the release."""
     rng = np.random.default_rng(0)
     n, p = 20000, 40
@@ -88,8 +89,8 @@ def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, .
     name = f"erm_sparse_{time.time_ns()}"
     db.execute(
         "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
-        " delta_budget => 0.99, label_bound => 3, row_bound => %s, name => %s)",
-        (f"{schema}.sparse", float(np.sqrt(p)), name),
+        " delta_budget => 0.99, label_bound => 3, feature_bounds => %s, name => %s)",
+        (f"{schema}.sparse", [[-1.0, 1.0] for _ in range(p)], name),
     )
     out = [
         f"## LASSO support recovery: n {n:,}, p {p}, 4-sparse theta* (||theta*||_1 = 2)",
@@ -102,6 +103,11 @@ def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, .
             "privacy": "frank_wolfe",
             "model": "lasso",
             "options": {"l1_radius": 2.0},
+        },
+        "Frank-Wolfe LASSO (l1_radius 2, 30 steps)": {
+            "privacy": "frank_wolfe",
+            "model": "lasso",
+            "options": {"l1_radius": 2.0, "steps": 30},
         },
         "AdaSSP": {"privacy": "adassp"},
     }
@@ -134,6 +140,67 @@ def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, .
                 cells.append(f"{statistics.mean(hits):.2f}")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return [*out, ""]
+
+
+def small_p(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> list[str]:
+    """Where the exponential mechanism runs: California housing on median income alone
+    (p = 2 with the intercept), test MSE."""
+    raw, value = dsets.load_cal_housing()
+    X = dsets.cal_housing_features(raw)[:, 7:8]
+    y = value / 100_000.0
+    train, test = dsets.train_test_split(len(y), test_fraction=0.2, seed=0)
+    schema = "dpsql_bench_erm"
+    db.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    db.load_numpy("income", X[train], y[train], schema=schema, replace=True)
+    db.load_numpy("income_test", X[test], y[test], schema=schema, replace=True)
+    name = f"erm_income_{time.time_ns()}"
+    db.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        " delta_budget => 0.99, label_bound => 5.00001, row_bound => 1, name => %s)",
+        (f"{schema}.income", name),
+    )
+    methods: dict[str, dict[str, Any]] = {
+        "exponential mechanism (radius 5)": {
+            "privacy": "exponential_mechanism",
+            "delta": 0.0,
+            "options": {"radius": 5.0},
+        },
+        "objective perturbation (delta 0)": {"privacy": "objective_perturbation", "delta": 0.0},
+        "DP-GD": {"privacy": "dpgd"},
+        "AdaSSP": {"privacy": "adassp"},
+    }
+    out = [
+        f"## small p: California housing on median income (p = 2 with intercept), "
+        f"n_train {len(train):,}, test MSE",
+        "",
+        "| method | " + " | ".join(f"eps {e:g}" for e in eps_grid) + " |",
+        "|---" * (len(eps_grid) + 1) + "|",
+    ]
+    for label, kw in methods.items():
+        cells = []
+        for eps in eps_grid:
+            mses: list[float] = []
+            for seed in seeds:
+                try:
+                    mid = _call_train(
+                        db,
+                        name,
+                        (None, None, "linear"),
+                        {"epsilon": eps, "delta": ad.DELTA, "seed": seed, "intercept": True} | kw,
+                    )
+                except psycopg.Error as err:
+                    cells.append(f"refused ({err.diag.message_primary or err})")
+                    break
+                (mse,) = db.execute(
+                    "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{schema}.income_test")
+                ).fetchone()
+                mses.append(mse)
+            else:
+                cells.append(f"{statistics.mean(mses):.4f}")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    baseline = float(np.mean((y[test] - np.mean(y[train])) ** 2))
+    means = " | ".join(f"{baseline:.4f}" for _ in eps_grid)
+    return [*out, f"| training mean (non-private) | {means} |", ""]
 
 
 def runtime(db: dpsql.Database, data: Any) -> list[str]:
@@ -201,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows = ad.regression(db, seeds, eps_grid, {**NEW_REGRESSORS, **BASE_REGRESSORS})
                 print("\n".join(["", *rows]), flush=True)
             print("\n".join(["", *lasso_support(db, seeds, eps_grid)]), flush=True)
+            with contextlib.suppress(FileNotFoundError):
+                print("\n".join(["", *small_p(db, seeds, eps_grid)]), flush=True)
             if datasets:
                 print("\n".join(["", *runtime(db, datasets[0])]), flush=True)
     if ad.PANELS:

@@ -99,7 +99,8 @@ BEGIN
                                 hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
         END IF;
         x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
-        r_inf := x_bound;
+        -- feature bounds map every feature onto [-1, 1] (and the intercept is 1): |x_j| <= 1
+        r_inf := CASE WHEN ds.feature_bounds IS NOT NULL THEN least(x_bound, 1) ELSE x_bound END;
         y_bound := ds.label_bound;
     ELSE
         -- Classification rows are registered with row_norm clip or unit: ||x|| <= 1. The

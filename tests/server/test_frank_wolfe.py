@@ -72,6 +72,20 @@ def test_lasso_plan_numbers_and_reproducible_release(conn, scratch_schema) -> No
     np.testing.assert_allclose(w, mine, atol=1e-9)
 
 
+def test_lasso_feature_bounds_give_the_inf_norm_bound(conn, scratch_schema) -> None:
+    """Features mapped onto [-1, 1] by public bounds: |x_j| <= 1 whatever the L2 bound, so
+    L_1 = (s + Y) (not (R s + Y) R with R = sqrt(d))."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(500, 9))
+    y = np.clip(X[:, 0], -2, 2)
+    bounds = [[-1.0, 1.0] for _ in range(9)]
+    name = _register(conn, scratch_schema, X, y, label_bound=2.0, feature_bounds=bounds)
+    info = _train(conn, name, options=Jsonb({"l1_radius": 3.0, "steps": 5}))["params"]["privacy"]
+    assert info["r_inf"] == 1.0
+    assert info["l1"] == pytest.approx(3.0 + 2.0)
+    assert info["delta_u"] == pytest.approx(2 * 3.0 * 5.0)
+
+
 def test_lasso_support_recovery(conn, scratch_schema) -> None:
     """A sparse design (3 of 20 coefficients, n = 50000, s = ||beta||_1 = 20, K = 30): at
     epsilon = 1, delta = 1e-6 the 3 largest coefficients of the released model are the true
