@@ -67,3 +67,62 @@ def leftovers(conn: psycopg.Connection) -> tuple[int, int, int]:
     ).fetchone()
     assert row is not None
     return row
+
+
+def register(
+    conn: psycopg.Connection,
+    schema: str,
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    prefix: str = "ds",
+    **kw: Any,
+) -> tuple[int, str]:
+    """Load (X, y) into a new table of schema and register it (epsilon budget 1000, delta
+    budget 0.5, the other registration arguments from kw): (dataset id, source)."""
+    import uuid
+
+    source = load(conn, schema, f"t_{uuid.uuid4().hex[:6]}", X, y)
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    row = conn.execute(
+        f"SELECT dpsql.register_dataset(%(t)s, '{{x}}', 'y', epsilon_budget => 1000,"
+        f" delta_budget => 0.5, name => %(n)s{extra})",
+        {"t": source, "n": f"{prefix}_{uuid.uuid4().hex[:8]}", **kw},
+    ).fetchone()
+    assert row is not None
+    return row[0], source
+
+
+def binary_dataset(conn: psycopg.Connection, schema: str) -> tuple[int, str, Any, Any]:
+    """4,000 rows of 4 features, labels {0, 1} of a noisy linear rule (row_norm clip)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 4)) / 2
+    y = (X @ np.array([2.0, -1.0, 0.5, 0.0]) + 0.2 * rng.normal(size=4000) > 0).astype(float)
+    ds, source = register(conn, schema, X, y, labels=[0, 1])
+    return ds, source, X, y
+
+
+def regression_dataset(conn: psycopg.Connection, schema: str) -> tuple[int, str, Any, Any]:
+    """4,000 rows of 3 features, |y| <= 2 (label_bound 2), rows clipped to the unit ball."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(4000, 3)) / 2
+    y = np.clip(X @ np.array([0.5, -0.25, 0.125]) + 0.1 * rng.normal(size=4000), -2, 2)
+    ds, source = register(conn, schema, X, y, label_bound=2.0, row_bound=2.0, row_norm="clip")
+    return ds, source, X, y
+
+
+def release(conn: psycopg.Connection, source: str, **args: Any) -> dict[str, Any] | None:
+    """dpsql.train on a registered dataset with named arguments (dicts sent as jsonb): the
+    release's row of dpsql.models, or None when nothing was released."""
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+
+    args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
+    names = ", ".join(f"{k} => %({k})s" for k in args)
+    row = conn.execute(
+        f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
+    ).fetchone()
+    if row is None or row[0] is None:
+        return None
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (row[0],)).fetchone()

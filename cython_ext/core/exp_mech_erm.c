@@ -9,6 +9,7 @@
 #include "host.h"
 #include "losses.h"
 #include "mechanisms.h"
+#include "sgd.h"
 
 static int
 positive_finite(double v)
@@ -235,8 +236,7 @@ dpsql_em_loss_row(double *state, const double *x, int xlen, double y)
 	const double *grid = state + DPSQL_EM_HEADER_LEN;
 	double	   *sums = state + DPSQL_EM_HEADER_LEN + (size_t) count * p;
 	double		xc[DPSQL_EM_MAX_DIM];
-	double		norm2 = 0.0,
-				scale = 1.0,
+	double		scale,
 				dz;
 	int			loss,
 				j,
@@ -247,16 +247,9 @@ dpsql_em_loss_row(double *state, const double *x, int xlen, double y)
 		return;
 	if (model != DPSQL_EM_SQUARED && y != 1.0 && y != -1.0)
 		return;
-	for (j = 0; j < dim; j++)
-	{
-		if (!isfinite(x[j]))
-			return;
-		norm2 += x[j] * x[j];
-	}
-	if (!isfinite(norm2))
+	scale = dpsql_clip_scale(x, dim, x_bound);
+	if (isnan(scale))
 		return;
-	if (norm2 > x_bound * x_bound)
-		scale = x_bound / sqrt(norm2);
 	for (j = 0; j < dim; j++)
 		xc[j] = scale * x[j];
 	if (intercept)

@@ -9,6 +9,7 @@
 #include "adassp.h"
 #include "host.h"
 #include "mechanisms.h"
+#include "sgd.h"
 
 static int
 positive_finite(double v)
@@ -287,8 +288,7 @@ dpsql_fw_gradient_row(double *state, const double *x, int xlen, double y, const 
 	int			dim = p - intercept;
 	double		x_bound = state[3],
 				clamp = state[4];
-	double		norm2 = 0.0,
-				scale = 1.0,
+	double		scale,
 				z = 0.0,
 				dz,
 				m,
@@ -300,16 +300,9 @@ dpsql_fw_gradient_row(double *state, const double *x, int xlen, double y, const 
 	state[5] += 1.0;			/* every row counts, malformed ones as the zero record */
 	if (x == NULL || xlen != dim || !(y == 1.0 || y == -1.0))
 		return;
-	for (j = 0; j < dim; j++)
-	{
-		if (!isfinite(x[j]))
-			return;
-		norm2 += x[j] * x[j];
-	}
-	if (!isfinite(norm2))
+	scale = dpsql_clip_scale(x, dim, x_bound);
+	if (isnan(scale))
 		return;
-	if (norm2 > x_bound * x_bound)
-		scale = x_bound / sqrt(norm2);
 	for (j = 0; j < dim; j++)
 		z += scale * x[j] * theta[j];
 	if (intercept)

@@ -8,6 +8,7 @@
 
 #include "losses.h"
 #include "noise.h"
+#include "sgd.h"
 
 int
 dpsql_tree_levels(int64_t n)
@@ -165,9 +166,7 @@ dpsql_ftrl_add_gradient(const DpsqlFtrlConfig *c, const double *theta, const dou
 {
 	int			p = c->p;
 	int			d = p - c->intercept;
-	double		norm2 = 0.0,
-				big = 0.0,
-				scale,
+	double		scale,
 				z = 0.0,
 				dz,
 				gnorm,
@@ -180,21 +179,9 @@ dpsql_ftrl_add_gradient(const DpsqlFtrlConfig *c, const double *theta, const dou
 		y = fmin(fmax(y, -c->y_bound), c->y_bound);
 	else if (y != 1.0 && y != -1.0)
 		return 0.0;
-	for (j = 0; j < d; j++)
-	{
-		if (!isfinite(x[j]))
-			return 0.0;
-		big = fmax(big, fabs(x[j]));
-	}
-	/* the norm without overflow: rescale by the largest entry */
-	if (big > 0.0)
-	{
-		for (j = 0; j < d; j++)
-			norm2 += (x[j] / big) * (x[j] / big);
-		scale = big * sqrt(norm2) > c->x_bound ? c->x_bound / (big * sqrt(norm2)) : 1.0;
-	}
-	else
-		scale = 1.0;
+	scale = dpsql_clip_scale(x, d, c->x_bound);
+	if (isnan(scale))
+		return 0.0;
 	/* z = <clip(x), theta> (+ intercept) */
 	for (j = 0; j < d; j++)
 		z += x[j] * scale * theta[j];

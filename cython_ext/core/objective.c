@@ -7,6 +7,7 @@
 
 #include "linalg.h"
 #include "objective.h"
+#include "sgd.h"
 
 DpsqlStatus
 dpsql_glm_check(const DpsqlGlm *g)
@@ -95,8 +96,7 @@ dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, doubl
 	int			p = g->p;
 	int			d = p - g->intercept;
 	double		xr[DPSQL_GLM_MAX_DIM];
-	double		norm2 = 0.0,
-				z = 0.0,
+	double		z = 0.0,
 				d1,
 				d2,
 				scale;
@@ -110,26 +110,9 @@ dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, doubl
 		y = fmin(fmax(y, -g->y_bound), g->y_bound);
 	else if (y != 1.0 && y != -1.0)
 		return;
-	for (j = 0; j < d; j++)
-	{
-		if (!isfinite(x[j]))
-			return;
-		norm2 += x[j] * x[j];
-	}
-	if (isfinite(norm2))
-		scale = norm2 > g->x_bound * g->x_bound ? g->x_bound / sqrt(norm2) : 1.0;
-	else
-	{
-		/* the squared norm overflowed: rescale by the largest entry first */
-		double		big = 0.0,
-					n2 = 0.0;
-
-		for (j = 0; j < d; j++)
-			big = fmax(big, fabs(x[j]));
-		for (j = 0; j < d; j++)
-			n2 += (x[j] / big) * (x[j] / big);
-		scale = g->x_bound / (big * sqrt(n2));
-	}
+	scale = dpsql_clip_scale(x, d, g->x_bound);
+	if (isnan(scale))
+		return;
 	for (j = 0; j < d; j++)
 		xr[j] = x[j] * scale;
 	if (g->intercept)

@@ -342,6 +342,18 @@ dpsql_rescaled_norm(const double *x, int n)
 	return amax * sqrt(s);
 }
 
+double
+dpsql_clip_scale(const double *x, int n, double bound)
+{
+	double		norm;
+
+	for (int i = 0; i < n; i++)
+		if (!isfinite(x[i]))
+			return NAN;
+	norm = dpsql_rescaled_norm(x, n);
+	return norm > bound ? bound / norm : 1.0;
+}
+
 /* The row transform's scale, and the norm of (x, 1?) when it had to be computed (else -1). */
 static DpsqlStatus
 row_scale_norm(int flags, const double *x, int xlen, double *scale, double *xnorm)

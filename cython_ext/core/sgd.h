@@ -214,6 +214,13 @@ DpsqlStatus dpsql_predict(int loss, int flags, const double *coef, int n_out, in
 /* ||x|| of a finite vector without overflow or underflow (scaled by its largest entry). */
 double		dpsql_rescaled_norm(const double *x, int n);
 
+/*
+ * The factor min(1, bound / ||x||) that clips a row to L2 norm bound (the norm taken without
+ * overflow), or NAN when an entry is NaN or infinite (the caller's zero record). Shared by the
+ * aggregates of the private-ERM toolbox.
+ */
+double		dpsql_clip_scale(const double *x, int n, double bound);
+
 /* <w, x> with the engine's summation order (four partial sums), shared by the mechanisms. */
 double		dpsql_dot(const double *w, const double *x, int n);
 

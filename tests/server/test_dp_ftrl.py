@@ -10,53 +10,36 @@ import uuid
 
 import numpy as np
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from dpsql import _core
-from tests.pg_helpers import leftovers, load
+from tests.pg_helpers import (
+    binary_dataset,
+    leftovers,
+    register,
+    regression_dataset,
+    release,
+)
 
 
 def _register(conn, schema, X, y, **kw) -> tuple[int, str]:
-    source = load(conn, schema, f"t_{uuid.uuid4().hex[:6]}", X, y)
-    extra = "".join(f", {k} => %({k})s" for k in kw)
-    (ds,) = conn.execute(
-        f"SELECT dpsql.register_dataset(%(t)s, '{{x}}', 'y', epsilon_budget => 1000,"
-        f" delta_budget => 0.5, name => %(n)s{extra})",
-        {"t": source, "n": f"ftrl_{uuid.uuid4().hex[:8]}", **kw},
-    ).fetchone()
-    return ds, source
+    return register(conn, schema, X, y, prefix="ftrl", **kw)
 
 
 @pytest.fixture
 def binary(conn, scratch_schema):
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(4000, 4)) / 2
-    y = (X @ np.array([2.0, -1.0, 0.5, 0.0]) + 0.2 * rng.normal(size=4000) > 0).astype(float)
-    ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1])
-    return ds, source, X, y
+    return binary_dataset(conn, scratch_schema)
 
 
 @pytest.fixture
 def regression(conn, scratch_schema):
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(4000, 3)) / 2
-    y = np.clip(X @ np.array([0.5, -0.25, 0.125]) + 0.1 * rng.normal(size=4000), -2, 2)
-    ds, source = _register(
-        conn, scratch_schema, X, y, label_bound=2.0, row_bound=2.0, row_norm="clip"
-    )
-    return ds, source, X, y
+    return regression_dataset(conn, scratch_schema)
 
 
 def _train(conn, source, model="logistic", **kw):
-    args = {"privacy": "dp_ftrl", "model": model, "epsilon": 1.0, "delta": 1e-6, **kw}
-    args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
-    names = ", ".join(f"{k} => %({k})s" for k in args)
-    (mid,) = conn.execute(
-        f"SELECT dpsql.train(%(source)s, NULL, NULL, {names})", {"source": source, **args}
-    ).fetchone()
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
+    return release(
+        conn, source, privacy="dp_ftrl", model=model, **{"epsilon": 1.0, "delta": 1e-6, **kw}
+    )
 
 
 def _weights(model) -> np.ndarray:
