@@ -35,6 +35,62 @@ dpsql_glm_sums_length(int p)
 	return 2 + p + p * p;
 }
 
+size_t
+dpsql_glm_state_length(int p)
+{
+	return (size_t) DPSQL_GLM_HEADER_LEN + p + dpsql_glm_sums_length(p);
+}
+
+void
+dpsql_glm_state_init(double *state, const DpsqlGlm *g, const double *theta)
+{
+	memset(state, 0, sizeof(double) * dpsql_glm_state_length(g->p));
+	state[0] = g->p;
+	state[1] = g->loss;
+	state[2] = g->param;
+	state[3] = g->y_bound;
+	state[4] = g->x_bound;
+	state[5] = g->intercept;
+	memcpy(state + DPSQL_GLM_HEADER_LEN, theta, sizeof(double) * g->p);
+}
+
+DpsqlStatus
+dpsql_glm_state_read(const double *s, size_t len, DpsqlGlm *g)
+{
+	if (len < DPSQL_GLM_HEADER_LEN || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) ||
+		s[0] != floor(s[0]) ||
+		!(s[1] == DPSQL_GLM_LOGISTIC || s[1] == DPSQL_GLM_HUBER_SVM ||
+		  s[1] == DPSQL_GLM_HUBER_REG) || !(s[5] == 0.0 || s[5] == 1.0) ||
+		len != dpsql_glm_state_length((int) s[0]))
+		return DPSQL_E_STATE;
+	g->p = (int) s[0];
+	g->loss = (int) s[1];
+	g->param = s[2];
+	g->y_bound = s[3];
+	g->x_bound = s[4];
+	g->intercept = (int) s[5];
+	return dpsql_glm_check(g) == DPSQL_OK ? DPSQL_OK : DPSQL_E_STATE;
+}
+
+DpsqlStatus
+dpsql_glm_state_combine(double *a, const double *b, size_t len)
+{
+	DpsqlGlm	ga,
+				gb;
+	size_t		head;
+
+	if (dpsql_glm_state_read(a, len, &ga) != DPSQL_OK ||
+		dpsql_glm_state_read(b, len, &gb) != DPSQL_OK)
+		return DPSQL_E_STATE;
+	head = (size_t) DPSQL_GLM_HEADER_LEN + ga.p;
+	for (size_t j = 0; j < head; j++)
+		if (a[j] != b[j])
+			return DPSQL_E_STATE_MISMATCH;
+	for (size_t j = head; j < len; j++)
+		a[j] += b[j];
+	return DPSQL_OK;
+}
+
 /* l(z, y), l' and l'' in z. */
 static double
 glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)

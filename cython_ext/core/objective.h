@@ -12,6 +12,8 @@
 #ifndef DPSQL_OBJECTIVE_H
 #define DPSQL_OBJECTIVE_H
 
+#include <stddef.h>
+
 #include "status.h"
 
 /* The GLM losses: l(z, y) with l'' bounded and a Lipschitz constant on x's bound. */
@@ -38,6 +40,20 @@ typedef struct DpsqlGlm
 
 /* DPSQL_E_PARAM unless the loss, its parameter, the bounds and p are valid. */
 DpsqlStatus dpsql_glm_check(const DpsqlGlm *g);
+
+/*
+ * The aggregate state of one Newton scan: [p, loss, param, y_bound, x_bound, intercept,
+ * theta (p), sums (dpsql_glm_sums_length(p))]. A state reaches C from SQL, so every field is
+ * checked before it is converted: dpsql_glm_state_read fills *g and returns DPSQL_OK, or
+ * DPSQL_E_STATE.
+ */
+#define DPSQL_GLM_HEADER_LEN 6
+size_t		dpsql_glm_state_length(int p);
+void		dpsql_glm_state_init(double *state, const DpsqlGlm *g, const double *theta);
+DpsqlStatus dpsql_glm_state_read(const double *state, size_t len, DpsqlGlm *g);
+
+/* a += b for two states of the same scan (same header and theta); DPSQL_E_STATE_MISMATCH else. */
+DpsqlStatus dpsql_glm_state_combine(double *a, const double *b, size_t len);
 
 /* Doubles in the sums: [n, loss, gradient (p), Hessian (p * p, row-major)]. */
 int			dpsql_glm_sums_length(int p);

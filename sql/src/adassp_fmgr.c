@@ -141,28 +141,7 @@ dpsql_adassp_gram_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_adassp_gram_combine(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	double	   *da,
-			   *db;
-	int			na,
-				nb;
-	ArrayType  *a;
-	DpsqlStatus st;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _adassp_gram_combine called outside an aggregate")));
-	/* Strict: the executor copies the first non-NULL state into aggcontext, so a is ours. */
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	da = dpsql_float8_array(a, &na, "AdaSSP gram state");
-	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "AdaSSP gram state");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial AdaSSP gram states");
-	st = dpsql_adassp_state_combine(da, db, (size_t) na);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining partial AdaSSP gram states");
-	PG_RETURN_POINTER(a);
+	return dpsql_combine_states(fcinfo, dpsql_adassp_state_combine, "partial AdaSSP gram states");
 }
 
 /* dpsql_internal._adassp_gram_final(state float8[]) -> float8[] [n, p, X^T X (p*p), X^T y (p)] */

@@ -231,27 +231,7 @@ dpsql_dpgd_gradient_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_dpgd_gradient_combine(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	ArrayType  *a;
-	double	   *da;
-	double	   *db;
-	int			na;
-	int			nb;
-	DpsqlStatus st;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _dpgd_gradient_combine called outside an aggregate")));
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	da = dpsql_float8_array(a, &na, "dpgd_gradient state");
-	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "dpgd_gradient state");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial dpgd_gradient states");
-	st = dpsql_dpgd_combine(da, db, (size_t) na);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining partial dpgd_gradient states");
-	PG_RETURN_POINTER(a);
+	return dpsql_combine_states(fcinfo, dpsql_dpgd_combine, "partial dpgd_gradient states");
 }
 
 /* dpsql_internal._dpgd_gradient_final(state) -> [sum_1..sum_p, n, clipped]; NULL when no rows. */

@@ -176,27 +176,7 @@ dpsql_em_losses_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_em_losses_combine(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	ArrayType  *a;
-	double	   *da,
-			   *db;
-	int			na,
-				nb;
-	DpsqlStatus st;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _em_losses_combine called outside an aggregate")));
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	da = dpsql_float8_array(a, &na, "exponential-mechanism loss state");
-	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "exponential-mechanism loss state");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial exponential-mechanism states");
-	st = dpsql_em_state_combine(da, db, (size_t) na);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining partial exponential-mechanism states");
-	PG_RETURN_POINTER(a);
+	return dpsql_combine_states(fcinfo, dpsql_em_state_combine, "partial exponential-mechanism loss states");
 }
 
 /*

@@ -215,27 +215,7 @@ dpsql_fw_gradient_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_fw_gradient_combine(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	ArrayType  *a;
-	double	   *da,
-			   *db;
-	int			na,
-				nb;
-	DpsqlStatus st;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _fw_gradient_combine called outside an aggregate")));
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	da = dpsql_float8_array(a, &na, "Frank-Wolfe gradient state");
-	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "Frank-Wolfe gradient state");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial Frank-Wolfe gradient states");
-	st = dpsql_fw_state_combine(da, db, (size_t) na);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining partial Frank-Wolfe gradient states");
-	PG_RETURN_POINTER(a);
+	return dpsql_combine_states(fcinfo, dpsql_fw_state_combine, "partial Frank-Wolfe gradient states");
 }
 
 /* dpsql_internal._fw_gradient_final(state float8[]) -> float8[] [n, g_1..g_p] */

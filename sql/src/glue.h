@@ -45,6 +45,16 @@ ArrayType  *dpsql_new_float8_array(int n);
 void		dpsql_check_state(DpsqlStatus status, const char *function);
 
 /*
+ * The combine function of an aggregate whose float8[] states add up: checks that it runs in
+ * an aggregate (strict, so argument 0 is the executor's copy in the aggregate context), hands
+ * both states to the core's combine, which checks them and adds b into a, and returns a.
+ * what names the state in errors.
+ */
+typedef DpsqlStatus (*DpsqlCombineStates) (double *a, const double *b, size_t len);
+Datum		dpsql_combine_states(FunctionCallInfo fcinfo, DpsqlCombineStates combine,
+								 const char *what);
+
+/*
  * A transition function checks its state when it meets it at a new address, then trusts it:
  * the state is updated in place and the same pointer returned, so a state at the address it
  * returned last time is one it produced (or, after a group's reset, a fresh copy of the same

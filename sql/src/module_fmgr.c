@@ -157,3 +157,29 @@ dpsql_check_state(DpsqlStatus status, const char *function)
 			 errhint("States come from dpsql's own init functions and aggregates; an "
 					 "aggregate's INITCOND or an edited array is not one.")));
 }
+
+Datum
+dpsql_combine_states(FunctionCallInfo fcinfo, DpsqlCombineStates combine, const char *what)
+{
+	MemoryContext aggcontext;
+	ArrayType  *a;
+	double	   *da,
+			   *db;
+	int			na,
+				nb;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: the combine function of %s called outside an aggregate", what)));
+	a = PG_GETARG_ARRAYTYPE_P(0);
+	da = dpsql_float8_array(a, &na, what);
+	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, what);
+	if (na != nb)
+		dpsql_raise(DPSQL_E_STATE_MISMATCH, what);
+	st = combine(da, db, (size_t) na);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, what);
+	PG_RETURN_POINTER(a);
+}

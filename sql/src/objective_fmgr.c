@@ -32,7 +32,7 @@ PG_FUNCTION_INFO_V1(dpsql_objpert_calibrate_sql);
 PG_FUNCTION_INFO_V1(dpsql_output_perturbation_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_perturb_sql);
 
-#define HEADER 6
+#define HEADER DPSQL_GLM_HEADER_LEN
 
 /* The public settings of a scan, checked (they come from SQL). */
 static DpsqlGlm
@@ -64,40 +64,14 @@ glm_from_args(FunctionCallInfo fcinfo, int loss_arg, int p)
 	return g;
 }
 
-/*
- * The GLM of a state's header, or ERROR: every field is range-checked before it is converted
- * (a forged state can hold any double), and the length must be the header's.
- */
+/* The GLM of a state, or ERROR (dpsql_glm_state_read checks every field). */
 static DpsqlGlm
 glm_from_state(const double *s, int len, const char *function)
 {
 	DpsqlGlm	g;
 
-	if (len < HEADER || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) || s[0] != floor(s[0]) ||
-		!(s[1] == DPSQL_GLM_LOGISTIC || s[1] == DPSQL_GLM_HUBER_SVM ||
-		  s[1] == DPSQL_GLM_HUBER_REG) || !(s[5] == 0.0 || s[5] == 1.0) ||
-		len != HEADER + (int) s[0] + dpsql_glm_sums_length((int) s[0]))
-		dpsql_check_state(DPSQL_E_STATE, function);
-	g.p = (int) s[0];
-	g.loss = (int) s[1];
-	g.param = s[2];
-	g.y_bound = s[3];
-	g.x_bound = s[4];
-	g.intercept = (int) s[5];
-	if (dpsql_glm_check(&g) != DPSQL_OK)
-		dpsql_check_state(DPSQL_E_STATE, function);
+	dpsql_check_state(dpsql_glm_state_read(s, (size_t) len, &g), function);
 	return g;
-}
-
-static void
-header_from(double *s, const DpsqlGlm *g)
-{
-	s[0] = g->p;
-	s[1] = g->loss;
-	s[2] = g->param;
-	s[3] = g->y_bound;
-	s[4] = g->x_bound;
-	s[5] = g->intercept;
 }
 
 /*
@@ -136,13 +110,12 @@ dpsql_glm_sums_transition(PG_FUNCTION_ARGS)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("dpsql: theta must be finite")));
-		len = HEADER + p + dpsql_glm_sums_length(p);
+		len = (int) dpsql_glm_state_length(p);
 		old = MemoryContextSwitchTo(aggcontext);
 		state = dpsql_new_float8_array(len);
 		MemoryContextSwitchTo(old);
 		s = (double *) ARR_DATA_PTR(state);
-		header_from(s, &g);
-		memcpy(s + HEADER, theta, sizeof(double) * p);
+		dpsql_glm_state_init(s, &g, theta);
 		dpsql_state_remember(fcinfo, state);
 	}
 	else
@@ -191,31 +164,7 @@ dpsql_glm_sums_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_glm_sums_combine(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	ArrayType  *a;
-	double	   *da,
-			   *db;
-	int			na,
-				nb,
-				p;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _glm_sums_combine called outside an aggregate")));
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	da = dpsql_float8_array(a, &na, "_glm_sums state");
-	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "_glm_sums state");
-	p = glm_from_state(da, na, "_glm_sums_combine").p;
-	(void) glm_from_state(db, nb, "_glm_sums_combine");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial _glm_sums states");
-	for (int j = 0; j < HEADER + p; j++)
-		if (da[j] != db[j])
-			dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial _glm_sums states");
-	for (int j = HEADER + p; j < na; j++)
-		da[j] += db[j];
-	PG_RETURN_POINTER(a);
+	return dpsql_combine_states(fcinfo, dpsql_glm_state_combine, "partial _glm_sums states");
 }
 
 /* dpsql_internal._glm_sums_final(state) -> [n, loss, gradient (p), Hessian (p*p)] */
