@@ -70,12 +70,18 @@ CREATE OR REPLACE FUNCTION dpsql_internal._output_perturbation_sensitivity(lipsc
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_output_perturbation_sensitivity_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
--- The GLM a plan describes: the loss code and parameter of the model, the public bounds and
--- the constants (L, lambda_max). Logistic and Huber SVM are binary classifiers; 'linear' is
+-- The certificate ||grad J|| <= 1e-8 L sqrt(n) (objective.h: dpsql_erm_tolerance).
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_tolerance(lipschitz float8, n float8)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_erm_tolerance_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
+-- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
+-- options.radius (a public bound on ||theta*||, default 10) that set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
 -- Huber regression with threshold k (options.huber_threshold, default the label bound):
 -- least squares on every residual |r| <= k, and Lipschitz, which least squares is not.
-CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, d int,
-                                                    params jsonb, options jsonb)
+CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, n bigint,
+                                                    d int, params jsonb, options jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     model text := params->>'model';
@@ -90,7 +96,12 @@ DECLARE
                         THEN jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'))
                         ELSE 0 END;
     max_scans float8 := dpsql_internal._linear_option(options, 'max_scans', 100, 1, false);
+    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    lambda float8 := coalesce((params->>'lambda')::float8, 0);
 BEGIN
+    IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
+    END IF;
     IF x_bound IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s needs a public bound on ||x||', privacy),
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
@@ -117,7 +128,8 @@ BEGIN
                               -- three or more classes: one-vs-rest, C binary models on all the rows
                               'outputs', CASE WHEN classes > 2 THEN classes ELSE 1 END,
                               'lipschitz', c.lipschitz, 'curvature', c.curvature,
-                              'max_scans', max_scans::int);
+                              'tolerance', dpsql_internal._erm_tolerance(c.lipschitz, n),
+                              'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda);
 END $$;
 
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks: near the optimum

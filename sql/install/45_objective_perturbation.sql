@@ -35,16 +35,13 @@ CREATE OR REPLACE FUNCTION dpsql_internal._objpert_plan(privacy text, ds dpsql.d
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     options jsonb := dpsql_internal._plan_options(privacy, params);
-    glm jsonb := dpsql_internal._glm_plan(privacy, ds, d, params, options);
+    glm jsonb := dpsql_internal._glm_plan(privacy, ds, n, d, params, options);
     cal record;
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
-    lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    radius float8 := (glm->>'radius')::float8;
+    lambda float8 := (glm->>'lambda')::float8;
     outputs int := (glm->>'outputs')::int;
     reg float8;
 BEGIN
-    IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
-    END IF;
     -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
     cal := dpsql_internal._objpert_calibrate(epsilon / outputs, delta / outputs, (glm->>'p')::int,
                                              (glm->>'lipschitz')::float8,

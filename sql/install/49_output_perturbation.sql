@@ -16,26 +16,23 @@ CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.d
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     options jsonb := dpsql_internal._plan_options(privacy, params);
-    glm jsonb := dpsql_internal._glm_plan(privacy, ds, d, params, options);
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
-    lambda float8 := coalesce((params->>'lambda')::float8, 0);
+    glm jsonb := dpsql_internal._glm_plan(privacy, ds, n, d, params, options);
+    radius float8 := (glm->>'radius')::float8;
+    lambda float8 := (glm->>'lambda')::float8;
     lipschitz float8 := (glm->>'lipschitz')::float8;
-    tolerance float8;
+    tolerance float8 := (glm->>'tolerance')::float8;
+    outputs int := (glm->>'outputs')::int;
     reg float8;
     sensitivity float8;
-    outputs int := (glm->>'outputs')::int;
 BEGIN
-    IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', lambda));
+    IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
+        PERFORM dpsql_internal._fail('output perturbation needs epsilon > 0 and 0 <= delta < 1');
     END IF;
     reg := CASE WHEN lambda > 0 THEN n * lambda
                 ELSE lipschitz * sqrt(2.0 * n * (glm->>'p')::int * outputs / epsilon) / radius END;
-    -- the same certificate rule as objective perturbation (objective.h)
-    tolerance := (dpsql_internal._objpert_calibrate(epsilon, delta, (glm->>'p')::int, lipschitz,
-                                                    (glm->>'curvature')::float8, n)).tolerance;
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
-        'regularizer', reg, 'tolerance', tolerance, 'sensitivity', sensitivity,
+        'regularizer', reg, 'sensitivity', sensitivity,
         -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
         'epsilon', epsilon / outputs, 'delta', delta / outputs,
         'info', jsonb_build_object(

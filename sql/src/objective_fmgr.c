@@ -31,6 +31,7 @@ PG_FUNCTION_INFO_V1(dpsql_glm_constants_sql);
 PG_FUNCTION_INFO_V1(dpsql_objpert_calibrate_sql);
 PG_FUNCTION_INFO_V1(dpsql_output_perturbation_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_perturb_sql);
+PG_FUNCTION_INFO_V1(dpsql_erm_tolerance_sql);
 
 #define HEADER DPSQL_GLM_HEADER_LEN
 
@@ -354,4 +355,18 @@ dpsql_perturb_sql(PG_FUNCTION_ARGS)
 	values[0] = PointerGetDatum(out);
 	values[1] = Float8GetDatum(scale);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* dpsql_internal._erm_tolerance(lipschitz, n) -> float8 */
+Datum
+dpsql_erm_tolerance_sql(PG_FUNCTION_ARGS)
+{
+	double		l = PG_GETARG_FLOAT8(0),
+				n = PG_GETARG_FLOAT8(1);
+
+	if (!(l > 0.0 && isfinite(l)) || !(n >= 0.0 && isfinite(n)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: the certificate needs a finite Lipschitz constant > 0 and n >= 0")));
+	PG_RETURN_FLOAT8(dpsql_erm_tolerance(l, n));
 }
