@@ -106,6 +106,12 @@ BEGIN
         PERFORM dpsql_internal._fail(format('%s needs a public bound on ||x||', privacy),
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
+    -- Whether Newton certifies within a few scans depends on the data: a cap the analyst
+    -- could lower would turn the refusal into a probe (charged, but outside the proof).
+    IF options ? 'max_scans' AND NOT dpsql_internal._is_admin() THEN
+        PERFORM dpsql_internal._fail('options.max_scans is for data owners'' tests: whether the solver '
+                                     'certifies within a few scans depends on the data', '42501');
+    END IF;
     IF max_scans <> floor(max_scans) OR max_scans > 10000 THEN
         PERFORM dpsql_internal._fail(format('options.max_scans must be an integer in [1, 10000], got %s', max_scans));
     END IF;

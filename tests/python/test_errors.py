@@ -208,16 +208,19 @@ def test_every_class_is_psycopgs_class_of_its_sqlstate() -> None:
 
 
 def test_an_uncertified_minimiser_raises_nothing_released(owner_and_analyst) -> None:
-    """Objective perturbation that cannot certify its minimiser in max_scans releases nothing
-    (NothingReleased, no SQLSTATE) and the analyst's budget stays spent; a certified one is a
-    Model with the mechanism's record."""
+    """Objective perturbation that cannot certify its minimiser in max_scans (a data owner's
+    switch) releases nothing (NothingReleased, no SQLSTATE) and the budget stays spent; a
+    certified one is a Model with the mechanism's record."""
     owner_of, analyst_of, table = owner_and_analyst
     with owner_of() as owner, analyst_of() as analyst:
         ds, name = _register(owner, table, epsilon_budget=2.0)
         _grant(owner, ds, analyst)
         stuck = dpsql.ObjectivePerturbation(epsilon=0.5, options={"max_scans": 1})
-        with pytest.raises(errors.NothingReleased, match="released nothing"):
+        # the cap is a data owner's test switch: an analyst's refusal would probe the data
+        with pytest.raises(errors.PermissionDenied, match="max_scans"):
             analyst.train(name, None, None, privacy=stuck, progress=False)
+        with pytest.raises(errors.NothingReleased, match="released nothing"):
+            owner.train(name, None, None, privacy=stuck, progress=False)
         model = analyst.train(
             name, None, None, privacy=dpsql.ObjectivePerturbation(epsilon=0.5), progress=False
         )
