@@ -163,6 +163,10 @@ BEGIN
                 g := array_fill(0::float8, ARRAY[d + icpt::int + 1]);
             END IF;
             weights := dpsql_internal._fw_step(weights, g, k, s, eps_step, delta_u, noise_seed);
+            -- one scan per step: say how far it is (K is public)
+            IF (k + 1) % greatest(steps / 10, 1) = 0 THEN
+                RAISE NOTICE 'dpsql: frank_wolfe step %/%', k + 1, steps;
+            END IF;
         END LOOP;
     END IF;
     info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0));
