@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "BST14",
@@ -200,6 +200,26 @@ class BST14:
 
 
 @dataclass(frozen=True)
+class _PlannedMechanism:
+    """A plan-and-fit mechanism of the server (sql/install/33_planned.sql): epsilon, delta, the
+    public knobs as ``options`` (each mechanism's page lists them) and the data owners' test
+    noise seed. Subclasses name the mechanism and may change the default delta."""
+
+    epsilon: float
+    delta: float = 1e-6
+    options: dict[str, Any] | None = None
+    noise_seed: int | None = None
+
+    name: ClassVar[str] = ""
+
+    def sql_args(self) -> dict[str, Any]:
+        """Named arguments of ``dpsql.train`` for this mechanism."""
+        return _linear_args(
+            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
+        )
+
+
+@dataclass(frozen=True)
 class DPAMBSSGD:
     """DP-AMBSSGD (Varshney, Thakurta and Jain 2022): one pass over a shuffled table in disjoint
     blocks; each block privately estimates its residual scale (DP-STAT) on a stat sample, clips
@@ -295,21 +315,11 @@ class DPGD:
 
 
 @dataclass(frozen=True)
-class AdaSSP:
+class AdaSSP(_PlannedMechanism):
     """AdaSSP (Wang 2018): noisy X^T X, X^T y and smallest eigenvalue with an adaptive ridge,
     from one aggregate scan; needs the dataset's public bounds on ||x|| and |y|."""
 
-    epsilon: float
-    delta: float = 1e-6
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
-
     name = "adassp"
-
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
 
 
 @dataclass(frozen=True)
@@ -335,68 +345,42 @@ class Auto:
 
 
 @dataclass(frozen=True)
-class ObjectivePerturbation:
+class ObjectivePerturbation(_PlannedMechanism):
     """Objective perturbation (Chaudhuri et al. 2011; spec 004 A2): the server draws a secret
     linear term b and releases the exact minimiser of the regularised SUM loss plus <b, theta>,
     found by Newton's method and certified (||grad|| <= tolerance, covered by extra noise from
     1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
     GLM variant. Models: logistic, huber (binary), linear (Huber regression with threshold the
     label bound). ``options``: radius (public bound on ||theta*||, default 10),
-    huber_threshold, max_scans (default 100). An uncertified solve releases nothing (and stays
-    charged): ``Database.train`` then returns None."""
+    huber_threshold, max_scans (default 100; data owners only). An uncertified solve releases
+    nothing and stays charged: ``Database.train`` raises :class:`dpsql.NothingReleased`."""
 
-    epsilon: float
     delta: float = 0.0
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
 
     name = "objective_perturbation"
 
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
-
 
 @dataclass(frozen=True)
-class OutputPerturbation:
+class OutputPerturbation(_PlannedMechanism):
     """Output perturbation of the exact regularised minimiser (spec 004 A10): Newton's method
     to a certified minimiser, then noise for the replace-one sensitivity 2 (L + tolerance) /
     (n lambda) — the bolt-on's strongly convex sensitivity for the exact minimiser. Give
     ``lambda_`` to ``Database.train``, or let the server choose the regulariser from
     public numbers (docs/objective_perturbation.md)."""
 
-    epsilon: float
     delta: float = 0.0
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
 
     name = "output_perturbation"
 
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
-
 
 @dataclass(frozen=True)
-class DPFTRL:
+class DPFTRL(_PlannedMechanism):
     """DP-FTRL with tree aggregation (Kairouz et al. 2021; spec 004 A4/A5): one ordered scan
     per epoch over minibatch leaves of the shuffled rows, noisy prefix sums of clipped
     gradients, no sampling. Binary classifiers and linear regression; Gaussian noise, so
     delta > 0. Options: radius, regularizer, output ("average" or "last")."""
 
-    epsilon: float
-    delta: float = 1e-6
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
-
     name = "dp_ftrl"
-
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
 
 
 def _linear_args(
@@ -421,42 +405,24 @@ def _linear_args(
 
 
 @dataclass(frozen=True)
-class FrankWolfe:
+class FrankWolfe(_PlannedMechanism):
     """Private Frank-Wolfe over an L1 ball (spec 004 A7/A8): sparse LASSO (``model="lasso"``,
     one scan of sufficient statistics) or binary logistic regression, each step's vertex drawn
     by the exponential mechanism. Options: ``l1_radius`` (default 1), ``steps`` (default from
     Thm 6.22). delta = 0 gives pure epsilon-DP (docs/frank_wolfe.md)."""
 
-    epsilon: float
-    delta: float = 1e-6
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
-
     name = "frank_wolfe"
-
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
 
 
 @dataclass(frozen=True)
-class ExponentialMechanism:
+class ExponentialMechanism(_PlannedMechanism):
     """Exponential-mechanism ERM on a public grid in an L2 ball (spec 004 A1): pure
     epsilon-DP, at most 5 coefficients. Options: ``radius`` (default 1), ``grid_points``
     (default 4096) (docs/exponential_mechanism.md)."""
 
-    epsilon: float
     delta: float = 0.0
-    options: dict[str, Any] | None = None
-    noise_seed: int | None = None
 
     name = "exponential_mechanism"
-
-    def sql_args(self) -> dict[str, Any]:
-        return _linear_args(
-            self.name, self.epsilon, self.delta, self.noise_seed, options=self.options
-        )
 
 
 # The Python side of the server's mechanism registry (sql/install/31_mechanisms.sql, listed by
