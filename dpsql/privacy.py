@@ -350,8 +350,8 @@ class ObjectivePerturbation(_PlannedMechanism):
     linear term b and releases the exact minimiser of the regularised SUM loss plus <b, theta>,
     found by Newton's method and certified (||grad|| <= tolerance, covered by extra noise from
     1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
-    GLM variant. Models: logistic, huber (binary), linear (Huber regression with threshold the
-    label bound). ``options``: radius (public bound on ||theta*||, default 10),
+    GLM variant. Models: logistic, huber (one-vs-rest for 3+ classes), linear (Huber regression,
+    threshold the label bound). ``options``: radius (public bound on ||theta*||, default 10),
     huber_threshold, max_scans (default 100; data owners only). An uncertified solve releases
     nothing and stays charged: ``Database.train`` raises :class:`dpsql.NothingReleased`."""
 
