@@ -162,52 +162,18 @@ BEGIN
     END IF;
 END $$;
 
--- The registration itself. Admin-only; nothing is written unless every check passes.
-CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
-    relid regclass, features text[], label text, epsilon_budget float8,
-    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
-    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
-    source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
-    dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
+-- The registered columns: they exist, are numeric (or one numeric array) and readable by the
+-- data owner; returns the public dimension (the columns, or the array's declared length).
+CREATE OR REPLACE FUNCTION dpsql_internal._register_columns(relid regclass, what text,
+                                                           features text[], label text,
+                                                           dim int, feature_bounds float8[])
+RETURNS int LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    what text;
-    rel record;
-    nm text;
     col text;
     att record;
     kinds text[] := '{}';
-    attnums int2[] := '{}';
-    privileged boolean;
     d int;
-    bounds float8[];
-    lo1 int;
-    lo2 int;
-    existing text;
-    id bigint;
-    is_regression boolean;
 BEGIN
-    PERFORM dpsql_internal._require_admin('register datasets');
-    IF relid IS NULL THEN
-        RAISE EXCEPTION 'dpsql: relation % does not exist',
-                        coalesce(quote_literal(source_text), 'NULL')
-            USING ERRCODE = 'undefined_table',
-                  HINT = 'Give a table name (schema-qualified if needed).';
-    END IF;
-    what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
-    rel := dpsql_internal._check_dataset_relation(relid, what);
-    what := format('%I.%I', rel.nspname, rel.relname);
-    SELECT r.rolsuper OR r.rolbypassrls INTO privileged
-      FROM pg_roles r WHERE r.rolname = session_user;
-    IF NOT privileged AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
-        RAISE EXCEPTION 'dpsql: % has row-level security; only a superuser can register it', what
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Private training reads every row, whatever the policies.';
-    END IF;
-
-    -- Columns: exist, numeric (or one numeric array), readable by the data owner.
     IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
        OR array_position(features, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'dpsql: features must be a non-empty list of column names'
@@ -240,7 +206,6 @@ BEGIN
                       HINT = 'A data owner registers only data they can read themselves.';
         END IF;
         kinds := kinds || att.kind;
-        attnums := attnums || att.attnum;
         IF col = label AND att.kind IS DISTINCT FROM 'scalar' THEN
             RAISE EXCEPTION 'dpsql: label column % has type %, not a number', quote_ident(col), att.type
                 USING ERRCODE = 'datatype_mismatch';
@@ -261,10 +226,49 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.';
     END IF;
+    RETURN d;
+END $$;
 
-    -- Regression: a public bound on |y| instead of a label set, given, estimated now (estimate
-    -- => {"label_bound": ...}) or later (regression => true: dpsql.estimate_label_bound).
-    PERFORM dpsql_internal._check_estimate_option(estimate);
+-- Public feature bounds: d x 2, finite, lo < hi; returned with lower bounds 1.
+CREATE OR REPLACE FUNCTION dpsql_internal._register_feature_bounds(feature_bounds float8[], d int)
+RETURNS float8[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    bounds float8[];
+    lo2 int;
+BEGIN
+    IF feature_bounds IS NOT NULL THEN
+        IF array_ndims(feature_bounds) IS DISTINCT FROM 2
+           OR array_length(feature_bounds, 2) <> 2
+           OR (d IS NOT NULL AND array_length(feature_bounds, 1) <> d) THEN
+            RAISE EXCEPTION 'dpsql: feature_bounds must be a % x 2 array of (lo, hi), got %',
+                            coalesce(d::text, 'd'), feature_bounds
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        lo2 := array_lower(feature_bounds, 2);
+        SELECT array_agg(ARRAY[feature_bounds[i][lo2], feature_bounds[i][lo2 + 1]] ORDER BY i)
+          INTO bounds FROM generate_subscripts(feature_bounds, 1) i;
+        IF EXISTS (SELECT 1 FROM generate_subscripts(bounds, 1) i
+                    WHERE NOT (bounds[i][1] > '-Infinity' AND bounds[i][2] < 'Infinity'
+                               AND bounds[i][1] < bounds[i][2])
+                       OR bounds[i][1] IS NULL OR bounds[i][2] IS NULL) THEN
+            RAISE EXCEPTION 'dpsql: feature_bounds must be finite with lo < hi in every row, got %',
+                            feature_bounds
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    RETURN bounds;
+END $$;
+
+-- What a dataset predicts: a public label set (classification) or a public bound on |y|
+-- (regression: given, estimated now with estimate => {"label_bound": ...}, or later with
+-- regression => true), and the row normalisation and row bound that go with it.
+CREATE OR REPLACE FUNCTION dpsql_internal._register_target(
+    labels float8[], label_bound float8, row_bound float8, row_norm text, regression boolean,
+    estimate jsonb, feature_bounds float8[], bounded_dim int,
+    OUT is_regression boolean, OUT checked_labels float8[], OUT checked_row_norm text,
+    OUT checked_row_bound float8)
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
     is_regression := coalesce(regression,
                               label_bound IS NOT NULL OR coalesce(estimate ? 'label_bound', false));
     IF NOT is_regression AND (label_bound IS NOT NULL OR estimate ? 'label_bound') THEN
@@ -311,29 +315,6 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- Public feature bounds: d x 2, finite, lo < hi; stored with lower bounds 1.
-    IF feature_bounds IS NOT NULL THEN
-        IF array_ndims(feature_bounds) IS DISTINCT FROM 2
-           OR array_length(feature_bounds, 2) <> 2
-           OR (d IS NOT NULL AND array_length(feature_bounds, 1) <> d) THEN
-            RAISE EXCEPTION 'dpsql: feature_bounds must be a % x 2 array of (lo, hi), got %',
-                            coalesce(d::text, 'd'), feature_bounds
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        lo1 := array_lower(feature_bounds, 1);
-        lo2 := array_lower(feature_bounds, 2);
-        SELECT array_agg(ARRAY[feature_bounds[i][lo2], feature_bounds[i][lo2 + 1]] ORDER BY i)
-          INTO bounds FROM generate_subscripts(feature_bounds, 1) i;
-        IF EXISTS (SELECT 1 FROM generate_subscripts(bounds, 1) i
-                    WHERE NOT (bounds[i][1] > '-Infinity' AND bounds[i][2] < 'Infinity'
-                               AND bounds[i][1] < bounds[i][2])
-                       OR bounds[i][1] IS NULL OR bounds[i][2] IS NULL) THEN
-            RAISE EXCEPTION 'dpsql: feature_bounds must be finite with lo < hi in every row, got %',
-                            feature_bounds
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
-
     row_norm := coalesce(row_norm, CASE WHEN is_regression THEN 'none' ELSE 'clip' END);
     IF NOT is_regression AND row_norm NOT IN ('clip', 'unit') THEN
         RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', row_norm
@@ -346,9 +327,58 @@ BEGIN
                   HINT = 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).';
     END IF;
     IF is_regression THEN
-        row_bound := dpsql_internal._regression_row_bound(row_norm, row_bound,
-                                                 CASE WHEN bounds IS NOT NULL THEN d END);
+        row_bound := dpsql_internal._regression_row_bound(row_norm, row_bound, bounded_dim);
     END IF;
+    checked_labels := CASE WHEN NOT is_regression THEN labels END;
+    checked_row_norm := row_norm;
+    checked_row_bound := row_bound;
+END $$;
+
+-- The registration itself. Admin-only; nothing is written unless every check passes.
+CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
+    relid regclass, features text[], label text, epsilon_budget float8,
+    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
+    feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
+    source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
+    dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    what text;
+    rel record;
+    nm text;
+    privileged boolean;
+    d int;
+    bounds float8[];
+    target record;
+    existing text;
+    id bigint;
+BEGIN
+    PERFORM dpsql_internal._require_admin('register datasets');
+    IF relid IS NULL THEN
+        RAISE EXCEPTION 'dpsql: relation % does not exist',
+                        coalesce(quote_literal(source_text), 'NULL')
+            USING ERRCODE = 'undefined_table',
+                  HINT = 'Give a table name (schema-qualified if needed).';
+    END IF;
+    what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
+    rel := dpsql_internal._check_dataset_relation(relid, what);
+    what := format('%I.%I', rel.nspname, rel.relname);
+    SELECT r.rolsuper OR r.rolbypassrls INTO privileged
+      FROM pg_roles r WHERE r.rolname = session_user;
+    IF NOT privileged AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
+        RAISE EXCEPTION 'dpsql: % has row-level security; only a superuser can register it', what
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Private training reads every row, whatever the policies.';
+    END IF;
+
+    d := dpsql_internal._register_columns(relid, what, features, label, dim, feature_bounds);
+    bounds := dpsql_internal._register_feature_bounds(feature_bounds, d);
+    PERFORM dpsql_internal._check_estimate_option(estimate);
+    target := dpsql_internal._register_target(labels, label_bound, row_bound, row_norm, regression,
+                                              estimate, feature_bounds,
+                                              CASE WHEN bounds IS NOT NULL THEN d END);
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
         RAISE EXCEPTION 'dpsql: epsilon_budget must be a finite number > 0, got %',
                         coalesce(epsilon_budget::text, 'NULL')
@@ -380,8 +410,9 @@ BEGIN
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
                                 dim)
-    VALUES (nm, relid, what, features, label, CASE WHEN NOT is_regression THEN labels END,
-            bounds, row_norm, epsilon_budget, delta_budget, label_bound, row_bound, d)
+    VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
+            target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
+            target.checked_row_bound, d)
     RETURNING dataset_id INTO id;
     PERFORM dpsql_internal._grant_reader(relid, features || label);
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
