@@ -6,34 +6,13 @@
 -- Copy the source into a shuffled training table (rid, x, y) and build the initial state.
 -- Parallel scans and synchronized scans are off: row positions must follow the physical order
 -- so that the permutation is a function of the seed alone.
-CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
-    source text, features text[], label text, model text, epochs int, batch_size bigint,
-    lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
-    shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
-    huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
-    private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
-    permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql
-SET max_parallel_workers_per_gather = 0
-SET synchronize_seqscans = off
-AS $$
-DECLARE
-    t0 timestamptz := clock_timestamp();
-    src text;
-    lab record;
-    feat record;
-    yexpr text;
-    run bigint;
-    tbl text;
-    m bigint;
-    m_any boolean;
-    r float8;
-    eta float8;
-    flags int;
-    seed_policy text := 'none';
-    init float8[];
+-- A run's settings, checked before anything is read (bad input changes nothing).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_run_settings(
+    epochs int, batch_size bigint, lambda float8, step_size float8, schedule text,
+    step_offset float8, radius float8, row_norm text, huber_h float8, tolerance float8,
+    parallel_workers int, shuffle boolean, permutation text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    lab := dpsql_internal._check_labels(model, labels);
     IF epochs IS NULL OR epochs < 1 THEN
         PERFORM dpsql_internal._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
     END IF;
@@ -80,7 +59,77 @@ BEGIN
     IF permutation = 'fresh' AND (NOT shuffle OR parallel_workers > 0) THEN
         PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan');
     END IF;
+END $$;
 
+-- The training table dpsql_work.train_<run> of a run: the source's rows as (rid, x, y) in
+-- the order of a seeded, data-independent permutation (the source's own order without
+-- shuffle), feature arrays kept inline. *seed receives the seed used (a random one when NULL).
+CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
+    run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
+    shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
+    OUT seed_policy text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    tbl text;
+BEGIN
+    seed_policy := 'none';
+    tbl := format('dpsql_work.%I', 'train_' || run);
+    EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
+                   'WITH (autovacuum_enabled = false%s)', tbl,
+                   CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
+    -- Keep feature arrays inline and uncompressed: a TOASTed row costs a detoast per epoch.
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', tbl,
+                   CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+    IF shuffle THEN
+        seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
+        seed := coalesce(seed, dpsql_internal._random_seed());
+        EXECUTE format(
+            'INSERT INTO %s (rid, x, y) '
+            'SELECT row_number() OVER (ORDER BY k, pos), x, y FROM ('
+            '  SELECT dpsql_internal._shuffle_key($1, pos) AS k, pos, x, y FROM ('
+            '    SELECT row_number() OVER () AS pos, %s AS x, %s AS y FROM %s) a) b '
+            'ORDER BY k, pos', tbl, x_expr, y_expr, src) USING seed;
+    ELSE
+        seed := NULL;
+        EXECUTE format('INSERT INTO %s (rid, x, y) SELECT row_number() OVER (), %s, %s FROM %s',
+                       tbl, x_expr, y_expr, src);
+    END IF;
+    GET DIAGNOSTICS rows = ROW_COUNT;
+    train_table := tbl;
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
+    source text, features text[], label text, model text, epochs int, batch_size bigint,
+    lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
+    shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
+    huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
+    private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
+    permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+    src text;
+    lab record;
+    feat record;
+    yexpr text;
+    run bigint;
+    tbl text;
+    m bigint;
+    m_any boolean;
+    r float8;
+    eta float8;
+    flags int;
+    seed_policy text;
+    filled record;
+    init float8[];
+BEGIN
+    lab := dpsql_internal._check_labels(model, labels);
+    PERFORM dpsql_internal._check_run_settings(epochs, batch_size, lambda, step_size, schedule,
+                                               step_offset, radius, row_norm, huber_h, tolerance,
+                                               parallel_workers, shuffle, permutation);
     src := dpsql_internal._source_sql(source);
     BEGIN
         IF NOT private THEN  -- a private source is read once (its row count m is public)
@@ -92,28 +141,12 @@ BEGIN
         feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
         yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
-        tbl := format('dpsql_work.%I', 'train_' || run);
-        EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
-                       'WITH (autovacuum_enabled = false%s)', tbl,
-                       CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
-        -- Keep feature arrays inline and uncompressed: a TOASTed row costs a detoast per epoch.
-        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', tbl,
-                       CASE WHEN feat.dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
-        IF shuffle THEN
-            seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
-            seed := coalesce(seed, dpsql_internal._random_seed());
-            EXECUTE format(
-                'INSERT INTO %s (rid, x, y) '
-                'SELECT row_number() OVER (ORDER BY k, pos), x, y FROM ('
-                '  SELECT dpsql_internal._shuffle_key($1, pos) AS k, pos, x, y FROM ('
-                '    SELECT row_number() OVER () AS pos, %s AS x, %s AS y FROM %s) a) b '
-                'ORDER BY k, pos', tbl, feat.expr, yexpr, src) USING seed;
-        ELSE
-            seed := NULL;
-            EXECUTE format('INSERT INTO %s (rid, x, y) SELECT row_number() OVER (), %s, %s FROM %s',
-                           tbl, feat.expr, yexpr, src);
-        END IF;
-        GET DIAGNOSTICS m = ROW_COUNT;
+        filled := dpsql_internal._fill_training_table(run, src, feat.expr, yexpr, feat.dim,
+                                                      parallel_workers, shuffle, seed);
+        tbl := filled.train_table;
+        m := filled.rows;
+        seed := filled.seed;
+        seed_policy := filled.seed_policy;
     EXCEPTION WHEN undefined_column THEN
         RAISE EXCEPTION 'dpsql: %', SQLERRM USING ERRCODE = 'undefined_column',
             DETAIL = format('source %s, features %s, label %s', source, features, label);

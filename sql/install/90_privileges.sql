@@ -34,7 +34,8 @@ DECLARE
     -- (SECURITY INVOKER, reading only what they can read).
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset',
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
-                          '_prepare', '_run_epoch', '_finish', '_abort', '_locked_run',
+                          '_prepare', '_check_run_settings', '_fill_training_table',
+                          '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed', '_flag'];
     -- Not granted to anyone: an aggregate runs its support functions with its owner's rights,

@@ -47,6 +47,8 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "estimate_label_bound",
     # non-private runs, as the data owner
     "_prepare",
+    "_check_run_settings",
+    "_fill_training_table",
     "_run_epoch",
     "_finish",
     "_abort",
