@@ -176,10 +176,14 @@ class Database:
                 step_size=step_size,
                 schedule=schedule,
                 radius=radius,
+                shuffle=shuffle,
                 seed=seed,
+                labels=None if labels is None else list(labels),
                 intercept=intercept,
+                row_norm=row_norm,
                 huber_h=huber_h,
                 step_offset=step_offset,
+                tolerance=tolerance,
                 parallel_workers=parallel_workers,
             )
         if privacy != "none":

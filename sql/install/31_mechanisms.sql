@@ -31,7 +31,10 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     fit_function   text,
     -- the models it trains (canonical names, dpsql_internal._erm_model); NULL: the task's
     -- (classification: logistic, huber, multinomial; regression: linear)
-    models         text[]
+    models         text[],
+    -- the dpsql.train parameters it takes beyond every mechanism's (privacy, epsilon, delta,
+    -- noise_seed, features, label, seed, intercept, model): any other one given is refused
+    params         text[] NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
@@ -41,18 +44,74 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_f
                                           summary text, docs text, options text[] DEFAULT '{}',
                                           plan_function text DEFAULT NULL,
                                           fit_function text DEFAULT NULL,
-                                          models text[] DEFAULT NULL)
+                                          models text[] DEFAULT NULL,
+                                          params text[] DEFAULT '{}')
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
         VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
-                plan_function, fit_function, models)
+                plan_function, fit_function, models, params)
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
            summary = excluded.summary, docs = excluded.docs, options = excluded.options,
            plan_function = excluded.plan_function, fit_function = excluded.fit_function,
-           models = excluded.models
+           models = excluded.models, params = excluded.params
 $$;
+
+-- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
+-- branch passes them all in params): what a mechanism must take or refuse.
+CREATE OR REPLACE FUNCTION dpsql_internal._given_params(params jsonb)
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(k ORDER BY k), '{}')
+      FROM (VALUES
+                ('epochs', params->>'epochs' IS NOT NULL),
+                ('batch_size', params->>'batch_size' IS NOT NULL),
+                ('lambda', coalesce((params->>'lambda')::float8, 0) <> 0),
+                ('step_size', params->>'step_size' IS NOT NULL),
+                ('schedule', params->>'schedule' IS NOT NULL),
+                ('step_offset', coalesce((params->>'step_offset')::float8, 0) <> 0),
+                ('radius', params->>'radius' IS NOT NULL),
+                ('huber_h', coalesce((params->>'huber_h')::float8, 0.1) <> 0.1),
+                ('clip_norm', params->>'clip_norm' IS NOT NULL),
+                ('sampling', coalesce(params->>'sampling', 'shuffle') <> 'shuffle'),
+                ('noise_multiplier', params->>'noise_multiplier' IS NOT NULL),
+                ('bst14_noise', coalesce(params->>'bst14_noise', 'strict') <> 'strict'),
+                ('steps', params->>'steps' IS NOT NULL),
+                ('ci', params->>'ci' IS NOT NULL),
+                ('ci_draws', params->>'ci_draws' IS NOT NULL),
+                ('burn_in', params->>'burn_in' IS NOT NULL),
+                ('options', coalesce(params->'options', 'null') <> 'null'),
+                ('tuning_lambdas', coalesce(params->'tuning_lambdas', 'null') <> 'null'),
+                ('tuning_epochs', coalesce(params->'tuning_epochs', 'null') <> 'null'),
+                ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
+                ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
+                ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0),
+                ('labels', coalesce(params->'labels', 'null') <> 'null'),
+                ('row_norm', coalesce(params->>'row_norm', 'none') <> 'none'))
+           AS t(k, set_by_caller)
+     WHERE set_by_caller
+$$;
+
+-- Refuse the parameters the mechanism does not take, rather than ignore them.
+CREATE OR REPLACE FUNCTION dpsql_internal._refuse_unused_params(m dpsql.mechanism_catalog, params jsonb)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    unused text[] := ARRAY(SELECT unnest(dpsql_internal._given_params(params))
+                           EXCEPT SELECT unnest(m.params) ORDER BY 1);
+BEGIN
+    IF unused && '{labels,row_norm}' THEN
+        PERFORM dpsql_internal._fail('labels and row_norm of a private run are the registration''s',
+                                     hint => 'Leave them at their defaults; the data owner registers them.');
+    END IF;
+    IF cardinality(unused) > 0 THEN
+        PERFORM dpsql_internal._fail(
+            format('%s does not take %s', m.name, array_to_string(unused, ', ')),
+            hint => CASE WHEN cardinality(m.params) > 0
+                         THEN format('It takes %s (and epsilon, delta, intercept, seed).',
+                                     array_to_string(m.params, ', '))
+                         ELSE 'It takes epsilon, delta, intercept and seed only.' END);
+    END IF;
+END $$;
 
 -- A model name as the mechanisms know it: the loss's canonical name (20_sources.sql), or
 -- 'lasso' (least squares in an L1 ball: a model of the mechanisms that list it).
@@ -87,12 +146,13 @@ END $$;
 
 -- What analysts may know of the registry.
 CREATE OR REPLACE FUNCTION dpsql.mechanisms()
-RETURNS TABLE (name text, task text, models text[], needs_delta boolean, summary text,
-               docs text)
+RETURNS TABLE (name text, task text, models text[], needs_delta boolean, params text[],
+               options text[], summary text, docs text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.summary, c.docs
+    SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.params,
+           c.options, c.summary, c.docs
       FROM dpsql.mechanism_catalog c ORDER BY c.task, c.name
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS

@@ -217,18 +217,14 @@ BEGIN
             hint => CASE WHEN canonical = 'linear'
                          THEN 'Least squares has no gradient bound: it needs a linear-regression mechanism.' END);
     END IF;
-    IF mech.task = 'classification' AND (params->>'steps' IS NOT NULL OR params->>'ci' IS NOT NULL
-                                         OR params->'options' <> 'null') THEN
-        PERFORM dpsql_internal._fail('steps, ci and options are parameters of the plan-and-fit mechanisms '
-                                     '(linear regression and the private-ERM toolbox)');
+    IF NOT params ? 'defaults' THEN
+        -- what the caller set (the defaults are filled in after): each must be the mechanism's
+        PERFORM dpsql_internal._refuse_unused_params(mech, params);
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
-    END IF;
-    IF mech.task <> 'classification' AND params->>'noise_multiplier' IS NOT NULL THEN
-        PERFORM dpsql_internal._fail(format('noise_multiplier is a dpsgd parameter: %s takes epsilon and delta', privacy));
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
@@ -259,15 +255,6 @@ BEGIN
        OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1)
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
         PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
-    END IF;
-    IF privacy <> 'bolton' AND cardinality(lambdas) + cardinality(epochs_grid) > 0 THEN
-        PERFORM dpsql_internal._fail('private tuning (Algorithm 3) is implemented for bolton');
-    END IF;
-    IF privacy <> 'bolton' AND coalesce(params->>'permutation', 'once') <> 'once' THEN
-        PERFORM dpsql_internal._fail('permutation => fresh is a bolt-on option');
-    END IF;
-    IF privacy <> 'bolton' AND coalesce((params->>'parallel_workers')::int, 0) > 0 THEN
-        PERFORM dpsql_internal._fail('per-step noise belongs to one sequential scan: parallel_workers => 0');
     END IF;
 
     ds := dpsql_internal._dataset_for_source(source);
@@ -347,7 +334,9 @@ END $$;
 SELECT dpsql_internal._register_mechanism(
     'bolton', '_train_bolton', 'classification', true, false,
     'bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)',
-    'docs/bolton.md');
+    'docs/bolton.md',
+    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
+              'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs}');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;

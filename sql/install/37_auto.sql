@@ -10,30 +10,16 @@
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_refuse_overrides(params jsonb)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    given text[];
+    given text[] := ARRAY(
+        SELECT unnest(dpsql_internal._given_params(params))
+        INTERSECT
+        SELECT unnest(ARRAY['epochs', 'batch_size', 'lambda', 'step_size', 'schedule', 'radius',
+                            'clip_norm', 'sampling', 'noise_multiplier', 'steps', 'ci', 'options',
+                            'tuning_lambdas', 'tuning_epochs', 'permutation', 'gaussian',
+                            'parallel_workers'])
+        ORDER BY 1);
 BEGIN
-    SELECT array_agg(k ORDER BY k) INTO given
-      FROM (VALUES
-                ('epochs', params->>'epochs' IS NOT NULL),
-                ('batch_size', params->>'batch_size' IS NOT NULL),
-                ('lambda', coalesce((params->>'lambda')::float8, 0) <> 0),
-                ('step_size', params->>'step_size' IS NOT NULL),
-                ('schedule', params->>'schedule' IS NOT NULL),
-                ('radius', params->>'radius' IS NOT NULL),
-                ('clip_norm', params->>'clip_norm' IS NOT NULL),
-                ('sampling', coalesce(params->>'sampling', 'shuffle') <> 'shuffle'),
-                ('noise_multiplier', params->>'noise_multiplier' IS NOT NULL),
-                ('steps', params->>'steps' IS NOT NULL),
-                ('ci', params->>'ci' IS NOT NULL),
-                ('options', coalesce(params->'options', 'null') <> 'null'),
-                ('tuning_lambdas', coalesce(params->'tuning_lambdas', 'null') <> 'null'),
-                ('tuning_epochs', coalesce(params->'tuning_epochs', 'null') <> 'null'),
-                ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
-                ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
-                ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0))
-           AS t(k, set_by_caller)
-     WHERE set_by_caller;
-    IF given IS NOT NULL THEN
+    IF cardinality(given) > 0 THEN
         PERFORM dpsql_internal._fail(format('privacy => auto chooses %s itself', array_to_string(given, ', ')),
                             hint => 'Leave them at their defaults, or name a mechanism to set them.');
     END IF;

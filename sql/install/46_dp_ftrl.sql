@@ -198,4 +198,5 @@ SELECT dpsql_internal._register_mechanism(
     'prefix sums of clipped gradients, no sampling (Gaussian, needs delta > 0)',
     'docs/dp_ftrl.md', options => '{radius,regularizer,output}',
     plan_function => '_dp_ftrl_plan', fit_function => '_dp_ftrl_fit',
-    models => '{logistic,huber,linear}');
+    models => '{logistic,huber,linear}',
+    params => '{epochs,batch_size,clip_norm,huber_h,options}');

@@ -36,7 +36,9 @@ BEGIN
             'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
             'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
             'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
-            'burn_in', burn_in, 'options', options));
+            'burn_in', burn_in, 'options', options,
+            -- the registration's: refused when given
+            'labels', labels, 'row_norm', nullif(row_norm, 'none')));
     END IF;
     IF NOT dpsql_internal._is_admin() THEN
         PERFORM dpsql_internal._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '

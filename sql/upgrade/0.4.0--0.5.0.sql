@@ -5,6 +5,7 @@
 -- The registry learns which models a mechanism trains (mechanisms serving both tasks).
 ALTER TABLE dpsql.mechanism_catalog DROP CONSTRAINT mechanism_catalog_task_check;
 ALTER TABLE dpsql.mechanism_catalog ADD COLUMN models text[];
+ALTER TABLE dpsql.mechanism_catalog ADD COLUMN params text[] NOT NULL DEFAULT '{}';
 DROP FUNCTION dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,
                                                  text[], text, text);
 ALTER TABLE dpsql.mechanism_catalog ADD CONSTRAINT mechanism_catalog_task_check

@@ -227,3 +227,27 @@ def test_an_uncertified_minimiser_raises_nothing_released(owner_and_analyst) -> 
         assert model.row["params"]["privacy"]["mechanism"] == "objective_perturbation"
         spent = [b["epsilon_spent"] for b in owner.budgets() if b["dataset_id"] == ds]
         assert spent == [pytest.approx(1.0)]
+
+
+def test_python_passes_every_argument_and_the_server_refuses_the_unused(owner_and_analyst) -> None:
+    """A private run's arguments reach the server, which refuses those the mechanism does not
+    take (issue 15: none is dropped silently); nothing is charged."""
+    owner_of, analyst_of, table = owner_and_analyst
+    with owner_of() as owner, analyst_of() as analyst:
+        ds, name = _register(owner, table, epsilon_budget=5.0)
+        _grant(owner, ds, analyst)
+        mechanism = dpsql.BoltOn(epsilon=0.5)
+        for kw, message in [
+            ({"shuffle": False}, "shuffle"),
+            ({"tolerance": 1e-3}, "tolerance"),
+            ({"labels": [0, 1]}, "registration"),
+            ({"row_norm": "unit"}, "registration"),
+        ]:
+            with pytest.raises(errors.InvalidParameter, match=message):
+                analyst.train(name, None, None, privacy=mechanism, progress=False, **kw)
+        with pytest.raises(errors.InvalidParameter, match="does not take epochs"):
+            analyst.train(
+                name, None, None, privacy=dpsql.ObjectivePerturbation(epsilon=0.5), epochs=3
+            )
+        spent = [b["epsilon_spent"] for b in owner.budgets() if b["dataset_id"] == ds]
+        assert spent == [0.0]

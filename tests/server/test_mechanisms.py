@@ -114,3 +114,93 @@ def test_the_registered_options_are_what_the_plans_accept(conn) -> None:
             conn.execute(plan, (name, Jsonb({"options": dict.fromkeys(options)})))
         except psycopg.Error as refusal:  # without a registered dataset: no bound on ||x||
             assert "unknown options" not in str(refusal), name
+
+
+def test_every_registered_parameter_is_a_train_parameter(conn) -> None:
+    """The registry's params name dpsql.train parameters that _given_params knows."""
+    known = set(
+        conn.execute(
+            "SELECT dpsql_internal._given_params(%s)",
+            (
+                Jsonb(
+                    {
+                        "epochs": 1,
+                        "batch_size": 1,
+                        "lambda": 1,
+                        "step_size": 1,
+                        "schedule": "x",
+                        "step_offset": 1,
+                        "radius": 1,
+                        "huber_h": 0.2,
+                        "clip_norm": 1,
+                        "sampling": "poisson",
+                        "noise_multiplier": 1,
+                        "bst14_noise": "paper",
+                        "steps": 1,
+                        "ci": "x",
+                        "ci_draws": 1,
+                        "burn_in": 1,
+                        "options": {},
+                        "tuning_lambdas": [1],
+                        "tuning_epochs": [1],
+                        "permutation": "fresh",
+                        "gaussian": "classic",
+                        "parallel_workers": 1,
+                        "labels": [0, 1],
+                        "row_norm": "clip",
+                    }
+                ),
+            ),
+        ).fetchone()[0]
+    )
+    for name, params, options in conn.execute(
+        "SELECT name, params, options FROM dpsql.mechanism_catalog"
+    ).fetchall():
+        assert set(params) <= known - {"labels", "row_norm"}, name
+        assert ("options" in params) == bool(options), name
+
+
+@pytest.mark.parametrize(
+    ("privacy", "model", "kw", "message"),
+    [
+        ("adassp", "linear", {"epochs": 3}, "adassp does not take epochs"),
+        (
+            "dpgd",
+            "linear",
+            {"lambda": 0.1, "batch_size": 5},
+            "dpgd does not take batch_size, lambda",
+        ),
+        ("bolton", "logistic", {"clip_norm": 1.0}, "bolton does not take clip_norm"),
+        ("scs13", "logistic", {"tuning_lambdas": [0.1]}, "scs13 does not take tuning_lambdas"),
+        ("dpsgd", "logistic", {"permutation": "fresh"}, "dpsgd does not take permutation"),
+        ("frank_wolfe", "logistic", {"huber_h": 0.3}, "frank_wolfe does not take huber_h"),
+        ("bolton", "logistic", {"labels": [0, 1]}, "the registration"),
+        ("bolton", "logistic", {"row_norm": "unit"}, "the registration"),
+    ],
+)
+def test_a_parameter_the_mechanism_does_not_take_is_refused(
+    conn, scratch_schema, privacy, model, kw, message
+) -> None:
+    """Given away from its default and not in the mechanism's registered params: refused with
+    what it takes, before anything is charged (rather than silently ignored)."""
+    import numpy as np
+
+    from tests.pg_helpers import register
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 2))
+    if model == "linear":
+        _, source = register(conn, scratch_schema, X, X[:, 0], label_bound=3.0, row_bound=3.0)
+    else:
+        _, source = register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels=[0, 1])
+    ledger = conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
+    args = {"privacy": privacy, "epsilon": 1.0, "delta": 1e-6, **kw}
+    args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
+    names = ", ".join(f"{k} => %({k})s" for k in args)
+    with pytest.raises(psycopg.Error, match=message) as err:
+        conn.execute(
+            f"SELECT dpsql.train(%(s)s, NULL, NULL, %(m)s, {names})",
+            {"s": source, "m": model, **args},
+        )
+    assert err.value.diag.message_hint
+    assert conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone() == ledger

@@ -90,7 +90,11 @@ def _set_hostile(conn: psycopg.Connection) -> None:
 
 
 def _release(conn: psycopg.Connection, source: str, model: str, privacy: str, kw: dict) -> dict:
-    epochs = {} if privacy == "auto" else {"epochs": 2}  # auto chooses its own
+    # two epochs where the mechanism takes epochs (auto chooses its own)
+    takes = conn.execute(
+        "SELECT params FROM dpsql.mechanism_catalog WHERE name = %s", (privacy,)
+    ).fetchone()
+    epochs = {"epochs": 2} if takes and "epochs" in takes[0] else {}
     args = {"model": model, "privacy": privacy, **epochs, "seed": 11, "noise_seed": 5, **kw}
     args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
     names = ", ".join(f"{k} => %({k})s" for k in args)
