@@ -490,3 +490,39 @@ dpsql_confint_draws(const double *iterates, long n_iterates, int p, int method, 
 	}
 	return DPSQL_OK;
 }
+
+double
+dpsql_iterate_autocorrelation(const double *iterates, long n_iterates, int p, long burn_in,
+							  long lag)
+{
+	double		best = NAN;
+	long		n = n_iterates - burn_in;
+
+	if (p < 1 || burn_in < 0 || n < 2 || lag < 0)
+		return NAN;
+	for (int j = 0; j < p; j++)
+	{
+		double		mean = 0.0,
+					cross = 0.0,
+					sq = 0.0,
+					r;
+
+		for (long t = burn_in; t < n_iterates; t++)
+			mean += iterates[t * p + j];
+		mean /= (double) n;
+		for (long t = burn_in; t < n_iterates; t++)
+		{
+			double		x = iterates[t * p + j] - mean;
+
+			sq += x * x;
+			if (t + 1 < n_iterates)
+				cross += x * (iterates[(t + 1) * p + j] - mean);
+		}
+		if (!(sq > 0.0) || !isfinite(sq))
+			continue;
+		r = cross / sq;
+		r = r > 0.0 ? pow(r, (double) lag) : 0.0;
+		best = isnan(best) ? r : fmax(best, r);
+	}
+	return best;
+}

@@ -55,4 +55,15 @@ const char *dpsql_confint_method_name(int method);
 DpsqlStatus dpsql_confint_draws(const double *iterates, long n_iterates, int p, int method, int m,
 								long burn_in, double *draws);
 
+/*
+ * The mixing check of a run's iterates (row-major N x p): for each coordinate the lag-1
+ * autocorrelation r of the iterates after burn_in (about their mean), then max(r, 0)^lag, the
+ * correlation of draws `lag` iterates apart if the run is AR(1) along it; returns the largest
+ * over the coordinates, or NAN when no coordinate varies (or fewer than 2 iterates remain).
+ * Underflow is 0, never an error (the iterates are released: a data-dependent failure here
+ * would be an uncharged answer).
+ */
+double		dpsql_iterate_autocorrelation(const double *iterates, long n_iterates, int p,
+										  long burn_in, long lag);
+
 #endif

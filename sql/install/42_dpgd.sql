@@ -262,17 +262,11 @@ END $$;
 -- eigen-direction), the largest over the coordinates: a free check (post-processing of released
 -- iterates) that the draws are nearly independent. A run that has not mixed (a slow direction,
 -- spec 002 traps 8-9) has r near 1. (r^lag is far more stable than the lag-`lag` sample
--- autocorrelation, which is biased low for slow series.)
+-- autocorrelation, which is biased low for slow series.) C core: stats.h; a tiny r^lag is 0,
+-- never an underflow error (an error after the noise would be an uncharged answer).
 CREATE OR REPLACE FUNCTION dpsql_internal._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
-RETURNS float8 LANGUAGE sql IMMUTABLE STRICT AS $$
-    WITH v AS (
-        SELECT t, j, iterates[t][j] - avg(iterates[t][j]) OVER (PARTITION BY j) AS x
-          FROM generate_series(burn_in + 1, array_length(iterates, 1)) t,
-               generate_series(1, array_length(iterates, 2)) j)
-    SELECT max(greatest(r, 0) ^ lag) FROM (
-        SELECT a.j, sum(a.x * b.x) / nullif((SELECT sum(c.x ^ 2) FROM v c WHERE c.j = a.j), 0) AS r
-          FROM v a JOIN v b ON b.j = a.j AND b.t = a.t + 1 GROUP BY a.j) s
-$$;
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_iterate_autocorrelation_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 SELECT dpsql_internal._register_mechanism(
     'dpgd', '_train_linear', 'regression', false, true,

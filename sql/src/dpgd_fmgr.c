@@ -32,6 +32,7 @@ PG_FUNCTION_INFO_V1(dpsql_dpgd_step_sql);
 PG_FUNCTION_INFO_V1(dpsql_confint_draws_sql);
 PG_FUNCTION_INFO_V1(dpsql_t_interval_sql);
 PG_FUNCTION_INFO_V1(dpsql_t_quantile_sql);
+PG_FUNCTION_INFO_V1(dpsql_iterate_autocorrelation_sql);
 
 /* Arguments of the transition function (argument 0 is the state). */
 #define ARG_X 1
@@ -444,4 +445,28 @@ dpsql_t_quantile_sql(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("dpsql: t_quantile did not converge for p = %g, df = %g", p, df)));
 	PG_RETURN_FLOAT8(t);
+}
+
+/*
+ * dpsql_internal._iterate_autocorrelation(iterates float8[] (N x p), burn_in int, lag int)
+ *   -> float8 (NULL when no coordinate varies)
+ */
+Datum
+dpsql_iterate_autocorrelation_sql(PG_FUNCTION_ARGS)
+{
+	const char *fn = "_iterate_autocorrelation";
+	double	   *it;
+	int			rows;
+	int			cols;
+	double		r;
+
+	it = float8_matrix(PG_GETARG_ARRAYTYPE_P(0), &rows, &cols, fn, "iterates");
+	if (PG_GETARG_INT32(1) < 0 || PG_GETARG_INT32(2) < 0)
+		invalid_argument(fn, "burn_in and lag must be >= 0.");
+	if (!all_finite(it, rows * cols))
+		invalid_argument(fn, "iterates contain NaN or Infinity.");
+	r = dpsql_iterate_autocorrelation(it, rows, cols, PG_GETARG_INT32(1), PG_GETARG_INT32(2));
+	if (isnan(r))
+		PG_RETURN_NULL();
+	PG_RETURN_FLOAT8(r);
 }

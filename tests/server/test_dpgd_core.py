@@ -683,3 +683,46 @@ def test_empty_table_gives_a_null_gradient(conn, scratch_schema) -> None:
     table = load(conn, scratch_schema, "train", np.ones((1, 2)), np.ones(1))
     conn.execute(f"DELETE FROM {table}")
     assert _sql_gradient(conn, table, [0.0, 0.0], 1.0) is None
+
+
+def _autocorrelation(its: np.ndarray, burn_in: int, lag: int) -> float | None:
+    x = its[burn_in:] - its[burn_in:].mean(axis=0)
+    best = None
+    for j in range(its.shape[1]):
+        sq = float(x[:, j] @ x[:, j])
+        if sq > 0:
+            r = float(x[:-1, j] @ x[1:, j]) / sq
+            v = max(r, 0.0) ** lag
+            best = v if best is None else max(best, v)
+    return best
+
+
+def test_iterate_autocorrelation_matches_numpy_and_never_underflows(conn) -> None:
+    """The mixing check of DP-GD's released iterates: max over coordinates of max(r, 0)^lag.
+    A small r with a large lag is 0, not a float underflow error (an error raised after the
+    noise would roll the charge back: an uncharged answer; seen in bench erm_toolbox)."""
+    rng = np.random.default_rng(0)
+    n, p = 400, 3
+    its = np.zeros((n, p))
+    for t in range(1, n):  # AR(1) with coefficients 0.9, 0.5 and a white-noise coordinate
+        its[t] = np.array([0.9, 0.5, 0.0]) * its[t - 1] + rng.normal(size=p)
+    for burn_in, lag in [(20, 1), (20, 5), (0, 38)]:
+        (got,) = conn.execute(
+            "SELECT dpsql_internal._iterate_autocorrelation(%s, %s, %s)",
+            (its.tolist(), burn_in, lag),
+        ).fetchone()
+        assert got == pytest.approx(_autocorrelation(its, burn_in, lag), rel=1e-9, abs=1e-300)
+    # r about 0.2 > 0: r^400 is below the smallest double; and one constant column
+    small = np.zeros((n, 2))
+    for t in range(1, n):
+        small[t, 0] = 0.2 * small[t - 1, 0] + rng.normal()
+    assert 0 < _autocorrelation(small, 0, 1) < 0.5
+    (got,) = conn.execute(
+        "SELECT dpsql_internal._iterate_autocorrelation(%s, 0, 400)", (small.tolist(),)
+    ).fetchone()
+    assert got == pytest.approx(_autocorrelation(small, 0, 400), abs=1e-300)
+    assert got < 1e-100
+    (none,) = conn.execute(
+        "SELECT dpsql_internal._iterate_autocorrelation(%s, 0, 3)", (np.ones((5, 2)).tolist(),)
+    ).fetchone()
+    assert none is None
