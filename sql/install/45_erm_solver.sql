@@ -186,7 +186,8 @@ BEGIN
             there := dpsql_internal._glm_newton(sums, candidate, reg, b);
             accepted := there.objective <= here.objective + 1e-4 * step * here.slope
                         OR there.grad_norm < 0.5 * here.grad_norm;
-            EXIT WHEN accepted OR scans >= max_scans;
+            -- a step below 1e-12 makes no progress (and bounds the arithmetic above)
+            EXIT WHEN accepted OR scans >= max_scans OR step < 1e-12;
             step := step / 2;
         END LOOP;
         EXIT WHEN NOT accepted;
