@@ -385,6 +385,17 @@ class Database:
         with self.conn.cursor(row_factory=dict_row) as cur:
             return cur.execute("SELECT * FROM dpsql.budgets ORDER BY dataset_id").fetchall()
 
+    @translate()
+    def mechanisms(self) -> list[dict[str, Any]]:
+        """The privacy mechanisms the server offers (``SELECT * FROM dpsql.mechanisms()``): name,
+        task, the models each trains, whether it needs delta > 0, the ``train`` parameters and
+        ``options`` it takes, a summary and its docs page. ``dpsql.privacy.MECHANISMS`` holds
+        their Python objects, by name."""
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute("SELECT * FROM dpsql.mechanisms()").fetchall()
+
     # -- models --------------------------------------------------------------------------
 
     def model(self, model_id: int) -> Model:

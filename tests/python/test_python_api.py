@@ -83,3 +83,14 @@ def test_failed_python_train_leaves_nothing(server_uri, scratch_schema, data) ->
         assert leftovers(db.conn) == before
         with pytest.raises(ValueError, match="pass a mechanism object"):
             db.train(f"{scratch_schema}.bad", "x", "y", privacy="bolton")
+
+
+def test_mechanisms_lists_the_servers_registry(server_uri) -> None:
+    from dpsql.privacy import MECHANISMS
+
+    with dpsql.connect(server_uri) as db:
+        rows = db.mechanisms()
+    assert {r["name"] for r in rows} == set(MECHANISMS)
+    op = next(r for r in rows if r["name"] == "objective_perturbation")
+    assert op["models"] == ["logistic", "huber", "linear"] and "max_scans" in op["options"]
+    assert "lambda" in op["params"] and op["needs_delta"] is False
