@@ -9,7 +9,7 @@
 
 CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     name           text PRIMARY KEY,
-    -- dpsql.<train_function>(ds dpsql.datasets, model text, privacy text, params jsonb,
+    -- dpsql_internal.<train_function>(ds dpsql.datasets, model text, privacy text, params jsonb,
     --                        epsilon float8, delta float8, noise_seed bigint) -> model_id
     train_function text NOT NULL,
     -- 'any': trains classifiers and regressions (the models column says which)
@@ -22,10 +22,10 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     docs           text NOT NULL,
     -- the keys of options => {...} it accepts (any other is refused)
     options        text[] NOT NULL,
-    -- the linear mechanisms' two halves, called by _train_linear (40_linear.sql):
-    -- dpsql.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
+    -- the plan-and-fit mechanisms' two halves, called by _train_planned (33_planned.sql):
+    -- dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
     --                       epsilon float8, delta float8, params jsonb) -> plan jsonb
-    -- dpsql.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
+    -- dpsql_internal.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
     --                      OUT weights float8[], OUT info jsonb, OUT iterates float8[])
     plan_function  text,
     fit_function   text,

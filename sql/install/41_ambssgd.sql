@@ -58,7 +58,7 @@ BEGIN
     RETURN r_x;
 END $$;
 
--- The plan of DP-AMBSSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+-- The plan of DP-AMBSSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -153,7 +153,7 @@ BEGIN
             'neighbouring', 'replace-one, n public'));
 END $$;
 
--- The plan of DP-SSGD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+-- The plan of DP-SSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$

@@ -74,7 +74,7 @@ CREATE OR REPLACE FUNCTION dpsql.t_quantile(p float8, df float8)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_t_quantile_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
--- The plan of DP-GD (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+-- The plan of DP-GD (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$

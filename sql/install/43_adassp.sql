@@ -56,7 +56,7 @@ COMMENT ON FUNCTION dpsql.adassp_sensitivities(float8, float8) IS
     'Replace-one L2 sensitivities of AdaSSP''s lambda_min (x_bound^2), X^T X (Frobenius, '
     'sqrt(2) x_bound^2) and X^T y (2 x_bound y_bound) for ||x|| <= x_bound, |y| <= y_bound';
 
--- The plan of AdaSSP (its registered plan_function; _linear_plan, 40_linear.sql, calls it).
+-- The plan of AdaSSP (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                               epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$

@@ -17,7 +17,7 @@ SIGNATURE = (
     "ds dpsql.datasets, model text, privacy text, params jsonb, epsilon double precision, "
     "delta double precision, noise_seed bigint"
 )
-# The linear mechanisms' plan and fit functions, called by _train_linear (40_linear.sql).
+# The plan-and-fit mechanisms' plan and fit functions, called by _train_planned (33_planned.sql).
 PLAN_SIGNATURE = (
     "privacy text, ds dpsql.datasets, n bigint, d integer, epsilon double precision, "
     "delta double precision, params jsonb"
