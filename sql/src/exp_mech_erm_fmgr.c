@@ -27,27 +27,6 @@ PG_FUNCTION_INFO_V1(dpsql_em_losses_transition);
 PG_FUNCTION_INFO_V1(dpsql_em_losses_combine);
 PG_FUNCTION_INFO_V1(dpsql_em_release_sql);
 
-static void
-bad_argument(const char *fn, const char *detail)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("dpsql: invalid arguments of %s", fn),
-			 errdetail("%s", detail)));
-}
-
-static void
-no_nulls(FunctionCallInfo fcinfo, int from, int to, const char *fn)
-{
-	int			i;
-
-	for (i = from; i < to; i++)
-		if (PG_ARGISNULL(i))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("dpsql: argument %d of %s is NULL", i + 1, fn)));
-}
-
 static int
 model_code(text *t, const char *fn)
 {
@@ -59,7 +38,7 @@ model_code(text *t, const char *fn)
 		return DPSQL_EM_SQUARED;
 	if (strcmp(m, "huber") == 0)
 		return DPSQL_EM_HUBER;
-	bad_argument(fn, "model must be logistic, huber or linear.");
+	dpsql_bad_argument(fn, "model must be logistic, huber or linear.");
 	return 0;
 }
 
@@ -69,11 +48,11 @@ dpsql_em_lipschitz_sql(PG_FUNCTION_ARGS)
 {
 	double		lip = 0.0;
 
-	no_nulls(fcinfo, 0, 4, "_em_lipschitz");
+	dpsql_no_nulls(fcinfo, 0, 4, "_em_lipschitz");
 	if (dpsql_em_lipschitz(model_code(PG_GETARG_TEXT_PP(0), "_em_lipschitz"),
 						   PG_GETARG_FLOAT8(1), PG_GETARG_FLOAT8(2), PG_GETARG_FLOAT8(3),
 						   &lip) != DPSQL_OK)
-		bad_argument("_em_lipschitz", "r_x and radius must be finite and > 0, y_bound finite "
+		dpsql_bad_argument("_em_lipschitz", "r_x and radius must be finite and > 0, y_bound finite "
 					 "and >= 0.");
 	PG_RETURN_FLOAT8(lip);
 }
@@ -112,7 +91,7 @@ dpsql_em_losses_transition(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _em_losses_transition called outside an aggregate")));
-	no_nulls(fcinfo, 3, 11, fn);
+	dpsql_no_nulls(fcinfo, 3, 11, fn);
 	model = model_code(PG_GETARG_TEXT_PP(3), fn);
 	dim = PG_GETARG_INT32(4);
 	intercept = PG_GETARG_BOOL(5);
@@ -129,17 +108,17 @@ dpsql_em_losses_transition(PG_FUNCTION_ARGS)
 
 		if (dim < 1 || dim > DPSQL_EM_MAX_DIM || max_points < 1 ||
 			max_points > DPSQL_EM_MAX_POINTS)
-			bad_argument(fn, "p = dim (+1 with an intercept) must be in 1..5, max_points in "
+			dpsql_bad_argument(fn, "p = dim (+1 with an intercept) must be in 1..5, max_points in "
 						 "1..65536.");
 		len = dpsql_em_state_length(dim + (intercept ? 1 : 0), max_points);
 		if (len == 0)
-			bad_argument(fn, "p = dim (+1 with an intercept) must be in 1..5.");
+			dpsql_bad_argument(fn, "p = dim (+1 with an intercept) must be in 1..5.");
 		old = MemoryContextSwitchTo(aggcontext);
 		state = dpsql_new_float8_array((int) len);
 		MemoryContextSwitchTo(old);
 		if (dpsql_em_state_init((double *) ARR_DATA_PTR(state), len, model, dim, intercept,
 								x_bound, y_bound, radius, huber_h, max_points) != DPSQL_OK)
-			bad_argument(fn, "x_bound and radius finite and > 0, y_bound finite and >= 0, "
+			dpsql_bad_argument(fn, "x_bound and radius finite and > 0, y_bound finite and >= 0, "
 						 "huber_h in (0, 1).");
 	}
 	else
@@ -154,7 +133,7 @@ dpsql_em_losses_transition(PG_FUNCTION_ARGS)
 		}
 		if (!dpsql_em_state_matches((double *) ARR_DATA_PTR(state), model, dim, intercept,
 									x_bound, y_bound, radius, huber_h))
-			bad_argument(fn, "model, dim, intercept, x_bound, y_bound, radius and huber_h must "
+			dpsql_bad_argument(fn, "model, dim, intercept, x_bound, y_bound, radius and huber_h must "
 						 "be the same for every row.");
 	}
 	if (!PG_ARGISNULL(1) && !PG_ARGISNULL(2))
@@ -202,7 +181,7 @@ dpsql_em_release_sql(PG_FUNCTION_ARGS)
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
 
-	no_nulls(fcinfo, 0, 3, fn);
+	dpsql_no_nulls(fcinfo, 0, 3, fn);
 	state = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &n, "exponential-mechanism loss state");
 	dpsql_check_state(dpsql_em_state_check(state, (size_t) n), fn);
 	count = dpsql_em_state_points(state);
@@ -215,7 +194,7 @@ dpsql_em_release_sql(PG_FUNCTION_ARGS)
 	explicit_bzero(&rng, sizeof(rng));
 	pfree(work);
 	if (st != DPSQL_OK)
-		bad_argument(fn, "epsilon and delta_u must be finite and > 0.");
+		dpsql_bad_argument(fn, "epsilon and delta_u must be finite and > 0.");
 	wa = dpsql_new_float8_array(p);
 	memcpy(ARR_DATA_PTR(wa), dpsql_em_state_grid(state) + (size_t) index * p,
 		   sizeof(double) * (Size) p);

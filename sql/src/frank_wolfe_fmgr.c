@@ -29,27 +29,6 @@ PG_FUNCTION_INFO_V1(dpsql_fw_gradient_final);
 PG_FUNCTION_INFO_V1(dpsql_fw_step_sql);
 PG_FUNCTION_INFO_V1(dpsql_fw_lasso_sql);
 
-static void
-bad_argument(const char *fn, const char *detail)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("dpsql: invalid arguments of %s", fn),
-			 errdetail("%s", detail)));
-}
-
-static void
-no_nulls(FunctionCallInfo fcinfo, int from, int to, const char *fn)
-{
-	int			i;
-
-	for (i = from; i < to; i++)
-		if (PG_ARGISNULL(i))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("dpsql: argument %d of %s is NULL", i + 1, fn)));
-}
-
 static int
 model_code(text *t)
 {
@@ -59,7 +38,7 @@ model_code(text *t)
 		return DPSQL_FW_LASSO;
 	if (strcmp(m, "logistic") == 0)
 		return DPSQL_FW_LOGISTIC;
-	bad_argument("_fw_numbers", "model must be lasso or logistic.");
+	dpsql_bad_argument("_fw_numbers", "model must be lasso or logistic.");
 	return 0;
 }
 
@@ -88,7 +67,7 @@ dpsql_fw_numbers_sql(PG_FUNCTION_ARGS)
 	Datum		values[4];
 	bool		nulls[4] = {false, false, false, false};
 
-	no_nulls(fcinfo, 0, 7, fn);
+	dpsql_no_nulls(fcinfo, 0, 7, fn);
 	model = model_code(PG_GETARG_TEXT_PP(0));
 	r_inf = PG_GETARG_FLOAT8(1);
 	s = PG_GETARG_FLOAT8(2);
@@ -98,12 +77,12 @@ dpsql_fw_numbers_sql(PG_FUNCTION_ARGS)
 	delta = PG_GETARG_FLOAT8(6);
 	rho = PG_ARGISNULL(7) ? 0.0 : PG_GETARG_FLOAT8(7);
 	if (dpsql_fw_l1_bound(model, r_inf, s, y_bound, &l1) != DPSQL_OK)
-		bad_argument(fn, "r_inf and s must be finite and > 0, y_bound finite and >= 0.");
+		dpsql_bad_argument(fn, "r_inf and s must be finite and > 0, y_bound finite and >= 0.");
 	if (PG_ARGISNULL(8))
 	{
 		steps = dpsql_fw_default_steps(model, n, epsilon, s, r_inf, l1);
 		if (steps == 0)
-			bad_argument(fn, "n and epsilon must be finite and > 0.");
+			dpsql_bad_argument(fn, "n and epsilon must be finite and > 0.");
 	}
 	else
 		steps = PG_GETARG_INT32(8);
@@ -113,7 +92,7 @@ dpsql_fw_numbers_sql(PG_FUNCTION_ARGS)
 				 errmsg("dpsql: options.steps must be between 1 and %d, got %d",
 						DPSQL_FW_MAX_STEPS, steps)));
 	if (dpsql_fw_eps_step(epsilon, delta, rho, steps, &eps_step) != DPSQL_OK)
-		bad_argument(fn, "epsilon finite and > 0, delta in [0, 1), rho finite and > 0 when "
+		dpsql_bad_argument(fn, "epsilon finite and > 0, delta in [0, 1), rho finite and > 0 when "
 					 "delta > 0.");
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "dpsql: _fw_numbers must return a composite type");
@@ -156,7 +135,7 @@ dpsql_fw_gradient_transition(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _fw_gradient_transition called outside an aggregate")));
-	no_nulls(fcinfo, 3, 7, fn);
+	dpsql_no_nulls(fcinfo, 3, 7, fn);
 	theta = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(3), &p, "theta");
 	x_bound = PG_GETARG_FLOAT8(4);
 	intercept = PG_GETARG_BOOL(5);
@@ -170,15 +149,15 @@ dpsql_fw_gradient_transition(PG_FUNCTION_ARGS)
 
 		for (j = 0; j < p; j++)
 			if (!isfinite(theta[j]))
-				bad_argument(fn, "theta must be finite.");
+				dpsql_bad_argument(fn, "theta must be finite.");
 		if (len == 0)
-			bad_argument(fn, "theta must have 1 to 65536 coefficients.");
+			dpsql_bad_argument(fn, "theta must have 1 to 65536 coefficients.");
 		old = MemoryContextSwitchTo(aggcontext);
 		state = dpsql_new_float8_array((int) len);
 		MemoryContextSwitchTo(old);
 		if (dpsql_fw_state_init((double *) ARR_DATA_PTR(state), len, p, intercept, x_bound,
 								l1) != DPSQL_OK)
-			bad_argument(fn, "x_bound and l1_clamp must be finite and > 0; an intercept needs "
+			dpsql_bad_argument(fn, "x_bound and l1_clamp must be finite and > 0; an intercept needs "
 						 "at least 2 coefficients.");
 	}
 	else
@@ -192,7 +171,7 @@ dpsql_fw_gradient_transition(PG_FUNCTION_ARGS)
 			dpsql_state_remember(fcinfo, state);
 		}
 		if (!dpsql_fw_state_matches((double *) ARR_DATA_PTR(state), p, intercept, x_bound, l1))
-			bad_argument(fn, "theta's length, x_bound, intercept and l1_clamp must be the same "
+			dpsql_bad_argument(fn, "theta's length, x_bound, intercept and l1_clamp must be the same "
 						 "for every row.");
 	}
 	if (!PG_ARGISNULL(1) && !PG_ARGISNULL(2))
@@ -262,7 +241,7 @@ dpsql_fw_step_sql(PG_FUNCTION_ARGS)
 	DpsqlRng	rng;
 	DpsqlStatus st;
 
-	no_nulls(fcinfo, 0, 6, fn);
+	dpsql_no_nulls(fcinfo, 0, 6, fn);
 	theta = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &p, "theta");
 	grad = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &gl, "gradient");
 	k = PG_GETARG_INT32(2);
@@ -270,12 +249,12 @@ dpsql_fw_step_sql(PG_FUNCTION_ARGS)
 	eps_step = PG_GETARG_FLOAT8(4);
 	delta_u = PG_GETARG_FLOAT8(5);
 	if (p < 1 || p > DPSQL_FW_MAX_DIM || gl != p + 1)
-		bad_argument(fn, "theta must have 1 to 65536 coefficients and the gradient [n, g_1..g_p].");
+		dpsql_bad_argument(fn, "theta must have 1 to 65536 coefficients and the gradient [n, g_1..g_p].");
 	if (k < 0 || k >= DPSQL_FW_MAX_STEPS)
-		bad_argument(fn, "k must be in [0, 2000).");
+		dpsql_bad_argument(fn, "k must be in [0, 2000).");
 	for (j = 0; j < p; j++)
 		if (!isfinite(theta[j]))
-			bad_argument(fn, "theta must be finite.");
+			dpsql_bad_argument(fn, "theta must be finite.");
 	out = dpsql_new_float8_array(p);
 	memcpy(ARR_DATA_PTR(out), theta, sizeof(double) * (Size) p);
 	work = palloc(sizeof(double) * 2 * (Size) p);
@@ -285,7 +264,7 @@ dpsql_fw_step_sql(PG_FUNCTION_ARGS)
 	explicit_bzero(&rng, sizeof(rng));
 	pfree(work);
 	if (st != DPSQL_OK)
-		bad_argument(fn, "s, eps_step and delta_u must be finite and > 0, the gradient finite.");
+		dpsql_bad_argument(fn, "s, eps_step and delta_u must be finite and > 0, the gradient finite.");
 	st = dpsql_fw_move((double *) ARR_DATA_PTR(out), p, k, vertex, s);
 	if (st != DPSQL_OK)
 		dpsql_raise(st, "the Frank-Wolfe step");
@@ -310,15 +289,15 @@ dpsql_fw_lasso_sql(PG_FUNCTION_ARGS)
 	DpsqlRng	rng;
 	DpsqlStatus st;
 
-	no_nulls(fcinfo, 0, 5, fn);
+	dpsql_no_nulls(fcinfo, 0, 5, fn);
 	gram = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &n, "gram");
 	p = n > 0 ? dpsql_fw_lasso_dim(gram, (size_t) n) : 0;
 	if (p < 1)
-		bad_argument(fn, "gram must be [n, p, X^T X (p*p), X^T y (p)] as dpsql.adassp_gram "
+		dpsql_bad_argument(fn, "gram must be [n, p, X^T X (p*p), X^T y (p)] as dpsql.adassp_gram "
 					 "returns it.");
 	steps = PG_GETARG_INT32(2);
 	if (steps < 1 || steps > DPSQL_FW_MAX_STEPS)
-		bad_argument(fn, "steps must be between 1 and 2000.");
+		dpsql_bad_argument(fn, "steps must be between 1 and 2000.");
 	out = dpsql_new_float8_array(p);
 	work = palloc(sizeof(double) * 3 * (Size) p);
 	dpsql_init_rng(&rng, !PG_ARGISNULL(5), PG_ARGISNULL(5) ? 0 : PG_GETARG_INT64(5),
@@ -328,6 +307,6 @@ dpsql_fw_lasso_sql(PG_FUNCTION_ARGS)
 	explicit_bzero(&rng, sizeof(rng));
 	pfree(work);
 	if (st != DPSQL_OK)
-		bad_argument(fn, "s, eps_step and delta_u must be finite and > 0.");
+		dpsql_bad_argument(fn, "s, eps_step and delta_u must be finite and > 0.");
 	PG_RETURN_ARRAYTYPE_P(out);
 }

@@ -17,6 +17,12 @@
 /* Data pointer of a 1-D float8[] without NULLs (or empty); *n receives its length. */
 double	   *dpsql_float8_array(ArrayType *a, int *n, const char *what);
 
+/* ERROR (22023) "invalid arguments of fn" with detail. */
+void		dpsql_bad_argument(const char *fn, const char *detail);
+
+/* ERROR (22004) unless arguments from .. to - 1 are all non-NULL. */
+void		dpsql_no_nulls(FunctionCallInfo fcinfo, int from, int to, const char *fn);
+
 /* ERROR for a non-OK core status, with an optional context string. */
 #if defined(__GNUC__)
 #define DPSQL_NORETURN __attribute__((noreturn))

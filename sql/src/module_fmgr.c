@@ -183,3 +183,22 @@ dpsql_combine_states(FunctionCallInfo fcinfo, DpsqlCombineStates combine, const 
 		dpsql_raise(st, what);
 	PG_RETURN_POINTER(a);
 }
+
+void
+dpsql_bad_argument(const char *fn, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: invalid arguments of %s", fn),
+			 errdetail("%s", detail)));
+}
+
+void
+dpsql_no_nulls(FunctionCallInfo fcinfo, int from, int to, const char *fn)
+{
+	for (int i = from; i < to; i++)
+		if (PG_ARGISNULL(i))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: argument %d of %s is NULL", i + 1, fn)));
+}
