@@ -61,6 +61,8 @@ DECLARE
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
     p int := d + intercept::int;
     classes int := jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'));
+    -- three or more classes: one-vs-rest, C binary models on all the rows, (epsilon, delta) / C each
+    outputs int := CASE WHEN classes > 2 AND model IN ('logistic', 'huber') THEN classes ELSE 1 END;
     loss int := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
     huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
     -- classification rows are clipped (or normalised) to norm 1 by their registration
@@ -82,10 +84,6 @@ DECLARE
 BEGIN
     IF loss IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s trains logistic, huber or linear models, not %s', privacy, model));
-    END IF;
-    IF classes > 2 THEN
-        PERFORM dpsql_internal._fail(format('%s trains binary classifiers: %s classes', privacy, classes),
-                            hint => 'Use a one-vs-rest mechanism (objective_perturbation) or dpsgd.');
     END IF;
     IF NOT (delta > 0) THEN
         PERFORM dpsql_internal._fail(format('%s adds Gaussian noise: it needs delta > 0', privacy));
@@ -121,7 +119,8 @@ BEGIN
         LOOP
             leaves := (n + batch - 1) / batch;
             levels := dpsql_internal._dp_ftrl_levels(leaves);
-            sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon, delta);
+            sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon / outputs,
+                                                   delta / outputs);
             EXIT WHEN sigma * sqrt(p * levels) / batch <= clip / 4 OR batch * 2 > n / 10;
             batch := batch * 2;
         END LOOP;
@@ -130,7 +129,7 @@ BEGIN
     END IF;
     leaves := (n + batch - 1) / batch;
     levels := dpsql_internal._dp_ftrl_levels(leaves);
-    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon, delta);
+    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon / outputs, delta / outputs);
     steps := epochs * leaves;
     -- the noise in S at any step: at most (E - 1) popcount(n_leaves) + m nodes
     noisy_nodes := (epochs - 1) * length(replace(leaves::bit(63)::text, '0', '')) + levels;
@@ -141,7 +140,7 @@ BEGIN
     RETURN jsonb_build_object(
         'config', jsonb_build_array(loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound,
                                     y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
-        'p', p, 'epochs', epochs, 'output', output,
+        'p', p, 'epochs', epochs, 'output', output, 'outputs', outputs,
         'info', jsonb_build_object(
             'algorithm', 'DP-FTRL with tree aggregation (spec 004 A4/A5; Kairouz et al. 2021): '
                          'minibatch leaves of consecutive shuffled rows, one ordered scan per '
@@ -154,6 +153,8 @@ BEGIN
             'noise_multiplier', sigma / (2 * clip * sqrt(levels * epochs)),
             'regularizer', reg, 'radius', radius, 'output', output,
             'huber_h', CASE WHEN loss = 2 THEN huber_h END, 'x_bound', x_bound,
+            'one_vs_rest', outputs > 1, 'model_epsilon', epsilon / outputs,
+            'model_delta', delta / outputs,
             'neighbouring', 'replace-one, n public'));
 END $$;
 
@@ -164,30 +165,44 @@ LANGUAGE plpgsql AS $$
 DECLARE
     p int := (plan->>'p')::int;
     epochs int := (plan->>'epochs')::int;
+    outputs int := coalesce((plan->>'outputs')::int, 1);
     config float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'config')::float8);
     s_prev float8[];
-    theta_sum float8[] := array_fill(0::float8, ARRAY[p]);
+    theta_sum float8[];
     last float8[];
     out float8[];
-    leaves bigint := 0;
+    leaves bigint;
+    w float8[];
 BEGIN
-    FOR e IN 1 .. epochs LOOP
-        EXECUTE format('SELECT dpsql_internal._dp_ftrl_epoch(x, y, $1, $2, $3, $4 ORDER BY rid) FROM %s',
-                       train_table)
-           INTO out USING config, s_prev, noise_seed, e::bigint;
-        IF out IS NULL THEN
-            PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
-        END IF;
-        leaves := leaves + out[1]::bigint;
-        s_prev := out[2 : p + 1];
-        theta_sum := ARRAY(SELECT a + b FROM unnest(theta_sum, out[p + 2 : 2 * p + 1]) WITH ORDINALITY
-                                         AS u(a, b, i) ORDER BY i);
-        last := out[2 * p + 2 : 3 * p + 1];
+    weights := '{}';
+    FOR c IN 0 .. outputs - 1 LOOP
+        s_prev := NULL;
+        theta_sum := array_fill(0::float8, ARRAY[p]);
+        leaves := 0;
+        FOR e IN 1 .. epochs LOOP
+            -- one-vs-rest: class c against the rest (a NULL label stays NULL); the streams of
+            -- the noise keep the models' and epochs' draws apart
+            EXECUTE format('SELECT dpsql_internal._dp_ftrl_epoch(x, %s, $1, $2, $3, $4 ORDER BY rid) FROM %s',
+                           CASE WHEN outputs > 1
+                                THEN format('CASE WHEN y = %s THEN 1.0 WHEN y IS NOT NULL THEN -1.0 END', c)
+                                ELSE 'y' END,
+                           train_table)
+               INTO out USING config, s_prev, noise_seed, (c::bigint << 32) + e;
+            IF out IS NULL THEN
+                PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
+            END IF;
+            leaves := leaves + out[1]::bigint;
+            s_prev := out[2 : p + 1];
+            theta_sum := ARRAY(SELECT a + b FROM unnest(theta_sum, out[p + 2 : 2 * p + 1]) WITH ORDINALITY
+                                             AS u(a, b, i) ORDER BY i);
+            last := out[2 * p + 2 : 3 * p + 1];
+        END LOOP;
+        w := CASE WHEN plan->>'output' = 'last' THEN last
+                  ELSE ARRAY(SELECT a / leaves FROM unnest(theta_sum) WITH ORDINALITY AS u(a, i)
+                              ORDER BY i) END;
+        weights := CASE WHEN outputs > 1 THEN weights || ARRAY[w] ELSE w END;
     END LOOP;
-    weights := CASE WHEN plan->>'output' = 'last' THEN last
-                    ELSE ARRAY(SELECT a / leaves FROM unnest(theta_sum) WITH ORDINALITY AS u(a, i)
-                                ORDER BY i) END;
-    info := jsonb_build_object('scans', epochs, 'iterates_averaged',
+    info := jsonb_build_object('scans', epochs * outputs, 'iterates_averaged',
                                CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END);
     iterates := NULL;
 END $$;

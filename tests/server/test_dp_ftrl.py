@@ -300,14 +300,28 @@ def test_refusals_charge_nothing(conn, binary, kw, message) -> None:
     assert leftovers(conn) == rest
 
 
-def test_three_classes_are_refused(conn, scratch_schema) -> None:
+def test_three_classes_train_one_vs_rest(conn, scratch_schema) -> None:
+    """Three labels: three binary models, each with (epsilon, delta) / 3 and its own noise
+    streams; multinomial stays refused (not a model dp_ftrl lists)."""
     rng = np.random.default_rng(9)
-    X = rng.normal(size=(300, 2))
-    y = rng.integers(0, 3, size=300).astype(float)
-    ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1, 2])
+    centres = np.array([[1.0, 0.0], [-0.5, 0.8], [-0.5, -0.8]])
+    y = rng.integers(0, 3, size=3000)
+    X = centres[y] * 0.6 + 0.15 * rng.normal(size=(3000, 2))
+    ds, source = _register(conn, scratch_schema, X, y.astype(float), labels=[0, 1, 2])
+    m = _train(conn, source, epsilon=6.0, epochs=3)
+    info = m["params"]["privacy"]
+    assert np.asarray(m["weights"]).shape == (3, 2)
+    assert info["one_vs_rest"] is True and info["model_epsilon"] == pytest.approx(2.0)
+    assert info["noise_std"] == pytest.approx(
+        _core.ftrl_sigma(info["clip_norm"], info["levels"], 3, 2.0, 1e-6 / 3)
+    )
+    (acc,) = conn.execute(
+        "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], source)
+    ).fetchone()
+    assert acc > 0.8
     before = _ledger(conn)
-    with pytest.raises(Exception, match="binary"):
-        _train(conn, source)
+    with pytest.raises(Exception, match="not 'multinomial'"):
+        _train(conn, source, model="multinomial")
     conn.rollback()
     assert _ledger(conn) == before
 
