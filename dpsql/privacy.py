@@ -377,8 +377,9 @@ class OutputPerturbation(_PlannedMechanism):
 class DPFTRL(_PlannedMechanism):
     """DP-FTRL with tree aggregation (Kairouz et al. 2021; spec 004 A4/A5): one ordered scan
     per epoch over minibatch leaves of the shuffled rows, noisy prefix sums of clipped
-    gradients, no sampling. Classifiers (one-vs-rest for 3+ classes) and linear regression; Gaussian noise, so
-    delta > 0. Options: radius, regularizer, output ("average" or "last")."""
+    gradients, no sampling. Classifiers (one-vs-rest for 3+ classes) and linear regression;
+    Gaussian noise, so delta > 0. Options: radius, regularizer, output ("average" or
+    "last")."""
 
     name = "dp_ftrl"
 
