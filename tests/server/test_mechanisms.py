@@ -204,3 +204,57 @@ def test_a_parameter_the_mechanism_does_not_take_is_refused(
         )
     assert err.value.diag.message_hint
     assert conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone() == ledger
+
+
+@pytest.mark.parametrize(
+    ("privacy", "model", "kw"),
+    [
+        ("objective_perturbation", "logistic", {}),
+        ("output_perturbation", "logistic", {"delta": 1e-6}),
+        ("dp_ftrl", "logistic", {"delta": 1e-6}),
+        ("frank_wolfe", "logistic", {"options": {"steps": 5}}),
+        ("exponential_mechanism", "logistic", {"options": {"grid_points": 64}}),
+    ],
+)
+def test_an_analyst_trains_the_erm_toolbox_and_sees_only_the_release(
+    conn, scratch_schema, make_role, privacy, model, kw
+) -> None:
+    """As an analyst granted the dataset: the release is charged to the ledger under the
+    analyst's name, the analyst sees the released model, and nothing of the run (runs, training
+    tables, internal functions such as the noiseless solver)."""
+    import numpy as np
+
+    from tests.pg_helpers import register
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(400, 2)) / 2
+    ds, source = register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels=[0, 1])
+    name, connect = make_role("erm", "dpsql_analyst")
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, name))
+    (dataset,) = conn.execute(
+        "SELECT name FROM dpsql.datasets WHERE dataset_id = %s", (ds,)
+    ).fetchone()
+    args = {"privacy": privacy, "epsilon": 1.0, **kw}
+    args = {k: Jsonb(v) if isinstance(v, dict) else v for k, v in args.items()}
+    names = ", ".join(f"{k} => %({k})s" for k in args)
+    with connect() as analyst:
+        (mid,) = analyst.execute(
+            f"SELECT dpsql.train(%(s)s, NULL, NULL, %(m)s, {names})",
+            {"s": dataset, "m": model, **args},
+        ).fetchone()
+        (seen,) = analyst.execute(
+            "SELECT count(*) FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()
+        assert seen == 1
+        for forbidden in (
+            "SELECT * FROM dpsql.runs",
+            "SELECT * FROM dpsql.model_store",
+            "SELECT dpsql_internal._erm_tolerance(1, 1)",
+            "SELECT * FROM dpsql_internal._glm_constants(1, 0, 1, 1, false, 2)",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                analyst.execute(forbidden)
+    (who, mech) = conn.execute(
+        "SELECT role, mechanism FROM dpsql.ledger WHERE model_id = %s", (mid,)
+    ).fetchone()
+    assert (who, mech) == (name, privacy)
