@@ -15,7 +15,8 @@ delta = 1e-6 unless a row says delta 0 (epsilon-DP). Each cell is the mean (± s
 
 Usage::
 
-    .venv/bin/python -m bench.erm_toolbox [--seeds 2] [--quick]
+    .venv/bin/python -m bench.erm_toolbox [--seeds 2] [--quick] [--sections mnist,...]
+                                          [--only DP-FTRL]
 """
 
 from __future__ import annotations
@@ -237,21 +238,34 @@ def runtime(db: dpsql.Database, data: Any) -> list[str]:
     ]
 
 
+SECTIONS = ("protein", "mnist", "cal_housing", "lasso", "small_p", "runtime")
+
+
+def _only(table: dict[str, dict[str, Any]], only: str | None) -> dict[str, dict[str, Any]]:
+    return {k: v for k, v in table.items() if only is None or only.lower() in k.lower()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help=f"eps in {ad.QUICK_EPS}, 1 seed")
     parser.add_argument("--dsn", help="server (default: a temporary embedded one)")
     parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}"
+    )
+    parser.add_argument("--only", help="the accuracy tables' methods whose label contains this")
+    parser.add_argument(
         "--plot", type=Path, default=Path(__file__).parent / "figures" / "erm_toolbox.png"
     )
     args = parser.parse_args(argv)
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
     eps_grid = ad.QUICK_EPS if args.quick else ad.EPS_GRID
+    sections = set(args.sections.split(","))
     lines = header_lines("erm_toolbox")
     lines.append(f"# command: {' '.join(['python -m bench.erm_toolbox', *(argv or sys.argv[1:])])}")
     print("\n".join(lines), flush=True)
-    datasets, skipped = load_bench_data(["protein", "mnist"])
+    datasets, skipped = load_bench_data([d for d in ("protein", "mnist") if d in sections])
+    classifiers = _only({**NEW_CLASSIFIERS, **BASE_CLASSIFIERS}, args.only)
     with bench_server(args.dsn, None) as (uri, where):
         print(f"# server: {where}", flush=True)
         with dpsql.connect(uri) as db:
@@ -259,20 +273,22 @@ def main(argv: list[str] | None = None) -> int:
             for data in datasets:
                 install_data(db, data, "")
                 # MNIST: one-vs-rest logistic for every mechanism (the binary ones' only way)
-                rows = ad.classification(
-                    db, data, seeds, eps_grid, {**NEW_CLASSIFIERS, **BASE_CLASSIFIERS}, "logistic"
-                )
+                rows = ad.classification(db, data, seeds, eps_grid, classifiers, "logistic")
                 print("\n".join(["", *rows]), flush=True)
             with contextlib.suppress(FileNotFoundError):
-                dsets.load_cal_housing()
-                rows = ad.regression(db, seeds, eps_grid, {**NEW_REGRESSORS, **BASE_REGRESSORS})
-                print("\n".join(["", *rows]), flush=True)
-            print("\n".join(["", *lasso_support(db, seeds, eps_grid)]), flush=True)
+                if "cal_housing" in sections:
+                    dsets.load_cal_housing()
+                    regressors = _only({**NEW_REGRESSORS, **BASE_REGRESSORS}, args.only)
+                    rows = ad.regression(db, seeds, eps_grid, regressors)
+                    print("\n".join(["", *rows]), flush=True)
+            if "lasso" in sections:
+                print("\n".join(["", *lasso_support(db, seeds, eps_grid)]), flush=True)
             with contextlib.suppress(FileNotFoundError):
-                print("\n".join(["", *small_p(db, seeds, eps_grid)]), flush=True)
-            if datasets:
+                if "small_p" in sections:
+                    print("\n".join(["", *small_p(db, seeds, eps_grid)]), flush=True)
+            if datasets and "runtime" in sections:
                 print("\n".join(["", *runtime(db, datasets[0])]), flush=True)
-    if ad.PANELS:
+    if ad.PANELS and sections == set(SECTIONS) and args.only is None:
         ad._plot(args.plot, eps_grid, accuracy_floor=0.5)
         print(f"# plot: {args.plot}")
     for note in skipped:
