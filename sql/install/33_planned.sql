@@ -73,8 +73,9 @@ BEGIN
         -- The fit could not certify what its proof needs (an exact minimiser): nothing is
         -- released, and the budget stays spent (whether it converged depends on the data).
         PERFORM dpsql_internal._abort(run);
-        RAISE WARNING 'dpsql: % released nothing: its solver did not certify the minimiser (%); '
-                      'the budget of this call is spent', privacy, rel.info
+        -- (the fit's diagnostics depend on the data: they are not shown)
+        RAISE WARNING 'dpsql: % released nothing: its solver did not certify the minimiser; '
+                      'the budget of this call is spent', privacy
             USING HINT = 'Raise options.max_scans, or lambda (a better conditioned objective).';
         RETURN NULL;
     END IF;
