@@ -10,6 +10,15 @@
 -- The bolt-on's target for the expected norm of its noise: in units of the rows' norm bound
 -- (1), a logit moves by about target / sqrt(dim). Fixed once from the bolt-on benchmarks; the
 -- step then follows from the public sensitivity (docs/defaults.md).
+-- The default clip norm of least squares, whose gradient (x^T w - y) x has no bound: the label
+-- bound B, the public scale of a residual (clipping near the typical gradient, not the
+-- largest, as adaptive clipping finds), i.e. rows with |residual| ||x|| <= B are not clipped.
+-- DP-SGD, DPSGD-F (below) and DP-FTRL (46_dp_ftrl.sql) use it.
+CREATE OR REPLACE FUNCTION dpsql_internal._least_squares_clip(ds dpsql.datasets)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(ds.label_bound, 1)
+$$;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_target()
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 8.0::float8';
 
@@ -100,11 +109,9 @@ BEGIN
             ELSE 10 END);
     END IF;
     IF privacy IN ('dpsgd', 'dpsgd_f') AND params->>'clip_norm' IS NULL THEN
-        -- the loss's gradient bound L; least squares has none: (x^T w - y) x is clipped at the
-        -- label bound B, the public scale of a residual (clipping near the typical gradient,
-        -- not the largest, as adaptive clipping finds), i.e. rows with |residual| ||x|| <= B
+        -- the loss's gradient bound L; least squares has none (_least_squares_clip)
         filled := filled || jsonb_build_object('clip_norm', CASE WHEN canonical = 'linear'
-                                                               THEN coalesce(ds.label_bound, 1)
+                                                               THEN dpsql_internal._least_squares_clip(ds)
                                                                ELSE c.lipschitz_data END);
     END IF;
     all_params := params || filled;

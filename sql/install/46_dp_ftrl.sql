@@ -106,9 +106,10 @@ BEGIN
                                             options->'output'));
     END IF;
     -- C: the per-example gradient bound of the classifiers (|l'| <= 1, ||(x, 1)|| <= rx: no
-    -- clipping happens); linear: |r| clipped at label_bound, i.e. the gradient norm at theta = 0.
+    -- clipping happens); least squares: the rule of every least-squares mechanism (34_defaults.sql).
     clip := coalesce((params->>'clip_norm')::float8,
-                     CASE WHEN loss = 3 THEN y_bound ELSE 1 END * sqrt(x_bound ^ 2 + intercept::int));
+                     CASE WHEN loss = 3 THEN dpsql_internal._least_squares_clip(ds)
+                          ELSE sqrt(x_bound ^ 2 + intercept::int) END);
     IF NOT (clip > 0 AND clip < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('clip_norm must be a finite number > 0, got %s', clip));
     END IF;
