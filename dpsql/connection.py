@@ -163,7 +163,11 @@ class Database:
         dpsql.errors.DpsqlError
             The server's refusal, by SQLSTATE: :class:`~dpsql.errors.BudgetExceeded`,
             :class:`~dpsql.errors.PermissionDenied` (dataset not granted),
-            :class:`~dpsql.errors.NotRegistered`, :class:`~dpsql.errors.InvalidParameter`, ...
+            :class:`~dpsql.errors.NotRegistered`, :class:`~dpsql.errors.InvalidParameter` (also a
+            parameter the mechanism does not take), ...
+        dpsql.errors.NothingReleased
+            Objective or output perturbation could not certify its minimiser: no model, and the
+            call's budget is spent.
         """
         if not isinstance(privacy, str):
             return self._train_private(
