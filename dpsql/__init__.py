@@ -89,4 +89,4 @@ __all__ = [
     "Model",
     "connect",
 ]
-__version__ = "0.5.0"
+__version__ = "0.6.0"
