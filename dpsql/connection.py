@@ -139,6 +139,7 @@ class Database:
         step_offset: float = 0.0,
         tolerance: float | None = None,
         parallel_workers: int = 0,
+        shard_parallel: bool = False,
         progress: bool = True,
     ) -> Model:
         """Train a model inside the server, one aggregate scan per epoch.
@@ -148,7 +149,8 @@ class Database:
         registered dataset named by ``source`` (its features and labels), and ``features`` and
         ``label`` are None. Otherwise ``features`` is a list of numeric columns or the name of
         one ``float8[]`` column, ``label`` a column and ``source`` a table, view or SELECT
-        query. The run happens in one transaction: on any error (or Ctrl-C)
+        query. ``shard_parallel=True`` accepts model averaging over the shards of a Citus
+        distributed table (docs/citus.md). The run happens in one transaction: on any error (or Ctrl-C)
         nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left at ``None``
         mean 10, 1 and ``"constant"`` without privacy; a private run chooses them from public
         quantities (docs/defaults.md).
@@ -189,6 +191,7 @@ class Database:
                 step_offset=step_offset,
                 tolerance=tolerance,
                 parallel_workers=parallel_workers,
+                shard_parallel=shard_parallel,
             )
         if privacy != "none":
             raise ValueError(
@@ -222,6 +225,7 @@ class Database:
             step_offset=step_offset,
             tolerance=tolerance,
             parallel_workers=parallel_workers,
+            shard_parallel=shard_parallel,
         )
         with self.conn.transaction():
             run = TrainingRun.prepare(self.conn, args)

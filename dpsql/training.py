@@ -37,6 +37,7 @@ _PREPARE_ARGS = (
     "huber_h",
     "tolerance",
     "parallel_workers",
+    "shard_parallel",
 )
 
 

@@ -77,6 +77,7 @@ DECLARE
     delta_spent float8;
     entry bigint;
 BEGIN
+    PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
         RAISE EXCEPTION 'dpsql: epsilon must be a finite number > 0, got %',
                         coalesce(epsilon::text, 'NULL')

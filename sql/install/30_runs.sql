@@ -67,7 +67,7 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
-    OUT seed_policy text)
+    OUT seed_policy text, OUT layout jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     tbl text;
@@ -104,7 +104,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     shuffle boolean, seed bigint, labels float8[], intercept boolean, row_norm text,
     huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
-    permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL)
+    permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL,
+    shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -125,12 +126,36 @@ DECLARE
     seed_policy text;
     filled record;
     init float8[];
+    layout record;
 BEGIN
+    PERFORM dpsql_internal._refuse_on_worker();
     lab := dpsql_internal._check_labels(model, labels);
     PERFORM dpsql_internal._check_run_settings(epochs, batch_size, lambda, step_size, schedule,
                                                step_offset, radius, row_norm, huber_h, tolerance,
                                                parallel_workers, shuffle, permutation);
     src := dpsql_internal._source_sql(source);
+    relation := coalesce(relation, dpsql_internal._source_regclass(source));
+    layout := dpsql_internal._citus_layout(relation);
+    IF layout.dist_column IS NOT NULL THEN
+        IF parallel_workers > 0 OR permutation = 'fresh' THEN
+            PERFORM dpsql_internal._fail('on a distributed table the shards are the parallel scans: '
+                                         'parallel_workers and fresh permutations do not apply', '0A000');
+        END IF;
+        IF NOT private AND NOT shard_parallel THEN
+            PERFORM dpsql_internal._fail(
+                format('%s is distributed over %s shards: SGD epochs there train one model per shard '
+                       'and average them; pass shard_parallel => true to accept that', relation,
+                       layout.shard_count), '0A000', 'See docs/citus.md.');
+        END IF;
+    ELSIF shard_parallel THEN
+        PERFORM dpsql_internal._fail(format('shard_parallel => true needs a Citus distributed table; '
+                                            'source %s is not one', source));
+    ELSIF dpsql_internal._reads_citus(src) THEN
+        PERFORM dpsql_internal._fail(
+            format('source %s reads Citus tables through a query or view: dpsql pushes training down '
+                   'only for a hash-distributed table itself', source), '0A000',
+            'Train on (or register) the distributed table, or copy the rows into a local table.');
+    END IF;
     BEGIN
         IF NOT private THEN  -- a private source is read once (its row count m is public)
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', src) INTO STRICT m_any;
@@ -141,8 +166,13 @@ BEGIN
         feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
         yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
-        filled := dpsql_internal._fill_training_table(run, src, feat.expr, yexpr, feat.dim,
-                                                      parallel_workers, shuffle, seed);
+        IF layout.dist_column IS NOT NULL THEN
+            filled := dpsql_internal._fill_distributed_table(run, relation, feat.expr, yexpr,
+                                                             feat.dim, shuffle, seed);
+        ELSE
+            filled := dpsql_internal._fill_training_table(run, src, feat.expr, yexpr, feat.dim,
+                                                          parallel_workers, shuffle, seed);
+        END IF;
         tbl := filled.train_table;
         m := filled.rows;
         seed := filled.seed;
@@ -184,7 +214,8 @@ BEGIN
                 'row_norm', row_norm, 'intercept', intercept, 'shuffle', shuffle, 'seed', seed,
                 'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
                 'parallel_workers', parallel_workers, 'remainder', 'drop_last',
-                'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds),
+                'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
+                'shard_parallel', shard_parallel, 'distributed', filled.layout),
             tbl, init, m, extract(epoch FROM clock_timestamp() - t0));
     RETURN run;
 END $$;
@@ -226,6 +257,10 @@ BEGIN
         PERFORM dpsql_internal._fail(format('training run %s is already done', run_id));
     END IF;
     workers := coalesce((r.spec->>'parallel_workers')::int, 0);
+    IF r.spec->'distributed' <> 'null' AND NOT (r.spec->>'shard_parallel')::boolean THEN
+        PERFORM dpsql_internal._fail('SGD epochs on a distributed training table need shard_parallel => true',
+                                     '0A000');
+    END IF;
     IF workers > 0 THEN
         -- Opt-in model averaging over parallel partial scans (COMBINEFUNC).
         PERFORM set_config('max_parallel_workers_per_gather', workers::text, true);

@@ -34,7 +34,12 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     models         text[],
     -- the dpsql.train parameters it takes beyond every mechanism's (privacy, epsilon, delta,
     -- noise_seed, features, label, seed, intercept, model): any other one given is refused
-    params         text[] NOT NULL DEFAULT '{}'
+    params         text[] NOT NULL DEFAULT '{}',
+    -- how it runs on a Citus hash-distributed dataset (32_distributed.sql): 'sums' (its scans
+    -- are exact sums, combined across shards before any noise), 'averaged' (SGD epochs average
+    -- per-shard models; needs shard_parallel => true); NULL: refused there (sequential)
+    distributed    text CONSTRAINT mechanism_catalog_distributed_check
+                        CHECK (distributed IN ('sums', 'averaged'))
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
@@ -45,17 +50,19 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_f
                                           plan_function text DEFAULT NULL,
                                           fit_function text DEFAULT NULL,
                                           models text[] DEFAULT NULL,
-                                          params text[] DEFAULT '{}')
+                                          params text[] DEFAULT '{}',
+                                          distributed text DEFAULT NULL)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
         VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
-                plan_function, fit_function, models, params)
+                plan_function, fit_function, models, params, distributed)
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
            summary = excluded.summary, docs = excluded.docs, options = excluded.options,
            plan_function = excluded.plan_function, fit_function = excluded.fit_function,
-           models = excluded.models, params = excluded.params
+           models = excluded.models, params = excluded.params,
+           distributed = excluded.distributed
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
@@ -86,6 +93,7 @@ RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
                 ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
                 ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
                 ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0),
+                ('shard_parallel', coalesce((params->>'shard_parallel')::boolean, false)),
                 ('labels', coalesce(params->'labels', 'null') <> 'null'),
                 ('row_norm', coalesce(params->>'row_norm', 'none') <> 'none'))
            AS t(k, set_by_caller)
@@ -147,12 +155,12 @@ END $$;
 -- What analysts may know of the registry.
 CREATE OR REPLACE FUNCTION dpsql.mechanisms()
 RETURNS TABLE (name text, task text, models text[], needs_delta boolean, params text[],
-               options text[], summary text, docs text)
+               options text[], distributed text, summary text, docs text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.params,
-           c.options, c.summary, c.docs
+           c.options, c.distributed, c.summary, c.docs
       FROM dpsql.mechanism_catalog c ORDER BY c.task, c.name
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS

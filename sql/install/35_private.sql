@@ -24,9 +24,11 @@ BEGIN
     END IF;
     c := dpsql.loss_constants(model, lambda, radius, coalesce((spec->>'huber_h')::float8, 0.1));
     lipschitz := c.lipschitz;
-    -- Parallel epochs average shard models with weights n_s/m <= 1: the convex constant-step
-    -- bound 2kL eta/b still holds; the other closed forms are not derived for averaging.
-    IF coalesce((spec->>'parallel_workers')::int, 0) > 0
+    -- Parallel epochs (parallel_workers, or Citus shards) average shard models with weights
+    -- n_s/m <= 1: the convex constant-step bound 2kL eta/b still holds (docs/citus.md); the
+    -- other closed forms are not derived for averaging.
+    IF (coalesce((spec->>'parallel_workers')::int, 0) > 0
+        OR coalesce((spec->>'shard_parallel')::boolean, false))
        AND NOT (lambda = 0 AND schedule = 'constant') THEN
         PERFORM dpsql_internal._fail('parallel bolt-on runs need the convex constant-step algorithm (lambda = 0)');
     END IF;
@@ -162,7 +164,8 @@ BEGIN
         row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
         private => true, feature_bounds => ds.feature_bounds,
-        permutation => coalesce(params->>'permutation', 'once'));
+        permutation => coalesce(params->>'permutation', 'once'),
+        shard_parallel => coalesce((params->>'shard_parallel')::boolean, false), relation => ds.relid);
 END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
@@ -261,6 +264,7 @@ BEGIN
     IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
     END IF;
+    PERFORM dpsql_internal._check_distributed(mech, ds, params);
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with features %s', ds.name, ds.features),
                             hint => 'Pass NULL (or the registered features): private runs use the registration.');
@@ -315,6 +319,10 @@ DECLARE
     fit record;
     mid bigint;
 BEGIN
+    IF tuning AND (dpsql_internal._citus_layout(ds.relid)).dist_column IS NOT NULL THEN
+        PERFORM dpsql_internal._fail('private tuning (Algorithm 3) splits the rows by position: not on a '
+                                     'distributed dataset', '0A000');
+    END IF;
     -- Checks the budget under the dataset's row lock and appends the ledger entry.
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END);
@@ -336,7 +344,8 @@ SELECT dpsql_internal._register_mechanism(
     'bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)',
     'docs/bolton.md',
     params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
-              'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs}');
+              'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs,shard_parallel}',
+    distributed => 'averaged');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;

@@ -273,4 +273,4 @@ SELECT dpsql_internal._register_mechanism(
     'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
     'docs/linear.md', options => '{noise_level,clip_check,precondition}',
     plan_function => '_dpgd_plan', fit_function => '_dpgd_fit',
-    params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}');
+    params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}', distributed => 'sums');

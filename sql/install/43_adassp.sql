@@ -127,4 +127,4 @@ SELECT dpsql_internal._register_mechanism(
     'adassp', '_train_linear', 'regression', false, true,
     'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md',
     options => '{varrho}', plan_function => '_adassp_plan', fit_function => '_adassp_fit',
-    params => '{options}');
+    params => '{options}', distributed => 'sums');

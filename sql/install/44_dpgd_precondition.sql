@@ -83,12 +83,13 @@ DECLARE
     pre record := dpsql_internal._dpgd_preconditioner(train_table, plan, noise_seed);
     p int := (plan->>'dim')::int + (plan->>'intercept')::boolean::int;
     whitened text := train_table || '_w';
+    ids text;
     fit record;
 BEGIN
-    EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint, x float8[], y float8) '
-                   'WITH (autovacuum_enabled = false)', whitened);
-    EXECUTE format('INSERT INTO %s SELECT rid, dpsql_internal._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
-                   whitened, train_table)
+    -- shaped (and, on Citus, placed) like the training table: filled shard by shard
+    ids := dpsql_internal._derived_training_table(train_table, whitened);
+    EXECUTE format('INSERT INTO %s SELECT %s, dpsql_internal._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
+                   whitened, ids, train_table)
         USING pre.factor, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8;
     fit := dpsql_internal._dpgd_fit_plain(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
                                                                        'x_bound', pre.row_bound),

@@ -16,7 +16,8 @@ CREATE OR REPLACE FUNCTION dpsql.train(
     tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,
     sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
     bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
-    ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL)
+    ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL,
+    shard_parallel boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
@@ -36,7 +37,7 @@ BEGIN
             'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
             'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
             'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
-            'burn_in', burn_in, 'options', options,
+            'burn_in', burn_in, 'options', options, 'shard_parallel', shard_parallel,
             -- the registration's: refused when given
             'labels', labels, 'row_norm', nullif(row_norm, 'none')));
     END IF;
@@ -58,7 +59,7 @@ BEGIN
     run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
                           labels, intercept, row_norm, huber_h, tolerance, parallel_workers,
-                          permutation => permutation);
+                          permutation => permutation, shard_parallel => shard_parallel);
     LOOP
         e := dpsql_internal._run_epoch(run);
         RAISE NOTICE 'dpsql: epoch %/% objective %', e.epoch, epochs, round(e.objective::numeric, 6);

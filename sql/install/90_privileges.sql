@@ -37,7 +37,10 @@ DECLARE
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
-                          '_random_seed', '_flag'];
+                          '_random_seed', '_flag',
+                          -- Citus sources (32_distributed.sql)
+                          '_refuse_on_worker', '_citus_installed', '_source_regclass',
+                          '_citus_layout', '_reads_citus', '_fill_distributed_table', '_runs_no_code'];
     -- Not granted to anyone: an aggregate runs its support functions with its owner's rights,
     -- so data owners need sgd_epoch only; EXECUTE on _sgd_transition / _sgd_final would let
     -- them build aggregates of their own around those functions with forged states.

@@ -146,6 +146,7 @@ def test_every_registered_parameter_is_a_train_parameter(conn) -> None:
                         "permutation": "fresh",
                         "gaussian": "classic",
                         "parallel_workers": 1,
+                        "shard_parallel": True,
                         "labels": [0, 1],
                         "row_norm": "clip",
                     }

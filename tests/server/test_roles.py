@@ -60,6 +60,13 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_shuffle_key",
     "_random_seed",
     "_flag",
+    "_refuse_on_worker",
+    "_citus_installed",
+    "_source_regclass",
+    "_citus_layout",
+    "_reads_citus",
+    "_fill_distributed_table",
+    "_runs_no_code",
 }
 # Named in the brief: must exist and be refused to analysts.
 FORBIDDEN = [

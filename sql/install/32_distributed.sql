@@ -1,0 +1,183 @@
+------------------------------------------------------------------------------------------
+-- Citus: a hash-distributed source trains on a distributed training table, colocated with it
+-- and filled shard by shard, so that every scan is pushed down to the workers (docs/citus.md).
+-- Nothing here needs Citus installed: its catalogs are read by dynamic SQL only when it is.
+------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION dpsql_internal._citus_installed()
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
+$$;
+
+-- The ledger, budgets and models live on the coordinator (workers hold empty copies of the
+-- tables): a run started on a worker would be charged nowhere, so it is refused.
+CREATE OR REPLACE FUNCTION dpsql_internal._refuse_on_worker()
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    coordinator boolean;
+BEGIN
+    IF dpsql_internal._citus_installed() THEN
+        EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+        IF NOT coordinator THEN
+            PERFORM dpsql_internal._fail('this is a Citus worker: train on the coordinator', '55000',
+                                         'The privacy ledger and the budgets live on the coordinator.');
+        END IF;
+    END IF;
+END $$;
+
+-- A relation named by a source (NULL for a query).
+CREATE OR REPLACE FUNCTION dpsql_internal._source_regclass(source text)
+RETURNS regclass LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    q text := regexp_replace(coalesce(source, ''), ';\s*$', '');
+BEGIN
+    IF btrim(q) = '' OR q ~* '^\s*(\(|select\s|with\s|values\s|table\s)' THEN
+        RETURN NULL;
+    END IF;
+    RETURN to_regclass(q);
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
+END $$;
+
+-- The layout of a hash-distributed table: its distribution column (and type), shard count,
+-- colocation group and the number of nodes holding its shards. NULL fields: not a
+-- hash-distributed table (Citus absent, a local, reference or Citus-local table).
+CREATE OR REPLACE FUNCTION dpsql_internal._citus_layout(rel regclass, OUT dist_column text,
+                                                       OUT dist_type text, OUT shard_count int,
+                                                       OUT colocation_id int, OUT nodes int)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF rel IS NULL OR NOT dpsql_internal._citus_installed() THEN
+        RETURN;
+    END IF;
+    EXECUTE 'SELECT a.attname, format_type(a.atttypid, a.atttypmod), p.colocationid,
+                    (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid),
+                    (SELECT count(DISTINCT pl.groupid) FROM pg_dist_shard s
+                       JOIN pg_dist_placement pl USING (shardid) WHERE s.logicalrelid = p.logicalrelid)
+               FROM pg_dist_partition p
+               JOIN pg_attribute a ON a.attrelid = p.logicalrelid
+                                  AND a.attname = column_to_column_name(p.logicalrelid, p.partkey)
+              WHERE p.logicalrelid = $1 AND p.partmethod = ''h'''
+       INTO dist_column, dist_type, colocation_id, shard_count, nodes USING rel;
+END $$;
+
+-- Whether reading src (a FROM item) runs a Citus plan: a query or view over Citus tables.
+CREATE OR REPLACE FUNCTION dpsql_internal._reads_citus(src text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    plan text;
+BEGIN
+    IF NOT dpsql_internal._citus_installed() THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %s', src) INTO plan;
+    RETURN plan LIKE '%"Custom Plan Provider": "Citus%';
+END $$;
+
+-- The training table of a hash-distributed source: (row_id, rid, x, y), distributed by row_id
+-- and colocated with the source, filled by one INSERT ... SELECT that Citus pushes down to
+-- every shard. Within a shard the rows are stored in the order of rid, a seeded key of the
+-- row id (without shuffle: the row id itself), so a record's shard and position depend on its
+-- row id and the seed only, never on its values. The row id is the distribution column, and
+-- must be unique (a primary key or unique constraint on it alone).
+CREATE OR REPLACE FUNCTION dpsql_internal._fill_distributed_table(
+    run bigint, rel regclass, x_expr text, y_expr text, dim int, shuffle boolean,
+    INOUT seed bigint, OUT train_table text, OUT rows bigint, OUT seed_policy text,
+    OUT layout jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    l record := dpsql_internal._citus_layout(rel);
+    id_expr text;
+    key text;
+BEGIN
+    IF NOT dpsql_internal._runs_no_code(rel) THEN
+        PERFORM dpsql_internal._fail(format('distributed source %s runs code when read (rules, policies '
+                                            'or a non-table)', rel), '0A000');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a
+                     ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                    WHERE i.indrelid = rel AND i.indisunique AND i.indnkeyatts = 1
+                      AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = l.dist_column) THEN
+        PERFORM dpsql_internal._fail(
+            format('distributed source %s needs a unique row id: its distribution column %I with a '
+                   'primary key or unique constraint of its own', rel, l.dist_column), '0A000',
+            'The row id fixes each row''s shard and its place in the seeded order.');
+    END IF;
+    id_expr := format('src.%I', l.dist_column);
+    -- 64-bit input of the shuffle key; ties (hash collisions) are broken by the id itself
+    key := CASE WHEN l.dist_type IN ('bigint', 'integer', 'smallint') THEN id_expr || '::bigint'
+                ELSE format('hashtextextended(%s::text, 0)', id_expr) END;
+    seed_policy := 'none';
+    IF shuffle THEN
+        seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
+        seed := coalesce(seed, dpsql_internal._random_seed());
+        key := format('dpsql_internal._shuffle_key(%s, %s)', seed, key);
+    ELSE
+        seed := NULL;
+    END IF;
+    train_table := format('dpsql_work.%I', 'train_' || run);
+    -- parallel_workers = 0: a shard is scanned by one process, in its stored order
+    EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '
+                   'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
+                   train_table, l.dist_type);
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', train_table,
+                   CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+    PERFORM create_distributed_table(train_table, 'row_id', colocate_with => rel::text);
+    EXECUTE format('INSERT INTO %s (row_id, rid, x, y) SELECT %s, %s, %s, %s FROM %s AS src '
+                   'ORDER BY 2, 1', train_table, id_expr, key, x_expr, y_expr, rel);
+    GET DIAGNOSTICS rows = ROW_COUNT;
+    layout := jsonb_build_object('distribution_column', l.dist_column, 'shard_count', l.shard_count,
+                                 'nodes', l.nodes, 'colocation_id', l.colocation_id,
+                                 'order', CASE WHEN shuffle THEN 'seeded key of the row id'
+                                               ELSE 'row id' END);
+END $$;
+
+-- An empty table shaped like a training table, for a derived copy (e.g. whitened rows):
+-- distributed and colocated with it when it is. Returns its column list before x.
+CREATE OR REPLACE FUNCTION dpsql_internal._derived_training_table(train_table text, name text)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    l record := dpsql_internal._citus_layout(train_table::regclass);
+BEGIN
+    EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING STORAGE) '
+                   'WITH (autovacuum_enabled = false)', name, train_table);
+    IF l.dist_column IS NULL THEN
+        RETURN 'rid';
+    END IF;
+    EXECUTE format('ALTER TABLE %s SET (parallel_workers = 0)', name);
+    PERFORM create_distributed_table(name, 'row_id', colocate_with => train_table);
+    RETURN 'row_id, rid';
+END $$;
+
+-- Which mechanisms may run on a hash-distributed dataset (the registry's distributed column),
+-- checked before anything is read or charged.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_distributed(mech dpsql.mechanism_catalog,
+                                                            ds dpsql.datasets, params jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    l record := dpsql_internal._citus_layout(ds.relid);
+    shard_parallel boolean := coalesce((params->>'shard_parallel')::boolean, false);
+BEGIN
+    IF l.dist_column IS NULL THEN
+        IF shard_parallel THEN
+            PERFORM dpsql_internal._fail(format('shard_parallel => true needs a Citus distributed dataset; '
+                                                '%s is not distributed', ds.name));
+        END IF;
+        RETURN;
+    END IF;
+    IF mech.distributed IS NULL THEN
+        PERFORM dpsql_internal._fail(
+            format('%s is sequential: it does not run on the distributed dataset %s (its rows would '
+                   'have to be pulled to the coordinator)', mech.name, ds.name), '0A000',
+            'Mechanisms that run on Citus: ' || (SELECT string_agg(c.name, ', ' ORDER BY c.name)
+                                                   FROM dpsql.mechanism_catalog c
+                                                  WHERE c.distributed IS NOT NULL)
+            || '. See docs/citus.md.');
+    END IF;
+    IF mech.distributed = 'averaged' AND NOT shard_parallel THEN
+        PERFORM dpsql_internal._fail(
+            format('%s on the distributed dataset %s trains one model per shard and averages them: '
+                   'pass shard_parallel => true to accept that', mech.name, ds.name), '0A000',
+            'docs/citus.md states the privacy argument and what averaging costs in accuracy.');
+    END IF;
+END $$;
