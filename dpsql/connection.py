@@ -151,9 +151,9 @@ class Database:
         one ``float8[]`` column, ``label`` a column and ``source`` a table, view or SELECT
         query. ``shard_parallel=True`` accepts model averaging over the shards of a Citus
         distributed table (docs/citus.md). The run happens in one transaction: on any error
-        (or Ctrl-C) nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left at ``None``
-        mean 10, 1 and ``"constant"`` without privacy; a private run chooses them from public
-        quantities (docs/defaults.md).
+        (or Ctrl-C) nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left
+        at ``None`` mean 10, 1 and ``"constant"`` without privacy; a private run chooses them
+        from public quantities (docs/defaults.md).
 
         Returns
         -------
