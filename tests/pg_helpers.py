@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = dict(
     step_offset=0.0,
     tolerance=None,
     parallel_workers=0,
+    shard_parallel=False,
 )
 
 

@@ -102,6 +102,15 @@ BEGIN
 END $$;
 
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial
+-- The error of a label outside the declared set. IMMUTABLE (it is only ever called with the
+-- row's value, so never folded at plan time) so that Citus pushes the fill down to the shards.
+CREATE OR REPLACE FUNCTION dpsql_internal._bad_label(value text, labels text)
+RETURNS float8 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RAISE EXCEPTION 'dpsql: label % is not in the declared label set %', value, labels
+        USING ERRCODE = 'invalid_parameter_value';
+END $$;
+
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
 -- NULL, which the aggregate turns into a null record instead of an error revealing the value.
 CREATE OR REPLACE FUNCTION dpsql_internal._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
@@ -113,8 +122,8 @@ BEGIN
         PERFORM dpsql_internal._fail('label must name a column');
     END IF;
     IF strict THEN
-        bad := format('dpsql_internal._fail(format(''label %%s is not in the declared label set %%s'', '
-                      'coalesce(%I::text, ''NULL''), %L))', label, coalesce(labels::text, '(any number)'));
+        bad := format('dpsql_internal._bad_label(coalesce(%I::text, ''NULL''), %L)', label,
+                      coalesce(labels::text, '(any number)'));
     END IF;
     IF model = 'linear' THEN
         RETURN format('coalesce(%I::float8, %s)', label, bad);

@@ -89,6 +89,8 @@ DECLARE
     l record := dpsql_internal._citus_layout(rel);
     id_expr text;
     key text;
+    fill text;
+    plan text;
 BEGIN
     IF NOT dpsql_internal._runs_no_code(rel) THEN
         PERFORM dpsql_internal._fail(format('distributed source %s runs code when read (rules, policies '
@@ -123,8 +125,16 @@ BEGIN
     EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', train_table,
                    CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
     PERFORM create_distributed_table(train_table, 'row_id', colocate_with => rel::text);
-    EXECUTE format('INSERT INTO %s (row_id, rid, x, y) SELECT %s, %s, %s, %s FROM %s AS src '
+    fill := format('INSERT INTO %s (row_id, rid, x, y) SELECT %s, %s, %s, %s FROM %s AS src '
                    'ORDER BY 2, 1', train_table, id_expr, key, x_expr, y_expr, rel);
+    -- Guard: one task per shard pair, or nothing (Citus would otherwise pull every row to the
+    -- coordinator, or repartition them, without saying so).
+    EXECUTE 'EXPLAIN (FORMAT JSON) ' || fill INTO plan;
+    IF plan LIKE '%"INSERT/SELECT method"%' THEN
+        PERFORM dpsql_internal._fail(format('Citus cannot push the training table''s fill down to the shards of %s',
+                                            rel), 'XX000', plan);
+    END IF;
+    EXECUTE fill;
     GET DIAGNOSTICS rows = ROW_COUNT;
     layout := jsonb_build_object('distribution_column', l.dist_column, 'shard_count', l.shard_count,
                                  'nodes', l.nodes, 'colocation_id', l.colocation_id,

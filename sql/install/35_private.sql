@@ -195,6 +195,7 @@ DECLARE
     rows bigint;
     mech dpsql.mechanism_catalog;
 BEGIN
+    PERFORM dpsql_internal._refuse_on_worker();
     IF privacy = 'auto' THEN
         -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
         -- in the model's record. The grant is checked first: the choice reads the registration.

@@ -22,7 +22,7 @@ DECLARE
     -- The analyst entry points, and the SECURITY INVOKER helpers that evaluate/predict call.
     analyst text[] := ARRAY[
         'train', 'predict', 'evaluate', 'loss_constants',
-        '_source_sql', '_feature_sql', '_label_sql', '_check_labels', '_canonical_model',
+        '_source_sql', '_feature_sql', '_label_sql', '_bad_label', '_check_labels', '_canonical_model',
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
         '_is_admin', '_can_use_dataset',  -- called by train and by the views

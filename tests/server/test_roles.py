@@ -22,6 +22,7 @@ ANALYST_FUNCTIONS = {
     "_source_sql",
     "_feature_sql",
     "_label_sql",
+    "_bad_label",
     "_check_labels",
     "_canonical_model",
     "_loss_code",
