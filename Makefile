@@ -7,6 +7,9 @@
 #   make bench    run bench/epoch_vs_scan.py
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
 #                 only when DPSQL_WITH_PG15=1)
+#   make citus    build Citus from ../shared/citus into the embedded PostgreSQL 18 (once: kept in
+#                 the virtualenv's PostgreSQL tree; apt-get for liblz4/libzstd headers)
+#   make test-citus  only the tests on a local Citus cluster (coordinator + 2 workers)
 #   make clean    remove build products (distclean: also the virtualenv)
 #
 # DPSQL_PG_VERSION=16|18 selects the embedded PostgreSQL (default 18).
@@ -26,7 +29,13 @@ PG15_CONFIG := /usr/lib/postgresql/15/bin/pg_config
 PG15_HEADER := /usr/include/postgresql/15/server/postgres.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all setup .venv test demo bench pg15 clean distclean
+# Citus (tests/citus, bench/citus_scale.py): built from the release tarball beside the repo.
+CITUS_VERSION := 14.0.1
+CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
+CITUS_BUILD := build/citus-$(CITUS_VERSION)
+PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
+
+.PHONY: all setup .venv test test-citus citus demo bench pg15 clean distclean
 
 all: test
 
@@ -39,7 +48,7 @@ $(VENV_STAMP): $(INSTALL_INPUTS)
 	$(VENV_PY) -m pip install -e '.[test]'
 	touch $@
 
-test: $(VENV_STAMP)
+test: $(VENV_STAMP) citus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -47,7 +56,26 @@ test: $(VENV_STAMP)
 ifeq ($(DPSQL_WITH_PG15),1)
 	$(MAKE) pg15
 endif
-	$(VENV_PY) -m pytest -q
+	DPSQL_REQUIRE_CITUS=1 $(VENV_PY) -m pytest -q
+
+test-citus: $(VENV_STAMP) citus
+	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)
+	DPSQL_REQUIRE_CITUS=1 $(VENV_PY) -m pytest -q tests/citus
+
+# Nothing to do when the embedded PostgreSQL 18 already has Citus.
+citus: $(VENV_STAMP)
+	@PGC=$(PG18_CONFIG); \
+	if [ -f "$$($$PGC --sharedir)/extension/citus.control" ]; then exit 0; fi; \
+	test -f $(CITUS_TARBALL) || { echo "Citus source $(CITUS_TARBALL) not found (CITUS_TARBALL=...)"; exit 1; }; \
+	if [ ! -f /usr/include/lz4.h ] || [ ! -f /usr/include/zstd.h ]; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liblz4-dev libzstd-dev; fi; \
+	rm -rf $(CITUS_BUILD) && mkdir -p build && tar xzf $(CITUS_TARBALL) -C build && \
+	cd $(CITUS_BUILD) && echo "building Citus $(CITUS_VERSION) (about a minute; log in $(CITUS_BUILD)/build.log)" && \
+	./configure PG_CONFIG=$$PGC --without-libcurl > build.log 2>&1 && \
+	CF="$$($$PGC --cflags | sed 's/-Wmissing-variable-declarations//')" && \
+	$(MAKE) -j2 CFLAGS="$$CF" >> build.log 2>&1 && $(MAKE) install CFLAGS="$$CF" >> build.log 2>&1 || \
+		{ tail -30 build.log; exit 1; }
 
 demo: $(VENV_STAMP)
 	$(DPSQL) install-extension

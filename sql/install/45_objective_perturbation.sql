@@ -118,4 +118,5 @@ SELECT dpsql_internal._register_mechanism(
     '(epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)',
     'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
     plan_function => '_objpert_plan', fit_function => '_objpert_fit',
-    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}');
+    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
+    distributed => 'sums');

@@ -178,4 +178,5 @@ SELECT dpsql_internal._register_mechanism(
     'private Frank-Wolfe over an L1 ball (sparse LASSO / logistic), exponential-mechanism vertex choice',
     'docs/frank_wolfe.md',
     options => '{l1_radius,steps}', plan_function => '_fw_plan', fit_function => '_fw_fit',
-    models => '{lasso,logistic}', params => '{options}');
+    models => '{lasso,logistic}', params => '{options}',
+    distributed => 'sums');

@@ -138,4 +138,5 @@ SELECT dpsql_internal._register_mechanism(
     'exponential-mechanism ERM on a public grid (pure epsilon-DP, p <= 5)',
     'docs/exponential_mechanism.md',
     options => '{radius,grid_points}', plan_function => '_em_plan', fit_function => '_em_fit',
-    models => '{logistic,huber,linear}', params => '{huber_h,options}');
+    models => '{logistic,huber,linear}', params => '{huber_h,options}',
+    distributed => 'sums');

@@ -79,4 +79,5 @@ SELECT dpsql_internal._register_mechanism(
     'Gaussian with delta > 0)',
     'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
     plan_function => '_outpert_plan', fit_function => '_outpert_fit',
-    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}');
+    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
+    distributed => 'sums');

@@ -29,9 +29,7 @@ def _distributed(
     name = f"t_{uuid.uuid4().hex[:8]}"
     load_numpy(conn, name, X, y)
     conn.execute(f"ALTER TABLE {name} ADD PRIMARY KEY (rid)")
-    conn.execute(
-        "SELECT create_distributed_table(%s, 'rid', shard_count => %s)", (name, shards)
-    )
+    conn.execute("SELECT create_distributed_table(%s, 'rid', shard_count => %s)", (name, shards))
     return name
 
 
@@ -65,7 +63,9 @@ def _weights(conn: psycopg.Connection, model_id: int) -> np.ndarray:
 def _train(conn: psycopg.Connection, source: str, **kw: Any) -> int:
     args = {"labels": [0, 1], **kw}
     names = ", ".join(f"{k} => %({k})s" for k in args)
-    row = conn.execute(f"SELECT dpsql.train(%(src)s, '{{x}}', 'y', {names})", {"src": source, **args})
+    row = conn.execute(
+        f"SELECT dpsql.train(%(src)s, '{{x}}', 'y', {names})", {"src": source, **args}
+    )
     result = row.fetchone()
     assert result is not None
     return int(result[0])
@@ -223,7 +223,9 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     X, y = _binary(2000)
     ds = _register(coord, _distributed(coord, X, y), labels=[0, 1])
     before = _ledger(coord)
-    hint = _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1)", (ds,))
+    hint = _refused(
+        coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1)", (ds,)
+    )
     assert "sequential" in hint
     _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,))
     _refused(
@@ -266,7 +268,12 @@ def test_sum_mechanisms_match_the_local_table(coord, mechanism) -> None:
             _weights(
                 coord,
                 _private(
-                    coord, ds, model="linear", privacy=mechanism, epsilon=1.0, delta=1e-5,
+                    coord,
+                    ds,
+                    model="linear",
+                    privacy=mechanism,
+                    epsilon=1.0,
+                    delta=1e-5,
                     noise_seed=99,
                 ),  # fmt: skip
             )
@@ -302,10 +309,10 @@ def test_bolton_sensitivity_holds_for_neighbours_in_every_shard(coord) -> None:
     for rid in targets.values():
         # the record pushed hardest against the model, label flipped
         direction = -base / np.linalg.norm(base)
-        coord.execute(
-            f"UPDATE {src} SET x = %s, y = 1 - y WHERE rid = %s", (list(direction), rid)
+        coord.execute(f"UPDATE {src} SET x = %s, y = 1 - y WHERE rid = %s", (list(direction), rid))
+        w = _weights(
+            coord, _train(coord, src, seed=9, epochs=k, step_size=eta, shard_parallel=True)
         )
-        w = _weights(coord, _train(coord, src, seed=9, epochs=k, step_size=eta, shard_parallel=True))
         coord.execute(
             f"UPDATE {src} SET x = %s, y = %s WHERE rid = %s", (list(X[rid]), y[rid], rid)
         )
@@ -324,7 +331,8 @@ def test_bolton_noise_on_the_cluster_has_the_stated_scale(coord) -> None:
     src = _distributed(coord, X, y)
     ds = _register(coord, src, labels=[0, 1])
     noiseless = _weights(
-        coord, _train(coord, src, seed=21, epochs=1, step_size=0.1, batch_size=1, shard_parallel=True)
+        coord,
+        _train(coord, src, seed=21, epochs=1, step_size=0.1, batch_size=1, shard_parallel=True),
     )
     norms, scale = [], None
     for s in range(30):
@@ -347,7 +355,11 @@ def test_bolton_noise_on_the_cluster_has_the_stated_scale(coord) -> None:
 
 def test_workers_refuse_runs_and_charges(cluster) -> None:
     with psycopg.connect(cluster.workers[0].uri, autocommit=True) as w:
-        _refused(w, "SELECT dpsql.train('t', NULL, NULL, privacy => 'bolton', epsilon => 1)", code="55000")
+        _refused(
+            w,
+            "SELECT dpsql.train('t', NULL, NULL, privacy => 'bolton', epsilon => 1)",
+            code="55000",
+        )
         _refused(w, "SELECT dpsql.train('t', '{x}', 'y')", code="55000")
         _refused(w, "SELECT dpsql_internal._charge(1, 1, 0, 'bolton')", code="55000")
 
@@ -362,7 +374,8 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
         "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s", (role, ds)
     )
     shard = coord.execute(
-        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard WHERE logicalrelid = %s::regclass",
+        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
+        " WHERE logicalrelid = %s::regclass",
         (src, src),
     ).fetchone()[0]
 
@@ -384,7 +397,12 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
         except psycopg.OperationalError:
             continue  # no login there at all: the route is closed
         with w:
-            _refused(w, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,), code="55000")
+            _refused(
+                w,
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)",
+                (ds,),
+                code="55000",
+            )
             visible = w.execute("SELECT to_regclass(%s)", (shard,)).fetchone()[0]
             if visible is not None:
                 _refused(w, f"SELECT * FROM {shard} LIMIT 1", code="42501")
@@ -393,7 +411,10 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
 def test_a_worker_stopped_mid_training_charges_nothing(cluster, coord) -> None:
     X, y = _binary(40000, d=8, seed=7)
     ds = _register(coord, _distributed(coord, X, y), labels=[0, 1])
-    ledger, models = _ledger(coord), coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0]
+    ledger, models = (
+        _ledger(coord),
+        coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0],
+    )
     errors: list[BaseException] = []
 
     def train() -> None:
@@ -410,8 +431,8 @@ def test_a_worker_stopped_mid_training_charges_nothing(cluster, coord) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             busy = w.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%worker_binary_partial_agg%'"
-                " AND pid <> pg_backend_pid()"
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE query LIKE '%worker_binary_partial_agg%' AND pid <> pg_backend_pid()"
             ).fetchone()[0]
             if busy:
                 break
@@ -428,3 +449,36 @@ def test_a_worker_stopped_mid_training_charges_nothing(cluster, coord) -> None:
     # the cluster trains again, and charges once
     _private(coord, ds, privacy="bolton", epsilon=1.0, shard_parallel=True)
     assert _ledger(coord) == ledger + 1
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "model", "regression"),
+    [
+        ("objective_perturbation", "logistic", False),
+        ("output_perturbation", "logistic", False),
+        ("exponential_mechanism", "logistic", False),
+        ("frank_wolfe", "lasso", True),
+    ],
+)
+def test_erm_toolbox_sums_match_the_local_table(coord, mechanism, model, regression) -> None:
+    """The plan-and-fit ERM mechanisms scan exact sums (GLM loss, gradient and Hessian; the
+    Frank-Wolfe gradient; the exponential mechanism's grid losses): the same release as on a
+    local copy under the same (owner-only) noise seed."""
+    rng = np.random.default_rng(8)
+    X = rng.uniform(-1, 1, size=(2000, 2)) / np.sqrt(2)
+    if regression:
+        y = np.clip(X @ np.array([0.6, -0.4]) + 0.05 * rng.normal(size=2000), -1, 1)
+        reg: dict[str, Any] = dict(
+            label_bound=1.0, feature_bounds="{{-1,1},{-1,1}}", row_norm="clip"
+        )
+    else:
+        y = (X @ np.array([1.0, -1.0]) + 0.2 * rng.normal(size=2000) > 0).astype(float)
+        reg = dict(labels=[0, 1], row_norm="clip")
+    local = f"l_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, local, X, y)
+    releases = []
+    for table in (local, _distributed(coord, X, y)):
+        ds = _register(coord, table, **reg)
+        mid = _private(coord, ds, model=model, privacy=mechanism, epsilon=2.0, noise_seed=5)
+        releases.append(_weights(coord, mid))
+    np.testing.assert_allclose(releases[1], releases[0], rtol=1e-6, atol=1e-8)
