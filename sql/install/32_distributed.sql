@@ -42,14 +42,19 @@ END $$;
 -- The layout of a hash-distributed table: its distribution column (and type), shard count,
 -- colocation group and the number of nodes holding its shards. NULL fields: not a
 -- hash-distributed table (Citus absent, a local, reference or Citus-local table).
+-- single_shard: a reference or Citus-local table (read whole, like a local table).
 CREATE OR REPLACE FUNCTION dpsql_internal._citus_layout(rel regclass, OUT dist_column text,
                                                        OUT dist_type text, OUT shard_count int,
-                                                       OUT colocation_id int, OUT nodes int)
+                                                       OUT colocation_id int, OUT nodes int,
+                                                       OUT single_shard boolean)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    single_shard := false;
     IF rel IS NULL OR NOT dpsql_internal._citus_installed() THEN
         RETURN;
     END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1 AND partmethod = ''n'')'
+       INTO single_shard USING rel;
     EXECUTE 'SELECT a.attname, format_type(a.atttypid, a.atttypmod), p.colocationid,
                     (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid),
                     (SELECT count(DISTINCT pl.groupid) FROM pg_dist_shard s

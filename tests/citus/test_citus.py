@@ -482,3 +482,90 @@ def test_erm_toolbox_sums_match_the_local_table(coord, mechanism, model, regress
         mid = _private(coord, ds, model=model, privacy=mechanism, epsilon=2.0, noise_seed=5)
         releases.append(_weights(coord, mid))
     np.testing.assert_allclose(releases[1], releases[0], rtol=1e-6, atol=1e-8)
+
+
+def test_analyst_sees_no_worker_query_and_no_training_shard(cluster, coord) -> None:
+    """The epoch queries carry the previous epoch's noiseless state as a constant. They run on
+    the workers as the extension owner (the definer), so an analyst's pg_stat_activity shows
+    their text to nobody but the owner; the training table's shards refuse the analyst."""
+    X, y = _binary(40000, d=8, seed=3)
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, labels=[0, 1])
+    role, password = f"an_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    coord.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE dpsql_analyst")
+    coord.execute(
+        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s", (role, ds)
+    )
+
+    def login(node: citus.Node) -> psycopg.Connection:
+        return psycopg.connect(
+            host="127.0.0.1", port=node.port, dbname="postgres", user=role, password=password,
+            autocommit=True,
+        )  # fmt: skip
+
+    done = threading.Event()
+
+    def train() -> None:
+        try:
+            with login(cluster.coordinator) as a:
+                _private(a, ds, privacy="bolton", epsilon=1.0, epochs=60, shard_parallel=True)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    users: set[str] = set()
+    seen_by_analyst = 0
+    with (
+        psycopg.connect(cluster.workers[0].uri, autocommit=True) as w,
+        login(cluster.workers[0]) as aw,
+    ):
+        while not done.is_set():
+            users |= {
+                u
+                for (u,) in w.execute(
+                    "SELECT usename FROM pg_stat_activity"
+                    " WHERE query LIKE '%worker_binary_partial_agg%' AND pid <> pg_backend_pid()"
+                ).fetchall()
+            }
+            seen_by_analyst += aw.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%sgd_epoch%'"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            time.sleep(0.01)
+    thread.join()
+    assert users == {"postgres"}
+    assert seen_by_analyst == 0
+    # a run in progress: its training table's shards refuse the analyst on the coordinator
+    # and on the workers
+    run = prepare(coord, src, labels=[0, 1], shard_parallel=True)
+    table = coord.execute(
+        "SELECT train_table FROM dpsql.runs WHERE run_id = %s", (run.run_id,)
+    ).fetchone()[0]
+    shard = coord.execute(
+        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
+        " WHERE logicalrelid = %s::regclass",
+        (table, table),
+    ).fetchone()[0]
+    with login(cluster.coordinator) as a:
+        _refused(a, f"SELECT * FROM {table} LIMIT 1", code="42501")
+    for node in cluster.workers:  # the shard lives on one of them; the schema refuses on both
+        with login(node) as aw:
+            _refused(aw, f"SELECT * FROM {shard} LIMIT 1", code="42501")
+    run.abort()
+
+
+def test_a_reference_table_trains_as_a_local_table(coord) -> None:
+    X, y = _binary(500)
+    name = f"r_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, name, X, y)
+    coord.execute("SELECT create_reference_table(%s)", (name,))
+    mid = _train(coord, name, seed=1)
+    assert (
+        coord.execute(
+            "SELECT params->'distributed' FROM dpsql.model_store WHERE model_id = %s", (mid,)
+        ).fetchone()[0]
+        is None
+    )
+    ds = _register(coord, name, labels=[0, 1])
+    assert _private(coord, ds, privacy="bolton", epsilon=1.0) > 0
