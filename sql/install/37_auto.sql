@@ -16,7 +16,7 @@ DECLARE
         SELECT unnest(ARRAY['epochs', 'batch_size', 'lambda', 'step_size', 'schedule', 'radius',
                             'clip_norm', 'sampling', 'noise_multiplier', 'steps', 'ci', 'options',
                             'tuning_lambdas', 'tuning_epochs', 'permutation', 'gaussian',
-                            'parallel_workers'])
+                            'parallel_workers', 'shard_parallel'])
         ORDER BY 1);
 BEGIN
     IF cardinality(given) > 0 THEN
@@ -33,6 +33,8 @@ END $$;
 -- Regression, delta > 0: DP-GD, whitened by its private preconditioner
 -- (44_dpgd_precondition.sql) when the rows have a public norm bound.
 -- Regression, delta = 0: objective perturbation (45_objective_perturbation.sql).
+-- Classification on a Citus distributed dataset: objective perturbation, whose scans are exact
+-- sums over the shards (the others are sequential or average shards: docs/citus.md).
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -57,6 +59,10 @@ BEGIN
             THEN jsonb_build_object('options', jsonb_build_object('precondition', true)) ELSE '{}' END;
         rule := 'regression: DP-GD with batch-means intervals, whitened by the private '
                 'preconditioner when the rows have a public norm bound';
+    ELSIF (dpsql_internal._citus_layout(ds.relid)).dist_column IS NOT NULL THEN
+        chosen := jsonb_build_object('privacy', 'objective_perturbation');
+        rule := 'classification on a Citus distributed dataset: objective perturbation (exact sums '
+                'over the shards; epsilon-DP, or Gaussian with delta > 0)';
     ELSIF delta > 0 THEN
         chosen := jsonb_build_object('privacy', 'dpsgd_f', 'sampling', 'poisson');
         rule := 'classification, delta > 0: DPSGD-F (private mean, centred rows), DP-SGD with '

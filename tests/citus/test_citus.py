@@ -569,3 +569,16 @@ def test_a_reference_table_trains_as_a_local_table(coord) -> None:
     )
     ds = _register(coord, name, labels=[0, 1])
     assert _private(coord, ds, privacy="bolton", epsilon=1.0) > 0
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_auto_picks_a_mechanism_that_runs_on_shards(coord, delta) -> None:
+    X, y = _binary(1500)
+    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
+    mid = _private(coord, ds, privacy="auto", epsilon=1.0, delta=delta)
+    mechanism, rule = coord.execute(
+        "SELECT privacy, params->'privacy'->'auto'->>'rule' FROM dpsql.model_store"
+        " WHERE model_id = %s",
+        (mid,),
+    ).fetchone()
+    assert mechanism == "objective_perturbation" and "Citus" in rule
