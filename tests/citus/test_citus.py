@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,25 @@ def _register(conn: psycopg.Connection, table: str, **kw: Any) -> str:
         {"t": table, "n": name, **kw},
     )
     return name
+
+
+def _analyst(conn: psycopg.Connection, dataset: str) -> Callable[[citus.Node], psycopg.Connection]:
+    """A new analyst granted the dataset (created on the coordinator, propagated by Citus);
+    returns how it logs in to a node over TCP with its password."""
+    role, password = f"an_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE dpsql_analyst")
+    conn.execute(
+        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s",
+        (role, dataset),
+    )
+
+    def login(node: citus.Node) -> psycopg.Connection:
+        return psycopg.connect(
+            host="127.0.0.1", port=node.port, dbname="postgres", user=role, password=password,
+            autocommit=True,
+        )  # fmt: skip
+
+    return login
 
 
 def _weights(conn: psycopg.Connection, model_id: int) -> np.ndarray:
@@ -368,22 +388,12 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
     X, y = _binary(1000)
     src = _distributed(coord, X, y)
     ds = _register(coord, src, labels=[0, 1])
-    role, password = f"an_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    coord.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE dpsql_analyst")
-    coord.execute(
-        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s", (role, ds)
-    )
+    login = _analyst(coord, ds)
     shard = coord.execute(
         "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
         " WHERE logicalrelid = %s::regclass",
         (src, src),
     ).fetchone()[0]
-
-    def login(node: citus.Node) -> psycopg.Connection:
-        return psycopg.connect(
-            host="127.0.0.1", port=node.port, dbname="postgres", user=role, password=password,
-            autocommit=True,
-        )  # fmt: skip
 
     with login(cluster.coordinator) as a:
         mid = _private(a, ds, privacy="bolton", epsilon=1.0, shard_parallel=True)
@@ -491,17 +501,7 @@ def test_analyst_sees_no_worker_query_and_no_training_shard(cluster, coord) -> N
     X, y = _binary(40000, d=8, seed=3)
     src = _distributed(coord, X, y)
     ds = _register(coord, src, labels=[0, 1])
-    role, password = f"an_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    coord.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE dpsql_analyst")
-    coord.execute(
-        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s", (role, ds)
-    )
-
-    def login(node: citus.Node) -> psycopg.Connection:
-        return psycopg.connect(
-            host="127.0.0.1", port=node.port, dbname="postgres", user=role, password=password,
-            autocommit=True,
-        )  # fmt: skip
+    login = _analyst(coord, ds)
 
     done = threading.Event()
 
