@@ -150,7 +150,7 @@ BEGIN
     ELSIF shard_parallel THEN
         PERFORM dpsql_internal._fail(format('shard_parallel => true needs a Citus distributed table; '
                                             'source %s is not one', source));
-    ELSIF NOT layout.single_shard AND dpsql_internal._reads_citus(src) THEN
+    ELSIF NOT layout.single_shard AND dpsql_internal._reads_citus(src, relation) THEN
         PERFORM dpsql_internal._fail(
             format('source %s reads Citus tables through a query or view: dpsql pushes training down '
                    'only for a hash-distributed table itself', source), '0A000',

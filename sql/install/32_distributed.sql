@@ -66,14 +66,31 @@ BEGIN
        INTO dist_column, dist_type, colocation_id, shard_count, nodes USING rel;
 END $$;
 
--- Whether reading src (a FROM item) runs a Citus plan: a query or view over Citus tables.
-CREATE OR REPLACE FUNCTION dpsql_internal._reads_citus(src text)
+-- Whether reading a source runs a Citus plan over distributed tables. A relation (a view,
+-- possibly of views) is answered from the catalogs: planning it could run its functions,
+-- and private runs call this as the extension owner. A query (data owners' runs, with their
+-- own rights) is planned.
+CREATE OR REPLACE FUNCTION dpsql_internal._reads_citus(src text, rel regclass)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     plan text;
+    found boolean;
 BEGIN
     IF NOT dpsql_internal._citus_installed() THEN
         RETURN false;
+    END IF;
+    IF rel IS NOT NULL THEN
+        EXECUTE 'WITH RECURSIVE deps(oid) AS (
+                     SELECT $1::oid
+                     UNION
+                     SELECT d.refobjid FROM deps
+                       JOIN pg_rewrite r ON r.ev_class = deps.oid
+                       JOIN pg_depend d ON d.classid = ''pg_rewrite''::regclass AND d.objid = r.oid
+                                       AND d.refclassid = ''pg_class''::regclass)
+                 SELECT EXISTS (SELECT 1 FROM deps JOIN pg_dist_partition p ON p.logicalrelid = deps.oid
+                                 WHERE p.partmethod = ''h'')'
+           INTO found USING rel;
+        RETURN found;
     END IF;
     EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %s', src) INTO plan;
     RETURN plan LIKE '%"Custom Plan Provider": "Citus%';

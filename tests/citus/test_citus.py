@@ -241,7 +241,8 @@ def test_owner_runs_refused_with_clear_errors(coord) -> None:
 
 def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     X, y = _binary(2000)
-    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1])
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, labels=[0, 1])
     before = _ledger(coord)
     hint = _refused(
         coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1)", (ds,)
@@ -261,6 +262,16 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
         (ds,),
         code="22023",
     )
+    # a dataset registered on a view of the distributed table: refused, not pulled
+    view = f"v_{uuid.uuid4().hex[:8]}"
+    coord.execute(f"CREATE VIEW {view} AS SELECT * FROM {src}")
+    on_view = _register(coord, view, labels=[0, 1])
+    msg = _refused(
+        coord,
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'objective_perturbation', epsilon => 1)",
+        (on_view,),
+    )
+    assert "query or view" in msg
     assert _ledger(coord) == before
     mid = _private(coord, ds, privacy="bolton", epsilon=1.0, shard_parallel=True)
     assert _ledger(coord) == before + 1
