@@ -139,6 +139,11 @@ class LimitExceeded(DpsqlError, pg.ProgramLimitExceeded):
     steps), or diverged."""
 
 
+class NotSupported(DpsqlError, pg.FeatureNotSupported):
+    """0A000: what dpsql does not do there, e.g. a sequential mechanism on a Citus distributed
+    dataset, or SGD epochs on one without ``shard_parallel`` (docs/citus.md)."""
+
+
 class NothingReleased(DpsqlError):
     """No SQLSTATE: ``dpsql.train`` returned no model. A mechanism whose proof needs an exact
     minimiser (objective and output perturbation) releases nothing when its solver cannot
@@ -163,6 +168,7 @@ _CLASSES: dict[str, type[DpsqlError]] = {
         AmbiguousDataset,
         AccountantFailed,
         LimitExceeded,
+        NotSupported,
     )
     if cls.sqlstate is not None
 }

@@ -593,3 +593,20 @@ def test_auto_picks_a_mechanism_that_runs_on_shards(coord, delta) -> None:
         (mid,),
     ).fetchone()
     assert mechanism == "objective_perturbation" and "Citus" in rule
+
+
+def test_python_api_on_the_cluster(cluster, coord) -> None:
+    import dpsql
+
+    X, y = _binary(1500)
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, labels=[0, 1])
+    with dpsql.connect(cluster.coordinator.uri, install=False) as db:
+        owner = db.train(src, "x", "y", labels=[0, 1], shard_parallel=True, progress=False)
+        assert owner.row["params"]["distributed"]["shard_count"] == SHARDS
+        private = db.train(ds, None, None, privacy=dpsql.BoltOn(epsilon=1.0), shard_parallel=True)
+        assert private.row["privacy"] == "bolton"
+        assert private.predict(X[:5]).shape == (5,)
+        with pytest.raises(dpsql.NotSupported) as err:
+            db.train(ds, None, None, privacy=dpsql.DPSGD(epsilon=1.0, delta=1e-6))
+        assert "sequential" in str(err.value)
