@@ -610,3 +610,26 @@ def test_python_api_on_the_cluster(cluster, coord) -> None:
         with pytest.raises(dpsql.NotSupported) as err:
             db.train(ds, None, None, privacy=dpsql.DPSGD(epsilon=1.0, delta=1e-6))
         assert "sequential" in str(err.value)
+
+
+def test_evaluate_pushes_down_and_predict_reads_rows_on_the_coordinator(coord) -> None:
+    X, y = _binary(1200)
+    src = _distributed(coord, X, y)
+    local = f"l_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, local, X, y)
+    mid = _train(coord, src, seed=4, shard_parallel=True)
+    on_shards, on_local = (
+        coord.execute("SELECT value, rows FROM dpsql.evaluate(%s, %s)", (mid, t)).fetchone()
+        for t in (src, local)
+    )
+    assert on_shards[1] == on_local[1] == 1200
+    assert on_shards[0] == pytest.approx(on_local[0], abs=1e-12)
+    # models live on the coordinator: predict there, over the rows a materialized CTE brings
+    with pytest.raises(psycopg.Error):
+        coord.execute(f"SELECT dpsql.predict(%s, x) FROM {src}", (mid,)).fetchall()
+    predicted = coord.execute(
+        f"WITH r AS MATERIALIZED (SELECT rid, x FROM {src})"
+        " SELECT count(*) FILTER (WHERE dpsql.predict(%s, x) IS NOT NULL) FROM r",
+        (mid,),
+    ).fetchone()[0]
+    assert predicted == 1200
