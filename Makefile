@@ -10,6 +10,9 @@
 #   make citus    build Citus from ../shared/citus into the embedded PostgreSQL 18 (once: kept in
 #                 the virtualenv's PostgreSQL tree; apt-get for liblz4/libzstd headers)
 #   make test-citus  only the tests on a local Citus cluster (coordinator + 2 workers)
+#   make docker-test build the Docker image (base images too, where no registry answers), run
+#                 tests/container and the server tests against a container, and compose.yml
+#                 (apt-get: docker.io, docker-compose, debootstrap; needs root for dockerd)
 #   make clean    remove build products (distclean: also the virtualenv)
 #
 # DPSQL_PG_VERSION=16|18 selects the embedded PostgreSQL (default 18).
@@ -35,7 +38,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus demo bench pg15 clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test demo bench pg15 clean distclean
 
 all: test
 
@@ -61,6 +64,13 @@ endif
 test-citus: $(VENV_STAMP) citus
 	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)
 	DPSQL_REQUIRE_CITUS=1 $(VENV_PY) -m pytest -q tests/citus
+
+docker-test: $(VENV_STAMP)
+	@command -v dockerd >/dev/null && command -v docker-compose >/dev/null && \
+		command -v debootstrap >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			docker.io docker-compose debootstrap; }
+	$(SUDO) $(VENV_PY) docker/docker_test.py
 
 # Nothing to do when the embedded PostgreSQL 18 already has Citus.
 citus: $(VENV_STAMP)

@@ -27,7 +27,8 @@ DECLARE
         ['array_nulls', 'on'],                      -- '{NULL}' is a NULL element
         ['transform_null_equals', 'off'],
         ['plpgsql.extra_errors', 'none'],
-        ['debug_parallel_query', 'off']];           -- epochs scan in one process unless opted in
+        ['debug_parallel_query', 'off'],            -- epochs scan in one process unless opted in
+        ['force_parallel_mode', 'off']];            -- its PostgreSQL 15 name
     i int;
     f regprocedure;
 BEGIN
@@ -39,7 +40,7 @@ BEGIN
                 AND l.lanname IN ('sql', 'plpgsql')
     LOOP
         FOR i IN 1..array_length(pinned, 1) LOOP
-            -- debug_parallel_query is PostgreSQL 16's name (15: force_parallel_mode).
+            -- a server has one of debug_parallel_query (16+) and force_parallel_mode (15)
             CONTINUE WHEN pinned[i][1] NOT LIKE '%.%'
                       AND pg_catalog.current_setting(pinned[i][1], true) IS NULL;
             EXECUTE format('ALTER FUNCTION %s SET %s = %L', f, pinned[i][1], pinned[i][2]);

@@ -16,6 +16,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "fmgr.h"
 #include "lib/stringinfo.h"
@@ -56,6 +59,14 @@ start_command(const char *command, int *fd)
 				(errcode_for_file_access(),
 				 errmsg("dpsql: could not create a pipe for the accountant: %m")));
 	fflush(NULL);
+#ifdef __linux__
+	/*
+	 * Descendants orphaned when the group is killed (sh's child) must become ours, not the
+	 * postmaster's: in a container the postmaster is often PID 1, and it takes the death of
+	 * a child it does not know for a crashed backend (and restarts every session).
+	 */
+	(void) prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+#endif
 	pid = fork();
 	if (pid < 0)
 	{
@@ -76,11 +87,24 @@ start_command(const char *command, int *fd)
 		execl("/bin/sh", "sh", "-c", command, (char *) NULL);
 		_exit(127);
 	}
+	setpgid(pid, pid);			/* also here: a kill right after fork finds the group */
 	close(pipefd[1]);
 	if (fcntl(pipefd[0], F_SETFL, O_NONBLOCK) != 0)
 		elog(WARNING, "dpsql: could not make the accountant's pipe non-blocking: %m");
 	*fd = pipefd[0];
 	return pid;
+}
+
+/* Kill what is left of the command's process group and reap all of it. */
+static void
+reap_group(pid_t pgid)
+{
+	kill(-pgid, SIGKILL);
+	while (waitpid(-pgid, NULL, 0) >= 0 || errno == EINTR)
+		;
+#ifdef __linux__
+	(void) prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+#endif
 }
 
 /* Read the command's output until it closes it; interruptible (the caller kills on error). */
@@ -148,10 +172,8 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 	PG_CATCH();
 	{
 		/* cancelled or failed: the whole group goes, and leaves no zombie */
-		kill(-pid, SIGKILL);
 		close(fd);
-		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-			;
+		reap_group(pid);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -159,10 +181,14 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 	while (waitpid(pid, &status, 0) < 0)
 	{
 		if (errno != EINTR)
+		{
+			reap_group(pid);
 			ereport(ERROR,
 					(errcode(ERRCODE_SYSTEM_ERROR),
 					 errmsg("dpsql: could not wait for the accountant: %m")));
+		}
 	}
+	reap_group(pid);			/* anything the command left running */
 	if (status != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),

@@ -81,8 +81,18 @@ REGRESSORS = [
 VOLATILE = {"model_id", "created_at", "prepare_seconds", "train_seconds"}
 
 
+def _named(conn: psycopg.Connection, settings: dict[str, str]) -> dict[str, str]:
+    """The settings under this server's names: PostgreSQL 15 calls debug_parallel_query
+    force_parallel_mode."""
+    if conn.info.server_version >= 160000:
+        return settings
+    return {
+        "force_parallel_mode" if k == "debug_parallel_query" else k: v for k, v in settings.items()
+    }
+
+
 def _set_hostile(conn: psycopg.Connection) -> None:
-    for name, value in HOSTILE.items():
+    for name, value in _named(conn, HOSTILE).items():
         try:
             conn.execute(f"SET {name} = '{value}'")
         except psycopg.errors.InvalidParameterValue:
@@ -159,7 +169,7 @@ def test_every_sql_function_pins_the_settings(conn) -> None:
     for name, config, definer in rows:
         settings = dict(c.split("=", 1) for c in config)
         lowered = {k.lower(): v for k, v in settings.items()}
-        for key, value in PINNED.items():
+        for key, value in _named(conn, PINNED).items():
             assert lowered.get(key.lower()) == value, (name, key, settings)
         if definer:
             assert settings.get("search_path") == "pg_catalog, pg_temp", name
