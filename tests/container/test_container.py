@@ -55,6 +55,7 @@ def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(
         load_numpy(owner, "owner_data.points", X, y, replace=True)
         ds = owner.execute(
             "SELECT dpsql.register_dataset('owner_data.points', '{x}', 'y', epsilon_budget => 5,"
+            " delta_budget => 1e-3,"
             " labels => '{0,1}', row_norm => 'clip', name => 'points')"
         ).fetchone()[0]
         owner.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
