@@ -7,6 +7,8 @@
 #   make bench    run bench/epoch_vs_scan.py
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
 #                 only when DPSQL_WITH_PG15=1)
+#   make installcheck  pg_regress of the SQL surface (sql/test) against the embedded server, or
+#                 against any server with PG_CONFIG=... and libpq's PG* variables
 #   make citus    build Citus from ../shared/citus into the embedded PostgreSQL 18 (once: kept in
 #                 the virtualenv's PostgreSQL tree; apt-get for liblz4/libzstd headers)
 #   make test-citus  only the tests on a local Citus cluster (coordinator + 2 workers)
@@ -38,7 +40,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test demo bench pg15 clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench pg15 clean distclean
 
 all: test
 
@@ -64,6 +66,24 @@ endif
 test-citus: $(VENV_STAMP) citus
 	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)
 	DPSQL_REQUIRE_CITUS=1 $(VENV_PY) -m pytest -q tests/citus
+
+# The embedded wheel's pg_regress crashes on start: Debian's (postgresql-server-dev-15) drives
+# psql of the server under test, whatever its version.
+PG_REGRESS ?= /usr/lib/postgresql/15/lib/pgxs/src/test/regress/pg_regress
+DEFAULT_PG_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path())')
+
+installcheck: $(VENV_STAMP)
+	@test -x $(PG_REGRESS) || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-server-dev-15; }
+ifeq ($(origin PG_CONFIG),undefined)
+	$(DPSQL) install-extension
+	$(DPSQL) server start > /dev/null
+	eval "$$($(DPSQL) server env)" && $(MAKE) -C sql installcheck PG_CONFIG=$(DEFAULT_PG_CONFIG) \
+		pg_regress_installcheck="$(PG_REGRESS) --inputdir=./ --bindir=$$($(DEFAULT_PG_CONFIG) --bindir)"
+else
+	$(MAKE) -C sql installcheck PG_CONFIG=$(PG_CONFIG) \
+		pg_regress_installcheck="$(PG_REGRESS) --inputdir=./ --bindir=$$($(PG_CONFIG) --bindir)"
+endif
 
 docker-test: $(VENV_STAMP)
 	@command -v dockerd >/dev/null && command -v docker-compose >/dev/null && \

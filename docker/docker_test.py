@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psycopg
 
+from dpsql import server
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("DPSQL_SHARED", ROOT.parent / "shared"))
 STANDIN = SHARED / "containers" / "postgres-standin"
@@ -173,6 +175,11 @@ def container_checks() -> None:
             log("the tests failed; the server's log ends with:")
             docker("logs", "--tail", "60", cid, check=False)
             raise SystemExit(tests.returncode)
+        # pg_regress of the SQL surface against the container (PG_CONFIG: any, for PGXS)
+        libpq = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres",
+                 "PGPASSWORD": password}  # fmt: skip
+        run("make", "-s", "installcheck", f"PG_CONFIG={server.pg_config_path()}", env=libpq,
+            cwd=ROOT)  # fmt: skip
     finally:
         if cid:
             docker("rm", "-f", cid, check=False, capture=True)

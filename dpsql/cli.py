@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
         ("stop", "stop the server"),
         ("status", "print the URI if the server runs (exit 3 if not)"),
         ("uri", "print the URI of the running server (exit 3 if not running)"),
+        (
+            "env",
+            "print shell exports (PGHOST, PGPORT, PGUSER, PGPASSFILE, PATH with its psql) "
+            'for the running server: eval "$(dpsql server env)" (exit 3 if not running)',
+        ),
     ]:
         action = actions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         action.add_argument(
@@ -118,6 +123,26 @@ def _server_command(args: argparse.Namespace) -> int:
             file=sys.stdout if args.action == "status" else sys.stderr,
         )
         return EXIT_NOT_RUNNING
+    if args.action == "env":
+        import os
+        import shlex
+
+        from psycopg.conninfo import conninfo_to_dict
+
+        info = conninfo_to_dict(uri)
+        exports = {
+            "PGHOST": info.get("host"),
+            "PGPORT": info.get("port"),
+            "PGUSER": info.get("user"),
+            "PGDATABASE": info.get("dbname"),
+            "PGPASSFILE": info.get("passfile"),
+            "PATH": f"{server.bin_dir(server._resolve(args.pg_version, args.pgdata)[0])}:"
+            + os.environ.get("PATH", ""),
+        }
+        for key, value in exports.items():
+            if value:
+                print(f"export {key}={shlex.quote(str(value))}")
+        return EXIT_OK
     print(uri)
     return EXIT_OK
 

@@ -1,6 +1,7 @@
 -- The SQL surface as an analyst meets it: the mechanism list, and refusals that say why and
 -- charge nothing (errors without CONTEXT: their text and hints are the interface).
 \set SHOW_CONTEXT never
+SET client_min_messages = warning;
 \set VERBOSITY default
 CREATE EXTENSION dpsql;
 
@@ -35,3 +36,6 @@ SELECT params->'privacy'->'defaults' ? 'step_size' AS step_defaulted, epsilon, d
   FROM dpsql.models;
 SELECT mechanism, epsilon, delta FROM dpsql.ledger;
 SELECT name, epsilon_spent, epsilon_remaining FROM dpsql.budgets;
+-- pg_regress runs every file in one database: leave it as found
+DROP EXTENSION dpsql CASCADE;
+DROP TABLE pts;
