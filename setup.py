@@ -1,14 +1,19 @@
-"""Build the Cython bindings of the C core (dpsql._core).
+"""Build the Cython bindings of the C core (dpsql._core), and ship the extension's sources.
 
 The same C files in cython_ext/core are compiled into the PostgreSQL extension by sql/Makefile;
 both builds use -ffp-contract=off so that the in-database and in-memory engines give the same bits.
+A built package (wheel) carries sql/ and cython_ext/core under dpsql/_ext, so that
+`dpsql install-extension --pg-config ...` works without a source checkout.
 """
 
+import shutil
 from glob import glob
+from pathlib import Path
 
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 core_sources = sorted(glob("cython_ext/core/*.c"))
 
@@ -20,4 +25,26 @@ ext = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
-setup(ext_modules=cythonize([ext], language_level=3, compiler_directives={"boundscheck": False}))
+
+def _not_sources(folder: str, names: list[str]) -> set[str]:
+    """Build products (and sql/'s assembled scripts, which make rebuilds) stay out."""
+    skip = {n for n in names if n.endswith((".o", ".so", ".bc")) or n in ("build", "results")}
+    if Path(folder).name == "sql":
+        skip |= {n for n in names if n.startswith(("dpsql--", "regression."))}
+    return skip
+
+
+class BuildPyWithExtension(build_py):
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib) / "dpsql" / "_ext"
+        for folder in ("sql", "cython_ext/core"):
+            if Path(folder).is_dir():
+                shutil.rmtree(target / folder, ignore_errors=True)
+                shutil.copytree(folder, target / folder, ignore=_not_sources)
+
+
+setup(
+    ext_modules=cythonize([ext], language_level=3, compiler_directives={"boundscheck": False}),
+    cmdclass={"build_py": BuildPyWithExtension},
+)

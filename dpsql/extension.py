@@ -28,7 +28,8 @@ _STAMP_NAME = "pg_config.stamp"
 
 
 def source_dir() -> Path:
-    """The extension's source directory (``sql/`` of the source checkout).
+    """The extension's source directory: ``sql/`` of the source checkout (``pip install -e``),
+    else the copy a built package carries (``dpsql/_ext/sql``, next to ``cython_ext/core``).
 
     Returns
     -------
@@ -37,15 +38,17 @@ def source_dir() -> Path:
     Raises
     ------
     FileNotFoundError
-        If dpsql is not installed from a source checkout (e.g. from a wheel).
+        If neither is there.
     """
-    sql_dir = Path(__file__).resolve().parent.parent / "sql"
-    if not (sql_dir / "Makefile").is_file() or not (sql_dir / f"{EXTENSION}.control").is_file():
-        raise FileNotFoundError(
-            f"dpsql extension sources not found in {sql_dir}: building the extension needs a "
-            "source checkout of dpsql installed with `pip install -e .`"
-        )
-    return sql_dir
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent / "sql", here / "_ext" / "sql"]
+    for sql_dir in candidates:
+        if (sql_dir / "Makefile").is_file() and (sql_dir / f"{EXTENSION}.control").is_file():
+            return sql_dir
+    raise FileNotFoundError(
+        f"dpsql extension sources not found in {' or '.join(map(str, candidates))}: install "
+        "dpsql from a wheel or sdist, or a source checkout with `pip install -e .`"
+    )
 
 
 def _source_files(sql_dir: Path) -> list[Path]:
