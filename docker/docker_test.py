@@ -10,6 +10,9 @@
    ``tests/container`` (wrong password, the analyst's route, restart persistence) and the
    server test suite through ``DPSQL_TEST_DSN``.
 4. ``docker/compose.yml`` up, checked, down.
+5. The ``citus`` target for PostgreSQL 18 (its base ``postgres:18-bookworm`` from the embedded
+   wheel's PostgreSQL where no registry has it, ``docker/standin``), ``docker/compose.citus.yml``
+   up, ``tests/citus`` against it (``DPSQL_CITUS_EXTERNAL``), down.
 
 Everything started here (containers, volumes, the compose project, dockerd) is removed at the
 end by its id or pid, also on failure.
