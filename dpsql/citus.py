@@ -70,8 +70,15 @@ class Cluster:
     root: Path
     version: int
     user: str | None
-    coordinator: Node
-    workers: list[Node] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)  # the coordinator first
+
+    @property
+    def coordinator(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> list[Node]:
+        return self.nodes[1:]
 
     def _pg(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -98,7 +105,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop every node (workers first)."""
-        for node in [*self.workers, self.coordinator]:
+        for node in reversed(self.nodes):
             self.stop_node(node)
 
 
@@ -128,13 +135,18 @@ def _init_node(cluster: Cluster, name: str, password: str, settings: dict[str, s
         out.write("".join(f"{k} = {v}\n" for k, v in conf.items()))
     (pgdata / "pg_hba.conf").write_text(HBA, encoding="utf-8")
     cluster.start_node(node)
-    with psycopg.connect(node.uri, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION citus")
-        # Node-to-node logins (also worker to worker, for repartitioning) carry the password.
-        conn.execute(
-            "INSERT INTO pg_dist_authinfo (nodeid, rolename, authinfo) VALUES (0, 'postgres', %s)",
-            (f"password={password}",),
-        )
+    try:
+        with psycopg.connect(node.uri, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION citus")
+            # Node-to-node logins (also worker to worker, for repartitioning) carry the password.
+            conn.execute(
+                "INSERT INTO pg_dist_authinfo (nodeid, rolename, authinfo)"
+                " VALUES (0, 'postgres', %s)",
+                (f"password={password}",),
+            )
+    except BaseException:
+        cluster.stop_node(node)  # not in cluster.nodes yet: local_cluster would not stop it
+        raise
     return node
 
 
@@ -178,11 +190,10 @@ def local_cluster(
             out.write(text)
         if user is not None:
             shutil.chown(path, user)
-    cluster = Cluster(root, version, user, coordinator=None)  # type: ignore[arg-type]
+    cluster = Cluster(root, version, user)
     try:
-        cluster.coordinator = _init_node(cluster, "coordinator", password, settings or {})
-        for i in range(workers):
-            cluster.workers.append(_init_node(cluster, f"worker{i + 1}", password, settings or {}))
+        for name in ["coordinator", *(f"worker{i + 1}" for i in range(workers))]:
+            cluster.nodes.append(_init_node(cluster, name, password, settings or {}))
         with psycopg.connect(cluster.coordinator.uri, autocommit=True) as conn:
             conn.execute(
                 "SELECT citus_set_coordinator_host('127.0.0.1', %s)", (cluster.coordinator.port,)
