@@ -72,6 +72,17 @@ def _analyst(conn: psycopg.Connection, dataset: str) -> Callable[[citus.Node], p
     return login
 
 
+def _first_shard(conn: psycopg.Connection, table: str) -> str:
+    """The name of a distributed table's first shard (as the workers know it)."""
+    row = conn.execute(
+        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
+        " WHERE logicalrelid = %s::regclass",
+        (table, table),
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def _weights(conn: psycopg.Connection, model_id: int) -> np.ndarray:
     row = conn.execute(
         "SELECT weights FROM dpsql.model_store WHERE model_id = %s", (model_id,)
@@ -400,11 +411,7 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
     src = _distributed(coord, X, y)
     ds = _register(coord, src, labels=[0, 1])
     login = _analyst(coord, ds)
-    shard = coord.execute(
-        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
-        " WHERE logicalrelid = %s::regclass",
-        (src, src),
-    ).fetchone()[0]
+    shard = _first_shard(coord, src)
 
     with login(cluster.coordinator) as a:
         mid = _private(a, ds, privacy="bolton", epsilon=1.0, shard_parallel=True)
@@ -553,11 +560,7 @@ def test_analyst_sees_no_worker_query_and_no_training_shard(cluster, coord) -> N
     table = coord.execute(
         "SELECT train_table FROM dpsql.runs WHERE run_id = %s", (run.run_id,)
     ).fetchone()[0]
-    shard = coord.execute(
-        "SELECT shard_name(%s::regclass, min(shardid)) FROM pg_dist_shard"
-        " WHERE logicalrelid = %s::regclass",
-        (table, table),
-    ).fetchone()[0]
+    shard = _first_shard(coord, table)
     with login(cluster.coordinator) as a:
         _refused(a, f"SELECT * FROM {table} LIMIT 1", code="42501")
     for node in cluster.workers:  # the shard lives on one of them; the schema refuses on both
