@@ -153,8 +153,10 @@ BEGIN
     -- coordinator, or repartition them, without saying so).
     EXECUTE 'EXPLAIN (FORMAT JSON) ' || fill INTO plan;
     IF plan LIKE '%"INSERT/SELECT method"%' THEN
+        -- (the plan itself stays here: it holds the seed)
         PERFORM dpsql_internal._fail(format('Citus cannot push the training table''s fill down to the shards of %s',
-                                            rel), 'XX000', plan);
+                                            rel), 'XX000',
+                                     'A volatile expression over the columns stops the pushdown.');
     END IF;
     EXECUTE fill;
     GET DIAGNOSTICS rows = ROW_COUNT;
