@@ -155,19 +155,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_ready(dsn: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with psycopg.connect(dsn, connect_timeout=3) as conn:
-                conn.execute("SELECT 1")
-                return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-
-
 def container_checks() -> None:
     tag = secrets.token_hex(4)
     volume, name = f"dpsql-test-{tag}", f"dpsql-test-{tag}"
@@ -186,7 +173,7 @@ def container_checks() -> None:
             capture=True,
         )  # fmt: skip
         dsn = f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"
-        wait_ready(dsn)
+        server.wait_until_ready(dsn)
         log(f"container {cid[:12]} ready on 127.0.0.1:{port}")
         env = {
             **os.environ,
@@ -221,7 +208,7 @@ def compose_checks() -> None:
     try:
         run(*compose, "up", "-d", env=env, capture_output=True)
         dsn = f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"
-        wait_ready(dsn)
+        server.wait_until_ready(dsn)
         with psycopg.connect(dsn) as conn:
             version = conn.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'"
@@ -249,7 +236,7 @@ def citus_compose_checks() -> None:
     try:
         run(*compose, "up", "-d", env=env, capture_output=True)
         dsn = f"postgresql://postgres:{password}@127.0.0.1:{ports['coordinator']}/postgres"
-        wait_ready(dsn, 180)
+        server.wait_until_ready(dsn, 180)
         nodes = {
             name: {
                 "port": port,

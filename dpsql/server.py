@@ -450,6 +450,30 @@ def stop(version: int | None = None, pgdata: str | Path | None = None) -> bool:
     return True
 
 
+def wait_until_ready(dsn: str, seconds: float = 120) -> None:
+    """Wait until a server (any, e.g. one starting in a container) accepts a login at ``dsn``.
+
+    Raises
+    ------
+    psycopg.OperationalError
+        The last connection error, once ``seconds`` have passed.
+    """
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=3) as conn:
+                conn.execute("SELECT 1")
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def temporary_server(version: int | None = None) -> Iterator[str]:
     """Run a throw-away server in a fresh temporary data directory.

@@ -11,6 +11,16 @@ BEGIN
     RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code, HINT = hint;
 END $$;
 
+-- The relation a source names, or NULL (a query, or no such relation): a query is no valid
+-- name, so to_regclass refuses it.
+CREATE OR REPLACE FUNCTION dpsql_internal._source_regclass(source text)
+RETURNS regclass LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN to_regclass(regexp_replace(source, ';\s*$', ''));
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;
+END $$;
+
 -- FROM-clause text of a source: a table or view name (resolved, safely quoted) or a query.
 CREATE OR REPLACE FUNCTION dpsql_internal._source_sql(source text)
 RETURNS text LANGUAGE plpgsql STABLE
@@ -25,11 +35,7 @@ BEGIN
     IF q ~* '^\s*(\(|select\s|with\s|values\s|table\s)' THEN
         RETURN '(' || q || ') AS src';
     END IF;
-    BEGIN
-        rel := to_regclass(q);
-    EXCEPTION WHEN OTHERS THEN
-        rel := NULL;
-    END;
+    rel := dpsql_internal._source_regclass(q);
     IF rel IS NULL THEN
         PERFORM dpsql_internal._fail(format('relation %s does not exist', quote_literal(q)), '42P01',
                             'Give a table or view name (schema-qualified if needed) or a SELECT query.');

@@ -25,20 +25,6 @@ BEGIN
     END IF;
 END $$;
 
--- A relation named by a source (NULL for a query).
-CREATE OR REPLACE FUNCTION dpsql_internal._source_regclass(source text)
-RETURNS regclass LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    q text := regexp_replace(coalesce(source, ''), ';\s*$', '');
-BEGIN
-    IF btrim(q) = '' OR q ~* '^\s*(\(|select\s|with\s|values\s|table\s)' THEN
-        RETURN NULL;
-    END IF;
-    RETURN to_regclass(q);
-EXCEPTION WHEN OTHERS THEN
-    RETURN NULL;
-END $$;
-
 -- The layout of a hash-distributed table: its distribution column (and type), shard count,
 -- colocation group and the number of nodes holding its shards. NULL fields: not a
 -- hash-distributed table (Citus absent, a local, reference or Citus-local table).

@@ -22,7 +22,8 @@ DECLARE
     -- The analyst entry points, and the SECURITY INVOKER helpers that evaluate/predict call.
     analyst text[] := ARRAY[
         'train', 'predict', 'evaluate', 'loss_constants',
-        '_source_sql', '_feature_sql', '_label_sql', '_bad_label', '_check_labels', '_canonical_model',
+        '_source_sql', '_source_regclass', '_feature_sql', '_label_sql', '_bad_label',
+        '_check_labels', '_canonical_model',
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
         '_is_admin', '_can_use_dataset',  -- called by train and by the views
@@ -39,7 +40,7 @@ DECLARE
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed', '_flag',
                           -- Citus sources (32_distributed.sql)
-                          '_refuse_on_worker', '_citus_installed', '_source_regclass',
+                          '_refuse_on_worker', '_citus_installed',
                           '_citus_layout', '_reads_citus', '_fill_distributed_table', '_runs_no_code'];
     -- Not granted to anyone: an aggregate runs its support functions with its owner's rights,
     -- so data owners need sgd_epoch only; EXECUTE on _sgd_transition / _sgd_final would let

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,16 +52,7 @@ class ExternalCluster:
 
     def start_node(self, node: ExternalNode) -> None:
         subprocess.run(["docker", "start", node.container], check=True, capture_output=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with psycopg.connect(node.uri, connect_timeout=3) as conn:
-                    conn.execute("SELECT 1")
-                    return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        server.wait_until_ready(node.uri, 60)
 
 
 def _external(spec: dict[str, Any]) -> ExternalCluster:
