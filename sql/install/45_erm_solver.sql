@@ -138,9 +138,10 @@ BEGIN
                               'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda);
 END $$;
 
--- Newton's method with backtracking (Armijo, or a gradient that shrinks: near the optimum
--- rounding hides the objective's decrease) from theta = 0. positive: the class index of a
--- one-vs-rest model (labels mapped to +1 for it, -1 for the others).
+-- Newton's method with backtracking (Armijo, or a gradient that shrinks at an objective that
+-- does not rise: near the optimum rounding hides the objective's decrease) from theta = 0.
+-- positive: the class index of a one-vs-rest model (labels mapped to +1 for it, -1 for the
+-- others).
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_solve(train_table text, plan jsonb, b float8[],
                                                      positive float8 DEFAULT NULL,
                                                      OUT theta float8[], OUT grad_norm float8,
@@ -184,8 +185,11 @@ BEGIN
             EXECUTE q INTO sums USING candidate, loss, param, y_bound, x_bound, intercept;
             scans := scans + 1;
             there := dpsql_internal._glm_newton(sums, candidate, reg, b);
+            -- A shrinking gradient alone must not accept a step that raises the objective:
+            -- on piecewise-quadratic losses (Huber) Newton then cycles between two points.
             accepted := there.objective <= here.objective + 1e-4 * step * here.slope
-                        OR there.grad_norm < 0.5 * here.grad_norm;
+                        OR (there.grad_norm < 0.5 * here.grad_norm
+                            AND there.objective <= here.objective + 1e-12 * abs(here.objective));
             -- a step below 1e-12 makes no progress (and bounds the arithmetic above)
             EXIT WHEN accepted OR scans >= max_scans OR step < 1e-12;
             step := step / 2;
