@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from dpsql import extension, server
 from dpsql.errors import InvalidParameter, NoSuchModel, NothingReleased, NotRegistered, translate
 from dpsql.models import Model
-from dpsql.training import TrainingRun, train_args
+from dpsql.training import TrainingRun, server_progress, train_args
 
 __all__ = ["Database", "Estimate", "FeatureBoundsEstimate", "LabelBoundEstimate", "connect"]
 
@@ -176,6 +176,9 @@ class Database:
                 source,
                 model,
                 privacy,
+                features=[features] if isinstance(features, str) else features,
+                label=label,
+                progress=progress,
                 epochs=epochs,
                 batch_size=batch_size,
                 lambda_=lambda_,
@@ -234,15 +237,26 @@ class Database:
         return self.model(model_id)
 
     @translate(not_found=NotRegistered)
-    def _train_private(self, source: str, model: str, privacy: Any, **kw: Any) -> Model:
-        """A private run: the server drives it and releases only the noisy model."""
+    def _train_private(
+        self,
+        source: str,
+        model: str,
+        privacy: Any,
+        *,
+        features: Sequence[str] | None,
+        label: str | None,
+        progress: bool,
+        **kw: Any,
+    ) -> Model:
+        """A private run: the server drives it and releases only the noisy model. Features
+        and label, when given, must be the registration's (the server checks)."""
         if not hasattr(privacy, "sql_args"):
             raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
         kw["lambda"] = float(kw.pop("lambda_"))
         args = {
             "source": source,
-            "features": None,
-            "label": None,
+            "features": None if features is None else list(features),
+            "label": label,
             "model": model,
             **kw,
             **privacy.sql_args(),
@@ -252,7 +266,8 @@ class Database:
                 sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in args
             )
         )
-        row = self.conn.execute(query, list(args.values())).fetchone()
+        with server_progress(self.conn, f"dpsql {privacy.name}", enabled=progress):
+            row = self.conn.execute(query, list(args.values())).fetchone()
         assert row is not None
         if row[0] is None:
             raise NothingReleased(

@@ -8,7 +8,10 @@ model); this module only calls them in order, so SQL's ``dpsql.train`` and Pytho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import re
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,50 @@ _PREPARE_ARGS = (
     "parallel_workers",
     "shard_parallel",
 )
+
+
+# dpsql_internal._progress (sql/install/30_runs.sql): "dpsql: <unit> <done>/<total>".
+_PROGRESS = re.compile(r"dpsql: (\w+) (\d+)/(\d+)$")
+_CALIBRATING = "dpsql: calibrating"
+
+
+@contextlib.contextmanager
+def server_progress(
+    conn: psycopg.Connection, desc: str, *, enabled: bool
+) -> Iterator[list[tuple[str, int, int]]]:
+    """A tqdm bar (on a terminal) fed by the progress NOTICEs of the server-side run inside
+    the block: libpq hands them over as they arrive, while the statement runs. Yields the
+    (unit, done, total) events seen."""
+    events: list[tuple[str, int, int]] = []
+    if not enabled:
+        yield events
+        return
+    bars: dict[str, tqdm[Any]] = {}
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        if message.startswith(_CALIBRATING):
+            tqdm.write(message, file=sys.stderr)
+            return
+        match = _PROGRESS.match(message)
+        if match is None:
+            return
+        unit, done, total = match.group(1), int(match.group(2)), int(match.group(3))
+        events.append((unit, done, total))
+        bar = bars.get(unit)
+        if bar is None or bar.total != total or done < bar.n:
+            if bar is not None:
+                bar.close()
+            bar = bars[unit] = tqdm(total=total, desc=desc, unit=unit, disable=None)
+        bar.update(done - bar.n)
+
+    conn.add_notice_handler(on_notice)
+    try:
+        yield events
+    finally:
+        conn.remove_notice_handler(on_notice)
+        for bar in bars.values():
+            bar.close()
 
 
 def train_args(

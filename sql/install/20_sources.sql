@@ -2,14 +2,11 @@
 -- Preparing sources
 ------------------------------------------------------------------------------------------
 
+-- ERROR "dpsql: message" with SQLSTATE code and the hint when not empty; no CONTEXT (the
+-- caller's frames only repeat the call: sql/src/errors_fmgr.c).
 CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
-RETURNS float8 LANGUAGE plpgsql AS $$
-BEGIN
-    IF coalesce(hint, '') = '' THEN  -- no empty HINT line
-        RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code;
-    END IF;
-    RAISE EXCEPTION USING MESSAGE = 'dpsql: ' || message, ERRCODE = code, HINT = hint;
-END $$;
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_fail_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
 -- The relation a source names, or NULL (a query, or no such relation): a query is no valid
 -- name, so to_regclass refuses it.

@@ -18,7 +18,8 @@ CREATE TABLE IF NOT EXISTS dpsql.ledger_entries (
 CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
 COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
 
--- The only change allowed to a ledger entry: model_id from NULL to a value, nothing else.
+-- The only change allowed to a ledger entry: model_id from NULL to a value, with charged_at
+-- moving forward to the release's time, nothing else.
 CREATE OR REPLACE FUNCTION dpsql_internal._ledger_append_only()
 RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -29,7 +30,8 @@ BEGIN
     IF TG_OP = 'UPDATE' THEN
         expected := OLD;
         expected.model_id := NEW.model_id;
-        IF OLD.model_id IS NULL AND NEW.model_id IS NOT NULL
+        expected.charged_at := NEW.charged_at;
+        IF OLD.model_id IS NULL AND NEW.model_id IS NOT NULL AND NEW.charged_at >= OLD.charged_at
            AND NEW IS NOT DISTINCT FROM expected THEN
             RETURN NEW;
         END IF;
@@ -109,9 +111,10 @@ BEGIN
             HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release with '
                    'a smaller epsilon/delta.';
     END IF;
-    INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, role, note)
+    INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, charged_at,
+                                      role, note)
     VALUES (d.dataset_id, _charge.model_id, _charge.mechanism, _charge.epsilon, _charge.delta,
-            session_user, _charge.note)
+            clock_timestamp(), session_user, _charge.note)
     RETURNING entry_id INTO entry;
     UPDATE dpsql.datasets ds SET charges = ds.charges + 1 WHERE ds.dataset_id = d.dataset_id;
     RETURN entry;
@@ -126,7 +129,9 @@ BEGIN
     IF model_id IS NULL THEN
         RAISE EXCEPTION 'dpsql: model_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id
+    -- charged_at: when the model was released (clock time, not the transaction's start)
+    UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id,
+                                      charged_at = clock_timestamp()
      WHERE e.entry_id = _set_ledger_model.entry_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'dpsql: no ledger entry %', coalesce(entry_id::text, 'NULL')

@@ -233,6 +233,23 @@ BEGIN
     RETURN r;
 END $$;
 
+-- Progress of a long run as NOTICEs "dpsql: <unit> <done>/<total>": the first and the last,
+-- and at most one a second between them (the last time is a session setting: a function's
+-- SET clause would undo a local one). Python's Database.train draws them as a tqdm bar;
+-- psql shows them, and SET client_min_messages = warning silences them. Units and totals are
+-- public (epochs, steps): they say nothing about the rows.
+CREATE OR REPLACE FUNCTION dpsql_internal._progress(unit text, done bigint, total bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    at float8 := extract(epoch FROM clock_timestamp());
+    last float8 := nullif(current_setting('dpsql_progress.last', true), '')::float8;
+BEGIN
+    IF done <= 1 OR done >= total OR last IS NULL OR at - last >= 1 THEN
+        RAISE NOTICE 'dpsql: % %/%', unit, done, total;
+        PERFORM set_config('dpsql_progress.last', at::text, false);
+    END IF;
+END $$;
+
 -- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
 -- the epoch's training objective, and whether the run is done (epochs reached or converged).
 CREATE OR REPLACE FUNCTION dpsql_internal._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
@@ -305,6 +322,9 @@ BEGIN
        SET state = st, epochs_done = epoch, losses = losses || objective, done = _run_epoch.done,
            train_seconds = runs.train_seconds + extract(epoch FROM clock_timestamp() - t0)
      WHERE runs.run_id = _run_epoch.run_id;
+    IF (r.spec->>'private')::boolean THEN  -- (non-private runs report their objective)
+        PERFORM dpsql_internal._progress('epoch', epoch, (r.spec->>'epochs')::int);
+    END IF;
 END $$;
 
 -- Store the run's model with its provenance, drop its training table, forget its state.
@@ -335,12 +355,15 @@ BEGIN
     d := (s->>'dim')::int;
     fit_icpt := (s->>'intercept')::boolean;
     INSERT INTO dpsql.model_store (
-        source, features, label, model, classes, n_features, fit_intercept, coef, intercept,
+        created_by, source, features, label, model, classes, n_features, fit_intercept, coef, intercept,
         weights, flags, epochs, epochs_run, batch_size, lambda, schedule, step_size, step_offset,
         radius, huber_h, row_norm, shuffle, seed, seed_policy, rows, dropped_rows, clipped_rows,
         train_loss, loss_history, prepare_seconds, train_seconds, privacy, dataset_id, epsilon,
         delta, sensitivity, noise_scale, params)
     VALUES (
+        -- a private release runs as the extension owner: its model is the caller's, like
+        -- its ledger entry (the login role)
+        CASE WHEN privacy IS NULL THEN current_user ELSE session_user END,
         s->>'source', ARRAY(SELECT jsonb_array_elements_text(s->'features')), s->>'label',
         s->>'model',
         CASE WHEN s->'classes' <> 'null' THEN ARRAY(SELECT jsonb_array_elements_text(s->'classes'))::float8[] END,

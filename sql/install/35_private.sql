@@ -324,10 +324,17 @@ BEGIN
         PERFORM dpsql_internal._fail('private tuning (Algorithm 3) splits the rows by position: not on a '
                                      'distributed dataset', '0A000');
     END IF;
-    -- Checks the budget under the dataset's row lock and appends the ledger entry.
+    -- The parameters are checked (the run's spec, the mechanism's sensitivity) before the
+    -- budget: a bad argument is reported as such, also on an exhausted dataset.
+    run := dpsql_internal._prepare_private(ds, model, params);
+    IF NOT tuning THEN
+        PERFORM dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration)
+           FROM dpsql.runs r WHERE r.run_id = run;
+    END IF;
+    -- Checks the budget under the dataset's row lock and appends the ledger entry; no epoch
+    -- has run yet.
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END);
-    run := dpsql_internal._prepare_private(ds, model, params);
     IF tuning THEN
         fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);

@@ -42,6 +42,8 @@ BEGIN
     IF FOUND THEN
         RETURN answer;
     END IF;
+    -- seconds of work the first time a configuration is asked: say so
+    RAISE NOTICE 'dpsql: calibrating the noise with the accountant (a new configuration)';
     answer := dpsql_internal._accountant(request::text)::jsonb;
     IF answer ? 'error' THEN
         PERFORM dpsql_internal._fail('the accountant refused: ' || (answer->>'error'));

@@ -220,6 +220,7 @@ BEGIN
             theta := dpsql_internal._dpgd_step(theta, g, (plan->>'step_size')::float8,
                                       (plan->>'noise_std')::float8, noise_seed, k);
             iterates := iterates || ARRAY[theta];
+            PERFORM dpsql_internal._progress('step', k, runs::bigint * per_run);
         END LOOP;
     END LOOP;
     IF ci = 'none' THEN

@@ -197,6 +197,7 @@ BEGIN
             theta_sum := ARRAY(SELECT a + b FROM unnest(theta_sum, out[p + 2 : 2 * p + 1]) WITH ORDINALITY
                                              AS u(a, b, i) ORDER BY i);
             last := out[2 * p + 2 : 3 * p + 1];
+            PERFORM dpsql_internal._progress('epoch', c::bigint * epochs + e, outputs::bigint * epochs);
         END LOOP;
         w := CASE WHEN plan->>'output' = 'last' THEN last
                   ELSE ARRAY(SELECT a / leaves FROM unnest(theta_sum) WITH ORDINALITY AS u(a, i)

@@ -164,9 +164,7 @@ BEGIN
             END IF;
             weights := dpsql_internal._fw_step(weights, g, k, s, eps_step, delta_u, noise_seed);
             -- one scan per step: say how far it is (K is public)
-            IF (k + 1) % greatest(steps / 10, 1) = 0 THEN
-                RAISE NOTICE 'dpsql: frank_wolfe step %/%', k + 1, steps;
-            END IF;
+            PERFORM dpsql_internal._progress('step', k + 1, steps);
         END LOOP;
     END IF;
     info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0));

@@ -84,4 +84,7 @@ dpsql_state_remember(FunctionCallInfo fcinfo, const void *state)
 /* The GUCs of accountant_fmgr.c, defined by _PG_init (module_fmgr.c). */
 void		dpsql_define_accountant_gucs(void);
 
+/* Installs the hook that drops the CONTEXT of dpsql's refusals (errors_fmgr.c). */
+void		dpsql_install_error_hook(void);
+
 #endif

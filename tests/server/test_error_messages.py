@@ -1,0 +1,140 @@
+"""Errors that help (issue 15): a bad parameter is reported as such before the budget is
+checked, refusals carry no CONTEXT and no empty HINT, and a private model and its ledger
+entry name the analyst who released it, at the time of the release."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import errors as pg
+from psycopg.types.json import Jsonb
+
+from tests.pg_helpers import load
+
+
+def _exhausted(conn, schema, regression: bool) -> str:
+    """A dataset whose budget (epsilon 0.5, delta 1e-3) no release at epsilon 1 fits."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(12000 if regression else 3000, 3)) / 2
+    y = X[:, 0] if regression else (X[:, 0] > 0).astype(float)
+    source = load(conn, schema, f"t_{uuid.uuid4().hex[:6]}", X, y)
+    extra = "label_bound => 2, row_bound => 2" if regression else "labels => '{0,1}'"
+    conn.execute(
+        f"SELECT dpsql.register_dataset(%s, '{{x}}', 'y', epsilon_budget => 0.5,"
+        f" delta_budget => 1e-3, row_norm => 'clip', {extra})",
+        (source,),
+    )
+    return source
+
+
+def _bad_argument(params: list[str], options: list[str]) -> tuple[str, object]:
+    """One argument the mechanism takes, with a value its checks refuse."""
+    for name, value in [("step_size", -1.0), ("epochs", 0), ("steps", 0), ("lambda", -1.0)]:
+        if name in params:
+            return name, value
+    for option in ["radius", "varrho", "l1_radius"]:
+        if option in options:
+            return "options", Jsonb({option: -1})
+    raise AssertionError(f"no refusable argument among {params} {options}")
+
+
+# Valid arguments where the defaults do not fit the rows.
+_VALID = {"dp_ambssgd": {"steps": 2}, "dp_ssgd": {"options": Jsonb({"baseline": True})}}
+
+
+def _train(conn, source, name, model, needs_delta, **kw):
+    kw = {**_VALID.get(name, {}), **kw}
+    names = ", ".join(f"{k} => %({k})s" for k in kw)
+    delta = 1e-6 if needs_delta else 0
+    return conn.execute(
+        f"SELECT dpsql.train(%(s)s, NULL, NULL, %(m)s, privacy => %(p)s, epsilon => 1,"
+        f" delta => %(d)s{', ' + names if names else ''})",
+        {"s": source, "m": model, "p": name, "d": delta, **kw},
+    )
+
+
+def test_parameters_are_checked_before_the_budget(conn, scratch_schema) -> None:
+    """Every mechanism: with valid arguments the exhausted dataset refuses the release
+    (DP001); with one bad argument the error names the argument (22023), not the budget."""
+    sources = {False: _exhausted(conn, scratch_schema, False)}
+    sources[True] = _exhausted(conn, scratch_schema, True)
+    mechanisms = conn.execute(
+        "SELECT name, task, models, needs_delta, params, options FROM dpsql.mechanisms()"
+    ).fetchall()
+    assert len(mechanisms) >= 15
+    for name, task, models, needs_delta, params, options in mechanisms:
+        regression = task == "regression"
+        model = "linear" if regression else "logistic"
+        assert model in models, name
+        with pytest.raises(psycopg.Error) as valid:
+            _train(conn, sources[regression], name, model, needs_delta)
+        assert valid.value.sqlstate == "DP001", (name, str(valid.value))
+        arg, value = _bad_argument(params, options)
+        with pytest.raises(pg.InvalidParameterValue) as bad:
+            _train(conn, sources[regression], name, model, needs_delta, **{arg: value})
+        assert "budget" not in str(bad.value), (name, arg, str(bad.value))
+        assert bad.value.diag.context is None, (name, bad.value.diag.context)
+        hint = bad.value.diag.message_hint
+        assert hint is None or hint.strip(), name
+    (spent,) = conn.execute(
+        "SELECT sum(epsilon_spent) FROM dpsql.budgets b JOIN dpsql.datasets d USING (dataset_id)"
+        " WHERE d.relid = ANY(%s::regclass[])",
+        (list(sources.values()),),
+    ).fetchone()
+    assert spent == 0
+
+
+def test_refusals_have_no_context_and_no_empty_hint(conn, scratch_schema) -> None:
+    source = _exhausted(conn, scratch_schema, False)
+    refusals = [
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => -1)",
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'nonesuch', epsilon => 1)",
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1, tolerance => 1)",
+        # a RAISE of the registration (dpsql's module is loaded by now)
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1, labels => '{1}')",
+    ]
+    for query in refusals:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(query, (source,))
+        diag = err.value.diag
+        assert diag.message_primary.startswith("dpsql: "), query
+        assert diag.context is None, (query, diag.context)
+        assert diag.message_hint is None or diag.message_hint.strip(), query
+    # Internal errors (SQLSTATE class XX) keep their context for the bug report.
+    with pytest.raises(pg.InternalError) as internal:
+        conn.execute("SELECT dpsql_internal._fail('x', 'XX000')")
+    assert internal.value.diag.message_primary == "dpsql: x"
+    with pytest.raises(pg.InternalError, match="five digits or capitals"):
+        conn.execute("SELECT dpsql_internal._fail('x', 'bad')")
+
+
+def test_private_model_and_ledger_name_the_analyst(conn, scratch_schema, make_role) -> None:
+    source = _exhausted(conn, scratch_schema, False)
+    conn.execute(
+        "UPDATE dpsql.datasets SET epsilon_budget = 10 WHERE relid = %s::regclass", (source,)
+    )
+    name, connect = make_role("analyst", "dpsql_analyst")
+    (ds,) = conn.execute(
+        "SELECT dataset_id FROM dpsql.datasets WHERE relid = %s::regclass", (source,)
+    ).fetchone()
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, name))
+    with connect() as analyst:
+        analyst.execute("BEGIN")
+        (started,) = analyst.execute("SELECT now()").fetchone()
+        analyst.execute("SELECT pg_sleep(0.05)")
+        (mid,) = analyst.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (source,)
+        ).fetchone()
+        analyst.execute("COMMIT")
+        (created_by,) = analyst.execute(
+            "SELECT created_by FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()
+        role, charged_at = analyst.execute(
+            "SELECT role, charged_at FROM dpsql.ledger WHERE model_id = %s", (mid,)
+        ).fetchone()
+    assert created_by == name and role == name
+    # the release's clock time, not the transaction's start
+    assert charged_at > started
