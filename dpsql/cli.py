@@ -1,5 +1,11 @@
 """Command line interface: ``dpsql server ...``, ``dpsql role create``, ``dpsql install-extension``,
-``dpsql demo``.
+``dpsql demo``, the listings (``datasets``, ``budgets``, ``models``, ``ledger``, ``mechanisms``;
+see dpsql.cli_tables), ``dpsql train``, ``dpsql plot`` and ``dpsql --version``.
+
+Commands that talk to a server take ``--dsn``, else ``$DPSQL_DSN``, else the running embedded
+server: the CLI never starts one on its own (``dpsql server start`` does), so a listing cannot
+leave a server behind. Errors are one line on stderr, ``dpsql: ...`` (the server's own message
+when it refused), plus its hint, never a traceback.
 
 Exit codes: 0 success, 1 error, 2 usage error, 3 server not running (as ``pg_ctl status``).
 """
@@ -7,9 +13,14 @@ Exit codes: 0 success, 1 error, 2 usage error, 3 server not running (as ``pg_ctl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpsql.connection import Database
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -116,9 +116,18 @@ DECLARE
     yexpr text;
     pexpr text;
 BEGIN
-    -- The same public feature bounds as in training (registered datasets).
-    feat := dpsql_internal._feature_sql(src, coalesce(features, m.features),
-                               dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
+    -- The rows are read with the caller's rights: an analyst evaluates on a test table the
+    -- data owner granted, never on a registered dataset (its accuracy is not private).
+    BEGIN
+        -- The same public feature bounds as in training (registered datasets).
+        feat := dpsql_internal._feature_sql(src, coalesce(features, m.features),
+                                   dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
+    EXCEPTION WHEN insufficient_privilege THEN
+        PERFORM dpsql_internal._fail(format('evaluate reads the rows of %s as %s, who may not: %s',
+                                            source, current_user, SQLERRM), '42501',
+            'dpsql.evaluate needs SELECT on the test rows (GRANT SELECT ON ... TO the role): '
+            'a held-out test table, not a registered dataset, whose rows analysts never read.');
+    END;
     IF feat.dim <> m.n_features THEN
         PERFORM dpsql_internal._fail(format('model %s has %s features, the source gives %s',
                                    model_id, m.n_features, feat.dim));

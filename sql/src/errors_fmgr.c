@@ -14,18 +14,22 @@ PG_FUNCTION_INFO_V1(dpsql_fail_sql);
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
 
-/* A dpsql refusal (not an internal error, SQLSTATE class XX) needs no call stack. */
+/*
+ * A dpsql refusal raised by PL/pgSQL's RAISE (not an internal error, SQLSTATE class XX)
+ * needs no call stack. The C functions' own errcontext (which state, which row) stays.
+ */
 static bool
 is_refusal(const ErrorData *edata)
 {
 	return edata->elevel >= ERROR && edata->message != NULL &&
 		strncmp(edata->message, "dpsql: ", 7) == 0 &&
-		PGUNSIXBIT(edata->sqlerrcode) != 'X';
+		PGUNSIXBIT(edata->sqlerrcode) != 'X' &&
+		edata->funcname != NULL && strcmp(edata->funcname, "exec_stmt_raise") == 0;
 }
 
 /*
- * Drops the CONTEXT of refusals raised by PL/pgSQL's RAISE once this module is loaded (the
- * hook runs before the report goes to the log and the client).
+ * Drops the CONTEXT of those refusals once this module is loaded (the hook runs before the
+ * report goes to the log and the client).
  */
 static void
 short_refusals(ErrorData *edata)

@@ -138,3 +138,32 @@ def test_private_model_and_ledger_name_the_analyst(conn, scratch_schema, make_ro
     assert created_by == name and role == name
     # the release's clock time, not the transaction's start
     assert charged_at > started
+
+
+def test_evaluate_says_it_needs_select_on_the_test_rows(conn, scratch_schema, make_role) -> None:
+    source = _exhausted(conn, scratch_schema, False)
+    conn.execute(
+        "UPDATE dpsql.datasets SET epsilon_budget = 10 WHERE relid = %s::regclass", (source,)
+    )
+    test = f"{scratch_schema}.held_out"
+    conn.execute(f"CREATE TABLE {test} AS SELECT * FROM {source} LIMIT 100")
+    name, connect = make_role("analyst", "dpsql_analyst")
+    conn.execute(
+        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE relid = %s::regclass",
+        (name, source),
+    )
+    conn.execute(f"GRANT USAGE ON SCHEMA {scratch_schema} TO {name}")
+    with connect() as analyst:
+        (mid,) = analyst.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (source,)
+        ).fetchone()
+        with pytest.raises(pg.InsufficientPrivilege) as err:
+            analyst.execute("SELECT * FROM dpsql.evaluate(%s, %s)", (mid, test))
+        assert err.value.diag.message_primary.startswith("dpsql: evaluate reads the rows of")
+        assert "GRANT SELECT" in err.value.diag.message_hint
+        assert err.value.diag.context is None  # no internal SQL
+        conn.execute(f"GRANT SELECT ON {test} TO {name}")
+        metric, value, rows = analyst.execute(
+            "SELECT * FROM dpsql.evaluate(%s, %s)", (mid, test)
+        ).fetchone()
+    assert metric == "accuracy" and rows == 100 and 0 <= value <= 1
