@@ -47,11 +47,16 @@ all: test
 setup: $(VENV_STAMP)
 .venv: $(VENV_STAMP)
 
+# Quiet apart from a step log (pip -v or `make V=1` for the details).
+PIP_QUIET := $(if $(V),,--quiet)
 $(VENV_STAMP): $(INSTALL_INPUTS)
-	test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV_PY) -m pip install --quiet --upgrade pip
-	$(VENV_PY) -m pip install -e '.[test]'
-	touch $@
+	@echo "==> virtualenv $(VENV)"
+	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
+	@$(VENV_PY) -m pip install $(PIP_QUIET) --upgrade pip
+	@echo "==> pip install -e '.[test]': dpsql, its dependencies and the C core (a few minutes the first time)"
+	@$(VENV_PY) -m pip install $(PIP_QUIET) -e '.[test]'
+	@echo "==> ready: $(VENV)/bin/dpsql"
+	@touch $@
 
 test: $(VENV_STAMP) citus
 	$(VENV)/bin/ruff check .
