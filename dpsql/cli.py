@@ -21,10 +21,139 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dpsql.connection import Database
+    from dpsql.models import Model
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_NOT_RUNNING = 3
+
+
+class _NoServer(Exception):
+    """No --dsn, no $DPSQL_DSN and no embedded server running: exit 3, as ``server status``."""
+
+
+def _server_dsn(dsn: str | None) -> str:
+    """The server a command talks to: ``--dsn``, else ``$DPSQL_DSN``, else the running embedded
+    server (never started here: a one-off command must not leave a server running)."""
+    from dpsql import server
+
+    found = dsn or os.environ.get("DPSQL_DSN") or server.status()
+    if found is None:
+        raise _NoServer(
+            "dpsql: error: no server: pass --dsn, set DPSQL_DSN or run `dpsql server start`"
+        )
+    return found
+
+
+def _connect(dsn: str | None) -> Database:
+    """A :class:`dpsql.Database` without installing anything: analysts cannot create the
+    extension, and a listing should not change the server; a missing extension is one clear
+    error rather than "relation dpsql.... does not exist"."""
+    from dpsql.connection import connect
+
+    db = connect(_server_dsn(dsn), install=False)
+    if db.execute("SELECT 1 FROM pg_extension WHERE extname = 'dpsql'").fetchone() is None:
+        where = db.conn.info.dbname
+        db.close()
+        raise RuntimeError(
+            f"dpsql: the dpsql extension is not created in database {where!r}: "
+            "run `CREATE EXTENSION dpsql` there as a superuser (or call dpsql.connect() once)"
+        )
+    return db
+
+
+def _error_lines(err: BaseException) -> list[str]:
+    """An error as one line ``dpsql: ...`` (the server's message as it wrote it, else ours with
+    ``dpsql: error:``) and its hint: what a shell user needs, without the CONTEXT or a
+    traceback."""
+    diag = getattr(err, "diag", None)  # psycopg's errors (dpsql's included): the server's parts
+    message = getattr(diag, "message_primary", None)
+    if not message:  # not the server's (a failed connection, ours): its lines as sentences
+        parts = [line.strip().rstrip(".") for line in str(err).splitlines() if line.strip()]
+        message = ". ".join(parts) or type(err).__name__
+    lines = [message if message.startswith("dpsql:") else f"dpsql: error: {message}"]
+    hint = getattr(diag, "message_hint", None)
+    if hint:
+        lines.append(f"hint: {hint}")
+    return lines
+
+
+def _reported(err: Exception) -> bool:
+    """Whether main() reports the error as a message (ours and the server's) rather than a
+    traceback (a bug)."""
+    if isinstance(err, RuntimeError | OSError | ValueError):
+        return True
+    psycopg = sys.modules.get("psycopg")  # dpsql's own errors subclass psycopg.Error too
+    return psycopg is not None and isinstance(err, psycopg.Error)
+
+
+def _version_text() -> str:
+    """Versions of the package, of the extension this install can build and of the extension in
+    the server it would talk to: what a bug report needs, and whether an upgrade is pending."""
+    import dpsql
+    from dpsql import extension
+
+    lines = [f"dpsql {dpsql.__version__}"]
+    try:
+        lines.append(
+            f"extension: {extension.control_default_version()} available to build "
+            f"({extension.source_dir()})"
+        )
+    except (OSError, RuntimeError):
+        lines.append("extension: no sources to build (not a source checkout or sdist)")
+    try:
+        dsn = _server_dsn(None)
+    except (_NoServer, RuntimeError, OSError):
+        lines.append("server: not running (`dpsql server start`, or set DPSQL_DSN)")
+        return "\n".join(lines)
+    import psycopg
+
+    try:
+        from dpsql.connection import _libpq_url  # DPSQL_DSN may be a SQLAlchemy URL
+
+        with psycopg.connect(_libpq_url(dsn), connect_timeout=5) as conn:
+            row = conn.execute(
+                "SELECT current_setting('server_version'),"
+                " (SELECT extversion FROM pg_extension WHERE extname = 'dpsql'),"
+                " (SELECT default_version FROM pg_available_extensions WHERE name = 'dpsql')"
+            ).fetchone()
+            info = conn.info
+            where = f"{info.dbname} at {info.host}:{info.port}"
+    except psycopg.Error as err:
+        lines.append(
+            f"server: not reachable ({_error_lines(err)[0].removeprefix('dpsql: error: ')})"
+        )
+        return "\n".join(lines)
+    assert row is not None
+    pg, installed, available = row
+    if installed is None:
+        state = "dpsql extension not created" + (
+            f" (version {available} installed in the server)" if available else ""
+        )
+    else:
+        state = f"dpsql extension {installed}"
+        if available and available != installed:
+            state += f" (update to {available}: ALTER EXTENSION dpsql UPDATE)"
+    lines.append(f"server: {state}; PostgreSQL {pg}, database {where}")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action prints a fixed string; this one asks the server."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(_version_text())
+        parser.exit()
 
 
 def _pg_version(text: str) -> int:
@@ -43,6 +172,11 @@ def _pg_version(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpsql", description="Differentially private machine learning inside PostgreSQL."
+    )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of dpsql, of the extension it builds and of the server's",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -91,9 +225,22 @@ def _parser() -> argparse.ArgumentParser:
         "a connection string with its generated password: keep it, it is not shown again.",
     )
     create.add_argument("name", help="the role's name")
-    create.add_argument(
-        "--owner", action="store_true", help="a data owner (dpsql_admin), not an analyst"
+    kind = create.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--analyst",
+        dest="kind",
+        action="store_const",
+        const="analyst",
+        help="an analyst (dpsql_analyst): private training on granted datasets (the default)",
     )
+    kind.add_argument(
+        "--owner",
+        dest="kind",
+        action="store_const",
+        const="owner",
+        help="a data owner (dpsql_admin): registers datasets and grants them",
+    )
+    create.set_defaults(kind="analyst")
     create.add_argument("--dsn", help="server to create it on (default: $DPSQL_DSN or embedded)")
 
     install = commands.add_parser(
@@ -114,7 +261,130 @@ def _parser() -> argparse.ArgumentParser:
 
     # Only listed here for --help; its arguments are parsed by dpsql.demo (see main()).
     commands.add_parser("demo", help="run the demo (see `dpsql demo --help`)", add_help=False)
+
+    from dpsql.cli_tables import LISTINGS
+
+    for name, listing in LISTINGS.items():
+        lister = commands.add_parser(
+            name,
+            help=listing.help,
+            description=f"List {listing.help} (aligned columns; --json: every column).",
+        )
+        lister.add_argument("--json", action="store_true", help="print JSON (every column)")
+        if listing.dataset_column is not None:
+            lister.add_argument("--dataset", metavar="NAME", help="only this dataset's rows")
+        lister.add_argument("--dsn", help=_DSN_HELP)
+
+    _add_train_parser(commands)
+    _add_plot_parser(commands)
     return parser
+
+
+_DSN_HELP = "server to connect to (default: $DPSQL_DSN, else the running embedded server)"
+
+
+def _comma_list(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(item) for item in _comma_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers") from None
+
+
+def _mechanism_names() -> list[str]:
+    from dpsql.privacy import MECHANISMS
+
+    return ["none", "auto", *MECHANISMS]
+
+
+def _add_train_parser(commands: Any) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train a model: private on a registered dataset, or a data owner's non-private run",
+        description="Train a model in the server. Private: `dpsql train DATASET --privacy "
+        "bolton --epsilon 1` charges the dataset's budget and releases a noisy model "
+        "(`dpsql mechanisms` lists the mechanisms). Non-private (data owners): `dpsql train "
+        "--privacy none --source TABLE --features a,b --label y`. Prints the model id and what "
+        "was spent.",
+    )
+    train.add_argument("dataset", nargs="?", help="registered dataset (private runs)")
+    train.add_argument(
+        "--privacy",
+        required=True,
+        choices=_mechanism_names(),
+        metavar="MECHANISM",
+        help="a mechanism of `dpsql mechanisms`, auto (the server chooses) or none",
+    )
+    train.add_argument(
+        "--epsilon", type=float, metavar="EPS", help="privacy budget epsilon of this run"
+    )
+    train.add_argument("--delta", type=float, help="delta (default: the mechanism's)")
+    train.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another parameter of the mechanism (its dpsql.privacy class), e.g. clip_norm=2 "
+        "or options='{\"radius\": 5}'; the value is read as JSON, else as text; repeatable",
+    )
+    train.add_argument(
+        "--model", default="logistic", metavar="KIND", help="model kind (default: logistic)"
+    )
+    train.add_argument(
+        "--source", metavar="TABLE", help="table, view or query of a non-private run"
+    )
+    train.add_argument(
+        "--features", type=_comma_list, metavar="A,B", help="feature columns, comma-separated"
+    )
+    train.add_argument("--label", metavar="COLUMN", help="label column")
+    train.add_argument(
+        "--labels",
+        type=_float_list,
+        metavar="NEG,POS",
+        help="label set of a non-private classifier (default: -1,1)",
+    )
+    train.add_argument(
+        "--epochs", type=int, metavar="N", help="epochs (private default: the server's plan)"
+    )
+    train.add_argument("--batch-size", type=int, metavar="B", help="batch size")
+    train.add_argument(
+        "--lambda", dest="lambda_", type=float, default=0.0, metavar="L", help="L2 penalty"
+    )
+    train.add_argument("--step-size", type=float, metavar="ETA", help="step size")
+    train.add_argument("--seed", type=int, metavar="S", help="shuffle seed (not the noise's)")
+    train.add_argument("--intercept", action="store_true", help="fit an intercept")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--json", action="store_true", help="print the summary as JSON")
+    train.add_argument("--dsn", help=_DSN_HELP)
+
+
+def _add_plot_parser(commands: Any) -> None:
+    plot = commands.add_parser(
+        "plot",
+        help="plot test accuracy against epsilon for some mechanisms (spends budget)",
+        description="Train one private model per (mechanism, epsilon) on DATASET, evaluate each "
+        "on the TEST table and plot utility against epsilon. Every run is charged to the "
+        "dataset's budget: the total is the sum of the epsilons times the mechanisms.",
+    )
+    plot.add_argument("dataset", help="registered dataset")
+    plot.add_argument(
+        "--mechanisms", type=_comma_list, required=True, help="comma-separated, e.g. bolton,dpsgd"
+    )
+    plot.add_argument(
+        "--epsilons", type=_float_list, required=True, help="comma-separated, e.g. 0.5,1,2"
+    )
+    plot.add_argument("--test", required=True, metavar="TABLE", help="held-out table to evaluate")
+    plot.add_argument("--model", metavar="KIND", help="model kind (default: the plot's)")
+    plot.add_argument(
+        "--out", type=Path, help="image file to write (default: DATASET_privacy_utility.png)"
+    )
+    plot.add_argument("--dsn", help=_DSN_HELP)
 
 
 def _server_command(args: argparse.Namespace) -> int:
@@ -159,18 +429,13 @@ def _server_command(args: argparse.Namespace) -> int:
 
 
 def _role_command(args: argparse.Namespace) -> int:
-    import os
-
     import psycopg
 
-    from dpsql import roles, server
+    from dpsql import roles
 
-    dsn = args.dsn or os.environ.get("DPSQL_DSN") or server.status()
-    if dsn is None:
-        print("dpsql: error: no server: set DPSQL_DSN or run `dpsql server start`", file=sys.stderr)
-        return EXIT_NOT_RUNNING
+    dsn = _server_dsn(args.dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        password = roles.create_role(conn, args.name, "owner" if args.owner else "analyst")
+        password = roles.create_role(conn, args.name, args.kind)
     print(roles.role_uri(dsn, args.name, password))
     return EXIT_OK
 
@@ -183,6 +448,152 @@ def _install_command(args: argparse.Namespace) -> int:
     )
     extension.build_and_install(pg_config, verbose=args.verbose, clean=args.clean)
     print(f"dpsql extension installed with {pg_config}")
+    return EXIT_OK
+
+
+def _listing_command(args: argparse.Namespace) -> int:
+    from dpsql.cli_tables import LISTINGS, fetch, render_json, render_table
+
+    listing = LISTINGS[args.command]
+    with _connect(args.dsn) as db:
+        rows = fetch(db.conn, listing, getattr(args, "dataset", None))
+    print(render_json(rows) if args.json else render_table(rows, listing.columns))
+    return EXIT_OK
+
+
+def _mechanism(args: argparse.Namespace) -> Any:
+    """The mechanism object of ``--privacy`` (dpsql.privacy's registry), built from --epsilon,
+    --delta and --param: the same objects the Python API takes, so both check alike."""
+    import dataclasses
+    import json
+
+    from dpsql.privacy import MECHANISMS, Auto
+
+    cls = Auto if args.privacy == "auto" else MECHANISMS[args.privacy]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    params: dict[str, Any] = {}
+    for item in args.param:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields or key in ("epsilon", "delta"):
+            accepted = ", ".join(sorted(fields - {"epsilon", "delta"}))
+            raise ValueError(
+                f"dpsql: --param {item!r}: {args.privacy} takes KEY=VALUE with KEY one of "
+                f"{accepted} (epsilon and delta have their own options)"
+            )
+        try:
+            params[key] = json.loads(text)
+        except json.JSONDecodeError:
+            params[key] = text
+    if args.epsilon is not None:
+        params["epsilon"] = args.epsilon
+    if args.delta is not None:
+        params["delta"] = args.delta
+    try:
+        return cls(**params)
+    except TypeError as err:  # a required field (epsilon) left out
+        raise ValueError(f"dpsql: --privacy {args.privacy}: {err}") from None
+
+
+def _train_summary(db: Database, model: Model) -> dict[str, Any]:
+    """What the run spent and what is left of its dataset's budget (None for non-private)."""
+    from dpsql.cli_tables import LISTINGS, fetch
+
+    row = model.row
+    budget = None
+    if row["dataset_id"] is not None:
+        budgets = fetch(db.conn, LISTINGS["budgets"])
+        budget = next((b for b in budgets if b["dataset_id"] == row["dataset_id"]), None)
+    return {
+        "model_id": model.model_id,
+        "model": model.model,
+        "source": row["source"],
+        "dataset": None if budget is None else budget["name"],
+        "privacy": row["privacy"],
+        "epsilon": row["epsilon"],
+        "delta": row["delta"],
+        "epochs_run": row["epochs_run"],
+        "train_loss": row["train_loss"],
+        "budget": budget,
+    }
+
+
+def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    private = args.privacy != "none"
+    if private:
+        if args.dataset is None or args.source is not None:
+            parser.error("a private run names its registered DATASET (not --source)")
+        if args.epsilon is None and not any(p.startswith("noise_multiplier=") for p in args.param):
+            parser.error(f"--privacy {args.privacy} needs --epsilon")
+        source, privacy = args.dataset, _mechanism(args)
+    else:
+        source = args.source or args.dataset
+        if source is None or args.features is None or args.label is None:
+            parser.error("--privacy none needs --source TABLE, --features and --label")
+        if args.epsilon is not None or args.delta is not None or args.param:
+            parser.error("--epsilon, --delta and --param are for private runs")
+        privacy = "none"
+    with _connect(args.dsn) as db:
+        model = db.train(
+            source,
+            args.features,
+            args.label,
+            args.model,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lambda_=args.lambda_,
+            step_size=args.step_size,
+            seed=args.seed,
+            intercept=args.intercept,
+            labels=args.labels,
+            privacy=privacy,
+            progress=not args.no_progress,
+        )
+        summary = _train_summary(db, model)
+    if args.json:
+        from dpsql.cli_tables import render_json
+
+        print(render_json(summary))
+        return EXIT_OK
+    if not private:
+        loss = summary["train_loss"]
+        print(
+            f"model {model.model_id}: {model.model} on {summary['source']}, not private "
+            f"({summary['epochs_run']} epochs"
+            + ("" if loss is None else f", training loss {loss:.6g}")
+            + ")"
+        )
+        return EXIT_OK
+    print(
+        f"model {model.model_id}: {model.model} on {summary['dataset'] or source}, "
+        f"{summary['privacy']} (epsilon {summary['epsilon']:g}, delta {summary['delta']:g})"
+    )
+    budget = summary["budget"]
+    if budget is not None:
+        print(
+            f"budget left on {budget['name']}: epsilon {budget['epsilon_remaining']:g} of "
+            f"{budget['epsilon_budget']:g}, delta {budget['delta_remaining']:g} of "
+            f"{budget['delta_budget']:g}"
+        )
+    return EXIT_OK
+
+
+def _plot_command(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        # Imported by name: the module needs matplotlib, an extra (dpsql[plot]).
+        plot = importlib.import_module("dpsql.plot")
+    except ModuleNotFoundError as err:
+        if err.name == "dpsql.plot":
+            raise RuntimeError("dpsql plot is not available in this version") from None
+        raise RuntimeError(f"dpsql plot needs {err.name}: pip install 'dpsql[plot]'") from None
+    out = args.out or Path(f"{args.dataset}_privacy_utility.png")
+    options: dict[str, Any] = {"mechanisms": args.mechanisms, "epsilons": args.epsilons}
+    if args.model is not None:
+        options["model"] = args.model
+    with _connect(args.dsn) as db:
+        plot.privacy_utility(db, args.dataset, test=args.test, path=out, **options)
+    print(f"wrote {out}")
     return EXIT_OK
 
 
@@ -216,25 +627,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The demo owns its options (including --help), so it bypasses this parser.
         if argv[:1] == ["demo"]:
             return _demo_command(argv[1:])
+        parser = _parser()
         try:
-            args = _parser().parse_args(argv)
-        except SystemExit as exit_:  # argparse exits on --help and usage errors
+            args = parser.parse_args(argv)
+            if args.command == "train":  # its checks across options are usage errors too
+                return _train_command(args, parser)
+        except SystemExit as exit_:  # argparse exits on --help, --version and usage errors
             return exit_.code if isinstance(exit_.code, int) else EXIT_ERROR
         if args.command == "server":
             return _server_command(args)
         if args.command == "role":
             return _role_command(args)
-        return _install_command(args)
-    except (RuntimeError, OSError, ValueError) as err:
-        print(f"dpsql: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as err:  # psycopg.Error (imported lazily): the server's message
-        if type(err).__module__.split(".")[0] != "psycopg":
-            raise
-        print(f"dpsql: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        if args.command == "install-extension":
+            return _install_command(args)
+        if args.command == "plot":
+            return _plot_command(args)
+        return _listing_command(args)
+    except _NoServer as err:
+        print(err, file=sys.stderr)
+        return EXIT_NOT_RUNNING
     except KeyboardInterrupt:
         return 130
+    except Exception as err:
+        if not _reported(err):
+            raise
+        print("\n".join(_error_lines(err)), file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":
