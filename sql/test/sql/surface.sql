@@ -1,6 +1,7 @@
 -- The SQL surface as an analyst meets it: the mechanism list, and refusals that say why and
--- charge nothing (errors without CONTEXT: their text and hints are the interface).
-\set SHOW_CONTEXT never
+-- charge nothing (errors without CONTEXT: their text and hints are the interface; psql would
+-- show one).
+\set SHOW_CONTEXT errors
 SET client_min_messages = warning;
 \set VERBOSITY default
 CREATE EXTENSION dpsql;
