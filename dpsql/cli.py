@@ -380,7 +380,12 @@ def _add_plot_parser(commands: Any) -> None:
         "--epsilons", type=_float_list, required=True, help="comma-separated, e.g. 0.5,1,2"
     )
     plot.add_argument("--test", required=True, metavar="TABLE", help="held-out table to evaluate")
-    plot.add_argument("--model", metavar="KIND", help="model kind (default: the plot's)")
+    plot.add_argument(
+        "--model", metavar="KIND", help="model kind (default: logistic, or linear for regression)"
+    )
+    plot.add_argument("--delta", type=float, help="delta of every run (default: each mechanism's)")
+    plot.add_argument("--epochs", type=int, metavar="N", help="epochs of every run")
+    plot.add_argument("--seed", type=int, metavar="S", help="shuffle seed of every run")
     plot.add_argument(
         "--out", type=Path, help="image file to write (default: DATASET_privacy_utility.png)"
     )
@@ -589,10 +594,14 @@ def _plot_command(args: argparse.Namespace) -> int:
         raise RuntimeError(f"dpsql plot needs {err.name}: pip install 'dpsql[plot]'") from None
     out = args.out or Path(f"{args.dataset}_privacy_utility.png")
     options: dict[str, Any] = {"mechanisms": args.mechanisms, "epsilons": args.epsilons}
-    if args.model is not None:
-        options["model"] = args.model
+    for key in ("model", "delta", "epochs", "seed"):  # left out: the plot's own defaults
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
     with _connect(args.dsn) as db:
-        plot.privacy_utility(db, args.dataset, test=args.test, path=out, **options)
+        try:
+            plot.privacy_utility(db, args.dataset, test=args.test, path=str(out), **options)
+        except ImportError as err:  # matplotlib, imported when the figure is made
+            raise RuntimeError(str(err)) from None
     print(f"wrote {out}")
     return EXIT_OK
 

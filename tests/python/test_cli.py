@@ -315,7 +315,15 @@ def test_plot_writes_an_image(
     test = load(conn, scratch_schema, "cli_test_rows", X, y)
     out = tmp_path / "fig.png"
     args = f"plot {name} --mechanisms bolton,dpsgd --epsilons 0.5,1 --test {test} --out {out}"
-    result = dpsql_cli(*args.split(), "--dsn", server_uri)
+    result = dpsql_cli(*args.split(), "--epochs", "1", "--seed", "1", "--dsn", server_uri)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"wrote {out}"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (budget,) = as_json(dpsql_cli("budgets", "--json", "--dataset", name, "--dsn", server_uri))
+    assert budget["epsilon_spent"] == pytest.approx(3)  # two mechanisms at 0.5 and 1
+
+    # A plan beyond the remaining budget is refused before any run: one line, exit 1.
+    args = f"plot {name} --mechanisms bolton --epsilons 600,600 --test {test} --out {out}"
+    assert "1200" in assert_one_line_error(dpsql_cli(*args.split(), "--dsn", server_uri))
+    (after,) = as_json(dpsql_cli("budgets", "--json", "--dataset", name, "--dsn", server_uri))
+    assert after["epsilon_spent"] == budget["epsilon_spent"]
