@@ -64,7 +64,7 @@ dpsql_fail_sql(PG_FUNCTION_ARGS)
 		sqlstate = MAKE_SQLSTATE(code[0], code[1], code[2], code[3], code[4]);
 	else
 		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: _fail got SQLSTATE \"%s\" (five digits or capitals)", code)));
 	/* No frames: the caller's PL/pgSQL and SQL contexts would only repeat the call. */
 	if (sqlstate != ERRCODE_INTERNAL_ERROR && PGUNSIXBIT(sqlstate) != 'X')

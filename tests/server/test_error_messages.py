@@ -107,7 +107,7 @@ def test_refusals_have_no_context_and_no_empty_hint(conn, scratch_schema) -> Non
     with pytest.raises(pg.InternalError) as internal:
         conn.execute("SELECT dpsql_internal._fail('x', 'XX000')")
     assert internal.value.diag.message_primary == "dpsql: x"
-    with pytest.raises(pg.InternalError, match="five digits or capitals"):
+    with pytest.raises(pg.InvalidParameterValue, match="five digits or capitals"):
         conn.execute("SELECT dpsql_internal._fail('x', 'bad')")
 
 
