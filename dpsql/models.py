@@ -12,6 +12,9 @@ from dpsql import _core
 from dpsql.errors import NoSuchModel, translate
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from dpsql.connection import Database
 
 __all__ = ["ConfidenceIntervals", "Model"]
@@ -180,3 +183,26 @@ class Model:
     ) -> dict[str, float]:
         """Accuracy or MSE over a table or query, computed in the server."""
         return self._db.evaluate(self, source, features, label)
+
+    def plot_loss(self, ax: Axes | None = None, path: str | None = None) -> Figure:
+        """The per-epoch training objective (``loss_history_``) of a non-private run, as a
+        matplotlib Figure (``pip install dpsql[plot]``); also saved to ``path`` when given."""
+        from dpsql.plot import figure_and_axes
+
+        if not self.loss_history_:
+            # The server stores '{}' for private models: the objective is computed from the rows.
+            why = (
+                "private runs release no loss history"
+                if self.row["privacy"] != "none"
+                else "the run recorded no epoch"
+            )
+            raise ValueError(f"dpsql: model {self.model_id} has no loss history: {why}")
+        fig, axes = figure_and_axes(ax)
+        epochs = range(1, len(self.loss_history_) + 1)
+        axes.plot(epochs, self.loss_history_, marker="o")
+        axes.set_xlabel("epoch")
+        axes.set_ylabel("training objective")
+        axes.set_title(f"model {self.model_id}: {self.model}")
+        if path is not None:
+            fig.savefig(path)
+        return fig

@@ -1,0 +1,567 @@
+"""scikit-learn estimators that train inside the server (``pip install dpsql[sklearn]``).
+
+>>> from dpsql.estimators import LogisticRegression
+>>> clf = LogisticRegression(db=db, privacy=dpsql.BoltOn(epsilon=1), epochs=5)
+>>> clf.fit("protein")              # a registered dataset: the rows never leave the server
+>>> clf.predict(X_test), clf.score(X_test, y_test)
+
+``fit(name)`` trains a private model on a registered dataset (analysts and data owners).
+``fit(X, y)`` is for data owners: the rows are loaded into a new table of ``table_schema``;
+with ``privacy="none"`` the model is trained without privacy (the server refuses analysts:
+:class:`dpsql.PermissionDenied`) and the table is dropped afterwards; with a mechanism the table
+is registered as a new dataset whose public schema comes from the estimator's parameters only
+(``classes``, ``feature_bounds``, ``row_norm``, ``row_bound``, ``label_bound``: never read from
+the rows) and whose budget is ``epsilon_budget`` (default: the mechanism's epsilon), so each
+such fit spends the budget of its own new dataset and of no other. Predictions run in Python
+with the C core, exactly as the server predicts (``model_`` is the :class:`dpsql.Model`).
+
+``db`` is a :class:`dpsql.Database` or a DSN string (connected for the fit and closed after:
+such an estimator can be pickled, deep-copied and cloned into joblib workers). A pickled
+estimator keeps its fitted model, not its connection.
+
+scikit-learn's ``check_estimator`` runs for real for ``privacy="none"`` with a fixed ``seed``
+(tests/python/test_estimators.py; docs/estimators.md). What does not apply, and why:
+
+- :class:`LinearRegression`: ``check_fit_check_is_fitted``, ``check_fit_idempotent`` and
+  ``check_n_features_in`` fit features of mean 100, neither scaled nor clipped; constant-step
+  SGD diverges there and the server refuses the diverged model (scale or clip the rows, or
+  lower ``step_size``).
+- With a :class:`dpsql.Database` as ``db`` (not a DSN): ``check_estimators_overwrite_params``
+  and ``check_set_params`` deep-copy and hash the parameters; a live connection can be neither.
+- Sample-weight checks are not generated: ``fit`` takes no ``sample_weight`` (nor does
+  ``dpsql.train``). The pandas checks skip when pandas is not installed.
+- Private estimators (a mechanism as ``privacy``) are not run through the suite: results are
+  random by design (fresh noise; tag ``non_deterministic``), a private fit on arrays needs the
+  public ``classes``/``label_bound`` declared before the checks draw their own labels, and each
+  such fit registers a new dataset and spends its budget.
+- :class:`MultinomialLogisticRegression` (and one-vs-rest :class:`LogisticRegression` on three
+  or more classes) has no ``predict_proba``/``decision_function``: the C core returns the class
+  only, so the checks of those methods do not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from psycopg import sql
+from sklearn.base import (  # type: ignore[import-untyped]
+    BaseEstimator,
+    ClassifierMixin,
+    RegressorMixin,
+    clone,
+)
+from sklearn.utils.metaestimators import available_if  # type: ignore[import-untyped]
+from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
+from sklearn.utils.validation import check_is_fitted, validate_data  # type: ignore[import-untyped]
+
+from dpsql.models import Model
+
+if TYPE_CHECKING:
+    from dpsql.connection import Database
+
+__all__ = ["LinearRegression", "LogisticRegression", "MultinomialLogisticRegression"]
+
+# Database.train's keywords the estimators pass through as they are (their defaults are
+# dpsql.train's "not set", which private mechanisms require for what they do not take).
+_TRAIN_KEYWORDS = (
+    "epochs",
+    "batch_size",
+    "lambda_",
+    "step_size",
+    "schedule",
+    "radius",
+    "shuffle",
+    "seed",
+    "intercept",
+    "huber_h",
+    "step_offset",
+    "tolerance",
+    "parallel_workers",
+    "shard_parallel",
+    "progress",
+)
+
+
+class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
+    """What the three estimators share: the connection, the two ways to fit, pickling."""
+
+    _model: str = ""  # dpsql.train's model
+
+    # Set by the subclasses' __init__ (sklearn: parameters are the __init__ signature).
+    db: Database | str | None
+    privacy: Any
+    row_norm: str | None
+    feature_bounds: Sequence[Sequence[float]] | None
+    row_bound: float | None
+    epsilon_budget: float | None
+    delta_budget: float | None
+    table_schema: str | None
+
+    # -- fitting ----------------------------------------------------------------------------
+
+    def fit(self, X: Any, y: Any = None) -> Any:
+        """Train in the server: ``fit("dataset")`` privately on a registered dataset (``y`` None),
+        or ``fit(X, y)`` on a data owner's arrays (see the module docstring). Returns self."""
+        private = self._private()
+        with self._database() as db:
+            if isinstance(X, str):
+                if y is not None:
+                    raise ValueError(
+                        "dpsql: fit(dataset_name) takes no y: the labels are the dataset's"
+                    )
+                if not private:
+                    raise ValueError(
+                        "dpsql: privacy='none' trains on rows you own: fit(X, y), or "
+                        "Database.train(table, features, label); a registered dataset's name is "
+                        "for private training (privacy=dpsql.BoltOn(epsilon=...), ...)"
+                    )
+                model = db.train(
+                    X, None, None, model=self._model, privacy=self.privacy, **self._train_kwargs()
+                )
+                self._set_fitted(model, None)
+                self.dataset_ = X
+                self.n_features_in_ = model.n_features_in_
+                if hasattr(self, "feature_names_in_"):
+                    del self.feature_names_in_
+                return self
+            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=self._model == "linear")
+            y_train, classes, labels = self._encode(y, private)
+            table = f"dpsql_fit_{uuid.uuid4().hex[:12]}"
+            schema = self.table_schema or _current_schema(db)
+            db.load_numpy(table, X, y_train, schema=schema)
+            qualified = f"{schema}.{table}"
+            if not private:
+                if hasattr(self, "dataset_"):
+                    del self.dataset_
+                try:
+                    model = db.train(
+                        qualified,
+                        "x",
+                        "y",
+                        model=self._model,
+                        privacy="none",
+                        labels=labels,
+                        row_norm=self.row_norm or "none",
+                        **self._train_kwargs(),
+                    )
+                finally:
+                    # The model holds its coefficients; the copy of the rows is not needed.
+                    with contextlib.suppress(Exception):
+                        db.execute(
+                            sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table))
+                        )
+            else:
+                epsilon_budget, delta_budget = self._budget()
+                db.register_dataset(
+                    qualified,
+                    "x",
+                    "y",
+                    name=table,
+                    labels=labels,
+                    row_norm=self.row_norm,
+                    feature_bounds=self.feature_bounds,
+                    row_bound=self.row_bound,
+                    label_bound=getattr(self, "label_bound", None),
+                    epsilon_budget=epsilon_budget,
+                    delta_budget=delta_budget,
+                )
+                self.dataset_ = table
+                model = db.train(
+                    table,
+                    None,
+                    None,
+                    model=self._model,
+                    privacy=self.privacy,
+                    **self._train_kwargs(),
+                )
+            self._set_fitted(model, classes)
+        return self
+
+    def _private(self) -> bool:
+        if isinstance(self.privacy, str) and self.privacy == "none":
+            return False
+        if self.privacy is None or isinstance(self.privacy, str):
+            raise ValueError(
+                f"dpsql: privacy={self.privacy!r}: pass a mechanism object such as "
+                "dpsql.BoltOn(epsilon=1) or dpsql.Auto(epsilon=1), or 'none' for a data owner's "
+                "non-private model"
+            )
+        return True
+
+    @contextlib.contextmanager
+    def _database(self) -> Iterator[Database]:
+        from dpsql.connection import Database, connect
+
+        if isinstance(self.db, Database):
+            yield self.db
+        elif isinstance(self.db, str):
+            with connect(self.db) as db:
+                yield db
+        else:
+            raise ValueError("dpsql: db must be a dpsql.Database or a DSN string")
+
+    def _train_kwargs(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _TRAIN_KEYWORDS}
+
+    def _budget(self) -> tuple[float, float]:
+        """The new dataset's budget: one fit's worth unless the owner gives more."""
+        eps = self.epsilon_budget
+        if eps is None:
+            eps = getattr(self.privacy, "epsilon", None)
+            if eps is None:
+                raise ValueError("dpsql: give epsilon_budget (the mechanism states no epsilon)")
+        delta = self.delta_budget
+        if delta is None:
+            delta = float(getattr(self.privacy, "delta", 0.0) or 0.0)
+        return float(eps), float(delta)
+
+    def _encode(
+        self, y: np.ndarray, private: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, list[float] | None]:
+        """(y as loaded, the classes, the server's labels): regression keeps y as it is."""
+        return np.asarray(y, dtype=np.float64), None, None
+
+    def _set_fitted(self, model: Model, classes: np.ndarray | None) -> None:
+        self.model_ = model
+        self.coef_ = model.coef_
+        self.intercept_ = model.intercept_
+
+    # -- prediction ---------------------------------------------------------------------------
+
+    def __sklearn_is_fitted__(self) -> bool:
+        # Not sklearn's default (any attribute ending in "_"): the parameter lambda_ does.
+        return hasattr(self, "model_")
+
+    def _rows(self, X: Any) -> np.ndarray:
+        check_is_fitted(self, "model_")
+        rows: np.ndarray = validate_data(self, X, reset=False, dtype=np.float64)
+        return rows
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted values (regression) or classes, by the C core as the server predicts."""
+        rows = self._rows(X)  # first: NotFittedError before model_ is read
+        predicted: np.ndarray = self.model_.predict(rows)
+        return predicted
+
+    # -- scikit-learn plumbing -------------------------------------------------------------
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # Private fits draw fresh noise: two fits differ by design.
+        tags.non_deterministic = not (isinstance(self.privacy, str) and self.privacy == "none")
+        return tags
+
+    def __sklearn_clone__(self) -> Any:
+        """clone() deep-copies parameters; a Database (a live connection) is shared instead."""
+        params = self.get_params(deep=False)
+        new = type(self)(**{k: v if k == "db" else clone(v, safe=False) for k, v in params.items()})
+        if hasattr(self, "_metadata_request"):
+            new._metadata_request = copy.deepcopy(self._metadata_request)
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        from dpsql.connection import Database
+
+        state: dict[str, Any] = super().__getstate__()
+        if isinstance(state.get("db"), Database):
+            state["db"] = None  # a connection does not travel; set_params(db=...) to refit
+        if "model_" in state:
+            model = copy.copy(state["model_"])
+            model.__dict__["_db"] = None  # predictions need only the coefficients
+            state["model_"] = model
+        return state
+
+
+class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
+    classes: Sequence[Any] | None
+
+    def _encode(
+        self, y: np.ndarray, private: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, list[float] | None]:
+        check_classification_targets(y)
+        if self.classes is not None:
+            classes = np.asarray(self.classes)
+            known = np.isin(y, classes)
+            if not known.all():
+                raise ValueError(f"dpsql: y holds labels outside classes={list(classes)}")
+        elif private:
+            # The registered label set is public: it must not be read from the rows.
+            raise ValueError(
+                "dpsql: a private fit on arrays needs classes=[...], the public label set "
+                "(the distinct values of y are data)"
+            )
+        else:
+            classes = np.unique(y)
+        if len(classes) < 2:
+            raise ValueError(
+                f"dpsql: a classifier needs 2 or more classes, got {len(classes)} class"
+            )
+        if np.issubdtype(classes.dtype, np.number):
+            return np.asarray(y, dtype=np.float64), classes, [float(c) for c in classes]
+        # The server's labels are numbers: other labels (strings...) are loaded as their index.
+        order = np.argsort(classes)
+        index = order[np.searchsorted(classes, y, sorter=order)]
+        return index.astype(np.float64), classes, [float(i) for i in range(len(classes))]
+
+    def _set_fitted(self, model: Model, classes: np.ndarray | None) -> None:
+        super()._set_fitted(model, classes)
+        assert model.classes_ is not None
+        # The model's labels (numbers, in the registered order) and what predict returns.
+        self._model_labels = model.classes_
+        self.classes_ = model.classes_ if classes is None else classes
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted classes (from ``classes_``), by the C core as the server predicts."""
+        rows = self._rows(X)
+        labels = self.model_.predict(rows)
+        order = np.argsort(self._model_labels)
+        index = order[np.searchsorted(self._model_labels, labels, sorter=order)]
+        predicted: np.ndarray = self.classes_[index]
+        return predicted
+
+
+def _is_binary(est: Any) -> bool:
+    """predict_proba/decision_function: binary models only (one-vs-rest releases classes)."""
+    return not hasattr(est, "classes_") or len(est.classes_) == 2
+
+
+class LogisticRegression(_DpsqlClassifier):
+    """Logistic regression trained in the server (one-vs-rest for 3 or more classes).
+
+    Parameters
+    ----------
+    db : dpsql.Database or str
+        The server (a DSN string is connected for each fit).
+    privacy : mechanism or "none"
+        E.g. ``dpsql.BoltOn(epsilon=1)``; ``"none"``: a data owner's non-private model.
+    epochs, batch_size, lambda_, step_size, schedule, radius, shuffle, seed, intercept, huber_h,
+    step_offset, tolerance, parallel_workers, shard_parallel, progress
+        As in :meth:`dpsql.Database.train` (``None``/defaults: the server chooses, from public
+        quantities for private runs).
+    classes : sequence, optional
+        The public label set; needed by a private ``fit(X, y)``. Default: the values of y
+        (non-private fits) or the dataset's labels (``fit(name)``).
+    row_norm, feature_bounds, row_bound : optional
+        Public row transform and bounds of a ``fit(X, y)`` (``register_dataset``'s meaning;
+        ``row_norm`` also applies to non-private fits).
+    epsilon_budget, delta_budget : float, optional
+        Budget of the dataset a private ``fit(X, y)`` registers (default: the mechanism's).
+    table_schema : str, optional
+        Schema of the table ``fit(X, y)`` creates (default: the current schema).
+    """
+
+    _model = "logistic"
+
+    def __init__(
+        self,
+        db: Database | str | None = None,
+        privacy: Any = None,
+        *,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        lambda_: float = 0.0,
+        step_size: float | None = None,
+        schedule: str | None = None,
+        radius: float | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        intercept: bool = False,
+        huber_h: float = 0.1,
+        step_offset: float = 0.0,
+        tolerance: float | None = None,
+        parallel_workers: int = 0,
+        shard_parallel: bool = False,
+        progress: bool = False,
+        classes: Sequence[Any] | None = None,
+        row_norm: str | None = None,
+        feature_bounds: Sequence[Sequence[float]] | None = None,
+        row_bound: float | None = None,
+        epsilon_budget: float | None = None,
+        delta_budget: float | None = None,
+        table_schema: str | None = None,
+    ) -> None:
+        self.db = db
+        self.privacy = privacy
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lambda_ = lambda_
+        self.step_size = step_size
+        self.schedule = schedule
+        self.radius = radius
+        self.shuffle = shuffle
+        self.seed = seed
+        self.intercept = intercept
+        self.huber_h = huber_h
+        self.step_offset = step_offset
+        self.tolerance = tolerance
+        self.parallel_workers = parallel_workers
+        self.shard_parallel = shard_parallel
+        self.progress = progress
+        self.classes = classes
+        self.row_norm = row_norm
+        self.feature_bounds = feature_bounds
+        self.row_bound = row_bound
+        self.epsilon_budget = epsilon_budget
+        self.delta_budget = delta_budget
+        self.table_schema = table_schema
+
+    @available_if(_is_binary)  # type: ignore[untyped-decorator]
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Probabilities of ``classes_`` (binary models)."""
+        rows = self._rows(X)
+        proba: np.ndarray = self.model_.predict_proba(rows)
+        return proba
+
+    @available_if(_is_binary)  # type: ignore[untyped-decorator]
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Log-odds of ``classes_[1]`` (binary models)."""
+        rows = self._rows(X)
+        scores: np.ndarray = self.model_.decision_function(rows)
+        return scores
+
+
+class MultinomialLogisticRegression(_DpsqlClassifier):
+    """Multinomial (softmax) logistic regression trained in the server; parameters as for
+    :class:`LogisticRegression`. The C core releases the class, so ``predict`` and ``score``
+    only (no probabilities)."""
+
+    _model = "multinomial"
+
+    def __init__(
+        self,
+        db: Database | str | None = None,
+        privacy: Any = None,
+        *,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        lambda_: float = 0.0,
+        step_size: float | None = None,
+        schedule: str | None = None,
+        radius: float | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        intercept: bool = False,
+        huber_h: float = 0.1,
+        step_offset: float = 0.0,
+        tolerance: float | None = None,
+        parallel_workers: int = 0,
+        shard_parallel: bool = False,
+        progress: bool = False,
+        classes: Sequence[Any] | None = None,
+        row_norm: str | None = None,
+        feature_bounds: Sequence[Sequence[float]] | None = None,
+        row_bound: float | None = None,
+        epsilon_budget: float | None = None,
+        delta_budget: float | None = None,
+        table_schema: str | None = None,
+    ) -> None:
+        self.db = db
+        self.privacy = privacy
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lambda_ = lambda_
+        self.step_size = step_size
+        self.schedule = schedule
+        self.radius = radius
+        self.shuffle = shuffle
+        self.seed = seed
+        self.intercept = intercept
+        self.huber_h = huber_h
+        self.step_offset = step_offset
+        self.tolerance = tolerance
+        self.parallel_workers = parallel_workers
+        self.shard_parallel = shard_parallel
+        self.progress = progress
+        self.classes = classes
+        self.row_norm = row_norm
+        self.feature_bounds = feature_bounds
+        self.row_bound = row_bound
+        self.epsilon_budget = epsilon_budget
+        self.delta_budget = delta_budget
+        self.table_schema = table_schema
+
+
+class LinearRegression(RegressorMixin, _DpsqlEstimator):  # type: ignore[misc]
+    """Least-squares regression trained in the server; ``score`` is R².
+
+    Parameters as for :class:`LogisticRegression`, without ``classes`` and with
+    ``label_bound``: the public bound on |y| a private ``fit(X, y)`` registers (required there;
+    never read from y).
+    """
+
+    _model = "linear"
+
+    def __init__(
+        self,
+        db: Database | str | None = None,
+        privacy: Any = None,
+        *,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        lambda_: float = 0.0,
+        step_size: float | None = None,
+        schedule: str | None = None,
+        radius: float | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        intercept: bool = False,
+        huber_h: float = 0.1,
+        step_offset: float = 0.0,
+        tolerance: float | None = None,
+        parallel_workers: int = 0,
+        shard_parallel: bool = False,
+        progress: bool = False,
+        label_bound: float | None = None,
+        row_norm: str | None = None,
+        feature_bounds: Sequence[Sequence[float]] | None = None,
+        row_bound: float | None = None,
+        epsilon_budget: float | None = None,
+        delta_budget: float | None = None,
+        table_schema: str | None = None,
+    ) -> None:
+        self.db = db
+        self.privacy = privacy
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lambda_ = lambda_
+        self.step_size = step_size
+        self.schedule = schedule
+        self.radius = radius
+        self.shuffle = shuffle
+        self.seed = seed
+        self.intercept = intercept
+        self.huber_h = huber_h
+        self.step_offset = step_offset
+        self.tolerance = tolerance
+        self.parallel_workers = parallel_workers
+        self.shard_parallel = shard_parallel
+        self.progress = progress
+        self.label_bound = label_bound
+        self.row_norm = row_norm
+        self.feature_bounds = feature_bounds
+        self.row_bound = row_bound
+        self.epsilon_budget = epsilon_budget
+        self.delta_budget = delta_budget
+        self.table_schema = table_schema
+
+    def _encode(
+        self, y: np.ndarray, private: bool
+    ) -> tuple[np.ndarray, np.ndarray | None, list[float] | None]:
+        if private and self.label_bound is None:
+            raise ValueError(
+                "dpsql: a private fit on arrays needs label_bound, a public bound on |y| "
+                "(it is never read from y)"
+            )
+        return np.asarray(y, dtype=np.float64), None, None
+
+
+def _current_schema(db: Database) -> str:
+    row = db.execute("SELECT current_schema()").fetchone()
+    if row is None or row[0] is None:
+        raise ValueError("dpsql: no current schema: give table_schema=")
+    return str(row[0])
