@@ -54,7 +54,7 @@ $(VENV_STAMP): $(INSTALL_INPUTS)
 	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
 	@$(VENV_PY) -m pip install $(PIP_QUIET) --upgrade pip
 	@echo "==> pip install -e '.[test]': dpsql, its dependencies and the C core (a few minutes the first time)"
-	@$(VENV_PY) -m pip install $(PIP_QUIET) -e '.[test]'
+	@PYTHONWARNINGS='ignore:Editable installation' $(VENV_PY) -m pip install $(PIP_QUIET) -e '.[test]'
 	@echo "==> ready: $(VENV)/bin/dpsql"
 	@touch $@
 

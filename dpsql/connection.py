@@ -17,7 +17,14 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from dpsql import extension, server
-from dpsql.errors import InvalidParameter, NoSuchModel, NothingReleased, NotRegistered, translate
+from dpsql.errors import (
+    InvalidParameter,
+    NoSuchModel,
+    NothingReleased,
+    NotRegistered,
+    PermissionDenied,
+    translate,
+)
 from dpsql.models import Model
 from dpsql.training import TrainingRun, server_progress, train_args
 
@@ -200,6 +207,16 @@ class Database:
             raise ValueError(
                 f"dpsql: privacy={privacy!r}: pass a mechanism object such as "
                 "dpsql.BoltOn(epsilon=...), or 'none' for a non-private model"
+            )
+        (owner,) = self.conn.execute(
+            "SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = session_user), false)"
+            " OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')"
+        ).fetchone() or (False,)
+        if not owner:
+            # the server refuses it anyway (dpsql_internal is closed to analysts): say why
+            raise PermissionDenied(
+                "dpsql: privacy='none' is for data owners (dpsql_admin): analysts train private "
+                "models of registered datasets, e.g. privacy=dpsql.BoltOn(epsilon=1)"
             )
         if features is None or label is None:
             # Only a private run reads them from its registered dataset.

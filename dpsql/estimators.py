@@ -34,9 +34,6 @@ scikit-learn's ``check_estimator`` runs for real for ``privacy="none"`` with a f
   random by design (fresh noise; tag ``non_deterministic``), a private fit on arrays needs the
   public ``classes``/``label_bound`` declared before the checks draw their own labels, and each
   such fit registers a new dataset and spends its budget.
-- :class:`MultinomialLogisticRegression` (and one-vs-rest :class:`LogisticRegression` on three
-  or more classes) has no ``predict_proba``/``decision_function``: the C core returns the class
-  only, so the checks of those methods do not run.
 """
 
 from __future__ import annotations
@@ -55,7 +52,6 @@ from sklearn.base import (  # type: ignore[import-untyped]
     RegressorMixin,
     clone,
 )
-from sklearn.utils.metaestimators import available_if  # type: ignore[import-untyped]
 from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
 from sklearn.utils.validation import check_is_fitted, validate_data  # type: ignore[import-untyped]
 
@@ -324,10 +320,22 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
         predicted: np.ndarray = self.classes_[index]
         return predicted
 
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Probabilities of ``classes_`` (binary; softmax for multinomial; one-vs-rest
+        sigmoids normalised over the classes)."""
+        rows = self._rows(X)
+        proba: np.ndarray = self.model_.predict_proba(rows)
+        return proba
 
-def _is_binary(est: Any) -> bool:
-    """predict_proba/decision_function: binary models only (one-vs-rest releases classes)."""
-    return not hasattr(est, "classes_") or len(est.classes_) == 2
+    def decision_function(self, X: Any) -> np.ndarray:
+        """Log-odds of ``classes_[1]`` (binary), or one score per class."""
+        rows = self._rows(X)
+        scores: np.ndarray = self.model_.decision_function(rows)
+        if scores.ndim == 2 and scores.shape[1] == 2:
+            # scikit-learn's binary convention: one score, positive for classes_[1]
+            binary: np.ndarray = scores[:, 1] - scores[:, 0]
+            return binary
+        return scores
 
 
 class LogisticRegression(_DpsqlClassifier):
@@ -410,25 +418,10 @@ class LogisticRegression(_DpsqlClassifier):
         self.delta_budget = delta_budget
         self.table_schema = table_schema
 
-    @available_if(_is_binary)  # type: ignore[untyped-decorator]
-    def predict_proba(self, X: Any) -> np.ndarray:
-        """Probabilities of ``classes_`` (binary models)."""
-        rows = self._rows(X)
-        proba: np.ndarray = self.model_.predict_proba(rows)
-        return proba
-
-    @available_if(_is_binary)  # type: ignore[untyped-decorator]
-    def decision_function(self, X: Any) -> np.ndarray:
-        """Log-odds of ``classes_[1]`` (binary models)."""
-        rows = self._rows(X)
-        scores: np.ndarray = self.model_.decision_function(rows)
-        return scores
-
 
 class MultinomialLogisticRegression(_DpsqlClassifier):
     """Multinomial (softmax) logistic regression trained in the server; parameters as for
-    :class:`LogisticRegression`. The C core releases the class, so ``predict`` and ``score``
-    only (no probabilities)."""
+    :class:`LogisticRegression`."""
 
     _model = "multinomial"
 

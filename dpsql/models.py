@@ -100,24 +100,40 @@ class Model:
             f"{self.row['epochs_run']} epochs, privacy={self.row['privacy']}>"
         )
 
-    def _raw(self, X: Any) -> np.ndarray:
-        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
-        if X.shape[1] != self.n_features_in_:
+    def _rows(self, X: Any) -> np.ndarray:
+        """X as the model sees it before its row transform: the registration's bounds, or
+        DPSGD-F's preprocessing."""
+        rows: np.ndarray = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if rows.shape[1] != self.n_features_in_:
             raise ValueError(
                 f"dpsql: model {self.model_id} expects {self.n_features_in_} "
-                f"features, got {X.shape[1]}"
+                f"features, got {rows.shape[1]}"
             )
         if self._preprocessing is not None:
             pre = self._preprocessing
-            X = _core.preprocess(X, self._feature_bounds, int(pre["row_flags"]), pre["centre"])
+            rows = _core.preprocess(
+                rows, self._feature_bounds, int(pre["row_flags"]), pre["centre"]
+            )
         elif self._feature_bounds is not None:
-            X = _core.apply_bounds(X, self._feature_bounds)
-        return _core.predict(self.model, self._flags, self.weights_, X)
+            rows = _core.apply_bounds(rows, self._feature_bounds)
+        return rows
+
+    def _raw(self, X: Any) -> np.ndarray:
+        return _core.predict(self.model, self._flags, self.weights_, self._rows(X))
+
+    def _scores(self, X: Any) -> np.ndarray:
+        """Per-output scores <w_c, x> of a multinomial or one-vs-rest model, (n, outputs): each
+        row of weights as a linear model, so the row transform is the C core's own."""
+        rows = self._rows(X)
+        return np.column_stack(
+            [_core.predict("linear", self._flags, w, rows) for w in self.weights_]
+        )
 
     def decision_function(self, X: Any) -> np.ndarray:
-        """Scores <w, x> (after the model's row transform); binary and linear models only."""
+        """Scores <w, x> after the model's row transform: (n,) for binary and linear models
+        (log-odds for logistic), (n, classes) for multinomial and one-vs-rest."""
         if self.weights_.ndim == 2:
-            raise ValueError("dpsql: decision_function is for binary and linear models")
+            return self._scores(X)
         raw = self._raw(X)
         if self.model == "logistic":
             with np.errstate(divide="ignore"):
@@ -126,9 +142,19 @@ class Model:
         return raw
 
     def predict_proba(self, X: Any) -> np.ndarray:
-        """Probabilities of (negative, positive) for logistic models."""
-        if self.model != "logistic" or self.weights_.ndim == 2:
-            raise ValueError("dpsql: predict_proba is for binary logistic models")
+        """Probabilities of ``classes_``: binary logistic; multinomial (softmax of the
+        scores); one-vs-rest logistic (each class's sigmoid, normalised over the classes, as
+        scikit-learn's one-vs-rest does). Huber and linear models have none."""
+        if self.weights_.ndim == 2 and self.model in ("multinomial", "logistic"):
+            scores = self._scores(X)
+            if self.model == "multinomial":
+                z = np.exp(scores - scores.max(axis=1, keepdims=True))
+            else:
+                z = 1.0 / (1.0 + np.exp(-scores))
+            proba: np.ndarray = z / z.sum(axis=1, keepdims=True)
+            return proba
+        if self.model != "logistic":
+            raise ValueError(f"dpsql: a {self.model} model gives no probabilities")
         p = self._raw(X)
         return np.column_stack([1.0 - p, p])
 

@@ -207,28 +207,35 @@ dpsql_sgd_check_header(const double *state, size_t len)
 		!is_count(h->in_batch, h->steps_per_epoch > 0.0 ? h->rows : h->batch_size - 1) ||
 		!is_count(h->rows, 9007199254740992.0) ||
 		!is_count(h->dropped, h->rows) || !is_count(h->clipped, h->rows) ||
-		!is_count(h->shards, 9007199254740992.0) || !is_count(h->invalid, h->rows) ||
-		!isfinite(h->loss_sum))
+		!is_count(h->shards, 9007199254740992.0) || !is_count(h->invalid, h->rows))
 		return DPSQL_E_STATE;
 	return DPSQL_OK;
+}
+
+int
+dpsql_sgd_finite(const double *state)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	size_t		end = DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out;
+	size_t		i;
+
+	if (!isfinite(h->loss_sum))
+		return 0;
+	/* the model and the accumulator; the generator's bytes are not numbers */
+	for (i = DPSQL_HEADER_LEN; i < end; i++)
+		if (!isfinite(state[i]))
+			return 0;
+	return 1;
 }
 
 DpsqlStatus
 dpsql_sgd_check(const double *state, size_t len)
 {
 	DpsqlStatus st = dpsql_sgd_check_header(state, len);
-	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
-	size_t		end,
-				i;
 
 	if (st != DPSQL_OK)
 		return st;
-	/* the model and the accumulator; the generator's bytes are not numbers */
-	end = DPSQL_HEADER_LEN + 2 * (size_t) h->dim * (size_t) h->n_out;
-	for (i = DPSQL_HEADER_LEN; i < end; i++)
-		if (!isfinite(state[i]))
-			return DPSQL_E_STATE;
-	return DPSQL_OK;
+	return dpsql_sgd_finite(state) ? DPSQL_OK : DPSQL_E_STATE;
 }
 
 int

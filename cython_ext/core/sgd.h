@@ -149,6 +149,12 @@ DpsqlStatus dpsql_sgd_check(const double *state, size_t len);
  */
 DpsqlStatus dpsql_sgd_check_header(const double *state, size_t len);
 
+/*
+ * Whether the loss sum, the model and the accumulator of a state that passed the header check
+ * are finite: a well-formed state that is not has diverged (a full check calls it malformed).
+ */
+int			dpsql_sgd_finite(const double *state);
+
 /* Number of feature values a row must carry for this state (dim minus the intercept). */
 int			dpsql_sgd_row_length(const double *state);
 

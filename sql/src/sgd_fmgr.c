@@ -175,7 +175,10 @@ dpsql_sgd_final(PG_FUNCTION_ARGS)
 	/* The final function must not modify the aggregate state: work on a copy. */
 	state = PG_GETARG_ARRAYTYPE_P_COPY(0);
 	s = dpsql_float8_array(state, &n, "model state");
-	dpsql_check_state(dpsql_sgd_check(s, (size_t) n), "_sgd_final");
+	dpsql_check_state(dpsql_sgd_check_header(s, (size_t) n), "_sgd_final");
+	/* a loss or a step that overflowed without a non-finite score on the way */
+	if (!dpsql_sgd_finite(s))
+		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
 	st = dpsql_sgd_epoch_end(s);
 	if (st != DPSQL_OK)
 		dpsql_raise(st, "end of the epoch");

@@ -104,7 +104,11 @@ def test_private_regression_and_multinomial(db, scratch_schema) -> None:
     assert multi.coef_.shape == (3, 2) and multi.classes_.tolist() == [0.0, 1.0, 2.0]
     assert set(np.unique(multi.predict(X))) <= {0.0, 1.0, 2.0}
     assert multi.score(X, y3) > 0.5
-    assert not hasattr(multi, "predict_proba")  # the C core releases the class only
+    # softmax of the released scores: their argmax is the C core's class
+    proba = multi.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(multi.classes_[proba.argmax(axis=1)], multi.predict(X))
+    assert multi.decision_function(X).shape == (len(X), 3)
 
 
 def test_params_clone_and_pickle(db, scratch_schema, binary) -> None:
@@ -221,7 +225,7 @@ def test_analyst_non_private_fit_is_refused_by_the_server(
     db.grant_dataset(ds, analyst)
     with connect() as raw, dpsql.connect(raw) as adb:
         clf = LogisticRegression(adb, "none", epochs=2, table_schema=scratch_schema)
-        with pytest.raises(dpsql.PermissionDenied, match="permission denied"):
+        with pytest.raises(dpsql.PermissionDenied, match="for data owners"):
             clf.fit(X, y)
         assert _tables(adb, scratch_schema) == []
         # The same estimator, private, on the granted dataset.

@@ -167,3 +167,17 @@ def test_evaluate_says_it_needs_select_on_the_test_rows(conn, scratch_schema, ma
             "SELECT * FROM dpsql.evaluate(%s, %s)", (mid, test)
         ).fetchone()
     assert metric == "accuracy" and rows == 100 and 0 <= value <= 1
+
+
+def test_divergence_is_reported_as_such(conn, scratch_schema) -> None:
+    """Features of mean 100 at the default step overflow the squared loss before any score is
+    non-finite: that was reported as a malformed state; it is a divergence, with advice."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(loc=100, size=(80, 2))
+    source = load(conn, scratch_schema, "far", X, X[:, 0])
+    with pytest.raises(pg.NumericValueOutOfRange, match="diverged") as err:
+        conn.execute(
+            "SELECT dpsql.train(%s, '{x}', 'y', 'linear', seed => 0, intercept => true)",
+            (source,),
+        )
+    assert "step size" in str(err.value)
