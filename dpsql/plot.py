@@ -158,6 +158,9 @@ def privacy_utility(
             values.append(float(db.evaluate(released, test or source)[metric]))
         axes.plot(list(epsilons), values, marker="o", label=name)
     axes.set_xscale("log")
+    # ticks at the epsilons themselves, without the log axis's crowded minor labels
+    axes.set_xticks(list(epsilons), [f"{e:g}" for e in epsilons])
+    axes.minorticks_off()
     axes.set_xlabel("epsilon")
     axes.set_ylabel("test MSE" if regression else "test accuracy")
     axes.set_title(f"{dataset}: {model}, privacy vs utility")
