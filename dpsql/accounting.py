@@ -714,9 +714,24 @@ def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+# Other requests the server sends through the same command, each answered by its own module
+# (op -> "module:function", imported on demand; the function takes the request dict and returns
+# the answer dict).
+_MODULE_OPS = {
+    "audit_bound": "dpsql.audit_stats:run",
+    "compose": "dpsql.ledger_events:run",
+}
+
+
 def _run(request: Any) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise ValueError("the request must be a JSON object")
+    if request.get("op") in _MODULE_OPS:
+        import importlib
+
+        module, function = _MODULE_OPS[request["op"]].split(":")
+        answer: dict[str, Any] = getattr(importlib.import_module(module), function)(request)
+        return answer
     unknown = sorted(set(request) - _KEYS)
     if unknown:
         raise ValueError(f"unknown keys: {', '.join(unknown)}")
