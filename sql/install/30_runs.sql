@@ -243,7 +243,11 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     at float8 := extract(epoch FROM clock_timestamp());
     last float8 := nullif(current_setting('dpsql_progress.last', true), '')::float8;
+    reporting text := nullif(current_setting('dpsql_progress.only', true), '');
 BEGIN
+    IF reporting IS NOT NULL AND unit <> reporting THEN
+        RETURN;  -- an audit's hundreds of runs report as its own (52_audit.sql)
+    END IF;
     IF done <= 1 OR done >= total OR last IS NULL OR at - last >= 1 THEN
         RAISE NOTICE 'dpsql: % %/%', unit, done, total;
         PERFORM set_config('dpsql_progress.last', at::text, false);

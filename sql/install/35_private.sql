@@ -69,7 +69,8 @@ BEGIN
         EXIT WHEN e.done;
     END LOOP;
     r := dpsql_internal._locked_run(run);
-    rel := dpsql_internal._bolton_release(r.state, mech.sensitivity, mech.model_epsilon, mech.model_delta,
+    rel := dpsql_internal._bolton_release(r.state, dpsql_internal._audit_sensitivity(r.spec, r.rows, mech.sensitivity),
+                                 mech.model_epsilon, mech.model_delta,
                                  mech.per_output, calibration, noise_seed);
     weights := rel.weights;
     -- Public: one noise draw's expected norm (Gamma(k, scale) has mean k scale; a Gaussian

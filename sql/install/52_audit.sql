@@ -1,0 +1,349 @@
+------------------------------------------------------------------------------------------
+-- Privacy audits (docs/audit.md): an empirical lower bound on a mechanism's epsilon, measured
+-- by training it on copies of a registered dataset with canaries. The copies are datasets of
+-- their own (never granted, charged to their own ledger entries, dropped at the end): the
+-- audited dataset's budget and ledger are not touched, and no model outlives the call.
+------------------------------------------------------------------------------------------
+
+CREATE SCHEMA IF NOT EXISTS dpsql_audit;
+REVOKE ALL ON SCHEMA dpsql_audit FROM PUBLIC;
+COMMENT ON SCHEMA dpsql_audit IS 'Scratch copies of datasets with canaries, inside one dpsql.audit call';
+
+CREATE TABLE IF NOT EXISTS dpsql.audits (
+    audit_id        bigserial PRIMARY KEY,
+    dataset_id      bigint NOT NULL REFERENCES dpsql.datasets,
+    privacy         text NOT NULL,
+    model           text NOT NULL,
+    epsilon_claimed float8 NOT NULL,
+    delta           float8 NOT NULL,
+    epsilon_lower   float8 NOT NULL,
+    confidence      float8 NOT NULL,
+    runs            int NOT NULL,
+    method          text NOT NULL,
+    options         jsonb NOT NULL,             -- the audited configuration, as given
+    details         jsonb NOT NULL,             -- counts, threshold, canaries, mutation
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    created_by      name NOT NULL DEFAULT session_user
+);
+COMMENT ON TABLE dpsql.audits IS
+    'Privacy audits: claimed epsilon against an empirical lower bound (data owners only)';
+
+-- The test-only switch that breaks a mechanism on purpose (docs/audit.md, "mutations"): a
+-- setting only a superuser's session may carry; any other caller is refused outright.
+CREATE OR REPLACE FUNCTION dpsql_internal._mutation()
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    m text := nullif(current_setting('dpsql_audit.mutation', true), '');
+BEGIN
+    IF m IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false) THEN
+        PERFORM dpsql_internal._fail('dpsql_audit.mutation is a superuser''s test switch', '42501',
+                                     'RESET dpsql_audit.mutation');
+    END IF;
+    IF m NOT IN ('half_noise', 'paper_minibatch', 'no_clipping', 'poisson_on_shuffle') THEN
+        PERFORM dpsql_internal._fail(format('unknown mutation %s', quote_literal(m)));
+    END IF;
+    RETURN m;
+END $$;
+
+-- The bolt-on's sensitivity as a mutation breaks it: halved (half the noise), or the paper's
+-- mini-batch formula for strongly convex runs (too small by the batch size, spec 003 s. 5.5).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_sensitivity(spec jsonb, rows bigint, sensitivity float8)
+RETURNS float8 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m text := dpsql_internal._mutation();
+    c record;
+BEGIN
+    IF m = 'half_noise' THEN
+        RETURN sensitivity / 2;
+    ELSIF m = 'paper_minibatch' THEN
+        c := dpsql.loss_constants(spec->>'model', (spec->>'lambda')::float8,
+                                  coalesce((spec->>'radius')::float8, 0),
+                                  coalesce((spec->>'huber_h')::float8, 0.1));
+        RETURN dpsql.bolton_sensitivity(
+            spec->>'schedule', coalesce((spec->>'step_size')::float8, 0),
+            (spec->>'step_offset')::float8, c.lipschitz, c.smoothness, c.strong_convexity, rows,
+            (spec->>'batch_size')::bigint, (spec->>'epochs')::int, spec->>'permutation' = 'fresh',
+            paper_minibatch => true);
+    END IF;
+    RETURN sensitivity;
+END $$;
+
+-- A white-box plan as a mutation breaks it: half the noise, no clipping (the noise stays
+-- calibrated to the clip norm), or shuffled batches accounted as if they were Poisson.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_plan(spec jsonb, rows bigint, plan jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    m text := dpsql_internal._mutation();
+    b bigint := (spec->>'batch_size')::bigint;
+    acct jsonb;
+BEGIN
+    IF m = 'half_noise' THEN
+        RETURN plan || jsonb_build_object('noise_scale', (plan->>'noise_scale')::float8 / 2);
+    ELSIF m = 'no_clipping' AND plan ? 'clip_norm' THEN
+        RETURN plan || jsonb_build_object('clip_norm', 1e12);
+    ELSIF m = 'poisson_on_shuffle' AND plan->>'sampling' = 'shuffle' THEN
+        acct := dpsql_internal._account(jsonb_build_object(
+            'op', 'calibrate', 'scheme', 'poisson', 'delta', (plan->>'delta')::float8,
+            'target_epsilon', (plan->>'epsilon')::float8,
+            'steps', (spec->>'epochs')::int * (rows / b), 'sampling_rate', b::float8 / rows));
+        RETURN plan || jsonb_build_object('noise_scale', (acct->>'noise_multiplier')::float8
+                                                         * (plan->>'clip_norm')::float8);
+    END IF;
+    RETURN plan;
+END $$;
+
+-- A copy of the dataset's rows (read as the extension owner) plus `slots` rows the audit fills
+-- with canaries, registered as a dataset of its own with the same public declarations and a
+-- budget for every run of the audit.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int, runs int,
+                                                      epsilon float8, delta float8)
+RETURNS dpsql.datasets LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- (random() may be seeded by options.seed: the name comes from elsewhere)
+    name text := format('audit_%s_%s', ds.dataset_id, substr(md5(gen_random_uuid()::text), 1, 10));
+    xexpr text := CASE WHEN dpsql_internal._array_feature(ds) THEN quote_ident(ds.features[1])
+                       ELSE format('ARRAY[%s]::float8[]',
+                                   (SELECT string_agg(quote_ident(f), ', ') FROM unnest(ds.features) f))
+                  END;
+    copy dpsql.datasets;
+BEGIN
+    EXECUTE format('CREATE TABLE dpsql_audit.%I (x float8[], y float8, slot int)', name);
+    EXECUTE format('INSERT INTO dpsql_audit.%I (x, y) SELECT %s, %I FROM %s',
+                   name, xexpr, ds.label, dpsql_internal._private_from(ds));
+    EXECUTE format('INSERT INTO dpsql_audit.%I (slot) SELECT generate_series(1, %s)', name, slots);
+    INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
+                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound, dim)
+    VALUES (name, format('dpsql_audit.%I', name)::regclass, format('dpsql_audit.%I', name),
+            '{x}', 'y', ds.labels, ds.feature_bounds, ds.row_norm, epsilon * runs * 1.001,
+            least(delta * runs * 1.001, 0.999), ds.label_bound, ds.row_bound, ds.dim)
+    RETURNING * INTO copy;
+    PERFORM dpsql_internal._grant_reader(copy.relid, '{x,y}');
+    RETURN copy;
+END $$;
+
+-- A raw row whose public transform (feature bounds onto [-1, 1], then the row norm) is t, a
+-- point of the unit ball: the audit designs canaries where the model sees them.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_raw(ds dpsql.datasets, t float8[])
+RETURNS float8[] LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN ds.feature_bounds IS NOT NULL THEN
+                ARRAY(SELECT ds.feature_bounds[i][1] + (t[i] + 1) / 2
+                             * (ds.feature_bounds[i][2] - ds.feature_bounds[i][1])
+                        FROM generate_subscripts(t, 1) i ORDER BY i)
+           ELSE ARRAY(SELECT v * coalesce(ds.row_bound, 1) FROM unnest(t) v) END
+$$;
+
+-- A uniformly random direction of the unit sphere in dim dimensions (Box-Muller on random(),
+-- which options.seed seeds: the canaries, not the mechanism's noise).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_direction(dim int)
+RETURNS float8[] LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    g float8[] := ARRAY(SELECT sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())
+                          FROM generate_series(1, dim));
+    norm float8 := sqrt((SELECT sum(v * v) FROM unnest(g) v));
+BEGIN
+    RETURN ARRAY(SELECT v / norm FROM unnest(g) v);
+END $$;
+
+-- One private release of the copy: its model id (NULL when an uncertified solver released
+-- nothing). The audit deletes the copy's models before it returns.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_release(copy dpsql.datasets, model text, params jsonb)
+RETURNS bigint LANGUAGE sql AS $$
+    SELECT dpsql_internal._train_private(copy.name, model, params)
+$$;
+
+-- The audit (dpsql.audit below is its interface): the new dpsql.audits row's summary.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit(dataset text, privacy text, epsilon float8,
+                                                 delta float8, n_runs int, method text,
+                                                 opts jsonb)
+RETURNS TABLE (claimed float8, lower_bound float8, level float8, trainings int, how text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    conf float8 := coalesce((opts->>'confidence')::float8, 0.95);
+    ds dpsql.datasets;
+    model text;
+    train jsonb := coalesce(opts->'train', '{}');
+    params jsonb;
+    copy dpsql.datasets;
+    dim int;
+    canary float8[];
+    labels float8[];
+    positive float8;
+    mid bigint;
+    answer jsonb;
+    request jsonb;
+    details jsonb;
+    m int;
+    id bigint;
+BEGIN
+    opts := coalesce(opts, '{}');
+    conf := coalesce((opts->>'confidence')::float8, 0.95);
+    train := coalesce(opts->'train', '{}');
+    PERFORM dpsql_internal._require_admin('audit a mechanism');
+    IF method IS NULL OR method NOT IN ('one_run', 'distinguish') THEN
+        PERFORM dpsql_internal._fail(format('method must be one_run or distinguish, got %s',
+                                            coalesce(quote_literal(method), 'NULL')));
+    END IF;
+    IF jsonb_typeof(opts) <> 'object' OR jsonb_typeof(train) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(opts) k
+                   WHERE k NOT IN ('confidence', 'train', 'model', 'canaries', 'seed', 'mutation')) THEN
+        PERFORM dpsql_internal._fail('options takes confidence, model, train (dpsql.train''s '
+                                     'parameters), canaries, seed and mutation',
+                                     hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
+    END IF;
+    IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
+        PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
+    END IF;
+    IF NOT (conf >= 0.5 AND conf < 1) THEN
+        PERFORM dpsql_internal._fail(format('options.confidence must be in [0.5, 1), got %s', conf));
+    END IF;
+    n_runs := coalesce(n_runs, CASE WHEN method = 'one_run' THEN 1 ELSE 200 END);
+    IF method = 'one_run' AND n_runs <> 1 THEN
+        PERFORM dpsql_internal._fail('a one_run audit trains once: runs => 1 (or NULL)');
+    END IF;
+    IF method = 'distinguish' AND NOT (n_runs BETWEEN 20 AND 20000) THEN
+        PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', n_runs));
+    END IF;
+    IF delta * n_runs * 2 >= 0.5 THEN
+        PERFORM dpsql_internal._fail('runs x delta is too large for the audit copies'' budget',
+                                     hint => 'Audit with fewer runs or a smaller delta.');
+    END IF;
+    ds := dpsql_internal._dataset_for_source(dataset);
+    IF opts ? 'seed' THEN
+        PERFORM setseed(((opts->>'seed')::bigint % 1000003) / 1000003.0);
+    END IF;
+    IF opts ? 'mutation' THEN
+        -- the switch is a superuser's, for this call only (_mutation refuses anyone else)
+        PERFORM set_config('dpsql_audit.mutation', opts->>'mutation', true);
+        PERFORM dpsql_internal._mutation();
+    END IF;
+    model := coalesce(opts->>'model', CASE WHEN ds.labels IS NULL THEN 'linear' ELSE 'logistic' END);
+    params := train || jsonb_build_object('privacy', privacy, 'epsilon', epsilon, 'delta', delta);
+    labels := ds.labels;
+    positive := labels[cardinality(labels)];
+    dim := coalesce(ds.dim, cardinality(ds.features));
+    -- the runs report their own progress; an audit reports its runs
+    PERFORM set_config('dpsql_progress.only', 'audit run', true);
+    CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_runs (side int, i int, model_id bigint) ON COMMIT DROP;
+    TRUNCATE dpsql_audit_runs;
+
+    IF method = 'distinguish' THEN
+        -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
+        -- last (D1), or y = +B / -B for regression; one direction of the unit ball.
+        copy := dpsql_internal._audit_copy(ds, 1, 2 * n_runs, epsilon, delta);
+        canary := dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim));
+        FOR side IN 0 .. 1 LOOP
+            EXECUTE format('UPDATE %s SET x = $1, y = $2 WHERE slot = 1', copy.relid)
+              USING canary, CASE WHEN labels IS NULL THEN (1 - 2 * side) * ds.label_bound
+                                 WHEN side = 0 THEN labels[1] ELSE positive END;
+            FOR i IN 1 .. n_runs LOOP
+                mid := dpsql_internal._audit_release(copy, model, params);
+                INSERT INTO dpsql_audit_runs VALUES (side, i, mid);
+                PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
+            END LOOP;
+        END LOOP;
+        -- The test: project on the difference of the two sides' mean models over the
+        -- calibration half (odd runs); the even runs judge it.
+        WITH released AS (
+            SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.model_id, m.weights
+              FROM dpsql_audit_runs r JOIN dpsql.model_store m ON m.model_id = r.model_id),
+        mean AS (
+            SELECT k, avg(v) FILTER (WHERE d = 1) - avg(v) FILTER (WHERE d = 0) AS dv
+              FROM released, unnest(released.weights) WITH ORDINALITY AS u(v, k)
+             WHERE calibration GROUP BY k),
+        score AS (
+            SELECT d, calibration,
+                   (SELECT sum(u.v * mean.dv) FROM unnest(released.weights) WITH ORDINALITY AS u(v, k)
+                      JOIN mean USING (k)) AS s
+              FROM released)
+        SELECT jsonb_build_object(
+                   'op', 'audit_bound', 'method', 'distinguish', 'delta', delta, 'confidence', conf,
+                   'calibration0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND calibration), '[]'),
+                   'calibration1', coalesce(jsonb_agg(s) FILTER (WHERE d = 1 AND calibration), '[]'),
+                   'evaluation0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND NOT calibration), '[]'),
+                   'evaluation1', coalesce(jsonb_agg(s) FILTER (WHERE d = 1 AND NOT calibration), '[]'))
+          INTO request FROM score;
+    ELSE
+        IF model = 'multinomial' OR cardinality(labels) > 2 THEN
+            PERFORM dpsql_internal._fail('one_run audits binary and linear models (a canary''s '
+                                         'score is its margin)', '0A000',
+                                         'Use method => ''distinguish''.');
+        END IF;
+        -- m canary slots, each with its canary or a neutral row (x = 0 after the transform)
+        -- by a fair coin: the guesses are judged against the coins.
+        m := coalesce((opts->>'canaries')::int, 1000);
+        IF NOT (m BETWEEN 10 AND 100000) THEN
+            PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 100000], got %s', m));
+        END IF;
+        copy := dpsql_internal._audit_copy(ds, m, 1, epsilon, delta);
+        CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_canaries
+            (slot int, x float8[], y float8, included boolean) ON COMMIT DROP;
+        TRUNCATE dpsql_audit_canaries;
+        INSERT INTO dpsql_audit_canaries
+        SELECT s, dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim)),
+               CASE WHEN labels IS NULL THEN CASE WHEN random() < 0.5 THEN ds.label_bound
+                                                  ELSE -ds.label_bound END
+                    WHEN random() < 0.5 THEN labels[1] ELSE positive END,
+               random() < 0.5
+          FROM generate_series(1, m) s;
+        EXECUTE format('UPDATE %s t SET x = CASE WHEN c.included THEN c.x ELSE $1 END, y = c.y'
+                       '  FROM dpsql_audit_canaries c WHERE t.slot = c.slot', copy.relid)
+          USING dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim]));
+        mid := dpsql_internal._audit_release(copy, model, params);
+        IF mid IS NULL THEN
+            PERFORM dpsql_internal._fail('the audited mechanism released nothing (its solver did '
+                                         'not certify): no bound', '55000');
+        END IF;
+        INSERT INTO dpsql_audit_runs VALUES (1, 1, mid);
+        -- score: the margin the model gives the canary's label (higher when it was trained on)
+        SELECT jsonb_build_object(
+                   'op', 'audit_bound', 'method', 'one_run', 'delta', delta, 'confidence', conf,
+                   'scores', jsonb_agg(s ORDER BY slot), 'included', jsonb_agg(included ORDER BY slot))
+          INTO request
+          FROM (SELECT c.slot, c.included,
+                       CASE WHEN labels IS NULL THEN -((p.v - c.y) ^ 2)
+                            WHEN model = 'logistic' THEN CASE WHEN c.y = positive THEN p.v ELSE 1 - p.v END
+                            ELSE CASE WHEN c.y = positive THEN p.v ELSE -p.v END END AS s
+                  FROM dpsql_audit_canaries c,
+                       LATERAL (SELECT dpsql.predict(mid, c.x) AS v) p) q;
+    END IF;
+    answer := dpsql_internal._accountant(request::text)::jsonb;
+    IF answer ? 'error' THEN
+        PERFORM dpsql_internal._fail('the audit''s statistics refused: ' || (answer->>'error'), 'XX000');
+    END IF;
+    details := (answer - 'op' - 'method' - 'confidence')
+               || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name,
+                                     'released', (SELECT count(model_id) FROM dpsql_audit_runs));
+    -- No model of the copies survives, and the copy is dropped (marked so by the event trigger).
+    DELETE FROM dpsql.model_store s WHERE s.dataset_id = copy.dataset_id;
+    EXECUTE format('DROP TABLE %s', copy.relid);
+    INSERT INTO dpsql.audits (dataset_id, privacy, model, epsilon_claimed, delta, epsilon_lower,
+                              confidence, runs, method, options, details)
+    VALUES (ds.dataset_id, privacy, model, epsilon, delta, (answer->>'epsilon_lower')::float8,
+            conf, n_runs, method, opts, details)
+    RETURNING audit_id INTO id;
+    RETURN QUERY SELECT a.epsilon_claimed, a.epsilon_lower, a.confidence, a.runs, a.method
+                   FROM dpsql.audits a WHERE a.audit_id = id;
+END $$;
+
+-- The interface (a SQL function: its parameters and its result columns share names).
+CREATE OR REPLACE FUNCTION dpsql.audit(dataset text, privacy text, epsilon float8,
+                                       delta float8 DEFAULT 0, runs int DEFAULT NULL,
+                                       method text DEFAULT 'one_run', options jsonb DEFAULT '{}')
+RETURNS TABLE (epsilon_claimed float8, epsilon_lower float8, confidence float8, runs int,
+               method text)
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT * FROM dpsql_internal._audit($1, $2, $3, $4, $5, $6, $7)
+$$;
+COMMENT ON FUNCTION dpsql.audit(text, text, float8, float8, int, text, jsonb) IS
+    'Empirical lower bound on a mechanism''s epsilon on copies of a dataset with canaries (data owners; docs/audit.md)';

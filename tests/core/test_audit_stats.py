@@ -1,0 +1,103 @@
+"""The audit's statistics (dpsql/audit_stats.py) on mechanisms whose epsilon is known exactly:
+randomized response. Seeded; each soundness test states its false-failure rate."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpsql import audit_stats
+
+
+def test_clopper_pearson_matches_scipy() -> None:
+    for k, n in [(0, 10), (3, 50), (49, 50), (200, 1000)]:
+        exact = stats.binomtest(k, n).proportion_ci(confidence_level=0.9, method="exact")
+        assert audit_stats.clopper_pearson_upper(k, n, 0.05) == pytest.approx(exact.high)
+    assert audit_stats.clopper_pearson_upper(5, 5, 0.05) == 1.0
+
+
+def _rr_scores(rng, eps: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Randomized response on one bit: D1 reports 1 with probability e^eps / (1 + e^eps), D0
+    with 1 / (1 + e^eps); the scores are the reports (eps-DP exactly, the best test)."""
+    q = math.exp(eps) / (1 + math.exp(eps))
+    return (rng.random(n) > q).astype(float), (rng.random(n) < q).astype(float)
+
+
+def test_distinguish_is_sound_on_randomized_response() -> None:
+    """200 audits of an exactly eps-DP mechanism: a 95% lower bound may exceed eps in about
+    5% of them (binomial, so > 20 of 200 happens with probability < 1e-3)."""
+    rng = np.random.default_rng(11)
+    eps = 1.0
+    over = 0
+    for _ in range(200):
+        c0, c1 = _rr_scores(rng, eps, 200)
+        e0, e1 = _rr_scores(rng, eps, 200)
+        out = audit_stats.distinguish_bound(c0, c1, e0, e1, 0.0, 0.95)
+        over += out["epsilon_lower"] > eps
+    assert over <= 20
+
+
+def test_distinguish_has_power() -> None:
+    rng = np.random.default_rng(12)
+    c0, c1 = _rr_scores(rng, 2.0, 2000)
+    e0, e1 = _rr_scores(rng, 2.0, 2000)
+    assert 1.6 < audit_stats.distinguish_bound(c0, c1, e0, e1, 0.0, 0.95)["epsilon_lower"] <= 2.0
+    # delta forgives: the same counts force a smaller epsilon
+    with_delta = audit_stats.distinguish_bound(c0, c1, e0, e1, 0.05, 0.95)["epsilon_lower"]
+    assert with_delta < audit_stats.distinguish_bound(c0, c1, e0, e1, 0.0, 0.95)["epsilon_lower"]
+
+
+def _one_run(rng, eps: float, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Canary slots of an eps-DP randomized response: the score says "in" with probability
+    e^eps / (1 + e^eps) when the canary is in, and with 1 / (1 + e^eps) when it is out; a
+    little continuous noise breaks ties."""
+    included = rng.random(m) < 0.5
+    q = math.exp(eps) / (1 + math.exp(eps))
+    says_in = np.where(included, rng.random(m) < q, rng.random(m) > q)
+    return says_in + 0.01 * rng.random(m), included
+
+
+def test_one_run_is_sound_on_randomized_response() -> None:
+    """200 one-run audits at eps = 1: the 95% bound exceeds eps in at most ~5% (> 20 of 200:
+    probability < 1e-3)."""
+    rng = np.random.default_rng(13)
+    over = 0
+    for _ in range(200):
+        scores, included = _one_run(rng, 1.0, 1000)
+        over += audit_stats.one_run_bound(scores, included, 0.0, 0.95)["epsilon_lower"] > 1.0
+    assert over <= 20
+
+
+def test_one_run_has_power_and_delta_costs() -> None:
+    rng = np.random.default_rng(14)
+    scores, included = _one_run(rng, 2.0, 10000)
+    pure = audit_stats.one_run_bound(scores, included, 0.0, 0.95)
+    assert 1.5 < pure["epsilon_lower"] <= 2.0 and pure["canaries"] == 10000
+    approx = audit_stats.one_run_bound(scores, included, 1e-5, 0.95)
+    assert approx["epsilon_lower"] < pure["epsilon_lower"]
+    # the p-value grows with delta (Theorem 5.2's extra term)
+    assert audit_stats.one_run_p_value(100, 50, 40, 1.0, 1e-3) > audit_stats.one_run_p_value(
+        100, 50, 40, 1.0, 0.0
+    )
+
+
+def test_run_validates_requests() -> None:
+    with pytest.raises(ValueError, match="method"):
+        audit_stats.run({"method": "guess"})
+    with pytest.raises(ValueError, match="delta"):
+        audit_stats.run({"method": "one_run", "delta": 2})
+    with pytest.raises(ValueError, match="at least 2"):
+        audit_stats.run({"method": "one_run", "scores": [1.0], "included": [True]})
+    out = audit_stats.run(
+        {
+            "method": "distinguish",
+            "calibration0": [0, 0, 1],
+            "calibration1": [1, 1, 0],
+            "evaluation0": [0, 0],
+            "evaluation1": [1, 1],
+        }
+    )
+    assert out["op"] == "audit_bound" and out["epsilon_lower"] >= 0
