@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special, stats  # type: ignore[import-untyped]
 
 __all__ = [
     "clopper_pearson_upper",
