@@ -5,6 +5,7 @@
 #                 the embedded PostgreSQL + pytest
 #   make demo     run `dpsql demo`
 #   make bench    run bench/epoch_vs_scan.py
+#   make audit    the thorough privacy audits of every mechanism (bench/audit.py)
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
 #                 only when DPSQL_WITH_PG15=1)
 #   make installcheck  pg_regress of the SQL surface (sql/test) against the embedded server, or
@@ -40,7 +41,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench pg15 clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench audit pg15 clean distclean
 
 all: test
 
@@ -119,6 +120,11 @@ demo: $(VENV_STAMP)
 bench: $(VENV_STAMP)
 	$(DPSQL) install-extension
 	$(VENV_PY) -m bench.epoch_vs_scan
+
+# The thorough tier of the privacy audits (docs/audit.md; results in bench/RESULTS.md).
+audit: $(VENV_STAMP)
+	$(DPSQL) install-extension
+	$(VENV_PY) -m bench.audit
 
 # Opt-in third target: Debian's PostgreSQL 15 (installing into it needs root).
 pg15: $(VENV_STAMP)

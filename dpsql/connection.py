@@ -293,6 +293,46 @@ class Database:
             )
         return self.model(int(row[0]))
 
+    @translate(not_found=NotRegistered)
+    def audit(
+        self,
+        dataset: str,
+        privacy: Any,
+        *,
+        runs: int | None = None,
+        method: str = "one_run",
+        model: str | None = None,
+        confidence: float = 0.95,
+        canaries: int | None = None,
+        seed: int | None = None,
+        **train: Any,
+    ) -> dict[str, Any]:
+        """An empirical lower bound on ``privacy``'s epsilon on copies of ``dataset`` with
+        canaries (``dpsql.audit``, data owners; docs/audit.md). The mechanism object's other
+        settings and ``train`` (``Database.train``'s keywords, ``lambda_`` as ``lambda``) are
+        the audited configuration. Nothing is charged to the dataset and no model is left.
+
+        Returns ``dpsql.audit``'s row: ``epsilon_claimed``, ``epsilon_lower``, ``confidence``,
+        ``runs``, ``method``."""
+        from psycopg.rows import dict_row
+
+        args = {k: v for k, v in privacy.sql_args().items() if v is not None}
+        name, epsilon = args.pop("privacy"), args.pop("epsilon")
+        delta = args.pop("delta", 0.0)
+        if "lambda_" in train:
+            train["lambda"] = train.pop("lambda_")
+        options: dict[str, Any] = {"train": {**args, **train}, "confidence": confidence}
+        for key, value in (("model", model), ("canaries", canaries), ("seed", seed)):
+            if value is not None:
+                options[key] = value
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                "SELECT * FROM dpsql.audit(%s, %s, %s, %s, %s, %s, %s)",
+                (dataset, name, epsilon, delta, runs, method, Jsonb(options)),
+            ).fetchone()
+        assert row is not None
+        return row
+
     # -- datasets (data owners) ----------------------------------------------------------
 
     @translate()

@@ -322,6 +322,10 @@ BEGIN
     details := (answer - 'op' - 'method' - 'confidence')
                || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name,
                                      'released', (SELECT count(model_id) FROM dpsql_audit_runs));
+    -- The switches end with the audit, not with the transaction: a release after it in the
+    -- same transaction is neither mutated nor silent.
+    PERFORM set_config('dpsql_audit.mutation', '', true);
+    PERFORM set_config('dpsql_progress.only', '', true);
     -- No model of the copies survives, and the copy is dropped (marked so by the event trigger).
     DELETE FROM dpsql.model_store s WHERE s.dataset_id = copy.dataset_id;
     EXECUTE format('DROP TABLE %s', copy.relid);

@@ -1,0 +1,192 @@
+"""``make audit``: the thorough tier of the privacy audits (issue 16, docs/audit.md).
+
+Every mechanism at epsilon in {0.5, 1, 2, 4} is audited with ``dpsql.audit(...,
+method => 'distinguish')`` on its worst-case dataset: 100 rows with x = 0 (no gradient on the
+weights) and one canary slot, so the canary moves the released model by as much as the
+mechanism allows. Classification mechanisms train the Huber SVM (its gradient is the full
+Lipschitz bound wherever the margin is small) on labels {0, 1}; regression mechanisms train
+least squares with |y| <= 1 and ||x|| <= 1 (3,000 rows: DP-AMBSSGD's statistics need them). Then the deliberately broken variants (the
+superuser-only mutation switch): each should be refuted (epsilon_lower > claimed).
+
+Prints markdown tables (claimed epsilon, the 95% lower bound, runs per dataset, the ratio,
+seconds) and draws ``bench/figures/audit.png``.
+
+Usage::
+
+    .venv/bin/python -m bench.audit [--runs 100] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import dpsql
+
+EPSILONS = [0.5, 1.0, 2.0, 4.0]
+DELTA = 1e-5
+BOLTON_A1 = {"epochs": 1, "batch_size": 1, "step_size": 0.01}
+ONE_BATCH = {"epochs": 1, "batch_size": 101, "clip_norm": 0.05, "step_size": 0.1}
+# (label, privacy, task, model, delta, train parameters)
+CONFIGS: list[tuple[str, str, str, str, float, dict[str, Any]]] = [
+    ("bolton (epsilon-DP)", "bolton", "cls", "huber", 0.0, BOLTON_A1),
+    ("bolton (Gaussian)", "bolton", "cls", "huber", DELTA, BOLTON_A1),
+    ("dpsgd shuffle", "dpsgd", "cls", "huber", DELTA, ONE_BATCH),
+    (
+        "dpsgd poisson",
+        "dpsgd",
+        "cls",
+        "huber",
+        DELTA,
+        {**ONE_BATCH, "batch_size": 50, "sampling": "poisson"},
+    ),
+    ("dpsgd_f", "dpsgd_f", "cls", "huber", DELTA, {**ONE_BATCH, "batch_size": 50}),
+    ("scs13", "scs13", "cls", "huber", 0.0, {"epochs": 1, "batch_size": 1}),
+    ("bst14", "bst14", "cls", "huber", DELTA, {"epochs": 1, "batch_size": 1}),
+    ("objective_perturbation", "objective_perturbation", "cls", "huber", 0.0, {}),
+    ("output_perturbation", "output_perturbation", "cls", "huber", 0.0, {}),
+    ("dp_ftrl", "dp_ftrl", "cls", "huber", DELTA, {"epochs": 1}),
+    ("frank_wolfe", "frank_wolfe", "cls", "logistic", 0.0, {}),
+    ("exponential_mechanism", "exponential_mechanism", "cls", "huber", 0.0, {}),
+    ("dpgd", "dpgd", "reg", "linear", DELTA, {}),
+    ("adassp", "adassp", "reg", "linear", DELTA, {}),
+    ("dp_ambssgd", "dp_ambssgd", "reg", "linear", DELTA, {"steps": 2}),
+]
+MUTATIONS: list[tuple[str, str, str, float, dict[str, Any]]] = [
+    ("half_noise", "bolton", "huber", 0.0, BOLTON_A1),
+    ("paper_minibatch", "bolton", "huber", 0.0, {"epochs": 10, "batch_size": 10, "lambda": 0.1}),
+    ("no_clipping", "dpsgd", "huber", DELTA, ONE_BATCH),
+    ("half_noise", "dpsgd", "huber", DELTA, ONE_BATCH),
+    ("poisson_on_shuffle", "dpsgd", "huber", DELTA, {**ONE_BATCH, "batch_size": 10}),
+]
+
+
+def _datasets(db: dpsql.Database, schema: str) -> dict[str, str]:
+    rng = np.random.default_rng(0)
+    db.execute(f"CREATE SCHEMA {schema}")
+    tag = uuid.uuid4().hex[:6]
+    db.load_numpy("cls", np.zeros((100, 1)), (rng.random(100) < 0.5).astype(float), schema=schema)
+    db.register_dataset(
+        f"{schema}.cls", "x", "y", epsilon_budget=1, labels=[0, 1], name=f"audit_cls_{tag}"
+    )
+    # DP-AMBSSGD's private statistics need a few thousand rows
+    db.load_numpy("reg", np.zeros((3000, 1)), np.zeros(3000), schema=schema)
+    db.register_dataset(
+        f"{schema}.reg",
+        "x",
+        "y",
+        epsilon_budget=1,
+        delta_budget=1e-3,
+        label_bound=1.0,
+        row_bound=1.0,
+        name=f"audit_reg_{tag}",
+    )
+    return {"cls": f"audit_cls_{tag}", "reg": f"audit_reg_{tag}"}
+
+
+def _audit(
+    db: dpsql.Database,
+    dataset: str,
+    privacy: str,
+    epsilon: float,
+    delta: float,
+    runs: int,
+    options: dict[str, Any],
+) -> tuple[float | None, float, str]:
+    t0 = time.perf_counter()
+    try:
+        row = db.execute(
+            "SELECT epsilon_lower FROM dpsql.audit(%s, %s, %s, %s, %s, 'distinguish', %s)",
+            (dataset, privacy, epsilon, delta, runs, json.dumps(options)),
+        ).fetchone()
+    except dpsql.DpsqlError as err:
+        return None, time.perf_counter() - t0, str(err).splitlines()[0]
+    assert row is not None
+    return float(row[0]), time.perf_counter() - t0, ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100, help="runs per dataset (D0 and D1)")
+    parser.add_argument("--quick", action="store_true", help="epsilon 1 only, 40 runs")
+    parser.add_argument("--figure", default="bench/figures/audit.png")
+    args = parser.parse_args()
+    runs = 40 if args.quick else args.runs
+    epsilons = [1.0] if args.quick else EPSILONS
+    schema = f"bench_audit_{uuid.uuid4().hex[:6]}"
+    results: list[tuple[str, float, float | None, float, str]] = []
+    with dpsql.connect() as db:
+        names = _datasets(db, schema)
+        print(f"## audit: distinguishing audits, {runs} runs per dataset, 95% confidence\n")
+        print("| mechanism | claimed ε | δ | ε lower (95%) | lower / claimed | seconds |")
+        print("|---|---|---|---|---|---|")
+        for label, privacy, task, model, delta, train in CONFIGS:
+            for eps in epsilons:
+                lower, secs, error = _audit(
+                    db,
+                    names[task],
+                    privacy,
+                    eps,
+                    delta,
+                    runs,
+                    {"train": train, "model": model, "seed": 1},
+                )
+                results.append((label, eps, lower, secs, error))
+                shown = "refused: " + error if lower is None else f"{lower:.3f}"
+                ratio = "" if lower is None else f"{lower / eps:.2f}"
+                print(
+                    f"| {label} | {eps:g} | {delta:g} | {shown} | {ratio} | {secs:.1f} |",
+                    flush=True,
+                )
+        print(f"\n## audit: mutations at claimed ε = 1, {max(runs, 500)} runs per dataset\n")
+        print("| mutation | mechanism | ε lower (95%) | refuted (lower > 1) | seconds |")
+        print("|---|---|---|---|---|")
+        for mutation, privacy, model, delta, train in MUTATIONS:
+            lower, secs, error = _audit(
+                db,
+                names["cls"],
+                privacy,
+                1.0,
+                delta,
+                max(runs, 500),
+                {"train": train, "model": model, "seed": 2, "mutation": mutation},
+            )
+            shown = "refused: " + error if lower is None else f"{lower:.3f}"
+            caught = "" if lower is None else ("yes" if lower > 1.0 else "**no**")
+            print(f"| {mutation} | {privacy} | {shown} | {caught} | {secs:.1f} |", flush=True)
+        db.execute(f"DROP SCHEMA {schema} CASCADE")
+    _plot(results, args.figure)
+    print(f"\nfigure: {args.figure}")
+
+
+def _plot(results: list[tuple[str, float, float | None, float, str]], path: str) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.5, 5), layout="constrained")
+    ax = fig.add_subplot()
+    labels = sorted({r[0] for r in results}, key=[c[0] for c in CONFIGS].index)
+    for label in labels:
+        points = [(e, lo) for name, e, lo, _, _ in results if name == label and lo is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+    eps = sorted({r[1] for r in results})
+    ax.plot(eps, eps, color="black", linestyle="--", label="claimed ε")
+    ax.set_xscale("log")
+    ax.set_xticks(eps, [f"{e:g}" for e in eps])
+    ax.minorticks_off()
+    ax.set_xlabel("claimed ε")
+    ax.set_ylabel("audited ε lower bound (95%)")
+    ax.set_title("Distinguishing audits on worst-case datasets")
+    ax.legend(fontsize="small", ncols=2)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
