@@ -340,7 +340,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
-    dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
+    dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL,
+    composition text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -390,6 +391,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- How releases are held against the budget (28_ledger.sql); NULL: the default, 'sum'.
+    IF composition IS NOT NULL AND composition NOT IN ('sum', 'pld') THEN
+        RAISE EXCEPTION 'dpsql: composition must be sum or pld, got %', quote_literal(composition)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pld: charged by the PLD composition of the releases (docs/privacy.md).';
+    END IF;
+
     nm := coalesce(_register_dataset.name, rel.relname);
     IF btrim(nm) = '' THEN
         RAISE EXCEPTION 'dpsql: the dataset name must not be empty'
@@ -409,10 +417,10 @@ BEGIN
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
-                                dim)
+                                dim, composition)
     VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
             target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
-            target.checked_row_bound, d)
+            target.checked_row_bound, d, coalesce(_register_dataset.composition, 'sum'))
     RETURNING dataset_id INTO id;
     PERFORM dpsql_internal._grant_reader(relid, features || label);
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
@@ -440,7 +448,7 @@ CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL,
-    regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL)
+    regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL, composition text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -464,10 +472,10 @@ BEGIN
     END IF;
     RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
                                    feature_bounds, row_norm, name, source, label_bound,
-                                   row_bound, dim, regression, estimate);
+                                   row_bound, dim, regression, estimate, composition);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
-                                           text, text, float8, float8, int, boolean, jsonb) IS
+                                           text, text, float8, float8, int, boolean, jsonb, text) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)

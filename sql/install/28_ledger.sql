@@ -13,10 +13,21 @@ CREATE TABLE IF NOT EXISTS dpsql.ledger_entries (
     delta           float8 NOT NULL CHECK (delta >= 0 AND delta < 1),
     charged_at      timestamptz NOT NULL DEFAULT now(),
     role            name NOT NULL DEFAULT session_user,  -- the login role that was charged
-    note            text
+    note            text,
+    dp_event        jsonb   -- the release as a dp-accounting DpEvent (dpsql/ledger_events.py);
+                            -- NULL before 0.6.0, which means the plain (epsilon, delta) event
 );
+-- Entries written before 0.6.0 keep dp_event NULL (ALTER EXTENSION UPDATE adds the column).
+ALTER TABLE dpsql.ledger_entries ADD COLUMN IF NOT EXISTS dp_event jsonb;
 CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
 COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
+
+-- How a dataset's releases are held against its budget (docs/privacy.md, "Re-accounting the
+-- ledger"): 'sum' adds up epsilons and deltas; 'pld' composes the entries' dp_events with
+-- dp-accounting's PLD accountant and compares epsilon at the delta budget. Declared here, with
+-- the charge that reads it, on install and upgrade alike.
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS composition text NOT NULL DEFAULT 'sum'
+    CHECK (composition IN ('sum', 'pld'));
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, with charged_at
 -- moving forward to the release's time, nothing else.
@@ -62,13 +73,26 @@ SELECT d.dataset_id, coalesce(sum(e.epsilon), 0) AS epsilon_spent,
   FROM dpsql.datasets d LEFT JOIN dpsql.ledger_entries e ON e.dataset_id = d.dataset_id
  GROUP BY d.dataset_id;
 
+-- The event of a release known only to be (epsilon, delta)-DP (dpsql/ledger_events.py).
+CREATE OR REPLACE FUNCTION dpsql_internal._epsilon_delta_event(epsilon float8, delta float8)
+RETURNS jsonb LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT jsonb_build_object('type', 'EpsilonDelta', 'epsilon', epsilon, 'delta', delta)
+$$;
+
 -- Charge (epsilon, delta) to a dataset; returns the ledger entry. The dataset row is locked
 -- (FOR UPDATE, then bumped) before the spent budget is summed, so concurrent charges serialize:
 -- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
 -- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
--- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing.
+-- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing. dp_event is the
+-- release as a dp-accounting event when the caller knows one tighter than (epsilon, delta)
+-- (51_budget_report.sql); NULL records the plain (epsilon, delta) event, always sound. A 'pld'
+-- dataset is charged by the PLD composition of every entry's event and this one at its delta
+-- budget, instead of the sums.
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
-                              model_id bigint DEFAULT NULL, note text DEFAULT NULL)
+                              model_id bigint DEFAULT NULL, note text DEFAULT NULL,
+                              dp_event jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -77,6 +101,9 @@ DECLARE
     d dpsql.datasets;
     eps_spent float8;
     delta_spent float8;
+    event jsonb;
+    composed jsonb;
+    eps_composed float8;
     entry bigint;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
@@ -98,9 +125,31 @@ BEGIN
         RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
             USING ERRCODE = 'undefined_object';
     END IF;
+    event := coalesce(dp_event, dpsql_internal._epsilon_delta_event(epsilon, delta));
+    IF jsonb_typeof(event) IS DISTINCT FROM 'object' OR NOT event ? 'type' THEN
+        RAISE EXCEPTION 'dpsql: a charge''s dp_event must be a serialised DpEvent, got %', event
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     SELECT s.epsilon_spent, s.delta_spent INTO eps_spent, delta_spent
       FROM dpsql_internal.spent s WHERE s.dataset_id = d.dataset_id;
-    IF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
+    IF d.composition = 'pld' THEN
+        -- The tight total of every release so far and this one, by dp-accounting (pessimistic
+        -- PLD: an upper bound), in place of both sums; NULL epsilon: no finite guarantee.
+        composed := dpsql_internal._compose_ledger(d.dataset_id, d.delta_budget, event);
+        eps_composed := (composed->>'epsilon_pld')::float8;
+        IF eps_composed IS NULL OR eps_composed > d.epsilon_budget * (1 + slack) THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'DP001',
+                MESSAGE = format('dpsql: privacy budget of dataset %s exceeded: composed by PLD '
+                                 'with this release ε=%s at δ=%s; budget ε=%s, δ=%s; this '
+                                 'release needs ε=%s, δ=%s',
+                                 quote_literal(d.name), coalesce(eps_composed::text, 'Infinity'),
+                                 d.delta_budget, d.epsilon_budget, d.delta_budget, epsilon,
+                                 delta),
+                HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release '
+                       'with a smaller epsilon/delta.';
+        END IF;
+    ELSIF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
        OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
         RAISE EXCEPTION USING
             ERRCODE = 'DP001',
@@ -112,9 +161,9 @@ BEGIN
                    'a smaller epsilon/delta.';
     END IF;
     INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, charged_at,
-                                      role, note)
+                                      role, note, dp_event)
     VALUES (d.dataset_id, _charge.model_id, _charge.mechanism, _charge.epsilon, _charge.delta,
-            clock_timestamp(), session_user, _charge.note)
+            clock_timestamp(), session_user, _charge.note, event)
     RETURNING entry_id INTO entry;
     UPDATE dpsql.datasets ds SET charges = ds.charges + 1 WHERE ds.dataset_id = d.dataset_id;
     RETURN entry;

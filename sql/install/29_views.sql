@@ -26,7 +26,11 @@ COMMENT ON VIEW dpsql.models IS
 
 CREATE OR REPLACE VIEW dpsql.ledger WITH (security_barrier) AS
 SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.epsilon, e.delta,
-       e.charged_at, e.role, e.note
+       e.charged_at, e.role, e.note,
+       -- the release as a dp-accounting event, for anyone to re-account (dpsql.budget_report);
+       -- entries from before 0.6.0 are plain (epsilon, delta) events
+       coalesce(e.dp_event, jsonb_build_object('type', 'EpsilonDelta', 'epsilon', e.epsilon,
+                                               'delta', e.delta)) AS dp_event
   FROM dpsql.ledger_entries e
   JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
  WHERE dpsql_internal._can_use_dataset(e.dataset_id);
@@ -37,7 +41,8 @@ SELECT d.dataset_id, d.name, d.epsilon_budget, d.delta_budget,
        s.epsilon_spent, s.delta_spent,
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
        greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
-       d.dropped_at
+       d.dropped_at,
+       d.composition  -- 'pld': charged by composition, see dpsql.budget_report
   FROM dpsql.datasets d
  JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE dpsql_internal._can_use_dataset(d.dataset_id);

@@ -234,7 +234,8 @@ BEGIN
     r := dpsql_internal._locked_run(run);
     plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy);
+                           privacy, dp_event => CASE WHEN privacy = 'dpsgd' THEN dpsql_internal._dpsgd_event(
+                               plan, (r.spec->>'epochs')::int, (params->>'prefix_noise_multiplier')::float8) END);
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',

@@ -27,7 +27,8 @@ DECLARE
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
         '_is_admin', '_can_use_dataset',  -- called by train and by the views
-        'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms'];
+        'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
+        'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows
     -- Entry points created by later releases' files; granted when present.
     analyst_optional text[] := ARRAY['_train_private', 'bolton_sensitivity'];
     -- Data owners: registration (the INVOKER wrapper calls the DEFINER _register_dataset).

@@ -16,3 +16,12 @@ DROP FUNCTION dpsql_internal._prepare(text, text[], text, text, int, bigint, flo
                                       float8, float8, boolean, bigint, float8[], boolean, text,
                                       float8, float8, int, boolean, float8[], text, text[], int);
 DROP FUNCTION dpsql_internal._fill_training_table(bigint, text, text, text, int, int, boolean, bigint);
+
+-- Issue 16, re-accounting the ledger: the charge records each release's DpEvent, and a dataset
+-- may be charged by PLD composition (the columns are added by the install script's ALTERs).
+DROP FUNCTION dpsql_internal._charge(bigint, float8, float8, text, bigint, text);
+DROP FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[], text,
+                                     text, float8, float8, int, boolean, jsonb);
+DROP FUNCTION dpsql_internal._register_dataset(regclass, text[], text, float8, float8, float8[],
+                                               float8[], text, text, text, float8, float8, int,
+                                               boolean, jsonb);

@@ -155,6 +155,10 @@ def test_ledger_is_append_only(conn, make_dataset) -> None:
         "UPDATE dpsql.ledger_entries SET epsilon = 0 WHERE entry_id = %(e)s",
         "UPDATE dpsql.ledger_entries SET note = 'x' WHERE entry_id = %(e)s",
         "UPDATE dpsql.ledger_entries SET model_id = 1, epsilon = 0 WHERE entry_id = %(e)s",
+        # the recorded DpEvent neither (dpsql.budget_report re-accounts it)
+        'UPDATE dpsql.ledger_entries SET dp_event = \'{"type": "NoOp"}\' WHERE entry_id = %(e)s',
+        "UPDATE dpsql.ledger_entries SET dp_event = NULL WHERE entry_id = %(e)s",
+        "UPDATE dpsql.ledger_entries SET model_id = 1, dp_event = NULL WHERE entry_id = %(e)s",
         "DELETE FROM dpsql.ledger_entries WHERE entry_id = %(e)s",
         "TRUNCATE dpsql.ledger_entries",
         "DELETE FROM dpsql.datasets WHERE dataset_id = %(d)s",  # its entries would dangle
@@ -169,9 +173,10 @@ def test_ledger_is_append_only(conn, make_dataset) -> None:
     with pytest.raises(errors.UndefinedObject):
         conn.execute("SELECT dpsql_internal._set_ledger_model(-1, 42)")
     row = conn.execute(
-        "SELECT model_id, epsilon, note FROM dpsql.ledger_entries WHERE entry_id = %s", (entry,)
+        "SELECT model_id, epsilon, note, dp_event FROM dpsql.ledger_entries WHERE entry_id = %s",
+        (entry,),
     ).fetchone()
-    assert row == (41, 0.1, None)
+    assert row == (41, 0.1, None, {"type": "EpsilonDelta", "epsilon": 0.1, "delta": 0.0})
 
 
 def test_concurrent_charges_never_overspend(conn, server_uri, make_dataset) -> None:

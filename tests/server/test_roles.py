@@ -39,6 +39,7 @@ ANALYST_FUNCTIONS = {
     "confint",
     "zcdp_rho",
     "zcdp_epsilon",
+    "budget_report",
 }
 ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "register_dataset",
