@@ -5,8 +5,9 @@ method => 'distinguish')`` on its worst-case dataset: 100 rows with x = 0 (no gr
 weights) and one canary slot, so the canary moves the released model by as much as the
 mechanism allows. Classification mechanisms train the Huber SVM (its gradient is the full
 Lipschitz bound wherever the margin is small) on labels {0, 1}; regression mechanisms train
-least squares with |y| <= 1 and ||x|| <= 1 (3,000 rows: DP-AMBSSGD's statistics need them). Then the deliberately broken variants (the
-superuser-only mutation switch): each should be refuted (epsilon_lower > claimed).
+least squares with |y| <= 1 and ||x|| <= 1 (3,000 rows: DP-AMBSSGD's statistics need them).
+Then the deliberately broken variants (the superuser-only mutation switch): each should be
+refuted (epsilon_lower > claimed).
 
 Prints markdown tables (claimed epsilon, the 95% lower bound, runs per dataset, the ratio,
 seconds) and draws ``bench/figures/audit.png``.
@@ -174,7 +175,7 @@ def _plot(results: list[tuple[str, float, float | None, float, str]], path: str)
     for label in labels:
         points = [(e, lo) for name, e, lo, _, _ in results if name == label and lo is not None]
         if points:
-            ax.plot(*zip(*points), marker="o", label=label)
+            ax.plot(*zip(*points, strict=True), marker="o", label=label)
     eps = sorted({r[1] for r in results})
     ax.plot(eps, eps, color="black", linestyle="--", label="claimed ε")
     ax.set_xscale("log")

@@ -233,6 +233,7 @@ BEGIN
     run := dpsql_internal._prepare_private(ds, model, params);
     r := dpsql_internal._locked_run(run);
     plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
+    plan := dpsql_internal._audit_plan(r.spec, r.rows, plan);  -- a superuser's test switch (52_audit.sql)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            privacy, dp_event => CASE WHEN privacy = 'dpsgd' THEN dpsql_internal._dpsgd_event(
                                plan, (r.spec->>'epochs')::int, (params->>'prefix_noise_multiplier')::float8) END);

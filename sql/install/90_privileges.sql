@@ -34,7 +34,7 @@ DECLARE
     -- Data owners: registration (the INVOKER wrapper calls the DEFINER _register_dataset).
     -- and the non-private run machinery: data owners train noiseless models as themselves
     -- (SECURITY INVOKER, reading only what they can read).
-    admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset',
+    admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset', 'audit',
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
@@ -69,6 +69,8 @@ BEGIN
 END $$;
 
 GRANT SELECT ON dpsql.ledger, dpsql.budgets, dpsql.my_datasets TO dpsql_analyst, dpsql_admin;
+-- Audits (52_audit.sql) are the data owners': their canaries and counts describe the data.
+GRANT SELECT ON dpsql.audits TO dpsql_admin;
 -- Data owners may list who was granted what (metadata only).
 GRANT SELECT ON dpsql.dataset_grants TO dpsql_admin;
 

@@ -42,6 +42,7 @@ ANALYST_FUNCTIONS = {
     "budget_report",
 }
 ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
+    "audit",
     "register_dataset",
     "_register_dataset",
     "grant_dataset",
