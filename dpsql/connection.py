@@ -353,6 +353,7 @@ class Database:
         dim: int | None = None,
         regression: bool | None = None,
         estimate: Estimate | None = None,
+        composition: str = "sum",
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -371,6 +372,10 @@ class Database:
         transaction, e.g. ``{"feature_bounds": {"epsilon": 0.1, "search_range": [-10, 10]},
         "label_bound": {"epsilon": 0.1, "search_range": [0, 100]}}`` (a ``label_bound``
         estimate implies ``regression``). If an estimate fails, nothing is registered or charged.
+
+        ``composition="pld"`` charges the budget by the PLD composition of the ledger's
+        releases instead of summing their epsilons and deltas (docs/privacy.md, "Re-accounting
+        the ledger").
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
@@ -378,7 +383,7 @@ class Database:
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
             " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
             " name => %s, label_bound => %s, row_bound => %s, dim => %s, regression => %s,"
-            " estimate => %s)",
+            " estimate => %s, composition => %s)",
             (
                 source,
                 feats,
@@ -394,10 +399,23 @@ class Database:
                 dim,
                 regression,
                 None if estimate is None else Jsonb(estimate),
+                composition,
             ),
         ).fetchone()
         assert row is not None
         return int(row[0])
+
+    @translate(not_found=NotRegistered)
+    def budget_report(self, dataset: str) -> dict[str, Any]:
+        """The dataset's ledger re-accounted (``dpsql.budget_report``): the charged sums next
+        to the PLD (and RDP) composition of its releases at the delta budget, and what
+        summation wastes (``epsilon_saving``)."""
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute("SELECT * FROM dpsql.budget_report(%s)", (dataset,)).fetchone()
+        assert row is not None
+        return row
 
     @translate(not_found=NotRegistered)
     def estimate_bounds(
