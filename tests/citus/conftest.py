@@ -52,7 +52,14 @@ class ExternalCluster:
 
     def start_node(self, node: ExternalNode) -> None:
         subprocess.run(["docker", "start", node.container], check=True, capture_output=True)
-        server.wait_until_ready(node.uri, 60)
+        try:
+            # crash recovery after a kill, on a loaded machine, can take a while
+            server.wait_until_ready(node.uri, 180)
+        except psycopg.OperationalError:
+            logs = subprocess.run(
+                ["docker", "logs", "--tail", "40", node.container], capture_output=True, text=True
+            )
+            raise AssertionError(f"{node.name} did not come back:\n{logs.stdout}{logs.stderr}")
 
 
 def _external(spec: dict[str, Any]) -> ExternalCluster:
