@@ -55,11 +55,13 @@ class ExternalCluster:
         try:
             # crash recovery after a kill, on a loaded machine, can take a while
             server.wait_until_ready(node.uri, 180)
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as err:
             logs = subprocess.run(
                 ["docker", "logs", "--tail", "40", node.container], capture_output=True, text=True
             )
-            raise AssertionError(f"{node.name} did not come back:\n{logs.stdout}{logs.stderr}")
+            raise AssertionError(
+                f"{node.name} did not come back:\n{logs.stdout}{logs.stderr}"
+            ) from err
 
 
 def _external(spec: dict[str, Any]) -> ExternalCluster:
