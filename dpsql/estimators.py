@@ -337,6 +337,61 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
             return binary
         return scores
 
+    # One __init__ for both classifiers: scikit-learn reads the parameters from its signature,
+    # which subclasses inherit.
+    def __init__(
+        self,
+        db: Database | str | None = None,
+        privacy: Any = None,
+        *,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        lambda_: float = 0.0,
+        step_size: float | None = None,
+        schedule: str | None = None,
+        radius: float | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        intercept: bool = False,
+        huber_h: float = 0.1,
+        step_offset: float = 0.0,
+        tolerance: float | None = None,
+        parallel_workers: int = 0,
+        shard_parallel: bool = False,
+        progress: bool = False,
+        classes: Sequence[Any] | None = None,
+        row_norm: str | None = None,
+        feature_bounds: Sequence[Sequence[float]] | None = None,
+        row_bound: float | None = None,
+        epsilon_budget: float | None = None,
+        delta_budget: float | None = None,
+        table_schema: str | None = None,
+    ) -> None:
+        self.db = db
+        self.privacy = privacy
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lambda_ = lambda_
+        self.step_size = step_size
+        self.schedule = schedule
+        self.radius = radius
+        self.shuffle = shuffle
+        self.seed = seed
+        self.intercept = intercept
+        self.huber_h = huber_h
+        self.step_offset = step_offset
+        self.tolerance = tolerance
+        self.parallel_workers = parallel_workers
+        self.shard_parallel = shard_parallel
+        self.progress = progress
+        self.classes = classes
+        self.row_norm = row_norm
+        self.feature_bounds = feature_bounds
+        self.row_bound = row_bound
+        self.epsilon_budget = epsilon_budget
+        self.delta_budget = delta_budget
+        self.table_schema = table_schema
+
 
 class LogisticRegression(_DpsqlClassifier):
     """Logistic regression trained in the server (one-vs-rest for 3 or more classes).
@@ -365,118 +420,12 @@ class LogisticRegression(_DpsqlClassifier):
 
     _model = "logistic"
 
-    def __init__(
-        self,
-        db: Database | str | None = None,
-        privacy: Any = None,
-        *,
-        epochs: int | None = None,
-        batch_size: int | None = None,
-        lambda_: float = 0.0,
-        step_size: float | None = None,
-        schedule: str | None = None,
-        radius: float | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        intercept: bool = False,
-        huber_h: float = 0.1,
-        step_offset: float = 0.0,
-        tolerance: float | None = None,
-        parallel_workers: int = 0,
-        shard_parallel: bool = False,
-        progress: bool = False,
-        classes: Sequence[Any] | None = None,
-        row_norm: str | None = None,
-        feature_bounds: Sequence[Sequence[float]] | None = None,
-        row_bound: float | None = None,
-        epsilon_budget: float | None = None,
-        delta_budget: float | None = None,
-        table_schema: str | None = None,
-    ) -> None:
-        self.db = db
-        self.privacy = privacy
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.lambda_ = lambda_
-        self.step_size = step_size
-        self.schedule = schedule
-        self.radius = radius
-        self.shuffle = shuffle
-        self.seed = seed
-        self.intercept = intercept
-        self.huber_h = huber_h
-        self.step_offset = step_offset
-        self.tolerance = tolerance
-        self.parallel_workers = parallel_workers
-        self.shard_parallel = shard_parallel
-        self.progress = progress
-        self.classes = classes
-        self.row_norm = row_norm
-        self.feature_bounds = feature_bounds
-        self.row_bound = row_bound
-        self.epsilon_budget = epsilon_budget
-        self.delta_budget = delta_budget
-        self.table_schema = table_schema
-
 
 class MultinomialLogisticRegression(_DpsqlClassifier):
     """Multinomial (softmax) logistic regression trained in the server; parameters as for
     :class:`LogisticRegression`."""
 
     _model = "multinomial"
-
-    def __init__(
-        self,
-        db: Database | str | None = None,
-        privacy: Any = None,
-        *,
-        epochs: int | None = None,
-        batch_size: int | None = None,
-        lambda_: float = 0.0,
-        step_size: float | None = None,
-        schedule: str | None = None,
-        radius: float | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        intercept: bool = False,
-        huber_h: float = 0.1,
-        step_offset: float = 0.0,
-        tolerance: float | None = None,
-        parallel_workers: int = 0,
-        shard_parallel: bool = False,
-        progress: bool = False,
-        classes: Sequence[Any] | None = None,
-        row_norm: str | None = None,
-        feature_bounds: Sequence[Sequence[float]] | None = None,
-        row_bound: float | None = None,
-        epsilon_budget: float | None = None,
-        delta_budget: float | None = None,
-        table_schema: str | None = None,
-    ) -> None:
-        self.db = db
-        self.privacy = privacy
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.lambda_ = lambda_
-        self.step_size = step_size
-        self.schedule = schedule
-        self.radius = radius
-        self.shuffle = shuffle
-        self.seed = seed
-        self.intercept = intercept
-        self.huber_h = huber_h
-        self.step_offset = step_offset
-        self.tolerance = tolerance
-        self.parallel_workers = parallel_workers
-        self.shard_parallel = shard_parallel
-        self.progress = progress
-        self.classes = classes
-        self.row_norm = row_norm
-        self.feature_bounds = feature_bounds
-        self.row_bound = row_bound
-        self.epsilon_budget = epsilon_budget
-        self.delta_budget = delta_budget
-        self.table_schema = table_schema
 
 
 class LinearRegression(RegressorMixin, _DpsqlEstimator):  # type: ignore[misc]
