@@ -194,13 +194,19 @@ BEGIN
     END IF;
     IF jsonb_typeof(opts) <> 'object' OR jsonb_typeof(train) <> 'object'
        OR EXISTS (SELECT 1 FROM jsonb_object_keys(opts) k
-                   WHERE k NOT IN ('confidence', 'train', 'model', 'canaries', 'seed', 'mutation')) THEN
+                   WHERE k NOT IN ('confidence', 'train', 'model', 'canaries', 'seed', 'mutation',
+                                   'test')) THEN
         PERFORM dpsql_internal._fail('options takes confidence, model, train (dpsql.train''s '
-                                     'parameters), canaries, seed and mutation',
+                                     'parameters), canaries, seed, test and mutation',
                                      hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
     END IF;
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
         PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
+    END IF;
+    IF coalesce(opts->>'test', 'dp') NOT IN ('dp', 'gdp')
+       OR (opts ? 'test' AND method <> 'distinguish') THEN
+        PERFORM dpsql_internal._fail('options.test is dp (any mechanism) or gdp (Gaussian compositions), '
+                                     'for method => ''distinguish''');
     END IF;
     IF NOT (conf >= 0.5 AND conf < 1) THEN
         PERFORM dpsql_internal._fail(format('options.confidence must be in [0.5, 1), got %s', conf));
@@ -266,6 +272,7 @@ BEGIN
               FROM released)
         SELECT jsonb_build_object(
                    'op', 'audit_bound', 'method', 'distinguish', 'delta', delta, 'confidence', conf,
+                   'test', coalesce(opts->>'test', 'dp'),
                    'calibration0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND calibration), '[]'),
                    'calibration1', coalesce(jsonb_agg(s) FILTER (WHERE d = 1 AND calibration), '[]'),
                    'evaluation0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND NOT calibration), '[]'),

@@ -101,3 +101,48 @@ def test_run_validates_requests() -> None:
         }
     )
     assert out["op"] == "audit_bound" and out["epsilon_lower"] >= 0
+
+
+def test_gdp_epsilon_is_the_gaussian_mechanisms() -> None:
+    """mu-GDP is the Gaussian mechanism with sensitivity 1 and sigma = 1/mu: dp-accounting's
+    calibration inverts it."""
+    import dp_accounting
+
+    for eps, delta in [(1.0, 1e-5), (4.0, 1e-6), (0.3, 1e-3)]:
+        sigma = dp_accounting.get_sigma_gaussian(eps, delta)
+        assert audit_stats.gdp_epsilon(1 / sigma, delta) == pytest.approx(eps, rel=1e-4)
+    assert audit_stats.gdp_epsilon(0.0, 1e-5) == 0.0
+
+
+def test_gdp_test_is_sound_and_has_power() -> None:
+    """Scores N(0, 1) vs N(mu, 1), exactly mu-GDP: the 95% bound on mu exceeds mu in at most
+    ~5% of 200 seeded audits (> 20: probability < 1e-3), and with many runs it sees most of mu
+    where a tail test at delta = 1e-5 sees nothing."""
+    rng = np.random.default_rng(15)
+    mu, over = 0.5, 0
+    for _ in range(200):
+        c0, c1 = rng.normal(size=300), rng.normal(mu, size=300)
+        e0, e1 = rng.normal(size=300), rng.normal(mu, size=300)
+        out = audit_stats.distinguish_bound(c0, c1, e0, e1, 1e-5, 0.95, test="gdp")
+        over += out["mu_lower"] > mu
+    assert over <= 20
+    c0, c1 = rng.normal(size=5000), rng.normal(mu, size=5000)
+    e0, e1 = rng.normal(size=5000), rng.normal(mu, size=5000)
+    gdp = audit_stats.distinguish_bound(c0, c1, e0, e1, 1e-5, 0.95, test="gdp")
+    assert 0.35 < gdp["mu_lower"] <= mu
+    assert gdp["epsilon_lower"] == pytest.approx(audit_stats.gdp_epsilon(gdp["mu_lower"], 1e-5))
+    dp = audit_stats.distinguish_bound(c0, c1, e0, e1, 1e-5, 0.95)
+    assert dp["epsilon_lower"] < gdp["epsilon_lower"]
+    with pytest.raises(ValueError, match="test"):
+        audit_stats.distinguish_bound(c0, c1, e0, e1, 1e-5, 0.95, test="other")
+
+
+def test_vectorised_bounds_match_the_scalar_ones() -> None:
+    rng = np.random.default_rng(16)
+    fp, fn = rng.integers(0, 101, size=50), rng.integers(0, 81, size=50)
+    dp = audit_stats._bounds(fp, 100, fn, 80, 1e-3, 0.9, "dp")
+    gdp = audit_stats._bounds(fp, 100, fn, 80, 1e-3, 0.9, "gdp")
+    for i in range(50):
+        a, b = int(fp[i]), int(fn[i])
+        assert dp[i] == pytest.approx(audit_stats.distinguish_lower_bound(a, 100, b, 80, 1e-3, 0.9))
+        assert gdp[i] == pytest.approx(audit_stats.gdp_lower_bound(a, 100, b, 80, 0.9))

@@ -201,6 +201,8 @@ def test_only_data_owners_audit_and_only_superusers_mutate(conn, zeros, make_rol
         (("dpsgd", 1, 0.01, 100, "distinguish", "{}"), "runs x delta"),
         (("bolton", 1, 0, None, "one_run", '{"canaries": 2}'), "canaries"),
         (("nope", 1, 0, 20, "distinguish", "{}"), "nope"),
+        (("bolton", 1, 0, 20, "distinguish", '{"test": "tails"}'), "options.test"),
+        (("bolton", 1, 0, None, "one_run", '{"test": "gdp"}'), "options.test"),
     ],
 )
 def test_bad_input_changes_nothing(conn, zeros, args, message) -> None:
