@@ -99,8 +99,9 @@ END $$;
 
 -- A copy of the dataset's rows (read as the extension owner) plus `slots` rows the audit fills
 -- with canaries, registered as a dataset of its own with the same public declarations and a
--- budget for every run of the audit.
-CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int, runs int,
+-- budget for two releases (a distinguishing audit keeps its first run and rolls each later one
+-- back, its charge included).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int,
                                                       epsilon float8, delta float8)
 RETURNS dpsql.datasets LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -121,8 +122,8 @@ BEGIN
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound, dim)
     VALUES (name, format('dpsql_audit.%I', name)::regclass, format('dpsql_audit.%I', name),
-            '{x}', 'y', ds.labels, ds.feature_bounds, ds.row_norm, epsilon * runs * 1.001,
-            least(delta * runs * 1.001, 0.999), ds.label_bound, ds.row_bound, ds.dim)
+            '{x}', 'y', ds.labels, ds.feature_bounds, ds.row_norm, epsilon * 2.001,
+            least(delta * 2.001, 0.999), ds.label_bound, ds.row_bound, ds.dim)
     RETURNING * INTO copy;
     PERFORM dpsql_internal._grant_reader(copy.relid, '{x,y}');
     RETURN copy;
@@ -178,6 +179,7 @@ DECLARE
     labels float8[];
     positive float8;
     mid bigint;
+    w float8[];
     answer jsonb;
     request jsonb;
     details jsonb;
@@ -218,10 +220,6 @@ BEGIN
     IF method = 'distinguish' AND NOT (n_runs BETWEEN 20 AND 20000) THEN
         PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', n_runs));
     END IF;
-    IF delta * n_runs * 2 >= 0.5 THEN
-        PERFORM dpsql_internal._fail('runs x delta is too large for the audit copies'' budget',
-                                     hint => 'Audit with fewer runs or a smaller delta.');
-    END IF;
     ds := dpsql_internal._dataset_for_source(dataset);
     IF opts ? 'seed' THEN
         PERFORM setseed(((opts->>'seed')::bigint % 1000003) / 1000003.0);
@@ -238,29 +236,47 @@ BEGIN
     dim := coalesce(ds.dim, cardinality(ds.features));
     -- the runs report their own progress; an audit reports its runs
     PERFORM set_config('dpsql_progress.only', 'audit run', true);
-    CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_runs (side int, i int, model_id bigint) ON COMMIT DROP;
+    CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_runs (side int, i int, w float8[]) ON COMMIT DROP;
     TRUNCATE dpsql_audit_runs;
 
     IF method = 'distinguish' THEN
         -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
         -- last (D1), or y = +B / -B for regression; one direction of the unit ball.
-        copy := dpsql_internal._audit_copy(ds, 1, 2 * n_runs, epsilon, delta);
+        copy := dpsql_internal._audit_copy(ds, 1, epsilon, delta);
         canary := dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim));
         FOR side IN 0 .. 1 LOOP
             EXECUTE format('UPDATE %s SET x = $1, y = $2 WHERE slot = 1', copy.relid)
               USING canary, CASE WHEN labels IS NULL THEN (1 - 2 * side) * ds.label_bound
                                  WHEN side = 0 THEN labels[1] ELSE positive END;
             FOR i IN 1 .. n_runs LOOP
-                mid := dpsql_internal._audit_release(copy, model, params);
-                INSERT INTO dpsql_audit_runs VALUES (side, i, mid);
+                -- Each run after the first in a subtransaction that is rolled back once its
+                -- weights are read: its training table, locks, model and charge go (thousands
+                -- of runs would exhaust the lock table otherwise); the weights stay in a
+                -- variable. The first run stays, so that the accountant's answer stays cached.
+                w := NULL;
+                IF side = 0 AND i = 1 THEN
+                    mid := dpsql_internal._audit_release(copy, model, params);
+                    SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
+                      FROM dpsql.model_store m WHERE m.model_id = mid;
+                ELSE
+                    BEGIN
+                        mid := dpsql_internal._audit_release(copy, model, params);
+                        SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
+                          FROM dpsql.model_store m WHERE m.model_id = mid;
+                        RAISE EXCEPTION USING ERRCODE = 'DPA01';
+                    EXCEPTION WHEN SQLSTATE 'DPA01' THEN
+                        NULL;
+                    END;
+                END IF;
+                INSERT INTO dpsql_audit_runs VALUES (side, i, w);
                 PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
             END LOOP;
         END LOOP;
         -- The test: project on the difference of the two sides' mean models over the
         -- calibration half (odd runs); the even runs judge it.
         WITH released AS (
-            SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.model_id, m.weights
-              FROM dpsql_audit_runs r JOIN dpsql.model_store m ON m.model_id = r.model_id),
+            SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.w AS weights
+              FROM dpsql_audit_runs r WHERE r.w IS NOT NULL),
         mean AS (
             SELECT k, avg(v) FILTER (WHERE d = 1) - avg(v) FILTER (WHERE d = 0) AS dv
               FROM released, unnest(released.weights) WITH ORDINALITY AS u(v, k)
@@ -290,7 +306,7 @@ BEGIN
         IF NOT (m BETWEEN 10 AND 100000) THEN
             PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 100000], got %s', m));
         END IF;
-        copy := dpsql_internal._audit_copy(ds, m, 1, epsilon, delta);
+        copy := dpsql_internal._audit_copy(ds, m, epsilon, delta);
         CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_canaries
             (slot int, x float8[], y float8, included boolean) ON COMMIT DROP;
         TRUNCATE dpsql_audit_canaries;
@@ -309,7 +325,7 @@ BEGIN
             PERFORM dpsql_internal._fail('the audited mechanism released nothing (its solver did '
                                          'not certify): no bound', '55000');
         END IF;
-        INSERT INTO dpsql_audit_runs VALUES (1, 1, mid);
+        INSERT INTO dpsql_audit_runs VALUES (1, 1, '{}');
         -- score: the margin the model gives the canary's label (higher when it was trained on)
         SELECT jsonb_build_object(
                    'op', 'audit_bound', 'method', 'one_run', 'delta', delta, 'confidence', conf,
@@ -328,7 +344,7 @@ BEGIN
     END IF;
     details := (answer - 'op' - 'method' - 'confidence')
                || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name,
-                                     'released', (SELECT count(model_id) FROM dpsql_audit_runs));
+                                     'released', (SELECT count(r.w) FROM dpsql_audit_runs r));
     -- The switches end with the audit, not with the transaction: a release after it in the
     -- same transaction is neither mutated nor silent.
     PERFORM set_config('dpsql_audit.mutation', '', true);
