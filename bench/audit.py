@@ -205,12 +205,13 @@ def _plot(results: list[tuple[str, float, float | None, float, str]], path: str)
     fig = Figure(figsize=(7.5, 5), layout="constrained")
     ax = fig.add_subplot()
     labels = sorted({r[0] for r in results}, key=[c[0] for c in CONFIGS].index)
-    for label in labels:
+    for n, label in enumerate(labels):
         points = [(e, lo) for name, e, lo, _, _ in results if name == label and lo is not None]
-        if points:
-            ax.plot(*zip(*points, strict=True), marker="o", label=label)
+        if points:  # past the ten colours, dashed lines tell the mechanisms apart
+            style = "-" if n < 10 else "--"
+            ax.plot(*zip(*points, strict=True), marker="o", linestyle=style, label=label)
     eps = sorted({r[1] for r in results})
-    ax.plot(eps, eps, color="black", linestyle="--", label="claimed ε")
+    ax.plot(eps, eps, color="black", linestyle=":", label="claimed ε")
     ax.set_xscale("log")
     ax.set_xticks(eps, [f"{e:g}" for e in eps])
     ax.minorticks_off()

@@ -37,6 +37,7 @@ __all__ = [
     "gdp_epsilon",
     "gdp_lower_bound",
     "distinguish_bound",
+    "distinguish_counts",
     "distinguish_lower_bound",
     "one_run_lower_bound",
     "one_run_p_value",
@@ -139,11 +140,6 @@ def _bounds(
         return best
 
 
-def _counts(s0: np.ndarray, s1: np.ndarray, t: float) -> tuple[int, int]:
-    """False positives (D0 scored above t) and false negatives (D1 at or below t)."""
-    return int(np.sum(s0 > t)), int(np.sum(s1 <= t))
-
-
 # Thresholds carried from the calibration half to the evaluation half (Bonferroni-corrected):
 # more than one blunts the winner's curse of a single threshold picked in a noisy tail.
 DISTINGUISH_THRESHOLDS = 5
@@ -158,63 +154,82 @@ def distinguish_bound(
     confidence: float,
     test: str = "dp",
 ) -> dict[str, Any]:
-    """Choose thresholds on the calibration scores (D1 expected higher), bound on the
-    evaluation scores. The candidates are the thresholds with the best bound on the
-    calibration half itself, kept apart (their calibration error counts differ by at least
-    5% of the runs); each is judged on the evaluation half at significance / their number,
-    and the best bound is reported.
-
-    ``test="gdp"`` bounds mu instead (valid for mechanisms whose guarantee is a composition of
-    Gaussians, which are exactly mu-GDP) and reports the epsilon at delta of that mu: it reads
-    the middle of the distributions, where a tail test needs far more runs."""
+    """:func:`distinguish_counts` with every calibration score as a candidate threshold."""
     c0, c1 = np.asarray(calibration0, float), np.asarray(calibration1, float)
     e0, e1 = np.asarray(evaluation0, float), np.asarray(evaluation1, float)
     if min(len(c0), len(c1), len(e0), len(e1)) == 0:
         raise ValueError("distinguish needs scores of both datasets in both halves")
+    thresholds = np.unique(np.concatenate([c0, c1]))
+
+    def counts(s0: np.ndarray, s1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # D0 scored above t (false positives), D1 at or below t (false negatives)
+        fp = len(s0) - np.searchsorted(np.sort(s0), thresholds, side="right")
+        return fp, np.searchsorted(np.sort(s1), thresholds, side="right")
+
+    fp_c, fn_c = counts(c0, c1)
+    fp_e, fn_e = counts(e0, e1)
+    out = distinguish_counts(
+        fp_c, fn_c, (len(c0), len(c1)), fp_e, fn_e, (len(e0), len(e1)), delta, confidence, test
+    )
+    out["threshold"] = float(thresholds[out.pop("candidate")])
+    return out
+
+
+def distinguish_counts(
+    fp_calibration: Sequence[int] | np.ndarray,
+    fn_calibration: Sequence[int] | np.ndarray,
+    calibration_sizes: tuple[int, int],
+    fp_evaluation: Sequence[int] | np.ndarray,
+    fn_evaluation: Sequence[int] | np.ndarray,
+    evaluation_sizes: tuple[int, int],
+    delta: float,
+    confidence: float,
+    test: str = "dp",
+) -> dict[str, Any]:
+    """The bound from the error counts of candidate thresholds (D1 expected higher) on the
+    calibration half and on the evaluation half of the runs. The thresholds picked are those
+    with the best bound on the calibration half itself, kept apart (their calibration error
+    counts differ by at least 5% of the runs); each is judged on the evaluation half at
+    significance / their number, and the best bound is reported.
+
+    ``test="gdp"`` bounds mu instead (valid for mechanisms whose guarantee is a composition of
+    Gaussians, which are exactly mu-GDP) and reports the epsilon at delta of that mu: it reads
+    the middle of the distributions, where a tail test needs far more runs."""
     if test not in ("dp", "gdp"):
         raise ValueError(f"test must be dp or gdp, got {test!r}")
-
-    def bound(fp: int, neg: int, fn: int, pos: int, level: float) -> float:
-        if test == "gdp":
-            return gdp_lower_bound(fp, neg, fn, pos, level)
-        return distinguish_lower_bound(fp, neg, fn, pos, delta, level)
-
-    # every threshold's calibration counts at once (the bounds are vectorised below)
-    thresholds = np.unique(np.concatenate([c0, c1]))
-    fps = len(c0) - np.searchsorted(np.sort(c0), thresholds, side="right")
-    fns = np.searchsorted(np.sort(c1), thresholds, side="right")
-    values = _bounds(fps, len(c0), fns, len(c1), delta, confidence, test)
-    scored = sorted(
-        zip(values.tolist(), fps.tolist(), fns.tolist(), thresholds.tolist(), strict=True),
-        reverse=True,
-    )
-    gap = 0.05 * (len(c0) + len(c1)) / 2
-    picked: list[tuple[float, int, int, float]] = []
-    for cand in scored:
-        if all(abs(cand[1] - p[1]) + abs(cand[2] - p[2]) >= gap for p in picked):
-            picked.append(cand)
+    fp_c, fn_c = np.asarray(fp_calibration, int), np.asarray(fn_calibration, int)
+    fp_e, fn_e = np.asarray(fp_evaluation, int), np.asarray(fn_evaluation, int)
+    (n0c, n1c), (n0e, n1e) = calibration_sizes, evaluation_sizes
+    if not (len(fp_c) == len(fn_c) == len(fp_e) == len(fn_e) > 0) or min(n0c, n1c, n0e, n1e) < 1:
+        raise ValueError("distinguish needs counts of the same candidates in both halves")
+    values = _bounds(fp_c, n0c, fn_c, n1c, delta, confidence, test)
+    order = sorted(range(len(values)), key=lambda j: -values[j])
+    gap = 0.05 * (n0c + n1c) / 2
+    picked: list[int] = []
+    for j in order:
+        if all(abs(fp_c[j] - fp_c[p]) + abs(fn_c[j] - fn_c[p]) >= gap for p in picked):
+            picked.append(j)
         if len(picked) == DISTINGUISH_THRESHOLDS:
             break
     corrected = 1.0 - (1.0 - confidence) / len(picked)
-    best: dict[str, Any] = {}
-    for _, _, _, t in picked:
-        fp, fn = _counts(e0, e1, t)
-        value = bound(fp, len(e0), fn, len(e1), corrected)
-        if not best or value > best["value"]:
-            best = {"value": value, "threshold": t, "false_positives": fp, "false_negatives": fn}
-    value = best.pop("value")
-    if test == "gdp":
-        best["mu_lower"] = value
-        best["epsilon_lower"] = gdp_epsilon(value, delta)
-    else:
-        best["epsilon_lower"] = value
-    return {
-        **best,
-        "test": test,
-        "negatives": len(e0),
-        "positives": len(e1),
+    judged = _bounds(fp_e[picked], n0e, fn_e[picked], n1e, delta, corrected, test)
+    k = int(np.argmax(judged))
+    j = picked[k]
+    out: dict[str, Any] = {
+        "candidate": j,
+        "false_positives": int(fp_e[j]),
+        "false_negatives": int(fn_e[j]),
+        "negatives": n0e,
+        "positives": n1e,
         "thresholds_tried": len(picked),
+        "test": test,
     }
+    if test == "gdp":
+        out["mu_lower"] = float(judged[k])
+        out["epsilon_lower"] = gdp_epsilon(float(judged[k]), delta)
+    else:
+        out["epsilon_lower"] = float(judged[k])
+    return out
 
 
 def one_run_p_value(m: int, guesses: int, correct: int, eps: float, delta: float) -> float:
@@ -276,25 +291,34 @@ def _unit(name: str, value: Any) -> float:
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    """The accountant command's ``audit_bound`` op: ``method`` ``distinguish`` (``calibration0``,
-    ``calibration1``, ``evaluation0``, ``evaluation1``) or ``one_run`` (``scores``,
-    ``included``), with ``delta`` and ``confidence`` (and ``test``, ``dp`` or ``gdp``, for
-    distinguish)."""
+    """The accountant command's ``audit_bound`` op: ``method`` ``distinguish`` (error counts
+    ``fp_calibration``, ``fn_calibration``, ``fp_evaluation``, ``fn_evaluation`` at candidate
+    ``thresholds``, and the run counts ``calibration0``, ``calibration1``, ``evaluation0``,
+    ``evaluation1``) or ``one_run`` (``scores``, ``included``), with ``delta`` and
+    ``confidence`` (and ``test``, ``dp`` or ``gdp``, for distinguish)."""
     delta = _unit("delta", request.get("delta", 0.0))
     confidence = float(request.get("confidence", 0.95))
     if not 0.5 <= confidence < 1.0:
         raise ValueError(f"confidence must be in [0.5, 1), got {confidence!r}")
     method = request.get("method")
     if method == "distinguish":
-        out = distinguish_bound(
-            request["calibration0"],
-            request["calibration1"],
-            request["evaluation0"],
-            request["evaluation1"],
+        # the server sends error counts at candidate thresholds: a few kilobytes whatever the
+        # number of runs (the request is one command-line argument)
+        out = distinguish_counts(
+            request["fp_calibration"],
+            request["fn_calibration"],
+            (int(request["calibration0"]), int(request["calibration1"])),
+            request["fp_evaluation"],
+            request["fn_evaluation"],
+            (int(request["evaluation0"]), int(request["evaluation1"])),
             delta,
             confidence,
             request.get("test", "dp"),
         )
+        out["threshold"] = request.get("thresholds", [None] * (out["candidate"] + 1))[
+            out["candidate"]
+        ]
+        del out["candidate"]
     elif method == "one_run":
         out = one_run_bound(request["scores"], request["included"], delta, confidence)
     else:

@@ -285,15 +285,33 @@ BEGIN
             SELECT d, calibration,
                    (SELECT sum(u.v * mean.dv) FROM unnest(released.weights) WITH ORDINALITY AS u(v, k)
                       JOIN mean USING (k)) AS s
-              FROM released)
+              FROM released),
+        -- candidate thresholds: 399 quantiles of the calibration scores; the statistics get
+        -- the error counts at each, a few kilobytes whatever the number of runs
+        grid AS (
+            SELECT DISTINCT unnest(percentile_disc(ARRAY(SELECT g / 400.0 FROM generate_series(1, 399) g))
+                                   WITHIN GROUP (ORDER BY s)) AS t
+              FROM score WHERE calibration),
+        errors AS (
+            SELECT g.t,
+                   count(*) FILTER (WHERE sc.d = 0 AND sc.calibration AND sc.s > g.t) AS fp_c,
+                   count(*) FILTER (WHERE sc.d = 1 AND sc.calibration AND sc.s <= g.t) AS fn_c,
+                   count(*) FILTER (WHERE sc.d = 0 AND NOT sc.calibration AND sc.s > g.t) AS fp_e,
+                   count(*) FILTER (WHERE sc.d = 1 AND NOT sc.calibration AND sc.s <= g.t) AS fn_e
+              FROM grid g CROSS JOIN score sc GROUP BY g.t)
         SELECT jsonb_build_object(
                    'op', 'audit_bound', 'method', 'distinguish', 'delta', delta, 'confidence', conf,
                    'test', coalesce(opts->>'test', 'dp'),
-                   'calibration0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND calibration), '[]'),
-                   'calibration1', coalesce(jsonb_agg(s) FILTER (WHERE d = 1 AND calibration), '[]'),
-                   'evaluation0', coalesce(jsonb_agg(s) FILTER (WHERE d = 0 AND NOT calibration), '[]'),
-                   'evaluation1', coalesce(jsonb_agg(s) FILTER (WHERE d = 1 AND NOT calibration), '[]'))
-          INTO request FROM score;
+                   'thresholds', jsonb_agg(e.t ORDER BY e.t),
+                   'fp_calibration', jsonb_agg(e.fp_c ORDER BY e.t),
+                   'fn_calibration', jsonb_agg(e.fn_c ORDER BY e.t),
+                   'fp_evaluation', jsonb_agg(e.fp_e ORDER BY e.t),
+                   'fn_evaluation', jsonb_agg(e.fn_e ORDER BY e.t),
+                   'calibration0', (SELECT count(*) FROM score WHERE d = 0 AND calibration),
+                   'calibration1', (SELECT count(*) FROM score WHERE d = 1 AND calibration),
+                   'evaluation0', (SELECT count(*) FROM score WHERE d = 0 AND NOT calibration),
+                   'evaluation1', (SELECT count(*) FROM score WHERE d = 1 AND NOT calibration))
+          INTO request FROM errors e;
     ELSE
         IF model = 'multinomial' OR cardinality(labels) > 2 THEN
             PERFORM dpsql_internal._fail('one_run audits binary and linear models (a canary''s '
@@ -303,8 +321,9 @@ BEGIN
         -- m canary slots, each with its canary or a neutral row (x = 0 after the transform)
         -- by a fair coin: the guesses are judged against the coins.
         m := coalesce((opts->>'canaries')::int, 1000);
-        IF NOT (m BETWEEN 10 AND 100000) THEN
-            PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 100000], got %s', m));
+        -- (their scores travel to the statistics as one command-line argument: at most ~80 kB)
+        IF NOT (m BETWEEN 10 AND 3000) THEN
+            PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 3000], got %s', m));
         END IF;
         copy := dpsql_internal._audit_copy(ds, m, epsilon, delta);
         CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_canaries

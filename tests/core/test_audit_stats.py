@@ -91,16 +91,32 @@ def test_run_validates_requests() -> None:
         audit_stats.run({"method": "one_run", "delta": 2})
     with pytest.raises(ValueError, match="at least 2"):
         audit_stats.run({"method": "one_run", "scores": [1.0], "included": [True]})
+    # the server's format: error counts at candidate thresholds, the same as from scores
+    rng = np.random.default_rng(17)
+    c0, c1, e0, e1 = (rng.normal(m, size=200) for m in (0, 1, 0, 1))
+    grid = np.quantile(np.concatenate([c0, c1]), np.arange(1, 400) / 400)
+    fp = lambda s: [int(np.sum(s > t)) for t in grid]  # noqa: E731
+    fn = lambda s: [int(np.sum(s <= t)) for t in grid]  # noqa: E731
     out = audit_stats.run(
         {
             "method": "distinguish",
-            "calibration0": [0, 0, 1],
-            "calibration1": [1, 1, 0],
-            "evaluation0": [0, 0],
-            "evaluation1": [1, 1],
+            "delta": 1e-5,
+            "thresholds": grid.tolist(),
+            "fp_calibration": fp(c0),
+            "fn_calibration": fn(c1),
+            "fp_evaluation": fp(e0),
+            "fn_evaluation": fn(e1),
+            "calibration0": 200,
+            "calibration1": 200,
+            "evaluation0": 200,
+            "evaluation1": 200,
         }
     )
-    assert out["op"] == "audit_bound" and out["epsilon_lower"] >= 0
+    assert out["op"] == "audit_bound" and out["threshold"] in grid.tolist()
+    whole = audit_stats.distinguish_bound(c0, c1, e0, e1, 1e-5, 0.95)
+    assert out["epsilon_lower"] == pytest.approx(whole["epsilon_lower"], abs=0.1)
+    with pytest.raises(ValueError, match="same candidates"):
+        audit_stats.distinguish_counts([1], [], (1, 1), [1], [1], (1, 1), 0.0, 0.95)
 
 
 def test_gdp_epsilon_is_the_gaussian_mechanisms() -> None:
