@@ -166,6 +166,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._audit(dataset text, privacy text, eps
 RETURNS TABLE (claimed float8, lower_bound float8, level float8, trainings int, how text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET extra_float_digits = 3  -- the scores and thresholds sent to the statistics, in full
 AS $$
 DECLARE
     conf float8 := coalesce((opts->>'confidence')::float8, 0.95);
@@ -221,6 +222,14 @@ BEGIN
         PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', n_runs));
     END IF;
     ds := dpsql_internal._dataset_for_source(dataset);
+    -- Thousands of uncharged releases are no worse than the rows themselves only for a role
+    -- that can read those rows: the data owner, not any member of dpsql_admin.
+    IF EXISTS (SELECT 1 FROM unnest(ds.features || ds.label) c
+                WHERE NOT has_column_privilege(session_user, ds.relid, c, 'SELECT')) THEN
+        PERFORM dpsql_internal._fail(format('an audit of %s trains on its rows uncharged: only a '
+                                            'role that can read them may run it', ds.name), '42501',
+                                     'The data owner audits (GRANT SELECT on the registered columns).');
+    END IF;
     IF opts ? 'seed' THEN
         PERFORM setseed(((opts->>'seed')::bigint % 1000003) / 1000003.0);
     END IF;

@@ -174,6 +174,15 @@ def test_only_data_owners_audit_and_only_superusers_mutate(conn, zeros, make_rol
                 "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)",
                 (source,),
             )
+    # a data owner who cannot read the rows cannot train on them uncharged either
+    with (
+        connect_owner() as o,
+        pytest.raises(pg.InsufficientPrivilege, match="only a role that can read them"),
+    ):
+        o.execute("SELECT * FROM dpsql.audit(%s, 'bolton', 1)", (source,))
+    schema = source.split(".")[0]
+    conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {owner}")
+    conn.execute(f"GRANT SELECT ON {source} TO {owner}")
     with connect_owner() as o:
         with pytest.raises(pg.InsufficientPrivilege, match="superuser's test switch"):
             o.execute(
