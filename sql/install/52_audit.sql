@@ -27,6 +27,10 @@ CREATE TABLE IF NOT EXISTS dpsql.audits (
 );
 COMMENT ON TABLE dpsql.audits IS
     'Privacy audits: claimed epsilon against an empirical lower bound (data owners only)';
+-- An audit's counts come from uncharged releases: each auditor reads their own audits only.
+ALTER TABLE dpsql.audits ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS own_audits ON dpsql.audits;
+CREATE POLICY own_audits ON dpsql.audits FOR SELECT USING (created_by = current_user);
 
 -- The test-only switch that breaks a mechanism on purpose (docs/audit.md, "mutations"): a
 -- setting only a superuser's session may carry; any other caller is refused outright.

@@ -190,12 +190,13 @@ def test_only_data_owners_audit_and_only_superusers_mutate(conn, zeros, make_rol
                 '"half_noise"}\')',
                 (source,),
             )
-        # a data owner audits for real
+        # a data owner audits for real, and reads their own audits only
         (row,) = o.execute(
             "SELECT epsilon_lower FROM dpsql.audit(%s, 'bolton', 1, 0, 20, 'distinguish')",
             (source,),
         ).fetchall()
         assert row[0] >= 0
+        assert o.execute("SELECT DISTINCT created_by FROM dpsql.audits").fetchall() == [(owner,)]
 
 
 @pytest.mark.parametrize(
