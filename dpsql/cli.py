@@ -472,9 +472,9 @@ def _mechanism(args: argparse.Namespace) -> Any:
     import dataclasses
     import json
 
-    from dpsql.privacy import MECHANISMS, Auto
+    from dpsql.privacy import mechanism_class
 
-    cls = Auto if args.privacy == "auto" else MECHANISMS[args.privacy]
+    cls = mechanism_class(args.privacy)
     fields = {f.name for f in dataclasses.fields(cls)}
     params: dict[str, Any] = {}
     for item in args.param:

@@ -44,16 +44,14 @@ def figure_and_axes(ax: Axes | None) -> tuple[Figure, Axes]:
 
 def mechanism(name: str, epsilon: float, delta: float | None) -> Any:
     """The mechanism object of a server name (``dpsql.privacy.MECHANISMS`` or ``"auto"``)."""
-    from dpsql.privacy import MECHANISMS, Auto
+    from dpsql.privacy import mechanism_class
 
-    classes: dict[str, type] = {**MECHANISMS, Auto.name: Auto}
-    if name not in classes:
-        raise ValueError(f"dpsql: no mechanism {name!r}; one of {', '.join(sorted(classes))}")
+    cls = mechanism_class(name)
     kwargs: dict[str, Any] = {"epsilon": float(epsilon)}
     if delta is not None:
         kwargs["delta"] = float(delta)
     try:
-        return classes[name](**kwargs)
+        return cls(**kwargs)
     except TypeError as err:
         raise ValueError(f"dpsql: {name} needs delta=... ({err})") from err
 

@@ -22,6 +22,8 @@ __all__ = [
     "ExponentialMechanism",
     "FrankWolfe",
     "DPFTRL",
+    "MECHANISMS",
+    "mechanism_class",
 ]
 
 
@@ -449,3 +451,11 @@ MECHANISMS: dict[str, type] = {
         DPFTRL,
     )
 }
+
+
+def mechanism_class(name: str) -> type:
+    """The class of a server mechanism name, or of ``"auto"``; ValueError names the choices."""
+    classes: dict[str, type] = {**MECHANISMS, Auto.name: Auto}
+    if name not in classes:
+        raise ValueError(f"dpsql: no mechanism {name!r}; one of {', '.join(sorted(classes))}")
+    return classes[name]
