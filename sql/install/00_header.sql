@@ -136,6 +136,39 @@ CREATE OR REPLACE FUNCTION dpsql_internal._poisson_batches(seed bigint, rid bigi
 RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_poisson_batches'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
+-- A sampled epoch without a sort (sampled_fmgr.c): the scan files each row by its rid, and
+-- the final function replays the steps (Poisson or draws with replacement) from the epoch's
+-- secret seed. Holds rows x (features + 1) doubles: _sampled_epoch_fits says whether the
+-- table fits in dpsql.sampling_memory.
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_sampled_transition(internal, x float8[], y float8, rid bigint,
+                                              init float8[], sampling text, seed bigint,
+                                              rows bigint, q float8)
+RETURNS internal AS 'MODULE_PATHNAME', 'dpsql_sampled_transition'
+LANGUAGE C CALLED ON NULL INPUT;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_sampled_final(internal)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sampled_final'
+LANGUAGE C CALLED ON NULL INPUT;
+
+CREATE OR REPLACE AGGREGATE dpsql_internal.sgd_epoch_sampled(x float8[], y float8, rid bigint, init float8[],
+                                                 sampling text, seed bigint, rows bigint,
+                                                 q float8) (
+    SFUNC = dpsql_internal._sgd_sampled_transition,
+    STYPE = internal,
+    FINALFUNC = dpsql_internal._sgd_sampled_final,
+    FINALFUNC_MODIFY = READ_WRITE
+);
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sampled_epoch_fits(state float8[], rows bigint)
+RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_sampled_fits'
+LANGUAGE C STRICT STABLE PARALLEL SAFE;
+
+-- The members (step, rid) of a sampled epoch's steps, in the order the replay visits them.
+CREATE OR REPLACE FUNCTION dpsql_internal._sampled_members(sampling text, seed bigint, rows bigint, steps int,
+                                       q float8, batch bigint)
+RETURNS TABLE (step int, rid bigint) AS 'MODULE_PATHNAME', 'dpsql_sampled_members'
+LANGUAGE C STRICT IMMUTABLE ROWS 1000;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._uniform_index(seed bigint, pos bigint, rows bigint)
 RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_uniform_index'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;

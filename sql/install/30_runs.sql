@@ -289,16 +289,26 @@ BEGIN
         PERFORM set_config('parallel_tuple_cost', '0', true);
         PERFORM set_config('min_parallel_table_scan_size', '0', true);
     END IF;
-    IF r.spec->>'sampling' = 'poisson' THEN
-        -- Poisson sampling: each row joins each batch with probability q, by secret coins; the
-        -- aggregate takes the rows ordered by batch and still steps (noise only) on empty ones.
+    IF r.spec->>'sampling' IN ('poisson', 'replacement')
+       AND dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
+        -- Sampled batches without a sort: the scan files the rows by rid, the final function
+        -- replays the steps from the epoch's secret seed (sampled_fmgr.c).
+        EXECUTE format('SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5) FROM %s',
+                       r.train_table)
+           INTO st USING r.state, r.spec->>'sampling', r.sampling_seed # (r.epochs_done::bigint << 40),
+                         r.rows, coalesce((r.spec->>'sampling_rate')::float8, 0);
+    ELSIF r.spec->>'sampling' = 'poisson' THEN
+        -- Over dpsql.sampling_memory: each row joins each batch with probability q, by secret
+        -- coins; the aggregate takes the rows sorted by batch and still steps (noise only) on
+        -- empty ones.
         EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
                        '  FROM %s t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches($2, t.rid,'
                        '       $3, $4)) AS b(batch)', r.train_table)
            INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
                          (r.spec->>'steps_per_epoch')::int, (r.spec->>'sampling_rate')::float8;
     ELSIF r.spec->>'sampling' = 'replacement' THEN
-        -- BST14: every step draws batch_size rows uniformly with replacement.
+        -- BST14 over dpsql.sampling_memory: every step draws batch_size rows uniformly with
+        -- replacement, sorted by draw.
         EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
                        '       ORDER BY g.pos)'
                        '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'

@@ -84,6 +84,9 @@ dpsql_state_remember(FunctionCallInfo fcinfo, const void *state)
 /* The GUCs of accountant_fmgr.c, defined by _PG_init (module_fmgr.c). */
 void		dpsql_define_accountant_gucs(void);
 
+/* dpsql.sampling_memory (sampled_fmgr.c). */
+void		dpsql_define_sampling_gucs(void);
+
 /* Installs the hook that drops the CONTEXT of dpsql's refusals (errors_fmgr.c). */
 void		dpsql_install_error_hook(void);
 

@@ -48,6 +48,7 @@ _PG_init(void)
 
 	dpsql_set_host(&host);
 	dpsql_define_accountant_gucs();
+	dpsql_define_sampling_gucs();
 	dpsql_install_error_hook();
 }
 

@@ -1,0 +1,510 @@
+/*
+ * sampled_fmgr.c - sampled epochs without a sort: Poisson batches and draws with replacement.
+ *
+ * A sampled epoch's steps take rows in an order no scan gives: step j is a Poisson sample of
+ * the rows (each with probability q, DP-SGD) or b uniform draws with replacement (BST14).
+ * Joining every row to its steps and sorting by step costs 11-13 noiseless epochs
+ * (bench/RESULTS.md). Here the aggregate's scan copies each row into a slot indexed by its row
+ * id (the training table's rid, 1..rows), and the final function replays the epoch: one
+ * secret ChaCha20 stream per epoch generates the steps' members in order (geometric skips over
+ * the row ids for Poisson, uniform row ids for draws), each member is read from its slot and
+ * handed to the C core's batched step (dpsql_sgd_row_batch) exactly as the sorted join did.
+ * The work is the scan, a copy and O(1) per member, and needs rows x (features + 1) doubles
+ * of memory: _run_epoch keeps the sorted join for tables over dpsql.sampling_memory.
+ *
+ * dpsql_internal._sampled_members() exposes the same generator as rows, for the tests (batch
+ * sizes and per-row counts) and for a parity check of the replay against the sorted aggregate.
+ */
+#include "postgres.h"
+
+#include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "csprng.h"
+#include "glue.h"
+#include "sgd.h"
+
+PG_FUNCTION_INFO_V1(dpsql_sampled_transition);
+PG_FUNCTION_INFO_V1(dpsql_sampled_final);
+PG_FUNCTION_INFO_V1(dpsql_sampled_fits);
+PG_FUNCTION_INFO_V1(dpsql_sampled_members);
+
+/* Memory (kB) a sampled epoch may hold its rows in; larger tables take the sorted join. */
+static int	sampling_memory_kb = 1024 * 1024;
+
+void
+dpsql_define_sampling_gucs(void)
+{
+	DefineCustomIntVariable("dpsql.sampling_memory",
+							"Memory a Poisson or with-replacement epoch may hold the training rows in.",
+							"Larger training tables sort their batches instead (slower).",
+							&sampling_memory_kb, 1024 * 1024, 0, MAX_KILOBYTES, PGC_SUSET,
+							GUC_UNIT_KB, NULL, NULL, NULL);
+}
+
+/* The coins of every epoch's sampling come from this stream of the epoch's key. */
+#define SAMPLING_STREAM UINT64CONST(0xD95A4D9E5A3B1E01)
+
+typedef enum SamplingKind
+{
+	SAMPLING_POISSON,
+	SAMPLING_REPLACEMENT
+} SamplingKind;
+
+/* The members of an epoch's steps, in step order: (step, rid) pairs from one secret stream. */
+typedef struct SampleIter
+{
+	DpsqlRng	rng;
+	SamplingKind kind;
+	int64		rows;
+	int64		steps;
+	double		q;				/* Poisson: each row joins each step with probability q */
+	double		log1mq;
+	int64		batch;			/* replacement: draws per step */
+	int64		step;			/* current step (1-based; 0 before the first) */
+	int64		at;				/* Poisson: last rid of this step; replacement: draws made */
+} SampleIter;
+
+static SamplingKind
+sampling_kind(text *name)
+{
+	char	   *s = text_to_cstring(name);
+
+	if (strcmp(s, "poisson") == 0)
+		return SAMPLING_POISSON;
+	if (strcmp(s, "replacement") == 0)
+		return SAMPLING_REPLACEMENT;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: sampling must be poisson or replacement, not \"%s\"", s)));
+	pg_unreachable();
+}
+
+static void
+sample_begin(SampleIter *it, SamplingKind kind, int64 seed, int64 rows, int64 steps, double q,
+			 int64 batch)
+{
+	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: a sampled epoch needs rows >= 1 and 1 <= steps <= %d", PG_INT32_MAX)));
+	if (kind == SAMPLING_POISSON && !(q > 0.0 && q <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: Poisson sampling needs 0 < q <= 1")));
+	if (kind == SAMPLING_REPLACEMENT && (batch < 1 || batch > PG_INT64_MAX / steps))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: sampling with replacement needs a batch size >= 1")));
+	memset(it, 0, sizeof(*it));
+	dpsql_rng_init_seed(&it->rng, seed, SAMPLING_STREAM);
+	it->kind = kind;
+	it->rows = rows;
+	it->steps = steps;
+	it->q = q;
+	it->log1mq = q < 1.0 ? log1p(-q) : 0.0;
+	it->batch = batch;
+	it->step = 1;
+}
+
+/* The next member: false when the epoch's last step is done. Checks for cancel now and then. */
+static bool
+sample_next(SampleIter *it, int64 *step, int64 *rid)
+{
+	if (it->kind == SAMPLING_REPLACEMENT)
+	{
+		int64		r;
+
+		if (it->at >= it->steps * it->batch)
+			return false;
+		if ((it->at & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		*step = it->at / it->batch + 1;
+		it->at++;
+		r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
+		*rid = r > it->rows ? it->rows : r;
+		return true;
+	}
+	while (it->step <= it->steps)
+	{
+		/* the gap to the next member of this step is Geometric(q) on {1, 2, ...} */
+		double		gap = it->q >= 1.0 ? 1.0 :
+			1.0 + floor(log(dpsql_rng_uniform(&it->rng)) / it->log1mq);
+
+		if (gap <= (double) (it->rows - it->at))
+		{
+			it->at += (int64) gap;
+			*step = it->step;
+			*rid = it->at;
+			return true;
+		}
+		/* past the last row: the next step (steps may be empty: noise only) */
+		if ((it->step & 0x3FF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		it->step++;
+		it->at = 0;
+	}
+	return false;
+}
+
+/* Aggregate state: the model state and the epoch's rows in slots by rid. */
+typedef struct SampledEpoch
+{
+	ArrayType  *state;			/* float8[] model state, in the aggregate context */
+	double	   *s;
+	SamplingKind kind;
+	int64		seed;
+	int64		rows;
+	double		q;
+	int64		batch;
+	int			len;			/* feature values per row */
+	Size		slot;			/* doubles per slot: y, then len features */
+	double	   *slots;			/* rows x slot */
+	uint8	   *filled;			/* per rid: 0 absent, 1 a row, 2 a null record */
+	int64		seen;
+} SampledEpoch;
+
+#define SLOT_ROW 1
+#define SLOT_NULL_RECORD 2
+
+static Size
+sampled_bytes(int64 rows, int len)
+{
+	return (Size) rows * ((Size) (len + 1) * sizeof(double) + 1);
+}
+
+/*
+ * dpsql_internal._sampled_epoch_fits(state float8[], rows bigint) -> boolean: whether a sampled
+ * epoch of this model over rows rows fits in dpsql.sampling_memory.
+ */
+Datum
+dpsql_sampled_fits(PG_FUNCTION_ARGS)
+{
+	double	   *s;
+	int			n;
+	int64		rows = PG_GETARG_INT64(1);
+
+	s = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(0), &n, "model state");
+	dpsql_check_state(dpsql_sgd_check_header(s, (size_t) n), "_sampled_epoch_fits");
+	if (rows < 1)
+		PG_RETURN_BOOL(false);
+	PG_RETURN_BOOL((double) sampled_bytes(1, dpsql_sgd_row_length(s)) * (double) rows <=
+				   (double) sampling_memory_kb * 1024.0);
+}
+
+/*
+ * The slots of the epochs of a transaction's runs: one area kept until the transaction ends,
+ * because the first touch of fresh pages costs as much as the rest of the copy (page faults;
+ * an epoch is one query, a run's epochs one transaction). An aggregate that finds it in use
+ * (two in one query) takes memory of its own.
+ */
+static char *kept_area = NULL;
+static Size kept_size = 0;
+static bool kept_busy = false;
+static bool kept_registered = false;
+static MemoryContextCallback kept_forget;
+
+static void
+forget_kept_area(void *arg)
+{
+	kept_area = NULL;
+	kept_size = 0;
+	kept_busy = false;
+	kept_registered = false;
+}
+
+static void
+release_kept_area(void *arg)
+{
+	kept_busy = false;
+}
+
+/*
+ * The replay reads slots at random addresses: with 4 kB pages nearly every one is a TLB miss.
+ * Transparent huge pages (where the kernel offers them on request) make those hits.
+ */
+static void
+ask_for_huge_pages(char *area, Size bytes)
+{
+#if defined(MADV_HUGEPAGE)
+	uintptr_t	page = (uintptr_t) sysconf(_SC_PAGESIZE);
+	uintptr_t	from = ((uintptr_t) area + page - 1) & ~(page - 1);
+	uintptr_t	to = ((uintptr_t) area + bytes) & ~(page - 1);
+
+	if (to > from)
+		(void) madvise((void *) from, to - from, MADV_HUGEPAGE);
+#else
+	(void) area;
+	(void) bytes;
+#endif
+}
+
+static void *
+slot_memory(MemoryContext aggcontext, Size bytes)
+{
+	MemoryContextCallback *release;
+
+	if (kept_busy)
+		return MemoryContextAllocHuge(aggcontext, bytes);
+	if (kept_size < bytes)
+	{
+		if (!kept_registered)
+		{
+			kept_forget.func = forget_kept_area;
+			kept_forget.arg = NULL;
+			MemoryContextRegisterResetCallback(TopTransactionContext, &kept_forget);
+			kept_registered = true;
+		}
+		if (kept_area != NULL)
+			pfree(kept_area);
+		kept_area = NULL;
+		kept_size = 0;
+		kept_area = MemoryContextAllocHuge(TopTransactionContext, bytes);
+		kept_size = bytes;
+		ask_for_huge_pages(kept_area, bytes);
+	}
+	kept_busy = true;
+	/* the aggregate's context goes at the end of the query, whether it ends well or not */
+	release = MemoryContextAlloc(aggcontext, sizeof(MemoryContextCallback));
+	release->func = release_kept_area;
+	release->arg = NULL;
+	MemoryContextRegisterResetCallback(aggcontext, release);
+	return kept_area;
+}
+
+static SampledEpoch *
+sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+{
+	SampledEpoch *e;
+	MemoryContext old;
+	double	   *init;
+	int			n;
+	DpsqlStatus st;
+	Size		bytes;
+
+	dpsql_no_nulls(fcinfo, 4, 9, "sgd_epoch_sampled");
+	init = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(4), &n, "model state");
+	st = dpsql_sgd_check(init, (size_t) n);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "checking the initial model state of sgd_epoch_sampled");
+	if (!(((DpsqlSgdHeader *) init)->steps_per_epoch > 0.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: sgd_epoch_sampled needs a batched model state (steps_per_epoch > 0)")));
+
+	old = MemoryContextSwitchTo(aggcontext);
+	e = palloc0(sizeof(SampledEpoch));
+	e->state = dpsql_new_float8_array(n);
+	e->s = (double *) ARR_DATA_PTR(e->state);
+	memcpy(e->s, init, sizeof(double) * (Size) n);
+	dpsql_sgd_epoch_begin(e->s);
+	e->kind = sampling_kind(PG_GETARG_TEXT_PP(5));
+	e->seed = PG_GETARG_INT64(6);
+	e->rows = PG_GETARG_INT64(7);
+	e->q = PG_GETARG_FLOAT8(8);
+	e->batch = (int64) ((DpsqlSgdHeader *) e->s)->batch_size;
+	e->len = dpsql_sgd_row_length(e->s);
+	e->slot = (Size) e->len + 1;
+	if (e->rows < 1 || (double) e->rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: a sampled epoch of %lld rows cannot be held in memory", (long long) e->rows)));
+	bytes = (Size) e->rows * e->slot * sizeof(double);
+	e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
+	e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
+	memset(e->filled, 0, (Size) e->rows);
+	MemoryContextSwitchTo(old);
+	return e;
+}
+
+/*
+ * dpsql_internal._sgd_sampled_transition(internal, x, y, rid, init, sampling, seed, rows, q):
+ * file the row in its slot.
+ */
+Datum
+dpsql_sampled_transition(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	SampledEpoch *e;
+	int64		rid;
+	double	   *slot;
+	ArrayType  *x;
+	double	   *xs;
+	int			n;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_sampled_transition called outside an aggregate")));
+	e = PG_ARGISNULL(0) ? sampled_begin(fcinfo, aggcontext) : (SampledEpoch *) PG_GETARG_POINTER(0);
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL row id in a sampled epoch")));
+	rid = PG_GETARG_INT64(3);
+	if (rid < 1 || rid > e->rows || e->filled[rid - 1] != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: row id %lld of a sampled epoch is out of 1..%lld or repeated",
+						(long long) rid, (long long) e->rows)));
+	slot = e->slots + (Size) (rid - 1) * e->slot;
+	x = PG_ARGISNULL(1) ? NULL : PG_GETARG_ARRAYTYPE_P(1);
+	if (x != NULL && ARR_ELEMTYPE(x) == FLOAT8OID && ARR_NDIM(x) <= 1 && !ARR_HASNULL(x) &&
+		ArrayGetNItems(ARR_NDIM(x), ARR_DIMS(x)) == e->len && !PG_ARGISNULL(2))
+	{
+		xs = dpsql_float8_array(x, &n, "feature array");
+		slot[0] = PG_GETARG_FLOAT8(2);
+		memcpy(slot + 1, xs, sizeof(double) * (Size) e->len);
+		e->filled[rid - 1] = SLOT_ROW;
+	}
+	else if ((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE)
+		e->filled[rid - 1] = SLOT_NULL_RECORD;	/* private run: a null record, never an error */
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: row %lld of a sampled epoch has a NULL label or not %d plain features",
+						(long long) rid, e->len)));
+	e->seen++;
+	PG_RETURN_POINTER(e);
+}
+
+/* members whose slots are prefetched: a slot is several cache lines at a random address */
+#define LOOKAHEAD 8
+
+static inline void
+prefetch_slot(const SampledEpoch *e, int64 rid)
+{
+#if defined(__GNUC__)
+	const char *p = (const char *) (e->slots + (Size) (rid - 1) * e->slot);
+	Size		off;
+
+	for (off = 0; off < e->slot * sizeof(double); off += 64)
+		__builtin_prefetch(p + off);
+#else
+	(void) e;
+	(void) rid;
+#endif
+}
+
+/*
+ * dpsql_internal._sgd_sampled_final(internal) -> float8[]: replay the epoch's steps in order
+ * over the filed rows and end the epoch (the same state _sgd_final returns).
+ */
+Datum
+dpsql_sampled_final(PG_FUNCTION_ARGS)
+{
+	SampledEpoch *e;
+	SampleIter	it;
+	int64		steps[LOOKAHEAD],
+				rids[LOOKAHEAD];
+	int64		step,
+				rid;
+	uint64		ahead,
+				k;
+	DpsqlStatus st;
+	ArrayType  *out;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	e = (SampledEpoch *) PG_GETARG_POINTER(0);
+	if (e->seen != e->rows)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: a sampled epoch of %lld rows saw %lld", (long long) e->rows,
+						(long long) e->seen)));
+	sample_begin(&it, e->kind, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
+				 e->q, e->batch);
+	/* members LOOKAHEAD ahead, so that their slots are on their way to the cache */
+	for (ahead = 0; ahead < LOOKAHEAD && sample_next(&it, &steps[ahead], &rids[ahead]); ahead++)
+		prefetch_slot(e, rids[ahead]);
+	for (k = 0; k < ahead;)
+	{
+		int			at = (int) (k % LOOKAHEAD);
+
+		step = steps[at];
+		rid = rids[at];
+		if (sample_next(&it, &steps[at], &rids[at]))
+		{
+			prefetch_slot(e, rids[at]);
+			ahead++;
+		}
+		k++;
+		if ((k & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (e->filled[rid - 1] == SLOT_ROW)
+		{
+			const double *slot = e->slots + (Size) (rid - 1) * e->slot;
+
+			st = dpsql_sgd_row_batch(e->s, slot + 1, e->len, slot[0], (long) step);
+		}
+		else
+			st = dpsql_sgd_row_batch(e->s, NULL, -1, NAN, (long) step);
+		if (st != DPSQL_OK)
+			dpsql_raise(st, "a sampled epoch");
+	}
+	explicit_bzero(&it, sizeof(it));
+	/* a loss or a step that overflowed without a non-finite score on the way */
+	if (!dpsql_sgd_finite(e->s))
+		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
+	st = dpsql_sgd_epoch_end(e->s);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "end of the epoch");
+	out = (ArrayType *) palloc(VARSIZE(e->state));
+	memcpy(out, e->state, VARSIZE(e->state));
+	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/*
+ * dpsql_internal._sampled_members(sampling text, seed bigint, rows bigint, steps int, q float8,
+ * batch bigint) -> SETOF (step int, rid bigint): the members the replay visits, in its order.
+ */
+Datum
+dpsql_sampled_members(PG_FUNCTION_ARGS)
+{
+	FuncCallContext *fc;
+	SampleIter *it;
+	int64		step,
+				rid;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		MemoryContext old;
+
+		dpsql_no_nulls(fcinfo, 0, 6, "_sampled_members");
+		fc = SRF_FIRSTCALL_INIT();
+		old = MemoryContextSwitchTo(fc->multi_call_memory_ctx);
+		it = palloc(sizeof(SampleIter));
+		sample_begin(it, sampling_kind(PG_GETARG_TEXT_PP(0)), PG_GETARG_INT64(1),
+					 PG_GETARG_INT64(2), PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4),
+					 PG_GETARG_INT64(5));
+		fc->user_fctx = it;
+		if (get_call_result_type(fcinfo, NULL, &fc->tuple_desc) != TYPEFUNC_COMPOSITE)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("dpsql: _sampled_members must return a record")));
+		fc->tuple_desc = BlessTupleDesc(fc->tuple_desc);
+		MemoryContextSwitchTo(old);
+	}
+	fc = SRF_PERCALL_SETUP();
+	it = (SampleIter *) fc->user_fctx;
+	if (sample_next(it, &step, &rid))
+	{
+		Datum		values[2] = {Int32GetDatum((int32) step), Int64GetDatum(rid)};
+		bool		nulls[2] = {false, false};
+
+		SRF_RETURN_NEXT(fc, HeapTupleGetDatum(heap_form_tuple(fc->tuple_desc, values, nulls)));
+	}
+	explicit_bzero(it, sizeof(*it));
+	SRF_RETURN_DONE(fc);
+}

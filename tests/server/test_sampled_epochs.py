@@ -1,0 +1,197 @@
+"""Sampled epochs without a sort (sampled_fmgr.c): Poisson batches and draws with replacement.
+
+The scan files the rows by rid and the final function replays the steps from the epoch's
+secret seed. Checked here: the replay is the sorted batched aggregate bit for bit on the same
+members; the members follow the sampling laws (seeded; each chi-square or z test below fails
+falsely with probability at most 1e-3); over dpsql.sampling_memory the sorted join still runs;
+bad input is refused without a crash.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import errors
+from scipy import stats
+
+D = 4
+FLAGS_SANITIZE = 8  # DPSQL_FLAG_SANITIZE (private runs: a malformed row is a null record)
+
+
+def _state(conn, *, batch: int, steps: int, flags: int = 0, noise_seed: int = 5) -> list[float]:
+    return conn.execute(
+        "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0.01, 'constant', 0.5, 0, 0, 0.1,"
+        " %s, %s, 1.0, 'gaussian', 0.7, %s, %s, %s)",
+        (D, batch, flags, batch, steps, noise_seed),
+    ).fetchone()[0]
+
+
+@pytest.fixture
+def rows_table(conn, scratch_schema) -> int:
+    """A training table (rid 1..m, x, y) stored out of rid order, as a scan may meet it."""
+    m = 300
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(m, D))
+    y = np.where(rng.random(m) < 0.5, -1.0, 1.0)
+    order = rng.permutation(m)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (rid bigint, x float8[], y float8)")
+        with cur.copy("COPY t (rid, x, y) FROM STDIN") as copy:
+            for i in order:
+                copy.write_row((int(i) + 1, x[i].tolist(), float(y[i])))
+    return m
+
+
+@pytest.mark.parametrize(
+    ("sampling", "q", "batch", "steps"),
+    [("poisson", 0.03, 9, 40), ("replacement", 0.0, 7, 40), ("poisson", 1.0, 300, 3)],
+)
+def test_replay_is_the_sorted_aggregate_bit_for_bit(
+    conn, rows_table, sampling, q, batch, steps
+) -> None:
+    m = rows_table
+    init = _state(conn, batch=batch, steps=steps)
+    replay = conn.execute(
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s) FROM t",
+        (init, sampling, m, q),
+    ).fetchone()[0]
+    sorted_ = conn.execute(
+        "SELECT dpsql.sgd_epoch_batches(t.x, t.y, s.step, %s ORDER BY s.ord)"
+        "  FROM dpsql_internal._sampled_members(%s, 11, %s, %s, %s, %s)"
+        "       WITH ORDINALITY AS s(step, rid, ord) JOIN t USING (rid)",
+        (init, sampling, m, steps, q, batch),
+    ).fetchone()[0]
+    assert replay == sorted_
+    # another epoch seed is another sample (and another model)
+    other = conn.execute(
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 12, %s, %s) FROM t",
+        (init, sampling, m, q),
+    ).fetchone()[0]
+    assert (other != replay) == (q < 1.0)
+
+
+def test_poisson_members_are_binomial(conn) -> None:
+    """Batch sizes Binomial(m, q) (mean z test and variance over 400 steps) and per-row counts
+    Binomial(steps, q) (chi-square), alpha = 1e-3 each; seeded."""
+    m, steps, q = 2000, 400, 0.01
+    sizes = np.zeros(steps, dtype=int)
+    per_row = np.zeros(m, dtype=int)
+    for step, rid in conn.execute(
+        "SELECT step, rid FROM dpsql_internal._sampled_members('poisson', 42, %s, %s, %s, 0)",
+        (m, steps, q),
+    ).fetchall():
+        sizes[step - 1] += 1
+        per_row[rid - 1] += 1
+    assert abs(sizes.mean() - m * q) < 3.3 * np.sqrt(m * q * (1 - q) / steps)
+    assert np.var(sizes, ddof=1) == pytest.approx(m * q * (1 - q), rel=0.25)
+    counts = np.bincount(per_row, minlength=12)[:12]
+    expected = stats.binom(steps, q).pmf(np.arange(12)) * m
+    keep = expected > 5
+    scaled = expected[keep] * counts[keep].sum() / expected[keep].sum()
+    assert stats.chisquare(counts[keep], scaled).pvalue > 1e-3
+
+
+def test_draws_with_replacement_are_uniform(conn) -> None:
+    """b draws per step, each uniform over the rows (chi-square, alpha = 1e-3; seeded)."""
+    m, steps, b = 50, 200, 10
+    got = conn.execute(
+        "SELECT step, rid FROM dpsql_internal._sampled_members('replacement', 9, %s, %s, 0, %s)",
+        (m, steps, b),
+    ).fetchall()
+    assert len(got) == steps * b
+    assert np.array_equal(np.bincount([s for s, _ in got])[1:], np.full(steps, b))
+    assert [s for s, _ in got] == sorted(s for s, _ in got)
+    assert stats.chisquare(np.bincount([r for _, r in got], minlength=m + 1)[1:]).pvalue > 1e-3
+
+
+def test_private_runs_take_the_replay_and_the_sort_over_the_memory_limit(conn, rows_table) -> None:
+    """Poisson DP-SGD and BST14 train through dpsql.train either way; a non-superuser cannot
+    raise the limit."""
+    schema = conn.execute("SELECT current_schema()").fetchone()[0]
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 100, delta_budget => 0.1,"
+        " labels => '{-1,1}', row_norm => 'clip', name => %s)",
+        (f"{schema}.t", f"t_{schema}"),
+    )
+    for limit in ("1GB", "0"):
+        conn.execute("SELECT set_config('dpsql.sampling_memory', %s, false)", (limit,))
+        state = _state(conn, batch=10, steps=30)
+        fits = conn.execute(
+            "SELECT dpsql_internal._sampled_epoch_fits(%s, 300)", (state,)
+        ).fetchone()[0]
+        assert fits == (limit == "1GB")  # 300 rows x 5 doubles + 300 bytes
+        for privacy in (
+            "privacy => 'dpsgd', sampling => 'poisson', noise_multiplier => 1, delta => 1e-5",
+            "privacy => 'bst14', epsilon => 1, delta => 1e-5",
+        ):
+            (mid,) = conn.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
+                f" {privacy})",
+                (f"t_{schema}",),
+            ).fetchone()
+            w = conn.execute(
+                "SELECT weights FROM dpsql.models WHERE model_id = %s", (mid,)
+            ).fetchone()[0]
+            assert len(w) == D and np.all(np.isfinite(w))
+    conn.execute("RESET dpsql.sampling_memory")
+    conn.execute("CREATE ROLE sampled_analyst_test LOGIN")
+    try:
+        conn.execute("SET ROLE sampled_analyst_test")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SET dpsql.sampling_memory = '100GB'")
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute("DROP ROLE sampled_analyst_test")
+
+
+@pytest.mark.parametrize(
+    ("rows_sql", "message"),
+    [
+        ("VALUES (0::bigint, '{1,2,3,4}'::float8[], 1.0::float8)", "out of 1..2"),
+        (
+            "VALUES (1::bigint, '{1,2,3,4}'::float8[], 1.0::float8), (1, '{1,2,3,4}', 1.0)",
+            "repeated",
+        ),
+        ("VALUES (1::bigint, '{1,2,3,4}'::float8[], 1.0::float8)", "saw 1"),
+        ("VALUES (1::bigint, '{1,2}'::float8[], 1.0::float8), (2, '{1,2,3,4}', 1)", "4 plain"),
+        ("VALUES (NULL::bigint, '{1,2,3,4}'::float8[], 1.0::float8)", "NULL row id"),
+    ],
+)
+def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
+    init = _state(conn, batch=1, steps=2)
+    with pytest.raises(psycopg.DataError if "NULL" not in message else psycopg.Error) as err:
+        conn.execute(
+            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5)"
+            f" FROM ({rows_sql}) AS r(rid, x, y)",
+            (init,),
+        )
+    assert message in str(err.value)
+
+
+def test_private_state_files_malformed_rows_as_null_records(conn) -> None:
+    init = _state(conn, batch=1, steps=2, flags=FLAGS_SANITIZE)
+    out = conn.execute(
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0)"
+        " FROM (VALUES (1::bigint, '{1,2}'::float8[], 1.0::float8), (2, NULL, NULL))"
+        " AS r(rid, x, y)",
+        (init,),
+    ).fetchone()[0]
+    # header fields rows and invalid (sgd.h): q = 1 puts both rows in both steps, all null
+    assert (out[17], out[22]) == (4, 4)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "'bernoulli', 1, 10, 5, 0.5, 1",
+        "'poisson', 1, 10, 5, 0, 1",
+        "'poisson', 1, 10, 5, 1.5, 1",
+        "'poisson', 1, 0, 5, 0.5, 1",
+        "'poisson', 1, 10, 0, 0.5, 1",
+        "'replacement', 1, 10, 5, 0, 0",
+    ],
+)
+def test_bad_sampling_parameters_are_refused(conn, args) -> None:
+    with pytest.raises(errors.InvalidParameterValue):
+        conn.execute(f"SELECT count(*) FROM dpsql_internal._sampled_members({args})")
