@@ -139,10 +139,12 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- A sampled epoch without a sort (sampled_fmgr.c): the scan files each row by its rid, and
 -- the final function replays the steps (Poisson or draws with replacement) from the epoch's
 -- secret seed. Holds rows x (features + 1) doubles: _sampled_epoch_fits says whether the
--- table fits in dpsql.sampling_memory.
+-- table fits in dpsql.sampling_memory. Given a run and its training table, the filed rows stay
+-- for the run's later epochs in the same transaction, which _sgd_epoch_replayed replays
+-- without a scan (NULL when it does not hold them).
 CREATE OR REPLACE FUNCTION dpsql_internal._sgd_sampled_transition(internal, x float8[], y float8, rid bigint,
                                               init float8[], sampling text, seed bigint,
-                                              rows bigint, q float8)
+                                              rows bigint, q float8, run bigint, relation oid)
 RETURNS internal AS 'MODULE_PATHNAME', 'dpsql_sampled_transition'
 LANGUAGE C CALLED ON NULL INPUT;
 
@@ -152,12 +154,17 @@ LANGUAGE C CALLED ON NULL INPUT;
 
 CREATE OR REPLACE AGGREGATE dpsql_internal.sgd_epoch_sampled(x float8[], y float8, rid bigint, init float8[],
                                                  sampling text, seed bigint, rows bigint,
-                                                 q float8) (
+                                                 q float8, run bigint, relation oid) (
     SFUNC = dpsql_internal._sgd_sampled_transition,
     STYPE = internal,
     FINALFUNC = dpsql_internal._sgd_sampled_final,
     FINALFUNC_MODIFY = READ_WRITE
 );
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_epoch_replayed(init float8[], run bigint, relation oid,
+                                          sampling text, seed bigint, rows bigint, q float8)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sampled_replayed'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
 CREATE OR REPLACE FUNCTION dpsql_internal._sampled_epoch_fits(state float8[], rows bigint)
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_sampled_fits'

@@ -292,11 +292,19 @@ BEGIN
     IF r.spec->>'sampling' IN ('poisson', 'replacement')
        AND dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
         -- Sampled batches without a sort: the scan files the rows by rid, the final function
-        -- replays the steps from the epoch's secret seed (sampled_fmgr.c).
-        EXECUTE format('SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5) FROM %s',
-                       r.train_table)
-           INTO st USING r.state, r.spec->>'sampling', r.sampling_seed # (r.epochs_done::bigint << 40),
-                         r.rows, coalesce((r.spec->>'sampling_rate')::float8, 0);
+        -- replays the steps from the epoch's secret seed; the run's later epochs in this
+        -- transaction replay the filed rows without a scan (sampled_fmgr.c).
+        st := dpsql_internal._sgd_epoch_replayed(
+                  r.state, run_id, r.train_table::regclass, r.spec->>'sampling',
+                  r.sampling_seed # (r.epochs_done::bigint << 40), r.rows,
+                  coalesce((r.spec->>'sampling_rate')::float8, 0));
+        IF st IS NULL THEN
+            EXECUTE format('SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5, $6, $7)'
+                           '  FROM %s', r.train_table)
+               INTO st USING r.state, r.spec->>'sampling', r.sampling_seed # (r.epochs_done::bigint << 40),
+                             r.rows, coalesce((r.spec->>'sampling_rate')::float8, 0), run_id,
+                             r.train_table::regclass::oid;
+        END IF;
     ELSIF r.spec->>'sampling' = 'poisson' THEN
         -- Over dpsql.sampling_memory: each row joins each batch with probability q, by secret
         -- coins; the aggregate takes the rows sorted by batch and still steps (noise only) on

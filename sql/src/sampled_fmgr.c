@@ -37,6 +37,7 @@
 
 PG_FUNCTION_INFO_V1(dpsql_sampled_transition);
 PG_FUNCTION_INFO_V1(dpsql_sampled_final);
+PG_FUNCTION_INFO_V1(dpsql_sampled_replayed);
 PG_FUNCTION_INFO_V1(dpsql_sampled_fits);
 PG_FUNCTION_INFO_V1(dpsql_sampled_members);
 
@@ -173,6 +174,9 @@ typedef struct SampledEpoch
 	double	   *slots;			/* rows x slot */
 	uint8	   *filled;			/* per rid: 0 absent, 1 a row, 2 a null record */
 	int64		seen;
+	bool		kept;			/* the slots are the kept area */
+	int64		run;			/* the run and training table the rows are of (0: none) */
+	Oid			relation;
 } SampledEpoch;
 
 #define SLOT_ROW 1
@@ -204,16 +208,27 @@ dpsql_sampled_fits(PG_FUNCTION_ARGS)
 }
 
 /*
- * The slots of the epochs of a transaction's runs: one area kept until the transaction ends,
- * because the first touch of fresh pages costs as much as the rest of the copy (page faults;
- * an epoch is one query, a run's epochs one transaction). An aggregate that finds it in use
- * (two in one query) takes memory of its own.
+ * The slots of the epochs of a transaction's runs: one area kept until the transaction ends
+ * (a run's epochs are one transaction: dpsql.train). The first touch of fresh pages would cost
+ * as much as the copy, and the rows filed by a run's first epoch serve its later epochs: the
+ * training table is the run's own, written once before its first epoch (_prepare), so a later
+ * epoch of the same run replays them without a scan (_sgd_epoch_replayed). The area is tagged
+ * with the run and table whose rows it holds only once every row was filed. An aggregate that
+ * finds it in use (two in one query) takes memory of its own.
  */
 static char *kept_area = NULL;
 static Size kept_size = 0;
 static bool kept_busy = false;
 static bool kept_registered = false;
 static MemoryContextCallback kept_forget;
+static struct
+{
+	bool		valid;
+	int64		run;
+	Oid			relation;
+	int64		rows;
+	int			len;
+}			kept_rows;
 
 static void
 forget_kept_area(void *arg)
@@ -222,6 +237,7 @@ forget_kept_area(void *arg)
 	kept_size = 0;
 	kept_busy = false;
 	kept_registered = false;
+	kept_rows.valid = false;
 }
 
 static void
@@ -275,6 +291,7 @@ slot_memory(MemoryContext aggcontext, Size bytes)
 		ask_for_huge_pages(kept_area, bytes);
 	}
 	kept_busy = true;
+	kept_rows.valid = false;	/* until this aggregate has filed every row */
 	/* the aggregate's context goes at the end of the query, whether it ends well or not */
 	release = MemoryContextAlloc(aggcontext, sizeof(MemoryContextCallback));
 	release->func = release_kept_area;
@@ -283,47 +300,69 @@ slot_memory(MemoryContext aggcontext, Size bytes)
 	return kept_area;
 }
 
+/* The kept area, if it holds every row of this run's training table for this model. */
+static char *
+kept_rows_of(int64 run, Oid relation, int64 rows, int len)
+{
+	if (kept_busy || !kept_rows.valid || kept_rows.run != run || kept_rows.relation != relation ||
+		kept_rows.rows != rows || kept_rows.len != len)
+		return NULL;
+	return kept_area;
+}
+
+/* An epoch's model state (a copy of init, in the current context) and sampling parameters. */
+static void
+sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed, int64 rows,
+			  double q)
+{
+	double	   *init;
+	int			n;
+	DpsqlStatus st;
+
+	init = dpsql_float8_array(init_array, &n, "model state");
+	st = dpsql_sgd_check(init, (size_t) n);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "checking the initial model state of a sampled epoch");
+	if (!(((DpsqlSgdHeader *) init)->steps_per_epoch > 0.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: a sampled epoch needs a batched model state (steps_per_epoch > 0)")));
+	e->state = dpsql_new_float8_array(n);
+	e->s = (double *) ARR_DATA_PTR(e->state);
+	memcpy(e->s, init, sizeof(double) * (Size) n);
+	dpsql_sgd_epoch_begin(e->s);
+	e->kind = sampling_kind(sampling);
+	e->seed = seed;
+	e->rows = rows;
+	e->q = q;
+	e->batch = (int64) ((DpsqlSgdHeader *) e->s)->batch_size;
+	e->len = dpsql_sgd_row_length(e->s);
+	e->slot = (Size) e->len + 1;
+	if (rows < 1 || (double) rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: a sampled epoch of %lld rows cannot be held in memory", (long long) rows)));
+}
+
 static SampledEpoch *
 sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 {
 	SampledEpoch *e;
 	MemoryContext old;
-	double	   *init;
-	int			n;
-	DpsqlStatus st;
 	Size		bytes;
 
 	dpsql_no_nulls(fcinfo, 4, 9, "sgd_epoch_sampled");
-	init = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(4), &n, "model state");
-	st = dpsql_sgd_check(init, (size_t) n);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "checking the initial model state of sgd_epoch_sampled");
-	if (!(((DpsqlSgdHeader *) init)->steps_per_epoch > 0.0))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: sgd_epoch_sampled needs a batched model state (steps_per_epoch > 0)")));
-
 	old = MemoryContextSwitchTo(aggcontext);
 	e = palloc0(sizeof(SampledEpoch));
-	e->state = dpsql_new_float8_array(n);
-	e->s = (double *) ARR_DATA_PTR(e->state);
-	memcpy(e->s, init, sizeof(double) * (Size) n);
-	dpsql_sgd_epoch_begin(e->s);
-	e->kind = sampling_kind(PG_GETARG_TEXT_PP(5));
-	e->seed = PG_GETARG_INT64(6);
-	e->rows = PG_GETARG_INT64(7);
-	e->q = PG_GETARG_FLOAT8(8);
-	e->batch = (int64) ((DpsqlSgdHeader *) e->s)->batch_size;
-	e->len = dpsql_sgd_row_length(e->s);
-	e->slot = (Size) e->len + 1;
-	if (e->rows < 1 || (double) e->rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: a sampled epoch of %lld rows cannot be held in memory", (long long) e->rows)));
+	sampled_setup(e, PG_GETARG_ARRAYTYPE_P(4), PG_GETARG_TEXT_PP(5), PG_GETARG_INT64(6),
+				  PG_GETARG_INT64(7), PG_GETARG_FLOAT8(8));
 	bytes = (Size) e->rows * e->slot * sizeof(double);
 	e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
+	e->kept = (char *) e->slots == kept_area;
 	e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
 	memset(e->filled, 0, (Size) e->rows);
+	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
+	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
 	MemoryContextSwitchTo(old);
 	return e;
 }
@@ -398,13 +437,12 @@ prefetch_slot(const SampledEpoch *e, int64 rid)
 }
 
 /*
- * dpsql_internal._sgd_sampled_final(internal) -> float8[]: replay the epoch's steps in order
- * over the filed rows and end the epoch (the same state _sgd_final returns).
+ * Replay the epoch's steps in order over the filed rows and end the epoch: the state
+ * _sgd_final would return, in the current memory context.
  */
-Datum
-dpsql_sampled_final(PG_FUNCTION_ARGS)
+static ArrayType *
+replay(SampledEpoch *e)
 {
-	SampledEpoch *e;
 	SampleIter	it;
 	int64		steps[LOOKAHEAD],
 				rids[LOOKAHEAD];
@@ -415,14 +453,6 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 	DpsqlStatus st;
 	ArrayType  *out;
 
-	if (PG_ARGISNULL(0))
-		PG_RETURN_NULL();
-	e = (SampledEpoch *) PG_GETARG_POINTER(0);
-	if (e->seen != e->rows)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("dpsql: a sampled epoch of %lld rows saw %lld", (long long) e->rows,
-						(long long) e->seen)));
 	sample_begin(&it, e->kind, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
 				 e->q, e->batch);
 	/* members LOOKAHEAD ahead, so that their slots are on their way to the cache */
@@ -462,7 +492,56 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 		dpsql_raise(st, "end of the epoch");
 	out = (ArrayType *) palloc(VARSIZE(e->state));
 	memcpy(out, e->state, VARSIZE(e->state));
-	PG_RETURN_ARRAYTYPE_P(out);
+	return out;
+}
+
+/* dpsql_internal._sgd_sampled_final(internal) -> float8[]: the epoch, replayed. */
+Datum
+dpsql_sampled_final(PG_FUNCTION_ARGS)
+{
+	SampledEpoch *e;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	e = (SampledEpoch *) PG_GETARG_POINTER(0);
+	if (e->seen != e->rows)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: a sampled epoch of %lld rows saw %lld", (long long) e->rows,
+						(long long) e->seen)));
+	if (e->kept && e->run != 0 && OidIsValid(e->relation))
+	{
+		kept_rows.run = e->run;
+		kept_rows.relation = e->relation;
+		kept_rows.rows = e->rows;
+		kept_rows.len = e->len;
+		kept_rows.valid = true;
+	}
+	PG_RETURN_ARRAYTYPE_P(replay(e));
+}
+
+/*
+ * dpsql_internal._sgd_epoch_replayed(init float8[], run bigint, relation oid, sampling text,
+ * seed bigint, rows bigint, q float8) -> float8[]: a later epoch of a run whose first epoch's
+ * rows are still kept (the state sgd_epoch_sampled would return, without the scan), or NULL.
+ */
+Datum
+dpsql_sampled_replayed(PG_FUNCTION_ARGS)
+{
+	SampledEpoch e;
+	char	   *area;
+
+	dpsql_no_nulls(fcinfo, 0, 7, "_sgd_epoch_replayed");
+	memset(&e, 0, sizeof(e));
+	sampled_setup(&e, PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
+				  PG_GETARG_INT64(5), PG_GETARG_FLOAT8(6));
+	area = kept_rows_of(PG_GETARG_INT64(1), PG_GETARG_OID(2), e.rows, e.len);
+	if (area == NULL)
+		PG_RETURN_NULL();
+	e.slots = (double *) area;
+	e.filled = (uint8 *) (e.slots + (Size) e.rows * e.slot);
+	e.seen = e.rows;
+	PG_RETURN_ARRAYTYPE_P(replay(&e));
 }
 
 /*

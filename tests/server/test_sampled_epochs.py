@@ -53,7 +53,7 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
     m = rows_table
     init = _state(conn, batch=batch, steps=steps)
     replay = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s) FROM t",
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s, NULL, NULL) FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
     sorted_ = conn.execute(
@@ -65,7 +65,7 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
     assert replay == sorted_
     # another epoch seed is another sample (and another model)
     other = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 12, %s, %s) FROM t",
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 12, %s, %s, NULL, NULL) FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
     assert (other != replay) == (q < 1.0)
@@ -162,8 +162,8 @@ def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
     init = _state(conn, batch=1, steps=2)
     with pytest.raises(psycopg.DataError if "NULL" not in message else psycopg.Error) as err:
         conn.execute(
-            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5)"
-            f" FROM ({rows_sql}) AS r(rid, x, y)",
+            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5,"
+            f" NULL, NULL) FROM ({rows_sql}) AS r(rid, x, y)",
             (init,),
         )
     assert message in str(err.value)
@@ -172,7 +172,7 @@ def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
 def test_private_state_files_malformed_rows_as_null_records(conn) -> None:
     init = _state(conn, batch=1, steps=2, flags=FLAGS_SANITIZE)
     out = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0)"
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0, NULL, NULL)"
         " FROM (VALUES (1::bigint, '{1,2}'::float8[], 1.0::float8), (2, NULL, NULL))"
         " AS r(rid, x, y)",
         (init,),
@@ -195,3 +195,59 @@ def test_private_state_files_malformed_rows_as_null_records(conn) -> None:
 def test_bad_sampling_parameters_are_refused(conn, args) -> None:
     with pytest.raises(errors.InvalidParameterValue):
         conn.execute(f"SELECT count(*) FROM dpsql_internal._sampled_members({args})")
+
+
+def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> None:
+    """In one transaction, the rows filed for run 77's table replay its next epoch exactly as
+    a scan would; any other run, table, size, or a new transaction gets NULL (a scan)."""
+    m, q = rows_table, 0.05
+    init = _state(conn, batch=15, steps=20)
+    scanned = conn.execute(
+        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 12, %s, %s, NULL, NULL)"
+        " FROM t",
+        (init, m, q),
+    ).fetchone()[0]
+    replayed = (
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, %s, %s::regclass, 'poisson', 12, %s, %s)"
+    )
+    with conn.transaction():
+        first = conn.execute(
+            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            " 't'::regclass) FROM t",
+            (init, m, q),
+        ).fetchone()[0]
+        assert first != scanned
+        assert conn.execute(replayed, (init, 77, "t", m, q)).fetchone()[0] == scanned
+        conn.execute("CREATE TABLE t2 (rid bigint)")
+        for run, rel, rows in ((78, "t", m), (77, "t2", m), (77, "t", m - 1)):
+            assert conn.execute(replayed, (init, run, rel, rows, q)).fetchone()[0] is None
+        # rows of another model length are not these
+        other = conn.execute(
+            "SELECT dpsql_internal._sgd_init('logistic', 3, 1, 0.01, 'constant', 0.5, 0, 0, 0.1,"
+            " 15, 0, 1.0, 'gaussian', 0.7, 15, 20, 5)"
+        ).fetchone()[0]
+        assert conn.execute(replayed, (other, 77, "t", m, q)).fetchone()[0] is None
+    assert conn.execute(replayed, (init, 77, "t", m, q)).fetchone()[0] is None
+
+
+def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
+    m, q = rows_table, 0.05
+    init = _state(conn, batch=15, steps=20)
+    replayed = (
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'poisson', 12, %s, %s)"
+    )
+    with conn.transaction():
+        conn.execute(
+            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            " 't'::regclass) FROM t",
+            (init, m, q),
+        ).fetchone()
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] is not None
+        # the same run's next filing fails half way (a repeated rid): nothing is kept
+        with pytest.raises(psycopg.DataError), conn.transaction():
+            conn.execute(
+                "SELECT dpsql_internal.sgd_epoch_sampled(x, y, least(rid, 150), %s, 'poisson', 11,"
+                " %s, %s, 77, 't'::regclass) FROM t",
+                (init, m, q),
+            ).fetchone()
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
