@@ -1,0 +1,130 @@
+"""How epoch time grows with the rows: 1M to 32M rows, past shared_buffers (issue 17).
+
+A synthetic ``(rid, x float8[50], y)`` table of 1,000,000 rows is loaded, then doubled in place
+(rids continued, rows repeated: the timing does not depend on the values) up to ``--max-rows``.
+At each size, interleaved over ``--repeats``:
+
+* a plain scan, ``SELECT sum(array_length(x, 1))`` (Bismarck's yardstick);
+* one noiseless logistic SGD epoch, b = 1 (``dpsql.sgd_epoch``);
+* one DP-SGD epoch with shuffled batches, b = 50 (clipping and Gaussian noise in every step);
+* one Poisson DP-SGD epoch, b = 50, without a sort (``sgd_epoch_sampled``: the scan files the
+  rows in memory and the steps are replayed), while its rows fit in ``--sampling-memory``.
+
+The table is unlogged (like dpsql's training tables) and vacuumed after each doubling. Prints
+seconds, ns per row, and ns per row relative to the first size: a linear cost stays near 1.
+
+    .venv/bin/python -m bench.scaling [--max-rows 32000000] [--repeats 3] [--sampling-memory 8GB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+import dpsql
+from dpsql import datasets, server
+
+DIM = 50
+START = 1_000_000
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-rows", type=int, default=32_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sampling-memory", default="8GB")
+    parser.add_argument("--start", type=int, default=START)
+    args = parser.parse_args(argv)
+    with server.temporary_server() as uri, dpsql.connect(uri) as db:
+        db.execute("SET max_parallel_workers_per_gather = 0")
+        db.execute("SELECT set_config('dpsql.sampling_memory', %s, false)", (args.sampling_memory,))
+        print(
+            f"# scaling: {args.start:,} -> {args.max_rows:,} rows x {DIM}, {args.repeats} repeats,"
+            f" {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        )
+        print(
+            f"# server: PostgreSQL {db.execute('SHOW server_version').fetchone()[0]},"
+            f" shared_buffers {db.execute('SHOW shared_buffers').fetchone()[0]},"
+            f" dpsql.sampling_memory {args.sampling_memory}"
+        )
+        X, y = datasets.synthetic_classification(args.start, DIM, seed=0)
+        db.execute("CREATE UNLOGGED TABLE s (rid bigint, x float8[], y float8)")
+        db.execute("ALTER TABLE s ALTER COLUMN x SET STORAGE PLAIN")
+        db.load_numpy("s", X, y, schema="public", create=False)
+        del X, y
+        db.execute("UPDATE s SET rid = rid + 1")  # row ids 1..m, as in a training table
+        db.execute("VACUUM FULL s")
+
+        def state(batch: int, steps: int, noise: bool) -> list[float]:
+            return db.execute(
+                "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0.0, 'constant', 0.01, 0, 0,"
+                " 0.1, %s, %s, %s, %s, %s, %s, %s, 5)",
+                (
+                    DIM,
+                    batch,
+                    8 if noise else 0,
+                    1.0 if noise else 0.0,
+                    "gaussian" if noise else "none",
+                    1.0 if noise else 0.0,
+                    float(batch) if noise else 0.0,
+                    steps,
+                ),
+            ).fetchone()[0]
+
+        plain, shuffled = state(1, 0, False), state(50, 0, True)
+        header = f"{'rows':>12s} {'heap GB':>8s}  " + "  ".join(
+            f"{n:>22s}" for n in ("scan", "epoch b=1", "DP-SGD shuffle b=50", "Poisson b=50")
+        )
+        rows, first = args.start, None
+        while rows <= args.max_rows:
+            db.execute("VACUUM ANALYZE s")
+            heap = db.execute("SELECT pg_table_size('s') / 1e9").fetchone()[0]
+            poisson = state(50, rows // 50, True)
+            fits = db.execute(
+                "SELECT dpsql_internal._sampled_epoch_fits(%s, %s)", (poisson, rows)
+            ).fetchone()[0]
+            queries = {
+                "scan": ("SELECT sum(array_length(x, 1)) FROM s", ()),
+                "epoch b=1": ("SELECT dpsql.sgd_epoch(x, y, %s) IS NULL FROM s", (plain,)),
+                "DP-SGD shuffle b=50": (
+                    "SELECT dpsql.sgd_epoch(x, y, %s) IS NULL FROM s",
+                    (shuffled,),
+                ),
+            }
+            if fits:
+                queries["Poisson b=50"] = (
+                    "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
+                    " NULL, NULL) IS NULL FROM s",
+                    (poisson, rows, 50 / rows),
+                )
+            times: dict[str, list[float]] = {name: [] for name in queries}
+            for _ in range(args.repeats):
+                for name, (query, params) in queries.items():
+                    t = time.perf_counter()
+                    db.execute(query, params).fetchone()
+                    times[name].append(time.perf_counter() - t)
+            med = {name: statistics.median(ts) for name, ts in times.items()}
+            if first is None:
+                first = {name: med[name] / rows for name in med}
+                print(header)
+            cells = []
+            for name in ("scan", "epoch b=1", "DP-SGD shuffle b=50", "Poisson b=50"):
+                if name not in med:
+                    cells.append(f"{'(over the limit)':>22s}")
+                    continue
+                per_row = med[name] / rows
+                cells.append(
+                    f"{med[name]:8.2f} s {per_row * 1e9:4.0f} ns x{per_row / first[name]:4.2f}"
+                )
+            print(f"{rows:12,d} {heap:8.2f}  " + "  ".join(cells), flush=True)
+            if rows * 2 > args.max_rows:
+                break
+            db.execute("INSERT INTO s SELECT rid + %s, x, y FROM s", (rows,))
+            rows *= 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
