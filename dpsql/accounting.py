@@ -62,6 +62,8 @@ Command line (used by the PostgreSQL server, which cannot import Python)
 absent). It prints one line of JSON ``{"noise_multiplier", "epsilon", "epsilon_pld", "epsilon_rdp",
 "accountant", "dp_accounting", ...}`` and exits 0, or prints ``{"error": "..."}`` and exits 2 on bad
 input (1 on an unexpected failure). Nothing is written to stderr (the server reads ``2>&1``).
+``python -m dpsql.accounting --serve <socket>`` answers the same requests, one line each, on a
+Unix socket: the server's long-lived accountant (:mod:`dpsql.accountant_server`).
 """
 
 from __future__ import annotations
@@ -427,9 +429,35 @@ def _pld_discretization(mech: Mechanism, delta: float) -> float:
     return PLD_DISCRETIZATION * max(1.0, estimate / PLD_FULL_PRECISION_UP_TO)
 
 
+def _mechanism_key(mech: Mechanism, delta: float) -> tuple[Any, ...]:
+    return (
+        mech.scheme,
+        mech.noise_multiplier,
+        mech.epochs,
+        mech.steps,
+        mech.sampling_rate,
+        mech.prefix_noise_multiplier,
+        delta,
+    )
+
+
+# The last PLD values computed (a long-lived accountant answers a calibration and then reports the
+# same z: the charged value is computed once). Values are exact functions of the key.
+_PLD_CACHE: dict[tuple[Any, ...], float] = {}
+_PLD_CACHE_SIZE = 64
+
+
 def _eps_pld(mech: Mechanism, delta: float) -> float:
+    key = _mechanism_key(mech, delta)
+    cached = _PLD_CACHE.get(key)
+    if cached is not None:
+        return cached
     acc = _pld_accountant(mech, _pld_discretization(mech, delta))
-    return float(acc.compose(mech.event).get_epsilon(delta))
+    value = float(acc.compose(mech.event).get_epsilon(delta))
+    if len(_PLD_CACHE) >= _PLD_CACHE_SIZE:
+        _PLD_CACHE.clear()
+    _PLD_CACHE[key] = value
+    return value
 
 
 _EPSILON = {"pld": _eps_pld, "rdp": _eps_rdp, "rdp_add_remove": _eps_rdp_add_remove}
@@ -517,6 +545,186 @@ def _bracket(
         hi = lo
 
 
+# Calibration on the PLD (issue 17). Brent's method on the charged PLD costs about ten evaluations
+# of it, each up to a second for a Poisson-subsampled Gaussian at a 1e-4 interval. Instead a start
+# close to the answer, then secant steps in (log z, log epsilon) on the charged PLD itself, usually
+# two evaluations:
+# - Poisson: the root of secant searches on PLDs thirty, then ten times coarser (about twenty
+#   and five to ten times cheaper; pessimistic, so their roots are a little above the charged
+#   one);
+# - plain Gaussians (shuffle, q = 1, a prefix): their composition is one Gaussian, calibrated
+#   exactly by dp-accounting's get_sigma_gaussian (the PLD's pessimistic discretisation is a
+#   little above it).
+# Every z returned passed _eps_pld, the very function epsilon() charges: the search only decides
+# where to look, and when it does not settle, Brent's method runs as before.
+
+#: The coarse search's levels: (interval in multiples of the charged one, stop when
+#: |log epsilon - log target| is below this). A 30x PLD costs about 1/20 of the charged one.
+_COARSE_LEVELS = ((30.0, 2e-2), (10.0, 5e-3))
+#: Charged-PLD steps aim this far (relative) above the predicted root, so that they pass.
+_FINE_MARGIN = 2e-4
+#: Stop when the next charged-PLD step would lower z by less than this (relative), or when the
+#: failing and passing z are this close: the returned z is within about this much of the smallest
+#: passing one (tests/core/test_accounting.py measures it).
+_FINE_RTOL = 5e-4
+#: The same for plain Gaussians, whose PLD evaluations are cheap.
+_GAUSSIAN_MARGIN = 2e-5
+_GAUSSIAN_RTOL = 5e-5
+_MAX_COARSE = 40
+_MAX_FINE = 10
+
+
+def _coarse_log_eps(mech: Mechanism, delta: float, interval_scale: float) -> float:
+    """log of a PLD epsilon at a coarser interval than the charged one (a search aid, never
+    charged)."""
+    interval = PLD_DISCRETIZATION * interval_scale
+    eps = float(_pld_accountant(mech, interval).compose(mech.event).get_epsilon(delta))
+    return math.log(eps) if eps > 0 and math.isfinite(eps) else math.inf
+
+
+def _interval_scale(mech: Mechanism, delta: float) -> float:
+    """As in _pld_discretization: large epsilons get a proportionally coarser interval."""
+    estimate = _eps_rdp(mech, delta)
+    return 1e3 if not math.isfinite(estimate) else max(1.0, estimate / PLD_FULL_PRECISION_UP_TO)
+
+
+def _secant_log(u: float, f: float, slope: float, lo: float | None, hi: float | None) -> float:
+    """Next log z: a secant step on ``f`` (log epsilon - log target, decreasing in u), kept
+    inside the bracket ``lo < root <= hi`` when known and to at most a factor 8 per step."""
+    if math.isfinite(f):
+        nxt = u + max(-math.log(8.0), min(math.log(8.0), -f / slope))
+    else:
+        nxt = u + math.log(4.0)
+    if lo is not None and hi is not None and not lo < nxt < hi:
+        nxt = (lo + hi) / 2
+    return nxt
+
+
+_LOG_RANGE = (math.log(MIN_NOISE_MULTIPLIER), math.log(MAX_NOISE_MULTIPLIER))
+
+
+def _coarse_root(
+    mech_of: Callable[[float], Mechanism],
+    target: float,
+    delta: float,
+    u: float,
+    slope: float,
+    factor: float,
+    tol: float,
+) -> tuple[float, float] | None:
+    """(log z, slope) where the PLD epsilon at ``factor`` times the charged interval is about
+    the target, by secant steps from log z ``u``; None if unsettled."""
+    log_target = math.log(target)
+    lo: float | None = None
+    hi: float | None = None
+    prev: tuple[float, float] | None = None
+    scale: float | None = None
+    for _ in range(_MAX_COARSE):
+        if not _LOG_RANGE[0] <= u <= _LOG_RANGE[1]:
+            return None
+        mech = mech_of(math.exp(u))
+        # the RDP bound (cheap) sizes the interval only where epsilon may be large
+        if scale is None or prev is None or prev[1] + log_target > math.log(16.0):
+            scale = _interval_scale(mech, delta)
+        f = _coarse_log_eps(mech, delta, factor * scale) - log_target
+        if f > 0:
+            lo = u if lo is None else max(lo, u)
+        else:
+            hi = u if hi is None else min(hi, u)
+        if prev is not None and math.isfinite(f) and math.isfinite(prev[1]) and u != prev[0]:
+            secant = (f - prev[1]) / (u - prev[0])
+            if secant < 0:
+                slope = secant
+        prev = (u, f)
+        if abs(f) < tol:
+            # the secant's root (a passing side's start saves a charged evaluation)
+            return u - f / slope, slope
+        u = _secant_log(u, f, slope, lo, hi)
+    return None
+
+
+def _gaussian_start(mech: Mechanism, target: float, delta: float) -> float | None:
+    """log z at which the plain-Gaussian mechanism's exact epsilon is the target."""
+    from dp_accounting.gaussian_mechanism import get_sigma_gaussian
+
+    # k Gaussians of std z C, sensitivity 2C, and a prefix of std p C: one Gaussian of
+    # sensitivity 1 and std sigma with 1 / sigma^2 = 4 k / z^2 + 4 / p^2.
+    count = mech.epochs if mech.scheme == "shuffle" else mech.steps
+    assert count is not None
+    sigma = float(get_sigma_gaussian(target, delta))
+    rest = 1 / sigma**2
+    if mech.prefix_noise_multiplier is not None:
+        rest -= 4 / mech.prefix_noise_multiplier**2
+    if not (sigma > 0 and rest > 0):
+        return None
+    return math.log(2 * math.sqrt(count / rest))
+
+
+def _fine_search(
+    mech_of: Callable[[float], Mechanism],
+    target: float,
+    delta: float,
+    u: float,
+    slope: float,
+    margin: float,
+    rtol: float,
+) -> float | None:
+    """Smallest z (within about rtol) with ``_eps_pld <= target``, by secant steps from log z
+    ``u``; None if unsettled."""
+    log_target = math.log(target)
+    lo: float | None = None
+    hi: float | None = None
+    prev: tuple[float, float] | None = None
+    for _ in range(_MAX_FINE):
+        if not _LOG_RANGE[0] <= u <= _LOG_RANGE[1]:
+            return None
+        eps = _eps_pld(mech_of(math.exp(u)), delta)
+        f = math.log(eps) - log_target if eps > 0 and math.isfinite(eps) else math.inf
+        if eps <= target:
+            hi = u if hi is None else min(hi, u)
+        else:
+            lo = u if lo is None else max(lo, u)
+        if prev is not None and math.isfinite(f) and math.isfinite(prev[1]) and u != prev[0]:
+            secant = (f - prev[1]) / (u - prev[0])
+            if secant < 0:
+                slope = secant
+        prev = (u, f)
+        if hi is not None and lo is not None and hi - lo <= rtol:
+            break
+        nxt = _secant_log(u, f, slope, lo, hi) + math.log1p(margin)
+        if lo is not None and hi is not None and not lo < nxt < hi:
+            nxt = (lo + hi) / 2
+        if hi is not None and nxt >= hi + math.log1p(-rtol):
+            break  # the next step would gain less than rtol
+        u = nxt
+    if hi is None:
+        return None
+    z = math.exp(hi)
+    # the value charged for z (cached): the returned z passes it exactly
+    return z if _eps_pld(mech_of(z), delta) <= target else None
+
+
+def _calibrate_pld_fast(
+    mech_of: Callable[[float], Mechanism], target: float, delta: float
+) -> float | None:
+    """Smallest z with ``_eps_pld <= target`` (see above); None: run Brent's method instead,
+    which also reports out-of-range targets."""
+    probe = mech_of(1.0)
+    if probe.gaussian_only:
+        u = _gaussian_start(probe, target, delta)
+        if u is None:
+            return None
+        return _fine_search(mech_of, target, delta, u, -1.0, _GAUSSIAN_MARGIN, _GAUSSIAN_RTOL)
+    root: tuple[float, float] | None = (0.0, -2.0)
+    for factor, tol in _COARSE_LEVELS:
+        assert root is not None
+        root = _coarse_root(mech_of, target, delta, root[0], root[1], factor, tol)
+        if root is None:
+            return None
+    assert root is not None
+    return _fine_search(mech_of, target, delta, root[0], root[1], _FINE_MARGIN, _FINE_RTOL)
+
+
 def _calibrate(
     mech_of: Callable[[float], Mechanism], target: float, delta: float, accountant: str, rtol: float
 ) -> float:
@@ -529,6 +737,10 @@ def _calibrate(
         # The very accountant calibrate_dp_mechanism uses (the PLD at full precision).
         return float(make_accountant().compose(mech_of(z).event).get_epsilon(delta))
 
+    if accountant == "pld":
+        fast = _calibrate_pld_fast(mech_of, target, delta)
+        if fast is not None:
+            return fast
     if accountant == "pld":
         # The RDP bound is fast and never below the PLD value: a tight upper start.
         guess = _calibrate(mech_of, target, delta, "rdp", rtol=1e-2)
@@ -783,41 +995,58 @@ def _run(request: Any) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dpsql.accounting '<json>'``: print one JSON line.
-
-    Returns the exit status: 0 on success, 2 on bad input, 1 on an unexpected failure.
-    """
+def quiet() -> None:
+    """Keep absl's and Python's warnings off the answer (the server reads stdout and stderr)."""
     import logging
     import warnings
 
     from absl import logging as absl_logging
 
-    # The server reads stdout and stderr together: keep both to the one JSON line.
     absl_logging.set_verbosity(absl_logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.simplefilter("ignore")
-    argv = sys.argv[1:] if argv is None else list(argv)
 
-    def emit(obj: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n")
-        sys.stdout.flush()
 
+def answer(request_json: str) -> tuple[int, dict[str, Any]]:
+    """The exit status and the JSON object of one request (see the module's docstring)."""
     try:
-        if len(argv) != 1:
-            raise ValueError("usage: python -m dpsql.accounting '<json object>'")
         try:
-            request = json.loads(argv[0])
+            request = json.loads(request_json)
         except json.JSONDecodeError as exc:
             raise ValueError(f"invalid JSON: {exc}") from None
-        emit(_run(request))
-        return 0
+        return 0, _run(request)
     except (ValueError, TypeError) as exc:
-        emit({"error": str(exc)})
-        return 2
+        return 2, {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the server needs a JSON line whatever happens
-        emit({"error": f"{type(exc).__name__}: {exc}"})
-        return 1
+        return 1, {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def dumps(obj: dict[str, Any]) -> str:
+    """One line of strict JSON (no NaN or Infinity)."""
+    return json.dumps(obj, allow_nan=False, separators=(",", ":"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dpsql.accounting '<json>'``: print one JSON line.
+
+    ``python -m dpsql.accounting --serve <socket>`` serves requests on a Unix socket instead
+    (the server's long-lived accountant, :mod:`dpsql.accountant_server`).
+
+    Returns the exit status: 0 on success, 2 on bad input, 1 on an unexpected failure.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--serve"]:
+        from dpsql import accountant_server
+
+        return accountant_server.main(argv[1:])
+    quiet()
+    if len(argv) != 1:
+        status, obj = 2, {"error": "usage: python -m dpsql.accounting '<json object>'"}
+    else:
+        status, obj = answer(argv[0])
+    sys.stdout.write(dumps(obj) + "\n")
+    sys.stdout.flush()
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""The calibration search of dpsql.accounting (issue 17) and the long-lived accountant's protocol
+(dpsql/accountant_server.py). No database needed.
+
+The search only decides where to evaluate the charged PLD: every returned z passes it (the very
+function epsilon() charges), and it is as tight as Brent's method within 0.1%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dpsql import accounting as acc
+
+pytest.importorskip("dp_accounting")
+
+DELTA = 1e-6
+
+CASES = [
+    (dict(scheme="poisson", steps=200, sampling_rate=0.01), 1.0),
+    (dict(scheme="poisson", steps=1000, sampling_rate=0.01), 0.5),
+    (dict(scheme="poisson", steps=300, sampling_rate=0.05), 3.0),
+    (dict(scheme="poisson", steps=100, sampling_rate=0.1, prefix_noise_multiplier=8.0), 2.0),
+    (dict(scheme="shuffle", epochs=5), 1.0),
+    (dict(scheme="shuffle", epochs=3, prefix_noise_multiplier=10.0), 1.0),
+    (dict(scheme="poisson", steps=50, sampling_rate=1.0), 1.0),
+]
+
+
+def _brent(target: float, kw: dict) -> float:
+    """The previous search (Brent's method on the charged PLD), for comparison."""
+    saved = acc._calibrate_pld_fast
+    acc._calibrate_pld_fast = lambda *args: None  # type: ignore[assignment]
+    try:
+        return acc.calibrate(target, DELTA, **kw)
+    finally:
+        acc._calibrate_pld_fast = saved  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(("kw", "target"), CASES)
+def test_the_search_is_sound_and_as_tight_as_brent(kw, target) -> None:
+    acc._PLD_CACHE.clear()
+    z = acc.calibrate(target, DELTA, **kw)
+    acc._PLD_CACHE.clear()  # recomputed, not remembered
+    assert acc.epsilon(z, delta=DELTA, **kw) <= target
+    assert acc.epsilon(z * (1 - 1e-3), delta=DELTA, **kw) > target
+    assert z == pytest.approx(_brent(target, kw), rel=1e-3)
+
+
+def test_the_search_takes_few_charged_evaluations(monkeypatch) -> None:
+    calls = []
+    real = acc._eps_pld
+
+    def counted(mech, delta):
+        calls.append(mech.noise_multiplier)
+        return real(mech, delta)
+
+    monkeypatch.setattr(acc, "_eps_pld", counted)
+    acc._PLD_CACHE.clear()
+    acc.calibrate(1.0, DELTA, scheme="poisson", steps=400, sampling_rate=0.01)
+    # distinct z at which the charged PLD was computed (Brent's method: about ten)
+    assert len(set(calls)) <= 4
+
+
+def test_plain_gaussians_start_from_the_exact_gaussian() -> None:
+    from dp_accounting.gaussian_mechanism import get_sigma_gaussian
+
+    z = acc.calibrate(1.0, DELTA, scheme="shuffle", epochs=7)
+    assert z == pytest.approx(2 * math.sqrt(7) * get_sigma_gaussian(1.0, DELTA), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("target", "kw"),
+    [
+        # the prefix alone spends more than the target: no z
+        (0.5, dict(scheme="shuffle", epochs=2, prefix_noise_multiplier=1.0)),
+    ],
+)
+def test_out_of_range_targets_are_refused_as_before(target, kw) -> None:
+    with pytest.raises(ValueError, match="needs a noise multiplier above"):
+        acc.calibrate(target, DELTA, **kw)
+
+
+def test_the_report_charges_the_value_the_calibration_verified() -> None:
+    acc._PLD_CACHE.clear()
+    status, answer = acc.answer(
+        json.dumps(
+            {
+                "op": "calibrate",
+                "scheme": "poisson",
+                "steps": 300,
+                "sampling_rate": 0.02,
+                "delta": DELTA,
+                "target_epsilon": 1.5,
+            }
+        )
+    )
+    assert status == 0
+    acc._PLD_CACHE.clear()
+    z = answer["noise_multiplier"]
+    fresh = acc.epsilon(z, scheme="poisson", steps=300, sampling_rate=0.02, delta=DELTA)
+    assert answer["epsilon_pld"] == fresh <= 1.5
+
+
+# ---------------------------------------------------------------- the long-lived accountant
+
+
+def _ask(path: Path, line: str, timeout: float = 60) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(line.encode() + b"\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, "the accountant exited before listening"
+        assert time.monotonic() < deadline
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(path))
+                return  # (a connection that sends nothing: the server drops it)
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def serving(tmp_path):
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str) -> tuple[Path, subprocess.Popen]:
+        path = tmp_path / f"a{len(procs)}.sock"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dpsql.accounting", "--serve", str(path), *args]
+        )
+        procs.append(proc)
+        _wait_for(path, proc)
+        return path, proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_server_answers_like_the_command_line(serving) -> None:
+    path, _ = serving()
+    request = json.dumps(
+        {"op": "calibrate", "scheme": "shuffle", "epochs": 3, "delta": DELTA, "target_epsilon": 2}
+    )
+    status, _, body = _ask(path, request).rstrip("\n").partition(" ")
+    assert status == "0"
+    assert json.loads(body) == acc.answer(request)[1]
+    # bad input: the command line's exit status and error line
+    status, _, body = _ask(path, '{"op": "calibrate"}').partition(" ")
+    assert status == "2" and "scheme is required" in json.loads(body)["error"]
+    assert _ask(path, "not json").startswith("2 ")
+    # a backend that connects and leaves does not stop it
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+    assert _ask(path, request).startswith("0 ")
+
+
+def test_the_server_socket_is_private(serving) -> None:
+    path, _ = serving()
+    assert os.stat(path).st_mode & 0o077 == 0
+
+
+def test_the_server_exits_when_idle_and_removes_its_socket(serving) -> None:
+    path, proc = serving("--idle-exit", "1")
+    assert proc.wait(timeout=30) == 0
+    assert not path.exists()
+
+
+def test_a_request_over_its_time_limit_gets_an_error(serving) -> None:
+    path, _ = serving("--request-timeout", "1")
+    slow = json.dumps(
+        {
+            "op": "calibrate",
+            "scheme": "poisson",
+            "steps": 29000,
+            "sampling_rate": 0.000344,
+            "delta": DELTA,
+            "target_epsilon": 1.0,
+        }
+    )
+    start = time.monotonic()
+    status, _, body = _ask(path, slow).partition(" ")
+    assert status == "1" and "more than 1 s" in json.loads(body)["error"]
+    assert time.monotonic() - start < 15
+    # and it serves the next one
+    assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
+
+
+def test_a_stale_socket_is_replaced(tmp_path, serving) -> None:
+    stale = tmp_path / "a0.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # left by a process that crashed: nobody listens
+    path, _ = serving()
+    assert path == stale
+    assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
