@@ -16,7 +16,7 @@ scans, not the shuffle into the training table) over its epochs:
 Runs of 1 and of ``--epochs`` epochs give the first epoch (scan + filing + replay) and the later
 ones (replay only) apart. The noise multiplier is given (1.0), so no accountant runs.
 
-    .venv/bin/python -m bench.sampled_epochs [--epochs 5] [--repeats 3] [--rows 1000000]
+    .venv/bin/python -m bench.sampled_epochs [--epochs 10] [--repeats 3] [--rows 1000000]
     .venv/bin/python -m bench.sampled_epochs --quick      # 100,000 synthetic rows, 1 repeat
 """
 
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="synthetic table rows")
     parser.add_argument("--dim", type=int, default=50)
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-protein", action="store_true", help="synthetic table only")
     parser.add_argument("--quick", action="store_true")
