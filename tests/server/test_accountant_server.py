@@ -38,7 +38,17 @@ def _request(target: float, steps: int = 200) -> str:
 
 @pytest.fixture
 def datadir(conn: psycopg.Connection) -> str:
-    return str(conn.execute("SHOW data_directory").fetchone()[0])
+    """The server's data directory; skips when its processes are not on this machine (a
+    server in a container, DPSQL_TEST_DSN)."""
+    path = str(conn.execute("SHOW data_directory").fetchone()[0])
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    try:
+        local = psutil.Process(pid).cwd() == path
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        local = False
+    if not local:
+        pytest.skip("the server's processes are not visible from here")
+    return path
 
 
 def _in(datadir: str, match: Callable[[list[str]], bool]) -> list[psutil.Process]:
@@ -88,7 +98,7 @@ def test_calls_share_one_long_lived_process(conn, datadir, server_pid) -> None:
     assert status == 0 and direct["noise_multiplier"] == answer["noise_multiplier"]
 
 
-def test_bad_requests_fail_as_from_a_process_of_their_own(conn, server_pid) -> None:
+def test_bad_requests_fail_as_from_a_process_of_their_own(conn) -> None:
     with pytest.raises(psycopg.errors.ExternalRoutineException, match=r"status 512") as info:
         _ask(conn, '{"op": "calibrate"}')
     assert "scheme is required" in str(info.value.diag.message_detail)
@@ -209,7 +219,7 @@ def test_the_accountant_timeout(conn, datadir) -> None:
     assert not _in(datadir, lambda c: c == ["sleep", "45"])
 
 
-def test_a_cancelled_call_leaves_the_accountant_serving(conn, server_pid) -> None:
+def test_a_cancelled_call_leaves_the_accountant_serving(conn) -> None:
     # a calibration that takes seconds (29000 steps), cancelled while the accountant computes
     slow = json.dumps(
         {
