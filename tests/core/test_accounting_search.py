@@ -212,3 +212,35 @@ def test_a_stale_socket_is_replaced(tmp_path, serving) -> None:
     path, _ = serving()
     assert path == stale
     assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
+
+
+def test_a_repeated_request_is_answered_from_memory(monkeypatch) -> None:
+    import signal
+
+    from dpsql import accountant_server as srv
+
+    calls: list[str] = []
+
+    def answer(line: str) -> tuple[int, dict]:
+        calls.append(line)
+        return (0, {"n": len(calls)}) if "good" in line else (2, {"error": "bad"})
+
+    monkeypatch.setattr(srv.accounting, "answer", answer)
+    monkeypatch.setattr(srv, "_ANSWERS", {})
+    previous = signal.signal(signal.SIGALRM, srv._on_alarm)
+    try:
+        for line, expected in [
+            (b"good", b'0 {"n":1}'),
+            (b"good", b'0 {"n":1}'),
+            (b"bad", b'2 {"error":"bad"}'),
+            (b"bad", b'2 {"error":"bad"}'),
+        ]:
+            ours, theirs = socket.socketpair()
+            with theirs:
+                theirs.sendall(line + b"\n")
+                srv._answer_one(ours, 10)
+                assert theirs.recv(1000) == expected + b"\n"
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    # computed once; a refusal is not remembered
+    assert calls == ["good", "bad", "bad"]
