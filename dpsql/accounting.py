@@ -413,8 +413,20 @@ def _pld_accountant(mech: Mechanism, discretization: float = PLD_DISCRETIZATION)
     return PLDAccountant(mech.relation, value_discretization_interval=discretization)
 
 
+def _rdp_epsilon_and_order(mech: Mechanism, delta: float) -> tuple[float, float]:
+    key = _mechanism_key(mech, delta)
+    cached = _RDP_CACHE.get(key)
+    if cached is not None:
+        return cached
+    eps, order = _rdp_accountant(mech).compose(mech.event).get_epsilon_and_optimal_order(delta)
+    if len(_RDP_CACHE) >= _CACHE_SIZE:
+        _RDP_CACHE.clear()
+    _RDP_CACHE[key] = value = (float(eps), float(order))
+    return value
+
+
 def _eps_rdp(mech: Mechanism, delta: float) -> float:
-    return float(_rdp_accountant(mech).compose(mech.event).get_epsilon(delta))
+    return _rdp_epsilon_and_order(mech, delta)[0]
 
 
 def _eps_rdp_add_remove(mech: Mechanism, delta: float) -> float:
@@ -441,10 +453,11 @@ def _mechanism_key(mech: Mechanism, delta: float) -> tuple[Any, ...]:
     )
 
 
-# The last PLD values computed (a long-lived accountant answers a calibration and then reports the
-# same z: the charged value is computed once). Values are exact functions of the key.
+# The last PLD and RDP values computed (a long-lived accountant answers a calibration and then
+# reports the same z: each value is computed once). Values are exact functions of the key.
 _PLD_CACHE: dict[tuple[Any, ...], float] = {}
-_PLD_CACHE_SIZE = 64
+_RDP_CACHE: dict[tuple[Any, ...], tuple[float, float]] = {}
+_CACHE_SIZE = 64
 
 
 def _eps_pld(mech: Mechanism, delta: float) -> float:
@@ -454,7 +467,7 @@ def _eps_pld(mech: Mechanism, delta: float) -> float:
         return cached
     acc = _pld_accountant(mech, _pld_discretization(mech, delta))
     value = float(acc.compose(mech.event).get_epsilon(delta))
-    if len(_PLD_CACHE) >= _PLD_CACHE_SIZE:
+    if len(_PLD_CACHE) >= _CACHE_SIZE:
         _PLD_CACHE.clear()
     _PLD_CACHE[key] = value
     return value
@@ -611,20 +624,20 @@ def _coarse_root(
     slope: float,
     factor: float,
     tol: float,
-) -> tuple[float, float] | None:
-    """(log z, slope) where the PLD epsilon at ``factor`` times the charged interval is about
-    the target, by secant steps from log z ``u``; None if unsettled."""
+    scale: float | None = None,
+) -> tuple[float, float, float] | None:
+    """(log z, slope, interval scale) where the PLD epsilon at ``factor`` times the charged
+    interval is about the target, by secant steps from log z ``u``; None if unsettled."""
     log_target = math.log(target)
     lo: float | None = None
     hi: float | None = None
     prev: tuple[float, float] | None = None
-    scale: float | None = None
     for _ in range(_MAX_COARSE):
         if not _LOG_RANGE[0] <= u <= _LOG_RANGE[1]:
             return None
         mech = mech_of(math.exp(u))
-        # the RDP bound (cheap) sizes the interval only where epsilon may be large
-        if scale is None or prev is None or prev[1] + log_target > math.log(16.0):
+        # the RDP bound (0.03 s) sizes the interval, only where epsilon may be large (> e^2.8)
+        if scale is None or scale > 1 or (prev is not None and prev[1] + log_target > 2.8):
             scale = _interval_scale(mech, delta)
         f = _coarse_log_eps(mech, delta, factor * scale) - log_target
         if f > 0:
@@ -638,7 +651,7 @@ def _coarse_root(
         prev = (u, f)
         if abs(f) < tol:
             # the secant's root (a passing side's start saves a charged evaluation)
-            return u - f / slope, slope
+            return u - f / slope, slope, scale
         u = _secant_log(u, f, slope, lo, hi)
     return None
 
@@ -715,14 +728,13 @@ def _calibrate_pld_fast(
         if u is None:
             return None
         return _fine_search(mech_of, target, delta, u, -1.0, _GAUSSIAN_MARGIN, _GAUSSIAN_RTOL)
-    root: tuple[float, float] | None = (0.0, -2.0)
+    u, slope, scale = 0.0, -2.0, None
     for factor, tol in _COARSE_LEVELS:
-        assert root is not None
-        root = _coarse_root(mech_of, target, delta, root[0], root[1], factor, tol)
+        root = _coarse_root(mech_of, target, delta, u, slope, factor, tol, scale)
         if root is None:
             return None
-    assert root is not None
-    return _fine_search(mech_of, target, delta, root[0], root[1], _FINE_MARGIN, _FINE_RTOL)
+        u, slope, scale = root
+    return _fine_search(mech_of, target, delta, u, slope, _FINE_MARGIN, _FINE_RTOL)
 
 
 def _calibrate(
@@ -869,8 +881,7 @@ def report(
         prefix_noise_multiplier=prefix_noise_multiplier,
     )
     d = _delta(delta)
-    rdp_acc = _rdp_accountant(mech).compose(mech.event)
-    eps_rdp, order = rdp_acc.get_epsilon_and_optimal_order(d)
+    eps_rdp, order = _rdp_epsilon_and_order(mech, d)
     if mech.gaussian_only:
         relation_rdp = "replace-one (exact Gaussian RDP, sensitivity 2C)"
         relation_pld = "replace-one (Gaussian PLD, sensitivity 2C)"
