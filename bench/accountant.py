@@ -11,7 +11,8 @@ Prints, in one run:
    configurations: the most accountant processes alive at once (polled in ``/proc``, this
    server's only: their working directory is its data directory) and the batch's wall time,
    with the long-lived accountant and with one process per call (``dpsql.accountant_server =
-   off``).
+   off``); and, for the previous server, 16 previous-accountant processes started at once (the
+   accountant part of the same 16 requests only).
 
     python -m bench.accountant [--quick]
 """
@@ -178,13 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         n = args.concurrent
         print(f"\n{n} concurrent dpsql.train(privacy => 'dpsgd', sampling => 'poisson'),")
-        print("2000 rows, batch 20, 2 epochs (200 steps, q = 0.01), distinct epsilons:")
+        print("2000 rows, batch 20, 2 epochs (200 steps, q = 0.01), epsilons 1.00x + 0.1 i:")
         for name, settings, eps0 in (
-            ("long-lived accountant", "", 0.5),
+            ("long-lived accountant", "", 1.001),
             (
                 "process per call (accountant_server = off)",
                 "SET dpsql.accountant_server = off",
-                2.5,
+                1.002,
             ),
         ):
             if settings:
@@ -193,9 +194,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 uri, datadir, [eps0 + 0.1 * i for i in range(n)], settings
             )
             print(
-                f"  {name:44s} max accountant processes {peak}, wall {wall:.2f} s"
+                f"  {name:50s} max accountant processes {peak}, wall {wall:.2f} s"
                 + (f", {failed} failed" if failed else "")
             )
+        # before: what the server did, one previous-accountant process per call, all at once
+        # (the accountant part only: the requests the 16 runs above send, new targets)
+        procs = []
+        peak = 0
+        start = time.perf_counter()
+        for i in range(n):
+            request = _request(
+                {"scheme": "poisson", "steps": 200, "sampling_rate": 0.01}, 1.003 + i / 10
+            )
+            procs.append(
+                subprocess.Popen([*python, "-c", _OLD, request], stdout=subprocess.DEVNULL)
+            )
+        while any(p.poll() is None for p in procs):
+            peak = max(peak, sum(p.poll() is None for p in procs))
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        print(
+            f"  {'before: previous accountant, a process per call':50s} max accountant processes"
+            f" {peak}, wall {wall:.2f} s (accountant only)"
+        )
         conn.close()
         warm = [r[3] for r in rows]
         print(
