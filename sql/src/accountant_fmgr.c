@@ -300,19 +300,29 @@ connect_server(uint32 hash, TimestampTz deadline)
 				CloseTransientFile(startfd);	/* another backend is starting it */
 				startfd = -1;
 			}
-			else if (!worker_alive(hash) && !start_worker(hash, &handle))
-			{
-				ereport(DEBUG1,
-						(errmsg("dpsql: no free background worker slot for the accountant")));
-				break;
-			}
 		}
-		else if (handle != NULL)
+		if (startfd >= 0)
 		{
-			pid_t		pid;
+			/* this backend starts it: unless a worker runs (and will listen soon) */
+			if (handle == NULL)
+			{
+				if (!worker_alive(hash) && !start_worker(hash, &handle))
+				{
+					ereport(DEBUG1,
+							(errmsg("dpsql: no free background worker slot for the accountant")));
+					break;
+				}
+			}
+			else
+			{
+				pid_t		pid;
+				BgwHandleStatus status = GetBackgroundWorkerPid(handle, &pid);
 
-			if (GetBackgroundWorkerPid(handle, &pid) == BGWH_STOPPED && !worker_alive(hash))
-				break;			/* it exited without serving */
+				/* it exited without serving (and no other worker took over) */
+				if ((status == BGWH_STOPPED || status == BGWH_POSTMASTER_DIED) &&
+					!worker_alive(hash))
+					break;
+			}
 		}
 		if (GetCurrentTimestamp() > startup)
 			break;
