@@ -8,7 +8,7 @@ At each size, interleaved over ``--repeats``:
 * one noiseless logistic SGD epoch, b = 1 (``dpsql.sgd_epoch``);
 * one DP-SGD epoch with shuffled batches, b = 50 (clipping and Gaussian noise in every step);
 * Poisson DP-SGD, b = 50, without a sort, while its rows fit in ``--sampling-memory``: a first
-  epoch (``sgd_epoch_sampled``: the scan files the rows in memory and the steps are replayed)
+  epoch (``_sgd_epoch_sampled``: the scan files the rows in memory and the steps are replayed)
   and, in the same transaction, a later one (``_sgd_epoch_replayed``: the filed rows replayed
   without a scan). The first epoch of a transaction also pays for its memory; on a virtual
   machine memory the guest never touched before costs the host's page faults too.
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             if fits:
                 queries["Poisson b=50"] = (
-                    "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
+                    "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
                     " 1, 's'::regclass) IS NULL FROM s",
                     (poisson, rows, 50 / rows),
                 )

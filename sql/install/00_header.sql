@@ -152,7 +152,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._sgd_sampled_final(internal)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sampled_final'
 LANGUAGE C CALLED ON NULL INPUT;
 
-CREATE OR REPLACE AGGREGATE dpsql_internal.sgd_epoch_sampled(x float8[], y float8, rid bigint, init float8[],
+CREATE OR REPLACE AGGREGATE dpsql_internal._sgd_epoch_sampled(x float8[], y float8, rid bigint, init float8[],
                                                  sampling text, seed bigint, rows bigint,
                                                  q float8, run bigint, relation oid) (
     SFUNC = dpsql_internal._sgd_sampled_transition,

@@ -254,6 +254,46 @@ BEGIN
     END IF;
 END $$;
 
+-- One epoch of sampled batches (Poisson sampling, draws with replacement), from the run's
+-- secret sampling seed mixed with the epoch number. Without a sort when the rows fit in
+-- dpsql.sampling_memory: the scan files them by rid and the final function replays the steps,
+-- and the run's later epochs in this transaction replay the filed rows without a scan
+-- (sampled_fmgr.c). Larger tables join every row to its steps and sort.
+CREATE OR REPLACE FUNCTION dpsql_internal._sampled_epoch(r dpsql.runs)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    seed bigint := r.sampling_seed # (r.epochs_done::bigint << 40);
+    q float8 := coalesce((r.spec->>'sampling_rate')::float8, 0);
+    st float8[];
+BEGIN
+    IF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
+        st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
+                                                 r.spec->>'sampling', seed, r.rows, q);
+        IF st IS NULL THEN
+            EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
+                           '       $6, $7) FROM %s', r.train_table)
+               INTO st USING r.state, r.spec->>'sampling', seed, r.rows, q, r.run_id,
+                             r.train_table::regclass::oid;
+        END IF;
+    ELSIF r.spec->>'sampling' = 'poisson' THEN
+        -- each row joins each step with probability q; rows sorted by step, and steps no row
+        -- joined still step (noise only)
+        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
+                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches($2, t.rid,'
+                       '       $3, $4)) AS b(batch)', r.train_table)
+           INTO st USING r.state, seed, (r.spec->>'steps_per_epoch')::int, q;
+    ELSE
+        -- BST14: every step draws batch_size rows uniformly with replacement, sorted by draw
+        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
+                       '       ORDER BY g.pos)'
+                       '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'
+                       '  JOIN %s t ON t.rid = dpsql_internal._uniform_index($2, g.pos, $5)', r.train_table)
+           INTO st USING r.state, seed, (r.spec->>'batch_size')::bigint,
+                         (r.spec->>'steps_per_epoch')::bigint, r.rows;
+    END IF;
+    RETURN st;
+END $$;
+
 -- One epoch of a run: one aggregate scan of its training table. Returns the epoch number,
 -- the epoch's training objective, and whether the run is done (epochs reached or converged).
 CREATE OR REPLACE FUNCTION dpsql_internal._run_epoch(run_id bigint, OUT epoch int, OUT objective float8, OUT done boolean)
@@ -289,41 +329,8 @@ BEGIN
         PERFORM set_config('parallel_tuple_cost', '0', true);
         PERFORM set_config('min_parallel_table_scan_size', '0', true);
     END IF;
-    IF r.spec->>'sampling' IN ('poisson', 'replacement')
-       AND dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
-        -- Sampled batches without a sort: the scan files the rows by rid, the final function
-        -- replays the steps from the epoch's secret seed; the run's later epochs in this
-        -- transaction replay the filed rows without a scan (sampled_fmgr.c).
-        st := dpsql_internal._sgd_epoch_replayed(
-                  r.state, run_id, r.train_table::regclass, r.spec->>'sampling',
-                  r.sampling_seed # (r.epochs_done::bigint << 40), r.rows,
-                  coalesce((r.spec->>'sampling_rate')::float8, 0));
-        IF st IS NULL THEN
-            EXECUTE format('SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5, $6, $7)'
-                           '  FROM %s', r.train_table)
-               INTO st USING r.state, r.spec->>'sampling', r.sampling_seed # (r.epochs_done::bigint << 40),
-                             r.rows, coalesce((r.spec->>'sampling_rate')::float8, 0), run_id,
-                             r.train_table::regclass::oid;
-        END IF;
-    ELSIF r.spec->>'sampling' = 'poisson' THEN
-        -- Over dpsql.sampling_memory: each row joins each batch with probability q, by secret
-        -- coins; the aggregate takes the rows sorted by batch and still steps (noise only) on
-        -- empty ones.
-        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
-                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches($2, t.rid,'
-                       '       $3, $4)) AS b(batch)', r.train_table)
-           INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
-                         (r.spec->>'steps_per_epoch')::int, (r.spec->>'sampling_rate')::float8;
-    ELSIF r.spec->>'sampling' = 'replacement' THEN
-        -- BST14 over dpsql.sampling_memory: every step draws batch_size rows uniformly with
-        -- replacement, sorted by draw.
-        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
-                       '       ORDER BY g.pos)'
-                       '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'
-                       '  JOIN %s t ON t.rid = dpsql_internal._uniform_index($2, g.pos, $5)', r.train_table)
-           INTO st USING r.state, r.sampling_seed # (r.epochs_done::bigint << 40),
-                         (r.spec->>'batch_size')::bigint, (r.spec->>'steps_per_epoch')::bigint,
-                         r.rows;
+    IF r.spec->>'sampling' IN ('poisson', 'replacement') THEN
+        st := dpsql_internal._sampled_epoch(r);  -- private runs only (the definer's rights)
     ELSIF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
         -- A new data-independent permutation for this pass: the epoch number mixed into the seed.
         EXECUTE format('SELECT dpsql.sgd_epoch(x, y, $1 ORDER BY dpsql_internal._shuffle_key($2, rid)) FROM %s',

@@ -351,7 +351,7 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	MemoryContext old;
 	Size		bytes;
 
-	dpsql_no_nulls(fcinfo, 4, 9, "sgd_epoch_sampled");
+	dpsql_no_nulls(fcinfo, 4, 9, "_sgd_epoch_sampled");
 	old = MemoryContextSwitchTo(aggcontext);
 	e = palloc0(sizeof(SampledEpoch));
 	sampled_setup(e, PG_GETARG_ARRAYTYPE_P(4), PG_GETARG_TEXT_PP(5), PG_GETARG_INT64(6),
@@ -523,7 +523,7 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 /*
  * dpsql_internal._sgd_epoch_replayed(init float8[], run bigint, relation oid, sampling text,
  * seed bigint, rows bigint, q float8) -> float8[]: a later epoch of a run whose first epoch's
- * rows are still kept (the state sgd_epoch_sampled would return, without the scan), or NULL.
+ * rows are still kept (the state _sgd_epoch_sampled would return, without the scan), or NULL.
  */
 Datum
 dpsql_sampled_replayed(PG_FUNCTION_ARGS)

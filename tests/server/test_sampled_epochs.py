@@ -53,7 +53,8 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
     m = rows_table
     init = _state(conn, batch=batch, steps=steps)
     replay = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s, NULL, NULL) FROM t",
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s, NULL, NULL)"
+        " FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
     sorted_ = conn.execute(
@@ -65,7 +66,8 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
     assert replay == sorted_
     # another epoch seed is another sample (and another model)
     other = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, %s, 12, %s, %s, NULL, NULL) FROM t",
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, %s, 12, %s, %s, NULL, NULL)"
+        " FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
     assert (other != replay) == (q < 1.0)
@@ -162,7 +164,7 @@ def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
     init = _state(conn, batch=1, steps=2)
     with pytest.raises(psycopg.DataError if "NULL" not in message else psycopg.Error) as err:
         conn.execute(
-            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5,"
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5,"
             f" NULL, NULL) FROM ({rows_sql}) AS r(rid, x, y)",
             (init,),
         )
@@ -172,7 +174,7 @@ def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
 def test_private_state_files_malformed_rows_as_null_records(conn) -> None:
     init = _state(conn, batch=1, steps=2, flags=FLAGS_SANITIZE)
     out = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0, NULL, NULL)"
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0, NULL, NULL)"
         " FROM (VALUES (1::bigint, '{1,2}'::float8[], 1.0::float8), (2, NULL, NULL))"
         " AS r(rid, x, y)",
         (init,),
@@ -203,7 +205,7 @@ def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> N
     m, q = rows_table, 0.05
     init = _state(conn, batch=15, steps=20)
     scanned = conn.execute(
-        "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 12, %s, %s, NULL, NULL)"
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 12, %s, %s, NULL, NULL)"
         " FROM t",
         (init, m, q),
     ).fetchone()[0]
@@ -212,7 +214,7 @@ def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> N
     )
     with conn.transaction():
         first = conn.execute(
-            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
             " 't'::regclass) FROM t",
             (init, m, q),
         ).fetchone()[0]
@@ -238,7 +240,7 @@ def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
     )
     with conn.transaction():
         conn.execute(
-            "SELECT dpsql_internal.sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
             " 't'::regclass) FROM t",
             (init, m, q),
         ).fetchone()
@@ -246,7 +248,7 @@ def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
         # the same run's next filing fails half way (a repeated rid): nothing is kept
         with pytest.raises(psycopg.DataError), conn.transaction():
             conn.execute(
-                "SELECT dpsql_internal.sgd_epoch_sampled(x, y, least(rid, 150), %s, 'poisson', 11,"
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, least(rid, 150), %s, 'poisson', 11,"
                 " %s, %s, 77, 't'::regclass) FROM t",
                 (init, m, q),
             ).fetchone()
