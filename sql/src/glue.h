@@ -84,6 +84,12 @@ dpsql_state_remember(FunctionCallInfo fcinfo, const void *state)
 /* The GUCs of accountant_fmgr.c, defined by _PG_init (module_fmgr.c). */
 void		dpsql_define_accountant_gucs(void);
 
+/*
+ * A checked copy, in context, of the initial model state an epoch aggregate was handed, with
+ * its epoch begun (sgd_fmgr.c); aggregate names it in errors.
+ */
+ArrayType  *dpsql_sgd_initial_state(ArrayType *init, MemoryContext context, const char *aggregate);
+
 /* dpsql.sampling_memory (sampled_fmgr.c). */
 void		dpsql_define_sampling_gucs(void);
 

@@ -315,22 +315,12 @@ static void
 sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed, int64 rows,
 			  double q)
 {
-	double	   *init;
-	int			n;
-	DpsqlStatus st;
-
-	init = dpsql_float8_array(init_array, &n, "model state");
-	st = dpsql_sgd_check(init, (size_t) n);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "checking the initial model state of a sampled epoch");
-	if (!(((DpsqlSgdHeader *) init)->steps_per_epoch > 0.0))
+	e->state = dpsql_sgd_initial_state(init_array, CurrentMemoryContext, "a sampled epoch");
+	e->s = (double *) ARR_DATA_PTR(e->state);
+	if (!(((DpsqlSgdHeader *) e->s)->steps_per_epoch > 0.0))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: a sampled epoch needs a batched model state (steps_per_epoch > 0)")));
-	e->state = dpsql_new_float8_array(n);
-	e->s = (double *) ARR_DATA_PTR(e->state);
-	memcpy(e->s, init, sizeof(double) * (Size) n);
-	dpsql_sgd_epoch_begin(e->s);
 	e->kind = sampling_kind(sampling);
 	e->seed = seed;
 	e->rows = rows;

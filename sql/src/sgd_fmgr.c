@@ -52,22 +52,25 @@ plain_float8_vector(ArrayType *a)
 		!(ARR_HASNULL(a) && array_contains_nulls(a));
 }
 
-/* Copy and validate the initial state handed in by the controller (first row only). */
-static ArrayType *
-copy_initial_state(ArrayType *init, MemoryContext aggcontext)
+ArrayType *
+dpsql_sgd_initial_state(ArrayType *init, MemoryContext context, const char *aggregate)
 {
 	ArrayType  *state;
 	double	   *data;
 	int			n;
 	DpsqlStatus st;
 	MemoryContext old;
+	char		what[96];
 
 	data = dpsql_float8_array(init, &n, "model state");
 	st = dpsql_sgd_check(data, (size_t) n);
 	if (st != DPSQL_OK)
-		dpsql_raise(st, "checking the initial model state of sgd_epoch");
+	{
+		snprintf(what, sizeof(what), "checking the initial model state of %s", aggregate);
+		dpsql_raise(st, what);
+	}
 
-	old = MemoryContextSwitchTo(aggcontext);
+	old = MemoryContextSwitchTo(context);
 	state = dpsql_new_float8_array(n);
 	memcpy(ARR_DATA_PTR(state), data, sizeof(double) * (Size) n);
 	MemoryContextSwitchTo(old);
@@ -104,7 +107,7 @@ start_epoch(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("dpsql: the initial model state of sgd_epoch is NULL")));
-	return copy_initial_state(PG_GETARG_ARRAYTYPE_P(3), aggcontext);
+	return dpsql_sgd_initial_state(PG_GETARG_ARRAYTYPE_P(3), aggcontext, "sgd_epoch");
 }
 
 Datum
@@ -239,7 +242,7 @@ dpsql_sgd_transition_batch(PG_FUNCTION_ARGS)
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("dpsql: the initial model state of sgd_epoch_batches is NULL")));
-		state = copy_initial_state(PG_GETARG_ARRAYTYPE_P(4), aggcontext);
+		state = dpsql_sgd_initial_state(PG_GETARG_ARRAYTYPE_P(4), aggcontext, "sgd_epoch");
 	}
 	else
 		state = PG_GETARG_ARRAYTYPE_P(0);
