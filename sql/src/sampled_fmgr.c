@@ -10,7 +10,9 @@
  * the row ids for Poisson, uniform row ids for draws), each member is read from its slot and
  * handed to the C core's batched step (dpsql_sgd_row_batch) exactly as the sorted join did.
  * The work is the scan, a copy and O(1) per member, and needs rows x (features + 1) doubles
- * of memory: _run_epoch keeps the sorted join for tables over dpsql.sampling_memory.
+ * of memory: _sampled_epoch (30_runs.sql) keeps the sorted join for tables over
+ * dpsql.sampling_memory. The run's later epochs replay the filed rows without a scan (the
+ * kept area below).
  *
  * dpsql_internal._sampled_members() exposes the same generator as rows, for the tests (batch
  * sizes and per-row counts) and for a parity check of the replay against the sorted aggregate.
