@@ -124,6 +124,30 @@ def test_poisson_batches_is_interruptible(timed_conn: psycopg.Connection) -> Non
     assert time.monotonic() - start < WITHIN_SECONDS
 
 
+def test_sampled_epoch_replay_is_interruptible(timed_conn: psycopg.Connection) -> None:
+    # two rows, q = 1 over 2^31 - 1 steps: the replay's steps (and their noise) never end
+    state = timed_conn.execute(
+        "SELECT dpsql_internal._sgd_init('logistic', 50, 2, 0.01, 'constant', 0.1, 0, 0, 0.1, 1,"
+        " 0, 1.0, 'gaussian', 1.0, 1, 2147483647, 7)"
+    ).fetchone()[0]
+    _canceled_quickly(
+        timed_conn,
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s::float8[], 'poisson', 1, 2, 1.0,"
+        " NULL, NULL) FROM (VALUES (1::bigint, array_fill(0.1::float8, ARRAY[50]), 1.0::float8),"
+        " (2, array_fill(0.1::float8, ARRAY[50]), -1.0)) AS t(rid, x, y)",
+        (state,),
+    )
+
+
+def test_sampled_members_is_interruptible(timed_conn: psycopg.Connection) -> None:
+    # every row of 2^40 in every step: the members are counted, never all generated
+    _canceled_quickly(
+        timed_conn,
+        "SELECT count(*) FROM dpsql_internal._sampled_members('poisson', 1, 1099511627776,"
+        " 2147483647, 1.0, 1)",
+    )
+
+
 def test_cancel_request_stops_a_long_call(conn: psycopg.Connection, server_uri: str) -> None:
     # pg_cancel_backend from another session, not only the timeout
     pid = conn.info.backend_pid
