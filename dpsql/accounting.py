@@ -616,6 +616,28 @@ def _secant_log(u: float, f: float, slope: float, lo: float | None, hi: float | 
 _LOG_RANGE = (math.log(MIN_NOISE_MULTIPLIER), math.log(MAX_NOISE_MULTIPLIER))
 
 
+def _narrow(
+    u: float,
+    f: float,
+    passes: bool,
+    lo: float | None,
+    hi: float | None,
+    prev: tuple[float, float] | None,
+    slope: float,
+) -> tuple[float | None, float | None, float]:
+    """The bracket [lo, hi] of log z after evaluating f at u (hi passes, lo fails), and the
+    slope of f: the secant through the previous point where it is finite and decreasing."""
+    if passes:
+        hi = u if hi is None else min(hi, u)
+    else:
+        lo = u if lo is None else max(lo, u)
+    if prev is not None and math.isfinite(f) and math.isfinite(prev[1]) and u != prev[0]:
+        secant = (f - prev[1]) / (u - prev[0])
+        if secant < 0:
+            slope = secant
+    return lo, hi, slope
+
+
 def _coarse_root(
     mech_of: Callable[[float], Mechanism],
     target: float,
@@ -640,14 +662,7 @@ def _coarse_root(
         if scale is None or scale > 1 or (prev is not None and prev[1] + log_target > 2.8):
             scale = _interval_scale(mech, delta)
         f = _coarse_log_eps(mech, delta, factor * scale) - log_target
-        if f > 0:
-            lo = u if lo is None else max(lo, u)
-        else:
-            hi = u if hi is None else min(hi, u)
-        if prev is not None and math.isfinite(f) and math.isfinite(prev[1]) and u != prev[0]:
-            secant = (f - prev[1]) / (u - prev[0])
-            if secant < 0:
-                slope = secant
+        lo, hi, slope = _narrow(u, f, not f > 0, lo, hi, prev, slope)
         prev = (u, f)
         if abs(f) < tol:
             # the secant's root (a passing side's start saves a charged evaluation)
@@ -693,14 +708,7 @@ def _fine_search(
             return None
         eps = _eps_pld(mech_of(math.exp(u)), delta)
         f = math.log(eps) - log_target if eps > 0 and math.isfinite(eps) else math.inf
-        if eps <= target:
-            hi = u if hi is None else min(hi, u)
-        else:
-            lo = u if lo is None else max(lo, u)
-        if prev is not None and math.isfinite(f) and math.isfinite(prev[1]) and u != prev[0]:
-            secant = (f - prev[1]) / (u - prev[0])
-            if secant < 0:
-                slope = secant
+        lo, hi, slope = _narrow(u, f, eps <= target, lo, hi, prev, slope)
         prev = (u, f)
         if hi is not None and lo is not None and hi - lo <= rtol:
             break
