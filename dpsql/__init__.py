@@ -91,4 +91,4 @@ __all__ = [
     "Model",
     "connect",
 ]
-__version__ = "0.7.0"
+__version__ = "0.8.0"

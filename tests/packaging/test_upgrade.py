@@ -12,7 +12,7 @@ from psycopg.conninfo import make_conninfo
 
 from dpsql import extension
 
-RELEASED = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0"]
+RELEASED = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0"]
 
 # Everything a database's dpsql objects consist of, in comparable form.
 CATALOG = {
