@@ -89,6 +89,34 @@ AS $$
                               AND pg_has_role(session_user, r.oid, 'MEMBER')))
 $$;
 
+-- Whether the login role can read every registered column of a dataset itself (a superuser
+-- can): what a noise seed, or a charge that a rollback can undo, may be given to, since such a
+-- caller learns nothing from the release that the rows do not already tell them.
+CREATE OR REPLACE FUNCTION dpsql_internal._can_read_rows(ds dpsql.datasets)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false)
+           OR (ds.relid IS NOT NULL AND ds.dropped_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM unnest(ds.features || ds.label) AS c(name)
+                                WHERE NOT EXISTS (
+                                    SELECT 1 FROM pg_attribute a
+                                     WHERE a.attrelid = ds.relid AND a.attname = c.name
+                                       AND NOT a.attisdropped
+                                       AND has_column_privilege(session_user, ds.relid, a.attnum,
+                                                                'SELECT'))))
+$$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_seed_refused()
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dpsql_internal._fail('noise_seed is for tests by those who can read the rows: whoever '
+                                 'knows the noise seed can subtract the noise', '42501',
+                                 hint => 'Leave noise_seed NULL: the noise then comes from pg_strong_random.');
+END $$;
+
 ------------------------------------------------------------------------------------------
 -- Registering datasets
 ------------------------------------------------------------------------------------------

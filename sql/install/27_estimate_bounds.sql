@@ -62,7 +62,8 @@ BEGIN
 END $$;
 
 -- The data owner's dataset to estimate a declaration of: admin only, granted.
-CREATE OR REPLACE FUNCTION dpsql_internal._estimation_dataset(dataset text, action text)
+CREATE OR REPLACE FUNCTION dpsql_internal._estimation_dataset(dataset text, action text,
+                                                       noise_seed bigint DEFAULT NULL)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -73,6 +74,10 @@ BEGIN
     ds := dpsql_internal._lookup_dataset(dataset);
     IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    END IF;
+    -- a data owner may estimate on a table they cannot read, but not with known noise
+    IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
+        PERFORM dpsql_internal._noise_seed_refused();
     END IF;
     RETURN ds;
 END $$;
@@ -157,7 +162,7 @@ DECLARE
     hi float8;
     bounds float8[] := '{}';
 BEGIN
-    ds := dpsql_internal._estimation_dataset(dataset, 'estimate feature bounds');
+    ds := dpsql_internal._estimation_dataset(dataset, 'estimate feature bounds', noise_seed);
     IF ds.feature_bounds IS NOT NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s already has feature bounds', ds.name),
                             hint => 'Bounds are estimated once, for a dataset registered without them.');
@@ -252,7 +257,7 @@ DECLARE
     v record;
     bound float8;
 BEGIN
-    ds := dpsql_internal._estimation_dataset(dataset, 'estimate label bounds');
+    ds := dpsql_internal._estimation_dataset(dataset, 'estimate label bounds', noise_seed);
     IF ds.labels IS NOT NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset (labels %s)', ds.name, ds.labels),
                             hint => 'A label bound is for regression: register with regression => true (and no labels).');

@@ -1,6 +1,8 @@
 ------------------------------------------------------------------------------------------
 -- The privacy ledger: append-only, one row per charged release, charged under a row lock on
--- the dataset so that concurrent trainings can never overspend.
+-- the dataset so that concurrent trainings can never overspend, and committed in a transaction
+-- of its own before the release computes anything (charge_fmgr.c): no rollback of the caller's
+-- transaction takes a charge back.
 ------------------------------------------------------------------------------------------
 
 -- The privacy ledger. Append-only (trigger below); a dataset with entries cannot be deleted.
@@ -14,11 +16,14 @@ CREATE TABLE IF NOT EXISTS dpsql.ledger_entries (
     charged_at      timestamptz NOT NULL DEFAULT now(),
     role            name NOT NULL DEFAULT session_user,  -- the login role that was charged
     note            text,
-    dp_event        jsonb   -- the release as a dp-accounting DpEvent (dpsql/ledger_events.py);
+    dp_event        jsonb,  -- the release as a dp-accounting DpEvent (dpsql/ledger_events.py);
                             -- NULL before 0.6.0, which means the plain (epsilon, delta) event
+    xact            xid8    -- the releasing transaction (the charge commits in another one);
+                            -- NULL before 0.8.0, when both were one transaction
 );
 -- Entries written before 0.6.0 keep dp_event NULL (ALTER EXTENSION UPDATE adds the column).
 ALTER TABLE dpsql.ledger_entries ADD COLUMN IF NOT EXISTS dp_event jsonb;
+ALTER TABLE dpsql.ledger_entries ADD COLUMN IF NOT EXISTS xact xid8;
 CREATE INDEX IF NOT EXISTS ledger_entries_dataset_idx ON dpsql.ledger_entries (dataset_id);
 COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row per charged release';
 
@@ -81,15 +86,19 @@ AS $$
     SELECT jsonb_build_object('type', 'EpsilonDelta', 'epsilon', epsilon, 'delta', delta)
 $$;
 
--- Charge (epsilon, delta) to a dataset; returns the ledger entry. The dataset row is locked
--- (FOR UPDATE, then bumped) before the spent budget is summed, so concurrent charges serialize:
--- under READ COMMITTED the next charger waits and then sees this entry; under REPEATABLE READ or
--- SERIALIZABLE it fails with a serialization error instead of using a stale sum. Raises
+-- Charge (epsilon, delta) to a dataset; returns the ledger entry, already committed: the
+-- charge runs in a background worker's transaction of its own (charge_fmgr.c), so nothing the
+-- caller does afterwards (ROLLBACK, a savepoint, an exception block) takes it back. Raises
 -- SQLSTATE DP001 when the budget would be exceeded, and then writes nothing. dp_event is the
 -- release as a dp-accounting event when the caller knows one tighter than (epsilon, delta)
--- (51_budget_report.sql); NULL records the plain (epsilon, delta) event, always sound. A 'pld'
--- dataset is charged by the PLD composition of every entry's event and this one at its delta
--- budget, instead of the sums.
+-- (51_budget_report.sql); NULL records the plain (epsilon, delta) event, always sound. The
+-- ledger records the releasing transaction (xact), so that dpsql.ledger can say whether the
+-- release's output was kept.
+--
+-- One exception: a dataset registered by this very transaction (register_dataset with
+-- estimate => ...) is not visible to the worker; its charge goes in this transaction, with the
+-- dataset: both commit or neither exists. Only a caller who can read every registered column
+-- gets it (registration requires it), so a rollback gives them nothing they could not read.
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
                               dp_event jsonb DEFAULT NULL)
@@ -97,14 +106,8 @@ RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    slack constant float8 := 1e-12;  -- relative, for float sums of many charges
     d dpsql.datasets;
-    eps_spent float8;
-    delta_spent float8;
-    event jsonb;
-    composed jsonb;
-    eps_composed float8;
-    entry bigint;
+    request jsonb;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
@@ -120,16 +123,67 @@ BEGIN
         RAISE EXCEPTION 'dpsql: a charge needs the name of its mechanism'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id FOR UPDATE;
+    IF dp_event IS NOT NULL AND (jsonb_typeof(dp_event) IS DISTINCT FROM 'object' OR NOT dp_event ? 'type') THEN
+        RAISE EXCEPTION 'dpsql: a charge''s dp_event must be a serialised DpEvent, got %', dp_event
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
             USING ERRCODE = 'undefined_object';
     END IF;
-    event := coalesce(dp_event, dpsql_internal._epsilon_delta_event(epsilon, delta));
-    IF jsonb_typeof(event) IS DISTINCT FROM 'object' OR NOT event ? 'type' THEN
-        RAISE EXCEPTION 'dpsql: a charge''s dp_event must be a serialised DpEvent, got %', event
-            USING ERRCODE = 'invalid_parameter_value';
+    request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
+                                  'mechanism', mechanism, 'model_id', model_id, 'note', note,
+                                  'dp_event', dp_event, 'role', session_user,
+                                  'xact', pg_current_xact_id()::text);
+    BEGIN
+        RETURN dpsql_internal._charge_durably(request::text);
+    EXCEPTION WHEN SQLSTATE 'DP002' THEN
+        -- the worker cannot see the dataset: it was registered by this transaction
+        IF NOT dpsql_internal._can_read_rows(d) THEN
+            RAISE;
+        END IF;
+    END;
+    RETURN dpsql_internal._charge_committed(request);
+END $$;
+
+-- Runs dpsql_internal._charge_committed(request) in a background worker's transaction, as
+-- the current user, and returns its ledger entry once committed, or raises its error.
+CREATE OR REPLACE FUNCTION dpsql_internal._charge_durably(request text)
+RETURNS bigint AS 'MODULE_PATHNAME', 'dpsql_charge_durably'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+-- The charge itself, as the background worker runs it (in its own READ COMMITTED
+-- transaction). The dataset row is locked (FOR NO KEY UPDATE: the releasing transaction's
+-- models hold KEY SHARE locks on it, which must not block the next charge) before the spent
+-- budget is summed, so concurrent charges serialize: the next charger waits and then sees
+-- this entry. A 'pld' dataset is charged by the PLD composition of every entry's event and
+-- this one at its delta budget, instead of the sums.
+CREATE OR REPLACE FUNCTION dpsql_internal._charge_committed(request jsonb)
+RETURNS bigint LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slack constant float8 := 1e-12;  -- relative, for float sums of many charges
+    epsilon float8 := (request->>'epsilon')::float8;
+    delta float8 := (request->>'delta')::float8;
+    d dpsql.datasets;
+    eps_spent float8;
+    delta_spent float8;
+    event jsonb;
+    composed jsonb;
+    eps_composed float8;
+    entry bigint;
+BEGIN
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = (request->>'dataset_id')::bigint
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'dpsql: no committed dataset %', request->>'dataset_id'
+            USING ERRCODE = 'DP002',
+                  HINT = 'A release is charged in a transaction of its own: commit the registration first.';
     END IF;
+    event := CASE WHEN jsonb_typeof(request->'dp_event') = 'object' THEN request->'dp_event'
+                  ELSE dpsql_internal._epsilon_delta_event(epsilon, delta) END;
     SELECT s.epsilon_spent, s.delta_spent INTO eps_spent, delta_spent
       FROM dpsql_internal.spent s WHERE s.dataset_id = d.dataset_id;
     IF d.composition = 'pld' THEN
@@ -161,13 +215,28 @@ BEGIN
                    'a smaller epsilon/delta.';
     END IF;
     INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, charged_at,
-                                      role, note, dp_event)
-    VALUES (d.dataset_id, _charge.model_id, _charge.mechanism, _charge.epsilon, _charge.delta,
-            clock_timestamp(), session_user, _charge.note, event)
+                                      role, note, dp_event, xact)
+    VALUES (d.dataset_id, (request->>'model_id')::bigint, request->>'mechanism', epsilon, delta,
+            clock_timestamp(), (request->>'role')::name, request->>'note', event,
+            (request->>'xact')::xid8)
     RETURNING entry_id INTO entry;
     UPDATE dpsql.datasets ds SET charges = ds.charges + 1 WHERE ds.dataset_id = d.dataset_id;
     RETURN entry;
 END $$;
+
+-- What became of a charged release (dpsql.ledger): its output was kept, is being computed, or
+-- was lost after the charge (rolled back or failed), which leaves the charge standing.
+CREATE OR REPLACE FUNCTION dpsql_internal._ledger_outcome(model_id bigint, mechanism text, xact xid8)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN xact IS NULL THEN 'released'  -- before 0.8.0: charged with its release
+                WHEN pg_xact_status(xact) = 'in progress' THEN 'in progress'
+                WHEN pg_xact_status(xact) = 'aborted' THEN 'charged, output rolled back'
+                WHEN pg_xact_status(xact) IS NULL THEN 'charged'  -- too old to tell
+                WHEN model_id IS NOT NULL OR mechanism LIKE 'estimate%' THEN 'released'
+                ELSE 'charged, no model kept' END
+$$;
 
 -- Record the model a charged release produced (the only update the ledger allows).
 CREATE OR REPLACE FUNCTION dpsql_internal._set_ledger_model(entry_id bigint, model_id bigint)

@@ -30,7 +30,9 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
        -- the release as a dp-accounting event, for anyone to re-account (dpsql.budget_report);
        -- entries from before 0.6.0 are plain (epsilon, delta) events
        coalesce(e.dp_event, jsonb_build_object('type', 'EpsilonDelta', 'epsilon', e.epsilon,
-                                               'delta', e.delta)) AS dp_event
+                                               'delta', e.delta)) AS dp_event,
+       -- 'released', 'in progress', or the charge stands without output (28_ledger.sql)
+       dpsql_internal._ledger_outcome(e.model_id, e.mechanism, e.xact) AS outcome
   FROM dpsql.ledger_entries e
   JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
  WHERE dpsql_internal._can_use_dataset(e.dataset_id);

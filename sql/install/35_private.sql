@@ -245,10 +245,6 @@ BEGIN
         PERFORM dpsql_internal._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
                             'reproductions: it is not replace-one DP at the stated epsilon', '42501');
     END IF;
-    IF noise_seed IS NOT NULL AND NOT dpsql_internal._is_admin() THEN
-        PERFORM dpsql_internal._fail('noise_seed is for data owners'' tests: whoever knows the noise seed can '
-                            'subtract the noise', '42501');
-    END IF;
     IF params->>'tolerance' IS NOT NULL THEN
         PERFORM dpsql_internal._fail('tolerance is not allowed in private runs: a data-dependent stop would leak',
                             hint => 'The number of epochs is fixed in advance.');
@@ -265,6 +261,9 @@ BEGIN
     ds := dpsql_internal._dataset_for_source(source);
     IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    END IF;
+    IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
+        PERFORM dpsql_internal._noise_seed_refused();
     END IF;
     PERFORM dpsql_internal._check_distributed(mech, ds, params);
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN

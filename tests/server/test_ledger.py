@@ -217,10 +217,9 @@ def test_concurrent_charges_never_overspend(conn, server_uri, make_dataset) -> N
     assert count == 3 and epsilon == pytest.approx(0.9) and epsilon <= 1.0
 
 
-def test_repeatable_read_charges_fail_instead_of_overspending(
-    conn, server_uri, make_dataset
-) -> None:
-    """A snapshot taken before another charge committed cannot be used to charge again."""
+def test_a_stale_snapshot_cannot_charge_past_the_budget(conn, server_uri, make_dataset) -> None:
+    """A REPEATABLE READ snapshot taken before another charge committed does not hide it: the
+    charge runs in a fresh transaction of its own, which sees every committed entry."""
     ds = make_dataset(1.0)
     with psycopg.connect(server_uri) as stale:
         stale.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -231,7 +230,8 @@ def test_repeatable_read_charges_fail_instead_of_overspending(
             == 0
         )  # the snapshot is taken here
         _charge(conn, ds, 0.6)  # commits (autocommit)
-        with pytest.raises(errors.SerializationFailure):
+        with pytest.raises(psycopg.Error) as err:
             stale.execute("SELECT dpsql_internal._charge(%s, 0.6, 0, 'test')", (ds,))
+        assert err.value.sqlstate == BUDGET_EXCEEDED
         stale.rollback()
     assert _spent(conn, ds) == (1, 0.6, 0.0)

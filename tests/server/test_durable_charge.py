@@ -1,0 +1,344 @@
+"""Issue 24, finding 1: the charge outlives the caller's transaction (DESIGN.md §3.3).
+
+Each attack is replayed as the role that found it: an analyst trains, reads the model, and
+undoes the transaction (ROLLBACK, ROLLBACK TO SAVEPOINT, a PL/pgSQL exception block, a Python
+transaction block); a data owner does the same with the estimates on a table they cannot
+read. The charge must stay, for every mechanism, and the ledger says the output was lost."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import dpsql
+
+BUDGET_EXCEEDED = "DP001"
+EPSILON = 1.0
+
+
+@pytest.fixture
+def tables(conn, scratch_schema) -> dict[str, str]:
+    """A classification table (labels -1/1, 2,000 rows) and a regression one (|y| <= 1, 6,000)."""
+    conn.execute(
+        "CREATE TABLE cls AS SELECT g AS rid, (g % 10) / 10.0 AS a, -(g % 7) / 7.0 AS b,"
+        " CASE WHEN (g % 10) / 10.0 - (g % 7) / 14.0 > 0.2 THEN 1 ELSE -1 END AS y"
+        " FROM generate_series(1, 2000) g"
+    )
+    conn.execute(
+        "CREATE TABLE reg AS SELECT g AS rid, (g % 10) / 10.0 AS a, -(g % 7) / 7.0 AS b,"
+        " ((g % 10) / 10.0 + (g % 7) / 14.0) / 2 AS y FROM generate_series(1, 6000) g"
+    )
+    return {"cls": f"{scratch_schema}.cls", "reg": f"{scratch_schema}.reg"}
+
+
+def _register(conn, source: str, *, budget: float = 100.0, **kw) -> tuple[int, str]:
+    name = f"dc_{uuid.uuid4().hex[:8]}"
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    (ds,) = conn.execute(
+        f"SELECT dpsql.register_dataset(%(source)s, '{{a,b}}', 'y', %(budget)s, 1e-3,"
+        f" name => %(name)s, row_norm => 'clip'{extra})",
+        {"source": source, "name": name, "budget": budget, **kw},
+    ).fetchone()
+    return ds, name
+
+
+def _ledger(conn, ds: int) -> list[tuple]:
+    return conn.execute(
+        "SELECT entry_id, model_id, mechanism, epsilon, role FROM dpsql.ledger_entries"
+        " WHERE dataset_id = %s ORDER BY entry_id",
+        (ds,),
+    ).fetchall()
+
+
+def _outcomes(conn, ds: int) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT outcome FROM dpsql.ledger WHERE dataset_id = %s ORDER BY entry_id", (ds,)
+        )
+    ]
+
+
+@pytest.fixture
+def analyst(conn, tables, make_role):
+    """An analyst granted both datasets: (connect, {kind: (dataset_id, name)})."""
+    name, connect = make_role("analyst", "dpsql_analyst")
+    datasets = {
+        "cls": _register(conn, tables["cls"]),
+        "reg": _register(conn, tables["reg"], labels=None, label_bound=1.0, row_bound=1.5),
+    }
+    for ds, _ in datasets.values():
+        conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, name))
+    return name, connect, datasets
+
+
+# What a mechanism needs beyond its defaults to train on these tables at epsilon 1.
+EXTRA = {
+    "exponential_mechanism": ", delta => 0",
+    "dp_ambssgd": ", steps => 2",
+    "dp_ssgd": ", options => '{\"baseline\": true}'",
+}
+
+
+def _train_sql(privacy: str, model: str) -> str:
+    delta = "" if privacy in EXTRA and "delta" in EXTRA[privacy] else ", delta => 1e-6"
+    return (
+        f"SELECT dpsql.train(%s, NULL, NULL, model => '{model}', privacy => '{privacy}',"
+        f" epsilon => {EPSILON}{delta}{EXTRA.get(privacy, '')})"
+    )
+
+
+def _mechanisms(conn) -> list[tuple[str, str, str]]:
+    out = []
+    for name, task, models in conn.execute("SELECT name, task, models FROM dpsql.mechanisms()"):
+        if task == "regression" or (task == "any" and "logistic" not in models):
+            out.append((name, "reg", "lasso" if "lasso" in models else "linear"))
+        else:
+            out.append((name, "cls", "logistic"))
+    return out
+
+
+MECHANISMS = [
+    "bolton", "scs13", "bst14", "dpsgd", "dpsgd_f", "dpsgd_f_alg2", "objective_perturbation",
+    "output_perturbation", "dp_ftrl", "frank_wolfe", "exponential_mechanism", "adassp",
+    "dp_ambssgd", "dp_ssgd", "dpgd", "auto",
+]  # fmt: skip
+
+
+def test_every_mechanism_is_listed_here(conn) -> None:
+    """A new mechanism must join the rollback test below."""
+    assert {m for m, _, _ in _mechanisms(conn)} | {"auto"} == set(MECHANISMS)
+
+
+@pytest.mark.parametrize("privacy", MECHANISMS)
+def test_rollback_after_reading_the_model_keeps_the_charge(conn, analyst, privacy) -> None:
+    _, connect, datasets = analyst
+    kinds = {m: (k, model) for m, k, model in _mechanisms(conn)} | {"auto": ("cls", "logistic")}
+    kind, model = kinds[privacy]
+    ds, name = datasets[kind]
+    before = _ledger(conn, ds)
+    with connect() as a:
+        a.execute("BEGIN")
+        row = a.execute(_train_sql(privacy, model), (name,)).fetchone()
+        coef = a.execute("SELECT coef FROM dpsql.models WHERE model_id = %s", row).fetchone()
+        assert coef is not None and coef[0] is not None  # the analyst saw the release
+        a.execute("ROLLBACK")
+    after = _ledger(conn, ds)
+    assert len(after) == len(before) + 1, "the rollback took the charge back"
+    entry = after[-1]
+    assert entry[1] is None and entry[3] > 0  # no model kept; charged
+    assert _outcomes(conn, ds)[-1] == "charged, output rolled back"
+    kept = conn.execute("SELECT count(*) FROM dpsql.model_store WHERE model_id = %s", row)
+    assert kept.fetchone()[0] == 0
+
+
+def test_a_committed_release_says_released(conn, analyst) -> None:
+    user, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        (mid,) = a.execute(_train_sql("bolton", "logistic"), (name,)).fetchone()
+        assert a.execute(
+            "SELECT model_id, role, outcome FROM dpsql.ledger WHERE dataset_id = %s", (ds,)
+        ).fetchall() == [(mid, user, "released")]
+
+
+def test_rollback_to_a_savepoint_keeps_the_charge(conn, analyst) -> None:
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        row = a.execute(_train_sql("bolton", "logistic"), (name,)).fetchone()
+        assert a.execute("SELECT coef FROM dpsql.models WHERE model_id = %s", row).fetchone()
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        a.execute("COMMIT")
+    assert [e[3] for e in _ledger(conn, ds)] == [EPSILON]
+    assert _outcomes(conn, ds) == ["charged, no model kept"]
+
+
+def test_an_exception_block_keeps_the_charge(conn, analyst) -> None:
+    """RAISE NOTICE the coefficients, then RAISE EXCEPTION inside BEGIN ... EXCEPTION."""
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    notices: list[str] = []
+    with connect() as a:
+        a.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        a.execute(
+            sql.SQL(
+                """DO $$
+                DECLARE m bigint;
+                BEGIN
+                    BEGIN
+                        m := dpsql.train({name}, NULL, NULL, privacy => 'bolton', epsilon => 1);
+                        RAISE NOTICE 'stolen %', (SELECT coef FROM dpsql.models WHERE model_id = m);
+                        RAISE EXCEPTION 'undo';
+                    EXCEPTION WHEN raise_exception THEN NULL;
+                    END;
+                END $$"""
+            ).format(name=sql.Literal(name))
+        )
+    assert any(n.startswith("stolen {") for n in notices)
+    assert [e[3] for e in _ledger(conn, ds)] == [EPSILON]
+
+
+def test_python_transaction_block_keeps_the_charge(conn, analyst) -> None:
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        db = dpsql.connect(a, install=False)
+        with pytest.raises(RuntimeError), a.transaction():
+            privacy = dpsql.BoltOn(epsilon=EPSILON)
+            model = db.train(name, None, None, privacy=privacy, progress=False)
+            assert model.coef_ is not None
+            raise RuntimeError("undo")
+    assert [e[3] for e in _ledger(conn, ds)] == [EPSILON]
+
+
+def test_rolled_back_releases_exhaust_the_budget(conn, tables, make_role) -> None:
+    """The red team's averaging attack: free releases until the budget is gone, then none."""
+    user, connect = make_role("analyst", "dpsql_analyst")
+    ds, name = _register(conn, tables["cls"], budget=3 * EPSILON)
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, user))
+    with connect() as a:
+        for _ in range(3):
+            a.execute("BEGIN")
+            a.execute(_train_sql("bolton", "logistic"), (name,))
+            a.execute("ROLLBACK")
+        a.execute("BEGIN")
+        with pytest.raises(psycopg.Error) as err:
+            a.execute(_train_sql("bolton", "logistic"), (name,))
+        assert err.value.sqlstate == BUDGET_EXCEEDED
+        a.execute("ROLLBACK")
+    assert len(_ledger(conn, ds)) == 3
+
+
+# ------------------------------------------------------------------------ data owners
+
+
+@pytest.fixture
+def foreign_dataset(conn, scratch_schema, make_role):
+    """A regression dataset registered without a label bound or feature bounds by one owner,
+    granted to a second owner who cannot read its table: (connect as the second, name, id)."""
+    conn.execute(
+        "CREATE TABLE secret AS SELECT g AS rid, (g % 10)::float8 AS a, (g % 7)::float8 AS b,"
+        " (g % 13)::float8 AS y FROM generate_series(1, 2000) g"
+    )
+    owner, _ = make_role("owner", "dpsql_admin")
+    other, connect = make_role("other", "dpsql_admin")
+    name = f"secret_{uuid.uuid4().hex[:8]}"
+    (ds,) = conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 100, 1e-3, name => %s, labels => NULL,"
+        " regression => true)",
+        (f"{scratch_schema}.secret", name),
+    ).fetchone()
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, other))
+    return connect, name, ds
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT dpsql.estimate_label_bound(%s, 1, '{0,100}')",
+        "SELECT dpsql.estimate_bounds(%s, 1, '{-100,100}')",
+    ],
+)
+def test_an_owner_cannot_roll_back_an_estimate(conn, foreign_dataset, call) -> None:
+    connect, name, ds = foreign_dataset
+    with connect() as o:
+        o.execute("BEGIN")
+        assert o.execute(call, (name,)).fetchone()[0] is not None
+        o.execute("ROLLBACK")
+    assert [e[3] for e in _ledger(conn, ds)] == [1.0]
+    assert _outcomes(conn, ds) == ["charged, output rolled back"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT dpsql.estimate_label_bound(%s, 1, '{0,100}', noise_seed => 1)",
+        "SELECT dpsql.estimate_bounds(%s, 1, '{-100,100}', noise_seed => 1)",
+        "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'adassp', epsilon => 1,"
+        " delta => 1e-6, noise_seed => 1)",
+    ],
+)
+def test_noise_seed_needs_the_right_to_read_the_rows(conn, foreign_dataset, call) -> None:
+    connect, name, ds = foreign_dataset
+    if "train" in call:  # training needs the label bound (the superuser reads the rows)
+        conn.execute("SELECT dpsql.estimate_label_bound(%s, 1, '{0,100}')", (name,))
+    before = _ledger(conn, ds)
+    with connect() as o, pytest.raises(psycopg.Error) as err:
+        o.execute(call, (name,))
+    assert err.value.sqlstate == "42501" and "noise_seed" in str(err.value)
+    assert _ledger(conn, ds) == before
+
+
+def test_registration_with_estimates_charges_with_the_dataset(conn, tables) -> None:
+    """The one charge in the caller's transaction: the dataset it is charged to is created by
+    that transaction (by an owner who reads every row), so both stay or neither exists."""
+    name = f"est_{uuid.uuid4().hex[:8]}"
+    conn.execute("BEGIN")
+    (ds,) = conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10, 0, name => %s, labels => NULL,"
+        ' regression => true, estimate => \'{"label_bound": {"epsilon": 0.5,'
+        ' "search_range": [0, 10]}}\')',
+        (tables["reg"], name),
+    ).fetchone()
+    assert [e[3] for e in _ledger(conn, ds)] == [0.5]
+    conn.execute("ROLLBACK")
+    gone = conn.execute("SELECT count(*) FROM dpsql.datasets WHERE name = %s", (name,))
+    assert gone.fetchone()[0] == 0
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10, 0, name => %s, labels => NULL,"
+        ' regression => true, estimate => \'{"label_bound": {"epsilon": 0.5,'
+        ' "search_range": [0, 10]}}\')',
+        (tables["reg"], name),
+    )
+    assert conn.execute(
+        "SELECT l.epsilon, l.outcome FROM dpsql.ledger l WHERE l.dataset = %s",
+        (name,),
+    ).fetchall() == [(0.5, "released")]
+
+
+# ------------------------------------------------------------------------ the charge path
+
+
+def test_a_charge_that_waits_on_its_own_transaction_is_refused(conn, analyst) -> None:
+    """The caller changed the dataset's row and did not commit: the charge's transaction would
+    wait for it forever; it is refused at once instead, and nothing is charged."""
+    _, _, datasets = analyst
+    ds, name = datasets["cls"]
+    conn.execute("BEGIN")
+    conn.execute("UPDATE dpsql.datasets SET epsilon_budget = 50 WHERE dataset_id = %s", (ds,))
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(_train_sql("bolton", "logistic"), (name,))
+    assert err.value.sqlstate == "55P03" and "your own transaction" in str(err.value)
+    conn.execute("ROLLBACK")
+    assert _ledger(conn, ds) == []
+
+
+def test_a_read_only_transaction_is_refused_before_the_charge(conn, analyst) -> None:
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        a.execute("BEGIN READ ONLY")
+        with pytest.raises(psycopg.Error) as err:
+            a.execute(_train_sql("bolton", "logistic"), (name,))
+        assert err.value.sqlstate == "25006"
+        a.execute("ROLLBACK")
+    assert _ledger(conn, ds) == []
+
+
+def test_the_charge_function_is_not_callable_by_analysts_or_owners(conn, make_role) -> None:
+    for group in ("dpsql_analyst", "dpsql_admin"):
+        _, connect = make_role("probe", group)
+        with connect() as c:
+            for call in (
+                "SELECT dpsql_internal._charge_durably('{}')",
+                "SELECT dpsql_internal._charge_committed('{}')",
+                "SELECT dpsql_internal._charge(1, 1, 0, 'x')",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(call)
