@@ -7,8 +7,11 @@ read. The charge must stay, for every mechanism, and the ledger says the output 
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
+import psutil
 import psycopg
 import pytest
 from psycopg import sql
@@ -342,3 +345,66 @@ def test_the_charge_function_is_not_callable_by_analysts_or_owners(conn, make_ro
             ):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     c.execute(call)
+
+
+def _local_pid(conn, pid: int) -> psutil.Process:
+    """The server process pid, or a skip when the server's processes are not on this machine."""
+    path = str(conn.execute("SHOW data_directory").fetchone()[0])
+    try:
+        process = psutil.Process(pid)
+        if process.cwd() == path:
+            return process
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    pytest.skip("the server's processes are not visible from here")
+
+
+def _reconnect(server_uri: str) -> psycopg.Connection:
+    for _ in range(300):  # crash recovery takes a moment
+        try:
+            return psycopg.connect(server_uri, autocommit=True)
+        except psycopg.OperationalError:
+            time.sleep(0.1)
+    raise AssertionError("the server did not come back after the crash")
+
+
+def test_kill_9_mid_release_leaves_the_charge(conn, server_uri, scratch_schema) -> None:
+    """A backend killed after its charge committed, while it trains: the server restarts
+    (crash recovery), the charge stands, no model exists, and the ledger says the output was
+    lost."""
+    conn.execute(
+        "CREATE TABLE big AS SELECT g AS rid, (g % 10) / 10.0 AS a, -(g % 7) / 7.0 AS b,"
+        " CASE WHEN g % 3 = 0 THEN 1 ELSE -1 END AS y FROM generate_series(1, 50000) g"
+    )
+    ds, name = _register(conn, f"{scratch_schema}.big")
+    victim = psycopg.connect(server_uri, autocommit=True)
+    pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+    process = _local_pid(conn, pid)
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            victim.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1,"
+                " epochs => 200)",
+                (name,),
+            )
+        except psycopg.Error as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    for _ in range(600):
+        if _ledger(conn, ds):
+            break
+        time.sleep(0.05)
+    assert _ledger(conn, ds), "no charge committed while the release ran"
+    process.kill()  # SIGKILL: the postmaster restarts the whole server
+    thread.join(60)
+    assert errors, "the release finished before the kill: make it longer"
+    with _reconnect(server_uri) as after:
+        entries = _ledger(after, ds)
+        assert [(e[1], e[3]) for e in entries] == [(None, 1.0)]
+        assert _outcomes(after, ds) == ["charged, output rolled back"]
+        models = after.execute("SELECT count(*) FROM dpsql.model_store WHERE dataset_id = %s", (ds,))
+        assert models.fetchone()[0] == 0

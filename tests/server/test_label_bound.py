@@ -105,7 +105,7 @@ def test_label_bound_draws_follow_the_exponential_mechanism(conn, small) -> None
         pvalue = stats.chisquare(observed, expected).pvalue
         assert (pvalue > 1e-3) == should_pass, (factor, pvalue, observed, expected)
     assert observed[3] < n / 2  # the noiseless answer is 5 every time
-    assert _ledger(conn, small) == []  # every run rolled back
+    assert len(_ledger(conn, small)) == n  # every run rolled back, and every one still charged
 
 
 def _utilities(conn, name: str) -> np.ndarray:
