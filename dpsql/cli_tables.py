@@ -98,6 +98,7 @@ LISTINGS: dict[str, Listing] = {
             "delta",
             "role",
             "charged_at",
+            "outcome",
             "note",
         ),
         dataset_column="dataset",
