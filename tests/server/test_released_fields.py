@@ -178,3 +178,49 @@ def test_malformed_rows_train_every_mechanism(conn, scratch_schema, regression) 
             if isinstance(got, str) and got != _train(conn, clean, model, mech, SEEDS[0]):
                 failures.append(f"{mech['name']}/{model}: {got}")
     assert not failures, "\n".join(failures)
+
+
+def _analyst_dataset(conn, schema, make_role, X, y, regression: bool, bad: tuple[str, str]):
+    """A registered dataset with one bad row appended, granted to a new analyst."""
+    source = _register(conn, schema, X, y, regression)
+    conn.execute(f"INSERT INTO {source} (rid, x, y) VALUES (-1, %s::float8[], %s::float8)", bad)
+    (ds,) = conn.execute(
+        "SELECT dataset_id FROM dpsql.datasets WHERE source = %s", (source,)
+    ).fetchone()
+    analyst, connect = make_role("analyst", "dpsql_analyst")
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    return source, connect
+
+
+def test_auto_trains_with_a_row_of_the_wrong_length(conn, scratch_schema, make_role) -> None:
+    """privacy => 'auto' (DPSGD-F) failed with 'the centre has 3 entries for 5 features' when
+    one row had 5 entries: the row is a null record."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(500, 3)) / 2
+    y = np.where(X[:, 0] > 0, 1.0, -1.0)
+    source, connect = _analyst_dataset(
+        conn, scratch_schema, make_role, X, y, False, ("{1,2,3,4,5}", "1")
+    )
+    with connect() as a:
+        (mid,) = a.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'auto', epsilon => 1, delta => 1e-5)",
+            (source,),
+        ).fetchone()
+        assert mid is not None
+
+
+def test_dpsgd_regression_trains_with_an_extreme_label(conn, scratch_schema, make_role) -> None:
+    """DP-SGD on regression failed with 'the model diverged' on one label -1e300: its
+    gradient is clipped like any other (the overflowing squares are avoided)."""
+    X, y = _data(True)
+    source, connect = _analyst_dataset(
+        conn, scratch_schema, make_role, X, y, True, ("{0.5,0.5}", "-1e300")
+    )
+    with connect() as a:
+        (mid,) = a.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, model => 'linear', privacy => 'dpsgd',"
+            " epsilon => 1, delta => 1e-5)",
+            (source,),
+        ).fetchone()
+        (w,) = a.execute("SELECT weights FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
+        assert np.all(np.isfinite(w))
