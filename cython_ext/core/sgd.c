@@ -430,7 +430,17 @@ score_row(const double *w, int dim, int n_out, int flags, const double *x, int x
 		 * exact per-element check runs only then: it tells bad input from a diverged model.
 		 */
 		if (!isfinite(z[c]))
-			return all_finite(x, xlen) ? DPSQL_E_DIVERGED : DPSQL_E_NONFINITE_X;
+		{
+			if (!all_finite(x, xlen))
+				return DPSQL_E_NONFINITE_X;
+			/* a clipped row whose raw score overflowed: score the scaled row instead */
+			zc = (flags & DPSQL_FLAG_INTERCEPT) ? wc[nx] * *scale : 0.0;
+			for (int j = 0; j < nx; j++)
+				zc += wc[j] * (x[j] * *scale);
+			z[c] = zc;
+			if (!isfinite(z[c]))
+				return DPSQL_E_DIVERGED;
+		}
 	}
 	return DPSQL_OK;
 }
@@ -594,20 +604,37 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
 		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
+	/*
+	 * A finite row whose score overflows at finite weights is the row's doing, not a
+	 * diverged model: in a private run it is a null record too (an error would show it).
+	 */
+	if (st == DPSQL_E_DIVERGED && (flags & DPSQL_FLAG_SANITIZE) &&
+		all_finite(w, dim * n_out))
+		st = DPSQL_E_NONFINITE_X;
+	if (st == DPSQL_OK)
+	{
+		if (scale < 1.0)
+			h->clipped += 1.0;
+		value = loss_derivatives(h, zs, y, scale);
+		/* an extreme label can overflow the derivative: a null record (below) */
+		if (!all_finite(zs, n_out))
+			st = DPSQL_E_NONFINITE_Y;
+	}
 	if (st != DPSQL_OK)
 	{
 		if (!(flags & DPSQL_FLAG_SANITIZE) || st == DPSQL_E_DIVERGED)
 			return st;
-		/* A null record: it keeps its place in the batch but adds no data gradient. */
+		/*
+		 * A null record: it keeps its place in the batch but adds no data gradient (a zero
+		 * gradient is within the clipped sensitivity, whichever row it replaces).
+		 */
 		h->invalid += 1.0;
 		h->rows += 1.0;
 		return DPSQL_OK;
 	}
-	if (scale < 1.0)
-		h->clipped += 1.0;
-	value = loss_derivatives(h, zs, y, scale);
 	h->rows += 1.0;
-	h->loss_sum += value;
+	/* the loss of an extreme row can overflow: a diagnostic only, never released privately */
+	h->loss_sum += isfinite(value) ? value : 0.0;
 	if (h->clip_norm > 0.0)
 	{
 		/* The example's gradient is zs (outer) (x, 1?): its norm is ||zs|| ||(x, 1?)||. */
@@ -617,7 +644,18 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 			sqrt(dot(x, x, xlen) + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
 		double		norm = sqrt(zz) * xn;
 
-		if (norm > h->clip_norm)
+		if (!isfinite(norm))
+		{
+			/* squares that overflow (an extreme label or row): the norms without squaring */
+			double		zn = dpsql_rescaled_norm(zs, n_out);
+
+			if (!isfinite(xn))
+				xn = hypot(dpsql_rescaled_norm(x, xlen),
+						   (flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0);
+			for (c = 0; c < n_out; c++)
+				zs[c] = zs[c] / zn * (h->clip_norm / xn);
+		}
+		else if (norm > h->clip_norm)
 			for (c = 0; c < n_out; c++)
 				zs[c] *= h->clip_norm / norm;
 	}

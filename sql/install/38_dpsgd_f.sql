@@ -30,6 +30,8 @@ BEGIN
                    '             CASE WHEN $3 = 1 THEN t.x ELSE ARRAY(SELECT e / $3 FROM unnest(t.x)'
                    '                  WITH ORDINALITY AS q(e, k) ORDER BY k) END, NULL, $1, NULL))'
                    '           WITH ORDINALITY AS u(v, j)'
+                   -- a row of another length is a null record (zero), not a partial sum
+                   '     WHERE cardinality(t.x) = $2'
                    '     GROUP BY u.j) s USING (j)', train_table)
        INTO total USING row_flags, dim, x_bound;
     total := dpsql_internal._add_gaussian(total, noise_std, noise_seed, 7001);

@@ -8,8 +8,11 @@
 --   J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>,
 -- one aggregate scan per iterate (loss, gradient and Hessian at theta). It stops when the
 -- certificate ||grad J|| <= tolerance holds (then ||theta - argmin J|| <= tolerance/reg, which
--- the mechanisms' extra noise covers) or after max_scans scans; an uncertified point is never
--- released.
+-- the mechanisms' extra noise covers) or after max_scans scans (public: 100, or the data
+-- owner's option). Whether and when it certified depend on the rows: the mechanisms release
+-- neither, and release the last iterate either way (an uncertified one is outside the proof,
+-- the documented approximation: Newton certifies in 5-10 scans on these strongly convex
+-- objectives).
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_sums_transition(state float8[], x float8[], y float8,

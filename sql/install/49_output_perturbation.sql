@@ -53,24 +53,18 @@ DECLARE
     outputs int := (plan->>'outputs')::int;
     sol record;
     rel record;
-    scans int := 0;
 BEGIN
     weights := '{}';
     iterates := NULL;
     FOR c IN 0 .. outputs - 1 LOOP
+        -- scans and certificate are not released (45_objective_perturbation.sql)
         sol := dpsql_internal._erm_solve(train_table, plan, NULL, CASE WHEN outputs > 1 THEN c END);
-        scans := scans + sol.scans;
-        IF NOT sol.certified THEN
-            weights := NULL;  -- nothing is released (33_planned.sql keeps the charge)
-            info := jsonb_build_object('scans', scans, 'certified', false, 'output', c);
-            RETURN;
-        END IF;
         rel := dpsql_internal._perturb(sol.theta, (plan->>'sensitivity')::float8,
                                        (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                                        noise_seed, 1 + c);
         weights := CASE WHEN outputs > 1 THEN weights || ARRAY[rel.weights] ELSE rel.weights END;
     END LOOP;
-    info := jsonb_build_object('scans', scans, 'certified', true, 'noise_scale', rel.noise_scale);
+    info := jsonb_build_object('noise_scale', rel.noise_scale);
 END $$;
 
 SELECT dpsql_internal._register_mechanism(

@@ -344,8 +344,8 @@ optional_vector(FunctionCallInfo fcinfo, int arg, int d, const char *what)
 
 /*
  * dpsql_internal._preprocess(x float8[], bounds float8[], row_flags int, centre float8[]) -> float8[]
- * The core's preprocessing (prediction.h). NULL for an x that is NULL, of another shape, or not
- * finite: a null record in private runs, never an error that could show a value.
+ * The core's preprocessing (prediction.h). NULL for an x that is NULL, of another shape (than
+ * the bounds or the centre), or not finite: a null record in private runs, never an error that could show a value.
  */
 Datum
 dpsql_preprocess_sql(PG_FUNCTION_ARGS)
@@ -378,6 +378,10 @@ dpsql_preprocess_sql(PG_FUNCTION_ARGS)
 			PG_RETURN_NULL();
 		bounds = (double *) ARR_DATA_PTR(b);
 	}
+	/* a row of another length than the centre is a null record too (issue 24) */
+	if (!PG_ARGISNULL(3) && ArrayGetNItems(ARR_NDIM(PG_GETARG_ARRAYTYPE_P(3)),
+										   ARR_DIMS(PG_GETARG_ARRAYTYPE_P(3))) != d)
+		PG_RETURN_NULL();
 	centre = optional_vector(fcinfo, 3, d, "the centre");
 	out = dpsql_new_float8_array(d);
 	st = dpsql_preprocess((double *) ARR_DATA_PTR(x), d, bounds, PG_GETARG_INT32(2), centre,

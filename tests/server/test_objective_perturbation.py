@@ -125,7 +125,9 @@ def test_release_is_the_minimiser_for_the_server_noise(conn, binary) -> None:
     ds, source, X, y = binary
     m = _train(conn, source, noise_seed=3)
     info = m["params"]["privacy"]
-    assert info["certified"] is True and info["noise"] == "gamma-norm"
+    assert info["noise"] == "gamma-norm"
+    # the solver's scan count and certificate depend on the rows: not released (issue 24)
+    assert "certified" not in info and "scans" not in info
     reg, L = info["regularizer"], info["lipschitz"]
     (b,) = conn.execute(
         "SELECT (dpsql_internal._perturb(%s, %s, %s, 0, 3, 1)).weights",
@@ -276,11 +278,11 @@ def test_gaussian_variant_and_huber(conn, binary) -> None:
 def test_huber_newton_does_not_cycle(conn, binary) -> None:
     """Noise seed 25 made Newton cycle between two points on the Huber SVM objective (a step
     accepted because the gradient shrank while the objective rose) until max_scans: the fit
-    released nothing in ~1% of calls. Descent now never raises the objective."""
+    released nothing in ~1% of calls. Descent now never raises the objective (the scan count
+    is no longer released: test_solver_certifies_adversarial_neighbours checks the solver)."""
     ds, source, X, y = binary
     m = _train(conn, source, model="huber", epsilon=1.0, delta=1e-6, noise_seed=25)
-    assert m is not None and m["params"]["privacy"]["certified"] is True
-    assert m["params"]["privacy"]["scans"] < 30
+    assert m is not None and np.all(np.isfinite(m["weights"]))
 
 
 def test_huber_regression(conn, regression) -> None:
@@ -293,16 +295,15 @@ def test_huber_regression(conn, regression) -> None:
     assert np.mean((pred - y) ** 2) < 0.5 * np.var(y)
 
 
-def test_uncertified_minimiser_releases_nothing_and_stays_charged(conn, binary) -> None:
+def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) -> None:
+    """Whether Newton certifies depends on the rows (issue 24): a data owner's tiny max_scans
+    releases the last iterate with the same noise, and no field says it was uncertified."""
     ds, source, X, y = binary
-    models = conn.execute("SELECT count(*) FROM dpsql.model_store").fetchone()
-    before = leftovers(conn)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("error")
         m = _train(conn, source, options={"max_scans": 1})
-    assert m is None
-    assert conn.execute("SELECT count(*) FROM dpsql.model_store").fetchone() == models
-    assert leftovers(conn) == before
+    assert m is not None and np.all(np.isfinite(m["weights"]))
+    assert "certified" not in m["params"]["privacy"] and "scans" not in m["params"]["privacy"]
     (note,) = conn.execute(
         "SELECT mechanism FROM dpsql.ledger WHERE dataset_id = %s ORDER BY entry_id DESC LIMIT 1",
         (ds,),
