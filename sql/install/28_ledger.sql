@@ -95,10 +95,11 @@ $$;
 -- ledger records the releasing transaction (xact), so that dpsql.ledger can say whether the
 -- release's output was kept.
 --
--- One exception: a dataset registered by this very transaction (register_dataset with
--- estimate => ...) is not visible to the worker; its charge goes in this transaction, with the
--- dataset: both commit or neither exists. Only a caller who can read every registered column
--- gets it (registration requires it), so a rollback gives them nothing they could not read.
+-- One exception: a dataset created by this very transaction (register_dataset with
+-- estimate => ..., an audit's copy) is not visible to the worker; its charge goes in this
+-- transaction, with the dataset: both commit or neither exists. Every path that creates a
+-- dataset first checks that the caller can read its rows (registration, dpsql.audit), so a
+-- rollback gives them nothing the rows do not already tell them.
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
                               dp_event jsonb DEFAULT NULL)
@@ -139,10 +140,7 @@ BEGIN
     BEGIN
         RETURN dpsql_internal._charge_durably(request::text);
     EXCEPTION WHEN SQLSTATE 'DP002' THEN
-        -- the worker cannot see the dataset: it was registered by this transaction
-        IF NOT dpsql_internal._can_read_rows(d) THEN
-            RAISE;
-        END IF;
+        NULL;  -- the worker cannot see the dataset this caller sees: this transaction made it
     END;
     RETURN dpsql_internal._charge_committed(request);
 END $$;

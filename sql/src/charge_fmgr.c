@@ -117,7 +117,7 @@ dpsql_charge_worker_main(Datum arg)
 			elog(ERROR, "dpsql: SPI_connect failed in the charge worker");
 		args[0] = PointerGetDatum(cstring_to_text_with_len(slot->request,
 														   (int) slot->request_len));
-		if (SPI_execute_with_args("SELECT dpsql_internal._charge_committed($1::jsonb)",
+		if (SPI_execute_with_args("SELECT dpsql_internal._charge_committed($1::pg_catalog.jsonb)",
 								  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT ||
 			SPI_processed != 1)
 			elog(ERROR, "dpsql: the charge returned no ledger entry");

@@ -406,5 +406,5 @@ def test_kill_9_mid_release_leaves_the_charge(conn, server_uri, scratch_schema) 
         entries = _ledger(after, ds)
         assert [(e[1], e[3]) for e in entries] == [(None, 1.0)]
         assert _outcomes(after, ds) == ["charged, output rolled back"]
-        models = after.execute("SELECT count(*) FROM dpsql.model_store WHERE dataset_id = %s", (ds,))
-        assert models.fetchone()[0] == 0
+        models = "SELECT count(*) FROM dpsql.model_store WHERE dataset_id = %s"
+        assert after.execute(models, (ds,)).fetchone()[0] == 0

@@ -32,6 +32,7 @@ ANALYST_FUNCTIONS = {
     "_model",
     "_is_admin",
     "_can_use_dataset",
+    "_ledger_outcome",
     "_apply_bounds",
     "_is_positive",
     "_preprocess",
