@@ -436,7 +436,9 @@ def test_analyst_trains_privately_and_reaches_no_rows(cluster, coord) -> None:
                 _refused(w, f"SELECT * FROM {shard} LIMIT 1", code="42501")
 
 
-def test_a_worker_stopped_mid_training_charges_nothing(cluster, coord) -> None:
+def test_a_worker_stopped_mid_training_keeps_the_charge(cluster, coord) -> None:
+    """The charge commits before the scan (docs/privacy.md): a worker lost mid-training leaves
+    it standing, with no model, and the ledger says the output was lost."""
     X, y = _binary(40000, d=8, seed=7)
     ds = _register(coord, _distributed(coord, X, y), labels=[0, 1])
     ledger, models = (
@@ -471,12 +473,15 @@ def test_a_worker_stopped_mid_training_charges_nothing(cluster, coord) -> None:
     thread.join(120)
     cluster.start_node(worker)
     assert errors and isinstance(errors[0], psycopg.Error), errors
-    assert _ledger(coord) == ledger
+    assert _ledger(coord) == ledger + 1
+    assert coord.execute(
+        "SELECT model_id, outcome FROM dpsql.ledger ORDER BY entry_id DESC LIMIT 1"
+    ).fetchone() == (None, "charged, output rolled back")
     assert coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0] == models
     assert coord.execute("SELECT count(*) FROM dpsql.runs").fetchone()[0] == 0
-    # the cluster trains again, and charges once
+    # the cluster trains again, and charges once more
     _private(coord, ds, privacy="bolton", epsilon=1.0, shard_parallel=True)
-    assert _ledger(coord) == ledger + 1
+    assert _ledger(coord) == ledger + 2
 
 
 @pytest.mark.parametrize(
