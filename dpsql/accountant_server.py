@@ -15,7 +15,8 @@ Requests are computed in child processes forked from this one (its imports alrea
 most ``SLOTS`` at once across the server (the slot files the backends' fallback processes lock
 too, sql/src/accountant.h): a slow request holds one slot and others keep being served (issue 24).
 A child is killed when its backend hangs up (a cancel, a statement or accountant timeout) and
-after ``--request-timeout`` seconds (answered with an error, status 1); its CPU time is limited
+after ``--request-timeout`` seconds (dpsql.accountant_timeout; 0: none; answered with an error,
+status 1); its CPU time is limited
 as well, should this process die first. Requests already answered are answered again from
 memory; a request asked again while it is computed waits for the same child. After
 ``--idle-exit`` seconds without a request the process removes its socket, answers whatever was
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import resource
 import selectors
@@ -107,8 +109,9 @@ def _compute(line: str, slot: int, out: int, cpu_seconds: int) -> None:
         os.closerange(3, keep[0])  # the listening socket and other backends' connections
         os.closerange(keep[0] + 1, keep[1])
         os.closerange(keep[1] + 1, 65536)
-        # the deadline holds even if this server dies: the kernel stops the child
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+        if cpu_seconds > 0:
+            # the deadline holds even if this server dies: the kernel stops the child
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
         status, obj = accounting.answer(line)
         os.write(out, f"{status} {accounting.dumps(obj)}\n".encode())
     finally:
@@ -175,11 +178,11 @@ class _Server:
             pid = os.fork()
             if pid == 0:
                 os.close(read)
-                _compute(job.line, slot, write, self.request_timeout + 1)
+                _compute(job.line, slot, write, self.request_timeout and self.request_timeout + 1)
             os.close(slot)
             os.close(write)
             job.pid, job.pipe = pid, read
-            job.deadline = time.monotonic() + self.request_timeout
+            job.deadline = time.monotonic() + (self.request_timeout or math.inf)
             self.sel.register(read, selectors.EVENT_READ, ("pipe", job))
 
     def output(self, job: _Job) -> None:

@@ -157,8 +157,9 @@ wait_ms(TimestampTz deadline, long cap)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 errmsg("dpsql: the accountant did not answer within %d s", accountant_timeout),
-				 errhint("A superuser can raise dpsql.accountant_timeout; concurrent calls at new "
-						 "configurations wait for each other.")));
+				 errhint("A superuser can raise dpsql.accountant_timeout; at most %d new "
+						 "configurations are computed at once, the others wait.",
+						 ACCOUNTANT_SLOTS)));
 	return Min(left, cap);
 }
 

@@ -134,6 +134,7 @@ dpsql_accountant_worker_main(Datum arg)
 	char		path[ACCOUNTANT_PATH_LEN];
 	char		sock[ACCOUNTANT_PATH_LEN];
 	char	   *cmd;
+	const char *timeout;
 	int			lockfd;
 	pid_t		pid;
 
@@ -171,7 +172,10 @@ dpsql_accountant_worker_main(Datum arg)
 	 */
 	dpsql_accountant_path(sock, hash, "sock");
 	/* exec: the Python process is the group leader's process itself, the worker's child */
-	cmd = psprintf("exec %s --serve %s", command, sock);
+	/* a request computes at most as long as a backend waits for it (the configured timeout) */
+	timeout = GetConfigOption("dpsql.accountant_timeout", true, false);
+	cmd = psprintf("exec %s --serve %s --request-timeout %s", command, sock,
+				   timeout ? timeout : "300");
 	fflush(NULL);
 	pid = fork();
 	if (pid < 0)

@@ -385,3 +385,42 @@ def test_a_cancelled_request_stops_computing(conn, server_uri, datadir, server_p
     assert _cpu_seconds(datadir) - before < 0.3
     assert [p.pid for p in _servers(datadir)] == [server_pid]
     assert _ask(conn, _request(1.35))["epsilon"] <= 1.35
+
+
+def test_a_calibration_predicted_too_slow_is_refused_before_any_charge(
+    conn, scratch_schema
+) -> None:
+    import numpy as np
+
+    from tests.pg_helpers import load
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(100, 1)) / 3
+    y = (X[:, 0] > 0).astype(float)
+    source = load(conn, scratch_schema, "slowcal", X, y)
+    name = f"slowcal_{scratch_schema}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', 1e3, 1e-5, labels => '{0,1}', name => %s)",
+        (source, name),
+    )
+    ledger = "SELECT count(*) FROM dpsql.ledger l JOIN dpsql.datasets d USING (dataset_id)"
+    ledger += " WHERE d.name = %s"
+    before = conn.execute(ledger, (name,)).fetchone()[0]
+    conn.execute("SET dpsql.accountant_timeout = 5")
+    # 100 rows in batches of 1, 30000 epochs: three million Poisson steps, about 20 s
+    start = time.monotonic()
+    with pytest.raises(psycopg.Error, match=r"^dpsql: the accountant would need about") as info:
+        conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 30000, batch_size => 1,"
+            " privacy => 'dpsgd', epsilon => 0.5, delta => 1e-6, sampling => 'poisson')",
+            (name,),
+        )
+    assert time.monotonic() - start < 3.0  # refused, not tried
+    assert "dpsql.accountant_timeout (5 s)" in str(info.value)
+    assert "Raise epsilon" in str(info.value.diag.message_hint)
+    assert conn.execute(ledger, (name,)).fetchone()[0] == before
+    # within the limit (a superuser raised it), the same configuration is not refused
+    assert conn.execute(
+        "SELECT dpsql_internal._accountant_seconds(%s::jsonb) BETWEEN 5 AND 300",
+        (_slow(0.5).replace("10000000", "3000000"),),
+    ).fetchone()[0]
