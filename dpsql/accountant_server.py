@@ -89,10 +89,11 @@ def _reply(conn: socket.socket, status: int, obj: dict[str, Any]) -> None:
             pass  # the backend gave up (cancel, timeout): nothing to do
 
 
-def _try_slot() -> int | None:
+def _try_slot(directory: str) -> int | None:
     """A free slot's fd (flock held; a child that inherits it holds it until it exits)."""
     for i in range(SLOTS):
-        fd = os.open(_SLOT_FILE.format(i), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = os.path.join(directory, _SLOT_FILE.format(i))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
@@ -131,8 +132,9 @@ class _Job:
 
 
 class _Server:
-    def __init__(self, sock: socket.socket, request_timeout: int) -> None:
+    def __init__(self, sock: socket.socket, request_timeout: int, slots: str = "") -> None:
         self.sock = sock
+        self.slots = slots  # the slot files' directory: the socket's (the data directory)
         self.request_timeout = request_timeout
         self.sel = selectors.DefaultSelector()
         self.sel.register(sock, selectors.EVENT_READ)
@@ -171,7 +173,7 @@ class _Server:
         for job in self.jobs.values():
             if job.pid:
                 continue
-            slot = _try_slot()
+            slot = _try_slot(self.slots)
             if slot is None:
                 return
             read, write = os.pipe()
@@ -292,7 +294,7 @@ def serve(
     sock = _bind(path)
     ino = os.lstat(path).st_ino
     sock.setblocking(False)
-    server = _Server(sock, request_timeout)
+    server = _Server(sock, request_timeout, os.path.dirname(path))
     last = time.monotonic()
     closing = False
     try:

@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
 -- (issue 24). dp-accounting's PLD of a Poisson-subsampled Gaussian over T steps costs about
 -- T^1.5 per evaluation (its sparse self-composition computes size**T as a big integer), and a
 -- calibration evaluates it up to about thirty times: 9 to 20 s at 3e6 steps, 60 to 120 s at
--- 1e7 on one core of a 2024 laptop. Everything else it answers in about a second.
+-- 1e7 on one core of the development machine. Everything else takes about a second.
 CREATE OR REPLACE FUNCTION dpsql_internal._accountant_seconds(request jsonb)
 RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN request->>'scheme' = 'poisson' AND (request->>'sampling_rate')::float8 < 1
