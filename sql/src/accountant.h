@@ -12,15 +12,17 @@
  *   pg_dpsql_accountant.<hash>.sock   the socket (the Python process binds and unlinks it)
  *   pg_dpsql_accountant.<hash>.lock   held (flock) by the one worker of that command
  *   pg_dpsql_accountant.start         held by the one backend that is starting a worker
- *   pg_dpsql_accountant.slot<i>       ACCOUNTANT_SLOTS slots (flock): a running accountant
- *                                     process holds one, the worker's included
+ *   pg_dpsql_accountant.slot<i>       ACCOUNTANT_SLOTS slots (flock): a process computing an
+ *                                     answer holds one (a fallback process, or a child of the
+ *                                     long-lived one; that one itself, idle, holds none)
  */
 #ifndef DPSQL_ACCOUNTANT_H
 #define DPSQL_ACCOUNTANT_H
 
 #include <stdint.h>
 
-/* At most this many accountant processes run at once (the long-lived one and fallbacks). */
+/* At most this many accountant processes compute at once (the long-lived one's children and
+ * fallbacks); SLOTS in dpsql/accountant_server.py. */
 #define ACCOUNTANT_SLOTS 2
 
 #define ACCOUNTANT_PREFIX "pg_dpsql_accountant"

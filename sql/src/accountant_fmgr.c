@@ -11,14 +11,16 @@
  *
  * 1. The long-lived accountant (dpsql.accountant_server = on, the default, when the session
  *    runs the configured command): one Python process started by a background worker
- *    (accountant_worker.c), serving requests one at a time on a Unix socket in the data
- *    directory (accountant.h). The first backend that cannot connect registers the worker and
+ *    (accountant_worker.c), listening on a Unix socket in the data directory (accountant.h)
+ *    and computing each request in a child process of its own, so that a slow request does
+ *    not hold up the others; the child is killed when its backend hangs up (issue 24). The first backend that cannot connect registers the worker and
  *    waits for the socket; the others wait for it too. A request goes as one line, the answer
  *    comes back as "<exit status> <json>" and the connection closes.
  * 2. Fallback, one process per call (a session-level command, no free worker slot, the
  *    long-lived one did not come up): the command with the request as its one argument, as
- *    before, in a process group of its own. At most ACCOUNTANT_SLOTS accountant processes run
- *    at once, the long-lived one included (flock on slot files): a call waits for a slot.
+ *    before, in a process group of its own. At most ACCOUNTANT_SLOTS accountant processes
+ *    compute at once, the long-lived one's children included (flock on slot files): a call
+ *    waits for a slot.
  *
  * Every wait is on the backend's latch: a cancel, a statement timeout or a terminate interrupts
  * it (and kills a fallback process's group), and dpsql.accountant_timeout bounds the whole call.
@@ -155,8 +157,9 @@ wait_ms(TimestampTz deadline, long cap)
 		ereport(ERROR,
 				(errcode(ERRCODE_QUERY_CANCELED),
 				 errmsg("dpsql: the accountant did not answer within %d s", accountant_timeout),
-				 errhint("A superuser can raise dpsql.accountant_timeout; concurrent calls at new "
-						 "configurations wait for each other.")));
+				 errhint("A superuser can raise dpsql.accountant_timeout; at most %d new "
+						 "configurations are computed at once, the others wait.",
+						 ACCOUNTANT_SLOTS)));
 	return Min(left, cap);
 }
 

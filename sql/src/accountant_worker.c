@@ -4,8 +4,8 @@
  * A backend that finds no accountant listening registers this worker (dynamic, never
  * restarted; accountant_fmgr.c). The worker keeps one Python process alive as its child:
  * `exec <dpsql.accountant_command> --serve <socket>` in a process group of its own, which
- * serves the requests one at a time (dpsql/accountant_server.py) and exits after some idle
- * minutes. The worker reaps it, and kills its group on SIGTERM (a fast or smart shutdown stops
+ * computes each request in a child (at most ACCOUNTANT_SLOTS at once, killed when its backend
+ * hangs up; dpsql/accountant_server.py) and exits after some idle minutes. The worker reaps it, and kills its group on SIGTERM (a fast or smart shutdown stops
  * background workers first) and when the postmaster dies: the Python process is never an orphan
  * (in a container the postmaster is often PID 1, and it takes the death of a child it does not
  * know for a crashed backend). When the Python process exits the worker exits too; the next
@@ -134,8 +134,8 @@ dpsql_accountant_worker_main(Datum arg)
 	char		path[ACCOUNTANT_PATH_LEN];
 	char		sock[ACCOUNTANT_PATH_LEN];
 	char	   *cmd;
+	const char *timeout;
 	int			lockfd;
-	int			slotfd = -1;
 	pid_t		pid;
 
 	pqsignal(SIGTERM, worker_sigterm);
@@ -166,23 +166,16 @@ dpsql_accountant_worker_main(Datum arg)
 	/* a backend probes the lock for a moment to see whether a worker lives: try for a second */
 	if (!lock_with_retries(lockfd, 10))
 		proc_exit(0);
-	/* the Python process counts against the accountant slots (at most ACCOUNTANT_SLOTS) */
-	while (slotfd < 0)
-	{
-		if (got_sigterm)
-			proc_exit(0);
-		slotfd = dpsql_accountant_try_slot(false);
-		if (slotfd < 0)
-		{
-			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 100L,
-							 PG_WAIT_EXTENSION);
-			ResetLatch(MyLatch);
-		}
-	}
-
+	/*
+	 * The Python process takes no accountant slot while idle: each request it computes does,
+	 * in a child of its own (dpsql/accountant_server.py), so a slow one blocks nobody else.
+	 */
 	dpsql_accountant_path(sock, hash, "sock");
 	/* exec: the Python process is the group leader's process itself, the worker's child */
-	cmd = psprintf("exec %s --serve %s", command, sock);
+	/* a request computes at most as long as a backend waits for it (the configured timeout) */
+	timeout = GetConfigOption("dpsql.accountant_timeout", true, false);
+	cmd = psprintf("exec %s --serve %s --request-timeout %s", command, sock,
+				   timeout ? timeout : "300");
 	fflush(NULL);
 	pid = fork();
 	if (pid < 0)

@@ -214,20 +214,21 @@ def test_a_stale_socket_is_replaced(tmp_path, serving) -> None:
     assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
 
 
-def test_a_repeated_request_is_answered_from_memory(monkeypatch) -> None:
-    import signal
-
+def test_a_repeated_request_is_answered_from_memory(monkeypatch, tmp_path) -> None:
     from dpsql import accountant_server as srv
 
-    calls: list[str] = []
+    log = tmp_path / "calls"
 
     def answer(line: str) -> tuple[int, dict]:
-        calls.append(line)
-        return (0, {"n": len(calls)}) if "good" in line else (2, {"error": "bad"})
+        with open(log, "a") as out:  # written by the child that computes
+            out.write(line + "\n")
+        return (0, {"n": len(log.read_text().split())}) if "good" in line else (2, {"error": "bad"})
 
     monkeypatch.setattr(srv.accounting, "answer", answer)
     monkeypatch.setattr(srv, "_ANSWERS", {})
-    previous = signal.signal(signal.SIGALRM, srv._on_alarm)
+    listener = srv._bind(str(tmp_path / "s.sock"))
+    listener.setblocking(False)
+    server = srv._Server(listener, 10, str(tmp_path))
     try:
         for line, expected in [
             (b"good", b'0 {"n":1}'),
@@ -235,12 +236,51 @@ def test_a_repeated_request_is_answered_from_memory(monkeypatch) -> None:
             (b"bad", b'2 {"error":"bad"}'),
             (b"bad", b'2 {"error":"bad"}'),
         ]:
-            ours, theirs = socket.socketpair()
-            with theirs:
-                theirs.sendall(line + b"\n")
-                srv._answer_one(ours, 10)
-                assert theirs.recv(1000) == expected + b"\n"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(str(tmp_path / "s.sock"))
+                client.sendall(line + b"\n")
+                client.setblocking(False)
+                deadline = time.monotonic() + 30
+                while True:
+                    server.step(0.05)
+                    try:
+                        assert client.recv(1000) == expected + b"\n"
+                        break
+                    except BlockingIOError:
+                        assert time.monotonic() < deadline
     finally:
-        signal.signal(signal.SIGALRM, previous)
+        server.stop()
+        listener.close()
     # computed once; a refusal is not remembered
-    assert calls == ["good", "bad", "bad"]
+    assert log.read_text().split() == ["good", "bad", "bad"]
+
+
+def test_a_client_that_hangs_up_stops_its_computation(serving, tmp_path) -> None:
+    import psutil
+
+    path, proc = serving()
+    slow = json.dumps(
+        {
+            "op": "calibrate",
+            "scheme": "poisson",
+            "steps": 10_000_000,
+            "sampling_rate": 0.0001,
+            "delta": DELTA,
+            "target_epsilon": 0.1,
+        }
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(slow.encode() + b"\n")
+        deadline = time.monotonic() + 15
+        while not psutil.Process(proc.pid).children():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (child,) = psutil.Process(proc.pid).children()
+        # meanwhile another request is answered at once
+        start = time.monotonic()
+        assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
+        assert time.monotonic() - start < 5
+    psutil.wait_procs([child], timeout=5)
+    assert not child.is_running()
+    assert proc.poll() is None

@@ -278,3 +278,55 @@ def test_ensure_available_on_the_test_server(server_uri: str) -> None:
             "SELECT default_version FROM pg_available_extensions WHERE name = 'dpsql'"
         ).fetchone()
     assert row == (extension.control_default_version(),)
+
+
+# --- authentication (issue 24) --------------------------------------------------------------
+
+
+def test_a_new_cluster_never_trusts(pgdata: Path) -> None:
+    uri = server.start(pgdata=pgdata, keep_running=False)
+    passfile = server.password_file(pgdata)
+    assert stat.S_IMODE(passfile.stat().st_mode) == 0o600
+    assert not server._hba_trusts(pgdata)
+    params = conninfo_to_dict(uri)
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(host=params["host"], user="postgres", dbname="postgres", passfile="")
+    assert _select_one(uri) == 1
+
+
+@pytest.mark.parametrize("planted", ["file", "symlink"])
+def test_a_planted_password_file_is_refused(pgdata: Path, tmp_path: Path, planted: str) -> None:
+    """A password file that exists before the first start is someone else's: no cluster."""
+    passfile = server.password_file(pgdata)
+    target = tmp_path / "theirs"
+    if planted == "file":
+        passfile.write_text("*:*:*:postgres:chosen-by-someone-else\n")
+    else:
+        passfile.symlink_to(target)
+    with pytest.raises(RuntimeError, match=r"^dpsql: .*\.pgpass exists"):
+        server.start(pgdata=pgdata, keep_running=False)
+    assert server.status(pgdata=pgdata) is None
+    assert not (pgdata / "PG_VERSION").exists()  # refused before initdb
+    if planted == "file":
+        assert passfile.read_text() == "*:*:*:postgres:chosen-by-someone-else\n"
+    else:
+        assert passfile.is_symlink() and not target.exists()
+
+
+def test_a_trusting_cluster_with_a_planted_password_file_is_refused(pgdata: Path) -> None:
+    """A cluster initialised (trusting) but never secured by dpsql does not start with a
+    password file dpsql did not write; without one, it is secured."""
+    pgdata.mkdir()
+    server._pgserver().PostgresServer(
+        pgdata, cleanup_mode=None, postgres_version=server.DEFAULT_PG_VERSION
+    ).ensure_pgdata_inited()
+    assert server._hba_trusts(pgdata)
+    passfile = server.password_file(pgdata)
+    passfile.write_text("*:*:*:postgres:x\n")
+    with pytest.raises(RuntimeError, match=r"^dpsql: .*\.pgpass exists"):
+        server.start(pgdata=pgdata, keep_running=False)
+    assert server.status(pgdata=pgdata) is None
+    passfile.unlink()
+    uri = server.start(pgdata=pgdata, keep_running=False)
+    assert not server._hba_trusts(pgdata)
+    assert _select_one(uri) == 1

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from dpsql import cli, server
+from dpsql import cli, roles, server
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,25 @@ def test_role_create_gives_a_working_password(fresh_server, capsys) -> None:
     # Creating it twice fails cleanly (exit 1, the server's message).
     assert cli.main(["role", "create", name, "--dsn", uri]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_failed_role_create_logs_no_password(fresh_server) -> None:
+    """CREATE ROLE that fails (the role exists) is logged with its statement: the statement
+    must hold no password (issue 24)."""
+    uri, pgdata = fresh_server
+    log = pgdata / "log"
+    start = log.stat().st_size
+    name = f"ana_{uuid.uuid4().hex[:8]}"
+    password = f"pw-{uuid.uuid4().hex}"
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS dpsql")
+        assert roles.create_role(conn, name, password=password) == password
+        with pytest.raises(psycopg.errors.DuplicateObject):
+            roles.create_role(conn, name, password=password)
+    assert cli.main(["role", "create", name, "--dsn", uri]) == 1
+    with psycopg.connect(roles.role_uri(uri, name, password)) as a:
+        assert a.execute("SELECT current_user").fetchone()[0] == name
+    written = log.read_bytes()[start:].decode(errors="replace")
+    assert "already exists" in written  # the failures are in the log...
+    assert password not in written  # ...their passwords are not, not even as verifiers
+    assert "PASSWORD '" not in written and "SCRAM-SHA-256$" not in written
