@@ -32,6 +32,7 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "storage/dsm.h"
+#include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
