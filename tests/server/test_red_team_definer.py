@@ -1,0 +1,241 @@
+"""Issue 24's findings, each replayed as the role that found it: a data owner reaching the
+extension owner's rights through a temp table the audit used (1) or a cast of their own (2),
+raw values in cast errors (5), dataset names told to ungranted analysts (9), run tables that
+owners pre-create (10), and raw PostgreSQL errors from bad dpsql.train input (11)."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+ROWS = 200
+
+
+def _ledger(conn) -> tuple:
+    return conn.execute(
+        "SELECT count(*), coalesce(sum(epsilon), 0) FROM dpsql.ledger_entries"
+    ).fetchone()
+
+
+def _is_superuser(conn, role: str) -> bool:
+    return conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
+
+
+@pytest.fixture
+def owned(conn, make_role):
+    """A data owner with a schema of their own, a table of theirs registered in it, and an
+    analyst it is granted to: (owner, connect_owner, schema, dataset id, name, analyst,
+    connect_analyst)."""
+    owner, connect_owner = make_role("owner", "dpsql_admin")
+    analyst, connect_analyst = make_role("analyst", "dpsql_analyst")
+    schema = f"rt_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+            sql.Identifier(schema), sql.Identifier(owner)
+        )
+    )
+    name = f"rtd_{uuid.uuid4().hex[:8]}"
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}")
+        o.execute(
+            "CREATE TABLE pts AS SELECT (g % 10) / 10.0::float8 AS a, -(g % 7) / 7.0::float8 AS b,"
+            f" CASE WHEN g % 2 = 0 THEN 1 ELSE -1 END AS y FROM generate_series(1, {ROWS}) g"
+        )
+        (ds,) = o.execute(
+            "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 100.0, 1e-5, name => %s)",
+            (f"{schema}.pts", name),
+        ).fetchone()
+        o.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    yield owner, connect_owner, schema, ds, name, analyst, connect_analyst
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+# (the red team's trigger ran ALTER ROLE ... SUPERUSER; this one says as whom it ran, which
+# an audit that fails later, e.g. where the accountant cannot run, does not roll back)
+ESCALATE = (
+    "CREATE FUNCTION {s}.escalate() RETURNS trigger LANGUAGE plpgsql AS $$"
+    " BEGIN RAISE EXCEPTION 'trigger ran as %', current_user; END $$"
+)
+
+
+# ------------------------------------------------------------------------------------ 1
+
+
+@pytest.mark.parametrize("method", ["one_run", "distinguish"])
+def test_audit_uses_no_temp_table_of_the_callers(conn, owned, method) -> None:
+    owner, connect_owner, schema, ds, name, *_ = owned
+    with connect_owner() as o:
+        o.execute(ESCALATE.format(s=schema))
+        for table, columns in [
+            ("dpsql_audit_runs", "side int, i int, w float8[]"),
+            ("dpsql_audit_canaries", "slot int, x float8[], y float8, included boolean"),
+        ]:
+            o.execute(f"CREATE TEMP TABLE {table} ({columns})")
+            o.execute(
+                f"CREATE TRIGGER escalate BEFORE INSERT ON {table}"
+                f" FOR EACH ROW EXECUTE FUNCTION {schema}.escalate()"
+            )
+        runs = 1 if method == "one_run" else 20
+        try:
+            o.execute(
+                "SELECT * FROM dpsql.audit(%s, 'bolton', 1, 0, %s, %s,"
+                ' \'{"canaries": 10, "train": {"epochs": 1}}\')',
+                (name, runs, method),
+            )
+        except psycopg.Error as e:
+            assert "trigger ran" not in str(e), str(e)
+            assert "accountant" in str(e), str(e)  # (its statistics, after the runs)
+        # the caller's tables were never touched
+        assert o.execute("SELECT count(*) FROM pg_temp.dpsql_audit_runs").fetchone() == (0,)
+    assert not _is_superuser(conn, owner)
+
+
+# ------------------------------------------------------------------------------------ 2, 5
+
+
+def _train(c, name: str, **kw):
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    return c.execute(
+        "SELECT dpsql.train(%(name)s, NULL, NULL, privacy => 'bolton', epsilon => 1,"
+        f" epochs => 1{extra})",
+        {"name": name, **kw},
+    ).fetchone()[0]
+
+
+@pytest.mark.parametrize("who", ["owner", "analyst"])
+def test_a_column_changed_to_an_owners_type_is_refused_at_every_read(conn, owned, who) -> None:
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute("CREATE TYPE evil AS (v float8)")
+        o.execute(
+            "CREATE FUNCTION to_float(e evil) RETURNS float8 LANGUAGE plpgsql AS $$"
+            " BEGIN EXECUTE format('ALTER ROLE %I SUPERUSER', session_user); RETURN e.v; END $$"
+        )
+        o.execute("CREATE CAST (evil AS float8) WITH FUNCTION to_float(evil)")
+        o.execute("ALTER TABLE pts ALTER COLUMN a TYPE evil USING ROW(a)::evil")
+    before = _ledger(conn)
+    connect = connect_owner if who == "owner" else connect_analyst
+    with connect() as c, pytest.raises(errors.DatatypeMismatch) as caught:
+        _train(c, name)
+    message = str(caught.value)
+    assert message.startswith("dpsql:") and "built-in numeric" in message, message
+    assert not _is_superuser(conn, owner)
+    assert _ledger(conn) == before
+
+
+@pytest.mark.parametrize(
+    ("types", "column"),
+    [
+        # (type definitions, the column's type): each holds one value a float8 cast refuses
+        ("CREATE DOMAIN d1 AS numeric; CREATE DOMAIN d2 AS d1", "d2"),
+        ("CREATE DOMAIN d1 AS numeric; CREATE DOMAIN d2 AS d1; CREATE DOMAIN d3 AS d2", "d3"),
+    ],
+)
+@pytest.mark.parametrize("value", ["1e400", "-1e400", "1e-400", "NaN", "Infinity"])
+def test_scalar_domains_print_no_value(conn, owned, types, column, value) -> None:
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute(types)
+        o.execute(f"ALTER TABLE pts ALTER COLUMN a TYPE {column} USING a::numeric")
+        o.execute(f"UPDATE pts SET a = '{value}' WHERE b = 0 AND a = 0")
+    with connect_analyst() as a:
+        assert _train(a, name) is not None  # the row is a null record (or 0): no error
+
+
+@pytest.mark.parametrize(
+    ("types", "column"),
+    [
+        ("CREATE DOMAIN arr AS numeric[]", "arr"),
+        ("CREATE DOMAIN d1 AS numeric; CREATE DOMAIN d2 AS d1", "d2[]"),
+        ("CREATE DOMAIN d1 AS numeric; CREATE DOMAIN arr AS d1[]", "arr"),
+        ("CREATE DOMAIN d1 AS numeric; CREATE DOMAIN a1 AS d1[]; CREATE DOMAIN a2 AS a1", "a2"),
+    ],
+)
+@pytest.mark.parametrize("value", ["1e400", "1e-400"])
+def test_array_domains_print_no_value(conn, owned, types, column, value) -> None:
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    arr_name = f"{name}_arr"
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute(types)
+        o.execute(
+            f"CREATE TABLE arrs AS SELECT ARRAY[a::numeric, b::numeric]::{column} AS x, y FROM pts"
+        )
+        o.execute(f"UPDATE arrs SET x = ARRAY['{value}'::numeric, 0]::{column} WHERE y = 1")
+        (ads,) = o.execute(
+            "SELECT dpsql.register_dataset(%s, '{x}', 'y', 100.0, 1e-5, name => %s, dim => 2)",
+            (f"{schema}.arrs", arr_name),
+        ).fetchone()
+        o.execute("SELECT dpsql.grant_dataset(%s, %s)", (ads, analyst))
+    with connect_analyst() as a:
+        assert _train(a, arr_name) is not None
+
+
+# ------------------------------------------------------------------------------------ 9
+
+
+def test_ungranted_and_unknown_datasets_look_alike(conn, owned, make_role) -> None:
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    other, connect_other = make_role("analyst", "dpsql_analyst")
+    seen = []
+    with connect_other() as a:
+        for source in [name, f"{schema}.pts", "pts", f"{name}_nope", f"{schema}.nope", None]:
+            before = _ledger(conn)
+            with pytest.raises(psycopg.Error) as caught:
+                _train(a, source)
+            err = caught.value
+            assert _ledger(conn) == before
+            shown = str(err).replace(repr(source)[1:-1] if source else "NULL", "<source>")
+            seen.append((err.sqlstate, shown, err.diag.message_hint))
+            if source != name:
+                assert name not in str(err) and name not in (err.diag.message_hint or "")
+        assert len(set(seen)) == 1, seen
+        assert seen[0][0] == "42704" and seen[0][1].startswith("dpsql:")
+        # the budget report says the same of both
+        reports = []
+        for source in [name, f"{name}_nope"]:
+            with pytest.raises(errors.UndefinedObject) as caught:
+                a.execute("SELECT * FROM dpsql.budget_report(%s)", (source,))
+            reports.append(str(caught.value).replace(source, "<source>"))
+        assert reports[0] == reports[1]
+    # the granted analyst still trains
+    with connect_analyst() as a:
+        assert _train(a, name) is not None
+
+
+# ------------------------------------------------------------------------------------ 10
+
+
+def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        (last,) = o.execute(
+            "SELECT nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'))"
+        ).fetchone()
+        for run in range(last + 1, last + 6):
+            try:
+                o.execute(f"CREATE TABLE dpsql_work.train_{run} (rid bigint, x float8[], y float8)")
+            except errors.InsufficientPrivilege:
+                pass
+            try:
+                o.execute(
+                    "INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows,"
+                    " prepare_seconds) VALUES (%s, '{}', 'x', '{}', 0, 0)",
+                    (run,),
+                )
+            except errors.InsufficientPrivilege:
+                pass
+        # an owner's own non-private training still works
+        o.execute(f"SET search_path = {schema}")
+        (mid,) = o.execute(
+            "SELECT dpsql.train('pts', '{a,b}', 'y', epochs => 1, seed => 1)"
+        ).fetchone()
+        assert mid is not None
+    with connect_analyst() as a:
+        for _ in range(3):
+            assert _train(a, name) is not None
