@@ -61,9 +61,20 @@ BEGIN
     END IF;
 END $$;
 
--- The training table dpsql_work.train_<run> of a run: the source's rows as (rid, x, y) in
--- the order of a seeded, data-independent permutation (the source's own order without
--- shuffle), feature arrays kept inline. *seed receives the seed used (a random one when NULL).
+-- The schema of the current user's training tables: dpsql_work, where only the extension
+-- owner (and superusers) may create, for private runs; dpsql_owner_work for data owners.
+CREATE OR REPLACE FUNCTION dpsql_internal._work_schema()
+RETURNS name LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN has_schema_privilege('dpsql_work', 'CREATE') THEN 'dpsql_work'
+                ELSE 'dpsql_owner_work' END::name
+$$;
+
+-- The training table train_<run> of a run: the source's rows as (rid, x, y) in the order of
+-- a seeded, data-independent permutation (the source's own order without shuffle), feature
+-- arrays kept inline. *seed receives the seed used (a random one when NULL). In dpsql_work
+-- for the extension owner (private runs), else dpsql_owner_work; created here, never found.
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
@@ -73,7 +84,7 @@ DECLARE
     tbl text;
 BEGIN
     seed_policy := 'none';
-    tbl := format('dpsql_work.%I', 'train_' || run);
+    tbl := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
     EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
                    'WITH (autovacuum_enabled = false%s)', tbl,
                    CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);

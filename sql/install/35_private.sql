@@ -266,6 +266,8 @@ BEGIN
     IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
     END IF;
+    -- The registered columns' types, now (an owner may have changed them): before any charge.
+    PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label);
     PERFORM dpsql_internal._check_distributed(mech, ds, params);
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with features %s', ds.name, ds.features),

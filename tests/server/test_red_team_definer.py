@@ -184,13 +184,13 @@ def test_ungranted_and_unknown_datasets_look_alike(conn, owned, make_role) -> No
     other, connect_other = make_role("analyst", "dpsql_analyst")
     seen = []
     with connect_other() as a:
-        for source in [name, f"{schema}.pts", "pts", f"{name}_nope", f"{schema}.nope", None]:
+        for source in [name, f"{schema}.pts", "pts", "rtd_unknown", f"{schema}.nope", None]:
             before = _ledger(conn)
             with pytest.raises(psycopg.Error) as caught:
                 _train(a, source)
             err = caught.value
             assert _ledger(conn) == before
-            shown = str(err).replace(repr(source)[1:-1] if source else "NULL", "<source>")
+            shown = str(err).replace(f"'{source}'" if source else "NULL", "<source>")
             seen.append((err.sqlstate, shown, err.diag.message_hint))
             if source != name:
                 assert name not in str(err) and name not in (err.diag.message_hint or "")
@@ -198,7 +198,7 @@ def test_ungranted_and_unknown_datasets_look_alike(conn, owned, make_role) -> No
         assert seen[0][0] == "42704" and seen[0][1].startswith("dpsql:")
         # the budget report says the same of both
         reports = []
-        for source in [name, f"{name}_nope"]:
+        for source in [name, "rtd_unknown"]:
             with pytest.raises(errors.UndefinedObject) as caught:
                 a.execute("SELECT * FROM dpsql.budget_report(%s)", (source,))
             reports.append(str(caught.value).replace(source, "<source>"))
@@ -218,18 +218,23 @@ def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
             "SELECT nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'))"
         ).fetchone()
         for run in range(last + 1, last + 6):
-            try:
+            with pytest.raises(errors.InsufficientPrivilege):
                 o.execute(f"CREATE TABLE dpsql_work.train_{run} (rid bigint, x float8[], y float8)")
-            except errors.InsufficientPrivilege:
-                pass
-            try:
+            with pytest.raises(errors.InsufficientPrivilege, match="row-level security"):
                 o.execute(
                     "INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows,"
                     " prepare_seconds) VALUES (%s, '{}', 'x', '{}', 0, 0)",
                     (run,),
                 )
-            except errors.InsufficientPrivilege:
-                pass
+        # nor move a run of their own to a later id
+        o.execute(
+            "INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds)"
+            " VALUES (%s, '{}', 'x', '{}', 0, 0)",
+            (last,),
+        )
+        with pytest.raises(errors.InsufficientPrivilege):
+            o.execute("UPDATE dpsql.runs SET run_id = %s WHERE run_id = %s", (last + 1, last))
+        o.execute("DELETE FROM dpsql.runs WHERE run_id = %s", (last,))
         # an owner's own non-private training still works
         o.execute(f"SET search_path = {schema}")
         (mid,) = o.execute(
