@@ -13,8 +13,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._check_run_settings(
     parallel_workers int, shuffle boolean, permutation text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF epochs IS NULL OR epochs < 1 THEN
-        PERFORM dpsql_internal._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
+    IF epochs IS NULL OR epochs < 1 OR epochs > 100000 THEN
+        PERFORM dpsql_internal._fail(format('epochs must be >= 1 and <= 100000, got %s', coalesce(epochs::text, 'NULL')));
     END IF;
     IF batch_size IS NULL OR batch_size < 1 THEN
         PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
@@ -138,6 +138,7 @@ DECLARE
     filled record;
     init float8[];
     layout record;
+    ltype text;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
     lab := dpsql_internal._check_labels(model, labels);
@@ -175,6 +176,14 @@ BEGIN
             END IF;
         END IF;
         feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
+        IF NOT private AND label IS NOT NULL THEN
+            -- (a private run's label is registered and read as float8)
+            EXECUTE format('SELECT pg_typeof((SELECT %I FROM %s LIMIT 1))::text', label, src) INTO ltype;
+            IF ltype NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric') THEN
+                PERFORM dpsql_internal._fail(format('label column %I has type %s, not a number', label, ltype),
+                                             '42804', 'Give a numeric label column.');
+            END IF;
+        END IF;
         yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         IF layout.dist_column IS NOT NULL THEN

@@ -244,3 +244,98 @@ def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
     with connect_analyst() as a:
         for _ in range(3):
             assert _train(a, name) is not None
+
+
+# ------------------------------------------------------------------------------------ 11
+
+RAW = {"XX000", "22P02", "42846", "22003", "42883", "55000", "57014", "2202E", "22012"}
+
+# (mechanism, dpsql.train arguments): each once a raw PostgreSQL error or a timeout
+BAD_TRAIN = [
+    ("bolton", {"model": None}),
+    ("dpsgd", {"model": None}),
+    ("bolton", {"epochs": 2147483647}),
+    ("bolton", {"tuning_epochs": [2147483647]}),
+    ("bolton", {"lambda": 1e-320}),
+    ("bst14", {"radius": 1e308}),
+    ("bst14", {"epsilon": 1e-320}),
+    ("bst14", {"delta": 1e-320}),
+    ("dpsgd", {"clip_norm": 1e308}),
+    ("dpsgd_f_alg2", {"step_size": 1e308}),
+    ("dp_ftrl", {"clip_norm": 1e-320}),
+    ("dp_ftrl", {"options": '{"radius": 1e400}'}),
+    ("dp_ftrl", {"options": '{"regularizer": 1e400}'}),
+]
+TYPES = {
+    "model": "text",
+    "epochs": "int",
+    "tuning_epochs": "int[]",
+    "lambda": "float8",
+    "radius": "float8",
+    "epsilon": "float8",
+    "delta": "float8",
+    "clip_norm": "float8",
+    "step_size": "float8",
+    "options": "jsonb",
+}
+
+
+def _refused_cleanly(conn, c, call: str, params: dict) -> psycopg.Error:
+    before = _ledger(conn)
+    with pytest.raises(psycopg.Error) as caught:
+        c.execute(call, params)
+    err = caught.value
+    assert err.sqlstate not in RAW, (err.sqlstate, str(err))
+    assert (err.diag.message_primary or "").startswith("dpsql:"), str(err)
+    assert _ledger(conn) == before
+    return err
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "args"), BAD_TRAIN, ids=[f"{m}-{next(iter(a))}" for m, a in BAD_TRAIN]
+)
+def test_bad_train_arguments_are_dpsql_errors(conn, owned, mechanism, args) -> None:
+    *_, name, analyst, connect_analyst = owned
+    full = {"privacy": mechanism, "epsilon": 1.0, "delta": 1e-5, "epochs": 1, **args}
+    names = ", ".join(f"{k} => %({k})s::{TYPES.get(k, 'text')}" for k in full)
+    with connect_analyst() as a:
+        a.execute("SET statement_timeout = '60s'")
+        _refused_cleanly(
+            conn, a, f"SELECT dpsql.train(%(name)s, NULL, NULL, {names})", {"name": name, **full}
+        )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        '{"privacy": "bolton", "epsilon": "abc"}',
+        '{"privacy": "bolton", "epsilon": 1, "epochs": "many"}',
+        '{"privacy": "bolton", "epsilon": 1, "epochs": 1, "intercept": "perhaps"}',
+        '{"privacy": "bolton", "epsilon": 1, "epochs": 1, "lambda": 1e400}',
+        '{"privacy": "dpsgd", "epsilon": 1, "delta": 1e-5, "epochs": 1, "clip_norm": [1]}',
+    ],
+)
+def test_the_private_entry_point_refuses_jsonb_of_wrong_types(conn, owned, params) -> None:
+    """dpsql_internal._train_private is the analysts' too: any jsonb, no raw cast error."""
+    *_, name, analyst, connect_analyst = owned
+    with connect_analyst() as a:
+        err = _refused_cleanly(
+            conn,
+            a,
+            "SELECT dpsql_internal._train_private(%(name)s, 'logistic', %(p)s::jsonb)",
+            {"name": name, "p": params},
+        )
+        assert err.diag.message_hint
+
+
+@pytest.mark.parametrize("column", ["label_t text", "label_b boolean", "label_d date"])
+def test_a_non_numeric_label_is_refused_by_its_type(conn, owned, column) -> None:
+    owner, connect_owner, schema, *_ = owned
+    col, typ = column.split()
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}")
+        o.execute(f"ALTER TABLE pts ADD COLUMN {col} {typ}")
+        err = _refused_cleanly(
+            conn, o, f"SELECT dpsql.train('pts', '{{a,b}}', '{col}', epochs => 1)", {}
+        )
+        assert err.sqlstate == "42804" and "not a number" in str(err)
