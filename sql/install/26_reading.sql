@@ -61,6 +61,29 @@ BEGIN
                   HINT = 'It changed since registration: private training reads int, float and '
                          'numeric columns (or one array of them) only. The data owner restores it.';
     END IF;
+    -- The planner folds an IMMUTABLE function of constants in an index's expressions or
+    -- predicate, or in extended statistics, into a constant as the reader: in the relation and
+    -- its inheritance children, those may use built-in functions, operators and types only.
+    IF EXISTS (WITH RECURSIVE tree(oid) AS (
+                   SELECT relid::oid
+                   UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+               SELECT 1 FROM pg_depend d
+                WHERE d.refobjid >= 16384  -- FirstNormalObjectId: not built in
+                  AND d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass,
+                                       'pg_type'::regclass, 'pg_opclass'::regclass,
+                                       'pg_opfamily'::regclass)
+                  AND ((d.classid = 'pg_class'::regclass
+                        AND d.objid IN (SELECT x.indexrelid FROM pg_index x
+                                         WHERE x.indrelid IN (SELECT oid FROM tree)))
+                       OR (d.classid = 'pg_statistic_ext'::regclass
+                           AND d.objid IN (SELECT x.oid FROM pg_statistic_ext x
+                                            WHERE x.stxrelid IN (SELECT oid FROM tree))))) THEN
+        RAISE EXCEPTION 'dpsql: an index or statistics object of % uses functions, operators or types that are not built in',
+                        relid
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Planning a read runs such code with the reader''s rights: the data owner drops '
+                         'the index or statistics object.';
+    END IF;
     SELECT string_agg(
                CASE WHEN b.is_array AND b.base = 'numeric'::regtype THEN
                         format('ARRAY(SELECT %s FROM unnest(%I::numeric[]) v) AS %I',

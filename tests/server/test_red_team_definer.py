@@ -339,3 +339,43 @@ def test_a_non_numeric_label_is_refused_by_its_type(conn, owned, column) -> None
             conn, o, f"SELECT dpsql.train('pts', '{{a,b}}', '{col}', epochs => 1)", {}
         )
         assert err.sqlstate == "42804" and "not a number" in str(err)
+
+
+# ------------------------------------------------------------------------------------ 2+
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        "CREATE INDEX ON pts (a) WHERE boom()",
+        "CREATE INDEX ON pts ((a + boom()::int))",
+        "CREATE STATISTICS st ON (a + boom()::int), b FROM pts",
+    ],
+)
+def test_owner_code_in_indexes_or_statistics_does_not_run_as_the_definer(conn, owned, plant):
+    """The planner folds an IMMUTABLE function without arguments in an index's (or extended
+    statistics') expressions into a constant: it would run as the reader."""
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute(
+            "CREATE FUNCTION boom() RETURNS boolean IMMUTABLE LANGUAGE plpgsql AS $$ BEGIN"
+            " IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)"
+            " THEN RAISE EXCEPTION 'owner code ran as %', current_user; END IF;"
+            " RETURN true; END $$"
+        )
+        o.execute(plant)
+    before = _ledger(conn)
+    with (
+        connect_analyst() as a,
+        pytest.raises(errors.ObjectNotInPrerequisiteState, match="not built in") as caught,
+    ):
+        _train(a, name)
+    assert str(caught.value).startswith("dpsql:") and _ledger(conn) == before
+    # built-in expressions are fine
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute("DROP FUNCTION boom() CASCADE")
+        o.execute("CREATE INDEX ON pts (abs(a)) WHERE b < 0")
+    with connect_analyst() as a:
+        assert _train(a, name) is not None
