@@ -114,8 +114,11 @@ ALTER TABLE dpsql.model_store ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS read_models ON dpsql.model_store;
 CREATE POLICY read_models ON dpsql.model_store FOR SELECT USING (true);
 DROP POLICY IF EXISTS store_own_noiseless_models ON dpsql.model_store;
+-- (under the id their session just drew: never one a private release will draw)
 CREATE POLICY store_own_noiseless_models ON dpsql.model_store FOR INSERT
-    WITH CHECK (created_by = current_user AND privacy = 'none' AND dataset_id IS NULL
+    WITH CHECK (created_by = current_user
+                AND model_id = currval(pg_get_serial_sequence('dpsql.model_store', 'model_id'))
+                AND privacy = 'none' AND dataset_id IS NULL
                 AND epsilon IS NULL AND delta IS NULL AND sensitivity IS NULL
                 AND noise_scale IS NULL
                 AND coalesce(params->'privacy', 'null') = 'null');

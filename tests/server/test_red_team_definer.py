@@ -12,6 +12,15 @@ import pytest
 from psycopg import errors, sql
 
 ROWS = 200
+MODEL_COLUMNS = (
+    "source, features, label, model, n_features, fit_intercept, coef, weights, flags, epochs,"
+    " epochs_run, batch_size, lambda, schedule, step_offset, row_norm, shuffle, rows,"
+    " dropped_rows, loss_history, prepare_seconds, train_seconds, params"
+)
+MODEL_VALUES = (
+    "'t', '{x}', 'y', 'logistic', 2, false, '{9,9}', '{9,9}', 0, 1, 1, 1, 0, 'constant', 0,"
+    " 'clip', true, 100, 0, '{}', 0, 0, '{}'"
+)
 
 
 def _ledger(conn) -> tuple:
@@ -235,6 +244,17 @@ def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
         with pytest.raises(errors.InsufficientPrivilege):
             o.execute("UPDATE dpsql.runs SET run_id = %s WHERE run_id = %s", (last + 1, last))
         o.execute("DELETE FROM dpsql.runs WHERE run_id = %s", (last,))
+        # nor store a noiseless model under the id a release will draw
+        (mid,) = o.execute(
+            "SELECT nextval(pg_get_serial_sequence('dpsql.model_store', 'model_id'))"
+        ).fetchone()
+        for model_id in range(mid + 1, mid + 6):
+            with pytest.raises(errors.InsufficientPrivilege, match="row-level security"):
+                o.execute(
+                    f"INSERT INTO dpsql.model_store (model_id, {MODEL_COLUMNS})"
+                    f" VALUES (%s, {MODEL_VALUES})",
+                    (model_id,),
+                )
         # an owner's own non-private training still works
         o.execute(f"SET search_path = {schema}")
         (mid,) = o.execute(
