@@ -392,6 +392,17 @@ def test_owner_code_in_indexes_or_statistics_does_not_run_as_the_definer(conn, o
     ):
         _train(a, name)
     assert str(caught.value).startswith("dpsql:") and _ledger(conn) == before
+    # the owner's own definer-rights calls on the dataset: the estimates and the audit
+    for call in [
+        "SELECT dpsql.estimate_bounds(%s, 1, '{-10,10}')",
+        "SELECT * FROM dpsql.audit(%s, 'bolton', 1, options => '{\"canaries\": 10}')",
+    ]:
+        with (
+            connect_owner() as o,
+            pytest.raises(errors.ObjectNotInPrerequisiteState, match="not built in"),
+        ):
+            o.execute(call, (name,))
+    assert _ledger(conn) == before
     # built-in expressions are fine
     with connect_owner() as o:
         o.execute(f"SET search_path = {schema}, pg_catalog")
