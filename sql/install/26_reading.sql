@@ -26,7 +26,7 @@ END $$;
 
 -- The select list that reads registered columns as float8 (scalars) or float8[] (an array
 -- column), each under its own name; columns are features || label. Checked at every read, the
--- relation locked first (no ALTER TABLE in between): each column is read through its built-in
+-- relation locked first (no change in between): each column is read through its built-in
 -- numeric base type only (dpsql_internal._numeric_base), never through a cast of the owner's,
 -- and one that is no longer numeric is refused by its type, naming no value. A numeric value
 -- out of float8's range becomes NULL (a null record) and one below it 0, so that no cast
@@ -43,8 +43,10 @@ DECLARE
     numeric_float8 text := 'CASE WHEN abs(%1$s) <= 1.7976931348623157e308 THEN'
                            ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
 BEGIN
+    -- (SHARE UPDATE EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE STATISTICS until the
+    -- transaction ends; reads and writes go on)
     IF (SELECT c.relkind IN ('r', 'p', 'm') FROM pg_class c WHERE c.oid = relid) THEN
-        EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', relid);
+        EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', relid);
     END IF;
     SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type INTO bad
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)

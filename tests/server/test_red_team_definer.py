@@ -410,3 +410,24 @@ def test_owner_code_in_indexes_or_statistics_does_not_run_as_the_definer(conn, o
         o.execute("CREATE INDEX ON pts (abs(a)) WHERE b < 0")
     with connect_analyst() as a:
         assert _train(a, name) is not None
+
+
+def test_no_index_or_statistics_appears_between_the_check_and_the_read(conn, owned) -> None:
+    """The check and the read are separate statements: the relation stays locked against
+    CREATE INDEX, CREATE STATISTICS and ALTER TABLE until the training's transaction ends."""
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_analyst() as a, connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute("SET lock_timeout = '200ms'")
+        a.autocommit = False
+        _train(a, name)
+        for ddl in [
+            "CREATE INDEX ON pts (a)",
+            "CREATE STATISTICS st ON a, b FROM pts",
+            "ALTER TABLE pts ALTER COLUMN a TYPE numeric",
+        ]:
+            with pytest.raises(errors.LockNotAvailable):
+                o.execute(ddl)
+        o.execute("INSERT INTO pts VALUES (0, 0, 1)")  # writes go on
+        a.rollback()
+        o.execute("CREATE INDEX ON pts (a)")
