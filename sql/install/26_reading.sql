@@ -64,11 +64,20 @@ BEGIN
                          'numeric columns (or one array of them) only. The data owner restores it.';
     END IF;
     -- The planner folds an IMMUTABLE function of constants in an index's expressions or
-    -- predicate, or in extended statistics, into a constant as the reader: in the relation and
-    -- its inheritance children, those may use built-in functions, operators and types only.
+    -- predicate, or in extended statistics, into a constant as the reader: in the relation, its
+    -- inheritance children and the relations a view reads, those may use built-in functions,
+    -- operators and types only.
     IF EXISTS (WITH RECURSIVE tree(oid) AS (
                    SELECT relid::oid
-                   UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+                   UNION
+                   SELECT n.oid FROM tree t,
+                          LATERAL (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = t.oid
+                                   UNION ALL
+                                   SELECT d.refobjid FROM pg_rewrite r
+                                     JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass
+                                                     AND d.objid = r.oid
+                                                     AND d.refclassid = 'pg_class'::regclass
+                                    WHERE r.ev_class = t.oid) AS n(oid))
                SELECT 1 FROM pg_depend d
                 WHERE d.refobjid >= 16384  -- FirstNormalObjectId: not built in
                   AND d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass,

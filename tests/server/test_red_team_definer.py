@@ -412,6 +412,35 @@ def test_owner_code_in_indexes_or_statistics_does_not_run_as_the_definer(conn, o
         assert _train(a, name) is not None
 
 
+def test_a_view_over_an_owners_table_is_checked_too(conn, owned) -> None:
+    """A superuser's view over a data owner's table: planning the view plans the table."""
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute(
+            "CREATE FUNCTION boom() RETURNS boolean IMMUTABLE LANGUAGE plpgsql AS $$ BEGIN"
+            " IF current_user <> session_user THEN"
+            " RAISE EXCEPTION 'owner code ran as %', current_user; END IF;"
+            " RETURN true; END $$"
+        )
+        o.execute("CREATE INDEX ON pts (a) WHERE boom()")
+    conn.execute(f"CREATE VIEW {schema}.pts_view AS SELECT a, b, y FROM {schema}.pts")
+    view = f"{name}_view"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s)",
+        (f"{schema}.pts_view", view),
+    )
+    conn.execute(
+        "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s",
+        (analyst, view),
+    )
+    with (
+        connect_analyst() as a,
+        pytest.raises(errors.ObjectNotInPrerequisiteState, match="not built in"),
+    ):
+        _train(a, view)
+
+
 def test_no_index_or_statistics_appears_between_the_check_and_the_read(conn, owned) -> None:
     """The check and the read are separate statements: the relation stays locked against
     CREATE INDEX, CREATE STATISTICS and ALTER TABLE until the training's transaction ends."""
