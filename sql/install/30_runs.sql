@@ -14,41 +14,51 @@ CREATE OR REPLACE FUNCTION dpsql_internal._check_run_settings(
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF epochs IS NULL OR epochs < 1 OR epochs > 100000 THEN
-        PERFORM dpsql_internal._fail(format('epochs must be >= 1 and <= 100000, got %s', coalesce(epochs::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epochs must be >= 1 and <= 100000, got %s', coalesce(epochs::text, 'NULL')),
+                                     hint => 'The number of passes over the rows, fixed in advance.');
     END IF;
     IF batch_size IS NULL OR batch_size < 1 THEN
-        PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')),
+                                     hint => 'Rows per step: 1 to the number of rows.');
     END IF;
     IF lambda IS NULL OR NOT (lambda >= 0 AND lambda < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')),
+                                     hint => 'The L2 regularisation: 0 (none) or a small positive number such as 0.01.');
     END IF;
     IF step_size IS NOT NULL AND NOT (step_size > 0 AND step_size < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', step_size));
+        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', step_size),
+                                     hint => 'Leave it NULL for the schedule''s default.');
     END IF;
     IF schedule IS NULL OR schedule NOT IN ('constant', 'decreasing', 'inverse', 'sqrt') THEN
         PERFORM dpsql_internal._fail(format('unknown schedule %s', coalesce(quote_literal(schedule), 'NULL')),
                             hint => 'Use constant, decreasing (min(1/beta, 1/(lambda t))), inverse or sqrt.');
     END IF;
     IF schedule = 'decreasing' AND lambda = 0 THEN
-        PERFORM dpsql_internal._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0');
+        PERFORM dpsql_internal._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0',
+                                     hint => 'Give lambda > 0, or schedule => ''constant''.');
     END IF;
     IF step_offset IS NULL OR NOT (step_offset >= 0 AND step_offset < 'Infinity') THEN
-        PERFORM dpsql_internal._fail('step_offset must be a finite number >= 0');
+        PERFORM dpsql_internal._fail('step_offset must be a finite number >= 0',
+                                     hint => '0 unless the step schedule should start later.');
     END IF;
     IF radius IS NOT NULL AND NOT (radius >= 0 AND radius < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('radius must be a finite number >= 0, got %s', radius));
+        PERFORM dpsql_internal._fail(format('radius must be a finite number >= 0, got %s', radius),
+                                     hint => 'The ball ||w|| <= radius the weights are projected onto; NULL for none.');
     END IF;
     IF row_norm IS NULL OR row_norm NOT IN ('none', 'clip', 'unit') THEN
         PERFORM dpsql_internal._fail(format('row_norm must be none, clip or unit, got %s', coalesce(row_norm, 'NULL')));
     END IF;
     IF huber_h IS NULL OR NOT (huber_h > 0 AND huber_h < 1) THEN
-        PERFORM dpsql_internal._fail('huber_h must be in (0, 1)');
+        PERFORM dpsql_internal._fail('huber_h must be in (0, 1)',
+                                     hint => 'The Huber loss''s smoothing width, e.g. 0.1.');
     END IF;
     IF tolerance IS NOT NULL AND NOT (tolerance > 0) THEN
-        PERFORM dpsql_internal._fail('tolerance must be > 0');
+        PERFORM dpsql_internal._fail('tolerance must be > 0',
+                                     hint => 'The relative change of the objective that stops training; NULL for none.');
     END IF;
     IF parallel_workers IS NULL OR parallel_workers < 0 OR parallel_workers > 64 THEN
-        PERFORM dpsql_internal._fail('parallel_workers must be between 0 and 64');
+        PERFORM dpsql_internal._fail('parallel_workers must be between 0 and 64',
+                                     hint => '0 for a serial scan.');
     END IF;
     IF shuffle IS NULL THEN
         PERFORM dpsql_internal._fail('shuffle must be true or false');
@@ -57,7 +67,8 @@ BEGIN
         PERFORM dpsql_internal._fail('permutation must be once (shuffle once) or fresh (a new one each epoch)');
     END IF;
     IF permutation = 'fresh' AND (NOT shuffle OR parallel_workers > 0) THEN
-        PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan');
+        PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan',
+                                     hint => 'Use permutation => ''once'' with parallel_workers or shuffle => false.');
     END IF;
 END $$;
 

@@ -239,13 +239,16 @@ BEGIN
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
-        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')),
+                                     hint => 'The release''s privacy loss, e.g. 1: it is charged to the dataset''s budget.');
     END IF;
     IF NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta));
+        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta),
+                                     hint => 'e.g. 1e-5, well below 1 / rows; 0 for pure epsilon-DP.');
     END IF;
     IF calibration NOT IN ('analytic', 'classic') THEN
-        PERFORM dpsql_internal._fail('gaussian must be analytic or classic');
+        PERFORM dpsql_internal._fail('gaussian must be analytic or classic',
+                                     hint => 'analytic (the default), or classic (eq. 4 of the bolt-on paper, epsilon < 1).');
     END IF;
     IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql_internal._is_admin() THEN
         PERFORM dpsql_internal._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
