@@ -44,8 +44,9 @@ DECLARE
                            ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
 BEGIN
     -- (SHARE UPDATE EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE STATISTICS until the
-    -- transaction ends; reads and writes go on)
-    IF (SELECT c.relkind IN ('r', 'p', 'm') FROM pg_class c WHERE c.oid = relid) THEN
+    -- transaction ends; reads and writes go on. A view's lock is its relations', a table's its
+    -- children's; a materialized view cannot be locked.)
+    IF (SELECT c.relkind IN ('r', 'p', 'v') FROM pg_class c WHERE c.oid = relid) THEN
         EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', relid);
     END IF;
     SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type INTO bad

@@ -460,3 +460,25 @@ def test_no_index_or_statistics_appears_between_the_check_and_the_read(conn, own
         o.execute("INSERT INTO pts VALUES (0, 0, 1)")  # writes go on
         a.rollback()
         o.execute("CREATE INDEX ON pts (a)")
+
+
+def test_materialized_views_and_views_still_train(conn, owned) -> None:
+    """(LOCK TABLE refuses materialized views: they are read unlocked.)"""
+    owner, connect_owner, schema, ds, name, analyst, connect_analyst = owned
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute("CREATE MATERIALIZED VIEW pts_m AS SELECT a, b, y FROM pts")
+        (mds,) = o.execute(
+            "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s)",
+            (f"{schema}.pts_m", f"{name}_m"),
+        ).fetchone()
+        o.execute("SELECT dpsql.grant_dataset(%s, %s)", (mds, analyst))
+    conn.execute(f"CREATE VIEW {schema}.pts_v AS SELECT a, b, y FROM {schema}.pts")
+    (vds,) = conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s)",
+        (f"{schema}.pts_v", f"{name}_v"),
+    ).fetchone()
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (vds, analyst))
+    with connect_analyst() as a:
+        assert _train(a, f"{name}_m") is not None
+        assert _train(a, f"{name}_v") is not None
