@@ -164,6 +164,19 @@ BEGIN
             PERFORM dpsql_internal._fail('on a distributed table the shards are the parallel scans: '
                                          'parallel_workers and fresh permutations do not apply', '0A000');
         END IF;
+        -- The shards read the relation's own columns with col::float8, not through
+        -- _read_list: a numeric value out of float8's range would print itself in the error.
+        IF private THEN
+            IF EXISTS (SELECT 1 FROM unnest(features || label) u(col)
+                         JOIN pg_catalog.pg_attribute a
+                           ON a.attrelid = relation AND a.attname = u.col
+                          AND a.attnum > 0 AND NOT a.attisdropped
+                        WHERE (dpsql_internal._numeric_base(a.atttypid)).base = 'numeric'::regtype) THEN
+                PERFORM dpsql_internal._fail(format('distributed dataset %s has numeric columns: its shards '
+                                                    'read float8, float4 and integer columns only', relation),
+                                             '0A000', 'ALTER TABLE ... ALTER COLUMN ... TYPE float8.');
+            END IF;
+        END IF;
         IF NOT private AND NOT shard_parallel THEN
             PERFORM dpsql_internal._fail(
                 format('%s is distributed over %s shards: SGD epochs there train one model per shard '
