@@ -318,14 +318,27 @@ END $$;
 -- The privacy entry point (dpsql.train's private path, also callable directly with any jsonb):
 -- dpsql_internal._train_release with the extension owner's rights. A parameter PostgreSQL
 -- cannot read or compute with (text for a number, a number that overflows float8) is refused
--- as such, a dpsql error naming no value, instead of a raw cast or overflow error.
+-- as such, a dpsql error naming no value, instead of a raw cast or overflow error; a refused
+-- parameter without a hint gets one.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_private(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    message text;
+    hint text;
 BEGIN
     RETURN dpsql_internal._train_release(source, model, params);
 EXCEPTION
+    WHEN invalid_parameter_value THEN
+        -- every refused parameter says where to look
+        GET STACKED DIAGNOSTICS message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+        IF coalesce(hint, '') <> '' OR message NOT LIKE 'dpsql: %' THEN
+            RAISE;
+        END IF;
+        PERFORM dpsql_internal._fail(substr(message, 8), '22023',
+            'SELECT name, params, options, docs FROM dpsql.mechanisms() lists what each mechanism '
+            'takes, and where it is documented.');
     WHEN invalid_text_representation OR cannot_coerce OR invalid_binary_representation THEN
         IF SQLERRM LIKE 'dpsql:%' THEN
             RAISE;  -- dpsql's own (e.g. a divergence), already said as such

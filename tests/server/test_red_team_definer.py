@@ -482,3 +482,27 @@ def test_materialized_views_and_views_still_train(conn, owned) -> None:
     with connect_analyst() as a:
         assert _train(a, f"{name}_m") is not None
         assert _train(a, f"{name}_v") is not None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"epochs": 0},
+        {"lambda": -1.0},
+        {"delta": 2.0},
+        {"clip_norm": -1.0, "privacy": "dp_ftrl"},
+        {"batch_size": 0, "privacy": "dp_ftrl"},
+        {"options": '{"output": 5}', "privacy": "dp_ftrl"},
+        {"sampling": "", "privacy": "dpsgd"},
+    ],
+)
+def test_refused_parameters_come_with_a_hint(conn, owned, args) -> None:
+    *_, name, analyst, connect_analyst = owned
+    full = {"privacy": "bolton", "epsilon": 1.0, "delta": 1e-5, "epochs": 1, **args}
+    types = {**TYPES, "batch_size": "bigint"}
+    names = ", ".join(f"{k} => %({k})s::{types.get(k, 'text')}" for k in full)
+    with connect_analyst() as a:
+        err = _refused_cleanly(
+            conn, a, f"SELECT dpsql.train(%(name)s, NULL, NULL, {names})", {"name": name, **full}
+        )
+    assert err.sqlstate == "22023" and err.diag.message_hint, str(err)
