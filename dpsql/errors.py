@@ -72,8 +72,8 @@ class BudgetExceeded(DpsqlError, psycopg.DatabaseError):
 
 
 class PermissionDenied(DpsqlError, pg.InsufficientPrivilege):
-    """42501: the role may not do this: the dataset is not granted to it, the action is for
-    data owners (``dpsql_admin``), or the option is for data owners' tests (``noise_seed``)."""
+    """42501: the role may not do this: the action is for data owners (``dpsql_admin``), or
+    the option is for data owners' tests (``noise_seed``)."""
 
 
 class InvalidParameter(DpsqlError, pg.InvalidParameterValue):
@@ -87,7 +87,8 @@ class NotFound(DpsqlError, pg.UndefinedObject):
 
 class NotRegistered(NotFound):
     """42704 for a dataset: the source is not a registered dataset (private training and the
-    private estimates need ``register_dataset`` by a data owner), or no dataset has that id."""
+    private estimates need ``register_dataset`` by a data owner), or no dataset has that id.
+    To an analyst a dataset not granted to them is the same: its name is not disclosed."""
 
 
 class NoSuchModel(NotFound, LookupError):

@@ -63,7 +63,8 @@ def training_rows(conn: psycopg.Connection, run_id: int) -> tuple[np.ndarray, np
 def leftovers(conn: psycopg.Connection) -> tuple[int, int, int]:
     """(training tables, runs, models): what a failed call must not change."""
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'),"
+        "SELECT (SELECT count(*) FROM pg_tables"
+        "         WHERE schemaname IN ('dpsql_work', 'dpsql_owner_work')),"
         " (SELECT count(*) FROM dpsql.runs), (SELECT count(*) FROM dpsql.models)"
     ).fetchone()
     assert row is not None

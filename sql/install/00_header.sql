@@ -2,8 +2,12 @@
 -- private releases (bolt-on, white-box, linear regression), datasets, roles and the ledger.
 \echo Use "CREATE EXTENSION dpsql" to load this file. \quit
 
--- Training tables of runs in progress live here, out of analysts' reach.
+-- Training tables of runs in progress live here, out of analysts' reach: private runs' in
+-- dpsql_work, where only the extension owner creates tables (a data owner's table named like
+-- a run's next training table would fail, or be used by, a private run); data owners'
+-- non-private runs' in dpsql_owner_work.
 CREATE SCHEMA IF NOT EXISTS dpsql_work;
+CREATE SCHEMA IF NOT EXISTS dpsql_owner_work;
 -- The extension's internal functions (names starting with _): the dpsql schema holds the API.
 CREATE SCHEMA IF NOT EXISTS dpsql_internal;
 

@@ -149,6 +149,9 @@ CREATE OR REPLACE FUNCTION dpsql_internal._check_labels(model text, labels float
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     canonical := dpsql_internal._canonical_model(model);
+    IF canonical IS NULL THEN
+        PERFORM dpsql_internal._fail('model must be logistic, linear, huber or multinomial, got NULL');
+    END IF;
     IF canonical = 'linear' THEN
         IF labels IS NOT NULL THEN
             PERFORM dpsql_internal._fail('labels apply to classification models only');

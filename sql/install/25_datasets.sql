@@ -121,31 +121,49 @@ END $$;
 -- Registering datasets
 ------------------------------------------------------------------------------------------
 
--- 'scalar' for a numeric type, 'array' for a numeric array type, NULL otherwise (domains are
--- unwrapped).
-CREATE OR REPLACE FUNCTION dpsql_internal._numeric_kind(typ oid)
-RETURNS text LANGUAGE plpgsql STABLE
+-- The built-in numeric type a column's values are read as (int2, int4, int8, float4, float8
+-- or numeric), and whether the column is an array of them: domains are resolved to their base
+-- types, recursively, also over an array and as its elements. base is NULL for anything else
+-- (a type of the owner's: its casts are the owner's functions, which the definer would run).
+CREATE OR REPLACE FUNCTION dpsql_internal._numeric_base(typ oid, OUT base regtype, OUT is_array boolean)
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t oid := typ;
-    base oid;
+    ty record;
 BEGIN
+    is_array := false;
     LOOP
-        SELECT CASE WHEN ty.typtype = 'd' THEN ty.typbasetype END INTO base
-          FROM pg_type ty WHERE ty.oid = t;
-        EXIT WHEN base IS NULL;
-        t := base;
+        SELECT p.typtype, p.typbasetype, p.typelem, p.typcategory, p.typsubscript INTO ty
+          FROM pg_type p WHERE p.oid = t;
+        IF NOT FOUND THEN
+            RETURN;
+        ELSIF ty.typtype = 'd' THEN
+            t := ty.typbasetype;
+        ELSIF ty.typcategory = 'A' AND ty.typsubscript = 'array_subscript_handler'::regproc
+              AND NOT is_array THEN
+            t := ty.typelem;
+            is_array := true;
+        ELSE
+            EXIT;
+        END IF;
     END LOOP;
-    IF t::regtype IN ('float8'::regtype, 'float4'::regtype, 'int2'::regtype, 'int4'::regtype,
-                      'int8'::regtype, 'numeric'::regtype) THEN
-        RETURN 'scalar';
-    ELSIF t::regtype IN ('float8[]'::regtype, 'float4[]'::regtype, 'int2[]'::regtype,
-                         'int4[]'::regtype, 'int8[]'::regtype, 'numeric[]'::regtype) THEN
-        RETURN 'array';
+    IF t IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'float4'::regtype,
+             'float8'::regtype, 'numeric'::regtype) THEN
+        base := t;
     END IF;
-    RETURN NULL;
 END $$;
+
+-- 'scalar' for a numeric type, 'array' for a numeric array type, NULL otherwise (see
+-- _numeric_base).
+CREATE OR REPLACE FUNCTION dpsql_internal._numeric_kind(typ oid)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN b.base IS NULL THEN NULL WHEN b.is_array THEN 'array' ELSE 'scalar' END
+      FROM dpsql_internal._numeric_base(typ) b
+$$;
 
 -- Checks that a relation may be read by the private training path, which reads it with the
 -- extension owner's rights. Tables, partitioned tables and materialized views run no code of
@@ -177,7 +195,8 @@ BEGIN
     IF persistence = 't' THEN
         RAISE EXCEPTION 'dpsql: % is a temporary table', what USING ERRCODE = 'wrong_object_type';
     END IF;
-    IF nspname IN ('dpsql', 'dpsql_work', 'pg_catalog', 'information_schema') THEN
+    IF nspname IN ('dpsql', 'dpsql_internal', 'dpsql_work', 'dpsql_owner_work', 'pg_catalog',
+                   'information_schema') THEN
         RAISE EXCEPTION 'dpsql: % is a system relation, not a dataset', what
             USING ERRCODE = 'wrong_object_type';
     END IF;
@@ -564,7 +583,8 @@ COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
 -- The registered dataset a source names (the private training path and the estimates): its name, or, among
 -- datasets whose relation still exists, the relation's current qualified name (quoted or not),
 -- the name it was registered under, or its unqualified name when exactly one has it. No name is
--- resolved through a search_path. The relation is checked again (it may have been replaced
+-- resolved through a search_path. Only datasets the caller may use are looked at: to an
+-- analyst, one not granted to them is unknown, with the same error (no name, no count). The relation is checked again (it may have been replaced
 -- since registration), and the returned row's source is the relation's current schema-qualified
 -- name: read that, never a name given by the caller.
 CREATE OR REPLACE FUNCTION dpsql_internal._lookup_dataset(source text)
@@ -577,7 +597,8 @@ DECLARE
     n int;
     rel record;
 BEGIN
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = _lookup_dataset.source;
+    SELECT * INTO d FROM dpsql.datasets ds
+     WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id);
     IF NOT FOUND THEN
         BEGIN
             parts := parse_ident(_lookup_dataset.source);
@@ -589,16 +610,19 @@ BEGIN
               FROM dpsql.datasets ds
               JOIN pg_class c ON c.oid = ds.relid
               JOIN pg_namespace ns ON ns.oid = c.relnamespace
-             WHERE ds.dropped_at IS NULL AND ns.nspname = parts[1] AND c.relname = parts[2];
+             WHERE ds.dropped_at IS NULL AND ns.nspname = parts[1] AND c.relname = parts[2]
+               AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
         IF d.dataset_id IS NULL THEN  -- the name it was registered under
             SELECT * INTO d FROM dpsql.datasets ds
-             WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source;
+             WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source
+               AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
         IF d.dataset_id IS NULL AND cardinality(parts) = 1 THEN
             SELECT count(*) INTO n
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
-             WHERE ds.dropped_at IS NULL AND c.relname = parts[1];
+             WHERE ds.dropped_at IS NULL AND c.relname = parts[1]
+               AND dpsql_internal._can_use_dataset(ds.dataset_id);
             IF n > 1 THEN
                 RAISE EXCEPTION 'dpsql: % names % registered datasets',
                                 quote_literal(_lookup_dataset.source), n
@@ -607,10 +631,17 @@ BEGIN
             END IF;
             SELECT ds.* INTO d
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
-             WHERE ds.dropped_at IS NULL AND c.relname = parts[1];
+             WHERE ds.dropped_at IS NULL AND c.relname = parts[1]
+               AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
     END IF;
-    IF d.dataset_id IS NULL THEN
+    IF d.dataset_id IS NULL AND NOT dpsql_internal._is_admin() THEN
+        -- (as dpsql.budget_report says it)
+        RAISE EXCEPTION 'dpsql: no dataset % among the datasets you can use',
+                        coalesce(quote_literal(_lookup_dataset.source), 'NULL')
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'dpsql.budgets lists the datasets you can use.';
+    ELSIF d.dataset_id IS NULL THEN
         RAISE EXCEPTION 'dpsql: % is not a registered dataset; private training needs '
                         'dpsql.register_dataset by a data owner (dpsql_admin)',
                         coalesce(quote_literal(_lookup_dataset.source), 'NULL')

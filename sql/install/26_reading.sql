@@ -25,32 +25,92 @@ BEGIN
 END $$;
 
 -- The select list that reads registered columns as float8 (scalars) or float8[] (an array
--- column), each under its own name. A numeric value out of float8's range becomes NULL (a
--- null record), so that no cast error prints a private value.
+-- column), each under its own name; columns are features || label. Checked at every read, the
+-- relation locked first (no change in between): each column is read through its built-in
+-- numeric base type only (dpsql_internal._numeric_base), never through a cast of the owner's,
+-- and one that is no longer numeric is refused by its type, naming no value. A numeric value
+-- out of float8's range becomes NULL (a null record) and one below it 0, so that no cast
+-- error prints a private value.
 CREATE OR REPLACE FUNCTION dpsql_internal._read_list(relid regclass, columns text[])
-RETURNS text LANGUAGE plpgsql STABLE
+RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     list text;
     found_columns int;
+    bad record;
+    -- numeric to float8 without an error: v is a numeric expression
+    numeric_float8 text := 'CASE WHEN abs(%1$s) <= 1.7976931348623157e308 THEN'
+                           ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
 BEGIN
+    -- (SHARE UPDATE EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE STATISTICS until the
+    -- transaction ends; reads and writes go on. A view's lock is its relations', a table's its
+    -- children's; a materialized view cannot be locked.)
+    IF (SELECT c.relkind IN ('r', 'p', 'v') FROM pg_class c WHERE c.oid = relid) THEN
+        EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', relid);
+    END IF;
+    SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type INTO bad
+      FROM unnest(columns) WITH ORDINALITY AS u(col, k)
+      JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
+                         AND NOT a.attisdropped,
+           LATERAL dpsql_internal._numeric_base(a.atttypid) b
+     WHERE b.base IS NULL
+        OR (b.is_array AND (k > 1 OR cardinality(columns) <> 2))  -- one feature array
+     ORDER BY k LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'dpsql: registered column % of % has type %, not a built-in numeric type',
+                        quote_ident(bad.col), relid, bad.type
+            USING ERRCODE = 'datatype_mismatch',
+                  HINT = 'It changed since registration: private training reads int, float and '
+                         'numeric columns (or one array of them) only. The data owner restores it.';
+    END IF;
+    -- The planner folds an IMMUTABLE function of constants in an index's expressions or
+    -- predicate, or in extended statistics, into a constant as the reader: in the relation, its
+    -- inheritance children and the relations a view reads, those may use built-in functions,
+    -- operators and types only.
+    IF EXISTS (WITH RECURSIVE tree(oid) AS (
+                   SELECT relid::oid
+                   UNION
+                   SELECT n.oid FROM tree t,
+                          LATERAL (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = t.oid
+                                   UNION ALL
+                                   SELECT d.refobjid FROM pg_rewrite r
+                                     JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass
+                                                     AND d.objid = r.oid
+                                                     AND d.refclassid = 'pg_class'::regclass
+                                    WHERE r.ev_class = t.oid) AS n(oid))
+               SELECT 1 FROM pg_depend d
+                WHERE d.refobjid >= 16384  -- FirstNormalObjectId: not built in
+                  AND d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass,
+                                       'pg_type'::regclass, 'pg_opclass'::regclass,
+                                       'pg_opfamily'::regclass)
+                  AND ((d.classid = 'pg_class'::regclass
+                        AND d.objid IN (SELECT x.indexrelid FROM pg_index x
+                                         WHERE x.indrelid IN (SELECT oid FROM tree)))
+                       OR (d.classid = 'pg_statistic_ext'::regclass
+                           AND d.objid IN (SELECT x.oid FROM pg_statistic_ext x
+                                            WHERE x.stxrelid IN (SELECT oid FROM tree))))) THEN
+        RAISE EXCEPTION 'dpsql: an index or statistics object of % uses functions, operators or types that are not built in',
+                        relid
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Planning a read runs such code with the reader''s rights: the data owner drops '
+                         'the index or statistics object.';
+    END IF;
     SELECT string_agg(
-               CASE WHEN t.typcategory = 'A' AND e.oid = 'numeric'::regtype THEN
-                        format('ARRAY(SELECT CASE WHEN abs(v) <= 1.7976931348623157e308 THEN v::float8 END'
-                               ' FROM unnest(%1$I) v) AS %1$I', a.attname)
-                    WHEN t.typcategory = 'A' THEN format('%1$I::float8[] AS %1$I', a.attname)
-                    WHEN coalesce(nullif(t.typbasetype, 0), t.oid) = 'numeric'::regtype THEN
-                        format('CASE WHEN abs(%1$I) <= 1.7976931348623157e308 THEN %1$I::float8 END AS %1$I',
+               CASE WHEN b.is_array AND b.base = 'numeric'::regtype THEN
+                        format('ARRAY(SELECT %s FROM unnest(%I::numeric[]) v) AS %I',
+                               format(numeric_float8, 'v'), a.attname, a.attname)
+                    WHEN b.is_array THEN format('%1$I::%2$s[]::float8[] AS %1$I', a.attname, b.base)
+                    WHEN b.base = 'numeric'::regtype THEN
+                        format('%s AS %I', format(numeric_float8, quote_ident(a.attname) || '::numeric'),
                                a.attname)
-                    ELSE format('%1$I::float8 AS %1$I', a.attname) END,
+                    ELSE format('%1$I::%2$s::float8 AS %1$I', a.attname, b.base) END,
                ', ' ORDER BY k), count(*)
       INTO list, found_columns
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
       JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
-                         AND NOT a.attisdropped
-      JOIN pg_type t ON t.oid = a.atttypid
-      LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A';
+                         AND NOT a.attisdropped,
+           LATERAL dpsql_internal._numeric_base(a.atttypid) b;
     IF found_columns IS DISTINCT FROM cardinality(columns) THEN
         RAISE EXCEPTION 'dpsql: the registered columns of % no longer exist', relid
             USING ERRCODE = 'undefined_column';
@@ -92,8 +152,8 @@ RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT cardinality(ds.features) = 1
-           AND (SELECT a.attndims > 0 OR t.typcategory = 'A'
-                  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+           AND (SELECT a.attndims > 0 OR (dpsql_internal._numeric_base(a.atttypid)).is_array
+                  FROM pg_attribute a
                  WHERE a.attrelid = ds.relid AND a.attname = ds.features[1])
 $$;
 
@@ -101,7 +161,7 @@ $$;
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader).
 CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets)
-RETURNS text LANGUAGE plpgsql STABLE
+RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -106,7 +106,8 @@ BEGIN
                                    CASE WHEN lowest > '-Infinity' THEN lowest || ' <= ' ELSE '' END),
                             hint => 'A public range that surely holds the quantiles; wider costs little.');
     END IF;
-    EXECUTE format('SELECT count(*) FROM %s', ds.relid) INTO m;
+    -- (read as every private read is: the registered columns' types and the relation checked)
+    EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO m;
     IF m < 1 THEN
         PERFORM dpsql_internal._fail(format('dataset %s has no rows', ds.name), '22000');
     END IF;

@@ -13,42 +13,52 @@ CREATE OR REPLACE FUNCTION dpsql_internal._check_run_settings(
     parallel_workers int, shuffle boolean, permutation text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF epochs IS NULL OR epochs < 1 THEN
-        PERFORM dpsql_internal._fail(format('epochs must be >= 1, got %s', coalesce(epochs::text, 'NULL')));
+    IF epochs IS NULL OR epochs < 1 OR epochs > 100000 THEN
+        PERFORM dpsql_internal._fail(format('epochs must be >= 1 and <= 100000, got %s', coalesce(epochs::text, 'NULL')),
+                                     hint => 'The number of passes over the rows, fixed in advance.');
     END IF;
     IF batch_size IS NULL OR batch_size < 1 THEN
-        PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')),
+                                     hint => 'Rows per step: 1 to the number of rows.');
     END IF;
     IF lambda IS NULL OR NOT (lambda >= 0 AND lambda < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('lambda must be a finite number >= 0, got %s', coalesce(lambda::text, 'NULL')),
+                                     hint => 'The L2 regularisation: 0 (none) or a small positive number such as 0.01.');
     END IF;
     IF step_size IS NOT NULL AND NOT (step_size > 0 AND step_size < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', step_size));
+        PERFORM dpsql_internal._fail(format('step_size must be a finite number > 0, got %s', step_size),
+                                     hint => 'Leave it NULL for the schedule''s default.');
     END IF;
     IF schedule IS NULL OR schedule NOT IN ('constant', 'decreasing', 'inverse', 'sqrt') THEN
         PERFORM dpsql_internal._fail(format('unknown schedule %s', coalesce(quote_literal(schedule), 'NULL')),
                             hint => 'Use constant, decreasing (min(1/beta, 1/(lambda t))), inverse or sqrt.');
     END IF;
     IF schedule = 'decreasing' AND lambda = 0 THEN
-        PERFORM dpsql_internal._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0');
+        PERFORM dpsql_internal._fail('the decreasing schedule min(1/beta, 1/(lambda t)) needs lambda > 0',
+                                     hint => 'Give lambda > 0, or schedule => ''constant''.');
     END IF;
     IF step_offset IS NULL OR NOT (step_offset >= 0 AND step_offset < 'Infinity') THEN
-        PERFORM dpsql_internal._fail('step_offset must be a finite number >= 0');
+        PERFORM dpsql_internal._fail('step_offset must be a finite number >= 0',
+                                     hint => '0 unless the step schedule should start later.');
     END IF;
     IF radius IS NOT NULL AND NOT (radius >= 0 AND radius < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('radius must be a finite number >= 0, got %s', radius));
+        PERFORM dpsql_internal._fail(format('radius must be a finite number >= 0, got %s', radius),
+                                     hint => 'The ball ||w|| <= radius the weights are projected onto; NULL for none.');
     END IF;
     IF row_norm IS NULL OR row_norm NOT IN ('none', 'clip', 'unit') THEN
         PERFORM dpsql_internal._fail(format('row_norm must be none, clip or unit, got %s', coalesce(row_norm, 'NULL')));
     END IF;
     IF huber_h IS NULL OR NOT (huber_h > 0 AND huber_h < 1) THEN
-        PERFORM dpsql_internal._fail('huber_h must be in (0, 1)');
+        PERFORM dpsql_internal._fail('huber_h must be in (0, 1)',
+                                     hint => 'The Huber loss''s smoothing width, e.g. 0.1.');
     END IF;
     IF tolerance IS NOT NULL AND NOT (tolerance > 0) THEN
-        PERFORM dpsql_internal._fail('tolerance must be > 0');
+        PERFORM dpsql_internal._fail('tolerance must be > 0',
+                                     hint => 'The relative change of the objective that stops training; NULL for none.');
     END IF;
     IF parallel_workers IS NULL OR parallel_workers < 0 OR parallel_workers > 64 THEN
-        PERFORM dpsql_internal._fail('parallel_workers must be between 0 and 64');
+        PERFORM dpsql_internal._fail('parallel_workers must be between 0 and 64',
+                                     hint => '0 for a serial scan.');
     END IF;
     IF shuffle IS NULL THEN
         PERFORM dpsql_internal._fail('shuffle must be true or false');
@@ -57,13 +67,25 @@ BEGIN
         PERFORM dpsql_internal._fail('permutation must be once (shuffle once) or fresh (a new one each epoch)');
     END IF;
     IF permutation = 'fresh' AND (NOT shuffle OR parallel_workers > 0) THEN
-        PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan');
+        PERFORM dpsql_internal._fail('fresh permutations need shuffle => true and a serial scan',
+                                     hint => 'Use permutation => ''once'' with parallel_workers or shuffle => false.');
     END IF;
 END $$;
 
--- The training table dpsql_work.train_<run> of a run: the source's rows as (rid, x, y) in
--- the order of a seeded, data-independent permutation (the source's own order without
--- shuffle), feature arrays kept inline. *seed receives the seed used (a random one when NULL).
+-- The schema of the current user's training tables: dpsql_work, where only the extension
+-- owner (and superusers) may create, for private runs; dpsql_owner_work for data owners.
+CREATE OR REPLACE FUNCTION dpsql_internal._work_schema()
+RETURNS name LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN has_schema_privilege('dpsql_work', 'CREATE') THEN 'dpsql_work'
+                ELSE 'dpsql_owner_work' END::name
+$$;
+
+-- The training table train_<run> of a run: the source's rows as (rid, x, y) in the order of
+-- a seeded, data-independent permutation (the source's own order without shuffle), feature
+-- arrays kept inline. *seed receives the seed used (a random one when NULL). In dpsql_work
+-- for the extension owner (private runs), else dpsql_owner_work; created here, never found.
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
@@ -73,7 +95,7 @@ DECLARE
     tbl text;
 BEGIN
     seed_policy := 'none';
-    tbl := format('dpsql_work.%I', 'train_' || run);
+    tbl := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
     EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
                    'WITH (autovacuum_enabled = false%s)', tbl,
                    CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
@@ -127,6 +149,7 @@ DECLARE
     filled record;
     init float8[];
     layout record;
+    ltype text;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
     lab := dpsql_internal._check_labels(model, labels);
@@ -140,6 +163,19 @@ BEGIN
         IF parallel_workers > 0 OR permutation = 'fresh' THEN
             PERFORM dpsql_internal._fail('on a distributed table the shards are the parallel scans: '
                                          'parallel_workers and fresh permutations do not apply', '0A000');
+        END IF;
+        -- The shards read the relation's own columns with col::float8, not through
+        -- _read_list: a numeric value out of float8's range would print itself in the error.
+        IF private THEN
+            IF EXISTS (SELECT 1 FROM unnest(features || label) u(col)
+                         JOIN pg_catalog.pg_attribute a
+                           ON a.attrelid = relation AND a.attname = u.col
+                          AND a.attnum > 0 AND NOT a.attisdropped
+                        WHERE (dpsql_internal._numeric_base(a.atttypid)).base = 'numeric'::regtype) THEN
+                PERFORM dpsql_internal._fail(format('distributed dataset %s has numeric columns: its shards '
+                                                    'read float8, float4 and integer columns only', relation),
+                                             '0A000', 'ALTER TABLE ... ALTER COLUMN ... TYPE float8.');
+            END IF;
         END IF;
         IF NOT private AND NOT shard_parallel THEN
             PERFORM dpsql_internal._fail(
@@ -164,6 +200,14 @@ BEGIN
             END IF;
         END IF;
         feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
+        IF NOT private AND label IS NOT NULL THEN
+            -- (a private run's label is registered and read as float8)
+            EXECUTE format('SELECT pg_typeof((SELECT %I FROM %s LIMIT 1))::text', label, src) INTO ltype;
+            IF ltype NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric') THEN
+                PERFORM dpsql_internal._fail(format('label column %I has type %s, not a number', label, ltype),
+                                             '42804', 'Give a numeric label column.');
+            END IF;
+        END IF;
         yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         IF layout.dist_column IS NOT NULL THEN

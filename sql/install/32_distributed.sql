@@ -39,13 +39,13 @@ BEGIN
     IF rel IS NULL OR NOT dpsql_internal._citus_installed() THEN
         RETURN;
     END IF;
-    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1 AND partmethod = ''n'')'
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1 AND partmethod = ''n'')'
        INTO single_shard USING rel;
     EXECUTE 'SELECT a.attname, format_type(a.atttypid, a.atttypmod), p.colocationid,
-                    (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid),
-                    (SELECT count(DISTINCT pl.groupid) FROM pg_dist_shard s
-                       JOIN pg_dist_placement pl USING (shardid) WHERE s.logicalrelid = p.logicalrelid)
-               FROM pg_dist_partition p
+                    (SELECT count(*) FROM pg_catalog.pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid),
+                    (SELECT count(DISTINCT pl.groupid) FROM pg_catalog.pg_dist_shard s
+                       JOIN pg_catalog.pg_dist_placement pl USING (shardid) WHERE s.logicalrelid = p.logicalrelid)
+               FROM pg_catalog.pg_dist_partition p
                JOIN pg_attribute a ON a.attrelid = p.logicalrelid
                                   AND a.attname = column_to_column_name(p.logicalrelid, p.partkey)
               WHERE p.logicalrelid = $1 AND p.partmethod = ''h'''
@@ -73,7 +73,7 @@ BEGIN
                        JOIN pg_rewrite r ON r.ev_class = deps.oid
                        JOIN pg_depend d ON d.classid = ''pg_rewrite''::regclass AND d.objid = r.oid
                                        AND d.refclassid = ''pg_class''::regclass)
-                 SELECT EXISTS (SELECT 1 FROM deps JOIN pg_dist_partition p ON p.logicalrelid = deps.oid
+                 SELECT EXISTS (SELECT 1 FROM deps JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid = deps.oid
                                  WHERE p.partmethod = ''h'')'
            INTO found USING rel;
         RETURN found;
@@ -125,7 +125,7 @@ BEGIN
     ELSE
         seed := NULL;
     END IF;
-    train_table := format('dpsql_work.%I', 'train_' || run);
+    train_table := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
     -- parallel_workers = 0: a shard is scanned by one process, in its stored order
     EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '
                    'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',

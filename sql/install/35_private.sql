@@ -175,9 +175,9 @@ END $$;
 -- release; a run that fails releases nothing and, being one transaction, charges nothing
 -- (private runs have no data-dependent error: malformed rows become null records).
 -- With tuning grids it is Algorithm 3 of the bolt-on paper (private tuning, spec 003 s. 9).
-CREATE OR REPLACE FUNCTION dpsql_internal._train_private(source text, model text, params jsonb)
-RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
+-- Runs inside dpsql_internal._train_private (below), with its rights.
+CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
+RETURNS bigint LANGUAGE plpgsql
 AS $$
 DECLARE
     ds dpsql.datasets;
@@ -213,6 +213,12 @@ BEGIN
     END IF;
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
     canonical := dpsql_internal._erm_model(model);
+    IF canonical IS NULL THEN
+        PERFORM dpsql_internal._fail(format('model must be %s, got NULL',
+                                            (SELECT string_agg(quote_literal(m), ' or ')
+                                               FROM unnest(dpsql_internal._mechanism_models(mech)) m)),
+                                     hint => 'model => ''logistic'' (classification) or ''linear'' (regression).');
+    END IF;
     IF canonical <> ALL (dpsql_internal._mechanism_models(mech)) THEN
         PERFORM dpsql_internal._fail(
             format('%s trains model => %s, not %s', privacy,
@@ -233,13 +239,16 @@ BEGIN
     END IF;
     IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
-        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')),
+                                     hint => 'The release''s privacy loss, e.g. 1: it is charged to the dataset''s budget.');
     END IF;
     IF NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta));
+        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta),
+                                     hint => 'e.g. 1e-5, well below 1 / rows; 0 for pure epsilon-DP.');
     END IF;
     IF calibration NOT IN ('analytic', 'classic') THEN
-        PERFORM dpsql_internal._fail('gaussian must be analytic or classic');
+        PERFORM dpsql_internal._fail('gaussian must be analytic or classic',
+                                     hint => 'analytic (the default), or classic (eq. 4 of the bolt-on paper, epsilon < 1).');
     END IF;
     IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql_internal._is_admin() THEN
         PERFORM dpsql_internal._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
@@ -253,9 +262,9 @@ BEGIN
         PERFORM dpsql_internal._fail('private runs shuffle the data (a data-independent permutation)');
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(lambdas) v WHERE v IS NULL OR NOT (v >= 0 AND v < 'Infinity'))
-       OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1)
+       OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1 OR k > 100000)
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
-        PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs >= 1, at most 100 candidates');
+        PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs from 1 to 100000, at most 100 candidates');
     END IF;
 
     ds := dpsql_internal._dataset_for_source(source);
@@ -265,6 +274,8 @@ BEGIN
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
+    -- The registered columns' types, now (an owner may have changed them): before any charge.
+    PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label);
     PERFORM dpsql_internal._check_distributed(mech, ds, params);
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with features %s', ds.name, ds.features),
@@ -301,6 +312,48 @@ BEGIN
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
        INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
     RETURN mid;
+END $$;
+
+-- The privacy entry point (dpsql.train's private path, also callable directly with any jsonb):
+-- dpsql_internal._train_release with the extension owner's rights. A parameter PostgreSQL
+-- cannot read or compute with (text for a number, a number that overflows float8) is refused
+-- as such, a dpsql error naming no value, instead of a raw cast or overflow error; a refused
+-- parameter without a hint gets one.
+CREATE OR REPLACE FUNCTION dpsql_internal._train_private(source text, model text, params jsonb)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    message text;
+    hint text;
+BEGIN
+    RETURN dpsql_internal._train_release(source, model, params);
+EXCEPTION
+    WHEN invalid_parameter_value THEN
+        -- every refused parameter says where to look
+        GET STACKED DIAGNOSTICS message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+        IF coalesce(hint, '') <> '' OR message NOT LIKE 'dpsql: %' THEN
+            RAISE;
+        END IF;
+        PERFORM dpsql_internal._fail(substr(message, 8), '22023',
+            'SELECT name, params, options, docs FROM dpsql.mechanisms() lists what each mechanism '
+            'takes, and where it is documented.');
+    WHEN invalid_text_representation OR cannot_coerce OR invalid_binary_representation THEN
+        IF SQLERRM LIKE 'dpsql:%' THEN
+            RAISE;  -- dpsql's own (e.g. a divergence), already said as such
+        END IF;
+        PERFORM dpsql_internal._fail(
+            'a parameter or option is not a value of its type (a number, true/false or a name)',
+            hint => 'options => {...} takes numbers as JSON numbers and flags as true or false; '
+                    'SELECT name, params, options FROM dpsql.mechanisms() lists what each mechanism takes.');
+    WHEN numeric_value_out_of_range OR division_by_zero OR floating_point_exception THEN
+        IF SQLERRM LIKE 'dpsql:%' THEN
+            RAISE;
+        END IF;
+        PERFORM dpsql_internal._fail(
+            'the parameters are out of the range this mechanism computes with (a number overflows)',
+            hint => 'Give moderate values: epsilon and delta not tiny, lambda 0 or not tiny, '
+                    'radius, clip_norm, step_size and noise_multiplier not huge.');
 END $$;
 
 -- The bolt-on (spec 003): Algorithms 1 and 2, or Algorithm 3 with tuning grids. Noiseless

@@ -9,6 +9,14 @@ CREATE SCHEMA IF NOT EXISTS dpsql_audit;
 REVOKE ALL ON SCHEMA dpsql_audit FROM PUBLIC;
 COMMENT ON SCHEMA dpsql_audit IS 'Scratch copies of datasets with canaries, inside one dpsql.audit call';
 
+-- An audit's released weights and canaries, keyed by its copy's name. Tables of the extension
+-- owner's, never temporary ones: an unqualified temp table name is found in the caller's
+-- pg_temp, where a table they created first runs their triggers with the definer's rights.
+CREATE UNLOGGED TABLE IF NOT EXISTS dpsql_internal.audit_runs (
+    audit text NOT NULL, side int, i int, w float8[]);
+CREATE UNLOGGED TABLE IF NOT EXISTS dpsql_internal.audit_canaries (
+    audit text NOT NULL, slot int, x float8[], y float8, included boolean);
+
 CREATE TABLE IF NOT EXISTS dpsql.audits (
     audit_id        bigserial PRIMARY KEY,
     dataset_id      bigint NOT NULL REFERENCES dpsql.datasets,
@@ -249,8 +257,6 @@ BEGIN
     dim := coalesce(ds.dim, cardinality(ds.features));
     -- the runs report their own progress; an audit reports its runs
     PERFORM set_config('dpsql_progress.only', 'audit run', true);
-    CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_runs (side int, i int, w float8[]) ON COMMIT DROP;
-    TRUNCATE dpsql_audit_runs;
 
     IF method = 'distinguish' THEN
         -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
@@ -281,7 +287,7 @@ BEGIN
                         NULL;
                     END;
                 END IF;
-                INSERT INTO dpsql_audit_runs VALUES (side, i, w);
+                INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, side, i, w);
                 PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
             END LOOP;
         END LOOP;
@@ -289,7 +295,7 @@ BEGIN
         -- calibration half (odd runs); the even runs judge it.
         WITH released AS (
             SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.w AS weights
-              FROM dpsql_audit_runs r WHERE r.w IS NOT NULL),
+              FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name AND r.w IS NOT NULL),
         mean AS (
             SELECT k, avg(v) FILTER (WHERE d = 1) - avg(v) FILTER (WHERE d = 0) AS dv
               FROM released, unnest(released.weights) WITH ORDINALITY AS u(v, k)
@@ -339,25 +345,23 @@ BEGIN
             PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 3000], got %s', m));
         END IF;
         copy := dpsql_internal._audit_copy(ds, m, epsilon, delta);
-        CREATE TEMP TABLE IF NOT EXISTS dpsql_audit_canaries
-            (slot int, x float8[], y float8, included boolean) ON COMMIT DROP;
-        TRUNCATE dpsql_audit_canaries;
-        INSERT INTO dpsql_audit_canaries
-        SELECT s, dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim)),
+        INSERT INTO dpsql_internal.audit_canaries
+        SELECT copy.name, s, dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim)),
                CASE WHEN labels IS NULL THEN CASE WHEN random() < 0.5 THEN ds.label_bound
                                                   ELSE -ds.label_bound END
                     WHEN random() < 0.5 THEN labels[1] ELSE positive END,
                random() < 0.5
           FROM generate_series(1, m) s;
         EXECUTE format('UPDATE %s t SET x = CASE WHEN c.included THEN c.x ELSE $1 END, y = c.y'
-                       '  FROM dpsql_audit_canaries c WHERE t.slot = c.slot', copy.relid)
-          USING dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim]));
+                       '  FROM dpsql_internal.audit_canaries c WHERE c.audit = $2 AND t.slot = c.slot',
+                       copy.relid)
+          USING dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim])), copy.name;
         mid := dpsql_internal._audit_release(copy, model, params);
         IF mid IS NULL THEN
             PERFORM dpsql_internal._fail('the audited mechanism released nothing (its solver did '
                                          'not certify): no bound', '55000');
         END IF;
-        INSERT INTO dpsql_audit_runs VALUES (1, 1, '{}');
+        INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, 1, 1, '{}');
         -- score: the margin the model gives the canary's label (higher when it was trained on)
         SELECT jsonb_build_object(
                    'op', 'audit_bound', 'method', 'one_run', 'delta', delta, 'confidence', conf,
@@ -367,8 +371,9 @@ BEGIN
                        CASE WHEN labels IS NULL THEN -((p.v - c.y) ^ 2)
                             WHEN model = 'logistic' THEN CASE WHEN c.y = positive THEN p.v ELSE 1 - p.v END
                             ELSE CASE WHEN c.y = positive THEN p.v ELSE -p.v END END AS s
-                  FROM dpsql_audit_canaries c,
-                       LATERAL (SELECT dpsql.predict(mid, c.x) AS v) p) q;
+                  FROM dpsql_internal.audit_canaries c,
+                       LATERAL (SELECT dpsql.predict(mid, c.x) AS v) p
+                 WHERE c.audit = copy.name) q;
     END IF;
     answer := dpsql_internal._accountant(request::text)::jsonb;
     IF answer ? 'error' THEN
@@ -376,7 +381,10 @@ BEGIN
     END IF;
     details := (answer - 'op' - 'method' - 'confidence')
                || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name,
-                                     'released', (SELECT count(r.w) FROM dpsql_audit_runs r));
+                                     'released', (SELECT count(r.w) FROM dpsql_internal.audit_runs r
+                                                   WHERE r.audit = copy.name));
+    DELETE FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name;
+    DELETE FROM dpsql_internal.audit_canaries c WHERE c.audit = copy.name;
     -- The switches end with the audit, not with the transaction: a release after it in the
     -- same transaction is neither mutated nor silent.
     PERFORM set_config('dpsql_audit.mutation', '', true);

@@ -11,7 +11,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM PUBLIC;  -- agg
 -- From scratch on every install and upgrade: a grant that a release withdraws goes away.
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM dpsql_analyst, dpsql_admin;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin;
-REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
+REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work, dpsql_owner_work FROM PUBLIC;
+-- Only the extension owner creates in dpsql_work: private runs never meet a table they did
+-- not create (data owners had CREATE there before 0.8.0).
+REVOKE ALL ON SCHEMA dpsql_work FROM dpsql_analyst, dpsql_admin;
 
 -- dpsql_internal: the granted helpers below are called by the entry points as the caller.
 GRANT USAGE ON SCHEMA dpsql, dpsql_internal TO dpsql_analyst, dpsql_admin;
@@ -39,7 +42,7 @@ DECLARE
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
-                          '_random_seed', '_flag',
+                          '_random_seed', '_flag', '_work_schema',
                           -- Citus sources (32_distributed.sql)
                           '_refuse_on_worker', '_citus_installed',
                           '_citus_layout', '_reads_citus', '_fill_distributed_table', '_runs_no_code'];
@@ -89,23 +92,38 @@ END $$;
 -- security limits a data owner to the runs and models of their own non-private training
 -- (the extension owner, who runs every private release, bypasses it): a data owner can
 -- neither read another role's run nor forge a release.
-GRANT SELECT, INSERT, UPDATE, DELETE ON dpsql.runs TO dpsql_admin;
+-- A data owner inserts a run only under the id their session just drew, and never changes
+-- it: a row taken under an id another session will draw would make that run fail.
+GRANT SELECT, INSERT, DELETE ON dpsql.runs TO dpsql_admin;
+GRANT UPDATE (state, epochs_done, losses, done, train_seconds) ON dpsql.runs TO dpsql_admin;
 GRANT SELECT, INSERT ON dpsql.model_store TO dpsql_admin;
 ALTER TABLE dpsql.runs ENABLE ROW LEVEL SECURITY;
-DROP POLICY IF EXISTS own_runs ON dpsql.runs;
-CREATE POLICY own_runs ON dpsql.runs
+DROP POLICY IF EXISTS own_runs ON dpsql.runs;  -- (before 0.8.0: one policy for every command)
+DROP POLICY IF EXISTS read_own_runs ON dpsql.runs;
+CREATE POLICY read_own_runs ON dpsql.runs FOR SELECT USING (created_by = current_user);
+DROP POLICY IF EXISTS update_own_runs ON dpsql.runs;
+CREATE POLICY update_own_runs ON dpsql.runs FOR UPDATE
     USING (created_by = current_user) WITH CHECK (created_by = current_user);
+DROP POLICY IF EXISTS delete_own_runs ON dpsql.runs;
+CREATE POLICY delete_own_runs ON dpsql.runs FOR DELETE USING (created_by = current_user);
+DROP POLICY IF EXISTS insert_drawn_runs ON dpsql.runs;
+CREATE POLICY insert_drawn_runs ON dpsql.runs FOR INSERT
+    WITH CHECK (created_by = current_user
+                AND run_id = currval(pg_get_serial_sequence('dpsql.runs', 'run_id')));
 ALTER TABLE dpsql.model_store ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS read_models ON dpsql.model_store;
 CREATE POLICY read_models ON dpsql.model_store FOR SELECT USING (true);
 DROP POLICY IF EXISTS store_own_noiseless_models ON dpsql.model_store;
+-- (under the id their session just drew: never one a private release will draw)
 CREATE POLICY store_own_noiseless_models ON dpsql.model_store FOR INSERT
-    WITH CHECK (created_by = current_user AND privacy = 'none' AND dataset_id IS NULL
+    WITH CHECK (created_by = current_user
+                AND model_id = currval(pg_get_serial_sequence('dpsql.model_store', 'model_id'))
+                AND privacy = 'none' AND dataset_id IS NULL
                 AND epsilon IS NULL AND delta IS NULL AND sensitivity IS NULL
                 AND noise_scale IS NULL
                 AND coalesce(params->'privacy', 'null') = 'null');
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA dpsql TO dpsql_admin;
-GRANT USAGE, CREATE ON SCHEMA dpsql_work TO dpsql_admin;
+GRANT USAGE, CREATE ON SCHEMA dpsql_owner_work TO dpsql_admin;
 
 -- dpsql_reader reads the registered columns of live datasets (registration grants them; this
 -- covers datasets registered before 0.3.0, when the extension owner read them).

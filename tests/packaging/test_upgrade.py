@@ -47,6 +47,18 @@ CATALOG = {
         SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid), tgenabled
           FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2""",
     "event_triggers": "SELECT evtname, evtevent, evtfoid::regproc::text FROM pg_event_trigger",
+    "schemas": """
+        SELECT nspname, coalesce(nspacl::text, '') FROM pg_namespace
+         WHERE nspname LIKE 'dpsql%' ORDER BY 1""",
+    "policies": """
+        SELECT polrelid::regclass::text, polname, polcmd, polpermissive,
+               coalesce(pg_get_expr(polqual, polrelid), ''),
+               coalesce(pg_get_expr(polwithcheck, polrelid), '')
+          FROM pg_policy ORDER BY 1, 2""",
+    "column_privileges": """
+        SELECT c.relname, a.attname, a.attacl::text FROM pg_attribute a
+          JOIN pg_class c ON c.oid = a.attrelid
+         WHERE c.relnamespace = 'dpsql'::regnamespace AND a.attacl IS NOT NULL ORDER BY 1, 2""",
     "members": """
         SELECT classid::regclass::text, count(*) FROM pg_depend
          WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
@@ -103,6 +115,51 @@ def test_upgraded_database_equals_fresh_install(database, version: str) -> None:
             only_fresh = sorted(set(a[name]) - set(b[name]))
             only_upgraded = sorted(set(b[name]) - set(a[name]))
             assert not only_fresh and not only_upgraded, (name, only_fresh[:3], only_upgraded[:3])
+
+
+def test_upgrade_moves_what_owners_planted_in_dpsql_work(database) -> None:
+    """Issue 24: before 0.8.0 data owners could create in dpsql_work; their relations and
+    types there, under a future run's name, would fail (or be used by) private runs."""
+    with database() as conn:
+        conn.execute(f"CREATE EXTENSION dpsql VERSION '{RELEASED[-1]}'")
+        owner = f"owner_{uuid.uuid4().hex[:8]}"
+        conn.execute(f"CREATE ROLE {owner} IN ROLE dpsql_admin")
+        try:
+            conn.execute(f"SET ROLE {owner}")
+            (n,) = conn.execute(
+                "SELECT nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'))"
+            ).fetchone()
+            conn.execute(f"CREATE TABLE dpsql_work.train_{n + 1} (id serial, x float8[])")
+            conn.execute(f"CREATE VIEW dpsql_work.train_{n + 2} AS SELECT 1 AS x")
+            conn.execute(f"CREATE TYPE dpsql_work.train_{n + 3} AS (x int)")
+            conn.execute("RESET ROLE")
+            conn.execute("ALTER EXTENSION dpsql UPDATE")
+            left = conn.execute(
+                "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
+                " WHERE c.relnamespace = 'dpsql_work'::regnamespace AND r.rolname = %s",
+                (owner,),
+            ).fetchone()[0]
+            assert left == 0
+            moved = conn.execute(
+                "SELECT count(*) FROM pg_type WHERE typnamespace = 'dpsql_owner_work'::regnamespace"
+                " AND typname LIKE 'train_%%' AND typcategory <> 'A'"
+            ).fetchone()[0]
+            assert moved == 3
+            conn.execute(
+                "CREATE TABLE pts AS SELECT (g % 7) / 7.0 AS a,"
+                " CASE WHEN g % 2 = 0 THEN 1 ELSE -1 END AS y"
+                " FROM generate_series(1, 100) g"
+            )
+            conn.execute("SELECT dpsql.register_dataset('pts', '{a}', 'y', 10)")
+            for _ in range(3):
+                conn.execute(
+                    "SELECT dpsql.train('pts', NULL, NULL, privacy => 'bolton', epsilon => 1,"
+                    " epochs => 1)"
+                )
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(f"DROP OWNED BY {owner}")
+            conn.execute(f"DROP ROLE {owner}")
 
 
 def test_upgrade_keeps_data_and_budgets(database) -> None:

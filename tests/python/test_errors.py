@@ -105,19 +105,19 @@ def test_budget_exhaustion_raises_budget_exceeded(owner_and_analyst) -> None:
         assert spent == [pytest.approx(0.6)]
 
 
-def test_an_ungranted_dataset_raises_permission_denied(owner_and_analyst) -> None:
+def test_an_ungranted_dataset_reads_as_an_unknown_one(owner_and_analyst) -> None:
     owner_of, analyst_of, table = owner_and_analyst
     with owner_of() as owner, analyst_of() as analyst:
         ds, name = _register(owner, table, epsilon_budget=1.0)
-        with pytest.raises(errors.PermissionDenied, match="is not granted to") as caught:
+        # Its name and existence are not disclosed (issue 24): NotRegistered, as for no dataset.
+        with pytest.raises(errors.NotRegistered, match="among the datasets you can use") as caught:
             analyst.train(name, None, None, privacy=dpsql.BoltOn(epsilon=0.5), progress=False)
         err = caught.value
         # Code that caught psycopg's class keeps working.
-        assert isinstance(err, psycopg.errors.InsufficientPrivilege)
-        assert err.sqlstate == "42501"
+        assert isinstance(err, psycopg.errors.UndefinedObject)
+        assert err.sqlstate == "42704"
         _preserves_the_server_report(err)
-        # Owners' functions are not even executable by analysts: PostgreSQL's own refusal has
-        # the same SQLSTATE, hence the same class.
+        # Owners' functions are not even executable by analysts: PostgreSQL's own refusal.
         with pytest.raises(errors.PermissionDenied, match="permission denied for function"):
             analyst.grant_dataset(ds, analyst.conn.info.user)
 
@@ -150,7 +150,7 @@ def test_a_refused_parameter_raises_invalid_parameter(owner_and_analyst) -> None
 def test_not_registered_and_no_such_model(owner_and_analyst, conn) -> None:
     _, analyst_of, table = owner_and_analyst
     with analyst_of() as analyst:
-        with pytest.raises(errors.NotRegistered, match="not a registered dataset") as caught:
+        with pytest.raises(errors.NotRegistered, match="among the datasets you can use") as caught:
             analyst.train(table, None, None, privacy=dpsql.BoltOn(epsilon=0.5), progress=False)
         assert isinstance(caught.value, errors.NotFound)
         assert isinstance(caught.value, psycopg.errors.UndefinedObject)
