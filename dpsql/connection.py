@@ -171,12 +171,13 @@ class Database:
         ------
         dpsql.errors.DpsqlError
             The server's refusal, by SQLSTATE: :class:`~dpsql.errors.BudgetExceeded`,
-            :class:`~dpsql.errors.PermissionDenied` (dataset not granted),
-            :class:`~dpsql.errors.NotRegistered`, :class:`~dpsql.errors.InvalidParameter` (also a
-            parameter the mechanism does not take), ...
+            :class:`~dpsql.errors.PermissionDenied` (an option for data owners' tests),
+            :class:`~dpsql.errors.NotRegistered` (also a dataset not granted to you),
+            :class:`~dpsql.errors.InvalidParameter` (also a parameter the mechanism does not
+            take), ...
         dpsql.errors.NothingReleased
-            Objective or output perturbation could not certify its minimiser: no model, and the
-            call's budget is spent.
+            The server stored no model (no mechanism of this version does that: objective and
+            output perturbation release their last iterate since 0.8.0); the charge stands.
         """
         if not isinstance(privacy, str):
             return self._train_private(
@@ -288,8 +289,7 @@ class Database:
         assert row is not None
         if row[0] is None:
             raise NothingReleased(
-                f"dpsql: {privacy.name} released nothing: its solver did not certify the"
-                " minimiser; the budget of this call is spent"
+                f"dpsql: {privacy.name} released nothing; the budget of this call is spent"
             )
         return self.model(int(row[0]))
 
