@@ -499,6 +499,28 @@ project_block(double *w, size_t n, double radius)
 	}
 }
 
+/*
+ * A private run's guard against overflow (a huge public step size, say): every weight is
+ * projected onto the box [-DPSQL_WEIGHT_BOX, DPSQL_WEIGHT_BOX] after each update, and one that
+ * overflowed to NaN (Inf - Inf) restarts at 0. The box is convex and data-independent, so the
+ * projection is non-expansive (the bolt-on's analysis allows it) and, for the noisy mechanisms,
+ * post-processing of the noisy steps: the release is a model either way, never an error
+ * that would depend on the rows.
+ */
+static void
+guard_weights(double *w, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+	{
+		if (isnan(w[i]))
+			w[i] = 0.0;
+		else if (w[i] > DPSQL_WEIGHT_BOX)
+			w[i] = DPSQL_WEIGHT_BOX;
+		else if (w[i] < -DPSQL_WEIGHT_BOX)
+			w[i] = -DPSQL_WEIGHT_BOX;
+	}
+}
+
 /* Onto ||w|| <= R: the whole model, or each one-vs-rest model on its own ball. */
 static void
 project(const DpsqlSgdHeader *h, double *w, size_t n)
@@ -506,6 +528,8 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 	size_t		dim = (size_t) h->dim;
 	size_t		c;
 
+	if ((int) h->flags & DPSQL_FLAG_SANITIZE)
+		guard_weights(w, n);
 	if (h->radius <= 0.0)
 		return;
 	if (h->loss == DPSQL_LOSS_MULTINOMIAL || h->n_out == 1.0)

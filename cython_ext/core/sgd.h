@@ -47,6 +47,8 @@ typedef enum DpsqlSchedule
  * is the regulariser alone), so every sensitivity bound still holds.
  */
 #define DPSQL_FLAG_SANITIZE		0x8
+/* Private runs keep every weight in [-box, box] (sgd.c, guard_weights). */
+#define DPSQL_WEIGHT_BOX		1e100
 #define DPSQL_FLAG_MASK			0xF
 
 typedef struct DpsqlSgdHeader

@@ -164,6 +164,7 @@ DECLARE
     tau_hat float8;
     tau float8;
     clip float8;
+    step float8;
     eta0 float8;
     sgd_params jsonb;
     theta float8[];
@@ -234,11 +235,14 @@ BEGIN
     UPDATE dpsql.runs
        SET spec = spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7, 'intercept', false)
      WHERE runs.run_id = run;
-    -- 5. DP-SGD: C = sqrt(2) G tau, step eta_0 / tau^2 (the same calibration, now with C)
+    -- 5. DP-SGD: C = sqrt(2) G tau, step eta_0 / tau^2 (the same calibration, now with C).
+    -- tau is noisy, so the step is post-processing; it is capped so that a huge eta_0 over a
+    -- small tau cannot overflow after the charge (the weights' box guards the rest, sgd.c).
+    step := CASE WHEN ln(eta0) - 2 * ln(tau) > ln(1e300) THEN 1e300 ELSE eta0 / (tau * tau) END;
     clip := sqrt(2) * c.lipschitz_data * tau;
     plan := dpsql_internal._whitebox_plan('dpsgd', (dpsql_internal._locked_run(run)).spec, m, epsilon / 3, delta / 3,
                                  sgd_params || jsonb_build_object('clip_norm', clip,
-                                                                  'step_size', eta0 / (tau * tau)));
+                                                                  'step_size', step));
     theta := dpsql_internal._run_armed(run, plan, noise_seed);
     -- 6. map back; released as (w, b) on the rows after the row transform
     released := dpsql_internal._alg2_map_back(theta, pm.mean, tau);
@@ -261,7 +265,7 @@ BEGIN
             'row_flags', row_flags, 'centre', array_fill(0::float8, ARRAY[d]),
             'mean', pm.mean, 'mean_info', pm.info,
             'tau', tau, 'tau_hat', tau_hat, 'tau_rank', tau_rank, 'tau_epsilon', epsilon / 3,
-            'step_size', eta0 / (tau * tau), 'eta_0', eta0, 'clip_norm', clip),
+            'step_size', step, 'eta_0', eta0, 'clip_norm', clip),
         'noise_seed', dpsql_internal._noise_source(noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;

@@ -96,7 +96,13 @@ dpsql_charge_worker_main(Datum arg)
 	if (seg == NULL)
 		proc_exit(1);			/* the caller is gone: nothing to charge for */
 	slot = (ChargeSlot *) dsm_segment_address(seg);
+	/* the extension owner may be a NOLOGIN role (PostgreSQL 17 and later let it connect) */
+#if PG_VERSION_NUM >= 170000
+	BackgroundWorkerInitializeConnectionByOid(slot->database, slot->role,
+											  BGWORKER_BYPASS_ROLELOGINCHECK);
+#else
 	BackgroundWorkerInitializeConnectionByOid(slot->database, slot->role, 0);
+#endif
 
 	/* The charge's own isolation, whatever the role's or database's defaults say. */
 	DefaultXactIsoLevel = XACT_READ_COMMITTED;
