@@ -39,6 +39,7 @@ DECLARE
     list text;
     found_columns int;
     bad record;
+    citus_ddl text;
     -- numeric to float8 without an error: v is a numeric expression
     numeric_float8 text := 'CASE WHEN abs(%1$s) <= 1.7976931348623157e308 THEN'
                            ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
@@ -47,7 +48,16 @@ BEGIN
     -- transaction ends; reads and writes go on. A view's lock is its relations', a table's its
     -- children's; a materialized view cannot be locked.)
     IF (SELECT c.relkind IN ('r', 'p', 'v') FROM pg_class c WHERE c.oid = relid) THEN
+        -- On Citus the coordinator's lock is the one DDL takes: not sent to the workers (a
+        -- LOCK propagated there fails on a worker that restarted since its last connection).
+        citus_ddl := current_setting('citus.enable_ddl_propagation', true);
+        IF citus_ddl IS NOT NULL THEN
+            PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
+        END IF;
         EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', relid);
+        IF citus_ddl IS NOT NULL THEN
+            PERFORM set_config('citus.enable_ddl_propagation', citus_ddl, true);
+        END IF;
     END IF;
     SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type INTO bad
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
