@@ -223,8 +223,9 @@ BEGIN
 END $$;
 
 -- What became of a charged release (dpsql.ledger): its output was kept, is being computed, or
--- was lost after the charge (rolled back or failed), which leaves the charge standing.
-CREATE OR REPLACE FUNCTION dpsql_internal._ledger_outcome(model_id bigint, mechanism text, xact xid8)
+-- was lost after the charge (rolled back or failed), which leaves the charge standing. kept:
+-- the release's output exists (its model, or the declaration an estimate wrote).
+CREATE OR REPLACE FUNCTION dpsql_internal._ledger_outcome(kept boolean, xact xid8)
 RETURNS text LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -232,8 +233,8 @@ AS $$
                 WHEN pg_xact_status(xact) = 'in progress' THEN 'in progress'
                 WHEN pg_xact_status(xact) = 'aborted' THEN 'charged, output rolled back'
                 WHEN pg_xact_status(xact) IS NULL THEN 'charged'  -- too old to tell
-                WHEN model_id IS NOT NULL OR mechanism LIKE 'estimate%' THEN 'released'
-                ELSE 'charged, no model kept' END
+                WHEN kept THEN 'released'
+                ELSE 'charged, output not kept' END  -- a savepoint rolled back, say
 $$;
 
 -- Record the model a charged release produced (the only update the ledger allows).

@@ -31,8 +31,21 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
        -- entries from before 0.6.0 are plain (epsilon, delta) events
        coalesce(e.dp_event, jsonb_build_object('type', 'EpsilonDelta', 'epsilon', e.epsilon,
                                                'delta', e.delta)) AS dp_event,
-       -- 'released', 'in progress', or the charge stands without output (28_ledger.sql)
-       dpsql_internal._ledger_outcome(e.model_id, e.mechanism, e.xact) AS outcome
+       -- 'released', 'in progress', or the charge stands without output (28_ledger.sql). An
+       -- estimate's output is its dataset's declaration, estimated once: the last committed
+       -- estimate of a declaration that is set is the one kept.
+       dpsql_internal._ledger_outcome(
+           CASE e.mechanism
+               WHEN 'estimate_bounds' THEN d.feature_bounds IS NOT NULL
+               WHEN 'estimate_label_bound' THEN d.label_bound IS NOT NULL
+               ELSE e.model_id IS NOT NULL END
+           AND NOT EXISTS (SELECT 1 FROM dpsql.ledger_entries later
+                            WHERE e.mechanism LIKE 'estimate%'
+                              AND later.dataset_id = e.dataset_id
+                              AND later.mechanism = e.mechanism
+                              AND later.entry_id > e.entry_id
+                              AND pg_xact_status(later.xact) = 'committed'),
+           e.xact) AS outcome
   FROM dpsql.ledger_entries e
   JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
  WHERE dpsql_internal._can_use_dataset(e.dataset_id);

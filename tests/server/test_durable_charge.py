@@ -159,7 +159,7 @@ def test_rollback_to_a_savepoint_keeps_the_charge(conn, analyst) -> None:
         a.execute("ROLLBACK TO SAVEPOINT s")
         a.execute("COMMIT")
     assert [e[3] for e in _ledger(conn, ds)] == [EPSILON]
-    assert _outcomes(conn, ds) == ["charged, no model kept"]
+    assert _outcomes(conn, ds) == ["charged, output not kept"]
 
 
 def test_an_exception_block_keeps_the_charge(conn, analyst) -> None:
@@ -408,3 +408,68 @@ def test_kill_9_mid_release_leaves_the_charge(conn, server_uri, scratch_schema) 
         assert _outcomes(after, ds) == ["charged, output rolled back"]
         models = "SELECT count(*) FROM dpsql.model_store WHERE dataset_id = %s"
         assert after.execute(models, (ds,)).fetchone()[0] == 0
+
+
+# ------------------------------------------------------- every variant, every entry point
+
+VARIANTS = ["rollback", "savepoint", "exception_block", "python"]
+
+
+def _undo(c: psycopg.Connection, variant: str, call: str, args: tuple) -> None:
+    """Run call (returning a value), look at its output, and undo the caller's transaction."""
+    if variant == "rollback":
+        c.execute("BEGIN")
+        assert c.execute(call, args).fetchone()[0] is not None
+        c.execute("ROLLBACK")
+    elif variant == "savepoint":
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT s")
+        assert c.execute(call, args).fetchone()[0] is not None
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        c.execute("COMMIT")
+    elif variant == "exception_block":
+        body = call.replace("SELECT ", "", 1).replace("{", "{{").replace("}", "}}")
+        body = body.replace("%s", "{}")
+        c.execute(
+            sql.SQL(
+                "DO $$ BEGIN BEGIN RAISE NOTICE 'out %', " + body + "; RAISE EXCEPTION 'undo';"
+                " EXCEPTION WHEN raise_exception THEN NULL; END; END $$"
+            ).format(*(sql.Literal(a) for a in args))
+        )
+    else:
+        with pytest.raises(RuntimeError), c.transaction():
+            assert c.execute(call, args).fetchone()[0] is not None
+            raise RuntimeError("undo")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)",
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'auto', epsilon => 1, delta => 1e-6)",
+    ],
+)
+def test_no_variant_takes_an_analysts_charge_back(conn, analyst, variant, call) -> None:
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        _undo(a, variant, call, (name,))
+    assert [e[3] for e in _ledger(conn, ds)] == [1.0]
+    assert _outcomes(conn, ds)[0].startswith("charged, ")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT dpsql.estimate_label_bound(%s, 1, '{0,100}')",
+        "SELECT dpsql.estimate_bounds(%s, 1, '{-100,100}')",
+    ],
+)
+def test_no_variant_takes_an_owners_charge_back(conn, foreign_dataset, variant, call) -> None:
+    connect, name, ds = foreign_dataset
+    with connect() as o:
+        _undo(o, variant, call, (name,))
+    assert [e[3] for e in _ledger(conn, ds)] == [1.0]
+    assert _outcomes(conn, ds)[0].startswith("charged, ")
