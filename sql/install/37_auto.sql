@@ -33,6 +33,8 @@ END $$;
 -- Regression, delta > 0: DP-GD, whitened by its private preconditioner
 -- (44_dpgd_precondition.sql) when the rows have a public norm bound.
 -- Regression, delta = 0: objective perturbation (45_objective_perturbation.sql).
+-- Regression fits an intercept (labels are rarely centred: without one the fit is worse than
+-- the mean predictor whenever the mean is far from 0; issue 25).
 -- Classification on a Citus distributed dataset: objective perturbation, whose scans are exact
 -- sums over the shards (the others are sequential or average shards: docs/citus.md).
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model text, params jsonb)
@@ -50,15 +52,18 @@ BEGIN
                                          '(objective perturbation); with delta > 0 it trains DP-GD',
                                          hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip'', or give delta.');
         END IF;
-        chosen := jsonb_build_object('privacy', 'objective_perturbation');
+        chosen := jsonb_build_object('privacy', 'objective_perturbation', 'intercept', true);
         rule := 'regression, delta = 0: objective perturbation (epsilon-DP; Huber regression with '
-                'threshold the label bound), the only epsilon-DP regression mechanism';
+                'threshold the label bound), the only epsilon-DP regression mechanism, with an '
+                'intercept';
     ELSIF ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear' THEN
         -- With a public bound on ||x||, whiten by the private preconditioner (a tenth of rho).
-        chosen := jsonb_build_object('privacy', 'dpgd') || CASE WHEN ds.row_bound IS NOT NULL
-            THEN jsonb_build_object('options', jsonb_build_object('precondition', true)) ELSE '{}' END;
-        rule := 'regression: DP-GD with batch-means intervals, whitened by the private '
-                'preconditioner when the rows have a public norm bound';
+        chosen := jsonb_build_object('privacy', 'dpgd', 'intercept', true)
+                  || CASE WHEN ds.row_bound IS NOT NULL
+                          THEN jsonb_build_object('options', jsonb_build_object('precondition', true))
+                          ELSE '{}' END;
+        rule := 'regression: DP-GD with batch-means intervals and an intercept, whitened by the '
+                'private preconditioner when the rows have a public norm bound';
     ELSIF (dpsql_internal._citus_layout(ds.relid)).dist_column IS NOT NULL THEN
         chosen := jsonb_build_object('privacy', 'objective_perturbation');
         rule := 'classification on a Citus distributed dataset: objective perturbation (exact sums '
