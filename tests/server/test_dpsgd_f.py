@@ -45,12 +45,11 @@ def _chi2_pvalue(z: np.ndarray) -> float:
 
 
 def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> None:
-    """All-zero rows: the released mean (preprocessing.mean) is noise / m with std
-    p = gaussian_sigma(2, eps/10,
-    delta) per coordinate. 20 seeded runs x 50 coordinates: KS against N(0, 1) and a chi-square
-    test of the scale, each at alpha = 1e-3 (false-failure rate 2e-3; deterministic under the
-    seeds). The scale test rejects the same draws read with a std off by 10%, and zeros fail
-    both."""
+    """All-zero rows: the released mean (preprocessing.mean) is noise / m with std p =
+    gaussian_sigma(2, eps/10, delta) per coordinate. 20 seeded runs x 50 coordinates: KS against
+    N(0, 1) and a chi-square test of the scale, each at alpha = 1e-3 (false-failure rate 2e-3;
+    deterministic under the seeds). The scale test rejects the same draws read with a std off by
+    10%, and zeros fail both."""
     m, d = 200, 50
     name = _register(conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2))
     (p,) = conn.execute("SELECT dpsql.gaussian_sigma(2, 0.1, 1e-5)").fetchone()
