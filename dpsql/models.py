@@ -77,7 +77,8 @@ class Model:
         params = row.get("params") or {}
         bounds = params.get("feature_bounds")
         self._feature_bounds = None if bounds is None else np.asarray(bounds, dtype=np.float64)
-        # DPSGD-F: the released mean the rows are centred on (after the row transform).
+        # DPSGD-F and the private-ERM fits with an intercept: the row transform alone (and a
+        # centre, zero in models trained since 0.8.0), then the intercept (issue 25).
         self._preprocessing: dict[str, Any] | None = (params.get("privacy") or {}).get(
             "preprocessing"
         )
@@ -102,7 +103,7 @@ class Model:
 
     def _rows(self, X: Any) -> np.ndarray:
         """X as the model sees it before its row transform: the registration's bounds, or
-        DPSGD-F's preprocessing."""
+        a recorded preprocessing (DPSGD-F, private-ERM fits with an intercept)."""
         rows: np.ndarray = np.atleast_2d(np.asarray(X, dtype=np.float64))
         if rows.shape[1] != self.n_features_in_:
             raise ValueError(

@@ -109,7 +109,8 @@ class DPSGDF:
     """DPSGD-F* (spec 001 section 4): a private mean of the rows, the rows centred on it, then
     DP-SGD with Poisson sampling, clipping ``clip_norm`` and a bias. The mean's Gaussian and
     the steps are composed by the PLD accountant to (epsilon, delta); the mean is released
-    with the model and ``predict`` centres rows on it. ``batch_size`` below 2 means 50."""
+    with the model and folded into its intercept (``coef_`` and ``intercept_`` score the rows
+    after the row transform). ``batch_size`` below 2 means 50."""
 
     epsilon: float
     delta: float = 1e-6

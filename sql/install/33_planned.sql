@@ -56,6 +56,7 @@ DECLARE
     entry bigint;
     rel record;
     mid bigint;
+    pre jsonb;
 BEGIN
     IF mech.plan_function IS NULL OR mech.fit_function IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s is not a plan-and-fit mechanism', privacy), 'XX000');
@@ -80,10 +81,28 @@ BEGIN
         RETURN NULL;
     END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
+    -- Issue 25 (DESIGN.md s. 3 rule 10): a fit that appends the intercept's 1 AFTER the row
+    -- transform (plan key intercept_after_row_transform: the private-ERM fits, which clip x
+    -- and then append 1, ||(x, 1)|| <= sqrt(x_bound^2 + 1) in their constants) records that
+    -- representation, so that predict, evaluate and Python score what it trained: the row
+    -- transform moves from the model's flags (which append 1 before it) to its preprocessing
+    -- (the row transform alone, then the intercept). Public: the plan and the registration.
+    IF coalesce((plan->>'intercept_after_row_transform')::boolean, false)
+       AND (r.spec->>'intercept')::boolean THEN
+        pre := jsonb_build_object(
+            'row_flags', (r.spec->>'flags')::int & dpsql_internal._flag('row_transform'),
+            'centre', array_fill(0::float8, ARRAY[(r.spec->>'dim')::int]),
+            'intercept', 'appended after the row transform');
+        UPDATE dpsql.runs
+           SET spec = spec || jsonb_build_object('flags', (spec->>'flags')::int
+                                                          & ~dpsql_internal._flag('row_transform'))
+         WHERE runs.run_id = run;
+    END IF;
     mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,
         'delta', delta, 'ledger_entry', entry,
-        'noise_seed', dpsql_internal._noise_source(noise_seed)));
+        'noise_seed', dpsql_internal._noise_source(noise_seed))
+        || CASE WHEN pre IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('preprocessing', pre) END);
     IF rel.iterates IS NOT NULL THEN
         INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
     END IF;

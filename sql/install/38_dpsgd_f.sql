@@ -3,7 +3,8 @@
 -- A private mean of the rows (Gaussian mechanism on their sum), the rows centred on it, then
 -- DP-SGD with Poisson sampling and an ordinary bias. The mean's Gaussian and the steps are
 -- composed in the same PLD accountant (spec 001 s. 5.3: not an epsilon split). The mean is
--- released with the model, and predict / evaluate (SQL and Python) centre rows on it.
+-- released with the model (preprocessing.mean) and folded into its intercept: coef and
+-- intercept score the registered features after the row transform, as x . coef + intercept.
 ------------------------------------------------------------------------------------------
 
 -- Share of epsilon that fixes the mean's noise: it sets the noise multiplier p of the mean
@@ -51,6 +52,7 @@ DECLARE
     r dpsql.runs;
     row_flags int;
     centre float8[];
+    theta float8[];
     tbl text;
     plan jsonb;
     entry bigint;
@@ -106,7 +108,11 @@ BEGIN
                                                        | dpsql_internal._flag('intercept'),
                                              'intercept', true)
      WHERE runs.run_id = run;
-    mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
+    theta := dpsql_internal._run_armed(run, plan, noise_seed);
+    -- Released in the space of the registered features (DESIGN.md s. 3 rule 10, issue 25):
+    -- the centring folded into the bias, w . (t(x) - mean) + b = w . t(x) + (b - w . mean),
+    -- t the row transform (the mean is taken after it). Post-processing of (theta, mean).
+    mid := dpsql_internal._finish(run, dpsql_internal._alg2_map_back(theta, centre, 1),
                          (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
@@ -114,7 +120,9 @@ BEGIN
         'epsilon', plan->'epsilon', 'delta', plan->'delta', 'noise_scale', plan->'noise_scale',
         'ledger_entry', entry,
         'preprocessing', jsonb_build_object(
-            'row_flags', row_flags, 'centre', centre,
+            -- predict / evaluate / Python: the row transform alone (the centre is folded)
+            'row_flags', row_flags, 'centre', array_fill(0::float8, ARRAY[cardinality(centre)]),
+            'mean', centre, 'theta', theta,
             'mean_noise_std', prefix, 'mean_sensitivity', 2 * x_bound,
             'mean_epsilon_alone', mean_epsilon,
             'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),

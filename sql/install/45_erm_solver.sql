@@ -138,7 +138,9 @@ BEGIN
                               'outputs', CASE WHEN classes > 2 THEN classes ELSE 1 END,
                               'lipschitz', c.lipschitz, 'curvature', c.curvature,
                               'tolerance', dpsql_internal._erm_tolerance(c.lipschitz, n),
-                              'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda);
+                              'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda,
+                              -- rows clipped to x_bound, then the 1 (33_planned.sql)
+                              'intercept_after_row_transform', intercept);
 END $$;
 
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks at an objective that

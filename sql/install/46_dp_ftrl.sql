@@ -139,6 +139,8 @@ BEGIN
     reg := dpsql_internal._linear_option(options, 'regularizer',
                                          sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius);
     RETURN jsonb_build_object(
+        -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
+        'intercept_after_row_transform', intercept,
         'config', jsonb_build_array(loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound,
                                     y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
         'p', p, 'epochs', epochs, 'output', output, 'outputs', outputs,

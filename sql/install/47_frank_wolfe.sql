@@ -113,6 +113,9 @@ BEGIN
     END IF;
     num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
     RETURN jsonb_build_object(
+        -- logistic rows clipped to x_bound, then the 1 (frank_wolfe.c; 33_planned.sql records
+        -- it); LASSO clips (x, 1) as one row (dpsql.adassp_gram)
+        'intercept_after_row_transform', intercept AND model <> 'lasso',
         'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
         'y_bound', y_bound, 'l1_radius', s, 'l1', num.l1, 'steps', num.steps,
         'eps_step', num.eps_step, 'delta_u', num.delta_u,

@@ -93,6 +93,8 @@ BEGIN
     r_x := sqrt(x_bound ^ 2 + intercept::int);
     lip := dpsql_internal._em_lipschitz(model, r_x, radius, y_bound);
     RETURN jsonb_build_object(
+        -- rows clipped to x_bound, then the 1 (exp_mech_erm.c; 33_planned.sql records it)
+        'intercept_after_row_transform', intercept,
         'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
         'y_bound', y_bound, 'radius', radius, 'grid_points', points::int, 'huber_h', huber_h,
         'epsilon', epsilon, 'delta_u', 2 * lip * radius,

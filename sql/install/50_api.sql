@@ -132,7 +132,9 @@ BEGIN
         PERFORM dpsql_internal._fail(format('model %s has %s features, the source gives %s',
                                    model_id, m.n_features, feat.dim));
     END IF;
-    IF m.params->'privacy'->'preprocessing' <> 'null' THEN  -- DPSGD-F: rows centred as in training
+    -- A recorded preprocessing (DPSGD-F, the private-ERM fits with an intercept): the row
+    -- transform alone, then the intercept's 1 (the model's flags then have no row transform).
+    IF m.params->'privacy'->'preprocessing' <> 'null' THEN
         feat.expr := format('dpsql_internal._preprocess(%s, NULL, %s, %L::float8[])', feat.expr,
                             (m.params->'privacy'->'preprocessing'->>'row_flags')::int,
                             dpsql_internal._jsonb_weights(m.params->'privacy'->'preprocessing'->'centre'));

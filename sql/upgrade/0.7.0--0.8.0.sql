@@ -37,3 +37,57 @@ BEGIN
         EXECUTE format('ALTER TYPE dpsql_work.%I SET SCHEMA dpsql_owner_work', o.name);
     END LOOP;
 END $$;
+
+-- Issue 25 (DESIGN.md s. 3 rule 10): a released model's coef and intercept score the
+-- registered features. DPSGD-F models of 0.7.0 were released for rows centred on their
+-- private mean: the centre is folded into the intercept (b - w . centre), kept as 'mean'.
+-- And the private-ERM fits with an intercept (rows clipped, then the 1 appended) record that
+-- representation as their preprocessing, so that predict and evaluate score what they
+-- trained (0.7.0 scored them with the 1 appended before the row transform).
+DO $$
+DECLARE
+    m record;
+    c float8[];
+    w float8[];
+    d int;
+BEGIN
+    FOR m IN SELECT model_id, weights, n_features, params FROM dpsql.model_store
+              WHERE params->'privacy'->'preprocessing'->'centre' IS NOT NULL
+                AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(
+                                params->'privacy'->'preprocessing'->'centre') v
+                             WHERE v::float8 <> 0) LOOP
+        c := ARRAY(SELECT v::float8 FROM jsonb_array_elements_text(
+                       m.params->'privacy'->'preprocessing'->'centre') v);
+        w := m.weights;
+        d := m.n_features;
+        IF array_ndims(w) = 1 THEN
+            w[d + 1] := w[d + 1] - (SELECT sum(w[k] * c[k]) FROM generate_series(1, d) k);
+        ELSE
+            FOR i IN 1 .. array_length(w, 1) LOOP
+                w[i][d + 1] := w[i][d + 1]
+                               - (SELECT sum(w[i][k] * c[k]) FROM generate_series(1, d) k);
+            END LOOP;
+        END IF;
+        UPDATE dpsql.model_store
+           SET weights = w,
+               intercept = CASE WHEN array_ndims(w) = 1 THEN ARRAY[w[d + 1]]
+                                ELSE ARRAY(SELECT w[i][d + 1] FROM generate_series(1, array_length(w, 1)) i) END,
+               params = jsonb_set(params, '{privacy,preprocessing}',
+                                  (params->'privacy'->'preprocessing')
+                                  || jsonb_build_object('mean', to_jsonb(c),
+                                                        'centre', to_jsonb(array_fill(0::float8, ARRAY[d])),
+                                                        'theta', to_jsonb(m.weights)))
+         WHERE model_id = m.model_id;
+    END LOOP;
+    UPDATE dpsql.model_store
+       SET flags = flags & ~3,
+           params = jsonb_set(params, '{privacy,preprocessing}', jsonb_build_object(
+               'row_flags', flags & 3,
+               'centre', to_jsonb(array_fill(0::float8, ARRAY[n_features])),
+               'intercept', 'appended after the row transform'))
+     WHERE fit_intercept
+       AND privacy IN ('objective_perturbation', 'output_perturbation', 'dp_ftrl',
+                       'exponential_mechanism', 'dp_ambssgd', 'dp_ssgd', 'frank_wolfe')
+       AND NOT (privacy = 'frank_wolfe' AND params->'privacy'->>'model' = 'lasso')
+       AND params->'privacy'->'preprocessing' IS NULL;
+END $$;

@@ -45,11 +45,11 @@ def _chi2_pvalue(z: np.ndarray) -> float:
 
 
 def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> None:
-    """All-zero rows: the released centre is noise / m with std p = gaussian_sigma(2, eps/10,
-    delta) per coordinate. 20 seeded runs x 50 coordinates: KS against N(0, 1) and a chi-square
-    test of the scale, each at alpha = 1e-3 (false-failure rate 2e-3; deterministic under the
-    seeds). The scale test rejects the same draws read with a std off by 10%, and zeros fail
-    both."""
+    """All-zero rows: the released mean (preprocessing.mean) is noise / m with std p =
+    gaussian_sigma(2, eps/10, delta) per coordinate. 20 seeded runs x 50 coordinates: KS against
+    N(0, 1) and a chi-square test of the scale, each at alpha = 1e-3 (false-failure rate 2e-3;
+    deterministic under the seeds). The scale test rejects the same draws read with a std off by
+    10%, and zeros fail both."""
     m, d = 200, 50
     name = _register(conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2))
     (p,) = conn.execute("SELECT dpsql.gaussian_sigma(2, 0.1, 1e-5)").fetchone()
@@ -57,7 +57,7 @@ def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> Non
     for seed in range(20):
         pre = _train(conn, name, noise_seed=seed)["params"]["privacy"]["preprocessing"]
         assert pre["mean_noise_std"] == pytest.approx(p)
-        z.extend(np.asarray(pre["centre"]) * m / p)
+        z.extend(np.asarray(pre["mean"]) * m / p)
     z = np.asarray(z)
     assert stats.kstest(z, "norm").pvalue > 1e-3 and _chi2_pvalue(z) > 1e-3
     assert _chi2_pvalue(z / 1.1) < 1e-3 and _chi2_pvalue(z * 1.1) < 1e-3
@@ -79,7 +79,7 @@ def test_mean_sensitivity_holds_on_adversarial_neighbours(conn, scratch_schema) 
         name = _register(conn, scratch_schema, rows, y)
         centres.append(
             np.asarray(
-                _train(conn, name, noise_seed=9)["params"]["privacy"]["preprocessing"]["centre"]
+                _train(conn, name, noise_seed=9)["params"]["privacy"]["preprocessing"]["mean"]
             )
         )
     gap = np.linalg.norm(centres[0] - centres[1]) * m
@@ -226,7 +226,7 @@ def test_least_squares_mean_is_calibrated_to_the_row_bound(conn, scratch_schema)
             prefix_noise_multiplier=std / r,
         )
         assert model["batch_size"] == 50 and composed == pytest.approx(2.0, rel=1e-3)
-        centres.append(np.asarray(pre["centre"]))
+        centres.append(np.asarray(pre["mean"]))
     assert np.linalg.norm(centres[0] - centres[1]) * m == pytest.approx(2 * r, rel=1e-9)
 
 
