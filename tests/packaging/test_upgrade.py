@@ -6,11 +6,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+import numpy as np
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
 from dpsql import extension
+from dpsql.loading import load_numpy
 
 RELEASED = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0"]
 
@@ -196,3 +198,56 @@ def test_upgrade_keeps_data_and_budgets(database) -> None:
             " epochs => 1)"
         ).fetchone()
         assert m2 > m1
+
+
+def test_upgraded_models_mean_what_they_say(database) -> None:
+    """Issue 25: 0.7.0 stored DPSGD-F models for rows centred on their private mean, and scored
+    the private-ERM fits with an intercept in another representation than they trained in.
+    The upgrade folds the centre into the intercept (predictions unchanged to 1e-12) and records
+    the ERM fits' representation: afterwards predict equals sigmoid(x_t . coef + intercept) by
+    hand, x_t the row clipped to the unit ball as registered."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3000, 3)) / 2 + 0.5  # far from the origin: centring matters
+    y = np.where(X @ np.array([2.0, -1.0, 0.5]) > 0.6, 1.0, -1.0)
+    probe = X[:50]
+    with database() as conn:
+        conn.execute(f"CREATE EXTENSION dpsql VERSION '{RELEASED[-1]}'")
+        load_numpy(conn, "cls", X, y, schema="public")
+        conn.execute(
+            "SELECT dpsql.register_dataset('public.cls', '{x}', 'y', 1e6, 0.5, name => 'cls',"
+            " row_norm => 'clip')"
+        )
+
+        def predict(mid: int) -> np.ndarray:
+            return np.array(
+                [
+                    conn.execute(
+                        "SELECT dpsql.predict(%s, %s)", (mid, [float(v) for v in x])
+                    ).fetchone()[0]
+                    for x in probe
+                ]
+            )
+
+        before = {}
+        for privacy, extra in (
+            ("dpsgd_f", "delta => 1e-5"),
+            ("objective_perturbation", "intercept => true"),
+        ):
+            (mid,) = conn.execute(
+                f"SELECT dpsql.train('cls', NULL, NULL, 'logistic', privacy => '{privacy}',"
+                f" epsilon => 100, noise_seed => 3, {extra})"
+            ).fetchone()
+            before[privacy] = (mid, predict(mid))
+        conn.execute("ALTER EXTENSION dpsql UPDATE")
+        clipped = probe / np.maximum(1.0, np.linalg.norm(probe, axis=1))[:, None]
+        for privacy, (mid, old) in before.items():
+            coef, intercept = conn.execute(
+                "SELECT coef, intercept FROM dpsql.models WHERE model_id = %s", (mid,)
+            ).fetchone()
+            by_hand = 1 / (1 + np.exp(-(clipped @ np.asarray(coef) + intercept[0])))
+            new = predict(mid)
+            assert np.abs(new - by_hand).max() < 1e-12, privacy
+            if privacy == "dpsgd_f":
+                assert np.abs(new - old).max() < 1e-12  # the fold is exact
+            else:
+                assert np.abs(new - old).max() > 1e-3  # scored as trained now, not as before
