@@ -162,6 +162,8 @@ BEGIN
                                    / sqrt(2 * rho_pre) END,
         'check_noise_std', CASE WHEN rho_check > 0 THEN 1 / sqrt(2 * rho_check) END,
         'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
+        -- x clipped to x_bound, then the 1 (plain and whitened rows alike): 33_planned.sql
+        'intercept_after_row_transform', intercept,
         'info', jsonb_build_object(
             'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
             'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s',

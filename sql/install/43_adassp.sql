@@ -88,6 +88,9 @@ BEGIN
     RETURN jsonb_build_object(
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'x_bound', x_bound,
         'y_bound', ds.label_bound, 'intercept', intercept, 'dim', d, 'rows', n,
+        -- x clipped to the row bound, then the 1 (the model's representation, 33_planned.sql);
+        -- ||(x, 1)|| <= x_bound then holds without clipping the pair
+        'row_bound', ds.row_bound, 'intercept_after_row_transform', intercept,
         'sigma_min', sens.lambda_min * sd, 'sigma_xx', sens.xtx * sd, 'sigma_xy', sens.xty * sd,
         'min_shift', sens.lambda_min * sd * sqrt(ln(6 / delta)),
         'ridge_factor', sens.xtx * sd * sqrt(p * ln(2.0 * p * p / varrho)),
@@ -112,9 +115,16 @@ DECLARE
     gram float8[];
     rel record;
 BEGIN
-    EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
+    -- x clipped to the row bound (_whiten_row with L = I: NULL for a malformed row, the zero
+    -- record), so that the intercept's 1 enters after the clipping, as predict applies it
+    EXECUTE format('SELECT dpsql.adassp_gram(dpsql_internal._whiten_row(x, $5, false, $6), y,'
+                   ' $1, $2, $3, $4) FROM %s', train_table)
        INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
-                       (plan->>'intercept')::boolean, (plan->>'dim')::int;
+                       (plan->>'intercept')::boolean, (plan->>'dim')::int,
+                       ARRAY(SELECT (i = j)::int::float8
+                               FROM generate_series(1, (plan->>'dim')::int) i,
+                                    generate_series(1, (plan->>'dim')::int) j ORDER BY i, j),
+                       (plan->>'row_bound')::float8;
     rel := dpsql_internal._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
                                  (plan->>'sigma_xy')::float8, (plan->>'min_shift')::float8,
                                  (plan->>'ridge_factor')::float8, noise_seed);

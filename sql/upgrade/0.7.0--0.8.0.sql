@@ -41,7 +41,7 @@ END $$;
 -- Issue 25 (DESIGN.md s. 3 rule 10): a released model's coef and intercept score the
 -- registered features. DPSGD-F models of 0.7.0 were released for rows centred on their
 -- private mean: the centre is folded into the intercept (b - w . centre), kept as 'mean'.
--- And the private-ERM fits with an intercept (rows clipped, then the 1 appended) record that
+-- And the private-ERM fits and DP-GD with an intercept (rows clipped, then the 1 appended) record that
 -- representation as their preprocessing, so that predict and evaluate score what they
 -- trained (0.7.0 scored them with the 1 appended before the row transform).
 DO $$
@@ -87,7 +87,7 @@ BEGIN
                'intercept', 'appended after the row transform'))
      WHERE fit_intercept
        AND privacy IN ('objective_perturbation', 'output_perturbation', 'dp_ftrl',
-                       'exponential_mechanism', 'dp_ambssgd', 'dp_ssgd', 'frank_wolfe')
+                       'exponential_mechanism', 'dp_ambssgd', 'dp_ssgd', 'frank_wolfe', 'dpgd')
        AND NOT (privacy = 'frank_wolfe' AND params->'privacy'->>'model' = 'lasso')
        AND params->'privacy'->'preprocessing' IS NULL;
 END $$;

@@ -18,6 +18,7 @@ import numpy as np
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 import dpsql
 from tests.pg_helpers import load
@@ -25,7 +26,23 @@ from tests.pg_helpers import load
 N = 1500
 EPSILON = 1000.0
 # Arguments a mechanism needs on these small tables (test_released_fields.py).
-EXTRA: dict[str, dict[str, Any]] = {"dp_ambssgd": {"steps": 8}}
+# Regression mechanisms whose fit reaches the rule y = a . clip(x) + b at epsilon 1000 here
+# (the others are limited by their own algorithm: one pass, a grid, tree-aggregated noise).
+CONVERGED = {
+    "objective_perturbation",
+    "output_perturbation",
+    "dpsgd_f",
+    "adassp",
+    "dp_ssgd",
+    "dpgd",
+}
+# DP-GD: the plain run converges at epsilon 1000 on these heavily clipped rows (its default
+# preconditioned run does not, and a weak fit witnesses no representation; tests/server/
+# test_auto.py checks the preconditioned one on rows within the bound).
+EXTRA: dict[str, dict[str, Any]] = {
+    "dp_ambssgd": {"steps": 8},
+    "dpgd": {"steps": 200, "options": Jsonb({"precondition": False})},
+}
 
 
 def public_rows(X: np.ndarray, model: dict[str, Any], other: bool = False) -> np.ndarray:
@@ -189,6 +206,10 @@ def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:
                 trained = score <= other_score + 1e-3
                 same = np.allclose(sql_p, hand, atol=1e-9) and np.allclose(py_p, hand, atol=1e-9)
                 good = score < 0.9 * float(np.var(y)) or not intercept
+                if intercept and mech["name"] in CONVERGED:
+                    # these fit the rows' exact linear rule at epsilon 1000: only a model
+                    # scored in another representation than its fit's misses it
+                    good = score < 0.01 * float(np.var(y))
             else:
                 score = float(np.mean(hand == y))
                 other_score = float(np.mean(hand_other == y))
