@@ -501,11 +501,12 @@ project_block(double *w, size_t n, double radius)
 
 /*
  * A private run's guard against overflow (a huge public step size, say): every weight is
- * projected onto the box [-DPSQL_WEIGHT_BOX, DPSQL_WEIGHT_BOX] after each update, and one that
- * overflowed to NaN (Inf - Inf) restarts at 0. The box is convex and data-independent, so the
- * projection is non-expansive (the bolt-on's analysis allows it) and, for the noisy mechanisms,
- * post-processing of the noisy steps: the release is a model either way, never an error
- * that would depend on the rows.
+ * projected onto the box [-DPSQL_WEIGHT_BOX, DPSQL_WEIGHT_BOX], and one that overflowed to NaN
+ * (Inf - Inf) restarts at 0. It runs after each noisy step, at the end of an epoch, and, on
+ * the b = 1 path, only when a weight is no longer finite (a per-row pass would cost the hot
+ * path). A deterministic function of the state, so post-processing of the noisy steps, and on
+ * finite weights a projection onto a convex, data-independent set: the release is a model
+ * either way, never an error that would depend on the rows.
  */
 static void
 guard_weights(double *w, size_t n)
@@ -528,8 +529,6 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 	size_t		dim = (size_t) h->dim;
 	size_t		c;
 
-	if ((int) h->flags & DPSQL_FLAG_SANITIZE)
-		guard_weights(w, n);
 	if (h->radius <= 0.0)
 		return;
 	if (h->loss == DPSQL_LOSS_MULTINOMIAL || h->n_out == 1.0)
@@ -537,6 +536,31 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
 	else
 		for (c = 0; c < (size_t) h->n_out; c++)
 			project_block(w + c * dim, dim, h->radius);
+}
+
+/*
+ * score_row in a private run: weights that overflowed are guarded and the row scored again; a
+ * score that still overflows at finite weights is the row's doing, a null record (an error
+ * would show it).
+ */
+static DpsqlStatus
+score_guarded(DpsqlSgdHeader *h, double *w, const double *x, int xlen, double *zs,
+			  double *scale, double *xnorm)
+{
+	int			flags = (int) h->flags;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+	DpsqlStatus st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm);
+
+	if (st != DPSQL_E_DIVERGED || !(flags & DPSQL_FLAG_SANITIZE))
+		return st;
+	if (!all_finite(w, n))
+	{
+		guard_weights(w, n);
+		st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm);
+		if (st != DPSQL_E_DIVERGED)
+			return st;
+	}
+	return DPSQL_E_NONFINITE_X;
 }
 
 /* g <- g + coef_c * (x, 1?) for every output c. */
@@ -603,6 +627,8 @@ apply_step(double *state)
 	}
 	h->in_batch = 0.0;
 	h->step += 1.0;
+	if ((int) h->flags & DPSQL_FLAG_SANITIZE)
+		guard_weights(w, n);
 	project(h, w, n);
 }
 
@@ -627,14 +653,7 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
-	/*
-	 * A finite row whose score overflows at finite weights is the row's doing, not a
-	 * diverged model: in a private run it is a null record too (an error would show it).
-	 */
-	if (st == DPSQL_E_DIVERGED && (flags & DPSQL_FLAG_SANITIZE) &&
-		all_finite(w, dim * n_out))
-		st = DPSQL_E_NONFINITE_X;
+		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -722,7 +741,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	/* b = 1 without noise: the update in place, without the accumulator (the hot path). */
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
+		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -805,10 +824,20 @@ dpsql_sgd_epoch_end(double *state)
 		h->in_batch = 0.0;
 		memset(state + DPSQL_HEADER_LEN + n, 0, n * sizeof(double));
 	}
+	dpsql_sgd_guard(state);
 	for (i = 0; i < n; i++)
 		if (!isfinite(w[i]))
 			return DPSQL_E_DIVERGED;
 	return DPSQL_OK;
+}
+
+void
+dpsql_sgd_guard(double *state)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+
+	if ((int) h->flags & DPSQL_FLAG_SANITIZE)
+		guard_weights(state + DPSQL_HEADER_LEN, (size_t) h->dim * (size_t) h->n_out);
 }
 
 DpsqlStatus

@@ -156,6 +156,8 @@ DpsqlStatus dpsql_sgd_check_header(const double *state, size_t len);
  * are finite: a well-formed state that is not has diverged (a full check calls it malformed).
  */
 int			dpsql_sgd_finite(const double *state);
+/* A private state's weights onto their box (DPSQL_WEIGHT_BOX); nothing for other states. */
+void		dpsql_sgd_guard(double *state);
 
 /* Number of feature values a row must carry for this state (dim minus the intercept). */
 int			dpsql_sgd_row_length(const double *state);

@@ -477,6 +477,7 @@ replay(SampledEpoch *e)
 	}
 	explicit_bzero(&it, sizeof(it));
 	/* a loss or a step that overflowed without a non-finite score on the way */
+	dpsql_sgd_guard(e->s);
 	if (!dpsql_sgd_finite(e->s))
 		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
 	st = dpsql_sgd_epoch_end(e->s);

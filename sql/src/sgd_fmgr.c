@@ -180,6 +180,7 @@ dpsql_sgd_final(PG_FUNCTION_ARGS)
 	s = dpsql_float8_array(state, &n, "model state");
 	dpsql_check_state(dpsql_sgd_check_header(s, (size_t) n), "_sgd_final");
 	/* a loss or a step that overflowed without a non-finite score on the way */
+	dpsql_sgd_guard(s);
 	if (!dpsql_sgd_finite(s))
 		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
 	st = dpsql_sgd_epoch_end(s);
