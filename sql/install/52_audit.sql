@@ -236,8 +236,7 @@ BEGIN
     ds := dpsql_internal._dataset_for_source(dataset);
     -- Thousands of uncharged releases are no worse than the rows themselves only for a role
     -- that can read those rows: the data owner, not any member of dpsql_admin.
-    IF EXISTS (SELECT 1 FROM unnest(ds.features || ds.label) c
-                WHERE NOT has_column_privilege(session_user, ds.relid, c, 'SELECT')) THEN
+    IF NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._fail(format('an audit of %s trains on its rows uncharged: only a '
                                             'role that can read them may run it', ds.name), '42501',
                                      'The data owner audits (GRANT SELECT on the registered columns).');
