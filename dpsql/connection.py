@@ -140,7 +140,7 @@ class Database:
         seed: int | None = None,
         privacy: Any = "none",
         labels: Sequence[float] | None = None,
-        intercept: bool = False,
+        intercept: bool | None = None,
         row_norm: str = "none",
         huber_h: float = 0.1,
         step_offset: float = 0.0,
@@ -240,7 +240,7 @@ class Database:
             shuffle=shuffle,
             seed=seed,
             labels=labels,
-            intercept=intercept,
+            intercept=self._intercept_default(model, row_norm) if intercept is None else intercept,
             row_norm=row_norm,
             huber_h=huber_h,
             step_offset=step_offset,
@@ -253,6 +253,14 @@ class Database:
             run.run_epochs(progress=progress)
             model_id = run.finish()
         return self.model(model_id)
+
+    def _intercept_default(self, model: str, row_norm: str) -> bool:
+        # the server's rule (dpsql_internal._intercept_default; docs/defaults.md)
+        row = self.conn.execute(
+            "SELECT dpsql_internal._intercept_default(dpsql_internal._canonical_model(%s), %s)",
+            (model, (row_norm or "none") == "none"),
+        ).fetchone()
+        return bool(row and row[0])
 
     @translate(not_found=NotRegistered)
     def _train_private(

@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION dpsql.train(
     epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
     step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
     radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
-    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT false,
+    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT NULL,
     row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
     tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
     epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
@@ -58,7 +58,11 @@ BEGIN
     batch_size := coalesce(batch_size, 1);
     run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
-                          labels, intercept, row_norm, huber_h, tolerance, parallel_workers,
+                          labels,
+                          coalesce(intercept, dpsql_internal._intercept_default(
+                                                  dpsql_internal._canonical_model(model),
+                                                  coalesce(row_norm, 'none') = 'none')),
+                          row_norm, huber_h, tolerance, parallel_workers,
                           permutation => permutation, shard_parallel => shard_parallel);
     LOOP
         e := dpsql_internal._run_epoch(run);

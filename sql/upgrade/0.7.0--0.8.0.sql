@@ -3,6 +3,14 @@
 \echo Use "ALTER EXTENSION dpsql UPDATE" to load this file. \quit
 DROP FUNCTION IF EXISTS dpsql_internal._estimation_dataset(text, text);
 
+-- Issue 25: each mechanism's intercept default and when it is recommended.
+ALTER TABLE dpsql.mechanism_catalog
+    ADD COLUMN IF NOT EXISTS intercept_default boolean NOT NULL DEFAULT true,
+    ADD COLUMN IF NOT EXISTS recommended text;
+DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,
+                                                           text[], text, text, text[], text[], text);
+DROP FUNCTION IF EXISTS dpsql.mechanisms();
+
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns
 -- there (their non-private runs' tables, or relations and types planted under a future run's

@@ -61,12 +61,94 @@ def test_bolton_step_gives_the_target_noise_norm(conn, binary, delta) -> None:
     1/(2 beta) cap on this data), and the model says which values were filled in."""
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=0.3, delta=delta)
     priv = m["params"]["privacy"]
-    assert priv["defaults"] == {"epochs": 10, "batch_size": 50, "step_size": m["step_size"]}
+    assert priv["defaults"] == {
+        "epochs": 10,
+        "batch_size": 50,
+        "step_size": m["step_size"],
+        "intercept": False,  # the SGD family's classifiers: docs/defaults.md
+    }
     assert priv["expected_noise_norm"] == pytest.approx(8.0, rel=1e-9)
     assert m["step_size"] < 2.0
     # a looser budget: the cap 1/(2 beta) = 2 binds and the noise is smaller than the target
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1e4, delta=delta)
     assert m["step_size"] == 2.0 and m["params"]["privacy"]["expected_noise_norm"] < 8.0
+
+
+@pytest.mark.parametrize(
+    ("privacy", "model", "expected"),
+    [
+        ("bolton", "logistic", False),  # the 1 would share the rows' norm bound
+        ("dpsgd", "logistic", False),
+        ("scs13", "logistic", False),
+        ("dpsgd_f", "logistic", True),  # centred rows, then a bias outside the norm
+        ("objective_perturbation", "logistic", True),  # the 1 appended after the transform
+        ("output_perturbation", "logistic", True),
+        ("dpsgd_f_alg2", "logistic", False),  # its bias is learned through tau
+    ],
+)
+def test_classifier_intercept_default_follows_the_rule(
+    conn, binary, privacy, model, expected
+) -> None:
+    """Issue 25: intercept left NULL is chosen by dpsql_internal._intercept_default from the
+    mechanism and the task, recorded among the defaults, and given values are kept."""
+    m = _train(conn, binary, model, privacy=privacy, epsilon=2.0, delta=DELTA)
+    assert m["params"]["privacy"]["defaults"]["intercept"] is expected
+    if privacy in ("dpsgd_f", "dpsgd_f_alg2"):
+        # both release a bias whatever the call says: the centring's, tau's map back
+        assert m["fit_intercept"] is True
+        return
+    assert m["fit_intercept"] is expected
+    assert len(m["intercept"] or []) == int(expected)
+    given = _train(
+        conn, binary, model, privacy=privacy, epsilon=2.0, delta=DELTA, intercept=not expected
+    )
+    assert given["fit_intercept"] is (not expected)
+    assert "intercept" not in given["params"]["privacy"].get("defaults", {})
+
+
+def test_regression_and_non_private_intercept_defaults(conn, scratch_schema) -> None:
+    """A regression fits an intercept with every mechanism; a non-private run fits one unless
+    it is a classifier whose rows are transformed; SQL and Python agree."""
+    import dpsql
+
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-1, 1, size=(3000, 3))
+    y = X @ np.array([1.0, -0.5, 0.25]) + 2.0 + 0.1 * rng.normal(size=3000)
+    source = load(conn, scratch_schema, "r", X, y)
+    name = _register(conn, source, label_bound=5.0, row_bound=math.sqrt(3))
+    for privacy in ("dpgd", "adassp", "dpsgd"):
+        m = _train(conn, name, "linear", privacy=privacy, epsilon=1.0, delta=DELTA)
+        assert m["fit_intercept"] is True, privacy
+    signs = load(conn, scratch_schema, "s", X, np.where(y > 2.0, 1.0, -1.0))
+    db = dpsql.Database(conn, owns_connection=False, embedded=False)
+    for model, row_norm, expected in (
+        ("linear", "clip", True),
+        ("logistic", "none", True),
+        ("logistic", "clip", False),
+        ("logistic", "unit", False),
+    ):
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, '{x}', 'y', %s, epochs => 1, row_norm => %s)",
+            (source if model == "linear" else signs, model, row_norm),
+        ).fetchone()
+        (fit,) = conn.execute(
+            "SELECT fit_intercept FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()
+        assert fit is expected, (model, row_norm)
+        assert db._intercept_default(model, row_norm) is expected
+        python = db.train(
+            source if model == "linear" else signs,
+            "x",
+            "y",
+            model,
+            epochs=1,
+            row_norm=row_norm,
+            progress=False,
+        )
+        (fit,) = conn.execute(
+            "SELECT fit_intercept FROM dpsql.models WHERE model_id = %s", (python.model_id,)
+        ).fetchone()
+        assert fit is expected, ("python", model, row_norm)
 
 
 def test_given_values_are_kept_and_not_recorded_as_defaults(conn, binary) -> None:
@@ -79,13 +161,14 @@ def test_given_values_are_kept_and_not_recorded_as_defaults(conn, binary) -> Non
         batch_size=20,
         epochs=3,
         step_size=0.01,
+        intercept=True,
     )
     assert (m["batch_size"], m["epochs"], m["step_size"]) == (20, 3, 0.01)
     assert "defaults" not in m["params"]["privacy"]
     # a schedule without a step: the schedule's own step, the bolt-on paper's 1/sqrt(m)
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1.0, schedule="constant")
     assert m["step_size"] == pytest.approx(1 / math.sqrt(6000), rel=1e-12)
-    assert set(m["params"]["privacy"]["defaults"]) == {"epochs", "batch_size"}
+    assert set(m["params"]["privacy"]["defaults"]) == {"epochs", "batch_size", "intercept"}
 
 
 def test_shuffled_dpsgd_batch_is_the_smallest_with_quiet_steps(conn, binary) -> None:
