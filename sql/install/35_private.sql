@@ -412,7 +412,9 @@ SELECT dpsql_internal._register_mechanism(
     'docs/bolton.md',
     params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
               'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs,shard_parallel}',
-    distributed => 'averaged', intercept_default => false);
+    distributed => 'averaged', intercept_default => false,
+    recommended => 'classification with pure epsilon-DP (delta = 0): auto''s choice there; '
+                   'Algorithm 1 (lambda = 0) at its defaults');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;

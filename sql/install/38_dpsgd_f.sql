@@ -134,4 +134,6 @@ SELECT dpsql_internal._register_mechanism(
     'dpsgd_f', '_train_dpsgd_f', 'classification', true, true,
     'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; '
     'also least squares', 'docs/whitebox.md', models => '{logistic,huber,multinomial,linear}',
-    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,clip_norm,sampling,noise_multiplier}');
+    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,clip_norm,sampling,noise_multiplier}',
+    recommended => 'classification with delta > 0 (auto''s choice): the best private classifier, '
+                   'or within 0.01 of it, on every benchmark task at epsilon >= 0.5');
