@@ -29,6 +29,7 @@ DECLARE
         '_check_labels', '_canonical_model',
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
+        '_clip_norm', '_preprocessed',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
         'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows
