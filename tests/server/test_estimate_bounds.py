@@ -91,7 +91,9 @@ def dlap_at_least(t: npt.ArrayLike, scale: float) -> np.ndarray:
     """P(nu >= t) for nu discrete Laplace, P(k) ~ exp(-|k| / scale), t an integer."""
     p = np.exp(-1 / scale)
     t = np.asarray(t, dtype=float)
-    return np.where(t >= 1, p ** np.maximum(t, 1) / (1 + p), 1 - p ** np.maximum(1 - t, 1) / (1 + p))
+    return np.where(
+        t >= 1, p ** np.maximum(t, 1) / (1 + p), 1 - p ** np.maximum(1 - t, 1) / (1 + p)
+    )
 
 
 def scan_law(counts: npt.ArrayLike, target: int, epsilon: float) -> np.ndarray:
@@ -187,8 +189,21 @@ def _counts(conn, values: list[float | None], ascending: bool) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "replacement",
-    [1e300, -1e300, float("inf"), float("-inf"), float("nan"), None, 0.0, -10.0, 10.0, 5.0,
-     5.0001, 2.0**-45, -(2.0**-45)],
+    [
+        1e300,
+        -1e300,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        None,
+        0.0,
+        -10.0,
+        10.0,
+        5.0,
+        5.0001,
+        2.0**-45,
+        -(2.0**-45),
+    ],
 )
 def test_count_sensitivity_on_adversarial_neighbours(conn, replacement) -> None:
     """Replace one value (the median's) by an extreme one: beyond the range either way,
@@ -232,10 +247,11 @@ def multiscale(conn, scratch_schema) -> tuple[str, np.ndarray]:
 
 def test_bounds_adapt_to_each_features_scale(conn, multiscale) -> None:
     """Issue 25: at epsilon 1 (1/6 per quantile), m = 4000 and one wide range {-1e7, 1e7}, each
-    upper bound is within 2x of its feature's 0.99 quantile, and each lower bound within 2% of
-    the feature's scale of its 0.01 quantile. Under its exact law (scan_law on the same grid
-    and data) this seeded run fails with probability 0.4% (all six quantiles together; the
-    linear grid's exponential mechanism before it: over 99%)."""
+    upper bound is within 2x of its feature's 0.99 quantile, and each lower bound within 5% of
+    the feature's scale (its 0.99 quantile) of its 0.01 quantile. Under the exact law
+    (scan_law on the same grid and data) this seeded run fails with probability 0.16% (union
+    bound over the six quantiles); the linear grid's exponential mechanism it replaces put
+    the upper bounds within 2x with probability 4e-6, 4e-5 and 0.011."""
     name, x = multiscale
     (bounds,) = conn.execute(
         "SELECT dpsql.estimate_bounds(%s, 1, '{-1e7,1e7}', noise_seed => 7)", (name,)
@@ -243,7 +259,7 @@ def test_bounds_adapt_to_each_features_scale(conn, multiscale) -> None:
     for (lo, hi), column in zip(bounds, x.T, strict=True):
         p01, p99 = np.quantile(column, [0.01, 0.99])
         assert p99 / 2 <= hi <= 2 * p99, (hi, p99)
-        assert abs(lo - p01) <= 0.02 * p99, (lo, p01)
+        assert abs(lo - p01) <= 0.05 * p99, (lo, p01)
 
 
 @pytest.fixture
