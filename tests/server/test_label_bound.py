@@ -396,8 +396,8 @@ def test_python_api(conn, scratch_schema) -> None:
     ).fetchone()
     bound = db.estimate_label_bound(later_name, 1e4, [0, 100], noise_seed=1)
     assert 3.8 < bound < 4.1  # the 0.99 quantile of |y| over linspace(-4, 4)
-    bounds = db.estimate_bounds(later_name, 1e4, [-10, 10], upper_quantile=0.9, noise_seed=1)
-    assert len(bounds) == 1 and bounds[0][0] < bounds[0][1]
+    bounds = db.estimate_bounds(later_name, 1e4, upper_quantile=0.9, noise_seed=1)  # +-2^40
+    assert bounds == [[0.0, 0.671875]]  # x in {0, 1/3, 2/3}: 0, and the grid point above 2/3
     assert [e for _, e, _ in _ledger(conn, later_name)] == [1e4, 1e4]
 
 
