@@ -9,7 +9,7 @@
 -- floor, k >= 0, 0 <= j < J), with the linear steps +-F i/J below F, intersected with the
 -- public search range [a, b], plus a and b. It depends on a and b only (public), its
 -- resolution is relative (a step is 1/64 to 1/128 of the value), and a wider range costs 2J
--- points per octave: {-2^40, 2^40}, the default, has about 10^4 points.
+-- points per octave: {-2^40, 2^40}, the default, has 10,369 points, {-10, 10} 5,665.
 --
 -- The scan (AboveThreshold, Dwork and Roth 2014 s. 3.6, on monotone counts): an upper
 -- quantile q at the target rank r = max(1, ceil(q m)) is the first grid point g, ascending,
@@ -24,13 +24,18 @@
 -- factor exp(epsilon / 2), so every output has probability within exp(epsilon) on D and D':
 -- epsilon-DP per quantile, delta 0, whatever the grid's size. The counts are integers and
 -- the noise is integer (discrete Laplace, as the difference of two geometrics drawn by
--- inversion from the ChaCha20 stream): no floating-point noise is compared. Why a scan and
--- not the exponential mechanism on this grid: the rank utility gives every point above the
--- data the utility -(m - r), so at m - r = 40 rows and epsilon / (2d) per quantile the
--- empty octaves above the data outweigh the few points at the quantile and the draw lands
--- far above it; the scan stops at the first point the counts reach, before the empty range.
--- Work: one merge of the grid with the distinct values and two draws per grid point,
--- O(#grid + #distinct values), whatever m.
+-- inversion from the ChaCha20 stream): no floating-point noise is compared. (The inversion's
+-- 53-bit uniforms cut each geometric at 36.7 scales, an event of probability 2^-53: the
+-- shift argument fails only there.)
+--
+-- Why a scan and not the exponential mechanism on this grid: the rank utility gives every
+-- point above the data the utility -(m - r), so at m - r = 40 rows and epsilon / (2d) per
+-- quantile the empty octaves above the data outweigh the few points at the quantile and the
+-- draw lands far above it; the scan stops at the first point the counts reach, before the
+-- empty range.
+-- Work: one pass over the rows puts each value's place on the grid (a binary search, a
+-- per-record map) into a histogram of at most 2n + 1 places; then per quantile a running
+-- sum over those places and two draws per grid point: O(m log n + n) for n grid points.
 --
 -- The exponential mechanism on a linear grid of m^2 points (_private_quantile, below) is
 -- what DPSGD-F's private mean uses (39_dpsgd_f_alg2.sql) on its bounded range.
