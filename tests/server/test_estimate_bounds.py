@@ -381,3 +381,19 @@ def test_the_default_range_and_the_wide_one_agree(conn, unbounded) -> None:
     for column, (lo, hi) in zip((40 + 10 * np.sin(g), 1000 * np.cos(g)), default, strict=True):
         p01, p99 = np.quantile(column, [0.01, 0.99])
         assert abs(lo - p01) < 0.02 * abs(p01) and abs(hi - p99) < 0.02 * abs(p99)
+
+
+def test_a_constant_feature_gets_the_next_grid_point_up(conn, scratch_schema) -> None:
+    """Both scans stop at the constant (epsilon 1e4: noise 0 but with probability e^-5000): the
+    upper bound becomes the next grid point up (post-processing), so lo < hi."""
+    conn.execute("CREATE TABLE k AS SELECT 5.0::float8 AS a, (g % 2)::float8 AS y"
+                 " FROM generate_series(1, 500) g")  # fmt: skip
+    name = f"k_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a}', 'y', 1e5, labels => '{0,1}', name => %s)",
+        (f"{scratch_schema}.k", name),
+    )
+    (bounds,) = conn.execute(
+        "SELECT dpsql.estimate_bounds(%s, 1e4, noise_seed => 1)", (name,)
+    ).fetchone()
+    assert bounds == [[5.0, 5.0 + 4 / 64]]  # 5 = 4 (1 + 16/64); the next point 4 (1 + 17/64)
