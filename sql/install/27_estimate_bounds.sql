@@ -188,12 +188,15 @@ AS $$
 DECLARE
     s bigint := coalesce(seed, dpsql_internal._random_seed());
     n int := cardinality(grid);
-    rho bigint := dpsql_internal._discrete_laplace(s, 0, 2 / epsilon);
+    -- 2 / epsilon; at least 1e-200 (more noise, as private), where a draw is 0 anyway, so that
+    -- scale * ln(U) never underflows (an error, after the charge) at epsilon near float8's max
+    scale float8 := greatest(2 / epsilon, 1e-200);
+    rho bigint := dpsql_internal._discrete_laplace(s, 0, scale);
     k int;
 BEGIN
     SELECT CASE WHEN ascending THEN min(c.k) ELSE max(c.k) END INTO k
       FROM unnest(dpsql_internal._grid_counts(n, places, counts, ascending)) WITH ORDINALITY AS c(t, k)
-     WHERE c.t + dpsql_internal._discrete_laplace(s, c.k, 2 / epsilon) >= target + rho;
+     WHERE c.t + dpsql_internal._discrete_laplace(s, c.k, scale) >= target + rho;
     RETURN grid[coalesce(k, CASE WHEN ascending THEN n ELSE 1 END)];
 END $$;
 
@@ -230,13 +233,19 @@ BEGIN
     grid := dpsql_internal._magnitude_grid(a, b);
 END $$;
 
--- Public: the scan runs past the data (a bound far outside it) when its noise, about
--- 2 / epsilon per count, is more than the target ranks' distance from the edges of the data.
-CREATE OR REPLACE FUNCTION dpsql_internal._warn_scan_error(what text, m bigint, eps_each float8, edge_rows bigint)
+-- Public, before the charge: an epsilon per quantile of at least 1e-9, whose noise (2/epsilon
+-- rows, at most 36.7 scales: < 2^63) stays an exact integer; below it the noise swamps any
+-- table. Then a warning when the scan may run past the data (a bound far outside it): its
+-- noise, about 2 / epsilon per count, is more than the target ranks' distance from the edges.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_scan_epsilon(what text, m bigint, eps_each float8, edge_rows bigint)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF eps_each < 1e-9 THEN
+        PERFORM dpsql_internal._fail(format('epsilon per quantile must be at least 1e-9, got %s', eps_each),
+                            hint => 'The bounds split epsilon over their quantiles (2 per feature).');
+    END IF;
     IF 2 / eps_each > edge_rows THEN
         RAISE WARNING 'dpsql: with % rows and epsilon % per quantile, the % may land far outside the data',
                       m, round(eps_each::numeric, 4), what
@@ -296,7 +305,7 @@ BEGIN
     eps_each := epsilon / (2 * ds.dim);
     r_lo := greatest(1, ceil(lower_quantile * m));
     r_hi := greatest(1, ceil(upper_quantile * m));
-    PERFORM dpsql_internal._warn_scan_error('bounds', m, eps_each, least(r_lo - 1, m - r_hi));
+    PERFORM dpsql_internal._check_scan_epsilon('bounds', m, eps_each, least(r_lo - 1, m - r_hi));
     PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, 0, 'estimate_bounds',
                           note => format('quantiles %s and %s of %s features over [%s, %s]',
                                          lower_quantile, upper_quantile, ds.dim, g.a, g.b));
@@ -390,7 +399,7 @@ BEGIN
     END IF;
     g := dpsql_internal._estimate_range(ds, epsilon, coalesce(search_range, '{0,1099511627776}'), 0);
     r := greatest(1, ceil(quantile * g.m));
-    PERFORM dpsql_internal._warn_scan_error('label bound', g.m, epsilon, g.m - r);
+    PERFORM dpsql_internal._check_scan_epsilon('label bound', g.m, epsilon, g.m - r);
     PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, 0, 'estimate_label_bound',
                           note => format('quantile %s of |%s| over [%s, %s]', quantile, ds.label, g.a, g.b));
     v := dpsql_internal._label_places(ds, g.grid);

@@ -342,6 +342,8 @@ def test_estimated_bounds_are_charged_registered_and_used(conn, unbounded, make_
         ("1, '{-1,NaN}'", "search_range"),
         ("1, '{-Infinity,1}'", "search_range"),
         ("'NaN', NULL", "epsilon must be"),
+        ("3e-9, '{-1,1}'", "at least 1e-9"),  # over 4 quantiles
+        ("1e-300, NULL", "at least 1e-9"),
     ],
 )
 def test_bad_arguments_charge_nothing(conn, unbounded, args, message) -> None:
@@ -397,3 +399,22 @@ def test_a_constant_feature_gets_the_next_grid_point_up(conn, scratch_schema) ->
         "SELECT dpsql.estimate_bounds(%s, 1e4, noise_seed => 1)", (name,)
     ).fetchone()
     assert bounds == [[5.0, 5.0 + 4 / 64]]  # 5 = 4 (1 + 16/64); the next point 4 (1 + 17/64)
+
+
+def test_extreme_epsilons(conn, scratch_schema) -> None:
+    """Near float8's max the noise is 0 and nothing underflows; 1e-9 per quantile is the least
+    (its noise, up to 36.7 * 2e9, an exact integer)."""
+    conn.execute("CREATE TABLE e AS SELECT g::float8 AS a, (g % 2)::float8 AS y"
+                 " FROM generate_series(1, 300) g")  # fmt: skip
+    name = f"e_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a}', 'y', 1.7e308, labels => '{0,1}', name => %s)",
+        (f"{scratch_schema}.e", name),
+    )
+    with conn.transaction(force_rollback=True):
+        (bounds,) = conn.execute("SELECT dpsql.estimate_bounds(%s, 1.6e308)", (name,)).fetchone()
+    # ranks ceil(0.01 m) = 3 and ceil(0.99 m) = 298 (float8's 0.99 * 300 is above 297): 3 is a
+    # grid point, 298 lies between 296 and 300 = 256 (1 + 11/64)
+    assert bounds == [[3.0, 300.0]]
+    (bounds,) = conn.execute("SELECT dpsql.estimate_bounds(%s, 2e-9)", (name,)).fetchone()
+    assert len(bounds) == 1

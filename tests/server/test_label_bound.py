@@ -202,6 +202,7 @@ def test_analyst_is_refused_before_anything(conn, small, make_role) -> None:  # 
         ("1, '{0,Infinity}'", "22023", "search_range"),
         ("1, '{0,NULL}'", "22023", "search_range"),
         ("1, '{0,1,2}'", "22023", "search_range"),
+        ("1e-10, '{0,10}'", "22023", "at least 1e-9"),
         ("1, '{0,10}', 0", "22023", "quantile must be"),
         ("1, '{0,10}', 1.5", "22023", "quantile must be"),
         ("2e6, '{0,10}'", "DP001", "budget"),
