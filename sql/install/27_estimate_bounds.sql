@@ -222,8 +222,8 @@ BEGIN
                        AND b / 2 - a / 2 < 8.98e307, false) THEN
         PERFORM dpsql_internal._fail(format('search_range must be {a, b}, finite, %sa < b',
                                    CASE WHEN lowest > '-Infinity' THEN lowest || ' <= ' ELSE '' END),
-                            hint => 'A public range that surely holds the quantiles; NULL (the default) '
-                                    'is +-2^40, and a wider range costs little.');
+                            hint => 'A public range that surely holds the quantiles; NULL (the default) is '
+                                    '{-2^40, 2^40} ({0, 2^40} for |y|), and a wider range costs little.');
     END IF;
     -- (read as every private read is: the registered columns' types and the relation checked)
     EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO m;
