@@ -99,3 +99,9 @@ BEGIN
        AND NOT (privacy = 'frank_wolfe' AND params->'privacy'->>'model' = 'lasso')
        AND params->'privacy'->'preprocessing' IS NULL;
 END $$;
+
+-- Issue 25: private bounds scan a grid of magnitudes (27_estimate_bounds.sql); the helpers of
+-- the linear grid's estimates are gone (DPSGD-F keeps _private_quantile and _grid_sql).
+DROP FUNCTION IF EXISTS dpsql_internal._estimate_grid(dpsql.datasets, float8, float8[], float8);
+DROP FUNCTION IF EXISTS dpsql_internal._warn_rank_error(text, bigint, float8, bigint);
+DROP FUNCTION IF EXISTS dpsql_internal._label_grid(dpsql.datasets, float8, float8, float8);
