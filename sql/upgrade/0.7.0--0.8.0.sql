@@ -10,6 +10,7 @@ ALTER TABLE dpsql.mechanism_catalog
 DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,
                                                            text[], text, text, text[], text[], text);
 DROP FUNCTION IF EXISTS dpsql.mechanisms();
+DROP FUNCTION IF EXISTS dpsql_internal._bolton_noise_target();
 
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns

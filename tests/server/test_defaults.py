@@ -57,8 +57,9 @@ def binary(conn, scratch_schema) -> str:
 
 @pytest.mark.parametrize("delta", [0.0, DELTA], ids=["gamma", "gaussian"])
 def test_bolton_step_gives_the_target_noise_norm(conn, binary, delta) -> None:
-    """The default step is the one whose release has expected noise norm 8 (below the
-    1/(2 beta) cap on this data), and the model says which values were filled in."""
+    """The default step is the one whose release has expected noise norm min(8, sqrt(k)) (k = 6
+    coefficients here; below the 1/(2 beta) cap on this data), and the model says which values
+    were filled in."""
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=0.3, delta=delta)
     priv = m["params"]["privacy"]
     assert priv["defaults"] == {
@@ -67,11 +68,11 @@ def test_bolton_step_gives_the_target_noise_norm(conn, binary, delta) -> None:
         "step_size": m["step_size"],
         "intercept": False,  # the SGD family's classifiers: docs/defaults.md
     }
-    assert priv["expected_noise_norm"] == pytest.approx(8.0, rel=1e-9)
+    assert priv["expected_noise_norm"] == pytest.approx(math.sqrt(6), rel=1e-9)
     assert m["step_size"] < 2.0
     # a looser budget: the cap 1/(2 beta) = 2 binds and the noise is smaller than the target
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1e4, delta=delta)
-    assert m["step_size"] == 2.0 and m["params"]["privacy"]["expected_noise_norm"] < 8.0
+    assert m["step_size"] == 2.0 and m["params"]["privacy"]["expected_noise_norm"] < math.sqrt(6)
 
 
 @pytest.mark.parametrize(
