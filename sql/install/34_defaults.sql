@@ -90,6 +90,8 @@ DECLARE
     filled jsonb := '{}';
     all_params jsonb;
     b bigint;
+    kind text;
+    noise float8;
     step float8;
 BEGIN
     -- Called for the registry's SGD mechanisms (sgd_defaults) after _train_private checked
@@ -124,15 +126,28 @@ BEGIN
         -- with its square root or not at all). Poisson DP-SGD, DPSGD-F and the bolt-on get 50
         -- (step noise 0): amplification by sampling makes the noise on the mean grow as the
         -- batch shrinks, so small batches only add steps.
+        kind := CASE WHEN privacy = 'dpsgd' AND coalesce(params->>'sampling', 'shuffle') <> 'shuffle'
+                     THEN 'poisson' ELSE privacy END;
         b := 50;
-        WHILE b * 2 <= m / 50
-              AND dpsql_internal._step_noise(CASE WHEN privacy = 'dpsgd'
-                                              AND coalesce(params->>'sampling', 'shuffle') <> 'shuffle'
-                                         THEN 'poisson' ELSE privacy END,
-                                    all_params, m, b, k) > 0.25 LOOP
+        WHILE b * 2 <= m / 50 AND dpsql_internal._step_noise(kind, all_params, m, b, k) > 0.25 LOOP
             b := b * 2;
         END LOOP;
-        filled := filled || jsonb_build_object('batch_size', greatest(1, least(b, m / 10)));
+        b := greatest(1, least(b, m / 10));
+        -- Issue 25: where even that batch leaves each step's mean gradient with noise of twice
+        -- the gradient bound, the steps are mostly noise and the release learns little (HI and
+        -- Protein at epsilon 0.1 fell below the majority class): refused, before any charge,
+        -- naming what amplification by sampling does instead. A batch given is kept.
+        noise := dpsql_internal._step_noise(kind, all_params, m, b, k);
+        IF noise > 2 THEN
+            PERFORM dpsql_internal._fail(
+                format('%s at epsilon %s on %s rows would learn little: at its largest default batch (%s) '
+                       'each step''s mean gradient carries noise of %s times the gradient bound',
+                       CASE WHEN kind = 'dpsgd' THEN 'DP-SGD with shuffled batches' ELSE privacy END,
+                       epsilon, m, b, round(noise::numeric, 1)),
+                hint => 'Use privacy => ''auto'' or ''dpsgd_f'' (Poisson sampling amplifies privacy), '
+                        'a larger epsilon or more rows; batch_size => ... runs it anyway.');
+        END IF;
+        filled := filled || jsonb_build_object('batch_size', b);
     END IF;
     all_params := params || filled;
     IF params->>'step_size' IS NULL AND params->>'schedule' IS NULL AND lambda = 0 THEN
