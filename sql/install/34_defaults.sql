@@ -19,7 +19,7 @@ $$;
 -- The bolt-on's target for the expected norm of its noise, a draw of dimension k: in units of
 -- the rows' norm bound (1), a logit moves by about target / sqrt(k). 8 was fixed once from the
 -- bolt-on benchmarks (k = 74 and 500); capped at sqrt(k) so that a logit's noise stays below
--- 1 in low dimension (issue 25: HI, k = 22, +0.01 to +0.09 accuracy at epsilon 0.5-2; bench
+-- 1 in low dimension (issue 25: HI, k = 22, +0.03 to +0.06 accuracy at epsilon 0.5-2; bench
 -- bolton_noise_target). The step then follows from the public sensitivity (docs/defaults.md).
 CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_target(k int)
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT least(8.0, sqrt(k::float8))';
