@@ -65,6 +65,10 @@ BEGIN
     IF NOT (delta > 0) THEN
         PERFORM dpsql_internal._fail('dpsgd_f is (epsilon, delta)-DP: delta must be > 0');
     END IF;
+    IF NOT (params->>'intercept')::boolean THEN  -- a value given: the default is true
+        PERFORM dpsql_internal._fail('dpsgd_f centres the rows on a private mean: its model always has an intercept',
+                                     hint => 'Leave intercept NULL (or true); the centring is folded into it at release.');
+    END IF;
     -- Always Poisson sampling, the sampling the composed accountant assumes (spec 001 s. 4
     -- [R]); 'shuffle' is dpsql.train's default for sampling, so it cannot mean a choice here.
     IF params->>'noise_multiplier' IS NOT NULL THEN

@@ -96,8 +96,13 @@ def test_classifier_intercept_default_follows_the_rule(
     m = _train(conn, binary, model, privacy=privacy, epsilon=2.0, delta=DELTA)
     assert m["params"]["privacy"]["defaults"]["intercept"] is expected
     if privacy in ("dpsgd_f", "dpsgd_f_alg2"):
-        # both release a bias whatever the call says: the centring's, tau's map back
+        # both release a bias: the centring's, tau's map back
         assert m["fit_intercept"] is True
+        if privacy == "dpsgd_f":  # and DPSGD-F cannot do without one
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="always has an"):
+                _train(
+                    conn, binary, model, privacy=privacy, epsilon=2.0, delta=DELTA, intercept=False
+                )
         return
     assert m["fit_intercept"] is expected
     assert len(m["intercept"] or []) == int(expected)
