@@ -163,15 +163,15 @@ def test_regression_and_non_private_intercept_defaults(conn, scratch_schema) -> 
     [("dpsgd", {}), ("scs13", {}), ("bst14", {})],
 )
 def test_noise_dominated_defaults_refuse_before_charging(conn, binary, privacy, extra) -> None:
-    """Issue 25: shuffled DP-SGD, SCS13 and BST14 at epsilon 0.05 on 6,000 rows: even the
-    largest default batch leaves each step's mean gradient with noise of more than twice the
-    gradient bound; the run is refused, names what to use, charges nothing. A batch given is
-    kept (it runs)."""
+    """Issue 25: shuffled DP-SGD, SCS13 and BST14 at epsilon 0.02 on 6,000 rows: even the
+    largest default batch leaves each step's mean gradient with noise of more than four times
+    the gradient bound; the run is refused, names what to use, charges nothing. A batch given
+    is kept (it runs)."""
     spent = conn.execute(
         "SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s", (binary,)
     ).fetchone()
     with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
-        _train(conn, binary, "logistic", privacy=privacy, epsilon=0.05, delta=DELTA, **extra)
+        _train(conn, binary, "logistic", privacy=privacy, epsilon=0.02, delta=DELTA, **extra)
     assert "would learn little" in err.value.diag.message_primary
     assert "auto" in err.value.diag.message_hint
     assert (
@@ -180,7 +180,7 @@ def test_noise_dominated_defaults_refuse_before_charging(conn, binary, privacy, 
         ).fetchone()
         == spent
     )
-    m = _train(conn, binary, "logistic", privacy=privacy, epsilon=0.05, delta=DELTA, batch_size=100)
+    m = _train(conn, binary, "logistic", privacy=privacy, epsilon=0.02, delta=DELTA, batch_size=100)
     assert m["batch_size"] == 100
 
 
@@ -273,20 +273,15 @@ def _load_classification(conn, scratch_schema, datasets_dir: Path, which: str):
 
 def test_classifier_defaults_beat_the_majority_class(conn, scratch_schema, datasets_dir):
     """MNIST-50 (30,000 training rows) at eps = 1: every mechanism at its defaults is far
-    above the majority class (0.11): >= 0.3 above it; spreads <= 0.05. BST14's steps would
-    carry noise of 2.8 times the gradient bound on these rows: it refuses (issue 25; on all
-    60,000 rows it runs and reached 0.41). The old batch-1 defaults gave 0.08-0.29 for shuffled
-    DP-SGD, SCS13 and BST14 on all 60,000 rows."""
+    above the majority class (0.11): >= 0.3 above it, BST14 (the weakest, 0.29) >= 0.1;
+    spreads <= 0.05. None refuses as noise-dominated (issue 25). The old batch-1 defaults gave
+    0.08-0.29 for shuffled DP-SGD, SCS13 and BST14 on all 60,000 rows."""
     name, test, model, majority = _load_classification(conn, scratch_schema, datasets_dir, "mnist")
     for label, kw in CLASSIFIERS.items():
         args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3, "noise_seed": 11}
-        if label == "bst14":
-            with pytest.raises(psycopg.errors.InvalidParameterValue, match="would learn little"):
-                _train(conn, name, model, **args)
-            continue
         m = _train(conn, name, model, **args)
         acc = _score(conn, m["model_id"], test)
-        assert acc > majority + 0.3, (label, acc, majority)
+        assert acc > majority + (0.1 if label == "bst14" else 0.3), (label, acc, majority)
 
 
 def test_protein_defaults_are_not_below_the_majority_class(conn, scratch_schema, datasets_dir):
