@@ -26,7 +26,10 @@ class ConfidenceIntervals:
 
     ``estimate``, ``lower`` and ``upper`` have one entry per coefficient (the intercept last,
     when fitted). ``covers`` says what they cover: the OLS solution of the training rows, or
-    the minimiser of the Huberised loss when gradients are clipped near it. ``method``,
+    the minimiser of the Huberised loss when gradients are clipped near it; ``target`` names
+    the one the release estimates it covers (``"ols"`` or ``"clipped least squares"``, from a
+    noisy count of the rows clipped at the estimate: ``clipped_fraction``, a private estimate
+    of their fraction). ``method``,
     ``draws`` and ``burn_in`` say how the draws came from the released iterates. ``mixed`` is
     False when the draws are correlated (``draw_autocorrelation`` >= 0.03, the correlation
     implied by the iterates' lag-1 autocorrelation): the run had not mixed, and the intervals
@@ -43,6 +46,7 @@ class ConfidenceIntervals:
     burn_in: int
     covers: str
     target: str | None
+    clipped_fraction: float | None
     mixed: bool | None
     draw_autocorrelation: float | None
     epsilon: float
@@ -199,6 +203,7 @@ class Model:
             burn_in=int(ci.get("burn_in") or 0),
             covers=ci.get("covers", ""),
             target=ci.get("target"),
+            clipped_fraction=ci.get("clipped_fraction"),
             mixed=ci.get("mixed"),
             draw_autocorrelation=ci.get("draw_autocorrelation"),
             epsilon=float(privacy.get("epsilon", float("nan"))),
