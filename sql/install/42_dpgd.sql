@@ -216,7 +216,7 @@ BEGIN
                                  CASE WHEN rho_clip > 0
                                  THEN format(' + the clip bound''s histogram of gradient norms (rho %s)', rho_clip) ELSE '' END),
             'rho', rho, 'steps', steps, 'runs', runs, 'step_size', eta, 'clip_norm', gamma,
-            'noise_std', lam, 'theta0', 0,
+            'noise_std', lam, 'noise_multiplier', lam / gamma, 'theta0', 0,
             'neighbouring', 'replace-one, n public'));
 END $$;
 
@@ -261,7 +261,9 @@ END $$;
 
 -- The private clip bound (plan: clip_grid, clip_noise_std, clip_quantile) from the histogram
 -- at theta: the noisy counts, then the smallest edge whose noisy tail count (of the norms
--- above it) is at most (1 - q) n (post-processing); the top edge if none is. Returns the bound and its record.
+-- above it: a sum of k noisy counts, noise std sd sqrt k) is at most max((1 - q) n, sd sqrt k)
+-- (post-processing); the top edge if none is. Without the floor sd sqrt k, an allowance
+-- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top edge. Returns the bound and its record.
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan jsonb, theta float8[],
                                                     intercept boolean, x_bound float8,
                                                     noise_seed bigint, pilot int,
@@ -281,12 +283,12 @@ BEGIN
         dpsql_internal._dpgd_clip_histogram(train_table, theta, edges, intercept, x_bound),
         (plan->>'clip_noise_std')::float8, noise_seed, 1000025);
     -- The true tail counts fall fast along a grid of ratio 2, so a low edge passes by noise
-    -- only when its true tail is near the allowance: the first edge from the bottom that passes.
+    -- only when its true tail is near the allowance: the first edge from the bottom that does.
     gamma := edges[k];
     tail_at := noisy[k + 1];
     FOR j IN REVERSE k..1 LOOP
         tail := tail + noisy[j + 1];  -- the noisy count above edges[j]
-        IF tail <= allowed THEN
+        IF tail <= greatest(allowed, (plan->>'clip_noise_std')::float8 * sqrt(k + 1 - j)) THEN
             gamma := edges[j];
             tail_at := tail;
         END IF;
