@@ -14,9 +14,15 @@ Per run, the released 95% intervals of the 9 coefficients are checked against:
 Also per run: the fraction of rows clipped at the clipped target (non-private, evaluation
 only), the model's released estimate of it, and the ``mixed`` diagnostic.
 
+``--data heavy_tails``: a synthetic set where the public rule clips most gradients (n 4000,
+rows uniform in [-1, 1]^3, row bound sqrt 3, y = 1 + x.(2, -1, 0.5) + 12 t_3 clipped to
+[-100, 100], label bound 100; the data of ``tests/server/test_dpgd_clip.py``).
+
 Usage::
 
     .venv/bin/python -m bench.dpgd_coverage [--runs 20] [--eps 0.5 1 2] [--options '{}']
+    .venv/bin/python -m bench.dpgd_coverage --data heavy_tails --eps 2 --runs 30 \
+        --options '{"precondition": false}'
 """
 
 from __future__ import annotations
@@ -76,22 +82,35 @@ def _inside(ci: np.ndarray, target: np.ndarray) -> float:
     return float(np.mean((ci[:, 0] <= target) & (target <= ci[:, 1])))
 
 
+def _heavy_tails(n: int = 4000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    y = 1.0 + X @ [2.0, -1.0, 0.5] + 12 * rng.standard_t(3, size=n)
+    return X, np.clip(y, -100, 100)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     parser.add_argument("--options", default="{}", help="DP-GD options (JSON)")
     parser.add_argument("--params", default="{}", help="other dpsql.train arguments (JSON)")
+    parser.add_argument("--data", choices=("cal_housing", "heavy_tails"), default="cal_housing")
     args = parser.parse_args(argv)
     print("\n".join(header_lines("dpgd_coverage")))
     print(f"# command: .venv/bin/python -m bench.dpgd_coverage {' '.join(argv or sys.argv[1:])}")
-    raw, value = dsets.load_cal_housing()
-    X = dsets.cal_housing_features(raw)
-    y = value / 100_000.0
-    tr, _ = dsets.train_test_split(len(y), test_fraction=0.2, seed=0)
-    Xtr, ytr = X[tr], y[tr]
-    x_bound = float(np.sqrt(X.shape[1]))
-    ols = np.linalg.lstsq(np.column_stack([Xtr, np.ones(len(tr))]), ytr, rcond=None)[0]
+    if args.data == "heavy_tails":
+        Xtr, ytr = _heavy_tails()
+        label_bound = 100.0
+    else:
+        raw, value = dsets.load_cal_housing()
+        X = dsets.cal_housing_features(raw)
+        y = value / 100_000.0
+        tr, _ = dsets.train_test_split(len(y), test_fraction=0.2, seed=0)
+        Xtr, ytr = X[tr], y[tr]
+        label_bound = LABEL_BOUND
+    x_bound = float(np.sqrt(Xtr.shape[1]))
+    ols = np.linalg.lstsq(np.column_stack([Xtr, np.ones(len(ytr))]), ytr, rcond=None)[0]
     extra = json.loads(args.params)
     with bench_server(None, None) as (_, where), dpsql.connect(_) as db:
         print(f"# server: {where}")
@@ -99,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         db.execute(
             "SELECT dpsql.register_dataset('houses', '{x}', 'y', 1e9, 0.99,"
             " label_bound => %s, row_bound => %s)",
-            (LABEL_BOUND, x_bound),
+            (label_bound, x_bound),
         )
         print(
             "| eps | runs | cover OLS | cover clipped target | cover named target | named"
