@@ -263,7 +263,8 @@ END $$;
 -- at theta: the noisy counts, then the smallest edge whose noisy tail count (of the norms
 -- above it: a sum of k noisy counts, noise std sd sqrt k) is at most max((1 - q) n, sd sqrt k)
 -- (post-processing); the top edge if none is. Without the floor sd sqrt k, an allowance
--- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top edge. Returns the bound and its record.
+-- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top
+-- edge. Returns the bound and its record (all of it released).
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan jsonb, theta float8[],
                                                     intercept boolean, x_bound float8,
                                                     noise_seed bigint, pilot int,
