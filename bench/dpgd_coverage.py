@@ -31,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from psycopg.types.json import Jsonb
@@ -50,11 +51,11 @@ def clipped_target(A: np.ndarray, y: np.ndarray, gamma: float, iters: int = 500)
     """
     norms = np.linalg.norm(A, axis=1)
     bound = np.where(norms > 0, gamma / np.maximum(norms, 1e-300), np.inf)
-    w = np.linalg.lstsq(A, y, rcond=None)[0]
+    w: np.ndarray = np.linalg.lstsq(A, y, rcond=None)[0]
     for _ in range(iters):
         r = y - A @ w
         om = np.minimum(1.0, bound / np.maximum(np.abs(r), 1e-300))
-        w_new = np.linalg.solve(A.T @ (A * om[:, None]), A.T @ (om * y))
+        w_new: np.ndarray = np.linalg.solve(A.T @ (A * om[:, None]), A.T @ (om * y))
         if np.max(np.abs(w_new - w)) < 1e-12:
             return w_new
         w = w_new
@@ -62,7 +63,7 @@ def clipped_target(A: np.ndarray, y: np.ndarray, gamma: float, iters: int = 500)
 
 
 def representation(
-    X: np.ndarray, privacy: dict, x_bound: float
+    X: np.ndarray, privacy: dict[str, Any], x_bound: float
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The rows the run's gradient steps saw, and the map back (L^{-T}) if whitened."""
     norms = np.linalg.norm(X, axis=1, keepdims=True)
@@ -131,15 +132,18 @@ def main(argv: list[str] | None = None) -> int:
                 k: []
                 for k in ("ols", "huber", "named", "is_ols", "frac", "est", "mixed", "w", "g", "t")
             }
+            per_coef: list[np.ndarray] = []
             for seed in range(1, args.runs + 1):
                 t0 = time.perf_counter()
                 names = "".join(f", {k} => %({k})s" for k in extra)
-                (mid,) = db.execute(
+                row = db.execute(
                     "SELECT dpsql.train('houses', NULL, NULL, 'linear', intercept => true,"
                     " privacy => 'dpgd', epsilon => %(eps)s, delta => 1e-6, seed => %(seed)s,"
                     f" options => %(options)s{names})",
                     {"eps": eps, "seed": seed, "options": Jsonb(json.loads(args.options)), **extra},
                 ).fetchone()
+                assert row is not None
+                mid = row[0]
                 rows["t"].append(time.perf_counter() - t0)
                 privacy = db.model(mid).row["params"]["privacy"]
                 ci = np.array(
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows["ols"].append(_inside(ci, ols))
                 rows["huber"].append(_inside(ci, huber))
                 rows["named"].append(_inside(ci, ols if named == "ols" else huber))
+                t = ols if named == "ols" else huber
+                per_coef.append((ci[:, 0] <= t) & (t <= ci[:, 1]))
                 rows["is_ols"].append(float(named == "ols"))
                 rows["frac"].append(frac)
                 est = privacy["ci"].get("clipped_fraction")
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 f" | {m['w']:.4f} | {m['g']:.3g} | {m['t']:.1f} |",
                 flush=True,
             )
+            by_coef = ", ".join(f"{v:.2f}" for v in np.mean(per_coef, axis=0))
+            print(f"#   eps {eps:g}: coverage of the named target by coefficient: {by_coef}")
     return 0
 
 
