@@ -358,7 +358,12 @@ def _add_train_parser(commands: Any) -> None:
     )
     train.add_argument("--step-size", type=float, metavar="ETA", help="step size")
     train.add_argument("--seed", type=int, metavar="S", help="shuffle seed (not the noise's)")
-    train.add_argument("--intercept", action="store_true", help="fit an intercept")
+    train.add_argument(
+        "--intercept",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fit an intercept (default: yes, but for dpsgd_f_alg2, which learns its bias itself)",
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the summary as JSON")
     train.add_argument("--dsn", help=_DSN_HELP)

@@ -37,25 +37,26 @@ Statement: TypeAlias = "str | bytes | sql.SQL | sql.Composed"
 
 class _FeatureBoundsRequired(TypedDict):
     epsilon: float
-    search_range: Sequence[float]
 
 
 class FeatureBoundsEstimate(_FeatureBoundsRequired, total=False):
-    """Arguments of ``dpsql.estimate_bounds`` run at registration (quantiles: its defaults)."""
+    """Arguments of ``dpsql.estimate_bounds`` run at registration (left out: its defaults,
+    ``search_range`` ``[-2**40, 2**40]``)."""
 
+    search_range: Sequence[float]
     lower_quantile: float
     upper_quantile: float
 
 
 class _LabelBoundRequired(TypedDict):
     epsilon: float
-    search_range: Sequence[float]
 
 
 class LabelBoundEstimate(_LabelBoundRequired, total=False):
     """Arguments of ``dpsql.estimate_label_bound`` run at registration: ``search_range`` is a
-    public range of |y|, ``[0, b]`` or ``[a, b]`` with ``0 <= a < b``."""
+    public range of |y|, ``[a, b]`` with ``0 <= a < b`` (left out: ``[0, 2**40]``)."""
 
+    search_range: Sequence[float]
     quantile: float
 
 
@@ -140,7 +141,7 @@ class Database:
         seed: int | None = None,
         privacy: Any = "none",
         labels: Sequence[float] | None = None,
-        intercept: bool = False,
+        intercept: bool | None = None,
         row_norm: str = "none",
         huber_h: float = 0.1,
         step_offset: float = 0.0,
@@ -240,7 +241,7 @@ class Database:
             shuffle=shuffle,
             seed=seed,
             labels=labels,
-            intercept=intercept,
+            intercept=self._intercept_default(model, row_norm) if intercept is None else intercept,
             row_norm=row_norm,
             huber_h=huber_h,
             step_offset=step_offset,
@@ -253,6 +254,14 @@ class Database:
             run.run_epochs(progress=progress)
             model_id = run.finish()
         return self.model(model_id)
+
+    def _intercept_default(self, model: str, row_norm: str) -> bool:
+        # the server's rule (dpsql_internal._intercept_default; docs/defaults.md)
+        row = self.conn.execute(
+            "SELECT dpsql_internal._intercept_default(dpsql_internal._canonical_model(%s), %s)",
+            (model, (row_norm or "none") == "none"),
+        ).fetchone()
+        return bool(row and row[0])
 
     @translate(not_found=NotRegistered)
     def _train_private(
@@ -422,18 +431,20 @@ class Database:
         self,
         dataset: str,
         epsilon: float,
-        search_range: Sequence[float],
+        search_range: Sequence[float] | None = None,
         *,
         lower_quantile: float | None = None,
         upper_quantile: float | None = None,
         noise_seed: int | None = None,
     ) -> list[list[float]]:
         """Private per-feature (lo, hi) of a dataset registered without feature bounds, charged
-        ``epsilon`` on its ledger and registered as its bounds (data owners only)."""
+        ``epsilon`` on its ledger and registered as its bounds (data owners only). Each bound
+        is a point of a grid of magnitudes of ``search_range`` (default ``[-2**40, 2**40]``):
+        a wide range costs little (docs/privacy.md)."""
         args = {
             "dataset": dataset,
             "epsilon": epsilon,
-            "search_range": [float(v) for v in search_range],
+            "search_range": None if search_range is None else [float(v) for v in search_range],
             "lower_quantile": lower_quantile,
             "upper_quantile": upper_quantile,
             "noise_seed": noise_seed,
@@ -449,17 +460,18 @@ class Database:
         self,
         dataset: str,
         epsilon: float,
-        search_range: Sequence[float],
+        search_range: Sequence[float] | None = None,
         *,
         quantile: float | None = None,
         noise_seed: int | None = None,
     ) -> float:
         """Private bound on |y| of a regression dataset registered without one, charged
-        ``epsilon`` on its ledger and registered as its ``label_bound`` (data owners only)."""
+        ``epsilon`` on its ledger and registered as its ``label_bound`` (data owners only);
+        ``search_range`` defaults to ``[0, 2**40]``."""
         args = {
             "dataset": dataset,
             "epsilon": epsilon,
-            "search_range": [float(v) for v in search_range],
+            "search_range": None if search_range is None else [float(v) for v in search_range],
             "quantile": quantile,
             "noise_seed": noise_seed,
         }

@@ -115,13 +115,18 @@ class Model:
                 f"dpsql: model {self.model_id} expects {self.n_features_in_} "
                 f"features, got {rows.shape[1]}"
             )
-        if self._preprocessing is not None:
-            pre = self._preprocessing
-            rows = _core.preprocess(
-                rows, self._feature_bounds, int(pre["row_flags"]), pre["centre"]
-            )
-        elif self._feature_bounds is not None:
+        if self._feature_bounds is not None:
             rows = _core.apply_bounds(rows, self._feature_bounds)
+        if self._preprocessing is not None:
+            # dpsql_internal._preprocessed: the clip radius, the row transform, the centre
+            pre = self._preprocessing
+            radius = pre.get("clip_radius")
+            if radius is not None:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    norms = np.sqrt(np.sum(rows * rows, axis=1))
+                    scale = np.where(norms > radius, radius / norms, 1.0)
+                rows = rows * scale[:, None]
+            rows = _core.preprocess(rows, None, int(pre["row_flags"]), pre.get("centre"))
         return rows
 
     def _raw(self, X: Any) -> np.ndarray:

@@ -39,7 +39,11 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- are exact sums, combined across shards before any noise), 'averaged' (SGD epochs average
     -- per-shard models; needs shard_parallel => true); NULL: refused there (sequential)
     distributed    text CONSTRAINT mechanism_catalog_distributed_check
-                        CHECK (distributed IN ('sums', 'averaged'))
+                        CHECK (distributed IN ('sums', 'averaged')),
+    -- a classifier's intercept when the call leaves it NULL (_intercept_default)
+    intercept_default boolean NOT NULL DEFAULT true,
+    -- when to use it: the data, size and epsilon where it is the one to pick (issue 25)
+    recommended    text
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
@@ -51,18 +55,22 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_f
                                           fit_function text DEFAULT NULL,
                                           models text[] DEFAULT NULL,
                                           params text[] DEFAULT '{}',
-                                          distributed text DEFAULT NULL)
+                                          distributed text DEFAULT NULL,
+                                          intercept_default boolean DEFAULT true,
+                                          recommended text DEFAULT NULL)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
         VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
-                plan_function, fit_function, models, params, distributed)
+                plan_function, fit_function, models, params, distributed, intercept_default,
+                recommended)
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
            summary = excluded.summary, docs = excluded.docs, options = excluded.options,
            plan_function = excluded.plan_function, fit_function = excluded.fit_function,
            models = excluded.models, params = excluded.params,
-           distributed = excluded.distributed
+           distributed = excluded.distributed, intercept_default = excluded.intercept_default,
+           recommended = excluded.recommended
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
@@ -129,6 +137,17 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN model = 'lasso' THEN 'lasso' ELSE dpsql_internal._canonical_model(model) END
 $$;
 
+-- The intercept of a call that leaves it NULL (issue 25; docs/defaults.md), from public
+-- quantities: a regression fits one (labels are rarely centred); so does a classifier whose
+-- mechanism appends the 1 after the row transform (the private-ERM fits, DPSGD-F). A classifier
+-- whose 1 would share the rows' norm bound with the features ((x, 1) scaled to norm 1: the
+-- SGD family, and non-private runs with a row transform) fits none: the features shrink and
+-- the noisy bias moves every row's logits alike (MNIST-50 at eps 1: -0.08 to -0.29 accuracy).
+CREATE OR REPLACE FUNCTION dpsql_internal._intercept_default(canonical text, classifier_default boolean)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT canonical IN ('linear', 'lasso') OR classifier_default
+$$;
+
 -- The models a registered mechanism trains.
 CREATE OR REPLACE FUNCTION dpsql_internal._mechanism_models(m dpsql.mechanism_catalog)
 RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
@@ -156,13 +175,13 @@ END $$;
 -- What analysts may know of the registry.
 CREATE OR REPLACE FUNCTION dpsql.mechanisms()
 RETURNS TABLE (name text, task text, models text[], needs_delta boolean, params text[],
-               options text[], distributed text, summary text, docs text)
+               options text[], distributed text, summary text, docs text, recommended text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.params,
-           c.options, c.distributed, c.summary, c.docs
+           c.options, c.distributed, c.summary, c.docs, c.recommended
       FROM dpsql.mechanism_catalog c ORDER BY c.task COLLATE "C", c.name COLLATE "C"
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS
-    'The privacy mechanisms dpsql.train accepts (privacy => name), with their task and docs';
+    'The privacy mechanisms dpsql.train accepts (privacy => name), with their task, docs and when each is recommended';

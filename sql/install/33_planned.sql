@@ -98,6 +98,15 @@ BEGIN
                                                           & ~dpsql_internal._flag('row_transform'))
          WHERE runs.run_id = run;
     END IF;
+    -- A fit that clips rows without a row transform (a regression's x to the registered row
+    -- bound: plan key row_clip_radius) records the radius, so that a row beyond the bound is
+    -- scored clipped as it was trained (preprocessing.clip_radius; 50_api.sql, models.py).
+    IF plan->>'row_clip_radius' IS NOT NULL
+       AND (r.spec->>'flags')::int & dpsql_internal._flag('row_transform') = 0 THEN
+        pre := coalesce(pre, jsonb_build_object(
+                   'row_flags', 0, 'centre', array_fill(0::float8, ARRAY[(r.spec->>'dim')::int])))
+               || jsonb_build_object('clip_radius', (plan->>'row_clip_radius')::float8);
+    END IF;
     mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,
         'delta', delta, 'ledger_entry', entry,

@@ -161,7 +161,7 @@ BEGIN
         radius => (params->>'radius')::float8, shuffle => true, seed => (params->>'seed')::bigint,
         -- regression (DP-SGD): the registered label set does not apply
         labels => CASE WHEN dpsql_internal._canonical_model(model) = 'linear' THEN NULL ELSE ds.labels END,
-        intercept => coalesce((params->>'intercept')::boolean, false),
+        intercept => (params->>'intercept')::boolean,
         row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
         private => true, feature_bounds => ds.feature_bounds,
@@ -287,13 +287,19 @@ BEGIN
 
     IF NOT params ? 'defaults' THEN
         -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
-        -- and record what was chosen with the model.
+        -- and record what was chosen with the model, the intercept too (31_mechanisms.sql).
+        auto := '{}';
+        IF params->>'intercept' IS NULL THEN
+            auto := jsonb_build_object('intercept', dpsql_internal._intercept_default(
+                                                        canonical, mech.intercept_default));
+            params := params || auto;
+        END IF;
         IF mech.sgd_defaults THEN
             EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO rows;
             params := dpsql_internal._private_defaults(ds, model, privacy, params, rows);
         END IF;
         mid := dpsql_internal._train_private(source, model, params || '{"defaults": {}}');
-        auto := params->'defaults';
+        auto := coalesce(params->'defaults', '{}') || auto;
         IF auto <> '{}' THEN
             UPDATE dpsql.model_store m SET params = jsonb_set(m.params, '{privacy,defaults}', auto)
              WHERE m.model_id = mid;
@@ -406,7 +412,9 @@ SELECT dpsql_internal._register_mechanism(
     'docs/bolton.md',
     params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
               'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs,shard_parallel}',
-    distributed => 'averaged');
+    distributed => 'averaged', intercept_default => false,
+    recommended => 'classification with pure epsilon-DP (delta = 0): auto''s choice there; '
+                   'Algorithm 1 (lambda = 0) at its defaults');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;

@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION dpsql.train(
     epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
     step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
     radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
-    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT false,
+    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT NULL,
     row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
     tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
     epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
@@ -58,7 +58,11 @@ BEGIN
     batch_size := coalesce(batch_size, 1);
     run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
-                          labels, intercept, row_norm, huber_h, tolerance, parallel_workers,
+                          labels,
+                          coalesce(intercept, dpsql_internal._intercept_default(
+                                                  dpsql_internal._canonical_model(model),
+                                                  coalesce(row_norm, 'none') = 'none')),
+                          row_norm, huber_h, tolerance, parallel_workers,
                           permutation => permutation, shard_parallel => shard_parallel);
     LOOP
         e := dpsql_internal._run_epoch(run);
@@ -82,6 +86,25 @@ BEGIN
     RETURN m;
 END $$;
 
+-- x scaled to norm <= r (r NULL: x). A released model's clip_radius (issue 25): the rows a
+-- mechanism clipped to the registered row bound, scored as they were trained (models.py does
+-- the same).
+CREATE OR REPLACE FUNCTION dpsql_internal._clip_norm(x float8[], r float8)
+RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN r IS NULL OR NOT n > r THEN x
+                ELSE ARRAY(SELECT v * (r / n) FROM unnest(x) WITH ORDINALITY u(v, i) ORDER BY i) END
+      FROM (SELECT sqrt(sum(v * v)) AS n FROM unnest(x) v) s
+$$;
+
+-- A row, feature bounds already applied, as a model with a recorded preprocessing sees it:
+-- clipped to its clip_radius, its row transform, minus its centre (one place for predict
+-- and evaluate).
+CREATE OR REPLACE FUNCTION dpsql_internal._preprocessed(x float8[], pre jsonb)
+RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT dpsql_internal._preprocess(dpsql_internal._clip_norm(x, (pre->>'clip_radius')::float8), NULL,
+                                      (pre->>'row_flags')::int, dpsql_internal._jsonb_weights(pre->'centre'))
+$$;
+
 -- Probability of the positive class (logistic), score (huber, linear) or class (multinomial).
 CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, x float8[])
 RETURNS float8 LANGUAGE plpgsql STABLE AS $$
@@ -89,12 +112,10 @@ DECLARE
     m dpsql.models := dpsql_internal._model(model_id);
     bounds float8[] := dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
     pre jsonb := nullif(m.params->'privacy'->'preprocessing', 'null');
+    bounded float8[] := CASE WHEN bounds IS NULL THEN x ELSE dpsql_internal._apply_bounds(x, bounds) END;
     p float8 := dpsql_internal._predict(dpsql_internal._loss_code(m.model), m.flags, m.weights,
-                               CASE WHEN pre IS NOT NULL
-                                    THEN dpsql_internal._preprocess(x, bounds, (pre->>'row_flags')::int,
-                                                           dpsql_internal._jsonb_weights(pre->'centre'))
-                                    WHEN bounds IS NULL THEN x
-                                    ELSE dpsql_internal._apply_bounds(x, bounds) END);
+                               CASE WHEN pre IS NULL THEN bounded
+                                    ELSE dpsql_internal._preprocessed(bounded, pre) END);
 BEGIN
     IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
@@ -135,9 +156,8 @@ BEGIN
     -- A recorded preprocessing (DPSGD-F, the private-ERM fits with an intercept): the row
     -- transform alone, then the intercept's 1 (the model's flags then have no row transform).
     IF m.params->'privacy'->'preprocessing' <> 'null' THEN
-        feat.expr := format('dpsql_internal._preprocess(%s, NULL, %s, %L::float8[])', feat.expr,
-                            (m.params->'privacy'->'preprocessing'->>'row_flags')::int,
-                            dpsql_internal._jsonb_weights(m.params->'privacy'->'preprocessing'->'centre'));
+        feat.expr := format('dpsql_internal._preprocessed(%s, %L::jsonb)', feat.expr,
+                            m.params->'privacy'->'preprocessing');
     END IF;
     yexpr := dpsql_internal._label_sql(m.model, coalesce(label, m.label), m.classes);
     pexpr := format('dpsql_internal._predict(%s, %s, %L::float8[], %s)',

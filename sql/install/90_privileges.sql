@@ -29,6 +29,7 @@ DECLARE
         '_check_labels', '_canonical_model',
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
+        '_clip_norm', '_preprocessed',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
         'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows
@@ -42,7 +43,7 @@ DECLARE
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
-                          '_random_seed', '_flag', '_work_schema',
+                          '_random_seed', '_flag', '_work_schema', '_intercept_default',
                           -- Citus sources (32_distributed.sql)
                           '_refuse_on_worker', '_citus_installed',
                           '_citus_layout', '_reads_citus', '_fill_distributed_table', '_runs_no_code'];

@@ -3,6 +3,15 @@
 \echo Use "ALTER EXTENSION dpsql UPDATE" to load this file. \quit
 DROP FUNCTION IF EXISTS dpsql_internal._estimation_dataset(text, text);
 
+-- Issue 25: each mechanism's intercept default and when it is recommended.
+ALTER TABLE dpsql.mechanism_catalog
+    ADD COLUMN IF NOT EXISTS intercept_default boolean NOT NULL DEFAULT true,
+    ADD COLUMN IF NOT EXISTS recommended text;
+DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,
+                                                           text[], text, text, text[], text[], text);
+DROP FUNCTION IF EXISTS dpsql.mechanisms();
+DROP FUNCTION IF EXISTS dpsql_internal._bolton_noise_target();
+
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns
 -- there (their non-private runs' tables, or relations and types planted under a future run's
@@ -91,3 +100,9 @@ BEGIN
        AND NOT (privacy = 'frank_wolfe' AND params->'privacy'->>'model' = 'lasso')
        AND params->'privacy'->'preprocessing' IS NULL;
 END $$;
+
+-- Issue 25: private bounds scan a grid of magnitudes (27_estimate_bounds.sql); the helpers of
+-- the linear grid's estimates are gone (DPSGD-F keeps _private_quantile and _grid_sql).
+DROP FUNCTION IF EXISTS dpsql_internal._estimate_grid(dpsql.datasets, float8, float8[], float8);
+DROP FUNCTION IF EXISTS dpsql_internal._warn_rank_error(text, bigint, float8, bigint);
+DROP FUNCTION IF EXISTS dpsql_internal._label_grid(dpsql.datasets, float8, float8, float8);

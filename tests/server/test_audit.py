@@ -122,7 +122,13 @@ def test_one_run_audit(conn, scratch_schema) -> None:
         seed=5,
         model="huber",
         mutation="no_clipping",
-        train={"epochs": 1, "batch_size": 150, "clip_norm": 0.01, "step_size": 1},
+        train={
+            "epochs": 1,
+            "batch_size": 150,
+            "clip_norm": 0.01,
+            "step_size": 1,
+            "intercept": False,
+        },
     )
     assert lower > claimed, details
 

@@ -41,7 +41,7 @@ def binary(conn, scratch_schema):
 
 
 # The paper's constant step 1/sqrt(m) (schedule given, no step: docs/defaults.md).
-BASE = "epochs => 3, batch_size => 5, seed => 11"
+BASE = "epochs => 3, batch_size => 5, seed => 11, intercept => false"
 PAPER = ", schedule => 'constant'"
 COMMON = BASE + PAPER
 
@@ -369,7 +369,7 @@ def test_bounded_features_are_transformed_at_prediction_too(conn, scratch_schema
     )
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 10,"
-        " step_size => 0.5, privacy => 'bolton', epsilon => 20)",
+        " step_size => 0.5, privacy => 'bolton', epsilon => 20, intercept => false)",
         (f"wide_{scratch_schema}",),
     ).fetchone()
     acc = conn.execute(

@@ -32,7 +32,7 @@ def test_protein_logistic_reaches_the_sklearn_optimum(conn, scratch_schema, data
     load(conn, scratch_schema, "protein", X, y)
     (mid,) = conn.execute(
         "SELECT dpsql.train('protein', '{x}', 'y', 'logistic', epochs => 8, lambda => %s,"
-        " schedule => 'decreasing', batch_size => 10, seed => 1)",
+        " schedule => 'decreasing', batch_size => 10, seed => 1, intercept => false)",
         (lam,),
     ).fetchone()
     coef, history = conn.execute(

@@ -1,6 +1,6 @@
-"""dpsql.estimate_label_bound and register_dataset(estimate => ...) (issue 10): a private
-upper quantile of |y| by the exponential mechanism, for a regression dataset registered
-without a label bound. The draws' exact law through the whole function, the utility's
+"""dpsql.estimate_label_bound and register_dataset(estimate => ...) (issues 10 and 25): a
+private upper quantile of |y| by the scan of a grid of magnitudes, for a regression dataset
+registered without a label bound. The draws' exact law through the whole function, the counts'
 sensitivity on adversarial neighbours read through the real read path, the charge, the
 refusals, atomic registration, and a private DP-GD run on the estimated bound."""
 
@@ -14,21 +14,23 @@ import pytest
 from psycopg.types.json import Jsonb
 from scipy import stats
 
-# Ten labels whose |y| are 2 (x3), 5 (x4) and 8 (x3), signs mixed; the median rank 5. Over the
-# search range [0, 10] the grid step is 10 / m^2 = 0.1, so 101 grid points, the data on them.
+from tests.server.test_estimate_bounds import scan_law
+
+# Ten labels whose |y| are 2 (x3), 5 (x4) and 8 (x3), signs mixed; the median rank 5. All
+# three are points of the grid of magnitudes of [0, 10] (2, 4 (1 + 16/64), 8).
 LABELS = [-2.0, 2.0, 2.0, -5.0, 5.0, 5.0, -5.0, 8.0, -8.0, 8.0]
 RANK = 5
-GRID = np.round(np.arange(101) * 0.1, 10)
 
 
-def _exact_law(epsilon: float) -> np.ndarray:
-    """p(g) ~ exp(epsilon u(g) / 2) on the grid, u the tie-aware rank utility of |y|."""
-    v = np.abs(LABELS)
-    below = (v[None, :] < GRID[:, None] - 1e-9).sum(1)
-    at_most = (v[None, :] <= GRID[:, None] + 1e-9).sum(1)
-    u = -np.maximum(0, np.maximum(below - RANK, RANK - at_most))
-    p = np.exp(epsilon * u / 2)
-    return p / p.sum()
+def _grid(conn) -> np.ndarray:
+    (grid,) = conn.execute("SELECT dpsql_internal._magnitude_grid(0, 10)").fetchone()
+    return np.array(grid)
+
+
+def _exact_law(grid: np.ndarray, epsilon: float) -> np.ndarray:
+    """P(the bound is grid point k): the ascending scan of #{|y| <= g} to the rank 5."""
+    counts = (np.abs(LABELS)[None, :] <= grid[:, None]).sum(1)
+    return scan_law(counts, RANK, epsilon)
 
 
 def _table(conn, schema: str, labels, *, table: str = "lab") -> str:
@@ -74,12 +76,12 @@ def small(conn, scratch_schema) -> str:
     return _register(conn, _table(conn, scratch_schema, LABELS))
 
 
-def test_label_bound_draws_follow_the_exponential_mechanism(conn, small) -> None:
-    """1000 seeded runs of the whole function (each rolled back) against the exact law at
-    epsilon 2, in 7 cells (the three data values and the runs between them): chi-square at
+def test_label_bound_draws_follow_the_scan(conn, small) -> None:
+    """1000 seeded runs of the whole function (each rolled back) against the scan's exact law
+    at epsilon 2, in 7 cells (the three data values and the runs between them): chi-square at
     alpha = 1e-3 (false-failure rate 1e-3; deterministic under the seeds). The same draws
     are rejected against the law of twice the epsilon, and no draw is the noiseless median
-    alone (noise missing) or outside the grid (mis-scaled step)."""
+    alone (noise missing) or off the grid."""
     eps, n = 2.0, 1000
     got = []
     for seed in range(1, n + 1):
@@ -89,61 +91,58 @@ def test_label_bound_draws_follow_the_exponential_mechanism(conn, small) -> None
                 (small, eps, seed),
             ).fetchone()
             got.append(b)
+    grid = _grid(conn)
     got = np.array(got)
-    k = np.rint(got / 0.1).astype(int)
-    assert np.allclose(k * 0.1, got) and k.min() >= 1 and k.max() <= 100  # 0 -> one step
-    edges = [0, 20, 21, 50, 51, 80, 81, 101]  # [0, 2), {2}, (2, 5), {5}, (5, 8), {8}, (8, 10]
-    observed = np.array(
-        [((k >= lo) & (k < hi)).sum() for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-    )
-    # the draw at grid point 0 is reported as one step (label_bound > 0): same cell [0, 2)
+    assert np.isin(got, grid).all() and got.min() > 0  # 0 -> the next point (label_bound > 0)
+    # [0, 2), {2}, (2, 5), {5}, (5, 8), {8}, (8, 10]
+    cells = [(0, 2, False), (2, 2, True), (2, 5, False), (5, 5, True), (5, 8, False),
+             (8, 8, True), (8, 10.5, False)]  # fmt: skip
+
+    def cell(v: np.ndarray, lo: float, hi: float, point: bool) -> np.ndarray:
+        return v == lo if point else (v > lo if lo > 0 else v >= 0) & (v < hi)
+
+    observed = np.array([cell(got, *c).sum() for c in cells])
     for factor, should_pass in [(1.0, True), (2.0, False)]:
-        p = _exact_law(factor * eps)
-        expected = n * np.array(
-            [p[lo:hi].sum() for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-        )
+        p = _exact_law(grid, factor * eps)
+        expected = n * np.array([p[cell(grid, *c)].sum() for c in cells])
         pvalue = stats.chisquare(observed, expected).pvalue
         assert (pvalue > 1e-3) == should_pass, (factor, pvalue, observed, expected)
-    assert observed[3] < n / 2  # the noiseless answer is 5 every time
+    assert observed[3] < n * 0.9  # the noiseless answer is 5 every time
     assert len(_ledger(conn, small)) == n  # every run rolled back, and every one still charged
 
 
-def _utilities(conn, name: str) -> np.ndarray:
-    """The utility of every grid point of [0, 10] (step 0.1) as estimate_label_bound computes
-    it: the labels read by dpsql_internal._label_grid, then dpsql_internal._quantile_segments."""
-    rows = conn.execute(
-        "SELECT s.start, s.points, s.utility FROM dpsql.datasets d,"
-        " dpsql_internal._label_grid(d, 0, 10, 0.1) g,"
-        " dpsql_internal._quantile_segments(g.grid_values, g.counts, %s, 0, 10, 0.1) s"
+def _counts(conn, name: str) -> np.ndarray:
+    """The scan's counts #{|y| <= g} on the grid of [0, 10] as estimate_label_bound computes
+    them: the labels read by dpsql_internal._label_places, then dpsql_internal._grid_counts."""
+    (counts,) = conn.execute(
+        "SELECT dpsql_internal._grid_counts(cardinality(g.grid), p.places, p.counts, true)"
+        "  FROM dpsql.datasets d, (SELECT dpsql_internal._magnitude_grid(0, 10) AS grid) g,"
+        "       dpsql_internal._label_places(d, g.grid) p"
         " WHERE d.name = %s",
-        (RANK, name),
-    ).fetchall()
-    out = np.full(101, np.nan)
-    for start, points, utility in rows:
-        i = int(round(start / 0.1))
-        out[i : i + int(round(points))] = utility
-    assert not np.isnan(out).any()
-    return out
+        (name,),
+    ).fetchone()
+    return np.array(counts)
 
 
 @pytest.mark.parametrize(
     "replacement",
     [1e300, -1e300, float("inf"), 0.0, float("nan"), None, -10.0, 8.0, 2.05],
 )
-def test_utility_sensitivity_on_adversarial_neighbours(conn, scratch_schema, replacement) -> None:
+def test_count_sensitivity_on_adversarial_neighbours(conn, scratch_schema, replacement) -> None:
     """Replace one record's label (the median's, 5) by an extreme one: beyond the range either
-    way (clamped to b), infinite, 0, NaN or NULL (not counted), on another data value, or off
-    the grid: every grid point's utility moves by at most 1, the sensitivity the mechanism is
-    calibrated to. The base utility is the exact one."""
+    way, infinite, 0, NaN or NULL (not counted), on another data value, or off the grid: every
+    count of the scan moves by at most 1, all in one direction (the sensitivity and the
+    monotonicity of the privacy argument). The base counts are the exact ones."""
     base_name = _register(conn, _table(conn, scratch_schema, LABELS, table="base"))
-    base = _utilities(conn, base_name)
-    p = _exact_law(2.0)
-    np.testing.assert_allclose(np.exp(base) / np.exp(base).sum(), p, rtol=1e-9)
+    base = _counts(conn, base_name)
+    grid = _grid(conn)
+    np.testing.assert_array_equal(base, (np.abs(LABELS)[None, :] <= grid[:, None]).sum(1))
     neighbour = list(LABELS)
     neighbour[4] = replacement
     name = _register(conn, _table(conn, scratch_schema, neighbour, table="nb"))
-    moved = np.abs(_utilities(conn, name) - base)
-    assert moved.max() <= 1, moved.max()
+    moved = _counts(conn, name) - base
+    assert np.abs(moved).max() <= 1, moved
+    assert moved.min() >= 0 or moved.max() <= 0, moved
 
 
 def test_charged_exactly_once_and_registered(conn, scratch_schema, make_role) -> None:  # noqa: F811
@@ -154,10 +153,12 @@ def test_charged_exactly_once_and_registered(conn, scratch_schema, make_role) ->
     (bound,) = conn.execute(
         "SELECT dpsql.estimate_label_bound(%s, 1e4, '{0,1e4}', noise_seed => 5)", (name,)
     ).fetchone()
-    # epsilon 1e4: a point of utility 0, between the rank-r order statistic of |y| and the next
+    # epsilon 1e4: the first grid point at or above the rank-r value of |y| (noise 0 but with
+    # probability e^-5000)
     v = np.sort(np.abs(y))
     r = int(np.ceil(0.99 * 4000))
-    assert v[r - 1] - 1e-3 <= bound <= v[r] + 1e-3, (bound, v[r - 1], v[r])
+    (grid,) = conn.execute("SELECT dpsql_internal._magnitude_grid(0, 1e4)").fetchone()
+    assert bound == min(g for g in grid if g >= v[r - 1]), (bound, v[r - 1])
     assert _ledger(conn, name) == [("estimate_label_bound", 1e4, 0.0)]
     assert _declared(conn, name)[1] == bound
     # Once only; never for analysts; neither refusal charges.
@@ -201,6 +202,7 @@ def test_analyst_is_refused_before_anything(conn, small, make_role) -> None:  # 
         ("1, '{0,Infinity}'", "22023", "search_range"),
         ("1, '{0,NULL}'", "22023", "search_range"),
         ("1, '{0,1,2}'", "22023", "search_range"),
+        ("1e-10, '{0,10}'", "22023", "at least 1e-9"),
         ("1, '{0,10}', 0", "22023", "quantile must be"),
         ("1, '{0,10}', 1.5", "22023", "quantile must be"),
         ("2e6, '{0,10}'", "DP001", "budget"),
@@ -283,7 +285,8 @@ def test_register_with_estimates_splits_the_budget(conn, scratch_schema) -> None
             "22023",
             "0 <= a < b",
         ),
-        ({"label_bound": {"epsilon": 1}}, {}, "22023", "needs epsilon and"),
+        ({"label_bound": {"search_range": [0, 1]}}, {}, "22023", "needs epsilon"),
+        ({"label_bound": {"epsilon": 1, "search_range": [0]}}, {}, "22023", "must be \\[a, b\\]"),
         ({"labelbound": {}}, {}, "22023", "feature_bounds and/or label_bound"),
         (
             {"label_bound": {"epsilon": "1", "search_range": [0, 1]}},
@@ -394,8 +397,8 @@ def test_python_api(conn, scratch_schema) -> None:
     ).fetchone()
     bound = db.estimate_label_bound(later_name, 1e4, [0, 100], noise_seed=1)
     assert 3.8 < bound < 4.1  # the 0.99 quantile of |y| over linspace(-4, 4)
-    bounds = db.estimate_bounds(later_name, 1e4, [-10, 10], upper_quantile=0.9, noise_seed=1)
-    assert len(bounds) == 1 and bounds[0][0] < bounds[0][1]
+    bounds = db.estimate_bounds(later_name, 1e4, upper_quantile=0.9, noise_seed=1)  # +-2^40
+    assert bounds == [[0.0, 0.671875]]  # x in {0, 1/3, 2/3}: 0, and the grid point above 2/3
     assert [e for _, e, _ in _ledger(conn, later_name)] == [1e4, 1e4]
 
 
@@ -424,3 +427,22 @@ def test_estimates_ignore_session_settings(conn, server_uri, scratch_schema) -> 
                     ).fetchone()
                 )
     assert got[0] == got[1]
+
+
+def test_registration_estimates_in_the_default_range(conn, scratch_schema) -> None:
+    """No search_range: {-2^40, 2^40} for the features, {0, 2^40} for |y|; the bounds still
+    fit the data (epsilon 1e3: noise 0 but with probability about e^-500)."""
+    rng = np.random.default_rng(8)
+    y = rng.normal(0, 30, size=2000)
+    source = _table(conn, scratch_schema, y)
+    estimate = {
+        "feature_bounds": {"epsilon": 1e3},
+        "label_bound": {"epsilon": 1e3},
+        "noise_seed": 2,
+    }
+    name = _register(conn, source, regression=None, estimate=estimate)
+    _, label_bound, feature_bounds, _ = _declared(conn, name)
+    q99 = np.quantile(np.abs(y), 0.99)
+    assert q99 <= label_bound <= q99 * (1 + 1 / 64), (label_bound, q99)
+    x = np.arange(2000) % 3 / 3  # _table's x
+    assert feature_bounds[0][0] <= 0 < x.max() <= feature_bounds[0][1] <= x.max() * (1 + 1 / 64)

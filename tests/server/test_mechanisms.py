@@ -56,6 +56,12 @@ def test_every_registered_train_function_has_the_common_signature(conn) -> None:
         assert re.search(rf"\b{name}\b", page), (name, docs)
 
 
+def test_every_mechanism_says_when_it_is_recommended(conn) -> None:
+    """Issue 25: dpsql.mechanisms() tells an analyst when to use each mechanism."""
+    for name, recommended in conn.execute("SELECT name, recommended FROM dpsql.mechanisms()"):
+        assert recommended and len(recommended) > 30, name
+
+
 def test_unknown_mechanism_hint_lists_the_registry(conn) -> None:
     with pytest.raises(psycopg.Error) as err:
         conn.execute("SELECT dpsql.train('nowhere', NULL, NULL, privacy => 'nope', epsilon => 1)")

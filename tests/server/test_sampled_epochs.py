@@ -129,7 +129,7 @@ def test_private_runs_take_the_replay_and_the_sort_over_the_memory_limit(conn, r
         ):
             (mid,) = conn.execute(
                 "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 2, batch_size => 10,"
-                f" {privacy})",
+                f" intercept => false, {privacy})",
                 (f"t_{schema}",),
             ).fetchone()
             w = conn.execute(

@@ -288,7 +288,7 @@ def test_dpsgd_per_step_noise_in_the_server(conn, zeros) -> None:
         (mid,) = conn.execute(
             "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => %s, batch_size => %s,"
             " step_size => %s, privacy => 'dpsgd', noise_multiplier => %s, clip_norm => %s,"
-            " delta => 1e-5, noise_seed => %s)",
+            " delta => 1e-5, noise_seed => %s, intercept => false)",
             (name, k, b, eta, z, clip, seed),
         ).fetchone()
         w.append(np.asarray(_model(conn, mid)["weights"]))
