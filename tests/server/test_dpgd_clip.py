@@ -64,11 +64,11 @@ def _pvalue(z: np.ndarray) -> float:
 
 
 def test_clip_histogram_noise_is_present_and_scaled(conn, scratch_schema) -> None:
-    """All-zero rows: every gradient norm is 0, so the exact histogram is (n, 0, ..., 0) and
-    the released one minus it is the noise, N(0, 1/rho_clip) per count, rho_clip = rho / 10.
-    40 seeded runs x 12 counts: two-sided chi-square test of the scale at alpha = 1e-3
-    (false-failure rate 1e-3; deterministic under the seeds). The same draws are rejected at a
-    std off by 20%, and missing noise (z = 0) is rejected."""
+    """All-zero rows, no intercept: every gradient norm is 0, so the exact histogram is
+    (n, 0, ..., 0) and the released one minus it is the noise, N(0, 1/rho_clip) per count,
+    rho_clip = rho / 10. 40 seeded runs x 12 counts: two-sided chi-square test of the scale at
+    alpha = 1e-3 (false-failure rate 1e-3; deterministic under the seeds). The same draws are
+    rejected at a std off by 20%, and missing noise (z = 0) is rejected."""
     n, d = 500, 3
     _, source = _register(
         conn, scratch_schema, np.zeros((n, d)), np.zeros(n), label_bound=2.0, row_bound=1.0
@@ -77,9 +77,15 @@ def test_clip_histogram_noise_is_present_and_scaled(conn, scratch_schema) -> Non
     sd = 1 / math.sqrt(rho / 10)
     z = []
     for seed in range(40):
-        priv = _train(conn, source, noise_seed=seed, steps=60, options={"precondition": False})[
-            "params"
-        ]["privacy"]
+        m = _train(
+            conn,
+            source,
+            noise_seed=seed,
+            steps=60,
+            intercept=False,
+            options={"precondition": False},
+        )
+        priv = m["params"]["privacy"]
         clip = priv["clip"]
         assert clip["noise_std"] == pytest.approx(sd) and clip["rho"] == pytest.approx(rho / 10)
         h = np.asarray(clip["noisy_histogram"])
@@ -132,7 +138,7 @@ def test_steps_keep_their_noise_ratio_across_the_switch(conn, scratch_schema) ->
     _, source = _register(
         conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0, row_bound=1.0
     )
-    m = _train(conn, source, noise_seed=4, options={"precondition": False})
+    m = _train(conn, source, noise_seed=4, intercept=False, options={"precondition": False})
     priv = m["params"]["privacy"]
     its = _iterates(conn, m["model_id"])
     assert its.shape == (priv["steps"], d) == (40 + 40 * 10, d)

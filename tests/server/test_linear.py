@@ -400,6 +400,7 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
         "dpgd",
         epsilon=1.0,
         noise_seed=5,
+        intercept=False,
         options={"precondition": False, "clip_quantile": False},
     )
     priv = m["params"]["privacy"]
@@ -696,7 +697,8 @@ def test_analyst_trains_and_gets_intervals(conn, regression, server_uri) -> None
                 (source,),
             ).fetchone()
             rows = a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (mid,)).fetchall()
-            assert len(rows) == 4 and all(lo < est < hi for _, est, lo, hi in rows)
+            # 4 features and the intercept (the regression default since issue 25)
+            assert len(rows) == 5 and all(lo < est < hi for _, est, lo, hi in rows)
             with pytest.raises(psycopg.Error, match="no model"):
                 a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (seeded["model_id"],))
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
