@@ -26,8 +26,12 @@ class ConfidenceIntervals:
 
     ``estimate``, ``lower`` and ``upper`` have one entry per coefficient (the intercept last,
     when fitted). ``covers`` says what they cover: the OLS solution of the training rows, or
-    the minimiser of the Huberised loss when gradients are clipped near it. ``method``,
-    ``draws`` and ``burn_in`` say how the draws came from the released iterates. ``mixed`` is
+    the minimiser of the Huberised loss when gradients are clipped near it. ``target`` names
+    the one the release estimates it covers, ``"ols"`` or ``"clipped least squares"``
+    (``"huberised"`` in models released before 0.8.0), from a noisy count of the rows clipped
+    at the estimate; ``clipped_fraction`` is that count's estimate of their fraction (None
+    without the count). ``method``, ``draws`` and ``burn_in`` say how the draws came from the
+    released iterates. ``mixed`` is
     False when the draws are correlated (``draw_autocorrelation`` >= 0.03, the correlation
     implied by the iterates' lag-1 autocorrelation): the run had not mixed, and the intervals
     are biased. ``epsilon`` and ``delta`` are what the model spent (the intervals are
@@ -43,6 +47,7 @@ class ConfidenceIntervals:
     burn_in: int
     covers: str
     target: str | None
+    clipped_fraction: float | None
     mixed: bool | None
     draw_autocorrelation: float | None
     epsilon: float
@@ -204,6 +209,7 @@ class Model:
             burn_in=int(ci.get("burn_in") or 0),
             covers=ci.get("covers", ""),
             target=ci.get("target"),
+            clipped_fraction=ci.get("clipped_fraction"),
             mixed=ci.get("mixed"),
             draw_autocorrelation=ci.get("draw_autocorrelation"),
             epsilon=float(privacy.get("epsilon", float("nan"))),

@@ -284,8 +284,10 @@ class DPGD:
     One aggregate scan per step; every iterate is released, so ``Model.confint`` is
     post-processing. ``ci`` is ``"batch_means"`` (default), ``"checkpoints"``,
     ``"independent_runs"`` or ``"none"`` (then 20 steps and the final iterate); ``steps`` counts
-    every step (default ``burn_in + 40 ci_draws``). Defaults follow spec 002: step 1/5, clip
-    norm 5 sqrt(p) max(noise_level, 1), theta_0 = 0.
+    every step (default ``burn_in + 40 ci_draws``, ``burn_in + 120 ci_draws`` preconditioned).
+    Defaults follow spec 002: step 1/5, theta_0 = 0; the clip norm is a private quantile of the
+    gradient norms chosen within the burn-in (default 40; 20 with a fixed ``clip_norm`` or
+    ``options={"clip_quantile": False}``, which use 5 sqrt(p) max(noise_level, 1)).
     """
 
     epsilon: float
@@ -293,7 +295,7 @@ class DPGD:
     steps: int | None = None
     ci: str = "batch_means"
     ci_draws: int = 10
-    burn_in: int = 20
+    burn_in: int | None = None
     clip_norm: float | None = None
     step_size: float | None = None
     options: dict[str, Any] | None = None

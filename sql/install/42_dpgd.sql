@@ -96,6 +96,11 @@ DECLARE
     rho_pre float8;
     rho_gd float8;
     lam float8;
+    cq jsonb;
+    clip_q float8;
+    rho_clip float8;
+    pilot int;
+    grid float8[];
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
@@ -106,13 +111,33 @@ BEGIN
         PERFORM dpsql_internal._fail(format('unknown ci %s', quote_literal(ci)),
                             hint => 'Use batch_means (default), checkpoints, independent_runs or none.');
     END IF;
+    -- Issue 25: unless the analyst fixes clip_norm (or options.clip_quantile = false), gamma is
+    -- a private quantile (default 0.995) of the per-example gradient norms at the iterate that
+    -- ends a pilot of burn_in / 2 steps run at the public rule's gamma: clipping is then rare
+    -- wherever the public rule over- or under-shoots. The pilot is part of the burn-in (the
+    -- default burn-in doubles to 40 so that 20 steps follow the switch).
+    cq := nullif(options->'clip_quantile', 'null');
+    IF params->>'clip_norm' IS NOT NULL OR cq = 'false'::jsonb THEN
+        clip_q := NULL;
+    ELSIF cq IS NULL THEN
+        clip_q := 0.995;
+    ELSIF jsonb_typeof(cq) = 'number' AND (cq::text)::float8 >= 0.5 AND (cq::text)::float8 < 1 THEN
+        clip_q := (cq::text)::float8;
+    ELSE
+        PERFORM dpsql_internal._fail(format('options.clip_quantile must be a number in [0.5, 1) or false, got %s', cq),
+                            hint => 'The fraction of gradients left unclipped at the pilot''s iterate, e.g. 0.995.');
+    END IF;
     draws := coalesce((params->>'ci_draws')::int, 10);
-    burn_in := coalesce((params->>'burn_in')::int, 20);
+    burn_in := coalesce((params->>'burn_in')::int, CASE WHEN clip_q IS NULL THEN 20 ELSE 40 END);
     IF ci <> 'none' AND (draws IS NULL OR draws < 2 OR draws > 1000) THEN
         PERFORM dpsql_internal._fail(format('ci_draws must be between 2 and 1000, got %s', draws));
     END IF;
     IF burn_in < 0 THEN
         PERFORM dpsql_internal._fail(format('burn_in must be >= 0, got %s', burn_in));
+    END IF;
+    IF clip_q IS NOT NULL AND ci <> 'none' AND burn_in < 2 THEN
+        PERFORM dpsql_internal._fail(format('the private clip bound is chosen within the burn-in: burn_in must be >= 2, got %s', burn_in),
+                            hint => 'Give clip_norm, or options => {"clip_quantile": false}.');
     END IF;
     -- On by default when the rows have a public norm bound (the noisy matrix needs one).
     precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
@@ -149,13 +174,30 @@ BEGIN
                             hint => 'Register the dataset with row_bound, feature_bounds or row_norm => ''clip''.');
     END IF;
     rho_pre := CASE WHEN precondition THEN rho / 10 ELSE 0 END;
-    rho_gd := rho - rho_check - rho_pre;
+    -- The clip quantile: a Gaussian histogram of the gradient norms over a public geometric
+    -- grid gamma_0 2^j, j = -5..5 (gamma_0 the public rule's gamma). Replacing one row moves
+    -- one count down and one up: L2 sensitivity sqrt 2, so N(0, 1/rho_clip) per count is
+    -- rho_clip-zCDP (Delta^2 / (2 sigma^2)). It takes 1/10 of rho; a grid this coarse keeps
+    -- the few bins summed into a tail count (their noise adds up) few.
+    rho_clip := CASE WHEN clip_q IS NOT NULL THEN rho / 10 ELSE 0 END;
+    pilot := CASE WHEN clip_q IS NULL THEN 0 WHEN ci = 'none' THEN greatest(steps / 2, 1) ELSE burn_in / 2 END;
+    IF clip_q IS NOT NULL THEN
+        grid := ARRAY(SELECT gamma * 2 ^ j FROM generate_series(-5, 5) j ORDER BY j);
+    END IF;
+    rho_gd := rho - rho_check - rho_pre - rho_clip;
+    -- Every step keeps noise_std / clip_norm = sqrt(2 N) / (sqrt(rho_gd) n) whatever gamma it
+    -- clips at: each is then rho_gd / N-zCDP (Lemma 2.1), and zCDP composes adaptively, so a
+    -- gamma chosen from released outputs (the pilot's iterate, the noisy histogram) is fine.
     lam := sqrt(2 * steps) * gamma / (sqrt(rho_gd) * n);
-    PERFORM dpsql_internal._check_finite_run(eta, steps, gamma + 100 * lam * sqrt(p));
+    PERFORM dpsql_internal._check_finite_run(eta, steps,
+                                             coalesce(grid[11], gamma) * (1 + 100 * lam / gamma * sqrt(p)));
     RETURN jsonb_build_object(
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'steps', steps, 'runs', runs,
         'step_size', eta, 'clip_norm', gamma, 'noise_std', lam, 'ci', ci, 'ci_draws', draws,
         'burn_in', burn_in, 'rho_check', rho_check,
+        'noise_multiplier', lam / gamma, 'clip_quantile', clip_q, 'clip_pilot_steps', pilot,
+        'clip_grid', grid, 'rho_clip', rho_clip,
+        'clip_noise_std', CASE WHEN rho_clip > 0 THEN 1 / sqrt(rho_clip) END,
         'precondition', precondition, 'rho_pre', rho_pre,
         'pre_noise_std', CASE WHEN precondition
                               THEN (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx
@@ -166,13 +208,15 @@ BEGIN
         'intercept_after_row_transform', intercept,
         'info', jsonb_build_object(
             'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
-            'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s',
+            'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s%s',
                                  steps, rho_gd, CASE WHEN rho_check > 0
                                  THEN format(' + a clipped-row count at the estimate (rho %s)', rho_check) ELSE '' END,
                                  CASE WHEN precondition
-                                 THEN format(' + the preconditioner''s second-moment matrix (rho %s)', rho_pre) ELSE '' END),
+                                 THEN format(' + the preconditioner''s second-moment matrix (rho %s)', rho_pre) ELSE '' END,
+                                 CASE WHEN rho_clip > 0
+                                 THEN format(' + the clip bound''s histogram of gradient norms (rho %s)', rho_clip) ELSE '' END),
             'rho', rho, 'steps', steps, 'runs', runs, 'step_size', eta, 'clip_norm', gamma,
-            'noise_std', lam, 'theta0', 0,
+            'noise_std', lam, 'noise_multiplier', lam / gamma, 'theta0', 0,
             'neighbouring', 'replace-one, n public'));
 END $$;
 
@@ -191,8 +235,77 @@ BEGIN
     END IF;
 END $$;
 
+-- The exact (NOISELESS: internal, never released) histogram of the per-example gradient norms
+-- ||x_i (<x_i, theta> - y_i)|| over the ascending edges e_1..e_K: K + 1 counts, of the norms
+-- <= e_1, in (e_j, e_j+1], and > e_K. Rows as dpgd_gradient sees them (x clipped to x_bound,
+-- the intercept's 1, malformed rows: norm 0). One scan per edge (its clipped count).
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_clip_histogram(train_table text, theta float8[], edges float8[],
+                                                      intercept boolean, x_bound float8)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    p int := cardinality(theta);
+    q text := format('SELECT dpsql.dpgd_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
+    g float8[];
+    n float8;
+    tail float8[];
+BEGIN
+    FOR j IN 1..cardinality(edges) LOOP
+        EXECUTE q INTO g USING theta, edges[j], intercept, x_bound;
+        n := coalesce(g[p + 1], 0);
+        tail := tail || coalesce(g[p + 2], 0);
+    END LOOP;
+    RETURN ARRAY[n - tail[1]]
+           || ARRAY(SELECT tail[j - 1] - tail[j] FROM generate_series(2, cardinality(edges)) j ORDER BY j)
+           || tail[cardinality(edges)];
+END $$;
+
+-- The private clip bound (plan: clip_grid, clip_noise_std, clip_quantile) from the histogram
+-- at theta: the noisy counts, then the smallest edge whose noisy tail count (of the norms
+-- above it: a sum of k noisy counts, noise std sd sqrt k) is at most max((1 - q) n, sd sqrt k)
+-- (post-processing); the top edge if none is. Without the floor sd sqrt k, an allowance
+-- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top
+-- edge. Returns the bound and its record (all of it released).
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan jsonb, theta float8[],
+                                                    intercept boolean, x_bound float8,
+                                                    noise_seed bigint, pilot int,
+                                                    OUT gamma float8, OUT info jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    edges float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'clip_grid')::float8);
+    k int := cardinality(edges);
+    n float8 := (plan->>'rows')::float8;
+    allowed float8 := (1 - (plan->>'clip_quantile')::float8) * n;
+    noisy float8[];
+    tail float8 := 0;
+    tail_at float8;
+BEGIN
+    -- stream 1e6 + 25: apart from the steps' 1..20000 and the check's N + 1 (seeded runs)
+    noisy := dpsql_internal._add_gaussian(
+        dpsql_internal._dpgd_clip_histogram(train_table, theta, edges, intercept, x_bound),
+        (plan->>'clip_noise_std')::float8, noise_seed, 1000025);
+    -- The true tail counts fall fast along a grid of ratio 2, so a low edge passes by noise
+    -- only when its true tail is near the allowance: the first edge from the bottom that does.
+    gamma := edges[k];
+    tail_at := noisy[k + 1];
+    FOR j IN REVERSE k..1 LOOP
+        tail := tail + noisy[j + 1];  -- the noisy count above edges[j]
+        IF tail <= greatest(allowed, (plan->>'clip_noise_std')::float8 * sqrt(k + 1 - j)) THEN
+            gamma := edges[j];
+            tail_at := tail;
+        END IF;
+    END LOOP;
+    info := jsonb_build_object(
+        'rule', 'private quantile of the per-example gradient norms',
+        'quantile', plan->'clip_quantile', 'reference', format('iterate %s (the pilot''s last)', pilot),
+        'pilot_clip_norm', plan->'clip_norm', 'grid', plan->'clip_grid',
+        'noisy_histogram', to_jsonb(noisy), 'noise_std', plan->'clip_noise_std', 'rho', plan->'rho_clip',
+        'clipped_fraction_at_reference', greatest(tail_at, 0) / n);
+END $$;
+
 -- DP-GD on the rows as they are: one aggregate scan per step for the clipped gradient sum; the
 -- noise is added in the server. Every iterate is kept (released) for the confidence intervals.
+-- With a private clip bound (plan clip_quantile), the first clip_pilot_steps steps clip at the
+-- public rule's gamma, then every step at the private quantile (the noise keeps its ratio).
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_plain(train_table text, plan jsonb, noise_seed bigint,
                                                  OUT weights float8[], OUT info jsonb,
                                                  OUT iterates float8[])
@@ -203,6 +316,9 @@ DECLARE
     runs int := (plan->>'runs')::int;
     per_run bigint := steps / runs;
     gamma float8 := (plan->>'clip_norm')::float8;
+    lam float8 := (plan->>'noise_std')::float8;
+    pilot int := coalesce((plan->>'clip_pilot_steps')::int, 0);
+    clip_info jsonb;
     icpt boolean := (plan->>'intercept')::boolean;
     xb float8 := (plan->>'x_bound')::float8;
     q text := format('SELECT dpsql.dpgd_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
@@ -210,6 +326,8 @@ DECLARE
     g float8[];
     k bigint := 0;
     rows_clipped float8;
+    n float8 := (plan->>'rows')::float8;
+    check_sd float8 := (plan->>'check_noise_std')::float8;
     ci text := plan->>'ci';
     lag_ac float8;
 BEGIN
@@ -219,9 +337,13 @@ BEGIN
         FOR t IN 1..per_run LOOP
             k := k + 1;
             EXECUTE q INTO g USING theta, gamma, icpt, xb;
-            theta := dpsql_internal._dpgd_step(theta, g, (plan->>'step_size')::float8,
-                                      (plan->>'noise_std')::float8, noise_seed, k);
+            theta := dpsql_internal._dpgd_step(theta, g, (plan->>'step_size')::float8, lam, noise_seed, k);
             iterates := iterates || ARRAY[theta];
+            IF k = pilot THEN
+                SELECT * INTO gamma, clip_info
+                  FROM dpsql_internal._dpgd_private_clip(train_table, plan, theta, icpt, xb, noise_seed, pilot);
+                lam := gamma * (plan->>'noise_multiplier')::float8;
+            END IF;
             PERFORM dpsql_internal._progress('step', k, runs::bigint * per_run);
         END LOOP;
     END LOOP;
@@ -241,22 +363,28 @@ BEGIN
         lag_ac := dpsql_internal._iterate_autocorrelation(iterates[1:per_run], (plan->>'burn_in')::int,
                                                  (per_run - (plan->>'burn_in')::int)::int);
     END IF;
-    info := jsonb_build_object('ci', jsonb_build_object(
+    -- The gamma and noise the steps after the pilot used (all of them without a pilot).
+    info := jsonb_build_object('clip_norm', gamma, 'noise_std', lam, 'ci', jsonb_build_object(
         'method', ci, 'draws', (plan->'ci_draws'), 'burn_in', (plan->'burn_in'),
         'draw_autocorrelation', lag_ac,
         'mixed', CASE WHEN lag_ac IS NOT NULL THEN lag_ac < 0.03 END,
         'estimate', CASE WHEN ci = 'none' THEN 'final iterate' ELSE 'mean of the draws' END,
-        'covers', 'the OLS solution of the training rows if no gradient is clipped near it; '
-                  'otherwise the minimiser of the Huberised loss with B_i = clip_norm/||x_i|| (spec 002 s. 3.5)'));
+        'covers', 'the OLS solution of the training rows if (almost) no gradient is clipped near it; '
+                  'otherwise the minimiser of the clipped least-squares (Huberised) loss with '
+                  'B_i = clip_norm/||x_i||, x_i the row as the steps saw it (spec 002 s. 3.5)'));
+    IF clip_info IS NOT NULL THEN
+        info := info || jsonb_build_object('clip', clip_info);
+    END IF;
     IF (plan->>'rho_check')::float8 > 0 THEN
         EXECUTE q INTO g USING weights, gamma, icpt, xb;
-        rows_clipped := (dpsql_internal._add_gaussian(ARRAY[g[p + 2]], (plan->>'check_noise_std')::float8,
-                                             noise_seed, k + 1))[1];
+        rows_clipped := (dpsql_internal._add_gaussian(ARRAY[g[p + 2]], check_sd, noise_seed, k + 1))[1];
         info := jsonb_set(info, '{ci,clipped_rows_at_estimate}', to_jsonb(rows_clipped));
         info := jsonb_set(info, '{ci,clipped_rows_noise_std}', plan->'check_noise_std');
+        -- the estimated fraction of rows clipped at the estimate, and its noise's std
+        info := jsonb_set(info, '{ci,clipped_fraction}', to_jsonb(greatest(rows_clipped, 0) / n));
+        info := jsonb_set(info, '{ci,clipped_fraction_std}', to_jsonb(check_sd / n));
         info := jsonb_set(info, '{ci,target}', to_jsonb(
-            CASE WHEN rows_clipped > 3 * (plan->>'check_noise_std')::float8
-                 THEN 'huberised' ELSE 'ols' END));
+            CASE WHEN rows_clipped > 3 * check_sd THEN 'clipped least squares' ELSE 'ols' END));
     END IF;
 END $$;
 
@@ -274,6 +402,6 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 SELECT dpsql_internal._register_mechanism(
     'dpgd', '_train_linear', 'regression', false, true,
     'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
-    'docs/linear.md', options => '{noise_level,clip_check,precondition}',
+    'docs/linear.md', options => '{noise_level,clip_check,precondition,clip_quantile}',
     plan_function => '_dpgd_plan', fit_function => '_dpgd_fit',
     params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}', distributed => 'sums');

@@ -48,7 +48,8 @@ def test_second_moment_noise_is_calibrated(conn, scratch_schema) -> None:
     s = np.sqrt(2) * xb**2 / np.sqrt(2 * rho / 10)
     z = []
     for seed in range(20):
-        pre = _train(conn, name, True, noise_seed=seed, steps=60)["params"]["privacy"]
+        pre = _train(conn, name, True, noise_seed=seed, steps=60, intercept=False)
+        pre = pre["params"]["privacy"]
         pre = pre["preconditioner"]
         assert pre["noise_std"] == pytest.approx(s)
         g = np.asarray(pre["second_moment"]).reshape(d, d)
@@ -70,10 +71,13 @@ def test_rho_is_split_and_charged_once(conn, scratch_schema) -> None:
     name = _register(conn, scratch_schema, X, X @ [1.0, 0.5, -0.5], 2.0)
     with_pre = _train(conn, name, True, noise_seed=1, steps=60)["params"]["privacy"]
     without = _train(conn, name, False, noise_seed=1, steps=60)["params"]["privacy"]
-    # the steps keep rho (1 - 1/50 - 1/10) instead of rho (1 - 1/50): their noise grows by
-    # sqrt(0.98 / 0.88)
-    ratio = with_pre["noise_std"] / without["noise_std"]
-    assert ratio == pytest.approx(np.sqrt(0.98 / 0.88), rel=1e-9)
+    # the steps keep rho (1 - 1/50 - 1/10 - 1/10) instead of rho (1 - 1/50 - 1/10) (the clip
+    # quantile takes its tenth in both): their noise per unit of clip norm grows by
+    # sqrt(0.88 / 0.78)
+    ratio = with_pre["noise_multiplier"] / without["noise_multiplier"]
+    assert ratio == pytest.approx(np.sqrt(0.88 / 0.78), rel=1e-9)
+    for priv in (with_pre, without):
+        assert priv["noise_std"] == pytest.approx(priv["noise_multiplier"] * priv["clip_norm"])
     charged = conn.execute(
         "SELECT epsilon, delta FROM dpsql.ledger_entries l JOIN dpsql.datasets d USING (dataset_id)"
         " WHERE d.name = %s",

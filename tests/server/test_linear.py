@@ -205,24 +205,44 @@ def test_dpgd_noise_formula(conn, regression) -> None:
         options={"clip_check": False, "precondition": False},
     )
     assert plan["noise_std"] == pytest.approx(0.36515, abs=5e-6)
-    # The spec's defaults (no preconditioner): eta 1/5, gamma = 5 sqrt(p), 20 + 40 m steps,
-    # 1/50 of rho for the count.
+    # The spec's defaults (no preconditioner): eta 1/5, gamma = 5 sqrt(p) for the pilot,
+    # 40 + 40 m steps, 1/50 of rho for the count, 1/10 for the clip quantile (issue 25).
     plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True, options={"precondition": False})
     rho = plan["rho"]
-    assert (plan["step_size"], plan["steps"], plan["ci"]) == (0.2, 420, "batch_means")
+    assert (plan["step_size"], plan["steps"], plan["ci"]) == (0.2, 440, "batch_means")
+    assert (plan["burn_in"], plan["clip_pilot_steps"], plan["clip_quantile"]) == (40, 20, 0.995)
     assert plan["clip_norm"] == pytest.approx(5 * math.sqrt(11))
+    assert plan["clip_grid"] == pytest.approx([5 * math.sqrt(11) * 2.0**j for j in range(-5, 6)])
+    assert plan["rho_clip"] == pytest.approx(rho / 10)
+    assert plan["clip_noise_std"] == pytest.approx(1 / math.sqrt(rho / 10))
+    assert plan["noise_std"] == pytest.approx(
+        math.sqrt(2 * 440) * 5 * math.sqrt(11) / (math.sqrt(rho * 44 / 50) * 10_000)
+    )
+    assert plan["noise_multiplier"] == pytest.approx(plan["noise_std"] / plan["clip_norm"])
+    assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
+    # The public rule alone (options.clip_quantile = false): the spec's 20 + 40 m steps.
+    plan = _plan(
+        conn,
+        ds,
+        "dpgd",
+        10_000,
+        10,
+        1.0,
+        intercept=True,
+        options={"precondition": False, "clip_quantile": False},
+    )
+    assert (plan["steps"], plan["rho_clip"], plan["clip_pilot_steps"]) == (420, 0, 0)
     assert plan["noise_std"] == pytest.approx(
         math.sqrt(2 * 420) * 5 * math.sqrt(11) / (math.sqrt(rho * 49 / 50) * 10_000)
     )
-    assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
     # dpsql's default with a public row bound: preconditioned, step 1, a tenth of rho less,
-    # draws 120 steps apart (20 + 120 m steps).
+    # draws 120 steps apart (40 + 120 m steps).
     plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True)
     assert plan["precondition"] is True and plan["step_size"] == 1.0
-    assert plan["steps"] == 1220
+    assert plan["steps"] == 1240
     assert plan["rho_pre"] == pytest.approx(rho / 10)
     assert plan["noise_std"] == pytest.approx(
-        math.sqrt(2 * 1220) * 5 * math.sqrt(11) / (math.sqrt(rho * 44 / 50) * 10_000)
+        math.sqrt(2 * 1240) * 5 * math.sqrt(11) / (math.sqrt(rho * 39 / 50) * 10_000)
     )
 
 
@@ -374,7 +394,15 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
     ds, source = _register(
         conn, scratch_schema, np.zeros((n, d)), np.ones(n), label_bound=2.0, row_bound=1.0
     )
-    m = _train(conn, source, "dpgd", epsilon=1.0, noise_seed=5, options={"precondition": False})
+    m = _train(
+        conn,
+        source,
+        "dpgd",
+        epsilon=1.0,
+        noise_seed=5,
+        intercept=False,
+        options={"precondition": False, "clip_quantile": False},
+    )
     priv = m["params"]["privacy"]
     (its,) = conn.execute(
         "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
@@ -399,7 +427,15 @@ def test_dpgd_model_and_confint_are_the_iterates_post_processed(conn, regression
     ds, source, X, y, w = regression
     for ci, steps in (("batch_means", None), ("checkpoints", 120), ("independent_runs", 300)):
         m = _train(
-            conn, source, "dpgd", epsilon=2.0, ci=ci, steps=steps, intercept=True, noise_seed=3
+            conn,
+            source,
+            "dpgd",
+            epsilon=2.0,
+            ci=ci,
+            steps=steps,
+            burn_in=20,
+            intercept=True,
+            noise_seed=3,
         )
         (its,) = conn.execute(
             "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
@@ -440,14 +476,18 @@ def test_confint_refusals(conn, regression) -> None:
 
 
 def test_dpgd_huberised_target_is_reported(conn, scratch_schema) -> None:
-    """Heavy outliers and a small clip norm: the noisy count of rows clipped at the estimate is
-    large, and the model says its intervals cover the Huberised minimiser."""
+    """Heavy outliers and a small fixed clip norm: the noisy count of rows clipped at the
+    estimate is large, and the model says its intervals cover the clipped least-squares
+    (Huberised) minimiser, with the estimated clipped fraction."""
     X, y, _ = _gaussian_data(3000, 2, seed=4)
     y[::10] += 50.0
     ds, source = _register(conn, scratch_schema, X, y, label_bound=60.0, row_bound=5.0)
     m = _train(conn, source, "dpgd", epsilon=2.0, clip_norm=2.0)
     ci = m["params"]["privacy"]["ci"]
-    assert ci["target"] == "huberised" and ci["clipped_rows_at_estimate"] > 200
+    assert ci["target"] == "clipped least squares" and ci["clipped_rows_at_estimate"] > 200
+    assert ci["clipped_fraction"] == pytest.approx(ci["clipped_rows_at_estimate"] / 3000)
+    assert ci["clipped_fraction_std"] == pytest.approx(ci["clipped_rows_noise_std"] / 3000)
+    assert "clip" not in m["params"]["privacy"]  # a fixed clip norm: no private quantile
 
 
 def _coverage(method: str, runs: int, steps: int, seed0: int) -> float:
@@ -657,7 +697,8 @@ def test_analyst_trains_and_gets_intervals(conn, regression, server_uri) -> None
                 (source,),
             ).fetchone()
             rows = a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (mid,)).fetchall()
-            assert len(rows) == 4 and all(lo < est < hi for _, est, lo, hi in rows)
+            # 4 features and the intercept (the regression default since issue 25)
+            assert len(rows) == 5 and all(lo < est < hi for _, est, lo, hi in rows)
             with pytest.raises(psycopg.Error, match="no model"):
                 a.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (seeded["model_id"],))
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -703,7 +744,8 @@ def test_python_api(server_uri, scratch_schema) -> None:
         assert ci.method == "checkpoints" and ci.draws == 10 and ci.epsilon == 2.0
         assert ci.estimate.shape == (4,) and np.all(ci.lower < ci.upper)
         np.testing.assert_allclose(ci.estimate[:3], m.coef_, rtol=1e-12)
-        assert ci.target in ("ols", "huberised") and "OLS" in ci.covers
+        assert ci.target in ("ols", "clipped least squares") and "OLS" in ci.covers
+        assert ci.clipped_fraction is not None and 0 <= ci.clipped_fraction <= 1
         for mech in (
             dpsql.AdaSSP(epsilon=1.0),
             dpsql.DPSSGD(epsilon=1.0, clip_norm=5.0, options={"baseline": True}),
@@ -727,7 +769,7 @@ def test_unmixed_runs_are_flagged(conn, scratch_schema) -> None:
     (its,) = conn.execute(
         "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (m["model_id"],)
     ).fetchone()
-    v = np.asarray(its)[20:]
+    v = np.asarray(its)[40:]  # the burn-in (with the clip quantile's pilot: 40)
     v = v - v.mean(axis=0)
     r1 = np.sum(v[:-1] * v[1:], axis=0) / np.sum(v**2, axis=0)
     assert ci["draw_autocorrelation"] == pytest.approx(np.max(np.maximum(r1, 0) ** 40))
