@@ -139,7 +139,7 @@ BEGIN
         'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat, 'beta_stat', beta_s,
         'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
         -- rows clipped to x_bound, then the 1 (ambssgd.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept,
+        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
         'unused_rows', n - blocks * (b + s),
         'info', jsonb_build_object(
             'algorithm', 'DP-AMBSSGD (Varshney, Thakurta, Jain 2022; one pass, robust DP-STAT V1-V4)',
@@ -203,7 +203,7 @@ BEGIN
         'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
         'blocks', blocks, 'batch_size', 1, 'stat_size', 0, 'step_size', eta, 'r_x', r_x,
         'clip_norm', zeta, 'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
-        'intercept_after_row_transform', intercept,
+        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
         'unused_rows', n - blocks,
         'info', jsonb_build_object(
             'algorithm', 'DP-SSGD (Varshney, Thakurta, Jain 2022, Algorithm 1; baseline)',

@@ -205,7 +205,7 @@ BEGIN
         'check_noise_std', CASE WHEN rho_check > 0 THEN 1 / sqrt(2 * rho_check) END,
         'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
         -- x clipped to x_bound, then the 1 (plain and whitened rows alike): 33_planned.sql
-        'intercept_after_row_transform', intercept,
+        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
         'info', jsonb_build_object(
             'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
             'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s%s',
@@ -404,4 +404,6 @@ SELECT dpsql_internal._register_mechanism(
     'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
     'docs/linear.md', options => '{noise_level,clip_check,precondition,clip_quantile}',
     plan_function => '_dpgd_plan', fit_function => '_dpgd_fit',
-    params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}', distributed => 'sums');
+    params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}', distributed => 'sums',
+    recommended => 'regression with delta > 0 (auto''s choice): confidence intervals '
+                   '(dpsql.confint), the best private regression on the benchmarks at epsilon >= 2');

@@ -91,6 +91,7 @@ BEGIN
         -- x clipped to the row bound, then the 1 (the model's representation, 33_planned.sql);
         -- ||(x, 1)|| <= x_bound then holds without clipping the pair
         'row_bound', ds.row_bound, 'intercept_after_row_transform', intercept,
+        'row_clip_radius', ds.row_bound,
         'sigma_min', sens.lambda_min * sd, 'sigma_xx', sens.xtx * sd, 'sigma_xy', sens.xty * sd,
         'min_shift', sens.lambda_min * sd * sqrt(ln(6 / delta)),
         'ridge_factor', sens.xtx * sd * sqrt(p * ln(2.0 * p * p / varrho)),

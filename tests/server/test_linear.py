@@ -616,7 +616,15 @@ def test_ambssgd_learns_and_releases_its_transcript(conn, scratch_schema) -> Non
 
 def test_dp_ssgd_runs_one_step_per_record(conn, regression) -> None:
     ds, source, X, y, w = regression
-    m = _train(conn, source, "dp_ssgd", epsilon=2.0, clip_norm=5.0, options={"baseline": True})
+    m = _train(
+        conn,
+        source,
+        "dp_ssgd",
+        epsilon=2.0,
+        clip_norm=5.0,
+        options={"baseline": True},
+        intercept=False,  # p below is the feature count
+    )
     priv = m["params"]["privacy"]
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(2, %s)", (DELTA,)).fetchone()
     assert priv["noise_multiplier"] == pytest.approx(1 / math.sqrt(2 * rho))

@@ -241,3 +241,49 @@ def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:
                 failures.append(f"{where}: score {score:.4f} at epsilon {EPSILON}")
     print("\n".join(checked))
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("privacy", ["dpgd", "adassp"])
+def test_rows_beyond_the_row_bound_are_scored_clipped(
+    conn, scratch_schema, privacy: str, intercept: bool
+) -> None:
+    """A regression registered with row_bound R and no row transform: the fit clips x to R,
+    and the model records preprocessing.clip_radius = R, so that a row beyond the bound is
+    scored as it was trained: clip(x, R) . coef + intercept by hand, dpsql.predict, Python
+    and dpsql.evaluate agree, and fit the rule on the clipped rows (epsilon 1000)."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(N, 3)) * 1.5 + np.array([1.2, -0.8, 0.6])
+    radius = 2.0
+    clipped = X * np.minimum(1.0, radius / np.linalg.norm(X, axis=1, keepdims=True))
+    y = clipped @ np.array([0.8, -0.6, 0.4]) + (0.5 if intercept else 0.0)
+    assert np.mean(np.linalg.norm(X, axis=1) > radius) > 0.3
+    source = load(conn, scratch_schema, f"r_{uuid.uuid4().hex[:6]}", X, y)
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e7,"
+        " delta_budget => 0.99, label_bound => 4, row_bound => %s, name => %s)",
+        (source, radius, f"rb_{uuid.uuid4().hex[:8]}"),
+    )
+    extra = ", steps => 200, options => '{\"precondition\": false}'" if privacy == "dpgd" else ""
+    (mid,) = conn.execute(
+        f"SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => %s, epsilon => {EPSILON},"
+        f" delta => 1e-5, noise_seed => 7, intercept => %s{extra})",
+        (source, privacy, intercept),
+    ).fetchone()
+    with conn.cursor(row_factory=dict_row) as cur:
+        m = cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (mid,)).fetchone()
+    assert m["params"]["privacy"]["preprocessing"]["clip_radius"] == radius
+    hand = clipped @ np.asarray(m["coef"]) + (m["intercept"][0] if intercept else 0.0)
+    sql_p = np.array(
+        [
+            r[0]
+            for r in conn.execute(f"SELECT dpsql.predict(%s, x) FROM {source} ORDER BY rid", (mid,))
+        ]
+    )
+    db = dpsql.Database(conn, owns_connection=False, embedded=False)
+    py_p = np.asarray(dpsql.models.Model(db, m).predict(X), dtype=float)
+    np.testing.assert_allclose(sql_p, hand, atol=1e-9)
+    np.testing.assert_allclose(py_p, hand, atol=1e-9)
+    (mse,) = conn.execute("SELECT value FROM dpsql.evaluate(%s, %s)", (mid, source)).fetchone()
+    assert mse == pytest.approx(float(np.mean((hand - y) ** 2)), abs=1e-9)
+    assert mse < 0.01 * float(np.var(y))  # the rule on the clipped rows, fitted
