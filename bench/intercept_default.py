@@ -2,9 +2,10 @@
 
 The SGD family appends the intercept's 1 before the row transform, so (x, 1) shares the
 rows' norm bound: this measures what that costs, and is the evidence behind the intercept
-rule of docs/defaults.md (DPSGD-F always has one: it centres the rows). MNIST projected to 50 dimensions (first 30,000 training rows, model
-multinomial) and Protein (random halves), rows normalised to the unit sphere at registration;
-delta = 1e-6; each cell is the mean test accuracy over two noise seeds (shuffle seed 3).
+rule of docs/defaults.md (DPSGD-F always has one: it centres the rows). MNIST projected to
+50 dimensions (first 30,000 training rows, model multinomial) and Protein (random halves),
+rows normalised to the unit sphere at registration; delta = 1e-6; each cell is the mean test
+accuracy over two noise seeds (shuffle seed 3).
 
 Usage::
 
