@@ -80,7 +80,8 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
 -- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
--- options.radius (a public bound on ||theta*||, default 10) that set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
+-- options.radius (a public bound on ||theta*||, default 10, for regression max(10, 2Y)) that
+-- set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
 -- Huber regression with threshold k (options.huber_threshold, default the label bound):
 -- least squares on every residual |r| <= k, and Lipschitz, which least squares is not.
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, n bigint,
@@ -99,7 +100,12 @@ DECLARE
                         THEN jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'))
                         ELSE 0 END;
     max_scans float8 := dpsql_internal._linear_option(options, 'max_scans', 100, 1, false);
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    -- default R: 10, and for regression at least 2Y (Y the label bound): the intercept alone
+    -- may have to reach the labels' mean, and 10 is the rule's value at California housing's
+    -- Y = 5 (at Y = 400 a bound of 10 kept every model near 0, far worse than the mean)
+    radius float8 := dpsql_internal._linear_option(
+        options, 'radius', CASE WHEN model = 'linear' THEN greatest(10, 2 * ds.label_bound)
+                                ELSE 10 END);
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
 BEGIN
     IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
