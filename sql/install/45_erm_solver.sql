@@ -149,6 +149,30 @@ BEGIN
                               'intercept_after_row_transform', intercept);
 END $$;
 
+-- Refuses (before any charge: plans run first) a classifier whose default regulariser leaves
+-- an expected excess-loss bound above 20 times the loss of the zero model, n ln 2 (logistic)
+-- or n (Huber SVM at margin 0): the bound is loose, but beyond 20x the releases we measured
+-- were at or below the majority class. An analyst's lambda, and regression, are not judged.
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_refuse_useless(privacy text, loss int, n bigint,
+                                                              lambda float8, excess float8,
+                                                              epsilon float8, outputs int)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    zero_loss float8 := n * CASE loss WHEN 1 THEN ln(2) WHEN 2 THEN 1 END;
+BEGIN
+    IF lambda > 0 OR zero_loss IS NULL OR excess <= 20 * zero_loss THEN
+        RETURN;
+    END IF;
+    PERFORM dpsql_internal._fail(
+        format('%s cannot learn here: at epsilon %s per model its excess-loss bound (%s) is over '
+               '20 times the loss of the zero model (%s), on %s rows',
+               privacy, epsilon / outputs, round(excess::numeric), round(zero_loss::numeric), n),
+        hint => CASE WHEN outputs > 1
+                     THEN 'One-vs-rest splits epsilon over the classes: use a larger epsilon, '
+                          'more rows, or privacy => ''auto'' (a multinomial model).'
+                     ELSE 'Use a larger epsilon or more rows, or privacy => ''auto''.' END);
+END $$;
+
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks at an objective that
 -- does not rise: near the optimum rounding hides the objective's decrease) from theta = 0.
 -- positive: the class index of a one-vs-rest model (labels mapped to +1 for it, -1 for the

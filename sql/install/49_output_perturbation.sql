@@ -40,6 +40,11 @@ BEGIN
               ELSE p * (p + 1.0) END * (outputs / epsilon) ^ 2;
     reg := CASE WHEN lambda > 0 THEN n * lambda
                 ELSE cbrt(8 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / radius ^ 2) END;
+    -- the same refusal as objective perturbation's, with the second-order excess above
+    PERFORM dpsql_internal._erm_refuse_useless(
+        privacy, (glm->>'loss')::int, n, lambda,
+        2 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / reg ^ 2 + reg * radius ^ 2 / 2,
+        epsilon, outputs);
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
         'regularizer', reg, 'sensitivity', sensitivity,
