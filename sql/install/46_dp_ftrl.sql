@@ -155,11 +155,11 @@ BEGIN
     -- leaf's gradient has norm g and all point one way; on real data they mostly cancel, and
     -- that Delta keeps ||theta|| near 1, where a logistic model predicts the majority class
     -- (bench/RESULTS.md, "ERM toolbox defaults"). So the default divides it by 10 for the
-    -- classifiers and by 3 for least squares, whose gradients grow with the residual instead of
+    -- classifiers and by 2 for least squares, whose gradients grow with the residual instead of
     -- saturating (a smaller Delta overshoots). Privacy does not depend on Delta.
     reg := dpsql_internal._linear_option(options, 'regularizer',
                                          sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius
-                                         / CASE WHEN loss = 3 THEN 3 ELSE 10 END);
+                                         / CASE WHEN loss = 3 THEN 2 ELSE 10 END);
     RETURN jsonb_build_object(
         -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
         'intercept_after_row_transform', intercept,
