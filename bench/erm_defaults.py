@@ -69,11 +69,18 @@ def _sklearn(name: str) -> Task:
     if name == "breast_cancer":
         X, y = skd.load_breast_cancer(return_X_y=True)
         # declared domain: [0, 1.5 x the largest value] per column (a data owner's round bound)
-        return Task(name, X, y.astype(float), [0.0, 1.0], np.c_[np.zeros(X.shape[1]), 1.5 * X.max(0)])
+        return Task(
+            name, X, y.astype(float), [0.0, 1.0], np.c_[np.zeros(X.shape[1]), 1.5 * X.max(0)]
+        )
     if name == "digits":
         X, y = skd.load_digits(return_X_y=True)
-        return Task(name, X, y.astype(float), [float(c) for c in range(10)],
-                    np.tile([0.0, 16.0], (X.shape[1], 1)))
+        return Task(
+            name,
+            X,
+            y.astype(float),
+            [float(c) for c in range(10)],
+            np.tile([0.0, 16.0], (X.shape[1], 1)),
+        )
     if name == "digits_binary":
         X, y = skd.load_digits(return_X_y=True)
         return Task(name, (X > 7).astype(float), (y < 5).astype(float), [0.0, 1.0], None)
@@ -108,7 +115,9 @@ def _shared(name: str) -> Task:
     if name == "cal_housing":
         raw, value = dsets.load_cal_housing()
         X = dsets.cal_housing_features(raw)
-        return Task(name, X, value / 100_000.0, None, np.tile([-1.0, 1.0], (X.shape[1], 1)), 5.00001)
+        return Task(
+            name, X, value / 100_000.0, None, np.tile([-1.0, 1.0], (X.shape[1], 1)), 5.00001
+        )
     raise ValueError(name)
 
 
@@ -138,8 +147,13 @@ def install(db: dpsql.Database, task: Task) -> tuple[str, str, float]:
             "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
             " delta_budget => 0.99, label_bound => %s, feature_bounds => %s, row_bound => %s,"
             " name => %s)",
-            (train, task.label_bound, bounds,
-             None if bounds else float(np.sqrt(task.X.shape[1])), name),
+            (
+                train,
+                task.label_bound,
+                bounds,
+                None if bounds else float(np.sqrt(task.X.shape[1])),
+                name,
+            ),
         )
         trivial = float(np.mean((task.y[te] - task.y[tr].mean()) ** 2))
     else:
@@ -172,7 +186,11 @@ def run(
             for eps in eps_grid:
                 vals: list[float] = []
                 for seed in seeds:
-                    model = ("lasso" if mech == "frank_wolfe" else "linear") if task.regression else "logistic"
+                    model = (
+                        ("lasso" if mech == "frank_wolfe" else "linear")
+                        if task.regression
+                        else "logistic"
+                    )
                     args: dict[str, Any] = {
                         "privacy": mech,
                         "epsilon": eps,
@@ -183,7 +201,9 @@ def run(
                     try:
                         mid = _call_train(db, dataset, (None, None, model), args)
                     except (psycopg.Error, dpsql.NothingReleased) as err:
-                        msg = getattr(getattr(err, "diag", None), "message_primary", None) or str(err)
+                        msg = getattr(getattr(err, "diag", None), "message_primary", None) or str(
+                            err
+                        )
                         notes.append(f"- {mech} (intercept {intercept}), eps {eps:g}: {msg}")
                         break
                     (val,) = db.execute(
@@ -193,8 +213,11 @@ def run(
                 if not vals:
                     cells.append("refused")
                     continue
-                worse = (statistics.mean(vals) > trivial) if task.regression else (
-                    statistics.mean(vals) <= trivial + 1e-9)
+                worse = (
+                    (statistics.mean(vals) > trivial)
+                    if task.regression
+                    else (statistics.mean(vals) <= trivial + 1e-9)
+                )
                 cells.append(f"{statistics.mean(vals):.4g}{' ✗' if worse else ''}")
             out.append(f"| {mech} | {intercept} | " + " | ".join(cells) + " |")
             print(out[-1], flush=True)
