@@ -220,7 +220,7 @@ def run(
                 )
                 cells.append(f"{statistics.mean(vals):.4g}{' ✗' if worse else ''}")
             out.append(f"| {mech} | {intercept} | " + " | ".join(cells) + " |")
-            print(out[-1], flush=True)
+            print(out[-1], file=sys.stderr, flush=True)
     return [*out, "", *sorted(set(notes)), ""]
 
 

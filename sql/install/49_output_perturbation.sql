@@ -44,7 +44,7 @@ BEGIN
     PERFORM dpsql_internal._erm_refuse_useless(
         privacy, (glm->>'loss')::int, n, lambda,
         2 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / reg ^ 2 + reg * radius ^ 2 / 2,
-        epsilon, outputs);
+        epsilon, outputs, (glm->>'y_bound')::float8);
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
         'regularizer', reg, 'sensitivity', sensitivity,
