@@ -80,7 +80,8 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
 -- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
--- options.radius (a public bound on ||theta*||, default 10) that set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
+-- options.radius (a public bound on ||theta*||, default 10, for regression max(10, 2Y)) that
+-- set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
 -- Huber regression with threshold k (options.huber_threshold, default the label bound):
 -- least squares on every residual |r| <= k, and Lipschitz, which least squares is not.
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, n bigint,
@@ -99,7 +100,12 @@ DECLARE
                         THEN jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'))
                         ELSE 0 END;
     max_scans float8 := dpsql_internal._linear_option(options, 'max_scans', 100, 1, false);
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    -- default R: 10, and for regression at least 2Y (Y the label bound): the intercept alone
+    -- may have to reach the labels' mean, and 10 is the rule's value at California housing's
+    -- Y = 5 (at Y = 400 a bound of 10 kept every model near 0, far worse than the mean)
+    radius float8 := dpsql_internal._linear_option(
+        options, 'radius', CASE WHEN model = 'linear' THEN greatest(10, 2 * ds.label_bound)
+                                ELSE 10 END);
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
 BEGIN
     IF NOT (lambda >= 0 AND lambda < 'Infinity') THEN
@@ -141,6 +147,36 @@ BEGIN
                               'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda,
                               -- rows clipped to x_bound, then the 1 (33_planned.sql)
                               'intercept_after_row_transform', intercept);
+END $$;
+
+-- Refuses (before any charge: plans run first) a model whose default regulariser leaves an
+-- expected excess-loss bound above a multiple of the zero model's loss: 20 n ln 2 (logistic)
+-- or 20 n (Huber SVM at margin 0), and 1 x n Y^2 / 2 for Huber regression, whose zero-model
+-- loss n Y^2 / 2 is itself a worst case (labels at the bound), about 5-10x the real one. The
+-- bounds are loose, but beyond them the releases we measured were at or below the majority
+-- class or the mean (bench/RESULTS.md, "ERM toolbox defaults"). An analyst's lambda is not
+-- judged.
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_refuse_useless(privacy text, loss int, n bigint,
+                                                              lambda float8, excess float8,
+                                                              epsilon float8, outputs int,
+                                                              y_bound float8)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    zero_loss float8 := n * CASE loss WHEN 1 THEN ln(2) WHEN 2 THEN 1 ELSE y_bound ^ 2 / 2 END;
+    times int := CASE WHEN loss = 3 THEN 1 ELSE 20 END;
+BEGIN
+    IF lambda > 0 OR zero_loss IS NULL OR excess <= times * zero_loss THEN
+        RETURN;
+    END IF;
+    PERFORM dpsql_internal._fail(
+        format('%s cannot learn here: at epsilon %s per model its excess-loss bound (%s) is over '
+               '%s times the loss of the zero model (%s), on %s rows',
+               privacy, epsilon / outputs, round(excess::numeric), times,
+               round(zero_loss::numeric), n),
+        hint => CASE WHEN outputs > 1
+                     THEN 'One-vs-rest splits epsilon over the classes: use a larger epsilon, '
+                          'more rows, or privacy => ''auto'' (a multinomial model).'
+                     ELSE 'Use a larger epsilon or more rows, or privacy => ''auto''.' END);
 END $$;
 
 -- Newton's method with backtracking (Armijo, or a gradient that shrinks at an objective that

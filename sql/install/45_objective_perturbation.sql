@@ -48,6 +48,13 @@ BEGIN
                                              (glm->>'curvature')::float8, n);
     reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
                                       ELSE 2 * sqrt(cal.noise_sq_norm) / radius END);
+    -- At the default regulariser: refused before any charge when the expected excess-loss
+    -- bound 2 E||b||^2 / reg + (reg/2) R^2 (card A2, per model) is far above the zero model's
+    -- loss (_erm_refuse_useless): there (e.g. ten one-vs-rest models at epsilon 1 / 10 each on
+    -- 1,258 rows, or 310 rows of labels up to 400) the releases were no better than trivial.
+    PERFORM dpsql_internal._erm_refuse_useless(
+        privacy, (glm->>'loss')::int, n, lambda,
+        2 * cal.noise_sq_norm / reg + reg * radius ^ 2 / 2, epsilon, outputs, (glm->>'y_bound')::float8);
     RETURN glm || jsonb_build_object(
         'regularizer', reg, 'tolerance', cal.tolerance, 'noise_scale', cal.noise_scale,
         'eps_noise', cal.eps_noise, 'eps_extra', cal.eps_extra, 'delta_extra', cal.delta_extra,

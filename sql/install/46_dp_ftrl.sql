@@ -69,7 +69,10 @@ DECLARE
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
     y_bound float8 := coalesce(ds.label_bound, 1);
     epochs int := coalesce((params->>'epochs')::int, 1);
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 10);
+    -- regression: at least 2Y, the rule of every ERM mechanism (45_erm_solver.sql, _glm_plan)
+    radius float8 := dpsql_internal._linear_option(
+        options, 'radius', CASE WHEN model = 'linear' THEN greatest(10, 2 * ds.label_bound)
+                                ELSE 10 END);
     output text := coalesce(options->>'output', 'average');
     clip float8;
     batch bigint := (params->>'batch_size')::bigint;
@@ -134,10 +137,36 @@ BEGIN
     steps := epochs * leaves;
     -- the noise in S at any step: at most (E - 1) popcount(n_leaves) + m nodes
     noisy_nodes := (epochs - 1) * length(replace(leaves::bit(63)::text, '0', '')) + levels;
+    -- Refused before any charge when the noise of one prefix sum, sigma sqrt(p m), is at
+    -- least half the largest total gradient n C: the iterates would be mostly noise, whatever
+    -- the regulariser (public numbers only). Least squares: a quarter, since C bounds the
+    -- gradient at a residual of the label bound and the zero model's residuals average at
+    -- most about half of it (at n C / 2, 310 rows of labels up to 400 released models far
+    -- worse than the mean). One-vs-rest: all of n C, since the argmax over the classes' noisy
+    -- scores beats the majority class with far less signal per model (ten digits at epsilon
+    -- 0.4 each: 0.16 against 0.11).
+    IF sigma * sqrt(p * levels)
+       >= n * clip / (CASE WHEN loss = 3 THEN 4 WHEN outputs > 1 THEN 1 ELSE 2 END) THEN
+        PERFORM dpsql_internal._fail(
+            format('%s cannot learn here: the noise of a prefix sum (sigma sqrt(p m) = %s) is at '
+                   'least %s of the largest total gradient of the %s rows (n C = %s) at epsilon %s',
+                   privacy, round((sigma * sqrt(p * levels))::numeric, 1),
+                   CASE WHEN loss = 3 THEN 'a quarter' WHEN outputs > 1 THEN 'all' ELSE 'half' END, n,
+                   round((n * clip)::numeric, 1), epsilon / outputs),
+            hint => 'Use privacy => ''auto'' or ''objective_perturbation'' (one noise draw, not one '
+                    'per tree node), a larger epsilon, more rows or fewer features.');
+    END IF;
     g := batch * clip;
     b_noise := sigma * sqrt(noisy_nodes) * (sqrt(p) + sqrt(2 * ln(steps / 0.05)));
+    -- Delta: the derived regret bound's sqrt(2 T (g^2 + g B)) / R (spec 004 A5) assumes every
+    -- leaf's gradient has norm g and all point one way; on real data they mostly cancel, and
+    -- that Delta keeps ||theta|| near 1, where a logistic model predicts the majority class
+    -- (bench/RESULTS.md, "ERM toolbox defaults"). So the default divides it by 10 for the
+    -- classifiers and by 2 for least squares, whose gradients grow with the residual instead of
+    -- saturating (a smaller Delta overshoots). Privacy does not depend on Delta.
     reg := dpsql_internal._linear_option(options, 'regularizer',
-                                         sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius);
+                                         sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius
+                                         / CASE WHEN loss = 3 THEN 2 ELSE 10 END);
     RETURN jsonb_build_object(
         -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
         'intercept_after_row_transform', intercept,

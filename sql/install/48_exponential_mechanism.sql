@@ -50,7 +50,7 @@ DECLARE
     model text := params->>'model';
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
     p int := d + intercept::int;
-    radius float8 := dpsql_internal._linear_option(options, 'radius', 1);
+    radius float8;
     points float8 := dpsql_internal._linear_option(options, 'grid_points', 4096, 1, false);
     huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
     x_bound float8;
@@ -67,15 +67,21 @@ BEGIN
                                             quote_literal(model)));
     END IF;
     IF p > 5 THEN
-        PERFORM dpsql_internal._fail(format('exponential-mechanism ERM is for p <= 5: the grid grows as k^p '
-                                            '(got p = %s coefficients)', p));
+        PERFORM dpsql_internal._fail(format('exponential-mechanism ERM is for p <= 5: the grid grows as k^p, '
+                                            'so at p = %s coefficients a grid of at most 65536 points '
+                                            'has %s points per axis, too coarse to beat the majority '
+                                            'class or the mean', p, floor(65536 ^ (1.0 / p))),
+                                     hint => 'Use privacy => ''auto'', or ''objective_perturbation'' with '
+                                             'delta => 0 for pure epsilon-DP at any p up to 512.');
     END IF;
     IF points <> floor(points) OR points > 65536 THEN
         PERFORM dpsql_internal._fail(format('options.grid_points must be a whole number between 1 and 65536, got %s',
                                             points));
     END IF;
     IF model <> 'linear' AND jsonb_array_length(params->'classes') <> 2 THEN
-        PERFORM dpsql_internal._fail('exponential_mechanism trains binary classifiers (2 classes)');
+        PERFORM dpsql_internal._fail('exponential_mechanism trains binary classifiers (2 classes)',
+                                     hint => 'Use privacy => ''auto'' or ''objective_perturbation'' '
+                                             '(one-vs-rest) for more classes.');
     END IF;
     IF model = 'linear' THEN
         IF ds.row_bound IS NULL THEN
@@ -87,6 +93,13 @@ BEGIN
     ELSE
         x_bound := 1;  -- classification rows: row_norm clip or unit, ||x|| <= 1
     END IF;
+    -- Default R_C: regression max(1, Y), so that the intercept can reach any label mean (at
+    -- R_C = 1 California housing's income model stayed far above the mean's MSE); classifiers
+    -- 10, as every ERM mechanism (at R_C = 1 every margin is <= 1 and the draw predicted the
+    -- majority class).
+    radius := dpsql_internal._linear_option(options, 'radius',
+                                            CASE WHEN model = 'linear' THEN greatest(1, y_bound)
+                                                 ELSE 10 END);
     IF NOT (huber_h > 0 AND huber_h < 1) THEN
         PERFORM dpsql_internal._fail('huber_h must be in (0, 1)');
     END IF;

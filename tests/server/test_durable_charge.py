@@ -83,6 +83,8 @@ EXTRA = {
     "exponential_mechanism": ", delta => 0",
     "dp_ambssgd": ", steps => 2",
     "dp_ssgd": ", options => '{\"baseline\": true}'",
+    # its defaults refuse a table this small (near-uniform vertex draws): an analyst's K runs
+    "frank_wolfe": ", options => '{\"steps\": 5}'",
 }
 
 
