@@ -412,7 +412,7 @@ SELECT dpsql_internal._register_mechanism(
     'docs/bolton.md',
     params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
               'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs,shard_parallel}',
-    distributed => 'averaged', intercept_default => false,
+    distributed => 'averaged',
     recommended => 'classification with pure epsilon-DP (delta = 0): auto''s choice there; '
                    'Algorithm 1 (lambda = 0) at its defaults');
 

@@ -146,7 +146,9 @@ BEGIN
                               'tolerance', dpsql_internal._erm_tolerance(c.lipschitz, n),
                               'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda,
                               -- rows clipped to x_bound, then the 1 (33_planned.sql)
-                              'intercept_after_row_transform', intercept);
+                              'intercept_after_row_transform', intercept,
+                              -- a regression's x clipped to its row bound (33_planned.sql)
+                              'row_clip_radius', x_bound);
 END $$;
 
 -- Refuses (before any charge: plans run first) a model whose default regulariser leaves an

@@ -169,7 +169,7 @@ BEGIN
                                          / CASE WHEN loss = 3 THEN 2 ELSE 10 END);
     RETURN jsonb_build_object(
         -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept,
+        'intercept_after_row_transform', intercept, 'row_clip_radius', x_bound,
         'config', jsonb_build_array(loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound,
                                     y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
         'p', p, 'epochs', epochs, 'output', output, 'outputs', outputs,
@@ -247,4 +247,6 @@ SELECT dpsql_internal._register_mechanism(
     'docs/dp_ftrl.md', options => '{radius,regularizer,output}',
     plan_function => '_dp_ftrl_plan', fit_function => '_dp_ftrl_fit',
     models => '{logistic,huber,linear}',
-    params => '{epochs,batch_size,clip_norm,huber_h,options}');
+    params => '{epochs,batch_size,clip_norm,huber_h,options}',
+    recommended => 'one ordered scan per epoch without sampling (streams, or where amplification '
+                   'by sampling cannot be claimed), delta > 0, many rows, binary or few classes');

@@ -107,7 +107,7 @@ BEGIN
     lip := dpsql_internal._em_lipschitz(model, r_x, radius, y_bound);
     RETURN jsonb_build_object(
         -- rows clipped to x_bound, then the 1 (exp_mech_erm.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept,
+        'intercept_after_row_transform', intercept, 'row_clip_radius', x_bound,
         'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
         'y_bound', y_bound, 'radius', radius, 'grid_points', points::int, 'huber_h', huber_h,
         'epsilon', epsilon, 'delta_u', 2 * lip * radius,
@@ -154,4 +154,6 @@ SELECT dpsql_internal._register_mechanism(
     'docs/exponential_mechanism.md',
     options => '{radius,grid_points}', plan_function => '_em_plan', fit_function => '_em_fit',
     models => '{logistic,huber,linear}', params => '{huber_h,options}',
-    distributed => 'sums');
+    distributed => 'sums',
+    recommended => 'pure epsilon-DP with at most 5 coefficients (one to four features and the '
+                   'intercept), binary classification or regression');

@@ -38,7 +38,12 @@ def regression(conn, scratch_schema):
 
 def _train(conn, source, model="logistic", **kw):
     return release(
-        conn, source, privacy="dp_ftrl", model=model, **{"epsilon": 1.0, "delta": 1e-6, **kw}
+        conn,
+        source,
+        privacy="dp_ftrl",
+        model=model,
+        # (written for models without an intercept, the default before issue 25)
+        **{"epsilon": 1.0, "delta": 1e-6, "intercept": False, **kw},
     )
 
 

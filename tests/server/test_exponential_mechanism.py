@@ -139,7 +139,7 @@ def _register(conn, schema, X, y, **kw) -> str:
 
 
 def _train(conn, name, model="logistic", **kw) -> dict:
-    args = {"epsilon": 1.0, "delta": 0.0, **kw}
+    args = {"epsilon": 1.0, "delta": 0.0, "intercept": False, **kw}  # the pre-issue-25 default
     names = ", ".join(f"{k} => %({k})s" for k in args)
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%(n)s, NULL, NULL, %(m)s, privacy => 'exponential_mechanism',"

@@ -29,7 +29,7 @@ def _register(conn, schema, X, y, **kw) -> str:
 
 
 def _train(conn, name, model="lasso", **kw) -> dict:
-    args = {"epsilon": 1.0, "delta": 1e-6, **kw}
+    args = {"epsilon": 1.0, "delta": 1e-6, "intercept": False, **kw}  # the pre-issue-25 default
     names = ", ".join(f"{k} => %({k})s" for k in args)
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%(n)s, NULL, NULL, %(m)s, privacy => 'frank_wolfe', {names})",

@@ -244,7 +244,7 @@ def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:
 
 
 @pytest.mark.parametrize("intercept", [False, True])
-@pytest.mark.parametrize("privacy", ["dpgd", "adassp"])
+@pytest.mark.parametrize("privacy", ["dpgd", "adassp", "objective_perturbation", "dp_ftrl"])
 def test_rows_beyond_the_row_bound_are_scored_clipped(
     conn, scratch_schema, privacy: str, intercept: bool
 ) -> None:
@@ -286,4 +286,5 @@ def test_rows_beyond_the_row_bound_are_scored_clipped(
     np.testing.assert_allclose(py_p, hand, atol=1e-9)
     (mse,) = conn.execute("SELECT value FROM dpsql.evaluate(%s, %s)", (mid, source)).fetchone()
     assert mse == pytest.approx(float(np.mean((hand - y) ** 2)), abs=1e-9)
-    assert mse < 0.01 * float(np.var(y))  # the rule on the clipped rows, fitted
+    # the rule on the clipped rows, fitted (DP-FTRL's regulariser keeps it a little short)
+    assert mse < (0.01 if privacy in CONVERGED else 0.05) * float(np.var(y))

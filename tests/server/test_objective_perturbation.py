@@ -39,7 +39,10 @@ def regression(conn, scratch_schema):
 
 
 def _train(conn, source, privacy="objective_perturbation", model="logistic", **kw):
-    return release(conn, source, privacy=privacy, model=model, **{"epsilon": 1.0, **kw})
+    # (written for models without an intercept, the default before issue 25)
+    return release(
+        conn, source, privacy=privacy, model=model, **{"epsilon": 1.0, "intercept": False, **kw}
+    )
 
 
 def _calibrate(conn, epsilon, delta, p=3, lipschitz=1.0, curvature=0.25, n=1000):
