@@ -188,3 +188,13 @@ BEGIN
                                      ', ' ORDER BY k)
                      FROM unnest(columns) WITH ORDINALITY AS u(c, k)));
 END $$;
+
+-- The row count, public (replace-one neighbours): counting reads no value.
+CREATE OR REPLACE FUNCTION dpsql_internal._public_row_count(ds dpsql.datasets)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n bigint;
+BEGIN
+    EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO n;
+    RETURN n;
+END $$;

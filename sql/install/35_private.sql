@@ -295,7 +295,7 @@ BEGIN
             params := params || auto;
         END IF;
         IF mech.sgd_defaults THEN
-            EXECUTE format('SELECT count(*) FROM %s', dpsql_internal._private_from(ds)) INTO rows;
+            rows := dpsql_internal._public_row_count(ds);
             params := dpsql_internal._private_defaults(ds, model, privacy, params, rows);
         END IF;
         mid := dpsql_internal._train_private(source, model, params || '{"defaults": {}}');

@@ -25,13 +25,20 @@ BEGIN
     END IF;
 END $$;
 
+-- DP-GD's noise falls as 1 / (n epsilon); below this it is mostly noise (docs/auto.md).
+CREATE OR REPLACE FUNCTION dpsql_internal._auto_dpgd_min_n_epsilon()
+RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 20000::float8';
+
 -- The choice: (the named mechanism's parameters, the record stored with the model). Only the
 -- mechanism is chosen here; its hyperparameters are its defaults (34_defaults.sql).
 -- Classification, delta > 0: DPSGD-F (38_dpsgd_f.sql: rows centred on a private mean, whose
 -- Gaussian the accountant composes with the steps) with Poisson sampling.
 -- Classification, delta = 0: bolt-on (Algorithm 1, epsilon-DP).
 -- Regression, delta > 0: DP-GD, whitened by its private preconditioner
--- (44_dpgd_precondition.sql) when the rows have a public norm bound.
+-- (44_dpgd_precondition.sql) when the rows have a public norm bound; DPSGD-F (Poisson
+-- sampling amplifies privacy) when n epsilon < 20,000 and the rows have one (issue 25: DP-GD's
+-- noise falls as 1 / (n epsilon), and below that its preconditioner is mostly noise: at
+-- epsilon 0.1 it was worse than the mean on both regression sets, DPSGD-F half of it).
 -- Regression, delta = 0: objective perturbation (45_objective_perturbation.sql).
 -- Regression fits an intercept (labels are rarely centred: without one the fit is worse than
 -- the mean predictor whenever the mean is far from 0; issue 25).
@@ -41,6 +48,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model 
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
+    epsilon float8 := (params->>'epsilon')::float8;
+    n bigint;
     chosen jsonb;
     rule text;
 BEGIN
@@ -56,6 +65,13 @@ BEGIN
         rule := 'regression, delta = 0: objective perturbation (epsilon-DP; Huber regression with '
                 'threshold the label bound), the only epsilon-DP regression mechanism, with an '
                 'intercept';
+    ELSIF (ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear')
+          AND ds.row_bound IS NOT NULL AND ds.label_bound IS NOT NULL
+          AND (SELECT dpsql_internal._public_row_count(ds)) * epsilon < dpsql_internal._auto_dpgd_min_n_epsilon() THEN
+        chosen := jsonb_build_object('privacy', 'dpsgd_f', 'intercept', true);
+        rule := format('regression, delta > 0, n epsilon < %s: DPSGD-F (private mean, centred rows, '
+                       'DP-SGD with Poisson sampling), where DP-GD''s preconditioner would be mostly noise; '
+                       'no confidence intervals', dpsql_internal._auto_dpgd_min_n_epsilon());
     ELSIF ds.label_bound IS NOT NULL OR dpsql_internal._canonical_model(model) = 'linear' THEN
         -- With a public bound on ||x||, whiten by the private preconditioner (a tenth of rho).
         chosen := jsonb_build_object('privacy', 'dpgd', 'intercept', true)
