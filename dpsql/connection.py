@@ -241,7 +241,7 @@ class Database:
             shuffle=shuffle,
             seed=seed,
             labels=labels,
-            intercept=self._intercept_default(model, row_norm) if intercept is None else intercept,
+            intercept=True if intercept is None else intercept,  # scikit-learn's fit_intercept
             row_norm=row_norm,
             huber_h=huber_h,
             step_offset=step_offset,
@@ -254,14 +254,6 @@ class Database:
             run.run_epochs(progress=progress)
             model_id = run.finish()
         return self.model(model_id)
-
-    def _intercept_default(self, model: str, row_norm: str) -> bool:
-        # the server's rule (dpsql_internal._intercept_default; docs/defaults.md)
-        row = self.conn.execute(
-            "SELECT dpsql_internal._intercept_default(dpsql_internal._canonical_model(%s), %s)",
-            (model, (row_norm or "none") == "none"),
-        ).fetchone()
-        return bool(row and row[0])
 
     @translate(not_found=NotRegistered)
     def _train_private(

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     distributed    text CONSTRAINT mechanism_catalog_distributed_check
                         CHECK (distributed IN ('sums', 'averaged')),
     -- a classifier's intercept when the call leaves it NULL (_intercept_default)
-    intercept_default boolean NOT NULL DEFAULT false,
+    intercept_default boolean NOT NULL DEFAULT true,
     -- when to use it: the data, size and epsilon where it is the one to pick (issue 25)
     recommended    text
 );
@@ -56,7 +56,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_f
                                           models text[] DEFAULT NULL,
                                           params text[] DEFAULT '{}',
                                           distributed text DEFAULT NULL,
-                                          intercept_default boolean DEFAULT false,
+                                          intercept_default boolean DEFAULT true,
                                           recommended text DEFAULT NULL)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
@@ -138,14 +138,10 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The intercept of a call that leaves it NULL (issue 25; docs/defaults.md), from public
--- quantities: a regression fits one (labels are rarely centred). A private classifier fits
--- none, but for DPSGD-F, which centres the rows and always has one: where the 1 shares the
--- rows' norm bound ((x, 1) scaled to norm 1: the SGD family) the features shrink and the
--- noisy bias moves every row's logits alike (MNIST-50 at eps 1: -0.08 to -0.29 accuracy), and
--- where it comes after the row transform (the private-ERM fits) a heavily regularised or
--- noisy bias drifts to the majority class (HI at eps 1: DP-FTRL -0.16, output perturbation
--- -0.02; bench intercept_default). A non-private run fits one unless it is a classifier
--- with a row transform (classifier_default: no row transform).
+-- quantities: a regression fits one (labels are rarely centred); a classifier fits one if
+-- its mechanism's registration says so (scikit-learn's convention, which the mechanisms
+-- whose bias was measured to cost accuracy decline: bench intercept_default). Non-private
+-- runs always fit one (dpsql.train).
 CREATE OR REPLACE FUNCTION dpsql_internal._intercept_default(canonical text, classifier_default boolean)
 RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
     SELECT canonical IN ('linear', 'lasso') OR classifier_default

@@ -275,5 +275,6 @@ SELECT dpsql_internal._register_mechanism(
     'DPSGD-F (Algorithm 2): private mean and quantile tau, features (x - mean, tau) clipped to '
     'sqrt(2) tau, DP-SGD, mapped back; epsilon/3 each', 'docs/whitebox.md',
     params => '{epochs,batch_size,lambda,step_size,schedule,huber_h,clip_norm,noise_multiplier}',
+    intercept_default => false,  -- it learns its bias through the feature tau
     recommended => 'comparisons with spec 001''s Algorithm 2: DPSGD-F (dpsgd_f, Algorithm 3) '
                    'is the one to use');

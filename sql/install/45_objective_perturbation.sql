@@ -121,7 +121,7 @@ SELECT dpsql_internal._register_mechanism(
     'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
     plan_function => '_objpert_plan', fit_function => '_objpert_fit',
     models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
-    distributed => 'sums',
+    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
     recommended => 'pure epsilon-DP (delta = 0) regression (auto''s choice there) and smooth '
                    'classifiers with up to a few hundred coefficients and more than about 20 p / '
                    'epsilon rows; classifiers on Citus (auto''s choice there)');

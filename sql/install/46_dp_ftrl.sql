@@ -248,5 +248,6 @@ SELECT dpsql_internal._register_mechanism(
     plan_function => '_dp_ftrl_plan', fit_function => '_dp_ftrl_fit',
     models => '{logistic,huber,linear}',
     params => '{epochs,batch_size,clip_norm,huber_h,options}',
+    intercept_default => false,  -- a classifier's: docs/defaults.md
     recommended => 'one ordered scan per epoch without sampling (streams, or where amplification '
                    'by sampling cannot be claimed), delta > 0, many rows, binary or few classes');

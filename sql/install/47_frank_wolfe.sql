@@ -230,6 +230,6 @@ SELECT dpsql_internal._register_mechanism(
     'docs/frank_wolfe.md',
     options => '{l1_radius,steps}', plan_function => '_fw_plan', fit_function => '_fw_fit',
     models => '{lasso,logistic}', params => '{options}',
-    distributed => 'sums',
+    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
     recommended => 'sparse L1 models, chiefly LASSO with per-feature bounds, many rows and many '
                    'features; refused (before any charge) where its vertex draws would be near uniform');

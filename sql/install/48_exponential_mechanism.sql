@@ -154,6 +154,6 @@ SELECT dpsql_internal._register_mechanism(
     'docs/exponential_mechanism.md',
     options => '{radius,grid_points}', plan_function => '_em_plan', fit_function => '_em_fit',
     models => '{logistic,huber,linear}', params => '{huber_h,options}',
-    distributed => 'sums',
+    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
     recommended => 'pure epsilon-DP with at most 5 coefficients (one to four features and the '
                    'intercept), binary classification or regression');

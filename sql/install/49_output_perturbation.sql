@@ -89,6 +89,6 @@ SELECT dpsql_internal._register_mechanism(
     'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
     plan_function => '_outpert_plan', fit_function => '_outpert_fit',
     models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
-    distributed => 'sums',
+    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
     recommended => 'a simple exact-minimiser baseline (pure epsilon-DP or Gaussian); generally '
                    'below objective perturbation, which is the one to use');

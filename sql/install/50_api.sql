@@ -58,10 +58,7 @@ BEGIN
     batch_size := coalesce(batch_size, 1);
     run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
-                          labels,
-                          coalesce(intercept, dpsql_internal._intercept_default(
-                                                  dpsql_internal._canonical_model(model),
-                                                  coalesce(row_norm, 'none') = 'none')),
+                          labels, coalesce(intercept, true),  -- scikit-learn's fit_intercept
                           row_norm, huber_h, tolerance, parallel_workers,
                           permutation => permutation, shard_parallel => shard_parallel);
     LOOP

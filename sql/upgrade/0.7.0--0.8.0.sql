@@ -5,7 +5,7 @@ DROP FUNCTION IF EXISTS dpsql_internal._estimation_dataset(text, text);
 
 -- Issue 25: each mechanism's intercept default and when it is recommended.
 ALTER TABLE dpsql.mechanism_catalog
-    ADD COLUMN IF NOT EXISTS intercept_default boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS intercept_default boolean NOT NULL DEFAULT true,
     ADD COLUMN IF NOT EXISTS recommended text;
 DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,
                                                            text[], text, text, text[], text[], text);

