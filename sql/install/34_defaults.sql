@@ -138,7 +138,9 @@ BEGIN
         -- (HI at epsilon 0.1 fell below the majority class; at 2-3 times, MNIST-50 still
         -- reached 0.3-0.4): refused, before any charge, naming what amplification by sampling
         -- does instead. A batch given is kept.
-        noise := dpsql_internal._step_noise(kind, all_params, m, b, k);
+        -- (a run that the mechanism refuses anyway, delta 0 where it needs one, is left to it)
+        noise := CASE WHEN kind = 'scs13' OR (kind <> 'poisson' AND delta > 0 AND delta < 1)
+                      THEN dpsql_internal._step_noise(kind, all_params, m, b, k) END;
         IF noise > 4 THEN
             PERFORM dpsql_internal._fail(
                 format('%s at epsilon %s on %s rows would learn little: at its largest default batch (%s) '

@@ -36,6 +36,8 @@ ANALYST_FUNCTIONS = {
     "_apply_bounds",
     "_is_positive",
     "_preprocess",
+    "_preprocessed",
+    "_clip_norm",
     "_jsonb_weights",
     "confint",
     "zcdp_rho",
