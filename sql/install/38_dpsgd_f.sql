@@ -139,5 +139,5 @@ SELECT dpsql_internal._register_mechanism(
     'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; '
     'also least squares', 'docs/whitebox.md', models => '{logistic,huber,multinomial,linear}',
     params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,clip_norm,sampling,noise_multiplier}',
-    recommended => 'classification with delta > 0 (auto''s choice): the best private classifier, '
-                   'or within 0.01 of it, on every benchmark task at epsilon >= 0.5');
+    recommended => 'classification with delta > 0 (within 0.006 of Poisson DP-SGD on high-dimensional '
+                   'benchmarks); least squares below n epsilon = 20,000 (auto''s choice there)');

@@ -66,7 +66,7 @@ def _ledger(conn, name: str) -> list[tuple]:
 
 
 @pytest.mark.parametrize(
-    ("delta", "mechanism"), [(1e-6, "dpsgd_f"), (0.0, "bolton")], ids=["delta", "pure"]
+    ("delta", "mechanism"), [(1e-6, "dpsgd"), (0.0, "bolton")], ids=["delta", "pure"]
 )
 def test_auto_classification_charges_what_it_states(conn, scratch_schema, delta, mechanism) -> None:
     name, y_test = _classification(conn, scratch_schema)
@@ -134,7 +134,7 @@ def test_auto_from_python(server_uri, conn, scratch_schema) -> None:
     name, _ = _classification(conn, scratch_schema)
     with dpsql.connect(server_uri) as db:
         model = db.train(name, None, None, privacy=dpsql.Auto(epsilon=0.5, noise_seed=1))
-    assert model.row["privacy"] == "dpsgd_f"
+    assert model.row["privacy"] == "dpsgd"
     assert model.row["params"]["privacy"]["auto"]["chosen"]["sampling"] == "poisson"
 
 
