@@ -141,6 +141,17 @@ BEGIN
     END IF;
     -- On by default when the rows have a public norm bound (the noisy matrix needs one).
     precondition := coalesce((options->>'precondition')::boolean, x_bound > 0);
+    -- Issue 25: DP-GD's noise falls as 1 / (n epsilon); below the line auto draws (37_auto.sql)
+    -- its defaults are often mostly noise (California housing, n epsilon 8,000-16,000: worse
+    -- than the mean predictor in one run of two). Said before the charge (a warning: the
+    -- demo and the intervals' users run it there on purpose).
+    IF n * epsilon < dpsql_internal._auto_dpgd_min_n_epsilon() AND params->>'steps' IS NULL
+       AND params->>'clip_norm' IS NULL AND coalesce(params->'options', 'null') = 'null' THEN
+        RAISE WARNING 'dpsql: dpgd at n epsilon = % (below %) is often mostly noise',
+                      round((n * epsilon)::numeric), dpsql_internal._auto_dpgd_min_n_epsilon()
+            USING HINT = 'privacy => ''auto'' or ''dpsgd_f'' (Poisson sampling amplifies privacy) is more '
+                         'accurate there; a larger epsilon or more rows help DP-GD.';
+    END IF;
     -- Draws 40 steps apart (spec 002); whitened, 120: the directions the private
     -- preconditioner cannot resolve (eigenvalues under its noise floor) keep whitened
     -- eigenvalues near 0.03, and (1 - 0.03)^120 < 0.03, the `mixed` threshold.

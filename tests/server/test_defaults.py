@@ -343,3 +343,22 @@ def test_noise_multiplier_runs_get_the_batch_rule_and_bad_epochs_a_clear_error(c
         "SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s", (binary,)
     ).fetchone()
     assert spent == pytest.approx(m["epsilon"])
+
+
+def test_dpgd_warns_below_the_n_epsilon_line(conn, scratch_schema) -> None:
+    """Issue 25: DP-GD at its defaults with n epsilon under 20,000 (auto's line) says, before
+    the charge, that its release is often mostly noise and names what does better."""
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-1, 1, size=(2000, 3))
+    y = X @ np.array([1.0, -0.5, 0.25]) + 0.1 * rng.normal(size=2000)
+    name = _register(conn, load(conn, scratch_schema, "w", X, y), label_bound=3, row_bound=2)
+    notices: list[tuple[str, str]] = []  # (a Diagnostic is valid only inside the handler)
+    conn.add_notice_handler(
+        lambda d: notices.append((d.message_primary or "", d.message_hint or ""))
+    )
+    _train(conn, name, "linear", privacy="dpgd", epsilon=1.0, delta=DELTA)
+    warned = [hint for message, hint in notices if "mostly noise" in message]
+    assert warned and "dpsgd_f" in warned[0]
+    notices.clear()
+    _train(conn, name, "linear", privacy="dpgd", epsilon=20.0, delta=DELTA)  # n eps 40,000
+    assert not [m for m, _ in notices if "mostly noise" in m]
