@@ -104,6 +104,17 @@ BEGIN
         x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
         -- feature bounds map every feature onto [-1, 1] (and the intercept is 1): |x_j| <= 1
         r_inf := CASE WHEN ds.feature_bounds IS NOT NULL THEN least(x_bound, 1) ELSE x_bound END;
+        -- Issue 25: with only a row bound R each coordinate's bound is R itself, and the vertex
+        -- choice's noise grows with it: on California housing and diamonds (features within
+        -- [-1, 1] and [0, 1], declared by a row bound) the defaults were worse than the mean at
+        -- every epsilon up to 4. Refused there before any charge.
+        IF ds.feature_bounds IS NULL AND options->'l1_radius' IS NULL AND steps_opt IS NULL THEN
+            PERFORM dpsql_internal._fail(
+                'frank_wolfe LASSO at its defaults needs per-feature bounds: with only a row bound, '
+                'each coordinate is bounded by the whole row bound and its vertex draws are mostly noise',
+                hint => 'Register feature_bounds (dpsql.estimate_bounds finds them privately), or use '
+                        'privacy => ''auto'' or ''dpgd''; options => {"l1_radius": ..., "steps": ...} runs it anyway.');
+        END IF;
         y_bound := ds.label_bound;
     ELSE
         -- Classification rows are registered with row_norm clip or unit: ||x|| <= 1. The

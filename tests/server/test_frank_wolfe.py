@@ -227,7 +227,8 @@ def test_defaults_refuse_near_uniform_draws_before_charging(conn, scratch_schema
     rng = np.random.default_rng(8)
     X = rng.uniform(-1, 1, size=(300, 6)) / np.sqrt(6)
     if model == "lasso":
-        name = _register(conn, scratch_schema, X, X[:, 0], label_bound=1.0, row_bound=1.0)
+        bounds = [[-1.0, 1.0] for _ in range(6)]
+        name = _register(conn, scratch_schema, X, X[:, 0], label_bound=1.0, feature_bounds=bounds)
     else:
         name = _register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels="{0,1}")
     before = _ledger(conn)
@@ -238,4 +239,20 @@ def test_defaults_refuse_near_uniform_draws_before_charging(conn, scratch_schema
     assert _ledger(conn) == before
     # an analyst's own K is theirs to choose: no refusal
     _train(conn, name, model=model, options=Jsonb({"steps": 3}))
+    assert _ledger(conn) == before + 1
+
+
+def test_lasso_defaults_refuse_a_row_bound_alone(conn, scratch_schema) -> None:
+    """Issue 25: LASSO at its defaults on a dataset declared by a row bound only (each
+    coordinate bounded by the whole row bound) is refused before any charge, naming feature
+    bounds and what to use; options run it."""
+    X, y, _ = _sparse_design()
+    name = _register(conn, scratch_schema, X, y, label_bound=5.0, row_bound=1.0)
+    before = _ledger(conn)
+    with pytest.raises(Exception, match="needs per-feature bounds") as err:
+        _train(conn, name)
+    assert "feature_bounds" in (err.value.diag.message_hint or "")
+    conn.rollback()
+    assert _ledger(conn) == before
+    _train(conn, name, options=Jsonb({"l1_radius": 5.0, "steps": 3}))
     assert _ledger(conn) == before + 1
