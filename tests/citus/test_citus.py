@@ -337,7 +337,9 @@ def test_bolton_sensitivity_holds_for_neighbours_in_every_shard(coord) -> None:
         (eta, k),
     ).fetchone()[0]
     assert bound == pytest.approx(2 * k * eta)
-    base = _weights(coord, _train(coord, src, seed=9, epochs=k, step_size=eta, shard_parallel=True))
+    # (no intercept: the adversarial row below is the model's direction, of the rows' length)
+    fit = {"seed": 9, "epochs": k, "step_size": eta, "shard_parallel": True, "intercept": False}
+    base = _weights(coord, _train(coord, src, **fit))
     shard_of = dict(
         coord.execute(
             f"SELECT rid, get_shard_id_for_distribution_column('{src}', rid) FROM {src}"
@@ -352,9 +354,7 @@ def test_bolton_sensitivity_holds_for_neighbours_in_every_shard(coord) -> None:
         # the record pushed hardest against the model, label flipped
         direction = -base / np.linalg.norm(base)
         coord.execute(f"UPDATE {src} SET x = %s, y = 1 - y WHERE rid = %s", (list(direction), rid))
-        w = _weights(
-            coord, _train(coord, src, seed=9, epochs=k, step_size=eta, shard_parallel=True)
-        )
+        w = _weights(coord, _train(coord, src, **fit))
         coord.execute(
             f"UPDATE {src} SET x = %s, y = %s WHERE rid = %s", (list(X[rid]), y[rid], rid)
         )
