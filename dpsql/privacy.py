@@ -85,7 +85,7 @@ class DPSGD:
 
     epsilon: float | None = None
     delta: float = 1e-6
-    clip_norm: float = 1.0
+    clip_norm: float | None = None  # the server's default (docs/defaults.md)
     sampling: str = "shuffle"
     noise_multiplier: float | None = None
     noise_seed: int | None = None
@@ -97,7 +97,7 @@ class DPSGD:
             "privacy": self.name,
             "epsilon": None if self.epsilon is None else float(self.epsilon),
             "delta": float(self.delta),
-            "clip_norm": float(self.clip_norm),
+            "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
             "sampling": self.sampling,
             "noise_multiplier": self.noise_multiplier,
             "noise_seed": self.noise_seed,
@@ -114,7 +114,7 @@ class DPSGDF:
 
     epsilon: float
     delta: float = 1e-6
-    clip_norm: float = 1.0
+    clip_norm: float | None = None  # the server's default (docs/defaults.md)
     noise_seed: int | None = None
 
     name = "dpsgd_f"
@@ -124,7 +124,7 @@ class DPSGDF:
             "privacy": self.name,
             "epsilon": float(self.epsilon),
             "delta": float(self.delta),
-            "clip_norm": float(self.clip_norm),
+            "clip_norm": None if self.clip_norm is None else float(self.clip_norm),
             "sampling": "poisson",
             "noise_seed": self.noise_seed,
         }

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+import dpsql
 from dpsql.privacy import MECHANISMS
+from tests.pg_helpers import load
 
 REPO = Path(__file__).resolve().parents[2]
 SIGNATURE = (
@@ -265,3 +269,79 @@ def test_an_analyst_trains_the_erm_toolbox_and_sees_only_the_release(
         "SELECT role, mechanism FROM dpsql.ledger WHERE model_id = %s", (mid,)
     ).fetchone()
     assert (who, mech) == (name, privacy)
+
+
+def _record(conn, model_id: int) -> tuple[Any, ...]:
+    """What a release records about its privacy, less the ledger entry's id."""
+    (row,) = conn.execute(
+        "SELECT jsonb_build_array((params->'privacy')::jsonb - 'ledger_entry'::text, epochs_run,"
+        " batch_size, step_size, fit_intercept, weights) FROM dpsql.model_store"
+        " WHERE model_id = %s",
+        (model_id,),
+    ).fetchall()
+    return tuple(row)
+
+
+def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri) -> None:
+    """Issue 26 (drift): every Python mechanism class with only epsilon, delta and a noise
+    seed given asks the server for exactly what SQL's dpsql.train does with the same three:
+    the recorded privacy parameters, the filled-in defaults and the weights are identical (the
+    noise is seeded, so both draws are the same). Classification and regression rows."""
+    rng = np.random.default_rng(26)
+    X = rng.uniform(-1, 1, size=(20000, 3))
+    sources = {
+        "logistic": load(conn, scratch_schema, "c", X, (X[:, 0] > 0).astype(float)),
+        "linear": load(conn, scratch_schema, "r", X, X @ np.array([1.0, -0.5, 0.25]) + 1),
+    }
+    names = {}
+    for model, source in sources.items():
+        names[model] = f"drift_{model}_{scratch_schema}"
+        extra = (
+            "labels => '{0,1}', row_norm => 'clip'"
+            if model == "logistic"
+            else ("label_bound => 3, feature_bounds => '{{-1,1},{-1,1},{-1,1}}'")
+        )
+        conn.execute(
+            f"SELECT dpsql.register_dataset(%s, '{{x}}', 'y', 1e9, 0.9, name => %s, {extra})",
+            (source, names[model]),
+        )
+    catalog = {
+        name: (models, needs_delta)
+        for name, models, needs_delta in conn.execute(
+            "SELECT name, models, needs_delta FROM dpsql.mechanisms()"
+        )
+    }
+    compared = []
+    with dpsql.connect(server_uri) as db:
+        for name, cls in MECHANISMS.items():
+            models, needs_delta = catalog[name]
+            delta = 1e-6 if needs_delta else 0.0
+            for model in ("logistic", "linear"):
+                if model not in models:
+                    continue
+                sql_error = py_error = None
+                try:
+                    (sql_id,) = conn.execute(
+                        "SELECT dpsql.train(%s, NULL, NULL, %s, privacy => %s, epsilon => 1,"
+                        " delta => %s, noise_seed => 7, seed => 3)",
+                        (names[model], model, name, delta),
+                    ).fetchone()
+                except psycopg.Error as err:
+                    sql_error = err.diag.message_primary
+                try:
+                    py = db.train(
+                        names[model],
+                        None,
+                        None,
+                        model,
+                        seed=3,
+                        progress=False,
+                        privacy=cls(epsilon=1.0, delta=delta, noise_seed=7),
+                    )
+                except psycopg.Error as err:
+                    py_error = err.diag.message_primary
+                assert sql_error == py_error, (name, model, sql_error, py_error)
+                if sql_error is None:
+                    assert _record(conn, py.model_id) == _record(conn, sql_id), (name, model)
+                    compared.append((name, model))
+    assert len(compared) >= 15, compared
