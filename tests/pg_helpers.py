@@ -128,3 +128,18 @@ def release(conn: psycopg.Connection, source: str, **args: Any) -> dict[str, Any
         return None
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute("SELECT * FROM dpsql.models WHERE model_id = %s", (row[0],)).fetchone()
+
+
+def one_hot_design(
+    n: int = 8000, columns: int = 6, levels: int = 4, seed: int = 5
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded categorical design, one-hot encoded (six ones a row: norm sqrt(6), clipped to 1
+    at registration), labels of per-level effects with an offset: 78% of one class."""
+    rng = np.random.default_rng(seed)
+    cats = rng.integers(0, levels, size=(n, columns))
+    effects = rng.normal(size=(columns, levels))
+    score = effects[np.arange(columns), cats].sum(1) - 3.0
+    y = (score + rng.logistic(size=n) > 0).astype(float)
+    X = np.zeros((n, columns * levels))
+    X[np.arange(n)[:, None], np.arange(columns) * levels + cats] = 1.0
+    return X, y

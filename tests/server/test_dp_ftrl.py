@@ -16,6 +16,7 @@ from dpsql import _core
 from tests.pg_helpers import (
     binary_dataset,
     leftovers,
+    one_hot_design,
     register,
     regression_dataset,
     release,
@@ -344,26 +345,13 @@ def test_python_object(conn, binary) -> None:
 # ---------------------------------------------------------------- defaults (issue 25, item 3)
 
 
-def _one_hot(n: int = 8000, columns: int = 6, levels: int = 4, seed: int = 5):
-    """Seeded categorical design, one-hot encoded (six ones a row: norm sqrt(6), clipped to 1
-    at registration), labels of per-level effects with an offset: 78% of one class."""
-    rng = np.random.default_rng(seed)
-    cats = rng.integers(0, levels, size=(n, columns))
-    effects = rng.normal(size=(columns, levels))
-    score = effects[np.arange(columns), cats].sum(1) - 3.0
-    y = (score + rng.logistic(size=n) > 0).astype(float)
-    X = np.zeros((n, columns * levels))
-    X[np.arange(n)[:, None], np.arange(columns) * levels + cats] = 1.0
-    return X, y
-
-
 def test_defaults_beat_the_majority_class_on_one_hot_rows(conn, scratch_schema) -> None:
     """Epsilon 1, nothing else given. The regret bound's Delta (the old default) kept
     ||theta|| near 1 and predicted the majority class (0.784) on every seed; Delta / 10
     measured 0.802-0.809 on noise seeds 1-3. The mean of three seeds must clear the majority
     by 0.01: its spread (sd ~0.004 per seed) makes a false failure about a 3-sigma event
     for the mean (< 0.5%)."""
-    X, y = _one_hot()
+    X, y = one_hot_design()
     ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1])
     majority = max(y.mean(), 1 - y.mean())
     accs = []

@@ -18,6 +18,7 @@ from scipy import stats
 from tests.pg_helpers import (
     binary_dataset,
     leftovers,
+    one_hot_design,
     register,
     regression_dataset,
     release,
@@ -400,19 +401,6 @@ def test_output_perturbation_release_is_minimiser_plus_calibrated_noise(
 # ---------------------------------------------------------------- defaults (issue 25, item 3)
 
 
-def _one_hot(n: int = 8000, columns: int = 6, levels: int = 4, seed: int = 5):
-    """Seeded categorical design, one-hot encoded (six ones a row, clipped to norm 1 at
-    registration), labels of per-level effects with an offset: 78% of one class."""
-    rng = np.random.default_rng(seed)
-    cats = rng.integers(0, levels, size=(n, columns))
-    effects = rng.normal(size=(columns, levels))
-    score = effects[np.arange(columns), cats].sum(1) - 3.0
-    y = (score + rng.logistic(size=n) > 0).astype(float)
-    X = np.zeros((n, columns * levels))
-    X[np.arange(n)[:, None], np.arange(columns) * levels + cats] = 1.0
-    return X, y
-
-
 def _ledger_count(conn) -> int:
     return conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0]
 
@@ -422,7 +410,7 @@ def test_defaults_beat_the_majority_class_on_one_hot_rows(conn, scratch_schema, 
     """Epsilon 1, delta 1e-6, nothing else given: above the majority class (0.784) on each of
     three noise seeds. Measured: objective 0.839-0.843, output 0.825-0.832 (its old
     regulariser 0.817-0.821); a seed below 0.794 would be a 5-sigma draw (rate < 0.1%)."""
-    X, y = _one_hot()
+    X, y = one_hot_design()
     ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1])
     majority = max(y.mean(), 1 - y.mean())
     for s in (1, 2, 3):
