@@ -319,7 +319,7 @@ class Database:
 
         args = {k: v for k, v in privacy.sql_args().items() if v is not None}
         name, epsilon = args.pop("privacy"), args.pop("epsilon")
-        delta = args.pop("delta", 0.0)
+        delta = args.pop("delta", None)  # None: the mechanism's default
         if "lambda_" in train:
             train["lambda"] = train.pop("lambda_")
         options: dict[str, Any] = {"train": {**args, **train}, "confidence": confidence}

@@ -1,10 +1,10 @@
 ------------------------------------------------------------------------------------------
--- The mechanism registry: one row per privacy mechanism, written by the mechanism's own file
--- (dpsql_internal._register_mechanism), read by the dispatch (_train_private), the defaults
--- (34_defaults.sql), refusal hints, dpsql.mechanisms() and the Python registry's test. Adding
--- a mechanism = its own SQL file (the row and a train function with the common signature; a
--- linear one: a plan and a fit function for _train_linear), its C in the core, its docs page
--- and its test module.
+-- The mechanism registry: one row per privacy mechanism, from the mechanism's spec
+-- (sql/mechanisms/<name>.toml, rendered into 53_mechanisms.sql), read by the dispatch
+-- (_train_private), the parameter checks (_check_params), the defaults (34_defaults.sql),
+-- refusal hints and dpsql.mechanisms(). Adding a mechanism = its spec, its own SQL file (a
+-- train function with the common signature; a plan-and-fit one: a plan and a fit function),
+-- its C in the core, its docs page and its test module (docs/architecture.md).
 ------------------------------------------------------------------------------------------
 
 CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
@@ -43,26 +43,25 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- a classifier's intercept when the call leaves it NULL (_intercept_default)
     intercept_default boolean NOT NULL DEFAULT true,
     -- when to use it: the data, size and epsilon where it is the one to pick (issue 25)
-    recommended    text
+    recommended    text,
+    -- the delta of a call that leaves it NULL (issue 26)
+    delta_default  float8 NOT NULL DEFAULT 0,
+    -- every parameter it takes, from its spec: SQL type, who may set it, the server's default
+    -- rule, range or choices (checked by _check_params), what it means
+    parameters     jsonb NOT NULL DEFAULT '{}'
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
 
-CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(name text, train_function text, task text,
-                                          sgd_defaults boolean, needs_delta boolean,
-                                          summary text, docs text, options text[] DEFAULT '{}',
-                                          plan_function text DEFAULT NULL,
-                                          fit_function text DEFAULT NULL,
-                                          models text[] DEFAULT NULL,
-                                          params text[] DEFAULT '{}',
-                                          distributed text DEFAULT NULL,
-                                          intercept_default boolean DEFAULT true,
-                                          recommended text DEFAULT NULL)
+-- One mechanism's registry row from its spec (sql/mechanisms/<name>.toml, rendered as jsonb
+-- into 53_mechanisms.sql by dpsql.mechanism_spec).
+CREATE OR REPLACE FUNCTION dpsql_internal._register_mechanism(spec jsonb)
 RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
-        VALUES (name, train_function, task, sgd_defaults, needs_delta, summary, docs, options,
-                plan_function, fit_function, models, params, distributed, intercept_default,
-                recommended)
+    SELECT r.name, r.train_function, r.task, r.sgd_defaults, r.needs_delta, r.summary, r.docs,
+           r.options, r.plan_function, r.fit_function, r.models, r.params, r.distributed,
+           r.intercept_default, r.recommended, r.delta_default, r.parameters
+      FROM jsonb_populate_record(NULL::dpsql.mechanism_catalog, spec) r
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
            sgd_defaults = excluded.sgd_defaults, needs_delta = excluded.needs_delta,
@@ -70,7 +69,8 @@ RETURNS void LANGUAGE sql AS $$
            plan_function = excluded.plan_function, fit_function = excluded.fit_function,
            models = excluded.models, params = excluded.params,
            distributed = excluded.distributed, intercept_default = excluded.intercept_default,
-           recommended = excluded.recommended
+           recommended = excluded.recommended, delta_default = excluded.delta_default,
+           parameters = excluded.parameters
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
@@ -108,13 +108,17 @@ RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
      WHERE set_by_caller
 $$;
 
--- Refuse the parameters the mechanism does not take, rather than ignore them.
-CREATE OR REPLACE FUNCTION dpsql_internal._refuse_unused_params(m dpsql.mechanism_catalog, params jsonb)
-RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+-- The parameters a caller set, against the mechanism's spec: one it does not take is refused
+-- rather than ignored; a value outside the spec's choices or range is refused, and one set
+-- away from its default where the spec says who = owner needs a data owner.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_params(m dpsql.mechanism_catalog, params jsonb)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     unused text[] := ARRAY(SELECT u FROM (SELECT unnest(dpsql_internal._given_params(params))
                                           EXCEPT SELECT unnest(m.params)) s(u)
                             ORDER BY u COLLATE "C");
+    p record;
+    v float8;
 BEGIN
     IF unused && '{labels,row_norm}' THEN
         PERFORM dpsql_internal._fail('labels and row_norm of a private run are the registration''s',
@@ -128,6 +132,38 @@ BEGIN
                                      array_to_string(m.params, ', '))
                          ELSE 'It takes epsilon, delta, intercept and seed only.' END);
     END IF;
+    FOR p IN SELECT k.key AS name, k.value AS spec, params->k.key AS value
+               FROM jsonb_each(m.parameters) k
+              WHERE coalesce(params->k.key, 'null') <> 'null'
+              ORDER BY k.key COLLATE "C"
+    LOOP
+        IF p.spec ? 'choices' AND NOT p.spec->'choices' @> jsonb_build_array(p.value) THEN
+            PERFORM dpsql_internal._fail(
+                format('%s must be %s, got %s', p.name,
+                       (SELECT string_agg(quote_literal(c), ' or ')
+                          FROM jsonb_array_elements_text(p.spec->'choices') c),
+                       quote_literal(p.value #>> '{}')),
+                hint => format('%s: %s.', p.name, p.spec->>'doc'));
+        END IF;
+        IF jsonb_typeof(p.value) = 'number' THEN
+            v := (p.value #>> '{}')::float8;
+            IF v < (p.spec->>'min')::float8 OR v <= (p.spec->>'exclusive_min')::float8
+               OR v > (p.spec->>'max')::float8 THEN
+                PERFORM dpsql_internal._fail(
+                    format('%s must be %s, got %s', p.name,
+                           concat_ws(' and ', '>= ' || (p.spec->>'min'), '> ' || (p.spec->>'exclusive_min'),
+                                     '<= ' || (p.spec->>'max')),
+                           p.value #>> '{}'),
+                    hint => format('%s: %s.', p.name, p.spec->>'doc'));
+            END IF;
+        END IF;
+        IF p.spec->>'who' = 'owner' AND p.spec ? 'sql_default'
+           AND p.value <> p.spec->'sql_default' AND NOT dpsql_internal._is_admin() THEN
+            PERFORM dpsql_internal._fail(
+                format('%s => %s is for data owners: %s', p.name, p.value #>> '{}', p.spec->>'doc'),
+                '42501');
+        END IF;
+    END LOOP;
 END $$;
 
 -- A model name as the mechanisms know it: the loss's canonical name (20_sources.sql), or
@@ -174,12 +210,14 @@ END $$;
 -- What analysts may know of the registry.
 CREATE OR REPLACE FUNCTION dpsql.mechanisms()
 RETURNS TABLE (name text, task text, models text[], needs_delta boolean, params text[],
-               options text[], distributed text, summary text, docs text, recommended text)
+               options text[], distributed text, summary text, docs text, recommended text,
+               delta_default float8, parameters jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT c.name, c.task, dpsql_internal._mechanism_models(c), c.needs_delta, c.params,
-           c.options, c.distributed, c.summary, c.docs, c.recommended
+           c.options, c.distributed, c.summary, c.docs, c.recommended, c.delta_default,
+           c.parameters
       FROM dpsql.mechanism_catalog c ORDER BY c.task COLLATE "C", c.name COLLATE "C"
 $$;
 COMMENT ON FUNCTION dpsql.mechanisms() IS

@@ -184,7 +184,6 @@ DECLARE
     privacy text := params->>'privacy';
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
-    calibration text := coalesce(params->>'gaussian', 'analytic');
     noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
     lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
@@ -204,7 +203,13 @@ BEGIN
         IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
             PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
         END IF;
-        auto := dpsql_internal._auto_choice(ds, model, params);
+        auto := dpsql_internal._auto_choice(
+            ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
+                                                                      dpsql_internal._auto_delta(ds))));
+        IF params->>'delta' IS NULL THEN
+            auto := jsonb_set(auto, '{params,delta}', to_jsonb(dpsql_internal._auto_delta(ds)));
+            auto := jsonb_set(auto, '{record,delta_default}', auto->'params'->'delta');
+        END IF;
         mid := dpsql_internal._train_private(source, model, params || (auto->'params'));
         UPDATE dpsql.model_store m
            SET params = jsonb_set(m.params, '{privacy,auto}', auto->'record')
@@ -230,7 +235,7 @@ BEGIN
     END IF;
     IF NOT params ? 'defaults' THEN
         -- what the caller set (the defaults are filled in after): each must be the mechanism's
-        PERFORM dpsql_internal._refuse_unused_params(mech, params);
+        PERFORM dpsql_internal._check_params(mech, params);
     END IF;
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
@@ -245,14 +250,6 @@ BEGIN
     IF NOT (delta >= 0 AND delta < 1) THEN
         PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', delta),
                                      hint => 'e.g. 1e-5, well below 1 / rows; 0 for pure epsilon-DP.');
-    END IF;
-    IF calibration NOT IN ('analytic', 'classic') THEN
-        PERFORM dpsql_internal._fail('gaussian must be analytic or classic',
-                                     hint => 'analytic (the default), or classic (eq. 4 of the bolt-on paper, epsilon < 1).');
-    END IF;
-    IF coalesce(params->>'bst14_noise', 'strict') <> 'strict' AND NOT dpsql_internal._is_admin() THEN
-        PERFORM dpsql_internal._fail('bst14_noise => paper (the paper''s add/remove noise) is for data owners'' '
-                            'reproductions: it is not replace-one DP at the stated epsilon', '42501');
     END IF;
     IF params->>'tolerance' IS NOT NULL THEN
         PERFORM dpsql_internal._fail('tolerance is not allowed in private runs: a data-dependent stop would leak',
@@ -289,11 +286,14 @@ BEGIN
         -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
         -- and record what was chosen with the model, the intercept too (31_mechanisms.sql).
         auto := '{}';
-        IF params->>'intercept' IS NULL THEN
-            auto := jsonb_build_object('intercept', dpsql_internal._intercept_default(
-                                                        canonical, mech.intercept_default));
-            params := params || auto;
+        IF params->>'delta' IS NULL THEN
+            auto := jsonb_build_object('delta', mech.delta_default);  -- its spec's
         END IF;
+        IF params->>'intercept' IS NULL THEN
+            auto := auto || jsonb_build_object('intercept', dpsql_internal._intercept_default(
+                                                                canonical, mech.intercept_default));
+        END IF;
+        params := params || auto;
         IF mech.sgd_defaults THEN
             rows := dpsql_internal._public_row_count(ds);
             params := dpsql_internal._private_defaults(ds, model, privacy, params, rows);
@@ -406,15 +406,6 @@ BEGIN
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql_internal._register_mechanism(
-    'bolton', '_train_bolton', 'classification', true, false,
-    'bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)',
-    'docs/bolton.md',
-    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,'
-              'parallel_workers,permutation,gaussian,tuning_lambdas,tuning_epochs,shard_parallel}',
-    distributed => 'averaged',
-    recommended => 'classification with pure epsilon-DP (delta = 0): auto''s choice there; '
-                   'Algorithm 1 (lambda = 0) at its defaults');
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
 -- (a (lambda, epochs) pair) on portion i with the full (epsilon, delta) and m = portion size;
@@ -512,4 +503,3 @@ BEGIN
     END LOOP;
     RETURN dpsql_internal._sgd_weights((dpsql_internal._locked_run(run)).state);
 END $$;
-

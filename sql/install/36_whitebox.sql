@@ -271,25 +271,3 @@ BEGIN
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql_internal._register_mechanism(
-    'dpsgd', '_train_whitebox', 'classification', true, true,
-    'DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches '
-    '(dp-accounting); also least squares', 'docs/whitebox.md',
-    models => '{logistic,huber,multinomial,linear}',
-    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,clip_norm,sampling,noise_multiplier}',
-    recommended => 'classification with delta > 0, sampling => ''poisson'' (auto''s choice): the best '
-                   'private classifier or within 0.01 of it on every benchmark task at epsilon >= 0.5; '
-                   'shuffled batches have no amplification and learn much less below epsilon = 1');
-SELECT dpsql_internal._register_mechanism(
-    'scs13', '_train_whitebox', 'classification', true, false,
-    'SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)',
-    'docs/whitebox.md', params => '{epochs,batch_size,lambda,radius,huber_h,gaussian}',
-    intercept_default => false,  -- its bias cost 0.02-0.06 accuracy (bench intercept_default)
-    recommended => 'reproducing Song, Chaudhuri and Sarwate (2013): below the bolt-on and DP-SGD '
-                   'on every benchmark; for accuracy use auto');
-SELECT dpsql_internal._register_mechanism(
-    'bst14', '_train_whitebox', 'classification', true, true,
-    'BST14: noisy SGD on batches drawn with replacement, amplified and advanced composition',
-    'docs/whitebox.md', params => '{epochs,batch_size,lambda,radius,huber_h,bst14_noise}',
-    recommended => 'reproducing Bassily, Smith and Thakurta (2014), or strongly convex losses '
-                   '(lambda > 0); on multiclass data it needs epsilon >= 2; for accuracy use auto');

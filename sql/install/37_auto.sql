@@ -25,6 +25,15 @@ BEGIN
     END IF;
 END $$;
 
+-- auto's delta when the call leaves it NULL (issue 26; docs/auto.md): the default delta of
+-- the mechanisms it picks with delta > 0 (DP-SGD's spec), if the dataset's registered delta
+-- budget has room for it, else 0 (pure epsilon-DP). Public: the registration and the specs.
+CREATE OR REPLACE FUNCTION dpsql_internal._auto_delta(ds dpsql.datasets)
+RETURNS float8 LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN ds.delta_budget >= c.delta_default THEN c.delta_default ELSE 0 END
+      FROM dpsql.mechanism_catalog c WHERE c.name = 'dpsgd'
+$$;
+
 -- DP-GD's noise falls as 1 / (n epsilon); below this it is mostly noise (docs/auto.md).
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_dpgd_min_n_epsilon()
 RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 20000::float8';

@@ -134,10 +134,3 @@ BEGIN
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql_internal._register_mechanism(
-    'dpsgd_f', '_train_dpsgd_f', 'classification', true, true,
-    'DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; '
-    'also least squares', 'docs/whitebox.md', models => '{logistic,huber,multinomial,linear}',
-    params => '{epochs,batch_size,lambda,step_size,schedule,step_offset,radius,huber_h,clip_norm,sampling,noise_multiplier}',
-    recommended => 'classification with delta > 0 (within 0.006 of Poisson DP-SGD on high-dimensional '
-                   'benchmarks); least squares below n epsilon = 20,000 (auto''s choice there)');

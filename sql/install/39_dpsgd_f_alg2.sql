@@ -109,7 +109,6 @@ BEGIN
                                         'Gaussian (epsilon/3, delta)');
 END $$;
 
-
 -- Steps 3-4: x'' = Clip((x - mean, tau), sqrt(2) tau) (NULL for a null record).
 CREATE OR REPLACE FUNCTION dpsql_internal._alg2_features(x float8[], mean float8[], tau float8)
 RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
@@ -270,11 +269,3 @@ BEGIN
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
-SELECT dpsql_internal._register_mechanism(
-    'dpsgd_f_alg2', '_train_dpsgd_f_alg2', 'classification', false, true,
-    'DPSGD-F (Algorithm 2): private mean and quantile tau, features (x - mean, tau) clipped to '
-    'sqrt(2) tau, DP-SGD, mapped back; epsilon/3 each', 'docs/whitebox.md',
-    params => '{epochs,batch_size,lambda,step_size,schedule,huber_h,clip_norm,noise_multiplier}',
-    intercept_default => false,  -- it learns its bias through the feature tau
-    recommended => 'comparisons with spec 001''s Algorithm 2: DPSGD-F (dpsgd_f, Algorithm 3) '
-                   'is the one to use');

@@ -246,20 +246,3 @@ BEGIN
                  ELSE '{}' END;
     iterates := NULL;
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'dp_ambssgd', '_train_linear', 'regression', false, true,
-    'DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging', 'docs/linear.md',
-    options => '{r_x,h_norm,condition_number,c1,step_scale,domain_bound,beta_stat,tight_accounting,log_exponent}',
-    plan_function => '_ambssgd_plan', fit_function => '_ambssgd_fit',
-    params => '{steps,clip_norm,step_size,options}',
-    recommended => 'regression on very large tables: refused (before any charge) until its '
-                   'DP-STAT is feasible, about 2e5 rows at epsilon = 1; otherwise dpgd');
-SELECT dpsql_internal._register_mechanism(
-    'dp_ssgd', '_train_linear', 'regression', false, true,
-    'DP-SSGD: the spec''s baseline, one noisy step per row (refused where its noise swamps the model)',
-    'docs/linear.md', options => '{r_x,baseline}',
-    plan_function => '_ssgd_plan', fit_function => '_ambssgd_fit',
-    params => '{steps,clip_norm,step_size,options}',
-    recommended => 'the spec''s baseline for comparisons (options => {"baseline": true}); refused '
-                   'where its noise swamps the model, which is almost always; use dpgd');

@@ -409,12 +409,3 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_iterate_autocorrelation_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
-
-SELECT dpsql_internal._register_mechanism(
-    'dpgd', '_train_linear', 'regression', false, true,
-    'DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned',
-    'docs/linear.md', options => '{noise_level,clip_check,precondition,clip_quantile}',
-    plan_function => '_dpgd_plan', fit_function => '_dpgd_fit',
-    params => '{steps,ci,ci_draws,burn_in,clip_norm,step_size,options}', distributed => 'sums',
-    recommended => 'regression with delta > 0 (auto''s choice): confidence intervals '
-                   '(dpsql.confint), the best private regression on the benchmarks at epsilon >= 2');

@@ -133,11 +133,3 @@ BEGIN
     info := jsonb_build_object('ridge', rel.ridge, 'lambda_min_noisy', rel.lambda_min_noisy);
     iterates := NULL;
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'adassp', '_train_linear', 'regression', false, true,
-    'AdaSSP: sufficient-statistics perturbation with an adaptive ridge', 'docs/linear.md',
-    options => '{varrho}', plan_function => '_adassp_plan', fit_function => '_adassp_fit',
-    params => '{options}', distributed => 'sums',
-    recommended => 'regression with delta > 0 and few features (one scan, closed form, no '
-                   'iterations); DP-GD is more accurate at epsilon >= 0.5 on the benchmarks');

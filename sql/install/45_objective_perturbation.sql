@@ -113,15 +113,3 @@ BEGIN
     END LOOP;
     info := jsonb_build_object('extra_noise_scale', scales[1]);
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'objective_perturbation', '_train_planned', 'any', false, false,
-    'objective perturbation: the exact minimiser of a randomly perturbed, regularised objective '
-    '(epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)',
-    'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
-    plan_function => '_objpert_plan', fit_function => '_objpert_fit',
-    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
-    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
-    recommended => 'pure epsilon-DP (delta = 0) regression (auto''s choice there) and smooth '
-                   'classifiers with up to a few hundred coefficients and more than about 20 p / '
-                   'epsilon rows; classifiers on Citus (auto''s choice there)');

@@ -239,15 +239,3 @@ BEGIN
                                CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END);
     iterates := NULL;
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'dp_ftrl', '_train_planned', 'any', false, true,
-    'DP-FTRL with tree aggregation: one ordered scan per epoch over minibatch leaves, noisy '
-    'prefix sums of clipped gradients, no sampling (Gaussian, needs delta > 0)',
-    'docs/dp_ftrl.md', options => '{radius,regularizer,output}',
-    plan_function => '_dp_ftrl_plan', fit_function => '_dp_ftrl_fit',
-    models => '{logistic,huber,linear}',
-    params => '{epochs,batch_size,clip_norm,huber_h,options}',
-    intercept_default => false,  -- a classifier's: docs/defaults.md
-    recommended => 'one ordered scan per epoch without sampling (streams, or where amplification '
-                   'by sampling cannot be claimed), delta > 0, many rows, binary or few classes');

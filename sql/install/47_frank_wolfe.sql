@@ -234,13 +234,3 @@ BEGIN
     info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0));
     iterates := NULL;
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'frank_wolfe', '_train_planned', 'any', false, false,
-    'private Frank-Wolfe over an L1 ball (sparse LASSO / logistic), exponential-mechanism vertex choice',
-    'docs/frank_wolfe.md',
-    options => '{l1_radius,steps}', plan_function => '_fw_plan', fit_function => '_fw_fit',
-    models => '{lasso,logistic}', params => '{options}',
-    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
-    recommended => 'sparse L1 models, chiefly LASSO with per-feature bounds, many rows and many '
-                   'features; refused (before any charge) where its vertex draws would be near uniform');

@@ -147,13 +147,3 @@ BEGIN
     info := jsonb_build_object('grid_size', rel.grid_points);
     iterates := NULL;
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'exponential_mechanism', '_train_planned', 'any', false, false,
-    'exponential-mechanism ERM on a public grid (pure epsilon-DP, p <= 5)',
-    'docs/exponential_mechanism.md',
-    options => '{radius,grid_points}', plan_function => '_em_plan', fit_function => '_em_fit',
-    models => '{logistic,huber,linear}', params => '{huber_h,options}',
-    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
-    recommended => 'pure epsilon-DP with at most 5 coefficients (one to four features and the '
-                   'intercept), binary classification or regression');

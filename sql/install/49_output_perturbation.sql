@@ -81,14 +81,3 @@ BEGIN
     END LOOP;
     info := jsonb_build_object('noise_scale', rel.noise_scale);
 END $$;
-
-SELECT dpsql_internal._register_mechanism(
-    'output_perturbation', '_train_planned', 'any', false, false,
-    'output perturbation of the exact regularised minimiser (epsilon-DP Gamma-norm noise, or '
-    'Gaussian with delta > 0)',
-    'docs/objective_perturbation.md', options => '{radius,huber_threshold,max_scans}',
-    plan_function => '_outpert_plan', fit_function => '_outpert_fit',
-    models => '{logistic,huber,linear}', params => '{lambda,huber_h,options}',
-    distributed => 'sums', intercept_default => false,  -- a classifier's: docs/defaults.md
-    recommended => 'a simple exact-minimiser baseline (pure epsilon-DP or Gaussian); generally '
-                   'below objective perturbation, which is the one to use');

@@ -10,7 +10,7 @@ CREATE OR REPLACE FUNCTION dpsql.train(
     privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT NULL,
     row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
     tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
-    epsilon float8 DEFAULT NULL, delta float8 DEFAULT 0, gaussian text DEFAULT 'analytic',
+    epsilon float8 DEFAULT NULL, delta float8 DEFAULT NULL, gaussian text DEFAULT 'analytic',
     permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
     noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
     tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,

@@ -215,6 +215,8 @@ BEGIN
                                      'parameters), canaries, seed, test and mutation',
                                      hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
     END IF;
+    -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
+    delta := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
         PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
     END IF;
@@ -402,7 +404,7 @@ END $$;
 
 -- The interface (a SQL function: its parameters and its result columns share names).
 CREATE OR REPLACE FUNCTION dpsql.audit(dataset text, privacy text, epsilon float8,
-                                       delta float8 DEFAULT 0, runs int DEFAULT NULL,
+                                       delta float8 DEFAULT NULL, runs int DEFAULT NULL,
                                        method text DEFAULT 'one_run', options jsonb DEFAULT '{}')
 RETURNS TABLE (epsilon_claimed float8, epsilon_lower float8, confidence float8, runs int,
                method text)

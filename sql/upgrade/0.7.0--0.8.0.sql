@@ -12,6 +12,13 @@ DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boo
 DROP FUNCTION IF EXISTS dpsql.mechanisms();
 DROP FUNCTION IF EXISTS dpsql_internal._bolton_noise_target();
 
+-- Issue 26: the registry comes from each mechanism's spec (sql/mechanisms/*.toml), with its
+-- parameters and delta default; the parameter check reads them.
+ALTER TABLE dpsql.mechanism_catalog
+    ADD COLUMN IF NOT EXISTS delta_default float8 NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}';
+DROP FUNCTION IF EXISTS dpsql_internal._refuse_unused_params(dpsql.mechanism_catalog, jsonb);
+
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns
 -- there (their non-private runs' tables, or relations and types planted under a future run's

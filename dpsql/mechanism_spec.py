@@ -1,0 +1,452 @@
+"""The mechanisms' declarative specs (``sql/mechanisms/*.toml``) and what is generated from them.
+
+One TOML file per mechanism holds its registration (task, models, train/plan/fit functions,
+distributed mode, intercept and delta defaults, docs) and the ``dpsql.train`` parameters it
+takes, each with its default rule and range on top of ``sql/mechanisms/parameters.toml`` (type,
+signature default, meaning). From them come, committed and checked up to date by
+``tests/python/test_mechanism_spec.py`` (the way psycopg generates its error classes):
+
+- ``sql/install/53_mechanisms.sql``: the server's registry rows (``dpsql.mechanism_catalog``),
+  which drive dispatch, the parameter checks (``_check_params``) and ``dpsql.mechanisms()``;
+- ``dpsql/_mechanisms.py``: the Python mechanism classes (``dpsql.privacy``);
+- ``docs/mechanisms.md``: the table of mechanisms and their parameters.
+
+``python -m dpsql.mechanism_spec`` rewrites them (``make generate``); ``--check`` fails if
+one is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+__all__ = ["Parameter", "Spec", "generated_files", "load_parameters", "load_specs"]
+
+# The keys a mechanism's spec may hold; every other one is a mistake.
+_SPEC_KEYS = {
+    "name": str,
+    "python_class": str,
+    "summary": str,
+    "docs": str,
+    "recommended": str,
+    "task": str,
+    "models": list,
+    "train_function": str,
+    "plan_function": str,
+    "fit_function": str,
+    "sgd_defaults": bool,
+    "distributed": str,
+    "intercept_default": bool,
+    "needs_delta": bool,
+    "delta_default": float,
+    "epsilon_optional": bool,
+    "python_fields": list,
+    "doc": str,
+    "parameters": dict,
+}
+_REQUIRED = {"name", "python_class", "summary", "docs", "recommended", "task", "train_function"}
+_PARAMETER_KEYS = {
+    "sql",
+    "sql_default",
+    "python",
+    "python_name",
+    "python_type",
+    "doc",
+    "who",
+    "min",
+    "exclusive_min",
+    "max",
+    "choices",
+    "default",
+    "keys",
+}
+# Every mechanism takes these; they are not listed in its spec.
+COMMON = ("epsilon", "delta", "noise_seed")
+_TASK_MODELS = {
+    "classification": ["logistic", "huber", "multinomial"],
+    "regression": ["linear"],
+}
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A ``dpsql.train`` parameter as one mechanism takes it."""
+
+    name: str
+    sql: str
+    python_type: str
+    doc: str
+    python: str = "mechanism"  # a field of the class, or "train": Database.train's keyword
+    python_name: str = ""
+    sql_default: Any = None
+    who: str = "analyst"
+    default: str | None = None  # the rule the server applies when it is left NULL
+    min: float | None = None
+    exclusive_min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()  # options => {...}: the keys it accepts
+
+    @property
+    def attribute(self) -> str:
+        """The name in Python (``lambda`` is ``lambda_``)."""
+        return self.python_name or self.name
+
+    def constraint(self) -> str:
+        """The range in words (docs)."""
+        if self.choices:
+            return " | ".join(f"`{c}`" for c in self.choices)
+        parts = []
+        if self.exclusive_min is not None:
+            parts.append(f"> {self.exclusive_min:g}")
+        if self.min is not None:
+            parts.append(f"≥ {self.min:g}")
+        if self.max is not None:
+            parts.append(f"≤ {self.max:g}")
+        if self.keys:
+            parts.append("keys " + ", ".join(f"`{k}`" for k in self.keys))
+        return ", ".join(parts)
+
+    def server_json(self) -> dict[str, Any]:
+        """What the server's registry keeps: the checks and the docs of ``dpsql.mechanisms()``."""
+        out: dict[str, Any] = {"type": self.sql, "who": self.who, "doc": self.doc}
+        for key in ("sql_default", "default", "min", "exclusive_min", "max"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.choices:
+            out["choices"] = list(self.choices)
+        if self.keys:
+            out["keys"] = list(self.keys)
+        return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One mechanism's spec: ``sql/mechanisms/<name>.toml``."""
+
+    name: str
+    python_class: str
+    summary: str
+    docs: str
+    recommended: str
+    task: str
+    train_function: str
+    doc: str = ""
+    models: tuple[str, ...] = ()
+    plan_function: str | None = None
+    fit_function: str | None = None
+    sgd_defaults: bool = False
+    distributed: str | None = None
+    intercept_default: bool = True
+    needs_delta: bool = False
+    delta_default: float = 0.0
+    epsilon_optional: bool = False
+    python_fields: tuple[str, ...] = ()
+    parameters: dict[str, Parameter] = field(default_factory=dict)
+
+    @property
+    def trained_models(self) -> list[str]:
+        """The models it trains (the task's when the spec names none)."""
+        return list(self.models) or _TASK_MODELS.get(
+            self.task, [*_TASK_MODELS["classification"], "linear"]
+        )
+
+    @property
+    def options(self) -> list[str]:
+        return list(self.parameters["options"].keys) if "options" in self.parameters else []
+
+    def registry_json(self) -> dict[str, Any]:
+        """The registry row (``dpsql_internal._register_mechanism``)."""
+        return {
+            "name": self.name,
+            "train_function": self.train_function,
+            "task": self.task,
+            "sgd_defaults": self.sgd_defaults,
+            "needs_delta": self.needs_delta,
+            "delta_default": self.delta_default,
+            "summary": self.summary,
+            "docs": self.docs,
+            "options": self.options,
+            "plan_function": self.plan_function,
+            "fit_function": self.fit_function,
+            "models": list(self.models) or None,
+            "params": [p for p in self.parameters if p not in COMMON],
+            "distributed": self.distributed,
+            "intercept_default": self.intercept_default,
+            "recommended": self.recommended,
+            "parameters": {k: p.server_json() for k, p in self.parameters.items()},
+        }
+
+
+def spec_dir() -> Path:
+    """``sql/mechanisms`` of the extension's sources (a checkout or a built package)."""
+    from dpsql.extension import source_dir
+
+    return source_dir() / "mechanisms"
+
+
+def load_parameters(folder: Path | None = None) -> dict[str, dict[str, Any]]:
+    """``parameters.toml``: every parameter a mechanism may take, by name."""
+    path = (folder or spec_dir()) / "parameters.toml"
+    table: dict[str, dict[str, Any]] = tomllib.loads(path.read_text())
+    for name, entry in table.items():
+        unknown = set(entry) - _PARAMETER_KEYS
+        if unknown or "sql" not in entry or "python_type" not in entry:
+            raise ValueError(
+                f"{path}: [{name}] has unknown keys {sorted(unknown)} or lacks sql/python_type"
+            )
+    return table
+
+
+def load_specs(folder: Path | None = None) -> dict[str, Spec]:
+    """Every mechanism's spec, by name, checked for unknown keys and parameters."""
+    folder = folder or spec_dir()
+    common = load_parameters(folder)
+    specs: dict[str, Spec] = {}
+    for path in sorted(folder.glob("*.toml")):
+        if path.name == "parameters.toml":
+            continue
+        raw = tomllib.loads(path.read_text())
+        problems = [k for k in raw if k not in _SPEC_KEYS]
+        problems += [f"missing {k}" for k in sorted(_REQUIRED - set(raw))]
+        problems += [
+            f"{k} must be {t.__name__}"
+            for k, t in _SPEC_KEYS.items()
+            if k in raw
+            and not isinstance(raw[k], t)
+            and not (t is float and isinstance(raw[k], int))
+        ]
+        if raw.get("name") != path.stem:
+            problems.append(f"name must be the file's, {path.stem!r}")
+        parameters: dict[str, Parameter] = {}
+        for name in [*COMMON, *raw.get("parameters", {})]:
+            if name not in common:
+                problems.append(f"parameter {name} is not in parameters.toml")
+                continue
+            own = raw.get("parameters", {}).get(name, {})
+            bad = set(own) - _PARAMETER_KEYS
+            if bad:
+                problems.append(f"parameter {name}: unknown keys {sorted(bad)}")
+                continue
+            merged = {**common[name], **own}
+            for key in ("choices", "keys"):
+                merged[key] = tuple(merged.get(key, ()))
+            parameters[name] = Parameter(name=name, **merged)
+        missing = [f for f in raw.get("python_fields", []) if f not in parameters]
+        problems += [f"python field {f} is not one of its parameters" for f in missing]
+        if problems:
+            raise ValueError(f"{path}: " + "; ".join(problems))
+        raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+        raw["parameters"] = parameters
+        raw["delta_default"] = float(raw.get("delta_default", 0.0))
+        specs[path.stem] = Spec(**raw)
+    return specs
+
+
+# ---------------------------------------------------------------------------------------------
+# What is generated.
+
+_HEADER = "Generated by `python -m dpsql.mechanism_spec` from sql/mechanisms/*.toml: do not edit."
+
+
+def render_sql(specs: dict[str, Spec]) -> str:
+    out = [
+        "-" * 90,
+        f"-- {_HEADER}",
+        "-- The registry rows of every mechanism (31_mechanisms.sql): dispatch, parameter checks,",
+        "-- defaults and dpsql.mechanisms().",
+        "-" * 90,
+        "",
+    ]
+    for spec in specs.values():
+        body = json.dumps(spec.registry_json(), ensure_ascii=False)
+        out.append(f"SELECT dpsql_internal._register_mechanism($spec${body}$spec$::jsonb);")
+        out.append("")
+    return "\n".join(out)
+
+
+def _python_type(p: Parameter) -> str:
+    return f"{p.python_type} | None"
+
+
+def _python_default(p: Parameter) -> str:
+    return repr(p.sql_default) if p.sql_default is not None else "None"
+
+
+def _render_class(spec: Spec) -> str:
+    doc = textwrap.indent(spec.doc.strip() + "\n", "    ").rstrip()
+    fields = []
+    eps = spec.parameters["epsilon"]
+    fields.append(
+        f"    epsilon: {_python_type(eps)} = None"
+        if spec.epsilon_optional
+        else "    epsilon: float"
+    )
+    fields.append(
+        f"    delta: float | None = None  # the mechanism's default: {spec.delta_default:g}"
+    )
+    for name in spec.python_fields:
+        p = spec.parameters[name]
+        fields.append(f"    {p.attribute}: {_python_type(p)} = {_python_default(p)}")
+    fields.append("    noise_seed: int | None = None")
+    renamed = [(spec.parameters[n].attribute, n) for n in spec.python_fields]
+    sql_names = ", ".join(f"({a!r}, {n!r})" for a, n in renamed if a != n)
+    return (
+        f"@dataclass(frozen=True)\nclass {spec.python_class}(_Mechanism):\n"
+        f'    """{doc.lstrip()}\n    """\n\n'
+        + "\n".join(fields)
+        + f"\n\n    name: ClassVar[str] = {spec.name!r}\n"
+        f"    _sql_names: ClassVar[tuple[tuple[str, str], ...]] = "
+        f"({sql_names}{',' if sql_names else ''})\n"
+    )
+
+
+def render_python(specs: dict[str, Spec]) -> str:
+    classes = "\n\n".join(_render_class(s) for s in specs.values())
+    names = ", ".join(f'"{s.python_class}"' for s in specs.values())
+    registry = "\n".join(f"        {s.python_class}," for s in specs.values())
+    return f'''"""The server's privacy mechanisms, for ``Database.train(privacy=...)``.
+
+{_HEADER}
+A field left ``None`` takes the server's default (docs/mechanisms.md, docs/defaults.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+__all__ = [{names}, "MECHANISMS"]
+
+
+@dataclass(frozen=True)
+class _Mechanism:
+    """Named arguments of ``dpsql.train`` from the fields; None leaves the server's default."""
+
+    name: ClassVar[str] = ""
+    _sql_names: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def sql_args(self) -> dict[str, Any]:
+        """Named arguments of ``dpsql.train`` for this mechanism."""
+        from psycopg.types.json import Jsonb
+
+        renamed = dict(self._sql_names)
+        args: dict[str, Any] = {{"privacy": self.name}}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            args[renamed.get(f.name, f.name)] = Jsonb(value) if isinstance(value, dict) else value
+        return args
+
+
+{classes}
+
+# The server's registry, as classes (``SELECT * FROM dpsql.mechanisms()``).
+MECHANISMS: dict[str, type[_Mechanism]] = {{
+    cls.name: cls
+    for cls in (
+{registry}
+    )
+}}
+'''
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_docs(specs: dict[str, Spec]) -> str:
+    out = [
+        "# The mechanisms",
+        "",
+        f"<!-- {_HEADER} -->",
+        "",
+        "Every mechanism `dpsql.train(..., privacy => name)` accepts, from its spec in",
+        "`sql/mechanisms/<name>.toml` (also `SELECT * FROM dpsql.mechanisms()` and `dpsql",
+        "mechanisms`). A parameter left `NULL` (SQL) or `None` (Python) takes the default below;",
+        "docs/defaults.md gives the SGD family's rules in full. A parameter a mechanism does not",
+        "list is refused. Python: the mechanism's class holds the fields marked *class*; the",
+        "others are keywords of `Database.train`.",
+        "",
+        "| mechanism | Python | task | models | δ default | Citus | recommended |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in specs.values():
+        delta = f"{s.delta_default:g}" + (" (needs > 0)" if s.needs_delta else "")
+        out.append(
+            f"| [`{s.name}`](#{s.name}) | `{s.python_class}` | {s.task} | "
+            f"{', '.join(s.trained_models)} | {delta} | {s.distributed or 'refused'} | "
+            f"{_cell(s.recommended)} |"
+        )
+    for s in specs.values():
+        out += ["", f"## {s.name}", "", f"{_cell(s.summary)} ({s.docs}).", ""]
+        out += ["| parameter | in Python | default | range | who |", "|---|---|---|---|---|"]
+        for p in s.parameters.values():
+            where = "class" if p.name in (*COMMON, *s.python_fields) else "`Database.train`"
+            if p.name == "delta":
+                default = f"{s.delta_default:g}"
+            elif p.name == "epsilon":
+                default = "required" + (" (or noise_multiplier)" if s.epsilon_optional else "")
+            else:
+                default = p.default or (repr(p.sql_default) if p.sql_default is not None else "—")
+            out.append(
+                f"| `{p.name}` | {where} `{p.attribute}` | {_cell(default)} | "
+                f"{_cell(p.constraint())} | {p.who} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def generated_files(root: Path, specs: dict[str, Spec] | None = None) -> dict[Path, str]:
+    """Each generated file of the source tree at ``root`` and its content."""
+    specs = specs if specs is not None else load_specs(root / "sql" / "mechanisms")
+    return {
+        root / "sql" / "install" / "53_mechanisms.sql": render_sql(specs),
+        root / "dpsql" / "_mechanisms.py": _format_python(render_python(specs)),
+        root / "docs" / "mechanisms.md": render_docs(specs),
+    }
+
+
+def _format_python(source: str) -> str:
+    """``ruff format`` of the generated module, so that the checked-in file is lint clean."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--stdin-filename", "_mechanisms.py", "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dpsql.mechanism_spec", description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if a generated file is stale")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    args = parser.parse_args(argv)
+    stale = []
+    for path, content in generated_files(args.root).items():
+        if not path.exists() or path.read_text() != content:
+            stale.append(path)
+            if not args.check:
+                path.write_text(content)
+    for path in stale:
+        print(f"{'stale' if args.check else 'wrote'}: {path}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The mechanisms' specs (sql/mechanisms/*.toml) and what is generated from them: the files are
+up to date, and a broken spec is refused with its file and reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpsql import mechanism_spec
+from dpsql.privacy import MECHANISMS
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = REPO / "sql" / "mechanisms"
+
+
+def test_the_generated_files_are_up_to_date() -> None:
+    stale = [
+        str(path.relative_to(REPO))
+        for path, content in mechanism_spec.generated_files(REPO).items()
+        if not path.exists() or path.read_text() != content
+    ]
+    assert not stale, f"run `make generate`: {stale} differ from sql/mechanisms/*.toml"
+
+
+def test_every_spec_is_a_python_class_with_its_fields_and_defaults() -> None:
+    specs = mechanism_spec.load_specs(SPECS)
+    assert set(specs) == set(MECHANISMS)
+    for name, spec in specs.items():
+        cls = MECHANISMS[name]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        expected = ["epsilon", "delta"]
+        expected += [spec.parameters[p].attribute for p in spec.python_fields] + ["noise_seed"]
+        assert list(fields) == expected, name
+        assert fields["delta"].default is None  # the server's default, recorded with the model
+        for p in spec.python_fields:
+            assert fields[spec.parameters[p].attribute].default == spec.parameters[p].sql_default
+        args = cls(epsilon=1.0).sql_args()
+        assert args == {"privacy": name, "epsilon": 1.0} | {
+            p: spec.parameters[p].sql_default
+            for p in spec.python_fields
+            if spec.parameters[p].sql_default is not None
+        }
+
+
+def _broken(tmp_path: Path, name: str, text: str) -> Path:
+    folder = tmp_path / "mechanisms"
+    shutil.copytree(SPECS, folder)
+    (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('name = "bolton"\nsurprise = 1\n', "surprise"),
+        (
+            (SPECS / "bolton.toml").read_text() + "\n[parameters.no_such]\n",
+            "not in parameters.toml",
+        ),
+        (
+            (SPECS / "bolton.toml")
+            .read_text()
+            .replace("sgd_defaults = true", 'sgd_defaults = "yes"'),
+            "sgd_defaults must be bool",
+        ),
+        (
+            (SPECS / "bolton.toml").read_text().replace('"gaussian", "permutation"', '"clip_norm"'),
+            "python field clip_norm",
+        ),
+    ],
+)
+def test_a_broken_spec_names_its_file_and_fault(tmp_path: Path, text: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason) as err:
+        mechanism_spec.load_specs(_broken(tmp_path, "bolton.toml", text))
+    assert "bolton.toml" in str(err.value)
