@@ -4,6 +4,7 @@
 #   make test     ruff (lint, format) + mypy (strict, dpsql/) + build/install the extension into
 #                 the embedded PostgreSQL + pytest
 #   make demo     run `dpsql demo`
+#   make generate rewrite what sql/mechanisms/*.toml generate (registry SQL, Python classes, docs)
 #   make bench    run bench/epoch_vs_scan.py
 #   make audit    the thorough privacy audits of every mechanism (bench/audit.py)
 #   make pg15     also build/install into Debian's PostgreSQL 15 (apt-get; `make test` does this
@@ -41,7 +42,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench audit pg15 clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench audit pg15 generate clean distclean
 
 all: test
 
@@ -116,6 +117,11 @@ citus: $(VENV_STAMP)
 demo: $(VENV_STAMP)
 	$(DPSQL) install-extension
 	$(DPSQL) demo
+
+# What the mechanisms' specs (sql/mechanisms/*.toml) generate: the registry rows, the Python
+# classes and docs/mechanisms.md (tests/python/test_mechanism_spec.py fails when they are stale).
+generate: $(VENV_STAMP)
+	$(VENV_PY) -m dpsql.mechanism_spec
 
 bench: $(VENV_STAMP)
 	$(DPSQL) install-extension

@@ -106,11 +106,7 @@ BEGIN
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
     -- Spec 002: eta = 1/5, gamma = 5 sqrt(p) max(sigma_prior, 1), theta_0 = 0, and
     -- lambda^2 = 2 N gamma^2 / (rho n^2) over all N released steps (Lemma 2.1).
-    ci := coalesce(params->>'ci', 'batch_means');
-    IF ci NOT IN ('none', 'batch_means', 'checkpoints', 'independent_runs') THEN
-        PERFORM dpsql_internal._fail(format('unknown ci %s', quote_literal(ci)),
-                            hint => 'Use batch_means (default), checkpoints, independent_runs or none.');
-    END IF;
+    ci := coalesce(params->>'ci', 'batch_means');  -- its choices and ci_draws' range: the spec's
     -- Issue 25: unless the analyst fixes clip_norm (or options.clip_quantile = false), gamma is
     -- a private quantile (default 0.995) of the per-example gradient norms at the iterate that
     -- ends a pilot of burn_in / 2 steps run at the public rule's gamma: clipping is then rare
@@ -129,12 +125,6 @@ BEGIN
     END IF;
     draws := coalesce((params->>'ci_draws')::int, 10);
     burn_in := coalesce((params->>'burn_in')::int, CASE WHEN clip_q IS NULL THEN 20 ELSE 40 END);
-    IF ci <> 'none' AND (draws IS NULL OR draws < 2 OR draws > 1000) THEN
-        PERFORM dpsql_internal._fail(format('ci_draws must be between 2 and 1000, got %s', draws));
-    END IF;
-    IF burn_in < 0 THEN
-        PERFORM dpsql_internal._fail(format('burn_in must be >= 0, got %s', burn_in));
-    END IF;
     IF clip_q IS NOT NULL AND ci <> 'none' AND burn_in < 2 THEN
         PERFORM dpsql_internal._fail(format('the private clip bound is chosen within the burn-in: burn_in must be >= 2, got %s', burn_in),
                             hint => 'Give clip_norm, or options => {"clip_quantile": false}.');

@@ -212,7 +212,7 @@ REFUSALS = [
     ("privacy => 'bolton', epsilon => 1, delta => -0.1", "delta must be"),
     ("privacy => 'bolton', epsilon => 2, delta => 1e-6, gaussian => 'classic'", "epsilon < 1"),
     ("privacy => 'bolton', epsilon => 1, step_size => 5", "no sensitivity bound"),
-    ("privacy => 'bolton', epsilon => 1, lambda => 0.1, radius => 0", "needs the ball"),
+    ("privacy => 'bolton', epsilon => 1, lambda => 0.1, radius => 0", "radius must be > 0"),
     ("privacy => 'bolton', epsilon => 1, shuffle => false", "shuffle"),
     ("privacy => 'bolton', epsilon => 1e9", "budget"),
     ("privacy => 'dp_magic', epsilon => 1", "unknown privacy mechanism"),

@@ -307,7 +307,7 @@ def test_adassp_plan_uses_replace_one_sensitivities(conn, regression) -> None:
         (dict(privacy="dpgd", model="logistic"), "model => 'linear'"),
         (dict(privacy="bolton", model="logistic"), "regression dataset"),
         (dict(privacy="dpgd", options={"bogus": 1}), "unknown options"),
-        (dict(privacy="dpgd", ci="bootstrap"), "unknown ci"),
+        (dict(privacy="dpgd", ci="bootstrap"), "ci must be 'batch_means' or"),
         (dict(privacy="dpgd", ci="independent_runs", steps=55), "independent runs"),
         (dict(privacy="dpgd", ci_draws=1), "ci_draws"),
         (dict(privacy="dpgd", steps=0), "steps must be"),

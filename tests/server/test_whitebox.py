@@ -182,7 +182,7 @@ def test_bst14_release_and_refusals(conn, zeros) -> None:
     assert np.linalg.norm(row["weights"]) > 0  # noise, not the zero model
     before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
     for args, msg in [
-        ("privacy => 'bst14', epsilon => 1", "delta must be > 0"),
+        ("privacy => 'bst14', epsilon => 1, delta => 0", "delta must be > 0"),
         ("privacy => 'scs13', epsilon => 1, tuning_lambdas => '{0.1}'", "tuning"),
         ("privacy => 'bst14', epsilon => 1e12, delta => 1e-5", "budget"),
     ]:
