@@ -1,6 +1,8 @@
 -- dpsql 0.2.0 -> 0.3.0: the red team's findings closed (issue 9). This prologue makes the
 -- changes that replaying the (idempotent) install script, which follows it, cannot make.
 \echo Use "ALTER EXTENSION dpsql UPDATE" to load this file. \quit
+-- From an older version this runs right after the older prologues, with no install script
+-- between: what only a newer release created is dropped or altered IF EXISTS.
 
 -- Datasets declare their dimension (it was read from the first row at every private run).
 ALTER TABLE dpsql.datasets ADD COLUMN dim int CHECK (dim > 0);
@@ -31,11 +33,11 @@ BEGIN
 END $$;
 
 -- Signatures that gained parameters.
-DROP FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[], text,
-                                     text, float8, float8);
-DROP FUNCTION dpsql._register_dataset(regclass, text[], text, float8, float8, float8[], float8[],
-                                      text, text, text, float8, float8);
-DROP FUNCTION dpsql._feature_sql(text, text[], float8[]);
-DROP FUNCTION dpsql._prepare(text, text[], text, text, int, bigint, float8, float8, text, float8,
-                             float8, boolean, bigint, float8[], boolean, text, float8, float8, int,
-                             boolean, float8[], text);
+DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, float8[],
+                                               float8[], text, text, float8, float8);
+DROP FUNCTION IF EXISTS dpsql._register_dataset(regclass, text[], text, float8, float8, float8[],
+                                                float8[], text, text, text, float8, float8);
+DROP FUNCTION IF EXISTS dpsql._feature_sql(text, text[], float8[]);
+DROP FUNCTION IF EXISTS dpsql._prepare(text, text[], text, text, int, bigint, float8, float8, text,
+                                       float8, float8, boolean, bigint, float8[], boolean, text,
+                                       float8, float8, int, boolean, float8[], text);
