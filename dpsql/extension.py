@@ -58,6 +58,7 @@ def _source_files(sql_dir: Path) -> list[Path]:
         (sql_dir / "src", "*.[ch]"),
         (core, "*.[ch]"),
         (sql_dir / "install", "*.sql"),
+        (sql_dir / "upgrade", "*.sql"),
         (sql_dir, "*.control"),
         (sql_dir, "Makefile"),
     ]
@@ -76,6 +77,36 @@ def control_default_version() -> str:
     if match is None:
         raise RuntimeError(f"no default_version in {source_dir() / EXTENSION}.control")
     return match.group(1)
+
+
+def released_versions() -> list[str]:
+    """The released versions of the extension, oldest first: the sources of the upgrade
+    prologues ``sql/upgrade/X--Y.sql``, followed from one to the next up to the current version
+    (as sql/Makefile builds one upgrade script per released version from them).
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    RuntimeError
+        If the prologues do not form one chain ending at the control file's version.
+    """
+    steps = dict(path.stem.split("--", 1) for path in (source_dir() / "upgrade").glob("*--*.sql"))
+    if not steps:
+        return []
+    first = set(steps) - set(steps.values())
+    chain = list(first)[:1]
+    while chain and chain[-1] in steps and len(chain) <= len(steps):
+        chain.append(steps[chain[-1]])
+    current = control_default_version()
+    if len(first) != 1 or chain[-1] != current or len(chain) != len(steps) + 1:
+        raise RuntimeError(
+            f"the upgrade prologues {sorted(steps.items())} do not form one chain from the "
+            f"first release to the current version {current}"
+        )
+    return chain[:-1]
 
 
 def _pg_config_query(pg_config: str | Path, flag: str) -> str:

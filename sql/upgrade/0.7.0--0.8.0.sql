@@ -1,10 +1,12 @@
 -- dpsql 0.7.0 -> 0.8.0: trust at the edges (issue 24). This prologue makes the changes that
 -- replaying the (idempotent) install script, which follows it, cannot make.
 \echo Use "ALTER EXTENSION dpsql UPDATE" to load this file. \quit
+-- From an older version this runs right after the older prologues, with no install script
+-- between: what only a newer release created is dropped or altered IF EXISTS.
 DROP FUNCTION IF EXISTS dpsql_internal._estimation_dataset(text, text);
 
 -- Issue 25: each mechanism's intercept default and when it is recommended.
-ALTER TABLE dpsql.mechanism_catalog
+ALTER TABLE IF EXISTS dpsql.mechanism_catalog
     ADD COLUMN IF NOT EXISTS intercept_default boolean NOT NULL DEFAULT true,
     ADD COLUMN IF NOT EXISTS recommended text;
 DROP FUNCTION IF EXISTS dpsql_internal._register_mechanism(text, text, text, boolean, boolean, text, text,

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import dpsql
+from dpsql import extension
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,11 +40,7 @@ def test_one_version_everywhere() -> None:
 
 
 def test_changelog_lists_every_released_version() -> None:
-    released = {
-        m.group(1)
-        for p in (ROOT / "sql" / "versions").glob("dpsql--*.sql")
-        if (m := re.fullmatch(r"dpsql--(\d+\.\d+\.\d+)\.sql", p.name))
-    }
+    released = set(extension.released_versions())
     listed = set(re.findall(r"^## (\d+\.\d+\.\d+) ", (ROOT / "CHANGELOG.md").read_text(), re.M))
     assert listed == released | {_control_version()}
 

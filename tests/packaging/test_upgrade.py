@@ -1,20 +1,110 @@
 """The upgrade path: a database created with a released version and updated with ALTER
-EXTENSION dpsql UPDATE has exactly the objects, code and privileges of a fresh install."""
+EXTENSION dpsql UPDATE has exactly the objects, code and privileges of a fresh install.
+
+The released versions' install scripts are not shipped: each is built from git history, at the
+commit sql/upgrade/releases.txt records for it, with that commit's own sql/Makefile, and put in
+the test server's extension directory for the session. Without that history (a shallow clone,
+an sdist) these tests skip, unless DPSQL_REQUIRE_HISTORY=1 (`make test`) makes that a failure."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from dpsql import extension
+from dpsql import extension, server
 from dpsql.loading import load_numpy
 
-RELEASED = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0"]
+ROOT = Path(__file__).resolve().parents[2]
+RELEASED = extension.released_versions()
+RELEASES_FILE = extension.source_dir() / "upgrade" / "releases.txt"
+
+
+def _release_commits() -> dict[str, str]:
+    """sql/upgrade/releases.txt: version -> the last commit at which it was current."""
+    lines = RELEASES_FILE.read_text().splitlines()
+    return dict(line.split() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
+
+
+def _missing_history() -> str | None:
+    """Why the release commits cannot be read here, or None when they can."""
+    if _git("rev-parse", "--git-dir").returncode != 0:
+        return f"{ROOT} is not a git checkout (an sdist?)"
+    missing = [
+        f"{version} ({commit[:12]})"
+        for version, commit in _release_commits().items()
+        if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0
+    ]
+    if missing:
+        return f"release commits not in this clone (shallow?): {', '.join(missing)}"
+    return None
+
+
+def _build_at(version: str, commit: str, work: Path) -> bytes:
+    """The install script of ``version`` as its release commit built it."""
+    tree = work / version
+    tree.mkdir()
+    archive = _git("archive", "--format=tar", commit)
+    assert archive.returncode == 0, archive.stderr.decode()
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    control = (tree / "sql" / "dpsql.control").read_text()
+    declared = re.search(r"^\s*default_version\s*=\s*'([^']*)'", control, re.M)
+    assert declared and declared.group(1) == version, f"{commit} is not release {version}"
+    script = f"dpsql--{version}.sql"
+    made = subprocess.run(
+        ["make", "-C", str(tree / "sql"), f"PG_CONFIG={server.pg_config_path()}", script],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    return (tree / "sql" / script).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def released_install_scripts(
+    server_uri: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Every released version's install script in the server's extension directory (built
+    from history; removed again afterwards unless it was there before)."""
+    problem = _missing_history()
+    if problem:
+        if os.environ.get("DPSQL_REQUIRE_HISTORY") == "1":
+            pytest.fail(f"{problem}; DPSQL_REQUIRE_HISTORY=1 needs the full git history")
+        pytest.skip(f"{problem}: the released versions are built from git history")
+    try:
+        with psycopg.connect(server_uri, autocommit=True) as conn:
+            row = conn.execute("SELECT setting FROM pg_config WHERE name = 'SHAREDIR'").fetchone()
+    except psycopg.Error:  # the pg_config view is for superusers
+        row = None
+    target = Path(row[0]) / "extension" if row else None
+    if target is None or not os.access(target, os.W_OK):
+        pytest.skip(f"the test server's extension directory ({target}) is not writable here")
+    work = tmp_path_factory.mktemp("releases")
+    written: list[Path] = []
+    try:
+        for version, commit in _release_commits().items():
+            path = target / f"dpsql--{version}.sql"
+            script = _build_at(version, commit, work)
+            if not path.exists():
+                path.write_bytes(script)
+                written.append(path)
+            assert path.read_bytes() == script, f"{path} is not release {version}'s script"
+        yield
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
+
 
 # Everything a database's dpsql objects consist of, in comparable form.
 CATALOG = {
@@ -91,16 +181,23 @@ def _catalog(conn: psycopg.Connection) -> dict[str, list[tuple]]:
     return {name: conn.execute(query).fetchall() for name, query in CATALOG.items()}
 
 
-def test_upgrade_scripts_exist_for_every_released_version() -> None:
+def test_every_released_version_has_a_commit_and_a_direct_upgrade(server_uri: str) -> None:
     current = extension.control_default_version()
-    sql_dir = extension.source_dir()
-    assert current not in RELEASED
+    assert RELEASED and current not in RELEASED
+    assert list(_release_commits()) == RELEASED
+    with psycopg.connect(server_uri) as conn:
+        paths = dict(
+            conn.execute(
+                "SELECT source, path FROM pg_extension_update_paths('dpsql') WHERE target = %s",
+                (current,),
+            ).fetchall()
+        )
     for version in RELEASED:
-        assert (sql_dir / "versions" / f"dpsql--{version}.sql").is_file()
-    assert (sql_dir / "upgrade" / f"{RELEASED[-1]}--{current}.sql").is_file()
+        assert paths.get(version) == f"{version}--{current}", version
 
 
 @pytest.mark.parametrize("version", RELEASED)
+@pytest.mark.usefixtures("released_install_scripts")
 def test_upgraded_database_equals_fresh_install(database, version: str) -> None:
     with database() as fresh, database() as upgraded:
         fresh.execute("CREATE EXTENSION dpsql")
@@ -119,6 +216,7 @@ def test_upgraded_database_equals_fresh_install(database, version: str) -> None:
             assert not only_fresh and not only_upgraded, (name, only_fresh[:3], only_upgraded[:3])
 
 
+@pytest.mark.usefixtures("released_install_scripts")
 def test_upgrade_moves_what_owners_planted_in_dpsql_work(database) -> None:
     """Issue 24: before 0.8.0 data owners could create in dpsql_work; their relations and
     types there, under a future run's name, would fail (or be used by) private runs."""
@@ -164,10 +262,12 @@ def test_upgrade_moves_what_owners_planted_in_dpsql_work(database) -> None:
             conn.execute(f"DROP ROLE {owner}")
 
 
-def test_upgrade_keeps_data_and_budgets(database) -> None:
+@pytest.mark.parametrize("version", RELEASED)
+@pytest.mark.usefixtures("released_install_scripts")
+def test_upgrade_keeps_data_and_budgets(database, version: str) -> None:
     """A registered dataset, its ledger and its models survive the update, and still train."""
     with database() as conn:
-        conn.execute(f"CREATE EXTENSION dpsql VERSION '{RELEASED[-1]}'")
+        conn.execute(f"CREATE EXTENSION dpsql VERSION '{version}'")
         conn.execute("CREATE TABLE pts (x float8[], y float8)")
         conn.execute(
             "INSERT INTO pts SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0],"
@@ -200,6 +300,7 @@ def test_upgrade_keeps_data_and_budgets(database) -> None:
         assert m2 > m1
 
 
+@pytest.mark.usefixtures("released_install_scripts")
 def test_upgraded_models_mean_what_they_say(database) -> None:
     """Issue 25: 0.7.0 stored DPSGD-F models for rows centred on their private mean, and scored
     the private-ERM fits with an intercept in another representation than they trained in.

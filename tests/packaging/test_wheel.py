@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsql import server
+from dpsql import extension, server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_sdist_carries_the_sources(dists: Path) -> None:
     ).stdout.split()
     top = names[0].split("/")[0]
     for needed in ("sql/Makefile", "sql/dpsql.control", "sql/install/50_api.sql",
-                   "sql/versions/dpsql--0.1.0.sql", "cython_ext/core/sgd.c", "cython_ext/_core.pyx",
+                   "sql/upgrade/0.1.0--0.2.0.sql", "cython_ext/core/sgd.c", "cython_ext/_core.pyx",
                    "LICENSE", "CHANGELOG.md", "META.json", "setup.py"):  # fmt: skip
         assert f"{top}/{needed}" in names, needed
     assert not any(n.endswith((".o", ".so")) for n in names)
@@ -78,4 +78,9 @@ def test_the_wheel_installs_away_from_the_repo_and_installs_the_extension(
         capture_output=True, text=True, check=False, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert (purelib / "dpsql" / "_ext" / "sql" / "dpsql.so").is_file()
+    built = purelib / "dpsql" / "_ext" / "sql"
+    assert (built / "dpsql.so").is_file()
+    # the upgrade scripts too, from the prologues the wheel carries (no git history there)
+    current = extension.control_default_version()
+    for version in extension.released_versions():
+        assert (built / f"dpsql--{version}--{current}.sql").is_file(), version
