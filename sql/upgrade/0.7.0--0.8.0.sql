@@ -16,7 +16,7 @@ DROP FUNCTION IF EXISTS dpsql_internal._bolton_noise_target();
 
 -- Issue 26: the registry comes from each mechanism's spec (sql/mechanisms/*.toml), with its
 -- parameters and delta default; the parameter check reads them.
-ALTER TABLE dpsql.mechanism_catalog
+ALTER TABLE IF EXISTS dpsql.mechanism_catalog
     ADD COLUMN IF NOT EXISTS delta_default float8 NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}';
 DROP FUNCTION IF EXISTS dpsql_internal._refuse_unused_params(dpsql.mechanism_catalog, jsonb);
