@@ -68,7 +68,15 @@ _PARAMETER_KEYS = {
     "max",
     "choices",
     "default",
+    "rule",
     "keys",
+}
+# The server's default rules (sql/install/34_defaults.sql) a spec may name, by parameter.
+_RULES = {
+    "epochs": {"ten", "one", "epsilon", "epsilon_if_poisson"},
+    "clip_norm": {"gradient_bound"},
+    "step_size": {"half_inverse_smoothness", "bolton_noise_target"},
+    "radius": {"ten_without_lambda"},
 }
 # Every mechanism takes these; they are not listed in its spec.
 COMMON = ("epsilon", "delta", "noise_seed")
@@ -90,7 +98,8 @@ class Parameter:
     python_name: str = ""
     sql_default: Any = None
     who: str = "analyst"
-    default: str | None = None  # the rule the server applies when it is left NULL
+    default: str | None = None  # what the server fills in when it is left NULL, in words
+    rule: str | None = None  # the name of the server's rule that does (34_defaults.sql)
     min: float | None = None
     exclusive_min: float | None = None
     max: float | None = None
@@ -120,7 +129,7 @@ class Parameter:
     def server_json(self) -> dict[str, Any]:
         """What the server's registry keeps: the checks and the docs of ``dpsql.mechanisms()``."""
         out: dict[str, Any] = {"type": self.sql, "who": self.who, "doc": self.doc}
-        for key in ("sql_default", "default", "min", "exclusive_min", "max"):
+        for key in ("sql_default", "default", "rule", "min", "exclusive_min", "max"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -239,6 +248,8 @@ def load_specs(folder: Path | None = None) -> dict[str, Spec]:
             if bad:
                 problems.append(f"parameter {name}: unknown keys {sorted(bad)}")
                 continue
+            if "rule" in own and own["rule"] not in _RULES.get(name, ()):
+                problems.append(f"parameter {name}: no server rule {own['rule']!r}")
             merged = {**common[name], **own}
             for key in ("choices", "keys"):
                 merged[key] = tuple(merged.get(key, ()))

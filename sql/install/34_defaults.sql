@@ -77,6 +77,10 @@ DECLARE
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
     huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
     classes int := greatest(cardinality(ds.labels), 2);
+    -- each parameter's default rule is the mechanism's spec's (sql/mechanisms/<name>.toml)
+    rules jsonb := (SELECT jsonb_object_agg(p.key, p.value->'rule')
+                      FROM jsonb_each((dpsql_internal._mechanism(privacy)).parameters) p
+                     WHERE p.value ? 'rule');
     ovr boolean := canonical IN ('logistic', 'huber') AND classes > 2;  -- one-vs-rest bolt-on
     -- the model's dimension: one weight vector per class for multinomial, plus the intercept
     k int := (ds.dim + coalesce((params->>'intercept')::boolean, false)::int)
@@ -106,13 +110,15 @@ BEGIN
         -- at most 10; below epsilon = 1 the noise multiplier grows fast as epsilon shrinks,
         -- and its noise piles up in the last iterate faster than more passes add signal.
         -- The others: 10 passes, more steps for the same noise.
-        filled := filled || jsonb_build_object('epochs', CASE
-            WHEN privacy = 'scs13' THEN 1
-            WHEN privacy = 'dpsgd_f' OR (privacy = 'dpsgd' AND params->>'sampling' = 'poisson')
-                THEN least(10, greatest(1, ceil(10 * epsilon)))::int
+        filled := filled || jsonb_build_object('epochs', CASE rules->>'epochs'
+            WHEN 'one' THEN 1
+            WHEN 'epsilon' THEN least(10, greatest(1, ceil(10 * epsilon)))::int
+            WHEN 'epsilon_if_poisson' THEN CASE WHEN params->>'sampling' = 'poisson'
+                                                THEN least(10, greatest(1, ceil(10 * epsilon)))::int
+                                                ELSE 10 END
             ELSE 10 END);
     END IF;
-    IF privacy IN ('dpsgd', 'dpsgd_f') AND params->>'clip_norm' IS NULL THEN
+    IF rules->>'clip_norm' = 'gradient_bound' AND params->>'clip_norm' IS NULL THEN
         -- the loss's gradient bound L; least squares has none (_least_squares_clip)
         filled := filled || jsonb_build_object('clip_norm', CASE WHEN canonical = 'linear'
                                                                THEN dpsql_internal._least_squares_clip(ds)
@@ -157,7 +163,7 @@ BEGIN
         -- Constant step; SCS13 and BST14 keep their papers' 1/sqrt(t) schedules, lambda > 0
         -- the strongly convex decreasing one.
         step := dpsql_internal._default_step(canonical, huber_h, r);
-        IF privacy = 'bolton' THEN
+        IF rules->>'step_size' = 'bolton_noise_target' THEN
             -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
             -- / b); the step whose release has the target expected noise norm, at most 1/(2 beta).
             step := least(step, dpsql_internal._bolton_noise_target(CASE WHEN ovr THEN ds.dim ELSE k END)
@@ -170,11 +176,11 @@ BEGIN
                                                          epsilon / CASE WHEN ovr THEN classes ELSE 1 END,
                                                          delta / CASE WHEN ovr THEN classes ELSE 1 END));
         END IF;
-        IF privacy IN ('bolton', 'dpsgd', 'dpsgd_f') THEN
+        IF rules ? 'step_size' THEN
             filled := filled || jsonb_build_object('step_size', step);
         END IF;
     END IF;
-    IF privacy = 'bst14' AND lambda = 0 AND params->>'radius' IS NULL THEN
+    IF rules->>'radius' = 'ten_without_lambda' AND lambda = 0 AND params->>'radius' IS NULL THEN
         -- Algorithm 4's domain: with rows of norm <= 1 a model of norm 10 reaches logits of
         -- +-10 (probabilities within 5e-5 of 0 and 1); beyond it the loss is flat.
         filled := filled || jsonb_build_object('radius', 10);

@@ -171,10 +171,15 @@ END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
 -- dataset only, with the data owner's columns, labels and bounds. Analysts pass numbers and
--- names from fixed lists, never SQL. The budget is charged in the same transaction as the
--- release; a run that fails releases nothing and, being one transaction, charges nothing
--- (private runs have no data-dependent error: malformed rows become null records).
--- With tuning grids it is Algorithm 3 of the bolt-on paper (private tuning, spec 003 s. 9).
+-- names from fixed lists, never SQL. One straight pass (docs/architecture.md):
+--   resolve  auto's choice of a mechanism, from public quantities (37_auto.sql);
+--   validate every parameter the caller set against the mechanism's spec, the dataset, the
+--            grant and the registered columns, before any charge;
+--   default  what was left NULL, from public quantities: delta and the intercept (the spec),
+--            the SGD family's hyperparameters (34_defaults.sql);
+--   release  the mechanism's train function: plan, charge (durably, before any output), fit,
+--            finish; then the model records what was chosen for the caller.
+-- With tuning grids the bolt-on is Algorithm 3 (private tuning, spec 003 s. 9).
 -- Runs inside dpsql_internal._train_private (below), with its rights.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql
@@ -192,17 +197,14 @@ DECLARE
     mid bigint;
     canonical text;
     auto jsonb;
-    rows bigint;
+    filled jsonb := '{}';
     mech dpsql.mechanism_catalog;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
+    -- resolve
     IF privacy = 'auto' THEN
-        -- Resolve to a named mechanism from public quantities (37_auto.sql), run it, and say so
-        -- in the model's record. The grant is checked first: the choice reads the registration.
-        ds := dpsql_internal._dataset_for_source(source);
-        IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
-            PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
-        END IF;
+        -- The grant is checked first: the choice reads the registration.
+        ds := dpsql_internal._granted_dataset(source);
         auto := dpsql_internal._auto_choice(
             ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
                                                                       dpsql_internal._auto_delta(ds))));
@@ -210,12 +212,12 @@ BEGIN
             auto := jsonb_set(auto, '{params,delta}', to_jsonb(dpsql_internal._auto_delta(ds)));
             auto := jsonb_set(auto, '{record,delta_default}', auto->'params'->'delta');
         END IF;
-        mid := dpsql_internal._train_private(source, model, params || (auto->'params'));
-        UPDATE dpsql.model_store m
-           SET params = jsonb_set(m.params, '{privacy,auto}', auto->'record')
-         WHERE m.model_id = mid;
-        RETURN mid;
+        params := params || (auto->'params');
+        privacy := params->>'privacy';
+        delta := (params->>'delta')::float8;
     END IF;
+
+    -- validate
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
     canonical := dpsql_internal._erm_model(model);
     IF canonical IS NULL THEN
@@ -233,10 +235,7 @@ BEGIN
             hint => CASE WHEN canonical = 'linear'
                          THEN 'Least squares has no gradient bound: it needs a linear-regression mechanism.' END);
     END IF;
-    IF NOT params ? 'defaults' THEN
-        -- what the caller set (the defaults are filled in after): each must be the mechanism's
-        PERFORM dpsql_internal._check_params(mech, params);
-    END IF;
+    PERFORM dpsql_internal._check_params(mech, params);  -- what the caller (or auto) set
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
@@ -263,10 +262,8 @@ BEGIN
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
         PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs from 1 to 100000, at most 100 candidates');
     END IF;
-
-    ds := dpsql_internal._dataset_for_source(source);
-    IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
-        PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    IF auto IS NULL THEN
+        ds := dpsql_internal._granted_dataset(source);
     END IF;
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
@@ -282,29 +279,21 @@ BEGIN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
 
-    IF NOT params ? 'defaults' THEN
-        -- Fill in the hyperparameters left NULL from public quantities (34_defaults.sql), run,
-        -- and record what was chosen with the model, the intercept too (31_mechanisms.sql).
-        auto := '{}';
-        IF params->>'delta' IS NULL THEN
-            auto := jsonb_build_object('delta', mech.delta_default);  -- its spec's
-        END IF;
-        IF params->>'intercept' IS NULL THEN
-            auto := auto || jsonb_build_object('intercept', dpsql_internal._intercept_default(
+    -- default (recorded with the model: params->'privacy'->'defaults')
+    IF params->>'delta' IS NULL THEN
+        filled := jsonb_build_object('delta', mech.delta_default);  -- its spec's
+    END IF;
+    IF params->>'intercept' IS NULL THEN
+        filled := filled || jsonb_build_object('intercept', dpsql_internal._intercept_default(
                                                                 canonical, mech.intercept_default));
-        END IF;
-        params := params || auto;
-        IF mech.sgd_defaults THEN
-            rows := dpsql_internal._public_row_count(ds);
-            params := dpsql_internal._private_defaults(ds, model, privacy, params, rows);
-        END IF;
-        mid := dpsql_internal._train_private(source, model, params || '{"defaults": {}}');
-        auto := coalesce(params->'defaults', '{}') || auto;
-        IF auto <> '{}' THEN
-            UPDATE dpsql.model_store m SET params = jsonb_set(m.params, '{privacy,defaults}', auto)
-             WHERE m.model_id = mid;
-        END IF;
-        RETURN mid;
+    END IF;
+    params := params || filled;
+    delta := (params->>'delta')::float8;
+    IF mech.sgd_defaults THEN
+        params := dpsql_internal._private_defaults(ds, model, privacy, params,
+                                                   dpsql_internal._public_row_count(ds));
+        filled := (params->'defaults') || filled;
+        params := params - 'defaults';
     END IF;
     IF ds.label_bound IS NOT NULL AND canonical NOT IN ('linear', 'lasso') THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
@@ -314,10 +303,31 @@ BEGIN
         PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset: model => ''lasso'' '
                                             'needs a regression dataset (label_bound)', ds.name));
     END IF;
-    -- The mechanism's own train function: plan from public numbers, charge, fit, release.
+
+    -- release: the mechanism's own train function (plan from public numbers, charge, fit, finish)
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
        INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
+    IF filled <> '{}' OR auto IS NOT NULL THEN
+        UPDATE dpsql.model_store m
+           SET params = jsonb_set(m.params, '{privacy}',
+                                  (m.params->'privacy')
+                                  || jsonb_strip_nulls(jsonb_build_object(
+                                         'defaults', nullif(filled, '{}'), 'auto', auto->'record')))
+         WHERE m.model_id = mid;
+    END IF;
     RETURN mid;
+END $$;
+
+-- The registered dataset a private run names, granted to the caller (else refused).
+CREATE OR REPLACE FUNCTION dpsql_internal._granted_dataset(source text)
+RETURNS dpsql.datasets LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    ds dpsql.datasets := dpsql_internal._dataset_for_source(source);
+BEGIN
+    IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
+    END IF;
+    RETURN ds;
 END $$;
 
 -- The privacy entry point (dpsql.train's private path, also callable directly with any jsonb):

@@ -70,6 +70,10 @@ def _broken(tmp_path: Path, name: str, text: str) -> Path:
             (SPECS / "bolton.toml").read_text().replace('"gaussian", "permutation"', '"clip_norm"'),
             "python field clip_norm",
         ),
+        (
+            (SPECS / "bolton.toml").read_text().replace('rule = "ten"', 'rule = "eleven"'),
+            "no server rule 'eleven'",
+        ),
     ],
 )
 def test_a_broken_spec_names_its_file_and_fault(tmp_path: Path, text: str, reason: str) -> None:
