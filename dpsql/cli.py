@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -303,6 +303,35 @@ def _mechanism_names() -> list[str]:
     return ["none", "auto", *MECHANISMS]
 
 
+def _add_mechanism_flags(train: argparse.ArgumentParser) -> None:
+    """One flag per field of the mechanisms' classes, from their specs (dpsql._mechanisms):
+    ``--clip-norm 2``, ``--sampling poisson``, ``--options '{"radius": 5}'``. A flag the
+    chosen mechanism does not take is refused (_mechanism)."""
+    import json
+
+    from dpsql._mechanisms import FIELDS
+
+    types: dict[str, Callable[[str], Any]] = {
+        "float": float,
+        "int": int,
+        "str": str,
+        "dict[str, Any]": json.loads,
+    }
+    group = train.add_argument_group("mechanism parameters (sql/mechanisms/*.toml)")
+    for attribute, (kind, choices, doc) in FIELDS.items():
+        flag = "--" + attribute.replace("_", "-")
+        if flag in train._option_string_actions:  # a training keyword too (--step-size)
+            continue
+        group.add_argument(
+            flag,
+            dest=f"mechanism_{attribute}",
+            type=types[kind],
+            choices=choices or None,
+            metavar=None if choices else {"dict[str, Any]": "JSON"}.get(kind, kind.upper()),
+            help=doc,
+        )
+
+
 def _add_train_parser(commands: Any) -> None:
     train = commands.add_parser(
         "train",
@@ -367,6 +396,7 @@ def _add_train_parser(commands: Any) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the summary as JSON")
     train.add_argument("--dsn", help=_DSN_HELP)
+    _add_mechanism_flags(train)  # last: the training flags above keep their names
 
 
 def _add_plot_parser(commands: Any) -> None:
@@ -494,6 +524,16 @@ def _mechanism(args: argparse.Namespace) -> Any:
             params[key] = json.loads(text)
         except json.JSONDecodeError:
             params[key] = text
+    for name, value in vars(args).items():
+        attribute = name.removeprefix("mechanism_")
+        if attribute == name or value is None:
+            continue
+        if attribute not in fields:
+            raise ValueError(
+                f"dpsql: --{attribute.replace('_', '-')}: {args.privacy} does not take it "
+                "(docs/mechanisms.md lists what each mechanism takes)"
+            )
+        params[attribute] = value
     if args.epsilon is not None:
         params["epsilon"] = args.epsilon
     if args.delta is not None:

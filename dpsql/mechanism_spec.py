@@ -323,8 +323,25 @@ def _render_class(spec: Spec) -> str:
     )
 
 
+def _field_table(specs: dict[str, Spec]) -> str:
+    """The mechanisms' class fields for the CLI's flags: attribute -> (type, choices, help)."""
+    table: dict[str, tuple[str, tuple[str, ...], str]] = {}
+    takers: dict[str, list[str]] = {}
+    for spec in specs.values():
+        for name in spec.python_fields:
+            p = spec.parameters[name]
+            table[p.attribute] = (p.python_type, p.choices, p.doc)
+            takers.setdefault(p.attribute, []).append(spec.name)
+    rows = [
+        f"    {a!r}: ({t!r}, {c!r}, {(d + ' (' + ', '.join(takers[a]) + ')')!r}),"
+        for a, (t, c, d) in sorted(table.items())
+    ]
+    return "\n".join(rows)
+
+
 def render_python(specs: dict[str, Spec]) -> str:
     classes = "\n\n".join(_render_class(s) for s in specs.values())
+    field_table = _field_table(specs)
     names = ", ".join(f'"{s.python_class}"' for s in specs.values())
     registry = "\n".join(f"        {s.python_class}," for s in specs.values())
     return f'''"""The server's privacy mechanisms, for ``Database.train(privacy=...)``.
@@ -333,12 +350,13 @@ def render_python(specs: dict[str, Spec]) -> str:
 A field left ``None`` takes the server's default (docs/mechanisms.md, docs/defaults.md).
 """
 
+# ruff: noqa: E501 (generated: the specs' texts)
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-__all__ = [{names}, "MECHANISMS"]
+__all__ = [{names}, "FIELDS", "MECHANISMS"]
 
 
 @dataclass(frozen=True)
@@ -363,6 +381,12 @@ class _Mechanism:
 
 
 {classes}
+
+# Every field the classes take beyond epsilon, delta and noise_seed, for the CLI's flags
+# (``dpsql train --clip-norm ...``): attribute -> (Python type, choices, help and takers).
+FIELDS: dict[str, tuple[str, tuple[str, ...], str]] = {{
+{field_table}
+}}
 
 # The server's registry, as classes (``SELECT * FROM dpsql.mechanisms()``).
 MECHANISMS: dict[str, type[_Mechanism]] = {{

@@ -211,6 +211,20 @@ def test_train_private_charges_the_ledger(dataset, server_uri) -> None:
     assert (summary["privacy"], summary["epsilon"], summary["delta"]) == ("bolton", 0.5, 1e-6)
     assert summary["budget"]["epsilon_remaining"] == pytest.approx(998.5)
 
+    # The mechanism's own flags, from its spec: recorded as the Python class would send them.
+    args = f"train {name} --privacy dpsgd --epsilon 0.5 --delta 1e-6 --sampling poisson"
+    args += " --clip-norm 2 --epochs 1 --json"
+    summary = as_json(dpsql_cli(*args.split(), "--dsn", server_uri))
+    (privacy,) = db_privacy(server_uri, summary["model_id"])
+    assert (privacy["sampling"], privacy["clip_norm"]) == ("poisson", 2)
+
+
+def db_privacy(server_uri: str, model_id: int) -> tuple[dict]:
+    with psycopg.connect(server_uri) as conn:
+        return conn.execute(
+            "SELECT params->'privacy' FROM dpsql.model_store WHERE model_id = %s", (model_id,)
+        ).fetchone()
+
 
 def test_train_refusals_are_one_line(dataset, server_uri) -> None:
     name, _ = dataset
@@ -227,6 +241,9 @@ def test_train_refusals_are_one_line(dataset, server_uri) -> None:
     args = f"train {name} --privacy bolton --epsilon 1 --param clip=2"
     bad_param = dpsql_cli(*args.split(), dsn=server_uri)
     assert "gaussian" in assert_one_line_error(bad_param)  # it lists what bolton takes
+    args = f"train {name} --privacy bolton --epsilon 1 --clip-norm 2"
+    not_taken = assert_one_line_error(dpsql_cli(*args.split(), dsn=server_uri))
+    assert "--clip-norm: bolton does not take it" in not_taken
     # Usage errors (exit 2): a private run needs epsilon; a non-private one its columns.
     assert dpsql_cli("train", name, "--privacy", "bolton", "--dsn", server_uri).returncode == 2
     assert dpsql_cli("train", "--privacy", "none", "--source", "t").returncode == 2
