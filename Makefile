@@ -30,7 +30,7 @@ DPSQL := $(VENV)/bin/dpsql
 VENV_STAMP := $(VENV)/.dpsql-installed
 # What `pip install -e` compiles (the Cython bindings of the C core) or reads.
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard cython_ext/*.pyx cython_ext/*.pxd cython_ext/*.pxi \
-	cython_ext/core/*.c cython_ext/core/*.h)
+	core/*.c core/*.h)
 
 PG15_CONFIG := /usr/lib/postgresql/15/bin/pg_config
 # pg_config alone comes with postgresql-client-15; the server headers are the missing piece.
@@ -141,7 +141,7 @@ pg15: $(VENV_STAMP)
 
 clean:
 	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
-	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc cython_ext/core/*.o cython_ext/core/*.bc
+	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc core/*.o core/*.bc
 	rm -f cython_ext/_core.c dpsql/_core*.so $(VENV_STAMP)
 
 distclean: clean

@@ -1,5 +1,5 @@
 /*
- * adassp_fmgr.c - AdaSSP (cython_ext/core/adassp.h) in SQL: the gram aggregate
+ * adassp_fmgr.c - AdaSSP (core/adassp.h) in SQL: the gram aggregate
  * dpsql.adassp_gram(x, y, x_bound, y_bound, intercept, dim), the release
  * dpsql_internal._adassp_release(gram, ...) and dpsql.adassp_sensitivities(x_bound, y_bound).
  *

@@ -1,4 +1,4 @@
-"""DP-FTRL's C core (cython_ext/core/ftrl.h, spec 004 cards A4 and A5): the streaming tree's
+"""DP-FTRL's C core (core/ftrl.h, spec 004 cards A4 and A5): the streaming tree's
 exact prefix sums and node count, the depth m, the node noise (variance popcount(t) sigma^2,
 fails at 10% mis-scale or missing noise), the calibration against dp-accounting, the clipped
 leaf sums on adversarial neighbours and the noiseless run against a numpy reference."""

@@ -1,4 +1,4 @@
-"""AdaSSP's C core (cython_ext/core/adassp.h, linalg.h) through dpsql._core and the server:
+"""AdaSSP's C core (core/adassp.h, linalg.h) through dpsql._core and the server:
 symmetric eigenvalues and the LU solve against numpy, the gram aggregate (SQL == Cython ==
 numpy on clipped rows, malformed records as zero records, parallel partial sums), the
 replace-one sensitivities on adversarial neighbours, the law of the release's noise, the

@@ -1,5 +1,5 @@
 """privacy => 'exponential_mechanism' (sql/install/48_exponential_mechanism.sql; C core
-cython_ext/core/exp_mech_erm.h): exact output distributions on neighbouring datasets (spec
+core/exp_mech_erm.h): exact output distributions on neighbouring datasets (spec
 5.1.10), the sampler against them, the expected-excess bound, the server release against the C
 core, and refusals that charge nothing."""
 

@@ -328,7 +328,7 @@ def test_bad_train_arguments_are_dpsql_errors(conn, owned, mechanism, args) -> N
 def test_a_huge_step_size_releases_a_finite_model(conn, owned, mechanism) -> None:
     """A public step size that overflows the weights (1e308; DPSGD-F's eta_0 / tau^2 over a
     noisy tau) used to fail with "the model diverged" after the charge; a private run's weights
-    stay in a public box instead (cython_ext/core/sgd.c, guard_weights) and the step is capped:
+    stay in a public box instead (core/sgd.c, guard_weights) and the step is capped:
     a model is released, and it is finite."""
     *_, name, analyst, connect_analyst = owned
     with connect_analyst() as a:
