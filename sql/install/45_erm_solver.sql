@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------
--- The exact-minimiser toolbox shared by objective perturbation (45_objective_perturbation.sql)
+-- The exact-minimiser toolbox shared by objective perturbation (50_objective_perturbation.sql)
 -- and output perturbation (49_output_perturbation.sql), spec 004 cards A2 and A10. C core:
 -- core/objective.h (the GLM losses, the Newton direction and every calibration);
 -- glue: sql/src/objective_fmgr.c.

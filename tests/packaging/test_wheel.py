@@ -36,7 +36,7 @@ def test_sdist_carries_the_sources(dists: Path) -> None:
         ["tar", "tzf", str(sdist)], capture_output=True, text=True, check=True
     ).stdout.split()
     top = names[0].split("/")[0]
-    for needed in ("sql/Makefile", "sql/dpsql.control", "sql/install/50_api.sql",
+    for needed in ("sql/Makefile", "sql/dpsql.control", "sql/install/54_api.sql",
                    "sql/upgrade/0.1.0--0.2.0.sql", "core/sgd.c", "cython_ext/_core.pyx",
                    "LICENSE", "CHANGELOG.md", "META.json", "setup.py"):  # fmt: skip
         assert f"{top}/{needed}" in names, needed
