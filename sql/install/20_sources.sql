@@ -2,12 +2,6 @@
 -- Preparing sources
 ------------------------------------------------------------------------------------------
 
--- ERROR "dpsql: message" with SQLSTATE code and the hint when not empty; no CONTEXT (the
--- caller's frames only repeat the call: sql/src/errors_fmgr.c).
-CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
-RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_fail_sql'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE;
-
 -- The relation a source names, or NULL (a query, or no such relation): a query is no valid
 -- name, so to_regclass refuses it.
 CREATE OR REPLACE FUNCTION dpsql_internal._source_regclass(source text)
