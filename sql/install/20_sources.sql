@@ -104,8 +104,7 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._bad_label(value text, labels text)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
-    RAISE EXCEPTION 'dpsql: label % is not in the declared label set %', value, labels
-        USING ERRCODE = 'invalid_parameter_value';
+    RETURN dpsql_internal._fail(format('label %s is not in the declared label set %s', value, labels));
 END $$;
 
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
