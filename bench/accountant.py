@@ -129,7 +129,7 @@ def _concurrent_releases(
     return peak, wall, len(failures)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 29000-step case")
     parser.add_argument("--concurrent", type=int, default=16)

@@ -328,7 +328,7 @@ def regression(
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help=f"eps in {QUICK_EPS}, 1 seed")

@@ -532,7 +532,7 @@ def expected_noise_norm(d: int, scale: float, gaussian: bool) -> float:
     return scale * math.sqrt(d) if gaussian else scale * d
 
 
-def report(
+def report(  # noqa: C901
     data: BenchData,
     res: Results,
     eps_grid: Sequence[float],
@@ -633,7 +633,7 @@ def report(
     return lines
 
 
-def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:
+def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:  # noqa: C901
     import matplotlib
 
     matplotlib.use("Agg")

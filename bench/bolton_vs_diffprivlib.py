@@ -102,7 +102,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def run_dataset(
+def run_dataset(  # noqa: C901, PLR0915
     db: dpsql.Database,
     data: BenchData,
     seeds: Sequence[int],
