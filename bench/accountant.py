@@ -218,10 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             f" {peak}, wall {wall:.2f} s (accountant only)"
         )
         conn.close()
-        warm = [r[3] for r in rows]
+        warm_calls = [r[3] for r in rows]
         print(
             "\nwarm server, first call at a new configuration:"
-            f" median {statistics.median(warm):.2f} s, max {max(warm):.2f} s"
+            f" median {statistics.median(warm_calls):.2f} s, max {max(warm_calls):.2f} s"
         )
     return 0
 

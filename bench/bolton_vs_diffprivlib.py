@@ -28,6 +28,7 @@ scikit-learn < 1.8. The script says so and exits when it cannot import it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -137,7 +138,7 @@ def run_dataset(  # noqa: C901, PLR0915
     models = ["logistic", "multinomial"] if data.multiclass else ["logistic"]
     for model in models:
         for variant, name in (("convex", "convex SGD"), ("sc", "SC SGD")):
-            t, mid = _timed(lambda m=model, v=variant: train_noiseless(db, data, m, v, seeds[0]))
+            t, mid = _timed(functools.partial(train_noiseless, db, data, model, variant, seeds[0]))
             r = evaluate(db, data, mid)
             suffix = " one-vs-all" if model == "logistic" and data.multiclass else ""
             if model == "multinomial":
@@ -158,9 +159,7 @@ def run_dataset(  # noqa: C901, PLR0915
         t_seed = time.perf_counter()
         for eps in eps_grid:
             for label, model, test in _methods(data):
-                t, mid = _timed(
-                    lambda m=model, t=test, e=eps, s=seed: train_bolton(db, data, m, t, e, s)
-                )
+                t, mid = _timed(functools.partial(train_bolton, db, data, model, test, eps, seed))
                 r = evaluate(db, data, mid)
                 acc[(label, eps)].append(r.accuracy)
                 bal[(label, eps)].append(r.balanced)

@@ -6,6 +6,7 @@ owners pre-create (10), and raw PostgreSQL errors from bad dpsql.train input (11
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -271,7 +272,7 @@ def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
 RAW = {"XX000", "22P02", "42846", "22003", "42883", "55000", "57014", "2202E", "22012"}
 
 # (mechanism, dpsql.train arguments): each once a raw PostgreSQL error or a timeout
-BAD_TRAIN = [
+BAD_TRAIN: list[tuple[str, dict[str, Any]]] = [
     ("bolton", {"model": None}),
     ("dpsgd", {"model": None}),
     ("bolton", {"epochs": 2147483647}),
