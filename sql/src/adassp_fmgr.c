@@ -102,7 +102,6 @@ dpsql_adassp_gram_transition(PG_FUNCTION_ARGS)
 
 		state = PG_GETARG_ARRAYTYPE_P(0);
 		/* An INITCOND state is checked like any other (see dpsql_state_is_known). */
-		d = (double *) ARR_DATA_PTR(state);
 		if (!dpsql_state_is_known(fcinfo, state))
 		{
 			d = dpsql_float8_array(state, &n, "AdaSSP gram state");
