@@ -59,7 +59,6 @@ RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
     epsilon float8 := (params->>'epsilon')::float8;
-    n bigint;
     chosen jsonb;
     rule text;
 BEGIN
