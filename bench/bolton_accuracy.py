@@ -532,7 +532,7 @@ def expected_noise_norm(d: int, scale: float, gaussian: bool) -> float:
     return scale * math.sqrt(d) if gaussian else scale * d
 
 
-def report(
+def report(  # noqa: C901
     data: BenchData,
     res: Results,
     eps_grid: Sequence[float],
@@ -564,7 +564,7 @@ def report(
     )
     for model in models_for(data):
         for variant in NOISELESS:
-            key = (model, "noiseless", variant, None)
+            key: tuple = (model, "noiseless", variant, None)
             lines.append(
                 f"{NOISELESS_TITLES[variant]:<46} {model:<12} {ms(res.acc[key]):>17} "
                 f"{ms(res.bal[key]):>17}  "
@@ -633,7 +633,7 @@ def report(
     return lines
 
 
-def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:
+def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:  # noqa: C901
     import matplotlib
 
     matplotlib.use("Agg")
@@ -671,7 +671,7 @@ def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -
         )
 
     def hline(
-        ax: Any, key: tuple, label: str, color: str, style: str, balanced: bool = False
+        ax: Any, key: tuple, label: str, color: str, style: Any, balanced: bool = False
     ) -> None:
         store = res.bal if balanced else res.acc
         ax.axhline(

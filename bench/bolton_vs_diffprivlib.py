@@ -28,6 +28,7 @@ scikit-learn < 1.8. The script says so and exits when it cannot import it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -102,7 +103,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def run_dataset(
+def run_dataset(  # noqa: C901, PLR0915
     db: dpsql.Database,
     data: BenchData,
     seeds: Sequence[int],
@@ -137,7 +138,7 @@ def run_dataset(
     models = ["logistic", "multinomial"] if data.multiclass else ["logistic"]
     for model in models:
         for variant, name in (("convex", "convex SGD"), ("sc", "SC SGD")):
-            t, mid = _timed(lambda m=model, v=variant: train_noiseless(db, data, m, v, seeds[0]))
+            t, mid = _timed(functools.partial(train_noiseless, db, data, model, variant, seeds[0]))
             r = evaluate(db, data, mid)
             suffix = " one-vs-all" if model == "logistic" and data.multiclass else ""
             if model == "multinomial":
@@ -158,9 +159,7 @@ def run_dataset(
         t_seed = time.perf_counter()
         for eps in eps_grid:
             for label, model, test in _methods(data):
-                t, mid = _timed(
-                    lambda m=model, t=test, e=eps, s=seed: train_bolton(db, data, m, t, e, s)
-                )
+                t, mid = _timed(functools.partial(train_bolton, db, data, model, test, eps, seed))
                 r = evaluate(db, data, mid)
                 acc[(label, eps)].append(r.accuracy)
                 bal[(label, eps)].append(r.balanced)

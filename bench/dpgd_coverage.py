@@ -90,7 +90,7 @@ def _heavy_tails(n: int = 4000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
     return X, np.clip(y, -100, 100)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0])

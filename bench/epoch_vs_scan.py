@@ -99,7 +99,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def _query(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     # prepare=False: an unnamed statement planned at every call, so that a plan cached under one
     # max_parallel_workers_per_gather is never reused under another.
-    row = conn.execute(query, params, prepare=False).fetchone()  # type: ignore[arg-type]
+    row = conn.execute(query, params, prepare=False).fetchone()
     assert row is not None
     return row[0]
 
@@ -113,7 +113,7 @@ def _fmt_s(seconds: float) -> str:
 
 
 def _explain(conn: psycopg.Connection, explain: str) -> str:
-    rows = conn.execute(explain, prepare=False).fetchall()  # type: ignore[arg-type]
+    rows = conn.execute(explain, prepare=False).fetchall()
     return "\n".join(r[0] for r in rows)
 
 

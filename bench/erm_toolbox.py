@@ -99,7 +99,7 @@ def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, .
         "| method | " + " | ".join(f"eps {e:g}" for e in eps_grid) + " |",
         "|---" * (len(eps_grid) + 1) + "|",
     ]
-    methods = {
+    methods: dict[str, dict[str, Any]] = {
         "Frank-Wolfe LASSO (l1_radius 2)": {
             "privacy": "frank_wolfe",
             "model": "lasso",
@@ -277,9 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(["", *rows]), flush=True)
             with contextlib.suppress(FileNotFoundError):
                 if "cal_housing" in sections:
-                    dsets.load_cal_housing()
+                    X, y, note, lower = ad._cal_housing()
                     regressors = _only({**NEW_REGRESSORS, **BASE_REGRESSORS}, args.only)
-                    rows = ad.regression(db, seeds, eps_grid, regressors)
+                    rows = ad.regression(
+                        db, "cal_housing", X, y, note, lower, seeds, eps_grid, regressors
+                    )
                     print("\n".join(["", *rows]), flush=True)
             if "lasso" in sections:
                 print("\n".join(["", *lasso_support(db, seeds, eps_grid)]), flush=True)
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             if datasets and "runtime" in sections:
                 print("\n".join(["", *runtime(db, datasets[0])]), flush=True)
     if ad.PANELS and sections == set(SECTIONS) and args.only is None:
-        ad._plot(args.plot, eps_grid, accuracy_floor=0.5)
+        ad._plot(args.plot, eps_grid)
         print(f"# plot: {args.plot}")
     for note in skipped:
         print(f"# {note}")

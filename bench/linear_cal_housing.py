@@ -123,7 +123,7 @@ def _diffprivlib() -> tuple[Any, str] | str:
     return LinearRegression, diffprivlib.__version__
 
 
-def run(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> list[str]:
+def run(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> list[str]:  # noqa: C901, PLR0915
     conn = db.conn
     X_tr, X_te, y_tr, y_te = _data()
     n, d = X_tr.shape

@@ -370,7 +370,7 @@ def errors(
         if key == "ols":
             out.append(float(np.linalg.norm(pt.theta_hat - ref)))
             continue
-        fit = pt.fits.get((key, eps))  # type: ignore[arg-type]
+        fit = pt.fits.get((key, eps))
         if fit is None:
             continue
         if fit.coef is None:

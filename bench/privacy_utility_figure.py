@@ -72,7 +72,7 @@ def main() -> None:
         fig.savefig(args.out, dpi=100)
         for line in axes.get_lines():
             if line.get_label() != "majority class":
-                ys = ", ".join(f"{v:.3f}" for v in line.get_ydata())
+                ys = ", ".join(f"{v:.3f}" for v in np.asarray(line.get_ydata(), float))
                 print(f"{line.get_label():>24}: {ys}")
         print(f"majority class: {majority:.3f}; epsilons {EPSILONS}; figure {args.out}")
         db.execute(f"DROP SCHEMA {SCHEMA} CASCADE")

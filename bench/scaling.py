@@ -34,7 +34,7 @@ START = 1_000_000
 NAMES = ("scan", "epoch b=1", "DP-SGD shuffle b=50", "Poisson b=50", "Poisson later")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rows", type=int, default=32_000_000)
     parser.add_argument("--repeats", type=int, default=3)

@@ -280,7 +280,7 @@ def accountant_answers(db: dpsql.Database) -> int:
     return int(db.execute("SELECT count(*) FROM dpsql.accountant_answers").fetchone()[0])
 
 
-def run_dataset(
+def run_dataset(  # noqa: C901
     db: dpsql.Database,
     data: BenchData,
     seeds: Sequence[int],
@@ -366,7 +366,7 @@ def _fmt(v: Any, spec: str = ".3g") -> str:
     return "-" if v is None else format(float(v), spec)
 
 
-def report(
+def report(  # noqa: C901, PLR0915
     data: BenchData,
     res: Results,
     eps_grid: Sequence[float],
@@ -524,7 +524,7 @@ COLORS = {
 }
 
 
-def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:
+def plot(data: BenchData, res: Results, eps_grid: Sequence[float], path: Path) -> None:  # noqa: C901
     import matplotlib
 
     matplotlib.use("Agg")

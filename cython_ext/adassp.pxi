@@ -1,6 +1,6 @@
 # adassp bindings: included from _core.pyx.
-# AdaSSP (Wang 2018; cython_ext/core/adassp.h) and the small dense linear algebra it uses
-# (cython_ext/core/linalg.h), on numpy float64 arrays.
+# AdaSSP (Wang 2018; core/adassp.h) and the small dense linear algebra it uses
+# (core/linalg.h), on numpy float64 arrays.
 
 cdef extern from "linalg.h":
     int DPSQL_LINALG_MAX_DIM

@@ -1,5 +1,5 @@
 # ambssgd bindings: included from _core.pyx. DP-AMBSSGD / DP-SSGD as one pass over the rows
-# (cython_ext/core/ambssgd.h); the PostgreSQL aggregate dpsql.ambssgd_pass runs the same C.
+# (core/ambssgd.h); the PostgreSQL aggregate dpsql.ambssgd_pass runs the same C.
 
 cdef extern from "ambssgd.h":
     int DPSQL_AMBSSGD_HEADER_LEN

@@ -1,5 +1,5 @@
 # exp_mech_erm bindings: included from _core.pyx.
-# Exponential-mechanism ERM on a public grid (cython_ext/core/exp_mech_erm.h).
+# Exponential-mechanism ERM on a public grid (core/exp_mech_erm.h).
 
 cdef extern from "exp_mech_erm.h":
     int DPSQL_EM_MAX_DIM

@@ -1,5 +1,5 @@
 # frank_wolfe bindings: included from _core.pyx.
-# Private Frank-Wolfe over the L1 ball (cython_ext/core/frank_wolfe.h), on numpy arrays.
+# Private Frank-Wolfe over the L1 ball (core/frank_wolfe.h), on numpy arrays.
 
 cdef extern from "frank_wolfe.h":
     int DPSQL_FW_MAX_DIM

@@ -954,7 +954,7 @@ _MODULE_OPS = {
 }
 
 
-def _run(request: Any) -> dict[str, Any]:
+def _run(request: Any) -> dict[str, Any]:  # noqa: C901
     if not isinstance(request, dict):
         raise ValueError("the request must be a JSON object")
     if request.get("op") in _MODULE_OPS:

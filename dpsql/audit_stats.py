@@ -146,10 +146,10 @@ DISTINGUISH_THRESHOLDS = 5
 
 
 def distinguish_bound(
-    calibration0: Sequence[float],
-    calibration1: Sequence[float],
-    evaluation0: Sequence[float],
-    evaluation1: Sequence[float],
+    calibration0: Sequence[float] | np.ndarray,
+    calibration1: Sequence[float] | np.ndarray,
+    evaluation0: Sequence[float] | np.ndarray,
+    evaluation1: Sequence[float] | np.ndarray,
     delta: float,
     confidence: float,
     test: str = "dp",
@@ -260,7 +260,10 @@ def one_run_lower_bound(
 
 
 def one_run_bound(
-    scores: Sequence[float], included: Sequence[bool], delta: float, confidence: float
+    scores: Sequence[float] | np.ndarray,
+    included: Sequence[bool] | np.ndarray,
+    delta: float,
+    confidence: float,
 ) -> dict[str, Any]:
     """Guess "in" for the k highest scores and "out" for the k lowest, k over the fixed grid
     (Bonferroni), and bound eps from the best k."""

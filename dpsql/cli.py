@@ -663,7 +663,7 @@ def _demo_command(argv: list[str]) -> int:
     return int(result or 0)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     """Run the ``dpsql`` command.
 
     Parameters

@@ -33,7 +33,7 @@ def _value(db: dpsql.Database, query: str, params: Sequence[Any] | None = None) 
     return row[0]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(prog="dpsql demo", description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="server to use (default: DPSQL_DSN or the embedded server)")
     parser.add_argument("--epochs", type=int, default=10)

@@ -1,7 +1,7 @@
 """Exceptions of dpsql's Python API: one class per SQLSTATE that dpsql's server code raises.
 
 The server reports every refusal with a ``dpsql:`` message, a SQLSTATE and often a hint
-(``dpsql_internal._fail`` in sql/install/20_sources.sql; 22023 unless a call names another
+(``dpsql_internal._fail`` in sql/install/05_errors.sql; 22023 unless a call names another
 code). The Python API (:class:`dpsql.Database`, :class:`dpsql.Model`) turns the psycopg
 exception of each SQLSTATE below into the class of that SQLSTATE, at one place:
 :func:`translate`, a decorator on the API's methods. Other SQLSTATEs (a lost connection, a

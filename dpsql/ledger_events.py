@@ -212,7 +212,7 @@ class _Leaves:
         self.poisson: Counter[tuple[float, float]] = Counter()  # (q, z) -> count, 0 < q < 1
         self.epsilon_delta: Counter[tuple[float, float]] = Counter()
 
-    def add(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
+    def add(self, event: dp_accounting.DpEvent, count: int = 1) -> None:  # noqa: C901
         if isinstance(event, dp_accounting.NoOpDpEvent):
             return
         if isinstance(event, dp_accounting.SelfComposedDpEvent):

@@ -12,7 +12,7 @@ CREATE SCHEMA IF NOT EXISTS dpsql_owner_work;
 CREATE SCHEMA IF NOT EXISTS dpsql_internal;
 
 ------------------------------------------------------------------------------------------
--- C functions (sql/src, cython_ext/core)
+-- C functions (sql/src, core/)
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql_internal._sgd_transition(state float8[], x float8[], y float8, init float8[])
@@ -86,7 +86,7 @@ RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_apply_bounds'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
 -- A row as a model with preprocessing sees it: bounds, row transform, minus the centre
--- (cython_ext/core/prediction.h; Python's Model.predict uses it too).
+-- (core/prediction.h; Python's Model.predict uses it too).
 CREATE OR REPLACE FUNCTION dpsql_internal._preprocess(x float8[], bounds float8[], row_flags int, centre float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_preprocess_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
@@ -96,7 +96,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._flag(name text)
 RETURNS int AS 'MODULE_PATHNAME', 'dpsql_row_flag'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
--- The binary decision rule (cython_ext/core/prediction.h; Python's Model.predict uses it too).
+-- The binary decision rule (core/prediction.h; Python's Model.predict uses it too).
 CREATE OR REPLACE FUNCTION dpsql_internal._is_positive(loss int, raw float8)
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_is_positive_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;

@@ -2,12 +2,6 @@
 -- Preparing sources
 ------------------------------------------------------------------------------------------
 
--- ERROR "dpsql: message" with SQLSTATE code and the hint when not empty; no CONTEXT (the
--- caller's frames only repeat the call: sql/src/errors_fmgr.c).
-CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
-RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_fail_sql'
-LANGUAGE C CALLED ON NULL INPUT VOLATILE;
-
 -- The relation a source names, or NULL (a query, or no such relation): a query is no valid
 -- name, so to_regclass refuses it.
 CREATE OR REPLACE FUNCTION dpsql_internal._source_regclass(source text)
@@ -110,8 +104,7 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._bad_label(value text, labels text)
 RETURNS float8 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
-    RAISE EXCEPTION 'dpsql: label % is not in the declared label set %', value, labels
-        USING ERRCODE = 'invalid_parameter_value';
+    RETURN dpsql_internal._fail(format('label %s is not in the declared label set %s', value, labels));
 END $$;
 
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is

@@ -67,10 +67,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT dpsql_internal._is_admin() THEN
-        RAISE EXCEPTION 'dpsql: only a data owner (member of dpsql_admin) or a superuser can %',
-                        action
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = format('Role %s is not a member of dpsql_admin.', session_user);
+        PERFORM dpsql_internal._fail(
+            format('only a data owner (member of dpsql_admin) or a superuser can %s', action),
+            '42501',
+            hint => format('Role %s is not a member of dpsql_admin.', session_user));
     END IF;
 END $$;
 
@@ -186,26 +186,25 @@ BEGIN
       JOIN pg_roles o ON o.oid = c.relowner
      WHERE c.oid = relid;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'dpsql: the relation of % no longer exists', what
-            USING ERRCODE = 'undefined_table';
+        PERFORM dpsql_internal._fail(format('the relation of %s no longer exists', what), '42P01');
     END IF;
     IF kind NOT IN ('r', 'p', 'm', 'v', 'f') THEN
-        RAISE EXCEPTION 'dpsql: % is not a table or view', what USING ERRCODE = 'wrong_object_type';
+        PERFORM dpsql_internal._fail(format('%s is not a table or view', what), '42809');
     END IF;
     IF persistence = 't' THEN
-        RAISE EXCEPTION 'dpsql: % is a temporary table', what USING ERRCODE = 'wrong_object_type';
+        PERFORM dpsql_internal._fail(format('%s is a temporary table', what), '42809');
     END IF;
     IF nspname IN ('dpsql', 'dpsql_internal', 'dpsql_work', 'dpsql_owner_work', 'pg_catalog',
                    'information_schema') THEN
-        RAISE EXCEPTION 'dpsql: % is a system relation, not a dataset', what
-            USING ERRCODE = 'wrong_object_type';
+        PERFORM dpsql_internal._fail(
+            format('%s is a system relation, not a dataset', what), '42809');
     END IF;
     IF kind IN ('v', 'f') AND NOT owner_is_superuser THEN
-        RAISE EXCEPTION 'dpsql: % is a % owned by a non-superuser', what,
-                        CASE kind WHEN 'v' THEN 'view' ELSE 'foreign table' END
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Private training reads datasets with the extension owner''s rights: '
-                         'register a table or materialized view, or have a superuser own the view.';
+        PERFORM dpsql_internal._fail(
+            format('%s is a %s owned by a non-superuser',
+                   what, CASE kind WHEN 'v' THEN 'view' ELSE 'foreign table' END), '42501',
+            hint => 'Private training reads datasets with the extension owner''s rights: '
+                    'register a table or materialized view, or have a superuser own the view.');
     END IF;
 END $$;
 
@@ -223,19 +222,17 @@ DECLARE
 BEGIN
     IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
        OR array_position(features, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'dpsql: features must be a non-empty list of column names'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail('features must be a non-empty list of column names');
     END IF;
     IF (SELECT count(DISTINCT f) FROM unnest(features) f) <> cardinality(features) THEN
-        RAISE EXCEPTION 'dpsql: features must be distinct, got %', features
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(format('features must be distinct, got %s', features));
     END IF;
     IF label IS NULL THEN
-        RAISE EXCEPTION 'dpsql: label must name a column' USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail('label must name a column');
     END IF;
     IF label = ANY (features) THEN
-        RAISE EXCEPTION 'dpsql: the label column % is also a feature', quote_ident(label)
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('the label column %s is also a feature', quote_ident(label)));
     END IF;
     FOREACH col IN ARRAY features || label LOOP
         SELECT a.attnum, dpsql_internal._numeric_kind(a.atttypid) AS kind,
@@ -243,24 +240,25 @@ BEGIN
           INTO att FROM pg_attribute a
          WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'dpsql: column % does not exist in %', quote_ident(col), what
-                USING ERRCODE = 'undefined_column';
+            PERFORM dpsql_internal._fail(
+                format('column %s does not exist in %s', quote_ident(col), what), '42703');
         END IF;
         IF NOT has_column_privilege(session_user, relid, att.attnum, 'SELECT') THEN
-            RAISE EXCEPTION 'dpsql: role % cannot read column % of %', session_user,
-                            quote_ident(col), what
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = 'A data owner registers only data they can read themselves.';
+            PERFORM dpsql_internal._fail(
+                format('role %s cannot read column %s of %s', session_user, quote_ident(col), what),
+                '42501',
+                hint => 'A data owner registers only data they can read themselves.');
         END IF;
         kinds := kinds || att.kind;
         IF col = label AND att.kind IS DISTINCT FROM 'scalar' THEN
-            RAISE EXCEPTION 'dpsql: label column % has type %, not a number', quote_ident(col), att.type
-                USING ERRCODE = 'datatype_mismatch';
+            PERFORM dpsql_internal._fail(
+                format('label column %s has type %s, not a number', quote_ident(col), att.type),
+                '42804');
         ELSIF col <> label AND (att.kind IS NULL
                                 OR (att.kind = 'array' AND cardinality(features) > 1)) THEN
-            RAISE EXCEPTION 'dpsql: feature column % has type %: give numeric columns or one '
-                            'numeric array column', quote_ident(col), att.type
-                USING ERRCODE = 'datatype_mismatch';
+            PERFORM dpsql_internal._fail(
+                format('feature column %s has type %s: give numeric columns or one '
+                       'numeric array column', quote_ident(col), att.type), '42804');
         END IF;
     END LOOP;
     -- The public dimension: the columns, or the array column's declared length (the bounds'
@@ -268,10 +266,10 @@ BEGIN
     d := CASE WHEN kinds[1] = 'array' THEN coalesce(array_length(feature_bounds, 1), dim)
               ELSE cardinality(features) END;
     IF d IS NULL OR d < 1 OR d > 100000 OR (dim IS NOT NULL AND dim <> d) THEN
-        RAISE EXCEPTION 'dpsql: the dataset''s dimension must be declared: % features, dim => %',
-                        coalesce(d::text, 'unknown'), coalesce(dim::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.';
+        PERFORM dpsql_internal._fail(
+            format('the dataset''s dimension must be declared: %s features, dim => %s',
+                   coalesce(d::text, 'unknown'), coalesce(dim::text, 'NULL')),
+            hint => 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.');
     END IF;
     RETURN d;
 END $$;
@@ -287,9 +285,9 @@ BEGIN
         IF array_ndims(feature_bounds) IS DISTINCT FROM 2
            OR array_length(feature_bounds, 2) <> 2
            OR (d IS NOT NULL AND array_length(feature_bounds, 1) <> d) THEN
-            RAISE EXCEPTION 'dpsql: feature_bounds must be a % x 2 array of (lo, hi), got %',
-                            coalesce(d::text, 'd'), feature_bounds
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM dpsql_internal._fail(
+                format('feature_bounds must be a %s x 2 array of (lo, hi), got %s',
+                       coalesce(d::text, 'd'), feature_bounds));
         END IF;
         lo2 := array_lower(feature_bounds, 2);
         SELECT array_agg(ARRAY[feature_bounds[i][lo2], feature_bounds[i][lo2 + 1]] ORDER BY i)
@@ -298,9 +296,9 @@ BEGIN
                     WHERE NOT (bounds[i][1] > '-Infinity' AND bounds[i][2] < 'Infinity'
                                AND bounds[i][1] < bounds[i][2])
                        OR bounds[i][1] IS NULL OR bounds[i][2] IS NULL) THEN
-            RAISE EXCEPTION 'dpsql: feature_bounds must be finite with lo < hi in every row, got %',
-                            feature_bounds
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM dpsql_internal._fail(
+                format('feature_bounds must be finite with lo < hi in every row, got %s',
+                       feature_bounds));
         END IF;
     END IF;
     RETURN bounds;
@@ -319,59 +317,59 @@ BEGIN
     is_regression := coalesce(regression,
                               label_bound IS NOT NULL OR coalesce(estimate ? 'label_bound', false));
     IF NOT is_regression AND (label_bound IS NOT NULL OR estimate ? 'label_bound') THEN
-        RAISE EXCEPTION 'dpsql: a label bound is for regression datasets, and regression => false'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            'a label bound is for regression datasets, and regression => false');
     END IF;
     IF label_bound IS NOT NULL AND estimate ? 'label_bound' THEN
-        RAISE EXCEPTION 'dpsql: give label_bound or estimate it (estimate => {"label_bound": ...}), not both'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            'give label_bound or estimate it (estimate => {"label_bound": ...}), not both');
     END IF;
     IF feature_bounds IS NOT NULL AND estimate ? 'feature_bounds' THEN
-        RAISE EXCEPTION 'dpsql: give feature_bounds or estimate them (estimate => {"feature_bounds": ...}), not both'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            'give feature_bounds or estimate them (estimate => {"feature_bounds": ...}), not both');
     END IF;
     IF is_regression THEN
         IF label_bound IS NOT NULL AND NOT (label_bound > 0 AND label_bound < 'Infinity') THEN
-            RAISE EXCEPTION 'dpsql: label_bound must be a finite number > 0, got %', label_bound
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM dpsql_internal._fail(
+                format('label_bound must be a finite number > 0, got %s', label_bound));
         END IF;
         IF labels IS NOT NULL THEN
-            RAISE EXCEPTION 'dpsql: give labels (classification) or a label bound (regression), not both'
-                USING ERRCODE = 'invalid_parameter_value';
+            PERFORM dpsql_internal._fail(
+                'give labels (classification) or a label bound (regression), not both');
         END IF;
     ELSE
         labels := coalesce(labels, '{-1,1}');
     END IF;
     IF row_bound IS NOT NULL AND (NOT is_regression OR NOT (row_bound > 0 AND row_bound < 'Infinity')) THEN
-        RAISE EXCEPTION 'dpsql: row_bound (a public bound on ||x||) is for regression datasets and must be a finite number > 0, got %',
-                        row_bound
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('row_bound (a public bound on ||x||) is for regression datasets and must be a finite number > 0, got %s',
+                   row_bound));
     END IF;
 
     -- The public label set.
     IF NOT is_regression AND (labels IS NULL OR array_ndims(labels) <> 1 OR cardinality(labels) < 2
        OR cardinality(labels) > 1024) THEN
-        RAISE EXCEPTION 'dpsql: labels must list 2 to 1024 public label values, got %',
-                        coalesce(labels::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('labels must list 2 to 1024 public label values, got %s',
+                   coalesce(labels::text, 'NULL')));
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(labels) v
                 WHERE v IS NULL OR v IN ('NaN', 'Infinity', '-Infinity'))
        OR (SELECT count(DISTINCT v) FROM unnest(labels) v) <> cardinality(labels) THEN
-        RAISE EXCEPTION 'dpsql: labels must be distinct finite numbers, got %', labels
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('labels must be distinct finite numbers, got %s', labels));
     END IF;
 
     row_norm := coalesce(row_norm, CASE WHEN is_regression THEN 'none' ELSE 'clip' END);
     IF NOT is_regression AND row_norm NOT IN ('clip', 'unit') THEN
-        RAISE EXCEPTION 'dpsql: row_norm must be clip or unit, got %', row_norm
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'clip scales rows to norm <= 1, unit to norm = 1.';
+        PERFORM dpsql_internal._fail(
+            format('row_norm must be clip or unit, got %s', row_norm),
+            hint => 'clip scales rows to norm <= 1, unit to norm = 1.');
     END IF;
     IF is_regression AND row_norm NOT IN ('none', 'clip') THEN
-        RAISE EXCEPTION 'dpsql: row_norm of a regression dataset must be none or clip, got %', row_norm
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).';
+        PERFORM dpsql_internal._fail(
+            format('row_norm of a regression dataset must be none or clip, got %s', row_norm),
+            hint => 'clip scales rows to norm <= 1 (row_bound 1); none keeps them (row_bound, if given, clips).');
     END IF;
     IF is_regression THEN
         row_bound := dpsql_internal._regression_row_bound(row_norm, row_bound, bounded_dim);
@@ -405,10 +403,10 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._require_admin('register datasets');
     IF relid IS NULL THEN
-        RAISE EXCEPTION 'dpsql: relation % does not exist',
-                        coalesce(quote_literal(source_text), 'NULL')
-            USING ERRCODE = 'undefined_table',
-                  HINT = 'Give a table name (schema-qualified if needed).';
+        PERFORM dpsql_internal._fail(
+            format('relation %s does not exist', coalesce(quote_literal(source_text), 'NULL')),
+            '42P01',
+            hint => 'Give a table name (schema-qualified if needed).');
     END IF;
     what := format('relation %s', quote_literal(coalesce(source_text, relid::oid::text)));
     rel := dpsql_internal._check_dataset_relation(relid, what);
@@ -416,9 +414,9 @@ BEGIN
     SELECT r.rolsuper OR r.rolbypassrls INTO privileged
       FROM pg_roles r WHERE r.rolname = session_user;
     IF NOT privileged AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = relid AND c.relrowsecurity) THEN
-        RAISE EXCEPTION 'dpsql: % has row-level security; only a superuser can register it', what
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'Private training reads every row, whatever the policies.';
+        PERFORM dpsql_internal._fail(
+            format('%s has row-level security; only a superuser can register it', what), '42501',
+            hint => 'Private training reads every row, whatever the policies.');
     END IF;
 
     d := dpsql_internal._register_columns(relid, what, features, label, dim, feature_bounds);
@@ -428,38 +426,38 @@ BEGIN
                                               estimate, feature_bounds,
                                               CASE WHEN bounds IS NOT NULL THEN d END);
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
-        RAISE EXCEPTION 'dpsql: epsilon_budget must be a finite number > 0, got %',
-                        coalesce(epsilon_budget::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('epsilon_budget must be a finite number > 0, got %s',
+                   coalesce(epsilon_budget::text, 'NULL')));
     END IF;
     IF delta_budget IS NULL OR NOT (delta_budget >= 0 AND delta_budget < 1) THEN
-        RAISE EXCEPTION 'dpsql: delta_budget must be in [0, 1), got %',
-                        coalesce(delta_budget::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('delta_budget must be in [0, 1), got %s', coalesce(delta_budget::text, 'NULL')));
     END IF;
 
     -- How releases are held against the budget (28_ledger.sql); NULL: the default, 'sum'.
     IF composition IS NOT NULL AND composition NOT IN ('sum', 'pld') THEN
-        RAISE EXCEPTION 'dpsql: composition must be sum or pld, got %', quote_literal(composition)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'pld: charged by the PLD composition of the releases (docs/privacy.md).';
+        PERFORM dpsql_internal._fail(
+            format('composition must be sum or pld, got %s', quote_literal(composition)),
+            hint => 'pld: charged by the PLD composition of the releases (docs/privacy.md).');
     END IF;
 
     nm := coalesce(_register_dataset.name, rel.relname);
     IF btrim(nm) = '' THEN
-        RAISE EXCEPTION 'dpsql: the dataset name must not be empty'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail('the dataset name must not be empty');
     END IF;
     SELECT ds.name INTO existing FROM dpsql.datasets ds
      WHERE ds.relid = _register_dataset.relid AND ds.dropped_at IS NULL;
     IF FOUND THEN
-        RAISE EXCEPTION 'dpsql: % is already registered as dataset %', what, quote_literal(existing)
-            USING ERRCODE = 'duplicate_object',
-                  HINT = 'A relation has one budget; use the registered dataset.';
+        PERFORM dpsql_internal._fail(
+            format('%s is already registered as dataset %s', what, quote_literal(existing)),
+            '42710',
+            hint => 'A relation has one budget; use the registered dataset.');
     END IF;
     IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm) THEN
-        RAISE EXCEPTION 'dpsql: a dataset named % is already registered', quote_literal(nm)
-            USING ERRCODE = 'duplicate_object', HINT = 'Choose another name => ...';
+        PERFORM dpsql_internal._fail(
+            format('a dataset named %s is already registered', quote_literal(nm)), '42710',
+            hint => 'Choose another name => ...');
     END IF;
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
@@ -534,8 +532,8 @@ DECLARE
 BEGIN
     SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _dataset_by_id.dataset_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
-            USING ERRCODE = 'undefined_object';
+        PERFORM dpsql_internal._fail(
+            format('no dataset %s', coalesce(dataset_id::text, 'NULL')), '42704');
     END IF;
     RETURN d;
 END $$;
@@ -550,8 +548,8 @@ BEGIN
     PERFORM dpsql_internal._require_admin('grant datasets');
     d := dpsql_internal._dataset_by_id(dataset_id);
     IF role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = grant_dataset.role) THEN
-        RAISE EXCEPTION 'dpsql: role % does not exist', coalesce(quote_ident(role), 'NULL')
-            USING ERRCODE = 'undefined_object';
+        PERFORM dpsql_internal._fail(
+            format('role %s does not exist', coalesce(quote_ident(role), 'NULL')), '42704');
     END IF;
     IF NOT pg_has_role(role, 'dpsql_analyst', 'MEMBER') AND NOT pg_has_role(role, 'dpsql_admin', 'MEMBER') THEN
         RAISE NOTICE 'dpsql: role % is not a member of dpsql_analyst, so it cannot call dpsql.train yet',
@@ -624,10 +622,10 @@ BEGIN
              WHERE ds.dropped_at IS NULL AND c.relname = parts[1]
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
             IF n > 1 THEN
-                RAISE EXCEPTION 'dpsql: % names % registered datasets',
-                                quote_literal(_lookup_dataset.source), n
-                    USING ERRCODE = 'ambiguous_alias',
-                          HINT = 'Give the dataset name or the schema-qualified table name.';
+                PERFORM dpsql_internal._fail(
+                    format('%s names %s registered datasets',
+                           quote_literal(_lookup_dataset.source), n), '42P09',
+                    hint => 'Give the dataset name or the schema-qualified table name.');
             END IF;
             SELECT ds.* INTO d
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
@@ -637,21 +635,21 @@ BEGIN
     END IF;
     IF d.dataset_id IS NULL AND NOT dpsql_internal._is_admin() THEN
         -- (as dpsql.budget_report says it)
-        RAISE EXCEPTION 'dpsql: no dataset % among the datasets you can use',
-                        coalesce(quote_literal(_lookup_dataset.source), 'NULL')
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'dpsql.budgets lists the datasets you can use.';
+        PERFORM dpsql_internal._fail(
+            format('no dataset %s among the datasets you can use',
+                   coalesce(quote_literal(_lookup_dataset.source), 'NULL')), '42704',
+            hint => 'dpsql.budgets lists the datasets you can use.');
     ELSIF d.dataset_id IS NULL THEN
-        RAISE EXCEPTION 'dpsql: % is not a registered dataset; private training needs '
-                        'dpsql.register_dataset by a data owner (dpsql_admin)',
-                        coalesce(quote_literal(_lookup_dataset.source), 'NULL')
-            USING ERRCODE = 'undefined_object';
+        PERFORM dpsql_internal._fail(
+            format('%s is not a registered dataset; private training needs '
+                   'dpsql.register_dataset by a data owner (dpsql_admin)',
+                   coalesce(quote_literal(_lookup_dataset.source), 'NULL')), '42704');
     END IF;
     IF d.dropped_at IS NOT NULL THEN
         -- Its oid may since name another relation: never follow it.
-        RAISE EXCEPTION 'dpsql: the relation of dataset % was dropped at %', quote_literal(d.name),
-                        d.dropped_at
-            USING ERRCODE = 'undefined_table';
+        PERFORM dpsql_internal._fail(
+            format('the relation of dataset %s was dropped at %s',
+                   quote_literal(d.name), d.dropped_at), '42P01');
     END IF;
     rel := dpsql_internal._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
     d.source := format('%I.%I', rel.nspname, rel.relname);
@@ -669,10 +667,10 @@ DECLARE
     d dpsql.datasets := dpsql_internal._lookup_dataset(source);
 BEGIN
     IF d.labels IS NULL AND d.label_bound IS NULL THEN
-        RAISE EXCEPTION 'dpsql: dataset % is a regression dataset without a label bound yet',
-                        quote_literal(d.name)
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'A data owner sets it: dpsql.estimate_label_bound(dataset, epsilon, search_range).';
+        PERFORM dpsql_internal._fail(
+            format('dataset %s is a regression dataset without a label bound yet',
+                   quote_literal(d.name)), '55000',
+            hint => 'A data owner sets it: dpsql.estimate_label_bound(dataset, epsilon, search_range).');
     END IF;
     RETURN d;
 END $$;

@@ -68,11 +68,11 @@ BEGIN
         OR (b.is_array AND (k > 1 OR cardinality(columns) <> 2))  -- one feature array
      ORDER BY k LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'dpsql: registered column % of % has type %, not a built-in numeric type',
-                        quote_ident(bad.col), relid, bad.type
-            USING ERRCODE = 'datatype_mismatch',
-                  HINT = 'It changed since registration: private training reads int, float and '
-                         'numeric columns (or one array of them) only. The data owner restores it.';
+        PERFORM dpsql_internal._fail(
+            format('registered column %s of %s has type %s, not a built-in numeric type',
+                   quote_ident(bad.col), relid, bad.type), '42804',
+            hint => 'It changed since registration: private training reads int, float and '
+                    'numeric columns (or one array of them) only. The data owner restores it.');
     END IF;
     -- The planner folds an IMMUTABLE function of constants in an index's expressions or
     -- predicate, or in extended statistics, into a constant as the reader: in the relation, its
@@ -100,11 +100,11 @@ BEGIN
                        OR (d.classid = 'pg_statistic_ext'::regclass
                            AND d.objid IN (SELECT x.oid FROM pg_statistic_ext x
                                             WHERE x.stxrelid IN (SELECT oid FROM tree))))) THEN
-        RAISE EXCEPTION 'dpsql: an index or statistics object of % uses functions, operators or types that are not built in',
-                        relid
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Planning a read runs such code with the reader''s rights: the data owner drops '
-                         'the index or statistics object.';
+        PERFORM dpsql_internal._fail(
+            format('an index or statistics object of %s uses functions, operators or types that are not built in',
+                   relid), '55000',
+            hint => 'Planning a read runs such code with the reader''s rights: the data owner drops '
+                    'the index or statistics object.');
     END IF;
     SELECT string_agg(
                CASE WHEN b.is_array AND b.base = 'numeric'::regtype THEN
@@ -122,8 +122,8 @@ BEGIN
                          AND NOT a.attisdropped,
            LATERAL dpsql_internal._numeric_base(a.atttypid) b;
     IF found_columns IS DISTINCT FROM cardinality(columns) THEN
-        RAISE EXCEPTION 'dpsql: the registered columns of % no longer exist', relid
-            USING ERRCODE = 'undefined_column';
+        PERFORM dpsql_internal._fail(
+            format('the registered columns of %s no longer exist', relid), '42703');
     END IF;
     RETURN list;
 END $$;
@@ -148,6 +148,8 @@ AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = pg_my_temp_schema())
        OR EXISTS (SELECT 1 FROM pg_type t WHERE t.typnamespace = pg_my_temp_schema()) THEN
+        -- RAISE, not _fail (05_errors.sql): this function runs as dpsql_reader, which has no
+        -- EXECUTE on dpsql_internal._fail.
         RAISE EXCEPTION 'dpsql: this session has temporary tables or types, and the dataset is a view'
             USING ERRCODE = 'object_in_use',
                   HINT = 'They could capture names in the view''s code: DISCARD TEMP, or train from a new session.';

@@ -82,7 +82,6 @@ CREATE OR REPLACE FUNCTION dpsql_internal._private_quantile(grid_values float8[]
                                         seed bigint)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
-    segs record;
     starts float8[];
     points float8[];
     scores float8[];

@@ -52,9 +52,9 @@ BEGIN
             RETURN NEW;
         END IF;
     END IF;
-    RAISE EXCEPTION 'dpsql: the privacy ledger is append-only (% refused)', TG_OP
-        USING ERRCODE = 'insufficient_privilege',
-              HINT = 'Only model_id may be filled in once, by dpsql_internal._set_ledger_model.';
+    PERFORM dpsql_internal._fail(
+        format('the privacy ledger is append-only (%s refused)', TG_OP), '42501',
+        hint => 'Only model_id may be filled in once, by dpsql_internal._set_ledger_model.');
 END $$;
 
 CREATE OR REPLACE TRIGGER ledger_entries_append_only
@@ -112,26 +112,24 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        RAISE EXCEPTION 'dpsql: epsilon must be a finite number > 0, got %',
-                        coalesce(epsilon::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
     END IF;
     IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
-        RAISE EXCEPTION 'dpsql: delta must be in [0, 1), got %', coalesce(delta::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')));
     END IF;
     IF mechanism IS NULL OR btrim(mechanism) = '' THEN
-        RAISE EXCEPTION 'dpsql: a charge needs the name of its mechanism'
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail('a charge needs the name of its mechanism');
     END IF;
     IF dp_event IS NOT NULL AND (jsonb_typeof(dp_event) IS DISTINCT FROM 'object' OR NOT dp_event ? 'type') THEN
-        RAISE EXCEPTION 'dpsql: a charge''s dp_event must be a serialised DpEvent, got %', dp_event
-            USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail(
+            format('a charge''s dp_event must be a serialised DpEvent, got %s', dp_event));
     END IF;
     SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'dpsql: no dataset %', coalesce(dataset_id::text, 'NULL')
-            USING ERRCODE = 'undefined_object';
+        PERFORM dpsql_internal._fail(
+            format('no dataset %s', coalesce(dataset_id::text, 'NULL')), '42704');
     END IF;
     request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
                                   'mechanism', mechanism, 'model_id', model_id, 'note', note,
@@ -176,9 +174,9 @@ BEGIN
     SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = (request->>'dataset_id')::bigint
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'dpsql: no committed dataset %', request->>'dataset_id'
-            USING ERRCODE = 'DP002',
-                  HINT = 'A release is charged in a transaction of its own: commit the registration first.';
+        PERFORM dpsql_internal._fail(
+            format('no committed dataset %s', request->>'dataset_id'), 'DP002',
+            hint => 'A release is charged in a transaction of its own: commit the registration first.');
     END IF;
     event := CASE WHEN jsonb_typeof(request->'dp_event') = 'object' THEN request->'dp_event'
                   ELSE dpsql_internal._epsilon_delta_event(epsilon, delta) END;
@@ -190,27 +188,26 @@ BEGIN
         composed := dpsql_internal._compose_ledger(d.dataset_id, d.delta_budget, event);
         eps_composed := (composed->>'epsilon_pld')::float8;
         IF eps_composed IS NULL OR eps_composed > d.epsilon_budget * (1 + slack) THEN
-            RAISE EXCEPTION USING
-                ERRCODE = 'DP001',
-                MESSAGE = format('dpsql: privacy budget of dataset %s exceeded: composed by PLD '
-                                 'with this release ε=%s at δ=%s; budget ε=%s, δ=%s; this '
-                                 'release needs ε=%s, δ=%s',
-                                 quote_literal(d.name), coalesce(eps_composed::text, 'Infinity'),
-                                 d.delta_budget, d.epsilon_budget, d.delta_budget, epsilon,
-                                 delta),
-                HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release '
-                       'with a smaller epsilon/delta.';
+            PERFORM dpsql_internal._fail(
+                format('privacy budget of dataset %s exceeded: composed by PLD '
+                       'with this release ε=%s at δ=%s; budget ε=%s, δ=%s; this '
+                       'release needs ε=%s, δ=%s',
+                       quote_literal(d.name), coalesce(eps_composed::text, 'Infinity'),
+                       d.delta_budget, d.epsilon_budget, d.delta_budget, epsilon, delta),
+                'DP001',
+                hint => 'Nothing was charged. Ask the data owner for a larger budget, or release '
+                        'with a smaller epsilon/delta.');
         END IF;
     ELSIF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
        OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = 'DP001',
-            MESSAGE = format('dpsql: privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
-                             'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
-                             quote_literal(d.name), eps_spent, delta_spent, d.epsilon_budget,
-                             d.delta_budget, epsilon, delta),
-            HINT = 'Nothing was charged. Ask the data owner for a larger budget, or release with '
-                   'a smaller epsilon/delta.';
+        PERFORM dpsql_internal._fail(
+            format('privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
+                   'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
+                   quote_literal(d.name), eps_spent, delta_spent, d.epsilon_budget,
+                   d.delta_budget, epsilon, delta),
+            'DP001',
+            hint => 'Nothing was charged. Ask the data owner for a larger budget, or release with '
+                    'a smaller epsilon/delta.');
     END IF;
     INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, charged_at,
                                       role, note, dp_event, xact)
@@ -244,14 +241,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF model_id IS NULL THEN
-        RAISE EXCEPTION 'dpsql: model_id must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+        PERFORM dpsql_internal._fail('model_id must not be NULL');
     END IF;
     -- charged_at: when the model was released (clock time, not the transaction's start)
     UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id,
                                       charged_at = clock_timestamp()
      WHERE e.entry_id = _set_ledger_model.entry_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'dpsql: no ledger entry %', coalesce(entry_id::text, 'NULL')
-            USING ERRCODE = 'undefined_object';
+        PERFORM dpsql_internal._fail(
+            format('no ledger entry %s', coalesce(entry_id::text, 'NULL')), '42704');
     END IF;
 END $$;

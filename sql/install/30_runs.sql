@@ -222,6 +222,7 @@ BEGIN
         seed := filled.seed;
         seed_policy := filled.seed_policy;
     EXCEPTION WHEN undefined_column THEN
+        -- RAISE, not _fail (05_errors.sql): the refusal has a DETAIL, which _fail does not take.
         RAISE EXCEPTION 'dpsql: %', SQLERRM USING ERRCODE = 'undefined_column',
             DETAIL = format('source %s, features %s, label %s', source, features, label);
     END;

@@ -100,7 +100,7 @@ BEGIN
     END IF;
     -- A fit that clips rows without a row transform (a regression's x to the registered row
     -- bound: plan key row_clip_radius) records the radius, so that a row beyond the bound is
-    -- scored clipped as it was trained (preprocessing.clip_radius; 50_api.sql, models.py).
+    -- scored clipped as it was trained (preprocessing.clip_radius; 54_api.sql, models.py).
     IF plan->>'row_clip_radius' IS NOT NULL
        AND (r.spec->>'flags')::int & dpsql_internal._flag('row_transform') = 0 THEN
         pre := coalesce(pre, jsonb_build_object(

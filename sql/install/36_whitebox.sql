@@ -4,7 +4,7 @@
 
 -- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
 -- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1 (C core:
--- dpsql_advanced_composition_step, cython_ext/core/composition.h).
+-- dpsql_advanced_composition_step, core/composition.h).
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_advanced_composition_step_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;

@@ -49,7 +49,7 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 20000::float8';
 -- sampling amplifies privacy) when n epsilon < 20,000 and the rows have one (issue 25: DP-GD's
 -- noise falls as 1 / (n epsilon), and below that its preconditioner is mostly noise: at
 -- epsilon 0.1 it was worse than the mean on both regression sets, DPSGD-F half of it).
--- Regression, delta = 0: objective perturbation (45_objective_perturbation.sql).
+-- Regression, delta = 0: objective perturbation (50_objective_perturbation.sql).
 -- Regression fits an intercept (labels are rarely centred: without one the fit is worse than
 -- the mean predictor whenever the mean is far from 0; issue 25).
 -- Classification on a Citus distributed dataset: objective perturbation, whose scans are exact
@@ -59,7 +59,6 @@ RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
     epsilon float8 := (params->>'epsilon')::float8;
-    n bigint;
     chosen jsonb;
     rule text;
 BEGIN

@@ -8,7 +8,7 @@
 
 -- The largest rho whose zCDP -> (epsilon, delta) conversion rho + 2 sqrt(rho ln(1/delta)) is at
 -- most epsilon (Bun-Steinke Prop. 1.3; spec 000 s. 3.3, spec 002 s. 2.2), and back. C core:
--- cython_ext/core/composition.h.
+-- core/composition.h.
 CREATE OR REPLACE FUNCTION dpsql.zcdp_rho(epsilon float8, delta float8)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_rho_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;

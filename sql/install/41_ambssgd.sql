@@ -1,6 +1,6 @@
 ------------------------------------------------------------------------------------------
 -- DP-AMBSSGD and DP-SSGD (spec 000): one pass over a shuffled training table, in one
--- aggregate call (cython_ext/core/ambssgd.h). The state holds noiseless intermediate values
+-- aggregate call (core/ambssgd.h). The state holds noiseless intermediate values
 -- (residuals, gradient sums): it stays inside the server; _ambssgd_result releases the
 -- private transcript only. Not granted to anyone here (the entry points call these). Then
 -- their plans (public numbers only) and their shared fit.

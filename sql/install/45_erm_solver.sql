@@ -1,7 +1,7 @@
 ------------------------------------------------------------------------------------------
--- The exact-minimiser toolbox shared by objective perturbation (45_objective_perturbation.sql)
+-- The exact-minimiser toolbox shared by objective perturbation (50_objective_perturbation.sql)
 -- and output perturbation (49_output_perturbation.sql), spec 004 cards A2 and A10. C core:
--- cython_ext/core/objective.h (the GLM losses, the Newton direction and every calibration);
+-- core/objective.h (the GLM losses, the Newton direction and every calibration);
 -- glue: sql/src/objective_fmgr.c.
 --
 -- The solver is Newton's method with backtracking on the strongly convex

@@ -11,7 +11,7 @@
 -- Privacy (replace-one, n public): a row is in one leaf per epoch and moves it by <= 2C; the
 -- leaf enters m = floor(lg n_leaves) + 1 node releases per epoch, so the adaptively composed
 -- Gaussian node releases have L2 sensitivity 2C sqrt(m E): sigma is the analytic Gaussian of
--- that sensitivity at (epsilon, delta). C core: cython_ext/core/ftrl.h; glue:
+-- that sensitivity at (epsilon, delta). C core: core/ftrl.h; glue:
 -- sql/src/ftrl_fmgr.c; docs/dp_ftrl.md.
 ------------------------------------------------------------------------------------------
 

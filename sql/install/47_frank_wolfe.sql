@@ -2,7 +2,7 @@
 -- Private Frank-Wolfe over the L1 ball (spec 004 cards A6-A8): LASSO from one scan of
 -- sufficient statistics, logistic regression with one gradient scan per step. The vertex of
 -- each step is drawn by the exponential mechanism in C; C core and proofs:
--- cython_ext/core/frank_wolfe.h; glue: sql/src/frank_wolfe_fmgr.c; docs/frank_wolfe.md.
+-- core/frank_wolfe.h; glue: sql/src/frank_wolfe_fmgr.c; docs/frank_wolfe.md.
 ------------------------------------------------------------------------------------------
 
 -- The plan's numbers (frank_wolfe.h, the one place of the formulas): L_1, K (NULL steps: the

@@ -1,7 +1,7 @@
 ------------------------------------------------------------------------------------------
 -- Exponential-mechanism ERM on a public grid (spec 004 card A1), pure epsilon-DP, p <= 5:
 -- one scan sums the loss at every grid point, the draw is made in C. C core and proofs:
--- cython_ext/core/exp_mech_erm.h; glue: sql/src/exp_mech_erm_fmgr.c;
+-- core/exp_mech_erm.h; glue: sql/src/exp_mech_erm_fmgr.c;
 -- docs/exponential_mechanism.md.
 ------------------------------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ BEGIN
     weights := '{}';
     iterates := NULL;
     FOR c IN 0 .. outputs - 1 LOOP
-        -- scans and certificate are not released (45_objective_perturbation.sql)
+        -- scans and certificate are not released (50_objective_perturbation.sql)
         sol := dpsql_internal._erm_solve(train_table, plan, NULL, CASE WHEN outputs > 1 THEN c END);
         rel := dpsql_internal._perturb(sol.theta, (plan->>'sensitivity')::float8,
                                        (plan->>'epsilon')::float8, (plan->>'delta')::float8,

@@ -105,17 +105,17 @@ DECLARE
     composed jsonb;
 BEGIN
     IF budget_report.dataset IS NULL THEN
-        RAISE EXCEPTION 'dpsql: budget_report needs a dataset name, got NULL'
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'dpsql.budgets lists the datasets you can use.';
+        PERFORM dpsql_internal._fail(
+            'budget_report needs a dataset name, got NULL', '22004',
+            hint => 'dpsql.budgets lists the datasets you can use.');
     END IF;
     SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = budget_report.dataset;
     -- An ungranted dataset is reported like an unknown one: its name is not disclosed either.
     IF NOT FOUND OR NOT dpsql_internal._can_use_dataset(d.dataset_id) THEN
-        RAISE EXCEPTION 'dpsql: no dataset % among the datasets you can use',
-                        quote_literal(budget_report.dataset)
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'dpsql.budgets lists the datasets you can use.';
+        PERFORM dpsql_internal._fail(
+            format('no dataset %s among the datasets you can use',
+                   quote_literal(budget_report.dataset)), '42704',
+            hint => 'dpsql.budgets lists the datasets you can use.');
     END IF;
     composed := dpsql_internal._compose_ledger(d.dataset_id, d.delta_budget);
     dataset_id := d.dataset_id;

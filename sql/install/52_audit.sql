@@ -283,6 +283,7 @@ BEGIN
                         mid := dpsql_internal._audit_release(copy, model, params);
                         SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
                           FROM dpsql.model_store m WHERE m.model_id = mid;
+                        -- (a RAISE, not _fail: a signal for the handler below, no refusal)
                         RAISE EXCEPTION USING ERRCODE = 'DPA01';
                     EXCEPTION WHEN SQLSTATE 'DPA01' THEN
                         NULL;

@@ -59,6 +59,7 @@ BEGIN
                         WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
                           AND p.proname = w);
     IF missing IS NOT NULL THEN
+        -- (a RAISE, not _fail: a broken install script, not a refusal of a call)
         RAISE EXCEPTION 'dpsql install: functions to grant do not exist: %', missing;
     END IF;
     FOR f IN SELECT p.oid::regprocedure AS sig, p.proname = ANY (admin) AS admin_only

@@ -1,5 +1,5 @@
 /*
- * adassp_fmgr.c - AdaSSP (cython_ext/core/adassp.h) in SQL: the gram aggregate
+ * adassp_fmgr.c - AdaSSP (core/adassp.h) in SQL: the gram aggregate
  * dpsql.adassp_gram(x, y, x_bound, y_bound, intercept, dim), the release
  * dpsql_internal._adassp_release(gram, ...) and dpsql.adassp_sensitivities(x_bound, y_bound).
  *
@@ -102,7 +102,6 @@ dpsql_adassp_gram_transition(PG_FUNCTION_ARGS)
 
 		state = PG_GETARG_ARRAYTYPE_P(0);
 		/* An INITCOND state is checked like any other (see dpsql_state_is_known). */
-		d = (double *) ARR_DATA_PTR(state);
 		if (!dpsql_state_is_known(fcinfo, state))
 		{
 			d = dpsql_float8_array(state, &n, "AdaSSP gram state");

@@ -1,5 +1,5 @@
 /*
- * ambssgd_fmgr.c - DP-AMBSSGD / DP-SSGD in one scan (cython_ext/core/ambssgd.h):
+ * ambssgd_fmgr.c - DP-AMBSSGD / DP-SSGD in one scan (core/ambssgd.h):
  *   dpsql_internal._ambssgd_init(...)                  -> a fresh pass state, its generator keyed
  *   dpsql.ambssgd_pass(x, y, init float8[])   -> the state after the whole pass
  *   dpsql_internal._ambssgd_result(state)              -> (weights, gammas, zetas, draws, rows_used,

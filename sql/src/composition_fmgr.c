@@ -1,5 +1,5 @@
 /*
- * composition_fmgr.c - the closed-form privacy conversions of cython_ext/core/composition.h in
+ * composition_fmgr.c - the closed-form privacy conversions of core/composition.h in
  * SQL: dpsql.zcdp_rho, dpsql.zcdp_epsilon and dpsql_internal._bst14_epsilon1.
  */
 #include "postgres.h"

@@ -1,5 +1,5 @@
 /*
- * exp_mech_erm_fmgr.c - exponential-mechanism ERM (cython_ext/core/exp_mech_erm.h) in SQL:
+ * exp_mech_erm_fmgr.c - exponential-mechanism ERM (core/exp_mech_erm.h) in SQL:
  * the loss aggregate dpsql_internal._em_losses (one scan: the SUM loss at every public grid
  * point and the anchor), the release dpsql_internal._em_release and the plan's
  * dpsql_internal._em_lipschitz.

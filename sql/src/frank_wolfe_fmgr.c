@@ -1,5 +1,5 @@
 /*
- * frank_wolfe_fmgr.c - private Frank-Wolfe (cython_ext/core/frank_wolfe.h) in SQL:
+ * frank_wolfe_fmgr.c - private Frank-Wolfe (core/frank_wolfe.h) in SQL:
  * the plan's numbers dpsql_internal._fw_numbers, the logistic SUM-gradient aggregate
  * dpsql_internal._fw_gradient, one private step dpsql_internal._fw_step, and the LASSO run
  * from sufficient statistics dpsql_internal._fw_lasso.

@@ -1,5 +1,5 @@
 /*
- * ftrl_fmgr.c - DP-FTRL with tree aggregation (cython_ext/core/ftrl.h) in SQL: the ordered
+ * ftrl_fmgr.c - DP-FTRL with tree aggregation (core/ftrl.h) in SQL: the ordered
  * aggregate dpsql_internal._dp_ftrl_epoch (one epoch over the rows in rid order, noise drawn
  * in C as each tree node completes), the calibration and the tree depth.
  *

@@ -2,7 +2,7 @@
  * glue.h - helpers shared by the fmgr glue: input checks and error reporting.
  *
  * The glue stays thin: it checks what arrives from SQL, hands plain double arrays to the C
- * core (cython_ext/core) and turns core status codes into ERRORs. It never trusts inputs.
+ * core (core/) and turns core status codes into ERRORs. It never trusts inputs.
  */
 #ifndef DPSQL_GLUE_H
 #define DPSQL_GLUE_H

@@ -1,5 +1,5 @@
 /*
- * objective_fmgr.c - objective and output perturbation (cython_ext/core/objective.h) in SQL:
+ * objective_fmgr.c - objective and output perturbation (core/objective.h) in SQL:
  * the aggregate dpsql_internal._glm_sums (loss, gradient and Hessian of the GLM loss at theta,
  * one scan per Newton iterate), the Newton direction, the glm constants and the calibration.
  *

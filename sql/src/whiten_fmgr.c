@@ -1,5 +1,5 @@
 /*
- * whiten_fmgr.c - fmgr glue of DP-GD's private preconditioner (cython_ext/core/whiten.h).
+ * whiten_fmgr.c - fmgr glue of DP-GD's private preconditioner (core/whiten.h).
  */
 #include "postgres.h"
 

@@ -118,7 +118,7 @@ def _refused(conn: psycopg.Connection, query: str, params: Any = None, code: str
 
 
 def _ledger(conn: psycopg.Connection) -> int:
-    return int(conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0])  # type: ignore[index]
+    return int(conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0])
 
 
 # -- the training table ------------------------------------------------------------------
@@ -345,7 +345,7 @@ def test_bolton_sensitivity_holds_for_neighbours_in_every_shard(coord) -> None:
             f"SELECT rid, get_shard_id_for_distribution_column('{src}', rid) FROM {src}"
         ).fetchall()
     )
-    targets = {}
+    targets: dict[int, int] = {}
     for rid, shard in sorted(shard_of.items()):
         targets.setdefault(shard, rid)
     assert len(targets) == SHARDS

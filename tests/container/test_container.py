@@ -31,7 +31,7 @@ def test_a_wrong_password_is_refused_over_tcp() -> None:
     for name in ("DPSQL_TEST_DSN", "DPSQL_CONTAINER_ANALYST", "DPSQL_CONTAINER_OWNER"):
         info = conninfo_to_dict(_dsn(name))
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-            psycopg.connect(make_conninfo(_dsn(name), password=info["password"] + "x"))
+            psycopg.connect(make_conninfo(_dsn(name), password=f"{info['password']}x"))
 
 
 def test_no_trust_in_pg_hba() -> None:

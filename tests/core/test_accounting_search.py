@@ -38,11 +38,11 @@ CASES = [
 def _brent(target: float, kw: dict) -> float:
     """The previous search (Brent's method on the charged PLD), for comparison."""
     saved = acc._calibrate_pld_fast
-    acc._calibrate_pld_fast = lambda *args: None  # type: ignore[assignment]
+    acc._calibrate_pld_fast = lambda *args: None
     try:
         return acc.calibrate(target, DELTA, **kw)
     finally:
-        acc._calibrate_pld_fast = saved  # type: ignore[assignment]
+        acc._calibrate_pld_fast = saved
 
 
 @pytest.mark.parametrize(("kw", "target"), CASES)
@@ -224,7 +224,7 @@ def test_a_repeated_request_is_answered_from_memory(monkeypatch, tmp_path) -> No
             out.write(line + "\n")
         return (0, {"n": len(log.read_text().split())}) if "good" in line else (2, {"error": "bad"})
 
-    monkeypatch.setattr(srv.accounting, "answer", answer)
+    monkeypatch.setattr(acc, "answer", answer)  # the module srv imports
     monkeypatch.setattr(srv, "_ANSWERS", {})
     listener = srv._bind(str(tmp_path / "s.sock"))
     listener.setblocking(False)

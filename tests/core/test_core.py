@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,7 +291,7 @@ def test_all_losses_and_schedules_have_names() -> None:
     assert sorted(_core.LOSSES.values()) == [1, 2, 3, 4]
     assert sorted(_core.SCHEDULES.values()) == [1, 2, 3, 4]
     for loss, schedule in itertools.product(_core.LOSSES, _core.SCHEDULES):
-        kw = {"lambda_": 0.1} if schedule == "decreasing" else {}
+        kw: dict[str, Any] = {"lambda_": 0.1} if schedule == "decreasing" else {}
         n = 3 if loss == "multinomial" else 1
         h = _core.header(_core.init_state(loss, 2, n_classes=n, schedule=schedule, **kw))
         assert (h["loss"], h["schedule"]) == (_core.LOSSES[loss], _core.SCHEDULES[schedule])

@@ -1,4 +1,4 @@
-"""The C core of private Frank-Wolfe (cython_ext/core/frank_wolfe.h): iterates in the L1 ball,
+"""The C core of private Frank-Wolfe (core/frank_wolfe.h): iterates in the L1 ball,
 sparsity, non-private convergence at Jaggi's rate, the exponential-mechanism vertex choice
 (distribution and scale), the score sensitivity on adversarial neighbours, the accounting."""
 

@@ -1,4 +1,4 @@
-"""DP-FTRL's C core (cython_ext/core/ftrl.h, spec 004 cards A4 and A5): the streaming tree's
+"""DP-FTRL's C core (core/ftrl.h, spec 004 cards A4 and A5): the streaming tree's
 exact prefix sums and node count, the depth m, the node noise (variance popcount(t) sigma^2,
 fails at 10% mis-scale or missing noise), the calibration against dp-accounting, the clipped
 leaf sums on adversarial neighbours and the noiseless run against a numpy reference."""
@@ -6,6 +6,7 @@ leaf sums on adversarial neighbours and the noiseless run against a numpy refere
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -196,7 +197,9 @@ def test_noiseless_run_is_lazy_ftrl(model: str, batch: int, epochs: int) -> None
     y = np.sign(X @ [1.0, -1.0, 0.5] + 0.1)
     if model == "linear":
         y = X @ [0.5, -0.2, 0.1] + 0.1 * rng.normal(size=101)
-    kw = dict(clip=0.9, batch=batch, epochs=epochs, reg=30.0, radius=2.0, x_bound=1.5, y_bound=1.0)
+    kw: dict[str, Any] = dict(
+        clip=0.9, batch=batch, epochs=epochs, reg=30.0, radius=2.0, x_bound=1.5, y_bound=1.0
+    )
     avg, last, _ = _core.ftrl_run(X, y, model, sigma=0.0, intercept=True, **kw)
     ref_avg, ref_last = _numpy_ftrl(X, y, model, **kw)
     np.testing.assert_allclose(avg, ref_avg, rtol=1e-9, atol=1e-12)

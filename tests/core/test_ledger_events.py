@@ -167,7 +167,7 @@ def test_a_dpsgd_run_re_accounts_to_what_it_was_charged(kwargs) -> None:
 
 def test_rdp_adds_curves_per_order() -> None:
     """Gaussians exactly (the factor 2 folded into z / 2), Poisson by the replace-one bound."""
-    orders = list(ledger_events._REPLACE_ONE_ORDERS)
+    orders = list(accounting._REPLACE_ONE_ORDERS)
     exact = RdpAccountant(orders, NR.ADD_OR_REMOVE_ONE).compose(
         dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.3 / 2), 6)
     )

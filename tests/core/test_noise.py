@@ -463,8 +463,8 @@ def test_exponential_mechanism_log_sum_exp_is_stable() -> None:
     # Utility differences of ~1e4: exp() of the raw exponents over- or underflows.
     for utility in ([-1e4, -2e4, -3e4], [1e4, 0.0, -1e4], [-2e4, -1e4, -3e4, -1.5e4]):
         best = int(np.argmax(utility))
-        picks = {_core.exponential_mechanism(utility, 0.5, seed=s) for s in range(2000)}
-        assert picks == {best}
+        drawn = {_core.exponential_mechanism(utility, 0.5, seed=s) for s in range(2000)}
+        assert drawn == {best}
     # A huge common offset must not wash out an O(1) difference: p = (1, e^-1) / (1 + e^-1).
     # Chi-square at alpha=1e-3: false failure probability 1e-3; seeds fixed.
     n = 20000

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -578,7 +579,7 @@ def test_spec_17_3_constant_step_tables(lam: float, k: int, schedule: str, spec_
 def test_degenerate_constants_are_refused_not_zero() -> None:
     """A strong convexity above the smoothness (or infinite), or a non-positive step, has no
     meaning: both calculators refuse it instead of returning 0."""
-    bad = [
+    bad: list[dict[str, Any]] = [
         dict(
             schedule="decreasing",
             lipschitz=2,

@@ -28,8 +28,8 @@ def test_extension_builds_without_warnings(tmp_path: Path, name: str, pg_config:
         REPO / "sql", tmp_path / "sql", ignore=shutil.ignore_patterns("*.o", "*.so", "build")
     )
     shutil.copytree(
-        REPO / "cython_ext" / "core",
-        tmp_path / "cython_ext" / "core",
+        REPO / "core",
+        tmp_path / "core",
         ignore=shutil.ignore_patterns("*.o"),
     )
     out = subprocess.run(

@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -160,7 +160,7 @@ CATALOG = {
 
 
 @pytest.fixture
-def database(server_uri: str) -> Iterator[callable]:
+def database(server_uri: str) -> Iterator[Callable[[], psycopg.Connection]]:
     """Makes fresh databases on the test server; drops them afterwards."""
     made: list[str] = []
 
@@ -186,7 +186,7 @@ def test_every_released_version_has_a_commit_and_a_direct_upgrade(server_uri: st
     assert RELEASED and current not in RELEASED
     assert list(_release_commits()) == RELEASED
     with psycopg.connect(server_uri) as conn:
-        paths = dict(
+        paths: dict[str, str] = dict(
             conn.execute(
                 "SELECT source, path FROM pg_extension_update_paths('dpsql') WHERE target = %s",
                 (current,),

@@ -36,8 +36,8 @@ def test_sdist_carries_the_sources(dists: Path) -> None:
         ["tar", "tzf", str(sdist)], capture_output=True, text=True, check=True
     ).stdout.split()
     top = names[0].split("/")[0]
-    for needed in ("sql/Makefile", "sql/dpsql.control", "sql/install/50_api.sql",
-                   "sql/upgrade/0.1.0--0.2.0.sql", "cython_ext/core/sgd.c", "cython_ext/_core.pyx",
+    for needed in ("sql/Makefile", "sql/dpsql.control", "sql/install/54_api.sql",
+                   "sql/upgrade/0.1.0--0.2.0.sql", "core/sgd.c", "cython_ext/_core.pyx",
                    "LICENSE", "CHANGELOG.md", "META.json", "setup.py"):  # fmt: skip
         assert f"{top}/{needed}" in names, needed
     assert not any(n.endswith((".o", ".so")) for n in names)
@@ -71,6 +71,9 @@ def test_the_wheel_installs_away_from_the_repo_and_installs_the_extension(
     ).stdout.split()  # fmt: skip
     assert probe[0].startswith(str(purelib)), probe
     assert probe[1] == str(purelib / "dpsql" / "_ext" / "sql")
+    # the C core beside sql/, as in the checkout (sql/Makefile's CORE_DIR = ../core)
+    assert (purelib / "dpsql" / "_ext" / "core" / "sgd.c").is_file()
+    assert (purelib / "dpsql" / "_ext" / "core" / "sgd.h").is_file()
     # `dpsql install-extension` from the installed package, into the embedded PostgreSQL
     result = subprocess.run(
         [str(python), "-m", "dpsql.cli", "install-extension", "--pg-config",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -158,14 +159,14 @@ def test_not_registered_and_no_such_model(owner_and_analyst, conn) -> None:
         row = conn.execute("SELECT coalesce(max(model_id), 0) + 1000 FROM dpsql.models")
         missing = int(row.fetchone()[0])
         # Python's lookup: still a LookupError, as before the error classes.
-        with pytest.raises(errors.NoSuchModel, match=f"no model {missing}") as caught:
+        with pytest.raises(errors.NoSuchModel, match=f"no model {missing}") as no_model:
             analyst.model(missing)
-        assert isinstance(caught.value, LookupError)
-        assert caught.value.sqlstate == "42704"
+        assert isinstance(no_model.value, LookupError)
+        assert no_model.value.sqlstate == "42704"
         # The server's lookup.
-        with pytest.raises(errors.NoSuchModel, match=f"no model {missing}") as caught:
+        with pytest.raises(errors.NoSuchModel, match=f"no model {missing}") as no_model:
             analyst.evaluate(missing, table)
-        _preserves_the_server_report(caught.value)
+        _preserves_the_server_report(no_model.value)
 
 
 def test_a_non_private_run_needs_features_and_label(owner_and_analyst) -> None:
@@ -185,12 +186,12 @@ def test_other_errors_keep_psycopgs_class_and_psycopg_is_unchanged(server_uri) -
     assert psycopg.errors.lookup("42501") is psycopg.errors.InsufficientPrivilege
     assert psycopg.errors.lookup("22023") is psycopg.errors.InvalidParameterValue
     with psycopg.connect(server_uri, autocommit=True) as raw:
-        with pytest.raises(psycopg.Error) as caught:
+        with pytest.raises(psycopg.Error) as plain:
             raw.execute(
                 "SELECT dpsql.train('no_such_dataset', NULL, NULL, privacy => 'bolton',"
                 " epsilon => 1)"
             )
-        assert type(caught.value) is psycopg.errors.UndefinedObject
+        assert type(plain.value) is psycopg.errors.UndefinedObject
 
 
 def test_every_class_is_psycopgs_class_of_its_sqlstate() -> None:
@@ -237,12 +238,13 @@ def test_python_passes_every_argument_and_the_server_refuses_the_unused(owner_an
         ds, name = _register(owner, table, epsilon_budget=5.0)
         _grant(owner, ds, analyst)
         mechanism = dpsql.BoltOn(epsilon=0.5)
-        for kw, message in [
+        refused: list[tuple[dict[str, Any], str]] = [
             ({"shuffle": False}, "shuffle"),
             ({"tolerance": 1e-3}, "tolerance"),
             ({"labels": [0, 1]}, "registration"),
             ({"row_norm": "unit"}, "registration"),
-        ]:
+        ]
+        for kw, message in refused:
             with pytest.raises(errors.InvalidParameter, match=message):
                 analyst.train(name, None, None, privacy=mechanism, progress=False, **kw)
         with pytest.raises(errors.InvalidParameter, match="does not take epochs"):

@@ -59,7 +59,7 @@ def test_privacy_utility_draws_one_line_per_mechanism(db, scratch_schema, tmp_pa
         "objective_perturbation",
     ]
     for line in ax.get_lines():
-        assert list(line.get_xdata()) == [0.5, 1, 2]
+        assert np.asarray(line.get_xdata()).tolist() == [0.5, 1, 2]
         accuracy = np.asarray(line.get_ydata(), dtype=float)
         assert np.all((accuracy >= 0) & (accuracy <= 1)) and accuracy[-1] > 0.6
     assert _spent(db, name)[0] == pytest.approx(7)

@@ -175,7 +175,7 @@ def test_keep_running_false_never_stops_a_server_it_did_not_start(pgdata: Path) 
 def test_temporary_server_is_removed(tmp_path: Path) -> None:
     with server.temporary_server() as uri:
         assert _select_one(uri) == 1
-        pgdata = Path(conninfo_to_dict(uri)["host"])
+        pgdata = Path(str(conninfo_to_dict(uri)["host"]))
         assert (pgdata / "PG_VERSION").exists()
         assert server.password_file(pgdata).exists()
     assert not pgdata.exists()

@@ -1,4 +1,4 @@
-"""AdaSSP's C core (cython_ext/core/adassp.h, linalg.h) through dpsql._core and the server:
+"""AdaSSP's C core (core/adassp.h, linalg.h) through dpsql._core and the server:
 symmetric eigenvalues and the LU solve against numpy, the gram aggregate (SQL == Cython ==
 numpy on clipped rows, malformed records as zero records, parallel partial sums), the
 replace-one sensitivities on adversarial neighbours, the law of the release's noise, the
@@ -504,11 +504,11 @@ def test_noise_sources_are_independent() -> None:
     _, _, gram = _ols_gram(9, d=3)
     _, S, b = _split(gram)
     lam_min = np.linalg.eigvalsh(S)[0]
-    rows = []
+    released: list[np.ndarray] = []
     for s in range(N_RELEASES):
         w, _, lam = _core.adassp_release(gram, 1.0, 0, 1.0, 0, 0, seed=9000 + s)
-        rows.append(np.r_[lam - lam_min, S @ w - b])
-    rows = np.array(rows)
+        released.append(np.r_[lam - lam_min, S @ w - b])
+    rows = np.array(released)
     assert _ks_normal(rows[:, 0]) > ALPHA
     assert _uncorrelated(rows) > ALPHA
 
@@ -653,7 +653,7 @@ def test_release_bad_noise_parameters(conn, position, value) -> None:
     args = [1.0, 1.0, 1.0, 0.0, 0.0]
     args[position] = value
     with pytest.raises(ValueError, match="noise parameters"):
-        _core.adassp_release(gram, *args, seed=1)
+        _core.adassp_release(gram, *args, seed=1)  # type: ignore[misc, arg-type]  # 5 floats
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="noise parameters"):
         conn.execute(
             "SELECT * FROM dpsql_internal._adassp_release(%s, %s, %s, %s, %s, %s, 1)",

@@ -16,7 +16,7 @@ import math
 import random
 import struct
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import psycopg
 import pytest
@@ -54,7 +54,7 @@ SPECIAL = [
 RNG_USED_DOUBLE = 70
 
 
-def _literal(values: list[float]) -> str:
+def _literal(values: Sequence[float]) -> str:
     """An array literal for INITCOND (NaN and infinities spelled as float8 input does)."""
 
     def one(v: float) -> str:

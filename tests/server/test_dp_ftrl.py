@@ -9,6 +9,7 @@ import math
 import uuid
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -378,7 +379,7 @@ def test_defaults_refuse_a_noise_dominated_tree_before_charging(conn, scratch_sc
     X = rng.normal(size=(300, 10)) / 3
     ds, source = _register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels=[0, 1])
     before, rest = _ledger(conn), leftovers(conn)
-    with pytest.raises(Exception, match="cannot learn here") as err:
+    with pytest.raises(psycopg.Error, match="cannot learn here") as err:
         _train(conn, source, epsilon=0.2)
     assert "objective_perturbation" in (err.value.diag.message_hint or "")
     conn.rollback()

@@ -75,7 +75,7 @@ def test_clip_histogram_noise_is_present_and_scaled(conn, scratch_schema) -> Non
     )
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, %s)", (DELTA,)).fetchone()
     sd = 1 / math.sqrt(rho / 10)
-    z = []
+    draws: list[float] = []
     for seed in range(40):
         m = _train(
             conn,
@@ -92,8 +92,8 @@ def test_clip_histogram_noise_is_present_and_scaled(conn, scratch_schema) -> Non
         assert h.shape == (len(clip["grid"]) + 1,) == (12,)
         exact = np.zeros(12)
         exact[0] = n
-        z.extend((h - exact) / sd)
-    z = np.asarray(z)
+        draws.extend((h - exact) / sd)
+    z = np.asarray(draws)
     assert _pvalue(z) > 1e-3
     assert _pvalue(z / 1.2) < 1e-3 and _pvalue(z * 1.2) < 1e-3
     assert _pvalue(z * 0) < 1e-3

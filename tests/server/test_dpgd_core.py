@@ -203,7 +203,7 @@ def test_replacing_one_record_moves_the_sum_by_at_most_two_gamma(intercept, x_bo
             other, n1, _ = _core.dpgd_gradient(X2, y2, theta, gamma, intercept, x_bound)
             assert n1 == n0 == n
             assert np.all(np.isfinite(other))
-            worst = max(worst, np.linalg.norm(other - base))
+            worst = max(worst, float(np.linalg.norm(other - base)))
     assert worst <= 2 * gamma * (1 + 1e-12)
     assert worst > 1.9 * gamma  # the bound is reached: an extreme record flips a clipped gradient
 
@@ -408,7 +408,7 @@ def test_batch_means_coverage_needs_batches_longer_than_the_autocorrelation() ->
     X = _well_conditioned(n, p, rng)
     y = X @ [1.0, -0.5, 0.3] + rng.normal(size=n)
     theta_hat = np.linalg.solve(X.T @ X, X.T @ y)
-    covered = {10: [], N - b: []}
+    covered: dict[int, list[np.ndarray]] = {10: [], N - b: []}
     for r in range(200):
         its = _core.dpgd_run(X, y, steps=N, eta=eta, gamma=np.inf, noise_std=lam, seed=50_000 + r)
         for m in covered:

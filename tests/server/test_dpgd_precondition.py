@@ -46,7 +46,7 @@ def test_second_moment_noise_is_calibrated(conn, scratch_schema) -> None:
     name = _register(conn, scratch_schema, np.zeros((n, d)), np.zeros(n), xb)
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, 1e-6)").fetchone()
     s = np.sqrt(2) * xb**2 / np.sqrt(2 * rho / 10)
-    z = []
+    draws: list[float] = []
     for seed in range(20):
         pre = _train(conn, name, True, noise_seed=seed, steps=60, intercept=False)
         pre = pre["params"]["privacy"]
@@ -54,8 +54,8 @@ def test_second_moment_noise_is_calibrated(conn, scratch_schema) -> None:
         assert pre["noise_std"] == pytest.approx(s)
         g = np.asarray(pre["second_moment"]).reshape(d, d)
         assert np.array_equal(g, g.T)
-        z.extend(g[np.triu_indices(d)] * n / s)
-    z = np.asarray(z)
+        draws.extend(g[np.triu_indices(d)] * n / s)
+    z = np.asarray(draws)
 
     def pvalue(v: np.ndarray) -> float:
         q = stats.chi2.cdf(float(np.sum(v**2)), df=len(v))

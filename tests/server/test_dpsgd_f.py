@@ -53,12 +53,12 @@ def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> Non
     m, d = 200, 50
     name = _register(conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2))
     (p,) = conn.execute("SELECT dpsql.gaussian_sigma(2, 0.1, 1e-5)").fetchone()
-    z = []
+    draws: list[float] = []
     for seed in range(20):
         pre = _train(conn, name, noise_seed=seed)["params"]["privacy"]["preprocessing"]
         assert pre["mean_noise_std"] == pytest.approx(p)
-        z.extend(np.asarray(pre["mean"]) * m / p)
-    z = np.asarray(z)
+        draws.extend(np.asarray(pre["mean"]) * m / p)
+    z = np.asarray(draws)
     assert stats.kstest(z, "norm").pvalue > 1e-3 and _chi2_pvalue(z) > 1e-3
     assert _chi2_pvalue(z / 1.1) < 1e-3 and _chi2_pvalue(z * 1.1) < 1e-3
 

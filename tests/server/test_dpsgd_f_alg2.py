@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,13 +128,14 @@ def test_feature_clipping_bounds_the_rows(conn) -> None:
 def test_refusals_charge_nothing(conn, scratch_schema) -> None:
     X, y = _blobs(2, 200)
     name = _register(conn, scratch_schema, X, y, row_norm="clip")
-    for kw, message in [
+    refused: list[tuple[dict[str, Any], str]] = [
         ({"delta": 0.0}, "delta must be > 0"),
         ({"noise_multiplier": 1.0}, "not noise_multiplier"),
         ({"clip_norm": 1.0}, "clip_norm is not a parameter"),
         ({"intercept": True}, "leave intercept false"),
         ({"model": "huber"}, "logistic .binary. or multinomial"),
-    ]:
+    ]
+    for kw, message in refused:
         with pytest.raises(Exception, match=message):
             _train(conn, name, **kw)
     assert _charges(conn, name) == []
@@ -152,7 +154,7 @@ def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> Non
     name = _register(
         conn, scratch_schema, np.zeros((m, d)), np.tile([0.0, 1.0], m // 2), row_norm="clip"
     )
-    z = []
+    draws: list[float] = []
     for seed in range(60):
         pre = _train(conn, name, noise_seed=seed)["params"]["privacy"]["preprocessing"]
         info = pre["mean_info"]
@@ -162,8 +164,8 @@ def test_mean_noise_is_gaussian_at_the_stated_scale(conn, scratch_schema) -> Non
             "SELECT dpsql.gaussian_sigma(2 * %s, 1.0 / 9, 1e-5 / 3)", (info["radius"],)
         ).fetchone()
         assert info["noise_std"] == pytest.approx(s) and info["sensitivity"] == 2 * info["radius"]
-        z.extend(np.asarray(pre["mean"]) * m / s)
-    z = np.asarray(z)
+        draws.extend(np.asarray(pre["mean"]) * m / s)
+    z = np.asarray(draws)
 
     def scale_p(v: np.ndarray) -> float:
         q = stats.chi2.cdf(float(np.sum(v**2)), df=len(v))

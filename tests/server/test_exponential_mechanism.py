@@ -1,5 +1,5 @@
 """privacy => 'exponential_mechanism' (sql/install/48_exponential_mechanism.sql; C core
-cython_ext/core/exp_mech_erm.h): exact output distributions on neighbouring datasets (spec
+core/exp_mech_erm.h): exact output distributions on neighbouring datasets (spec
 5.1.10), the sampler against them, the expected-excess bound, the server release against the C
 core, and refusals that charge nothing."""
 
@@ -9,6 +9,7 @@ import math
 import uuid
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -212,7 +213,7 @@ def test_refuses_more_than_five_coefficients(conn, scratch_schema) -> None:
     X = rng.normal(size=(100, 5))
     name = _register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels="{0,1}")
     before = conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
-    with pytest.raises(Exception, match="p <= 5") as err:
+    with pytest.raises(psycopg.Error, match="p <= 5") as err:
         _train(conn, name, intercept=True)
     # the refusal says what to use instead
     assert "objective_perturbation" in (err.value.diag.message_hint or "")

@@ -9,6 +9,7 @@ import math
 import uuid
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -232,7 +233,7 @@ def test_defaults_refuse_near_uniform_draws_before_charging(conn, scratch_schema
     else:
         name = _register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels="{0,1}")
     before = _ledger(conn)
-    with pytest.raises(Exception, match="cannot learn here") as err:
+    with pytest.raises(psycopg.Error, match="cannot learn here") as err:
         _train(conn, name, model=model)
     assert "objective_perturbation" in (err.value.diag.message_hint or "")
     conn.rollback()
@@ -249,7 +250,7 @@ def test_lasso_defaults_refuse_a_row_bound_alone(conn, scratch_schema) -> None:
     X, y, _ = _sparse_design()
     name = _register(conn, scratch_schema, X, y, label_bound=5.0, row_bound=1.0)
     before = _ledger(conn)
-    with pytest.raises(Exception, match="needs per-feature bounds") as err:
+    with pytest.raises(psycopg.Error, match="needs per-feature bounds") as err:
         _train(conn, name)
     assert "feature_bounds" in (err.value.diag.message_hint or "")
     conn.rollback()

@@ -83,16 +83,16 @@ def test_label_bound_draws_follow_the_scan(conn, small) -> None:
     are rejected against the law of twice the epsilon, and no draw is the noiseless median
     alone (noise missing) or off the grid."""
     eps, n = 2.0, 1000
-    got = []
+    bounds: list[float] = []
     for seed in range(1, n + 1):
         with conn.transaction(force_rollback=True):
             (b,) = conn.execute(
                 "SELECT dpsql.estimate_label_bound(%s, %s, '{0,10}', 0.5, noise_seed => %s)",
                 (small, eps, seed),
             ).fetchone()
-            got.append(b)
+            bounds.append(b)
     grid = _grid(conn)
-    got = np.array(got)
+    got = np.array(bounds)
     assert np.isin(got, grid).all() and got.min() > 0  # 0 -> the next point (label_bound > 0)
     # [0, 2), {2}, (2, 5), {5}, (5, 8), {8}, (8, 10]
     cells = [(0, 2, False), (2, 2, True), (2, 5, False), (5, 5, True), (5, 8, False),

@@ -582,7 +582,7 @@ def test_ambssgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -
     ds, source = _register(
         conn, scratch_schema, np.zeros((n, d)), np.zeros(n), label_bound=1.0, row_bound=1.0
     )
-    z = []
+    z: list[float] = []
     for seed in range(40):
         m = _train(conn, source, "dp_ambssgd", epsilon=20.0, steps=blocks, noise_seed=seed)
         priv = m["params"]["privacy"]

@@ -148,7 +148,7 @@ def _train(conn, source: str, mech: dict, model: str, intercept: bool) -> int | 
     return "released nothing" if row is None or row[0] is None else int(row[0])
 
 
-def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:
+def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:  # noqa: C901, PLR0915
     db = dpsql.Database(conn, owns_connection=False, embedded=False)
     with conn.cursor(row_factory=dict_row) as cur:
         mechanisms = cur.execute(

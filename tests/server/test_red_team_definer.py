@@ -6,6 +6,7 @@ owners pre-create (10), and raw PostgreSQL errors from bad dpsql.train input (11
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -271,7 +272,7 @@ def test_owners_cannot_plant_training_tables_or_runs(conn, owned) -> None:
 RAW = {"XX000", "22P02", "42846", "22003", "42883", "55000", "57014", "2202E", "22012"}
 
 # (mechanism, dpsql.train arguments): each once a raw PostgreSQL error or a timeout
-BAD_TRAIN = [
+BAD_TRAIN: list[tuple[str, dict[str, Any]]] = [
     ("bolton", {"model": None}),
     ("dpsgd", {"model": None}),
     ("bolton", {"epochs": 2147483647}),
@@ -328,7 +329,7 @@ def test_bad_train_arguments_are_dpsql_errors(conn, owned, mechanism, args) -> N
 def test_a_huge_step_size_releases_a_finite_model(conn, owned, mechanism) -> None:
     """A public step size that overflows the weights (1e308; DPSGD-F's eta_0 / tau^2 over a
     noisy tau) used to fail with "the model diverged" after the charge; a private run's weights
-    stay in a public box instead (cython_ext/core/sgd.c, guard_weights) and the step is capped:
+    stay in a public box instead (core/sgd.c, guard_weights) and the step is capped:
     a model is released, and it is finite."""
     *_, name, analyst, connect_analyst = owned
     with connect_analyst() as a:

@@ -87,7 +87,7 @@ def test_clipping_bounds_every_per_example_gradient(model) -> None:
         after = _core.weights(_core.run_epoch(s, x, y))
         step = np.linalg.norm(after - w0) / eta
         assert step <= clip * (1 + 1e-12)
-        np.testing.assert_allclose(step, min(clip, np.linalg.norm(g)), rtol=1e-9, atol=1e-14)
+        np.testing.assert_allclose(step, min(clip, float(np.linalg.norm(g))), rtol=1e-9, atol=1e-14)
 
 
 def test_empty_batches_still_step_with_noise() -> None:

@@ -157,10 +157,9 @@ dpsql_adassp_gram_row(double *state, const double *x, int xlen, double y)
 	norm = augmented_norm(x, dim, intercept);
 	if (norm > x_bound)
 		scale = x_bound / norm;
-	for (i = 0; i < dim; i++)
-		row[i] = x[i] * scale;
-	if (intercept)
-		row[dim] = scale;
+	/* one loop over all p entries (the intercept's, at dim, is the scale itself) */
+	for (i = 0; i < p; i++)
+		row[i] = i < dim ? x[i] * scale : scale;
 	if (y > y_bound)
 		y = y_bound;
 	else if (y < -y_bound)

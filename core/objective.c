@@ -169,10 +169,9 @@ dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, doubl
 	scale = dpsql_clip_scale(x, d, g->x_bound);
 	if (isnan(scale))
 		return;
-	for (j = 0; j < d; j++)
-		xr[j] = x[j] * scale;
-	if (g->intercept)
-		xr[d] = 1.0;
+	/* one loop over all p entries (the intercept's, at d, is 1) */
+	for (j = 0; j < p; j++)
+		xr[j] = j < d ? x[j] * scale : 1.0;
 	for (j = 0; j < p; j++)
 		z += xr[j] * theta[j];
 	sums[1] += glm_loss(g, z, y, &d1, &d2);

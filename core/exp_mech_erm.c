@@ -250,10 +250,9 @@ dpsql_em_loss_row(double *state, const double *x, int xlen, double y)
 	scale = dpsql_clip_scale(x, dim, x_bound);
 	if (isnan(scale))
 		return;
-	for (j = 0; j < dim; j++)
-		xc[j] = scale * x[j];
-	if (intercept)
-		xc[dim] = 1.0;
+	/* one loop over all p entries (the intercept's, at dim, is 1) */
+	for (j = 0; j < p; j++)
+		xc[j] = j < dim ? scale * x[j] : 1.0;
 	if (model == DPSQL_EM_SQUARED)
 		y = fmin(fmax(y, -y_bound), y_bound);
 	loss = model == DPSQL_EM_LOGISTIC ? DPSQL_LOSS_LOGISTIC :

@@ -1,0 +1,34 @@
+"""The install files (sql/install/*.sql): the install script is their concatenation in file-name
+order (sql/Makefile), one number per file, so that the order is the one the numbers say and never
+the names' tie-break; and every refusal goes through the one error helper, _fail."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+INSTALL = Path(__file__).resolve().parents[2] / "sql" / "install"
+
+
+def test_install_files_have_distinct_numbers() -> None:
+    by_number = collections.defaultdict(list)
+    for path in INSTALL.glob("*.sql"):
+        number, _, _ = path.name.partition("_")
+        assert number.isdigit(), path.name
+        by_number[number].append(path.name)
+    shared = {n: names for n, names in by_number.items() if len(names) > 1}
+    assert not shared, shared
+
+
+def test_refusals_go_through_fail() -> None:
+    # One error helper (05_errors.sql): a RAISE EXCEPTION stays only with a comment, just above
+    # it, saying why _fail cannot serve there.
+    unexplained = []
+    for path in sorted(INSTALL.glob("*.sql")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if "RAISE EXCEPTION" in line.upper() and not line.lstrip().startswith("--"):
+                above = " ".join(lines[max(0, i - 3) : i])
+                if "not _fail" not in above:
+                    unexplained.append(f"{path.name}:{i + 1}: {line.strip()}")
+    assert not unexplained, "\n".join(unexplained)
