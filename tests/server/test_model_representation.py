@@ -267,7 +267,9 @@ def test_rows_beyond_the_row_bound_are_scored_clipped(
     extra = ", steps => 200, options => '{\"precondition\": false}'" if privacy == "dpgd" else ""
     (mid,) = conn.execute(
         f"SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => %s, epsilon => {EPSILON},"
-        f" delta => 1e-5, noise_seed => 7, intercept => %s{extra})",
+        # seeded shuffle and noise: one deterministic release (the bound below is a property
+        # of it, not of every draw: unseeded, DP-FTRL missed it about once in 150)
+        f" delta => 1e-5, noise_seed => 7, seed => 3, intercept => %s{extra})",
         (source, privacy, intercept),
     ).fetchone()
     with conn.cursor(row_factory=dict_row) as cur:
