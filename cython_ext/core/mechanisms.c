@@ -1,12 +1,29 @@
 /*
- * mechanisms.c - output perturbation and the exponential mechanism.
+ * mechanisms.c - output perturbation, the exponential mechanism and the one-vs-rest split.
  */
 #include <math.h>
 #include <stddef.h>
 
 #include "host.h"
+#include "losses.h"
 #include "mechanisms.h"
 #include "noise.h"
+
+int
+dpsql_one_vs_rest_models(int loss, int n_classes)
+{
+	if (loss == DPSQL_LOSS_SQUARED || loss == DPSQL_LOSS_MULTINOMIAL || n_classes <= 2)
+		return 1;
+	return n_classes;
+}
+
+void
+dpsql_one_vs_rest_share(double epsilon, double delta, int models, double *model_epsilon,
+						double *model_delta)
+{
+	*model_epsilon = epsilon / models;
+	*model_delta = delta / models;
+}
 
 DpsqlStatus
 dpsql_output_perturbation(DpsqlRng *rng, double *weights, int n_out, int dim, int per_output,

@@ -81,10 +81,13 @@ DECLARE
     rules jsonb := (SELECT jsonb_object_agg(p.key, p.value->'rule')
                       FROM jsonb_each((dpsql_internal._mechanism(privacy)).parameters) p
                      WHERE p.value ? 'rule');
-    ovr boolean := canonical IN ('logistic', 'huber') AND classes > 2;  -- one-vs-rest bolt-on
+    -- one-vs-rest bolt-on: the models and each one's share of the budget
+    ovr record := dpsql_internal._one_vs_rest(canonical, classes, epsilon, delta);
     -- the model's dimension: one weight vector per class for multinomial, plus the intercept
     k int := (ds.dim + coalesce((params->>'intercept')::boolean, false)::int)
              * CASE WHEN canonical = 'multinomial' THEN classes ELSE 1 END;
+    -- one bolt-on noise draw: a binary model's coefficients for each one-vs-rest model
+    draw int := CASE WHEN ovr.models > 1 THEN ds.dim ELSE k END;
     -- rows have norm <= 1 for the classifiers (registration); regression: the public bound
     r float8 := CASE WHEN canonical = 'linear'
                      THEN sqrt(coalesce(ds.row_bound, 1) ^ 2
@@ -166,15 +169,13 @@ BEGIN
         IF rules->>'step_size' = 'bolton_noise_target' THEN
             -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
             -- / b); the step whose release has the target expected noise norm, at most 1/(2 beta).
-            step := least(step, dpsql_internal._bolton_noise_target(CASE WHEN ovr THEN ds.dim ELSE k END)
+            step := least(step, dpsql_internal._bolton_noise_target(draw)
                                 / c.smoothness
                                 / dpsql.bolton_sensitivity('constant', 1 / c.smoothness, 0, c.lipschitz,
                                                            c.smoothness, 0, m,
                                                            (all_params->>'batch_size')::bigint,
                                                            (all_params->>'epochs')::int)
-                                / dpsql_internal._unit_noise_norm(CASE WHEN ovr THEN ds.dim ELSE k END,
-                                                         epsilon / CASE WHEN ovr THEN classes ELSE 1 END,
-                                                         delta / CASE WHEN ovr THEN classes ELSE 1 END));
+                                / dpsql_internal._unit_noise_norm(draw, ovr.model_epsilon, ovr.model_delta));
         END IF;
         IF rules ? 'step_size' THEN
             filled := filled || jsonb_build_object('step_size', step);

@@ -21,7 +21,8 @@ DECLARE
     lambda float8 := (glm->>'lambda')::float8;
     lipschitz float8 := (glm->>'lipschitz')::float8;
     tolerance float8 := (glm->>'tolerance')::float8;
-    outputs int := (glm->>'outputs')::int;
+    ovr record;
+    outputs int;
     p int := (glm->>'p')::int;
     k float8;
     reg float8;
@@ -30,6 +31,9 @@ BEGIN
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
         PERFORM dpsql_internal._fail('output perturbation needs epsilon > 0 and 0 <= delta < 1');
     END IF;
+    -- one-vs-rest: C binary models on all the rows, (epsilon, delta) / C each (basic composition)
+    ovr := dpsql_internal._one_vs_rest(params->>'model', (glm->>'classes')::int, epsilon, delta);
+    outputs := ovr.models;
     -- Default reg: the minimiser of the smooth loss's second-order excess
     -- (1/2) n beta E||b||^2 + (reg/2) R^2 with E||b||^2 = (2L/reg)^2 k, k = p(p+1)/eps^2
     -- (Gamma-norm) or 2 p ln(1.25/delta)/eps^2 (Gaussian), per model: reg^3 = 8 n beta L^2 k / R^2.
@@ -47,16 +51,15 @@ BEGIN
         epsilon, outputs, (glm->>'y_bound')::float8);
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
-        'regularizer', reg, 'sensitivity', sensitivity,
-        -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
-        'epsilon', epsilon / outputs, 'delta', delta / outputs,
+        'outputs', outputs, 'regularizer', reg, 'sensitivity', sensitivity,
+        'epsilon', ovr.model_epsilon, 'delta', ovr.model_delta,
         'info', jsonb_build_object(
             'algorithm', 'output perturbation (spec 004 A10) of the regularised minimiser, '
                          'certified by Newton''s method',
             'noise', CASE WHEN delta > 0 THEN 'gaussian (analytic)' ELSE 'gamma-norm' END,
             'sensitivity', sensitivity, 'regularizer', reg, 'lipschitz', lipschitz,
             'tolerance', tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
-            'model_epsilon', epsilon / outputs, 'model_delta', delta / outputs,
+            'model_epsilon', ovr.model_epsilon, 'model_delta', ovr.model_delta,
             'neighbouring', 'replace-one, n public'));
 END $$;
 

@@ -1,6 +1,8 @@
 /*
  * release_fmgr.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
- * final state, the closed-form sensitivities, and the exponential mechanism.
+ * final state, the closed-form sensitivities, and the exponential mechanism; the noise
+ * calibrations every mechanism shares (mechanisms.h, noise.h): the Gaussian sigma and the
+ * one-vs-rest split.
  *
  * The noise generator is keyed with 32 bytes from pg_strong_random, unless a seed is given
  * (tests and reproductions; such releases are recorded as not private by the SQL caller).
@@ -29,6 +31,7 @@ PG_FUNCTION_INFO_V1(dpsql_bolton_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
 PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
 PG_FUNCTION_INFO_V1(dpsql_add_gaussian_sql);
+PG_FUNCTION_INFO_V1(dpsql_one_vs_rest_sql);
 
 
 /* Stream numbers keep the uses of one key apart. */
@@ -271,4 +274,55 @@ dpsql_add_gaussian_sql(PG_FUNCTION_ARGS)
 	dpsql_add_gaussian(&rng, (double *) ARR_DATA_PTR(out), n, sigma);
 	explicit_bzero(&rng, sizeof(rng));
 	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/*
+ * dpsql_internal._one_vs_rest(model text, classes int, epsilon float8, delta float8,
+ *                             OUT models int, OUT model_epsilon float8, OUT model_delta float8)
+ * The models a release trains and each one's share of its budget (a NULL budget: NULL share).
+ */
+Datum
+dpsql_one_vs_rest_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	char	   *model;
+	int			loss,
+				classes,
+				models;
+	double		epsilon,
+				delta,
+				model_epsilon,
+				model_delta;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: _one_vs_rest needs a model and its number of classes")));
+	model = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	loss = dpsql_loss_from_name(model);
+	classes = PG_GETARG_INT32(1);
+	if (loss == 0 || classes < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_vs_rest: unknown model \"%s\" or a negative number of "
+						"classes (%d)", model, classes)));
+	epsilon = PG_ARGISNULL(2) ? 1.0 : PG_GETARG_FLOAT8(2);
+	delta = PG_ARGISNULL(3) ? 0.0 : PG_GETARG_FLOAT8(3);
+	if (!(epsilon > 0.0) || !(delta >= 0.0 && delta < 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_vs_rest splits epsilon > 0 and 0 <= delta < 1, got (%g, %g)",
+						epsilon, delta)));
+	models = dpsql_one_vs_rest_models(loss, classes);
+	dpsql_one_vs_rest_share(epsilon, delta, models, &model_epsilon, &model_delta);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _one_vs_rest must return a record");
+	values[0] = Int32GetDatum(models);
+	values[1] = Float8GetDatum(model_epsilon);
+	nulls[1] = PG_ARGISNULL(2);
+	values[2] = Float8GetDatum(model_delta);
+	nulls[2] = PG_ARGISNULL(3);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

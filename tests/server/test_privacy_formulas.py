@@ -1,7 +1,8 @@
 """The privacy formulas every mechanism shares, each in one place in the C core (issue 26):
-the zCDP Gaussian and DP-GD's per-step noise. Each is checked against an independent
-computation (numpy closed forms, dp-accounting) and, where a mechanism used to spell it in
-SQL, against that spelling to the bit: moving the formula into the core changed no release."""
+the zCDP Gaussian, DP-GD's per-step noise and the one-vs-rest split. Each is checked against
+an independent computation (numpy closed forms, dp-accounting) and, where a mechanism used to
+spell it in SQL, against that spelling to the bit: moving the formula into the core changed no
+release."""
 
 from __future__ import annotations
 
@@ -95,3 +96,63 @@ def _dpgd(conn, gamma, rho, steps, n):
         "           / (sqrt(%(r)s::float8) * %(n)s::bigint)",
         {"g": gamma, "r": rho, "N": steps, "n": n},
     ).fetchone()
+
+
+# ------------------------------------------------------------------------------- one-vs-rest
+
+
+@pytest.mark.parametrize(
+    ("model", "classes", "models"),
+    [
+        ("logistic", 2, 1),
+        ("logistic", 3, 3),
+        ("huber", 10, 10),
+        ("svm", 4, 4),  # an alias of huber
+        ("multinomial", 5, 1),  # one softmax model
+        ("linear", 0, 1),
+        ("logistic", 0, 1),
+    ],
+)
+def test_one_vs_rest_splits_the_budget_evenly(conn, model, classes, models) -> None:
+    got = _one(
+        conn,
+        "SELECT models, model_epsilon, model_delta"
+        "  FROM dpsql_internal._one_vs_rest(%s, %s, %s, %s)",
+        model,
+        classes,
+        1.3,
+        3e-6,
+    )
+    assert got == (models, 1.3 / models, 3e-6 / models)
+    # no budget: the models alone
+    assert _one(
+        conn, "SELECT * FROM dpsql_internal._one_vs_rest(%s, %s, NULL, NULL)", model, classes
+    ) == (
+        models,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("lasso", 3, 1, 0), "unknown model"),
+        (("logistic", -1, 1, 0), "negative number"),
+        (("logistic", 3, 0, 0), "epsilon > 0"),
+        (("logistic", 3, 1, 1), "delta < 1"),
+        ((None, 3, 1, 0), "needs a model"),
+    ],
+)
+def test_one_vs_rest_refuses_bad_input(conn, args, match) -> None:
+    with pytest.raises(psycopg.Error, match=match):
+        _one(conn, "SELECT * FROM dpsql_internal._one_vs_rest(%s, %s, %s, %s)", *args)
+
+
+def test_the_sgd_state_has_one_output_per_one_vs_rest_model() -> None:
+    """The core's SGD state (sgd.h, dpsql_outputs) follows the same rule."""
+    from dpsql import _core
+
+    for model, classes, outputs in [("logistic", 3, 3), ("huber", 2, 1), ("multinomial", 4, 4)]:
+        s = _core.init_state(model, 2, n_classes=classes)
+        assert _core.header(s)["n_out"] == outputs
