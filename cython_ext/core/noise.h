@@ -41,7 +41,17 @@ double		dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon);
 /* Smallest sigma with dpsql_gaussian_delta(sigma) <= delta (the analytic Gaussian mechanism). */
 double		dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta);
 
-/* Eq. (4): sensitivity * sqrt(2 ln(1.25/delta)) / epsilon; valid for epsilon < 1 only (NaN else). */
+/*
+ * The classic Gaussian mechanism (eq. (4); Dwork-Roth Thm A.1), the one place its formula
+ * 2 ln(1.25/delta) lives: sensitivity * sqrt(2 ln(1.25/delta)) / epsilon; valid for
+ * epsilon < 1 only (NaN else, and unless 0 < delta < 1).
+ */
 double		dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta);
+
+/*
+ * The same formula on epsilon in (0, 1], the bound included: BST14 (Algorithms 4 and 5)
+ * applies it at its amplified epsilon_2 = min(1, .), as its paper does. NaN outside.
+ */
+double		dpsql_gaussian_sigma_classic_closed(double sensitivity, double epsilon, double delta);
 
 #endif

@@ -204,6 +204,15 @@ CREATE OR REPLACE FUNCTION dpsql_internal._one_vs_rest(model text, classes int, 
 AS 'MODULE_PATHNAME', 'dpsql_one_vs_rest_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+-- The size over dim coordinates of the noise of a release of L2 sensitivity s: the Gamma-norm
+-- noise (delta = 0) has norm ~ Gamma(dim, s/epsilon), mean dim s/epsilon; the Gaussian
+-- (calibration analytic or classic) sigma sqrt(dim). dim = 1: the noise scale itself (C core:
+-- dpsql_noise_size, mechanisms.h; output perturbation draws with that scale).
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_size(sensitivity float8, epsilon float8, delta float8,
+                                                      dim int, calibration text DEFAULT 'analytic')
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_size_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._accountant(request text)
 RETURNS text AS 'MODULE_PATHNAME', 'dpsql_accountant'
 LANGUAGE C STRICT VOLATILE;

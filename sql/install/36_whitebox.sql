@@ -9,21 +9,31 @@ CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_advanced_composition_step_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+-- The per-step noise of SCS13 and BST14, for their plans below and for the defaults' batch
+-- rule (34_defaults.sql, _step_noise): one place each, in the C core (mechanisms.h).
+--
+-- SCS13 (as the bolt-on paper ran it): k passes at (epsilon, delta) / k each (basic
+-- composition), noise on a step's gradient sum of L2 sensitivity s: the Gamma-norm scale
+-- s / epsilon_pass (delta = 0) or the Gaussian sigma (calibration); over dim coordinates its
+-- size (_noise_size; dim = 1: the scale).
+CREATE OR REPLACE FUNCTION dpsql_internal._scs13_step_noise(sensitivity float8, epsilon float8,
+                                                            delta float8, passes int, dim int,
+                                                            calibration text,
+                                                            OUT epsilon_pass float8,
+                                                            OUT delta_pass float8,
+                                                            OUT noise float8)
+AS 'MODULE_PATHNAME', 'dpsql_scs13_step_noise_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- BST14's per-step noise std at add/remove sensitivity 1 (Algorithm 4/5 with k epochs of
--- T = k floor(m / b) steps of b draws with replacement): the Gaussian for (epsilon_2, delta_1),
--- epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification, delta_1 = delta / T.
+-- T = k floor(m / b) steps of b draws with replacement): the classic Gaussian for
+-- (epsilon_2, delta_1), epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification,
+-- delta_1 = delta / T, epsilon_1 as _bst14_epsilon1 (C core: dpsql_bst14_step_noise).
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_noise(epsilon float8, delta float8, rows bigint, b bigint,
                                    k int, OUT epsilon_1 float8, OUT epsilon_2 float8,
                                    OUT delta_1 float8, OUT sigma float8)
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    t bigint := k * (rows / b);
-BEGIN
-    delta_1 := delta / t;
-    epsilon_1 := dpsql_internal._bst14_epsilon1(epsilon, delta_1, t);
-    epsilon_2 := least(1.0, rows * epsilon_1 / (2 * b));
-    sigma := sqrt(2 * ln(1.25 / delta_1)) / epsilon_2;
-END $$;
+AS 'MODULE_PATHNAME', 'dpsql_bst14_step_noise_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- Answers of the accountant, a deterministic function of the request (a call costs seconds).
 CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
@@ -95,9 +105,8 @@ DECLARE
     sampling text := coalesce(params->>'sampling', 'shuffle');
     z float8 := (params->>'noise_multiplier')::float8;
     acct jsonb;
-    eps_p float8;
-    delta_p float8;
     radius float8 := (spec->>'radius')::float8;
+    scs record;
     bst record;
     sigma float8;
     lip float8;
@@ -161,19 +170,18 @@ BEGIN
         -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
         -- noise on the gradient SUM with sensitivity 2 L, then divided by b; steps 1/sqrt(t).
         clip := c.lipschitz_data;
-        eps_p := epsilon / k;
-        delta_p := delta / k;
+        scs := dpsql_internal._scs13_step_noise(2 * clip, epsilon, delta, k, 1,
+                                                coalesce(params->>'gaussian', 'analytic'));
         plan := jsonb_build_object(
             'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
-            'noise_scale', CASE WHEN delta = 0 THEN 2 * clip / eps_p
-                                ELSE dpsql.gaussian_sigma(2 * clip, eps_p, delta_p,
-                                                          coalesce(params->>'gaussian', 'analytic')) END,
+            'noise_scale', scs.noise,
             'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
             'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
             'sampling', 'shuffle', 'steps_per_epoch', 0, 'epsilon', epsilon, 'delta', delta,
             'info', jsonb_build_object(
                 'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
-                'epsilon_per_pass', eps_p, 'delta_per_pass', delta_p, 'sensitivity', 2 * clip,
+                'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
+                'sensitivity', 2 * clip,
                 'neighbouring', 'replace-one, m public'));
     ELSIF privacy = 'bst14' THEN
         IF NOT (delta > 0) THEN

@@ -1,8 +1,8 @@
 /*
  * release_fmgr.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
  * final state, the closed-form sensitivities, and the exponential mechanism; the noise
- * calibrations every mechanism shares (mechanisms.h, noise.h): the Gaussian sigma and the
- * one-vs-rest split.
+ * calibrations every mechanism shares (mechanisms.h, noise.h): the Gaussian sigma, the
+ * one-vs-rest split, the size of a release's noise, SCS13's and BST14's per-step noise.
  *
  * The noise generator is keyed with 32 bytes from pg_strong_random, unless a seed is given
  * (tests and reproductions; such releases are recorded as not private by the SQL caller).
@@ -32,6 +32,9 @@ PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
 PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
 PG_FUNCTION_INFO_V1(dpsql_add_gaussian_sql);
 PG_FUNCTION_INFO_V1(dpsql_one_vs_rest_sql);
+PG_FUNCTION_INFO_V1(dpsql_noise_size_sql);
+PG_FUNCTION_INFO_V1(dpsql_scs13_step_noise_sql);
+PG_FUNCTION_INFO_V1(dpsql_bst14_step_noise_sql);
 
 
 /* Stream numbers keep the uses of one key apart. */
@@ -277,6 +280,32 @@ dpsql_add_gaussian_sql(PG_FUNCTION_ARGS)
 }
 
 /*
+ * ERROR for a release's noise that cannot be calibrated, worded as dpsql.gaussian_sigma's
+ * (the message the white-box plans raised when they called it).
+ */
+static void
+no_noise(double delta)
+{
+	if (delta > 0.0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: no Gaussian noise for these parameters"),
+				 errdetail("sensitivity >= 0, epsilon > 0, 0 < delta < 1; classic needs epsilon < 1.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: no noise for these parameters"),
+			 errdetail("A finite sensitivity >= 0, a finite epsilon > 0, 0 <= delta < 1 and at "
+					   "least one coordinate (and one pass).")));
+}
+
+/* The Gaussian calibration of argument i, read only where a Gaussian is drawn (delta > 0). */
+static int
+calibration_arg(FunctionCallInfo fcinfo, int i, double delta)
+{
+	return delta > 0.0 ? calibration_code(PG_GETARG_TEXT_PP(i)) : DPSQL_GAUSSIAN_ANALYTIC;
+}
+
+/*
  * dpsql_internal._one_vs_rest(model text, classes int, epsilon float8, delta float8,
  *                             OUT models int, OUT model_epsilon float8, OUT model_delta float8)
  * The models a release trains and each one's share of its budget (a NULL budget: NULL share).
@@ -324,5 +353,74 @@ dpsql_one_vs_rest_sql(PG_FUNCTION_ARGS)
 	nulls[1] = PG_ARGISNULL(2);
 	values[2] = Float8GetDatum(model_delta);
 	nulls[2] = PG_ARGISNULL(3);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* dpsql_internal._noise_size(sensitivity, epsilon, delta, dim int, calibration text) (strict) */
+Datum
+dpsql_noise_size_sql(PG_FUNCTION_ARGS)
+{
+	double		delta = PG_GETARG_FLOAT8(2),
+				size = dpsql_noise_size(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), delta,
+										PG_GETARG_INT32(3), calibration_arg(fcinfo, 4, delta));
+
+	if (!isfinite(size))
+		no_noise(delta);
+	PG_RETURN_FLOAT8(size);
+}
+
+/*
+ * dpsql_internal._scs13_step_noise(sensitivity, epsilon, delta, passes int, dim int,
+ *     calibration text, OUT epsilon_pass float8, OUT delta_pass float8, OUT noise float8)
+ * (strict)
+ */
+Datum
+dpsql_scs13_step_noise_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	double		delta = PG_GETARG_FLOAT8(2),
+				epsilon_pass,
+				delta_pass,
+				noise;
+
+	noise = dpsql_scs13_step_noise(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), delta,
+								   PG_GETARG_INT32(3), PG_GETARG_INT32(4),
+								   calibration_arg(fcinfo, 5, delta), &epsilon_pass, &delta_pass);
+	if (!isfinite(noise))
+		no_noise(delta);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _scs13_step_noise must return a record");
+	values[0] = Float8GetDatum(epsilon_pass);
+	values[1] = Float8GetDatum(delta_pass);
+	values[2] = Float8GetDatum(noise);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/*
+ * dpsql_internal._bst14_noise(epsilon, delta, rows bigint, b bigint, k int, OUT epsilon_1,
+ *     OUT epsilon_2, OUT delta_1, OUT sigma) (strict)
+ */
+Datum
+dpsql_bst14_step_noise_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	DpsqlBst14Noise n;
+
+	if (dpsql_bst14_step_noise(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), PG_GETARG_INT64(2),
+							   PG_GETARG_INT64(3), PG_GETARG_INT32(4), &n) != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: BST14's noise needs epsilon > 0, 0 < delta < 1, a batch of at "
+						"most the rows and at least one pass (advanced composition over the steps)")));
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _bst14_noise must return a record");
+	values[0] = Float8GetDatum(n.epsilon_1);
+	values[1] = Float8GetDatum(n.epsilon_2);
+	values[2] = Float8GetDatum(n.delta_1);
+	values[3] = Float8GetDatum(n.sigma);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }

@@ -1,8 +1,8 @@
 """The privacy formulas every mechanism shares, each in one place in the C core (issue 26):
-the zCDP Gaussian, DP-GD's per-step noise and the one-vs-rest split. Each is checked against
-an independent computation (numpy closed forms, dp-accounting) and, where a mechanism used to
-spell it in SQL, against that spelling to the bit: moving the formula into the core changed no
-release."""
+the zCDP Gaussian, DP-GD's per-step noise, the one-vs-rest split, the size of a release's
+noise and SCS13's and BST14's per-step noise. Each is checked against an independent
+computation (numpy closed forms, scipy, dp-accounting) and, where a mechanism used to spell it
+in SQL, against that spelling to the bit: moving the formula into the core changed no release."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import math
 import numpy as np
 import psycopg
 import pytest
+from scipy import optimize, stats
 
 DELTA = 1e-6
 
@@ -156,3 +157,122 @@ def test_the_sgd_state_has_one_output_per_one_vs_rest_model() -> None:
     for model, classes, outputs in [("logistic", 3, 3), ("huber", 2, 1), ("multinomial", 4, 4)]:
         s = _core.init_state(model, 2, n_classes=classes)
         assert _core.header(s)["n_out"] == outputs
+
+
+# ------------------------------------------------------------------- the size of the noise
+
+
+def _balle_wang_delta(sigma: float, sens: float, eps: float) -> float:
+    a, b = sens / (2 * sigma), eps * sigma / sens
+    return float(stats.norm.cdf(a - b) - np.exp(eps) * stats.norm.cdf(-a - b))
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(0.5, 1e-5), (1.0, 1e-6), (4.0, 1e-7)])
+def test_noise_size_of_the_analytic_gaussian(conn, eps, delta) -> None:
+    """sigma sqrt(dim), sigma the smallest with the exact delta(sigma) of Balle-Wang (Thm 8)
+    at most delta: scipy's root of delta(sigma) = delta."""
+    sens = 2.0
+    for dim in (1, 7):
+        (size,) = _one(
+            conn, "SELECT dpsql_internal._noise_size(%s, %s, %s, %s)", sens, eps, delta, dim
+        )
+        root = optimize.brentq(
+            lambda s: _balle_wang_delta(s, sens, eps) - delta, 1e-3, 1e3, xtol=1e-14
+        )
+        assert size == pytest.approx(root * math.sqrt(dim), rel=1e-9)
+
+
+def test_noise_size_classic_and_gamma(conn) -> None:
+    (classic,) = _one(conn, "SELECT dpsql_internal._noise_size(1.5, 0.5, 1e-5, 4, 'classic')")
+    assert classic == pytest.approx(1.5 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5 * 2, rel=1e-15)
+    # Gamma(dim, s/eps) has mean dim s / eps (numpy's sampler, independent of the core's)
+    (gamma,) = _one(
+        conn, "SELECT dpsql_internal._noise_size(1.5, 0.5, 0, 4, 'no calibration needed')"
+    )
+    draws = np.random.default_rng(0).gamma(4, 1.5 / 0.5, size=400_000)
+    assert gamma == 4 * 1.5 / 0.5 and draws.mean() == pytest.approx(gamma, rel=1e-2)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="no Gaussian noise"):
+        _one(conn, "SELECT dpsql_internal._noise_size(1, 1, 1e-5, 1, 'classic')")  # eps >= 1
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown Gaussian calibration"):
+        _one(conn, "SELECT dpsql_internal._noise_size(1, 0.5, 1e-5, 1, 'exact')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="no noise"):
+        _one(conn, "SELECT dpsql_internal._noise_size(1, 0.5, 0, 0)")
+
+
+def test_noise_size_keeps_the_defaults_bits(conn) -> None:
+    """The spelling 34_defaults.sql used (_unit_noise_norm): k / epsilon and
+    gaussian_sigma(1, epsilon, delta) sqrt(k)."""
+    for eps, delta, k in [(0.3, 0, 7), (1.7, 0, 501), (0.3, 1e-6, 7), (2.9, 1e-5, 120)]:
+        (same,) = _one(
+            conn,
+            "SELECT dpsql_internal._noise_size(1, %(e)s, %(d)s, %(k)s)"
+            "       = CASE WHEN %(d)s > 0"
+            "              THEN dpsql.gaussian_sigma(1, %(e)s, %(d)s) * sqrt(%(k)s::int)"
+            "              ELSE %(k)s::int / %(e)s::float8 END",
+            {"e": eps, "d": delta, "k": k},
+        )
+        assert same
+
+
+# ------------------------------------------------------------------ SCS13's and BST14's steps
+
+
+def test_scs13_step_noise_splits_the_passes(conn) -> None:
+    """(epsilon, delta) / passes per pass; the noise at sensitivity s as _noise_size, bit for
+    bit the old plan's 2 L / (epsilon / k) and gaussian_sigma(2 L, epsilon / k, delta / k)."""
+    for eps, delta, k, cal in [
+        (3.0, 0, 1, "analytic"),
+        (2.0, 1e-6, 2, "analytic"),
+        (0.9, 1e-5, 1, "classic"),
+    ]:
+        row = _one(
+            conn,
+            "SELECT s.epsilon_pass, s.delta_pass, s.noise,"
+            "       s.noise = CASE WHEN %(d)s = 0 THEN 2 * 0.7::float8 / (%(e)s / %(k)s)"
+            "                      ELSE dpsql.gaussian_sigma(2 * 0.7::float8, %(e)s / %(k)s,"
+            "                                                %(d)s / %(k)s, %(c)s) END"
+            "  FROM dpsql_internal._scs13_step_noise(2 * 0.7::float8, %(e)s, %(d)s, %(k)s, 1,"
+            "                                        %(c)s) s",
+            {"e": eps, "d": delta, "k": k, "c": cal},
+        )
+        assert row[:2] == (eps / k, delta / k) and row[3]
+        if delta == 0:
+            assert row[2] == pytest.approx(1.4 * k / eps, rel=1e-15)
+        elif cal == "classic":
+            assert row[2] == pytest.approx(
+                1.4 * math.sqrt(2 * math.log(1.25 * k / delta)) * k / eps, rel=1e-14
+            )
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="no noise"):
+        _one(conn, "SELECT * FROM dpsql_internal._scs13_step_noise(1, 1, 0, 0, 1, 'analytic')")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="no Gaussian noise"):
+        _one(conn, "SELECT * FROM dpsql_internal._scs13_step_noise(1, 1, 1e-5, 1, 1, 'classic')")
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "m", "b", "k"),
+    [(1.0, 1e-5, 100, 5, 2), (2.0, 1e-6, 60000, 50, 10), (50.0, 1e-5, 2000, 5, 1)],
+)
+def test_bst14_noise_from_its_paper(conn, eps, delta, m, b, k) -> None:
+    """Algorithm 4/5's numbers recomputed in numpy: T = k floor(m/b), delta_1 = delta/T,
+    epsilon_1 the root of eps = T e1 (e^e1 - 1) + sqrt(2 T ln(1/delta_1)) e1 (scipy),
+    epsilon_2 = min(1, m e1 / (2 b)), sigma = sqrt(2 ln(1.25/delta_1)) / epsilon_2 (at
+    epsilon_2 = 1 too, as the paper applies it: the last case)."""
+    e1, e2, d1, sigma = _one(
+        conn, "SELECT * FROM dpsql_internal._bst14_noise(%s, %s, %s, %s, %s)", eps, delta, m, b, k
+    )
+    t = k * (m // b)
+    assert d1 == delta / t
+    root = optimize.brentq(
+        lambda x: t * x * np.expm1(x) + np.sqrt(2 * t * np.log(1 / d1)) * x - eps,
+        0,
+        min(eps, 50),
+        xtol=1e-300,
+        rtol=1e-15,
+    )
+    assert e1 == pytest.approx(root, rel=1e-12)
+    assert e2 == min(1.0, m * e1 / (2 * b))
+    assert sigma == pytest.approx(np.sqrt(2 * np.log(1.25 / d1)) / e2, rel=1e-15)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="BST14"):
+        _one(conn, "SELECT * FROM dpsql_internal._bst14_noise(1, 0, 100, 5, 1)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="BST14"):
+        _one(conn, "SELECT * FROM dpsql_internal._bst14_noise(1, 1e-5, 4, 5, 1)")
