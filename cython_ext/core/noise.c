@@ -265,3 +265,17 @@ dpsql_gaussian_sigma_classic_closed(double sensitivity, double epsilon, double d
 		return NAN;
 	return sensitivity * sqrt(classic_variance_factor(delta, 1.0)) / epsilon;
 }
+
+double
+dpsql_noise_sq_norm(int dim, double epsilon, double delta, int shares)
+{
+	double		per_share;
+
+	if (dim < 1 || shares < 1 || !(epsilon > 0.0 && isfinite(epsilon)) ||
+		!(delta >= 0.0 && delta < 1.0))
+		return NAN;
+	per_share = pow((double) shares / epsilon, 2.0);
+	if (delta == 0.0)
+		return dim * (dim + 1.0) * per_share;
+	return dim * classic_variance_factor(delta, shares) * per_share;
+}

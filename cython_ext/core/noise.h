@@ -54,4 +54,16 @@ double		dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double 
  */
 double		dpsql_gaussian_sigma_classic_closed(double sensitivity, double epsilon, double delta);
 
+/*
+ * E||b||^2 / sensitivity^2 of a dim-dimensional noise draw when each of `shares` releases
+ * (one-vs-rest models) gets (epsilon, delta) / shares: with delta = 0 the Gamma-norm noise of
+ * eq. (3), norm ~ Gamma(dim, shares / epsilon), dim (dim + 1) (shares / epsilon)^2; with
+ * delta > 0, dim times the classic Gaussian's variance at the share,
+ * 2 dim ln(1.25 shares / delta) (shares / epsilon)^2, as an estimate at any epsilon (output
+ * perturbation's default regulariser: 49_output_perturbation.sql). Written in the order that
+ * regulariser has always used (a seeded release stays bit-identical). NaN unless dim >= 1,
+ * shares >= 1, epsilon > 0 finite and 0 <= delta < 1.
+ */
+double		dpsql_noise_sq_norm(int dim, double epsilon, double delta, int shares);
+
 #endif

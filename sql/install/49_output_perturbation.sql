@@ -8,6 +8,15 @@
 -- docs/objective_perturbation.md.
 ------------------------------------------------------------------------------------------
 
+-- E||b||^2 / sensitivity^2 of a p-dimensional noise draw at (epsilon, delta) / shares: the
+-- Gamma-norm noise's p (p + 1) (shares / epsilon)^2, or p times the classic Gaussian's
+-- variance 2 ln(1.25 shares / delta) (shares / epsilon)^2 (C core: dpsql_noise_sq_norm,
+-- noise.h, beside the classic sigma).
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_sq_norm(dim int, epsilon float8, delta float8,
+                                                         shares int)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_sq_norm_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- The plan: reg = n lambda if the analyst gave lambda > 0, else the utility choice below
 -- (radius a public bound on ||theta*||, default 10; regression max(10, 2Y)).
 CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.datasets, n bigint,
@@ -36,12 +45,12 @@ BEGIN
     outputs := ovr.models;
     -- Default reg: the minimiser of the smooth loss's second-order excess
     -- (1/2) n beta E||b||^2 + (reg/2) R^2 with E||b||^2 = (2L/reg)^2 k, k = p(p+1)/eps^2
-    -- (Gamma-norm) or 2 p ln(1.25/delta)/eps^2 (Gaussian), per model: reg^3 = 8 n beta L^2 k / R^2.
+    -- (Gamma-norm) or 2 p ln(1.25/delta)/eps^2 (the classic Gaussian's variance, an estimate
+    -- of the analytic one's), per model: reg^3 = 8 n beta L^2 k / R^2 (_noise_sq_norm).
     -- Card A10's first-order L sqrt(2np/eps)/R charges every row L ||b|| and so over-regularises
     -- by 1.2-2.5x at n = 400-70000: on one-hot rows (entries 1/sqrt(k) after clipping) the
     -- model then predicted the majority class at every epsilon.
-    k := CASE WHEN delta > 0 THEN 2 * p * ln(1.25 * outputs / delta)
-              ELSE p * (p + 1.0) END * (outputs / epsilon) ^ 2;
+    k := dpsql_internal._noise_sq_norm(p, epsilon, delta, outputs);
     reg := CASE WHEN lambda > 0 THEN n * lambda
                 ELSE cbrt(8 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / radius ^ 2) END;
     -- the same refusal as objective perturbation's, with the second-order excess above

@@ -35,6 +35,7 @@ PG_FUNCTION_INFO_V1(dpsql_one_vs_rest_sql);
 PG_FUNCTION_INFO_V1(dpsql_noise_size_sql);
 PG_FUNCTION_INFO_V1(dpsql_scs13_step_noise_sql);
 PG_FUNCTION_INFO_V1(dpsql_bst14_step_noise_sql);
+PG_FUNCTION_INFO_V1(dpsql_noise_sq_norm_sql);
 
 
 /* Stream numbers keep the uses of one key apart. */
@@ -423,4 +424,19 @@ dpsql_bst14_step_noise_sql(PG_FUNCTION_ARGS)
 	values[2] = Float8GetDatum(n.delta_1);
 	values[3] = Float8GetDatum(n.sigma);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* dpsql_internal._noise_sq_norm(dim int, epsilon, delta, shares int) (strict) */
+Datum
+dpsql_noise_sq_norm_sql(PG_FUNCTION_ARGS)
+{
+	double		v = dpsql_noise_sq_norm(PG_GETARG_INT32(0), PG_GETARG_FLOAT8(1),
+										PG_GETARG_FLOAT8(2), PG_GETARG_INT32(3));
+
+	if (!isfinite(v))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _noise_sq_norm needs dim >= 1, shares >= 1, a finite epsilon > 0 "
+						"and 0 <= delta < 1")));
+	PG_RETURN_FLOAT8(v);
 }

@@ -1,8 +1,9 @@
 """The privacy formulas every mechanism shares, each in one place in the C core (issue 26):
 the zCDP Gaussian, DP-GD's per-step noise, the one-vs-rest split, the size of a release's
-noise and SCS13's and BST14's per-step noise. Each is checked against an independent
-computation (numpy closed forms, scipy, dp-accounting) and, where a mechanism used to spell it
-in SQL, against that spelling to the bit: moving the formula into the core changed no release."""
+noise, SCS13's and BST14's per-step noise and output perturbation's E||b||^2. Each is checked
+against an independent computation (numpy closed forms, scipy, dp-accounting) and, where a
+mechanism used to spell it in SQL, against that spelling to the bit: moving the formula into
+the core changed no release."""
 
 from __future__ import annotations
 
@@ -276,3 +277,32 @@ def test_bst14_noise_from_its_paper(conn, eps, delta, m, b, k) -> None:
         _one(conn, "SELECT * FROM dpsql_internal._bst14_noise(1, 0, 100, 5, 1)")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="BST14"):
         _one(conn, "SELECT * FROM dpsql_internal._bst14_noise(1, 1e-5, 4, 5, 1)")
+
+
+# ------------------------------------------------------------- output perturbation's E||b||^2
+
+
+@pytest.mark.parametrize(
+    ("p", "eps", "delta", "shares"),
+    [(5, 2.0, 1e-5, 1), (5, 6.0, 1e-5, 3), (31, 0.5, 0, 1), (4, 6.0, 0, 10)],
+)
+def test_noise_sq_norm(conn, p, eps, delta, shares) -> None:
+    """p (p + 1) (C/eps)^2 (Gamma-norm: E r^2 of Gamma(p, C/eps), numpy's moments) or p times
+    the classic variance at (eps, delta) / C; bit for bit the regulariser's old spelling."""
+    (v, same) = _one(
+        conn,
+        "SELECT dpsql_internal._noise_sq_norm(%(p)s, %(e)s, %(d)s, %(c)s),"
+        "       dpsql_internal._noise_sq_norm(%(p)s, %(e)s, %(d)s, %(c)s)"
+        "         = CASE WHEN %(d)s > 0 THEN 2 * %(p)s::int * ln(1.25 * %(c)s::int / %(d)s)"
+        "                ELSE %(p)s::int * (%(p)s::int + 1.0) END * (%(c)s::int / %(e)s) ^ 2",
+        {"p": p, "e": eps, "d": delta, "c": shares},
+    )
+    assert same
+    if delta == 0:
+        scale = shares / eps
+        assert v == pytest.approx(stats.gamma(p, scale=scale).moment(2), rel=1e-12)
+    else:
+        sigma = math.sqrt(2 * math.log(1.25 / (delta / shares))) / (eps / shares)
+        assert v == pytest.approx(p * sigma**2, rel=1e-13)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="_noise_sq_norm"):
+        _one(conn, "SELECT dpsql_internal._noise_sq_norm(0, 1, 0, 1)")
