@@ -152,6 +152,12 @@ BEGIN
                     THEN jsonb_build_object('prefix_noise_multiplier',
                                             (params->>'prefix_noise_multiplier')::float8)
                     ELSE '{}' END);
+        -- The event it accounted is the one the release charges (the ledger's dp_event).
+        IF jsonb_typeof(acct->'ledger_event') IS DISTINCT FROM 'object' THEN
+            PERFORM dpsql_internal._fail('the accountant did not say which event it accounted: '
+                                         'its dpsql package is older than the extension',
+                                         '55000', 'Install the same dpsql version for the server''s Python.');
+        END IF;
         z := coalesce(z, (acct->>'noise_multiplier')::float8);
         plan := jsonb_build_object(
             'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
@@ -161,10 +167,11 @@ BEGIN
             'steps_per_epoch', CASE WHEN sampling = 'poisson' THEN n ELSE 0 END,
             'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
             'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
+            'dp_event', acct->'ledger_event',
             'info', jsonb_build_object(
                 'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
                 'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
-                'accountant', acct, 'sensitivity', 2 * clip, 'noise_scale', z * clip,
+                'accountant', acct - 'ledger_event', 'sensitivity', 2 * clip, 'noise_scale', z * clip,
                 'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
     ELSIF privacy = 'scs13' THEN
         -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
@@ -268,9 +275,10 @@ BEGIN
     r := dpsql_internal._locked_run(run);
     plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     plan := dpsql_internal._audit_plan(r.spec, r.rows, plan);  -- a superuser's test switch (52_audit.sql)
+    -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
+    -- (epsilon, delta)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy, dp_event => CASE WHEN privacy = 'dpsgd' THEN dpsql_internal._dpsgd_event(
-                               plan, (r.spec->>'epochs')::int, (params->>'prefix_noise_multiplier')::float8) END);
+                           privacy, dp_event => plan->'dp_event');
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
