@@ -1,5 +1,6 @@
 /*
- * composition.c - zCDP conversions and advanced composition (composition.h).
+ * composition.c - zCDP conversions, the zCDP Gaussian and advanced composition
+ * (composition.h).
  */
 #include <math.h>
 
@@ -22,6 +23,15 @@ dpsql_zcdp_epsilon(double rho, double delta)
 	if (!(rho >= 0.0) || !(delta > 0.0 && delta < 1.0))
 		return NAN;
 	return rho + 2.0 * sqrt(rho * log(1.0 / delta));
+}
+
+double
+dpsql_zcdp_sigma(double sensitivity, double rho, double shares)
+{
+	if (!(sensitivity >= 0.0 && isfinite(sensitivity)) || !(rho > 0.0 && isfinite(rho)) ||
+		!(shares >= 1.0 && isfinite(shares)))
+		return NAN;
+	return sensitivity / sqrt(2.0 * rho / shares);
 }
 
 double

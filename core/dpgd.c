@@ -307,6 +307,15 @@ dpsql_dpgd_step(DpsqlRng *rng, const double *theta, const double *grad_sum, int 
 	return DPSQL_OK;
 }
 
+double
+dpsql_dpgd_noise_std(double gamma, double rho, double steps, double n)
+{
+	if (!(gamma > 0.0 && isfinite(gamma)) || !(rho > 0.0 && isfinite(rho)) ||
+		!(steps >= 1.0 && isfinite(steps)) || !(n >= 1.0 && isfinite(n)))
+		return NAN;
+	return sqrt(2.0 * steps) * gamma / (sqrt(rho) * n);
+}
+
 void
 dpsql_dpgd_rng_seed(DpsqlRng *rng, int64_t seed, uint64_t stream)
 {

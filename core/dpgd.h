@@ -97,6 +97,16 @@ int			dpsql_dpgd_result_length(const double *state);
 DpsqlStatus dpsql_dpgd_step(DpsqlRng *rng, const double *theta, const double *grad_sum, int p,
 							double n, double eta, double noise_std, double *out);
 
+/*
+ * The noise std of each of `steps` noisy steps (spec 002, Lemma 2.1): replace-one sensitivity
+ * 2 gamma / n of the mean gradient, each step (rho / steps)-zCDP, i.e. the zCDP Gaussian
+ * dpsql_zcdp_sigma(2 gamma / n, rho, steps) (composition.h), written
+ * sqrt(2 steps) gamma / (sqrt(rho) n): the form every DP-GD release has used, which rounds
+ * differently from the general one in about half the cases (kept, so that a seeded release
+ * stays bit-identical). NaN unless gamma and rho are finite and > 0, steps >= 1 and n >= 1.
+ */
+double		dpsql_dpgd_noise_std(double gamma, double rho, double steps, double n);
+
 /* The generator of one step: keyed by a user seed (NOT private), stream = the step's stream. */
 void		dpsql_dpgd_rng_seed(DpsqlRng *rng, int64_t seed, uint64_t stream);
 

@@ -239,10 +239,43 @@ dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta)
 	return hi;
 }
 
+/*
+ * Eq. (4)'s 2 ln(1.25 / delta') at delta' = delta / shares, written 1.25 shares / delta (the
+ * order output perturbation's regulariser has always used; with shares = 1 it is
+ * 1.25 / delta exactly): sigma^2 epsilon'^2 / sensitivity^2 of the classic Gaussian.
+ */
+static double
+classic_variance_factor(double delta, double shares)
+{
+	return 2.0 * log(1.25 * shares / delta);
+}
+
 double
 dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta)
 {
 	if (!(epsilon > 0.0 && epsilon < 1.0) || !(delta > 0.0 && delta < 1.0))
 		return NAN;
-	return sensitivity * sqrt(2.0 * log(1.25 / delta)) / epsilon;
+	return sensitivity * sqrt(classic_variance_factor(delta, 1.0)) / epsilon;
+}
+
+double
+dpsql_gaussian_sigma_classic_closed(double sensitivity, double epsilon, double delta)
+{
+	if (!(epsilon > 0.0 && epsilon <= 1.0) || !(delta > 0.0 && delta < 1.0))
+		return NAN;
+	return sensitivity * sqrt(classic_variance_factor(delta, 1.0)) / epsilon;
+}
+
+double
+dpsql_noise_sq_norm(int dim, double epsilon, double delta, int shares)
+{
+	double		per_share;
+
+	if (dim < 1 || shares < 1 || !(epsilon > 0.0 && isfinite(epsilon)) ||
+		!(delta >= 0.0 && delta < 1.0))
+		return NAN;
+	per_share = pow((double) shares / epsilon, 2.0);
+	if (delta == 0.0)
+		return dim * (dim + 1.0) * per_share;
+	return dim * classic_variance_factor(delta, shares) * per_share;
 }

@@ -41,7 +41,29 @@ double		dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon);
 /* Smallest sigma with dpsql_gaussian_delta(sigma) <= delta (the analytic Gaussian mechanism). */
 double		dpsql_gaussian_sigma_analytic(double sensitivity, double epsilon, double delta);
 
-/* Eq. (4): sensitivity * sqrt(2 ln(1.25/delta)) / epsilon; valid for epsilon < 1 only (NaN else). */
+/*
+ * The classic Gaussian mechanism (eq. (4); Dwork-Roth Thm A.1), the one place its formula
+ * 2 ln(1.25/delta) lives: sensitivity * sqrt(2 ln(1.25/delta)) / epsilon; valid for
+ * epsilon < 1 only (NaN else, and unless 0 < delta < 1).
+ */
 double		dpsql_gaussian_sigma_classic(double sensitivity, double epsilon, double delta);
+
+/*
+ * The same formula on epsilon in (0, 1], the bound included: BST14 (Algorithms 4 and 5)
+ * applies it at its amplified epsilon_2 = min(1, .), as its paper does. NaN outside.
+ */
+double		dpsql_gaussian_sigma_classic_closed(double sensitivity, double epsilon, double delta);
+
+/*
+ * E||b||^2 / sensitivity^2 of a dim-dimensional noise draw when each of `shares` releases
+ * (one-vs-rest models) gets (epsilon, delta) / shares: with delta = 0 the Gamma-norm noise of
+ * eq. (3), norm ~ Gamma(dim, shares / epsilon), dim (dim + 1) (shares / epsilon)^2; with
+ * delta > 0, dim times the classic Gaussian's variance at the share,
+ * 2 dim ln(1.25 shares / delta) (shares / epsilon)^2, as an estimate at any epsilon (output
+ * perturbation's default regulariser: 49_output_perturbation.sql). Written in the order that
+ * regulariser has always used (a seeded release stays bit-identical). NaN unless dim >= 1,
+ * shares >= 1, epsilon > 0 finite and 0 <= delta < 1.
+ */
+double		dpsql_noise_sq_norm(int dim, double epsilon, double delta, int shares);
 
 #endif

@@ -13,6 +13,7 @@
 #include "csprng.h"
 #include "host.h"
 #include "losses.h"
+#include "mechanisms.h"
 #include "noise.h"
 #include "sgd.h"
 
@@ -30,9 +31,7 @@ dpsql_outputs(int loss, int n_classes)
 {
 	if (loss == DPSQL_LOSS_MULTINOMIAL)
 		return n_classes;
-	if (loss == DPSQL_LOSS_SQUARED || n_classes <= 2)
-		return 1;
-	return n_classes;			/* one-vs-rest */
+	return dpsql_one_vs_rest_models(loss, n_classes);
 }
 
 size_t

@@ -60,7 +60,8 @@ Command line (used by the PostgreSQL server, which cannot import Python)
 ``python -m dpsql.accounting '<json>'`` where the JSON object has ``"op"`` (``"calibrate"``,
 ``"epsilon"`` or ``"report"``) and the keyword arguments of the functions below (``null`` means
 absent). It prints one line of JSON ``{"noise_multiplier", "epsilon", "epsilon_pld", "epsilon_rdp",
-"accountant", "dp_accounting", ...}`` and exits 0, or prints ``{"error": "..."}`` and exits 2 on bad
+"accountant", "dp_accounting", "ledger_event", ...}`` (``ledger_event``: the run as the ledger
+records it, which the server charges) and exits 0, or prints ``{"error": "..."}`` and exits 2 on bad
 input (1 on an unexpected failure). Nothing is written to stderr (the server reads ``2>&1``).
 ``python -m dpsql.accounting --serve <socket>`` answers the same requests, one line each, on a
 Unix socket: the server's long-lived accountant (:mod:`dpsql.accountant_server`).
@@ -229,6 +230,13 @@ class Mechanism:
     def gaussian_only(self) -> bool:
         """True when the record's view is a composition of plain Gaussians (no sampling)."""
         return bool(self.relation == NeighboringRelation.ADD_OR_REMOVE_ONE)
+
+    @property
+    def ledger_event(self) -> dp_accounting.DpEvent:
+        """The run in the ledger's convention (:mod:`dpsql.ledger_events`: read under
+        ``REPLACE_ONE``, every Gaussian with its own multiplier, unfolded): the event a release
+        charges, recorded from this accountant rather than rebuilt from the plan."""
+        return self.add_remove_event if self.gaussian_only else self.event
 
 
 def _after_prefix(event: dp_accounting.DpEvent, prefix: float | None) -> dp_accounting.DpEvent:
@@ -878,8 +886,11 @@ def report(
         ``scheme``, ``epochs``, ``steps``, ``sampling_rate``, ``noise_multiplier``,
         ``unit_sensitivity_noise_multiplier`` (``z / 2`` when the record's view is plain
         Gaussians), ``delta``, ``dp_event`` and ``dp_event_relation`` (what was accounted),
-        ``accountant_versions``.
+        ``ledger_event`` (the same run as the ledger records it, :attr:`Mechanism.ledger_event`
+        in :func:`dpsql.ledger_events.to_jsonb_json`), ``accountant_versions``.
     """
+    from dpsql import ledger_events  # it imports this module
+
     mech = mechanism(
         noise_multiplier,
         scheme=scheme,
@@ -919,6 +930,7 @@ def report(
         "relation_rdp_add_remove": "add/remove (reference, not the replace-one guarantee)",
         "dp_event": str(mech.event),
         "dp_event_relation": mech.relation.name,
+        "ledger_event": ledger_events.to_jsonb_json(mech.ledger_event),
         "accountant_versions": {"dp_accounting": _version()},
     }
 
@@ -1005,6 +1017,8 @@ def _run(request: Any) -> dict[str, Any]:  # noqa: C901
         "dp_accounting": rep["accountant_versions"]["dp_accounting"],
         "scheme": rep["scheme"],
         "delta": rep["delta"],
+        # what the release charges (the ledger's dp_event): the event accounted here
+        "ledger_event": rep["ledger_event"],
     }
     if op == "calibrate":
         out["target_epsilon"] = float(request["target_epsilon"])

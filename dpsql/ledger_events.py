@@ -86,6 +86,7 @@ __all__ = [
     "loads",
     "run",
     "to_json",
+    "to_jsonb_json",
 ]
 
 NeighboringRelation = dp_accounting.NeighboringRelation
@@ -137,6 +138,24 @@ def to_json(event: dp_accounting.DpEvent) -> dict[str, Any]:
             out[field] = int(value)
         else:
             out[field] = float(value)
+    return out
+
+
+def to_jsonb_json(event: dp_accounting.DpEvent) -> dict[str, Any]:
+    """:func:`to_json` with its numbers spelled as the server's jsonb spells a float8 (shortest
+    digits, an integral value without ``.0``), so that an event the accountant sends is stored
+    exactly as the server would write it (``2``, not ``2.0``)."""
+
+    def spelled(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: spelled(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [spelled(v) for v in value]
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2.0**53:
+            return int(value)
+        return value
+
+    out: dict[str, Any] = spelled(to_json(event))
     return out
 
 

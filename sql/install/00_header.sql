@@ -191,6 +191,28 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.gaussian_sigma(float8, float8, float8, text) IS
     'Gaussian noise for (epsilon, delta): analytic (Balle-Wang) or classic (eq. 4, epsilon < 1)';
 
+-- One-vs-rest (spec 003 s. 8): a logistic or Huber model over 3 or more classes is that many
+-- binary models, each on all the rows, each with (epsilon, delta) / models (basic
+-- composition); otherwise models = 1 and the budget is the release's. The bolt-on, the
+-- private-ERM toolbox, DP-FTRL and the defaults all split through this (C core:
+-- dpsql_one_vs_rest_models and dpsql_one_vs_rest_share, mechanisms.h). A NULL budget gives
+-- a NULL share.
+CREATE OR REPLACE FUNCTION dpsql_internal._one_vs_rest(model text, classes int, epsilon float8,
+                                                       delta float8, OUT models int,
+                                                       OUT model_epsilon float8,
+                                                       OUT model_delta float8)
+AS 'MODULE_PATHNAME', 'dpsql_one_vs_rest_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+-- The size over dim coordinates of the noise of a release of L2 sensitivity s: the Gamma-norm
+-- noise (delta = 0) has norm ~ Gamma(dim, s/epsilon), mean dim s/epsilon; the Gaussian
+-- (calibration analytic or classic) sigma sqrt(dim). dim = 1: the noise scale itself (C core:
+-- dpsql_noise_size, mechanisms.h; output perturbation draws with that scale).
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_size(sensitivity float8, epsilon float8, delta float8,
+                                                      dim int, calibration text DEFAULT 'analytic')
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_size_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._accountant(request text)
 RETURNS text AS 'MODULE_PATHNAME', 'dpsql_accountant'
 LANGUAGE C STRICT VOLATILE;

@@ -33,16 +33,12 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
                           WHEN 'huber' THEN huber_h ELSE 0.5 END / (r * r)
 $$;
 
--- The expected norm of a k-dimensional noise draw per unit of sensitivity: the Gamma-norm
--- noise (epsilon-DP) has norm ~ Gamma(k, 1/epsilon), mean k/epsilon; the Gaussian sigma sqrt(k).
-CREATE OR REPLACE FUNCTION dpsql_internal._unit_noise_norm(k int, epsilon float8, delta float8)
-RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN delta > 0 THEN dpsql.gaussian_sigma(1, epsilon, delta) * sqrt(k)
-                ELSE k / epsilon END
-$$;
-
 -- The expected norm of the noise on one step's mean gradient with batch b, for the white-box
--- mechanisms (the per-step noise of 36_whitebox.sql), in units of the gradient bound.
+-- mechanisms (their per-step noise, the functions their plans in 36_whitebox.sql call), in
+-- units of the gradient bound. The size of a k-dimensional draw per unit of sensitivity: the
+-- Gamma-norm noise (epsilon-DP) has norm ~ Gamma(k, 1/epsilon), mean k/epsilon; the Gaussian
+-- sigma sqrt(k) (dpsql_internal._noise_size). SCS13's Gaussian is the analytic one here,
+-- whatever its run's `gaussian` (as this rule has always been).
 CREATE OR REPLACE FUNCTION dpsql_internal._step_noise(privacy text, params jsonb, m bigint, b bigint, k int)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
@@ -59,7 +55,7 @@ BEGIN
             ->>'noise_multiplier')::float8) * sqrt(k) / b;
     ELSIF privacy = 'scs13' THEN
         -- (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L
-        RETURN 2 * dpsql_internal._unit_noise_norm(k, epsilon / epochs, delta / epochs) / b;
+        RETURN 2 * (dpsql_internal._scs13_step_noise(1, epsilon, delta, epochs, k, 'analytic')).noise / b;
     ELSIF privacy = 'bst14' THEN
         -- replace-one: sensitivity 2 L
         RETURN 2 * (dpsql_internal._bst14_noise(epsilon, delta, m, b, epochs)).sigma * sqrt(k) / b;
@@ -81,10 +77,13 @@ DECLARE
     rules jsonb := (SELECT jsonb_object_agg(p.key, p.value->'rule')
                       FROM jsonb_each((dpsql_internal._mechanism(privacy)).parameters) p
                      WHERE p.value ? 'rule');
-    ovr boolean := canonical IN ('logistic', 'huber') AND classes > 2;  -- one-vs-rest bolt-on
+    -- one-vs-rest bolt-on: the models and each one's share of the budget
+    ovr record := dpsql_internal._one_vs_rest(canonical, classes, epsilon, delta);
     -- the model's dimension: one weight vector per class for multinomial, plus the intercept
     k int := (ds.dim + coalesce((params->>'intercept')::boolean, false)::int)
              * CASE WHEN canonical = 'multinomial' THEN classes ELSE 1 END;
+    -- one bolt-on noise draw: a binary model's coefficients for each one-vs-rest model
+    draw int := CASE WHEN ovr.models > 1 THEN ds.dim ELSE k END;
     -- rows have norm <= 1 for the classifiers (registration); regression: the public bound
     r float8 := CASE WHEN canonical = 'linear'
                      THEN sqrt(coalesce(ds.row_bound, 1) ^ 2
@@ -166,15 +165,13 @@ BEGIN
         IF rules->>'step_size' = 'bolton_noise_target' THEN
             -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
             -- / b); the step whose release has the target expected noise norm, at most 1/(2 beta).
-            step := least(step, dpsql_internal._bolton_noise_target(CASE WHEN ovr THEN ds.dim ELSE k END)
+            step := least(step, dpsql_internal._bolton_noise_target(draw)
                                 / c.smoothness
                                 / dpsql.bolton_sensitivity('constant', 1 / c.smoothness, 0, c.lipschitz,
                                                            c.smoothness, 0, m,
                                                            (all_params->>'batch_size')::bigint,
                                                            (all_params->>'epochs')::int)
-                                / dpsql_internal._unit_noise_norm(CASE WHEN ovr THEN ds.dim ELSE k END,
-                                                         epsilon / CASE WHEN ovr THEN classes ELSE 1 END,
-                                                         delta / CASE WHEN ovr THEN classes ELSE 1 END));
+                                / dpsql_internal._noise_size(1, ovr.model_epsilon, ovr.model_delta, draw));
         END IF;
         IF rules ? 'step_size' THEN
             filled := filled || jsonb_build_object('step_size', step);

@@ -15,7 +15,8 @@ DECLARE
     lambda float8 := (spec->>'lambda')::float8;
     radius float8 := coalesce((spec->>'radius')::float8, 0);
     c record;
-    outputs int := coalesce(jsonb_array_length(spec->'classes'), 1);
+    ovr record := dpsql_internal._one_vs_rest(model, coalesce(jsonb_array_length(spec->'classes'), 1),
+                                              epsilon, delta);
     schedule text := spec->>'schedule';
 BEGIN
     IF lambda > 0 AND radius = 0 THEN
@@ -40,9 +41,9 @@ BEGIN
                       WHEN lambda > 0 THEN 'strongly convex, ' || schedule || ' step'
                       ELSE 'Algorithm 1 (convex), ' || schedule || ' step' END;
     -- One-vs-rest: C binary models, each on all the data: split the budget evenly (spec 003 s. 8).
-    per_output := model IN ('logistic', 'huber') AND outputs > 2;
-    model_epsilon := CASE WHEN per_output THEN epsilon / outputs ELSE epsilon END;
-    model_delta := CASE WHEN per_output THEN delta / outputs ELSE delta END;
+    per_output := ovr.models > 1;
+    model_epsilon := ovr.model_epsilon;
+    model_delta := ovr.model_delta;
     IF delta > 0 AND calibration = 'classic' AND model_epsilon >= 1 THEN
         PERFORM dpsql_internal._fail(format('the classic Gaussian mechanism (eq. 4) needs epsilon < 1 per model, got %s',
                                    model_epsilon), hint => 'Use gaussian => ''analytic'' (the default).');

@@ -9,21 +9,31 @@ CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_advanced_composition_step_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+-- The per-step noise of SCS13 and BST14, for their plans below and for the defaults' batch
+-- rule (34_defaults.sql, _step_noise): one place each, in the C core (mechanisms.h).
+--
+-- SCS13 (as the bolt-on paper ran it): k passes at (epsilon, delta) / k each (basic
+-- composition), noise on a step's gradient sum of L2 sensitivity s: the Gamma-norm scale
+-- s / epsilon_pass (delta = 0) or the Gaussian sigma (calibration); over dim coordinates its
+-- size (_noise_size; dim = 1: the scale).
+CREATE OR REPLACE FUNCTION dpsql_internal._scs13_step_noise(sensitivity float8, epsilon float8,
+                                                            delta float8, passes int, dim int,
+                                                            calibration text,
+                                                            OUT epsilon_pass float8,
+                                                            OUT delta_pass float8,
+                                                            OUT noise float8)
+AS 'MODULE_PATHNAME', 'dpsql_scs13_step_noise_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- BST14's per-step noise std at add/remove sensitivity 1 (Algorithm 4/5 with k epochs of
--- T = k floor(m / b) steps of b draws with replacement): the Gaussian for (epsilon_2, delta_1),
--- epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification, delta_1 = delta / T.
+-- T = k floor(m / b) steps of b draws with replacement): the classic Gaussian for
+-- (epsilon_2, delta_1), epsilon_2 = min(1, m epsilon_1 / (2 b)) by amplification,
+-- delta_1 = delta / T, epsilon_1 as _bst14_epsilon1 (C core: dpsql_bst14_step_noise).
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_noise(epsilon float8, delta float8, rows bigint, b bigint,
                                    k int, OUT epsilon_1 float8, OUT epsilon_2 float8,
                                    OUT delta_1 float8, OUT sigma float8)
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    t bigint := k * (rows / b);
-BEGIN
-    delta_1 := delta / t;
-    epsilon_1 := dpsql_internal._bst14_epsilon1(epsilon, delta_1, t);
-    epsilon_2 := least(1.0, rows * epsilon_1 / (2 * b));
-    sigma := sqrt(2 * ln(1.25 / delta_1)) / epsilon_2;
-END $$;
+AS 'MODULE_PATHNAME', 'dpsql_bst14_step_noise_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- Answers of the accountant, a deterministic function of the request (a call costs seconds).
 CREATE TABLE IF NOT EXISTS dpsql.accountant_answers (
@@ -95,9 +105,8 @@ DECLARE
     sampling text := coalesce(params->>'sampling', 'shuffle');
     z float8 := (params->>'noise_multiplier')::float8;
     acct jsonb;
-    eps_p float8;
-    delta_p float8;
     radius float8 := (spec->>'radius')::float8;
+    scs record;
     bst record;
     sigma float8;
     lip float8;
@@ -143,6 +152,12 @@ BEGIN
                     THEN jsonb_build_object('prefix_noise_multiplier',
                                             (params->>'prefix_noise_multiplier')::float8)
                     ELSE '{}' END);
+        -- The event it accounted is the one the release charges (the ledger's dp_event).
+        IF jsonb_typeof(acct->'ledger_event') IS DISTINCT FROM 'object' THEN
+            PERFORM dpsql_internal._fail('the accountant did not say which event it accounted: '
+                                         'its dpsql package is older than the extension',
+                                         '55000', 'Install the same dpsql version for the server''s Python.');
+        END IF;
         z := coalesce(z, (acct->>'noise_multiplier')::float8);
         plan := jsonb_build_object(
             'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
@@ -152,28 +167,28 @@ BEGIN
             'steps_per_epoch', CASE WHEN sampling = 'poisson' THEN n ELSE 0 END,
             'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
             'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
+            'dp_event', acct->'ledger_event',
             'info', jsonb_build_object(
                 'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
                 'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
-                'accountant', acct, 'sensitivity', 2 * clip, 'noise_scale', z * clip,
+                'accountant', acct - 'ledger_event', 'sensitivity', 2 * clip, 'noise_scale', z * clip,
                 'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
     ELSIF privacy = 'scs13' THEN
         -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
         -- noise on the gradient SUM with sensitivity 2 L, then divided by b; steps 1/sqrt(t).
         clip := c.lipschitz_data;
-        eps_p := epsilon / k;
-        delta_p := delta / k;
+        scs := dpsql_internal._scs13_step_noise(2 * clip, epsilon, delta, k, 1,
+                                                coalesce(params->>'gaussian', 'analytic'));
         plan := jsonb_build_object(
             'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
-            'noise_scale', CASE WHEN delta = 0 THEN 2 * clip / eps_p
-                                ELSE dpsql.gaussian_sigma(2 * clip, eps_p, delta_p,
-                                                          coalesce(params->>'gaussian', 'analytic')) END,
+            'noise_scale', scs.noise,
             'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
             'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
             'sampling', 'shuffle', 'steps_per_epoch', 0, 'epsilon', epsilon, 'delta', delta,
             'info', jsonb_build_object(
                 'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
-                'epsilon_per_pass', eps_p, 'delta_per_pass', delta_p, 'sensitivity', 2 * clip,
+                'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
+                'sensitivity', 2 * clip,
                 'neighbouring', 'replace-one, m public'));
     ELSIF privacy = 'bst14' THEN
         IF NOT (delta > 0) THEN
@@ -260,9 +275,10 @@ BEGIN
     r := dpsql_internal._locked_run(run);
     plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     plan := dpsql_internal._audit_plan(r.spec, r.rows, plan);  -- a superuser's test switch (52_audit.sql)
+    -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
+    -- (epsilon, delta)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy, dp_event => CASE WHEN privacy = 'dpsgd' THEN dpsql_internal._dpsgd_event(
-                               plan, (r.spec->>'epochs')::int, (params->>'prefix_noise_multiplier')::float8) END);
+                           privacy, dp_event => plan->'dp_event');
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',

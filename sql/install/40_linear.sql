@@ -20,6 +20,14 @@ RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_epsilon_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.zcdp_epsilon(float8, float8) IS 'epsilon of rho-zCDP at delta';
 
+-- The Gaussian noise std of every zCDP release: L2 sensitivity Delta, (rho / shares)-zCDP
+-- (one of `shares` equal releases), sigma = Delta / sqrt(2 rho / shares). C core:
+-- dpsql_zcdp_sigma, cython_ext/core/composition.h.
+CREATE OR REPLACE FUNCTION dpsql_internal._zcdp_sigma(sensitivity float8, rho float8,
+                                                      shares float8 DEFAULT 1)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_sigma_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- v plus i.i.d. N(0, sigma^2) noise on each coordinate (pg_strong_random unless a seed is given;
 -- stream separates the uses of one seed).
 CREATE OR REPLACE FUNCTION dpsql_internal._add_gaussian(v float8[], sigma float8, seed bigint, stream bigint)

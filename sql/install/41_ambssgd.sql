@@ -109,9 +109,10 @@ BEGIN
     eta := coalesce((params->>'step_size')::float8,
                     dpsql_internal._linear_option(options, 'step_scale', 1) * b / (r_x ^ 2 + (b - 1) * h_norm));
     -- Paper accounting: DP-STAT and the gradient step each 1/(2 alpha^2)-zCDP, added (rho =
-    -- 1/alpha^2); tight: a record is in one of them only (rho = 1/(2 alpha^2), s. 3.4).
-    alpha := CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
-                  THEN 1 / sqrt(2 * rho) ELSE 1 / sqrt(rho) END;
+    -- 1/alpha^2: two shares of rho); tight: a record is in one of them only (rho =
+    -- 1/(2 alpha^2), s. 3.4). alpha is the noise of a sensitivity-1 release.
+    alpha := dpsql_internal._zcdp_sigma(1, rho, CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
+                                                     THEN 1 ELSE 2 END);
     levels := ceil(log(2, n::numeric))::int;
     sigma_c := alpha * sqrt(levels + 1);
     beta_s := dpsql_internal._linear_option(options, 'beta_stat', 1e-3);
@@ -184,7 +185,7 @@ BEGIN
         PERFORM dpsql_internal._fail(format('clip_norm must be a finite number > 0, got %s', zeta));
     END IF;
     eta := coalesce((params->>'step_size')::float8, 1 / (2 * r_x ^ 2));
-    alpha := 1 / sqrt(2 * rho);
+    alpha := dpsql_internal._zcdp_sigma(1, rho);
     PERFORM dpsql_internal._check_finite_run(eta, blocks, zeta * (1 + 200 * alpha * sqrt(p)));
     -- Constant-step SGD settles with the iterate's noise covariance about
     -- (eta s^2 / 2) H^-1 (s the gradient noise std), so a row's prediction noise has

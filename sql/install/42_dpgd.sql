@@ -35,6 +35,14 @@ CREATE OR REPLACE AGGREGATE dpsql.dpgd_gradient(x float8[], y float8, theta floa
     PARALLEL = SAFE
 );
 
+-- The noise std of each of `steps` steps that compose to rho-zCDP, the mean gradient's
+-- replace-one sensitivity 2 gamma / n: sqrt(2 steps) gamma / (sqrt(rho) n), the zCDP Gaussian
+-- (_zcdp_sigma) in the order DP-GD has always rounded it. C core: dpsql_dpgd_noise_std, dpgd.h.
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_noise_std(gamma float8, rho float8, steps bigint,
+                                                          n bigint)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_dpgd_noise_std_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- theta - eta * sum / n + eta * z, z ~ N(0, noise_std^2 I), from dpgd_gradient's output
 -- grad. The noise is keyed by pg_strong_random, or by seed (tests only: NOT private) with
 -- stream separating the steps of a run.
@@ -177,9 +185,10 @@ BEGIN
     rho_pre := CASE WHEN precondition THEN rho / 10 ELSE 0 END;
     -- The clip quantile: a Gaussian histogram of the gradient norms over a public geometric
     -- grid gamma_0 2^j, j = -5..5 (gamma_0 the public rule's gamma). Replacing one row moves
-    -- one count down and one up: L2 sensitivity sqrt 2, so N(0, 1/rho_clip) per count is
-    -- rho_clip-zCDP (Delta^2 / (2 sigma^2)). It takes 1/10 of rho; a grid this coarse keeps
-    -- the few bins summed into a tail count (their noise adds up) few.
+    -- one count down and one up: two counts of sensitivity 1, rho_clip / 2 each, so
+    -- N(0, 1/rho_clip) per count is rho_clip-zCDP (L2 sensitivity sqrt 2, Delta^2 / (2 sigma^2)).
+    -- It takes 1/10 of rho; a grid this coarse keeps the few bins summed into a tail count
+    -- (their noise adds up) few.
     rho_clip := CASE WHEN clip_q IS NOT NULL THEN rho / 10 ELSE 0 END;
     pilot := CASE WHEN clip_q IS NULL THEN 0 WHEN ci = 'none' THEN greatest(steps / 2, 1) ELSE burn_in / 2 END;
     IF clip_q IS NOT NULL THEN
@@ -189,7 +198,7 @@ BEGIN
     -- Every step keeps noise_std / clip_norm = sqrt(2 N) / (sqrt(rho_gd) n) whatever gamma it
     -- clips at: each is then rho_gd / N-zCDP (Lemma 2.1), and zCDP composes adaptively, so a
     -- gamma chosen from released outputs (the pilot's iterate, the noisy histogram) is fine.
-    lam := sqrt(2 * steps) * gamma / (sqrt(rho_gd) * n);
+    lam := dpsql_internal._dpgd_noise_std(gamma, rho_gd, steps, n);
     PERFORM dpsql_internal._check_finite_run(eta, steps,
                                              coalesce(grid[11], gamma) * (1 + 100 * lam / gamma * sqrt(p)));
     RETURN jsonb_build_object(
@@ -198,12 +207,13 @@ BEGIN
         'burn_in', burn_in, 'rho_check', rho_check,
         'noise_multiplier', lam / gamma, 'clip_quantile', clip_q, 'clip_pilot_steps', pilot,
         'clip_grid', grid, 'rho_clip', rho_clip,
-        'clip_noise_std', CASE WHEN rho_clip > 0 THEN 1 / sqrt(rho_clip) END,
+        'clip_noise_std', CASE WHEN rho_clip > 0 THEN dpsql_internal._zcdp_sigma(1, rho_clip, 2) END,
         'precondition', precondition, 'rho_pre', rho_pre,
         'pre_noise_std', CASE WHEN precondition
-                              THEN (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx
-                                   / sqrt(2 * rho_pre) END,
-        'check_noise_std', CASE WHEN rho_check > 0 THEN 1 / sqrt(2 * rho_check) END,
+                              THEN dpsql_internal._zcdp_sigma(
+                                       (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx,
+                                       rho_pre) END,
+        'check_noise_std', CASE WHEN rho_check > 0 THEN dpsql_internal._zcdp_sigma(1, rho_check) END,
         'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
         -- x clipped to x_bound, then the 1 (plain and whitened rows alike): 33_planned.sql
         'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),

@@ -80,7 +80,7 @@ BEGIN
     END IF;
     x_bound := sqrt(ds.row_bound ^ 2 + intercept::int);
     sens := dpsql.adassp_sensitivities(x_bound, ds.label_bound);
-    sd := 1 / sqrt(2 * rho / 3);
+    sd := dpsql_internal._zcdp_sigma(1, rho, 3);  -- per unit of sensitivity
     varrho := dpsql_internal._linear_option(options, 'varrho', 0.05);
     IF varrho >= 1 THEN
         PERFORM dpsql_internal._fail('options.varrho must be in (0, 1)');

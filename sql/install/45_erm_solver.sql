@@ -96,9 +96,7 @@ DECLARE
     c record;
     -- classification rows are clipped (or normalised) to norm 1 by their registration
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
-    classes int := CASE WHEN model IN ('logistic', 'huber')
-                        THEN jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'))
-                        ELSE 0 END;
+    classes int := jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'));
     max_scans float8 := dpsql_internal._linear_option(options, 'max_scans', 100, 1, false);
     -- default R: 10, and for regression at least 2Y (Y the label bound): the intercept alone
     -- may have to reach the labels' mean, and 10 is the rule's value at California housing's
@@ -140,8 +138,9 @@ BEGIN
                                        intercept, p);
     RETURN jsonb_build_object('loss', loss, 'param', param, 'y_bound', coalesce(ds.label_bound, 1),
                               'x_bound', x_bound, 'intercept', intercept, 'p', p,
-                              -- three or more classes: one-vs-rest, C binary models on all the rows
-                              'outputs', CASE WHEN classes > 2 THEN classes ELSE 1 END,
+                              -- the mapped label set's size: three or more classes are
+                              -- one-vs-rest, split by each plan (_one_vs_rest)
+                              'classes', classes,
                               'lipschitz', c.lipschitz, 'curvature', c.curvature,
                               'tolerance', dpsql_internal._erm_tolerance(c.lipschitz, n),
                               'max_scans', max_scans::int, 'radius', radius, 'lambda', lambda,

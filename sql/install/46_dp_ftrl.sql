@@ -61,8 +61,8 @@ DECLARE
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
     p int := d + intercept::int;
     classes int := jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'));
-    -- three or more classes: one-vs-rest, C binary models on all the rows, (epsilon, delta) / C each
-    outputs int := CASE WHEN classes > 2 AND model IN ('logistic', 'huber') THEN classes ELSE 1 END;
+    ovr record;
+    outputs int;
     loss int := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
     huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
     -- classification rows are clipped (or normalised) to norm 1 by their registration
@@ -108,6 +108,9 @@ BEGIN
         PERFORM dpsql_internal._fail(format('options.output must be ''average'' or ''last'', got %s',
                                             options->'output'));
     END IF;
+    -- three or more classes: one-vs-rest, C binary models on all the rows, (epsilon, delta) / C each
+    ovr := dpsql_internal._one_vs_rest(model, classes, epsilon, delta);
+    outputs := ovr.models;
     -- C: the per-example gradient bound of the classifiers (|l'| <= 1, ||(x, 1)|| <= rx: no
     -- clipping happens); least squares: the rule of every least-squares mechanism (34_defaults.sql).
     clip := coalesce((params->>'clip_norm')::float8,
@@ -123,8 +126,8 @@ BEGIN
         LOOP
             leaves := (n + batch - 1) / batch;
             levels := dpsql_internal._dp_ftrl_levels(leaves);
-            sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon / outputs,
-                                                   delta / outputs);
+            sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, ovr.model_epsilon,
+                                                   ovr.model_delta);
             EXIT WHEN sigma * sqrt(p * levels) / batch <= clip / 4 OR batch * 2 > n / 10;
             batch := batch * 2;
         END LOOP;
@@ -133,7 +136,7 @@ BEGIN
     END IF;
     leaves := (n + batch - 1) / batch;
     levels := dpsql_internal._dp_ftrl_levels(leaves);
-    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, epsilon / outputs, delta / outputs);
+    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, ovr.model_epsilon, ovr.model_delta);
     steps := epochs * leaves;
     -- the noise in S at any step: at most (E - 1) popcount(n_leaves) + m nodes
     noisy_nodes := (epochs - 1) * length(replace(leaves::bit(63)::text, '0', '')) + levels;
@@ -152,7 +155,7 @@ BEGIN
                    'least %s of the largest total gradient of the %s rows (n C = %s) at epsilon %s',
                    privacy, round((sigma * sqrt(p * levels))::numeric, 1),
                    CASE WHEN loss = 3 THEN 'a quarter' WHEN outputs > 1 THEN 'all' ELSE 'half' END, n,
-                   round((n * clip)::numeric, 1), epsilon / outputs),
+                   round((n * clip)::numeric, 1), ovr.model_epsilon),
             hint => 'Use privacy => ''auto'' or ''objective_perturbation'' (one noise draw, not one '
                     'per tree node), a larger epsilon, more rows or fewer features.');
     END IF;
@@ -185,8 +188,8 @@ BEGIN
             'noise_multiplier', sigma / (2 * clip * sqrt(levels * epochs)),
             'regularizer', reg, 'radius', radius, 'output', output,
             'huber_h', CASE WHEN loss = 2 THEN huber_h END, 'x_bound', x_bound,
-            'one_vs_rest', outputs > 1, 'model_epsilon', epsilon / outputs,
-            'model_delta', delta / outputs,
+            'one_vs_rest', outputs > 1, 'model_epsilon', ovr.model_epsilon,
+            'model_delta', ovr.model_delta,
             'neighbouring', 'replace-one, n public'));
 END $$;
 

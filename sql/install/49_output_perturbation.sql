@@ -8,6 +8,15 @@
 -- docs/objective_perturbation.md.
 ------------------------------------------------------------------------------------------
 
+-- E||b||^2 / sensitivity^2 of a p-dimensional noise draw at (epsilon, delta) / shares: the
+-- Gamma-norm noise's p (p + 1) (shares / epsilon)^2, or p times the classic Gaussian's
+-- variance 2 ln(1.25 shares / delta) (shares / epsilon)^2 (C core: dpsql_noise_sq_norm,
+-- noise.h, beside the classic sigma).
+CREATE OR REPLACE FUNCTION dpsql_internal._noise_sq_norm(dim int, epsilon float8, delta float8,
+                                                         shares int)
+RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_sq_norm_sql'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- The plan: reg = n lambda if the analyst gave lambda > 0, else the utility choice below
 -- (radius a public bound on ||theta*||, default 10; regression max(10, 2Y)).
 CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.datasets, n bigint,
@@ -21,7 +30,8 @@ DECLARE
     lambda float8 := (glm->>'lambda')::float8;
     lipschitz float8 := (glm->>'lipschitz')::float8;
     tolerance float8 := (glm->>'tolerance')::float8;
-    outputs int := (glm->>'outputs')::int;
+    ovr record;
+    outputs int;
     p int := (glm->>'p')::int;
     k float8;
     reg float8;
@@ -30,14 +40,17 @@ BEGIN
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
         PERFORM dpsql_internal._fail('output perturbation needs epsilon > 0 and 0 <= delta < 1');
     END IF;
+    -- one-vs-rest: C binary models on all the rows, (epsilon, delta) / C each (basic composition)
+    ovr := dpsql_internal._one_vs_rest(params->>'model', (glm->>'classes')::int, epsilon, delta);
+    outputs := ovr.models;
     -- Default reg: the minimiser of the smooth loss's second-order excess
     -- (1/2) n beta E||b||^2 + (reg/2) R^2 with E||b||^2 = (2L/reg)^2 k, k = p(p+1)/eps^2
-    -- (Gamma-norm) or 2 p ln(1.25/delta)/eps^2 (Gaussian), per model: reg^3 = 8 n beta L^2 k / R^2.
+    -- (Gamma-norm) or 2 p ln(1.25/delta)/eps^2 (the classic Gaussian's variance, an estimate
+    -- of the analytic one's), per model: reg^3 = 8 n beta L^2 k / R^2 (_noise_sq_norm).
     -- Card A10's first-order L sqrt(2np/eps)/R charges every row L ||b|| and so over-regularises
     -- by 1.2-2.5x at n = 400-70000: on one-hot rows (entries 1/sqrt(k) after clipping) the
     -- model then predicted the majority class at every epsilon.
-    k := CASE WHEN delta > 0 THEN 2 * p * ln(1.25 * outputs / delta)
-              ELSE p * (p + 1.0) END * (outputs / epsilon) ^ 2;
+    k := dpsql_internal._noise_sq_norm(p, epsilon, delta, outputs);
     reg := CASE WHEN lambda > 0 THEN n * lambda
                 ELSE cbrt(8 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / radius ^ 2) END;
     -- the same refusal as objective perturbation's, with the second-order excess above
@@ -47,16 +60,15 @@ BEGIN
         epsilon, outputs, (glm->>'y_bound')::float8);
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
-        'regularizer', reg, 'sensitivity', sensitivity,
-        -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
-        'epsilon', epsilon / outputs, 'delta', delta / outputs,
+        'outputs', outputs, 'regularizer', reg, 'sensitivity', sensitivity,
+        'epsilon', ovr.model_epsilon, 'delta', ovr.model_delta,
         'info', jsonb_build_object(
             'algorithm', 'output perturbation (spec 004 A10) of the regularised minimiser, '
                          'certified by Newton''s method',
             'noise', CASE WHEN delta > 0 THEN 'gaussian (analytic)' ELSE 'gamma-norm' END,
             'sensitivity', sensitivity, 'regularizer', reg, 'lipschitz', lipschitz,
             'tolerance', tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
-            'model_epsilon', epsilon / outputs, 'model_delta', delta / outputs,
+            'model_epsilon', ovr.model_epsilon, 'model_delta', ovr.model_delta,
             'neighbouring', 'replace-one, n public'));
 END $$;
 

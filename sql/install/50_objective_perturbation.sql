@@ -39,11 +39,14 @@ DECLARE
     cal record;
     radius float8 := (glm->>'radius')::float8;
     lambda float8 := (glm->>'lambda')::float8;
-    outputs int := (glm->>'outputs')::int;
+    ovr record;
+    outputs int;
     reg float8;
 BEGIN
-    -- one-vs-rest: each of the C models gets (epsilon, delta) / C (basic composition)
-    cal := dpsql_internal._objpert_calibrate(epsilon / outputs, delta / outputs, (glm->>'p')::int,
+    -- one-vs-rest: C binary models on all the rows, (epsilon, delta) / C each (basic composition)
+    ovr := dpsql_internal._one_vs_rest(params->>'model', (glm->>'classes')::int, epsilon, delta);
+    outputs := ovr.models;
+    cal := dpsql_internal._objpert_calibrate(ovr.model_epsilon, ovr.model_delta, (glm->>'p')::int,
                                              (glm->>'lipschitz')::float8,
                                              (glm->>'curvature')::float8, n);
     reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
@@ -56,6 +59,7 @@ BEGIN
         privacy, (glm->>'loss')::int, n, lambda,
         2 * cal.noise_sq_norm / reg + reg * radius ^ 2 / 2, epsilon, outputs, (glm->>'y_bound')::float8);
     RETURN glm || jsonb_build_object(
+        'outputs', outputs,
         'regularizer', reg, 'tolerance', cal.tolerance, 'noise_scale', cal.noise_scale,
         'eps_noise', cal.eps_noise, 'eps_extra', cal.eps_extra, 'delta_extra', cal.delta_extra,
         'gaussian', delta > 0,
@@ -72,7 +76,7 @@ BEGIN
                                                 'certificate', cal.eps_extra),
             'delta_split', jsonb_build_object('noise', cal.delta_noise, 'certificate', cal.delta_extra),
             'tolerance', cal.tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
-            'model_epsilon', epsilon / outputs, 'model_delta', delta / outputs,
+            'model_epsilon', ovr.model_epsilon, 'model_delta', ovr.model_delta,
             'huber_threshold', CASE WHEN (glm->>'loss')::int = 3 THEN glm->'param' END,
             'neighbouring', 'replace-one, n public'));
 END $$;

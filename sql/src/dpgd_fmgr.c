@@ -6,6 +6,8 @@
  *       -> float8[] [sum_1 .. sum_p, n, clipped]: the sum of the per-example gradients
  *          x_i (<x_i, theta> - y_i) clipped to norm gamma, the row count, and how many
  *          gradients were clipped (a diagnostic that is NOT private: never release it)
+ *   dpsql_internal._dpgd_noise_std(gamma, rho, steps, n)
+ *       -> the per-step noise std of `steps` steps composing to rho-zCDP (dpgd.h)
  *   dpsql_internal._dpgd_step(theta, grad, eta, noise_std, seed, stream)
  *       -> theta - eta * sum / n + eta * N(0, noise_std^2 I)
  *   dpsql_internal._confint_draws(iterates, method, draws, burn_in), dpsql_internal._t_interval_matrix(draws,
@@ -28,6 +30,7 @@
 PG_FUNCTION_INFO_V1(dpsql_dpgd_gradient_transition);
 PG_FUNCTION_INFO_V1(dpsql_dpgd_gradient_final);
 PG_FUNCTION_INFO_V1(dpsql_dpgd_gradient_combine);
+PG_FUNCTION_INFO_V1(dpsql_dpgd_noise_std_sql);
 PG_FUNCTION_INFO_V1(dpsql_dpgd_step_sql);
 PG_FUNCTION_INFO_V1(dpsql_confint_draws_sql);
 PG_FUNCTION_INFO_V1(dpsql_t_interval_sql);
@@ -258,6 +261,22 @@ dpsql_dpgd_gradient_final(PG_FUNCTION_ARGS)
 /* ------------------------------------------------------------------------------------------
  * The noisy step
  * ------------------------------------------------------------------------------------------ */
+
+/* dpsql_internal._dpgd_noise_std(gamma, rho, steps bigint, n bigint) (strict) */
+Datum
+dpsql_dpgd_noise_std_sql(PG_FUNCTION_ARGS)
+{
+	double		gamma = PG_GETARG_FLOAT8(0),
+				rho = PG_GETARG_FLOAT8(1);
+	int64		steps = PG_GETARG_INT64(2),
+				n = PG_GETARG_INT64(3);
+	double		sd = dpsql_dpgd_noise_std(gamma, rho, (double) steps, (double) n);
+
+	if (isnan(sd))
+		invalid_argument("_dpgd_noise_std",
+						 "gamma > 0 and rho > 0 finite, at least one step and one row");
+	PG_RETURN_FLOAT8(sd);
+}
 
 /*
  * dpsql_internal._dpgd_step(theta float8[], grad float8[], eta float8, noise_std float8,

@@ -1,6 +1,8 @@
 /*
  * release_fmgr.c - the privacy mechanisms as SQL functions: bolt-on output perturbation of a run's
- * final state, the closed-form sensitivities, and the exponential mechanism.
+ * final state, the closed-form sensitivities, and the exponential mechanism; the noise
+ * calibrations every mechanism shares (mechanisms.h, noise.h): the Gaussian sigma, the
+ * one-vs-rest split, the size of a release's noise, SCS13's and BST14's per-step noise.
  *
  * The noise generator is keyed with 32 bytes from pg_strong_random, unless a seed is given
  * (tests and reproductions; such releases are recorded as not private by the SQL caller).
@@ -29,6 +31,11 @@ PG_FUNCTION_INFO_V1(dpsql_bolton_sensitivity_sql);
 PG_FUNCTION_INFO_V1(dpsql_exponential_mechanism_sql);
 PG_FUNCTION_INFO_V1(dpsql_gaussian_sigma_sql);
 PG_FUNCTION_INFO_V1(dpsql_add_gaussian_sql);
+PG_FUNCTION_INFO_V1(dpsql_one_vs_rest_sql);
+PG_FUNCTION_INFO_V1(dpsql_noise_size_sql);
+PG_FUNCTION_INFO_V1(dpsql_scs13_step_noise_sql);
+PG_FUNCTION_INFO_V1(dpsql_bst14_step_noise_sql);
+PG_FUNCTION_INFO_V1(dpsql_noise_sq_norm_sql);
 
 
 /* Stream numbers keep the uses of one key apart. */
@@ -271,4 +278,165 @@ dpsql_add_gaussian_sql(PG_FUNCTION_ARGS)
 	dpsql_add_gaussian(&rng, (double *) ARR_DATA_PTR(out), n, sigma);
 	explicit_bzero(&rng, sizeof(rng));
 	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/*
+ * ERROR for a release's noise that cannot be calibrated, worded as dpsql.gaussian_sigma's
+ * (the message the white-box plans raised when they called it).
+ */
+static void
+no_noise(double delta)
+{
+	if (delta > 0.0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: no Gaussian noise for these parameters"),
+				 errdetail("sensitivity >= 0, epsilon > 0, 0 < delta < 1; classic needs epsilon < 1.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("dpsql: no noise for these parameters"),
+			 errdetail("A finite sensitivity >= 0, a finite epsilon > 0, 0 <= delta < 1 and at "
+					   "least one coordinate (and one pass).")));
+}
+
+/* The Gaussian calibration of argument i, read only where a Gaussian is drawn (delta > 0). */
+static int
+calibration_arg(FunctionCallInfo fcinfo, int i, double delta)
+{
+	return delta > 0.0 ? calibration_code(PG_GETARG_TEXT_PP(i)) : DPSQL_GAUSSIAN_ANALYTIC;
+}
+
+/*
+ * dpsql_internal._one_vs_rest(model text, classes int, epsilon float8, delta float8,
+ *                             OUT models int, OUT model_epsilon float8, OUT model_delta float8)
+ * The models a release trains and each one's share of its budget (a NULL budget: NULL share).
+ */
+Datum
+dpsql_one_vs_rest_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	char	   *model;
+	int			loss,
+				classes,
+				models;
+	double		epsilon,
+				delta,
+				model_epsilon,
+				model_delta;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: _one_vs_rest needs a model and its number of classes")));
+	model = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	loss = dpsql_loss_from_name(model);
+	classes = PG_GETARG_INT32(1);
+	if (loss == 0 || classes < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_vs_rest: unknown model \"%s\" or a negative number of "
+						"classes (%d)", model, classes)));
+	epsilon = PG_ARGISNULL(2) ? 1.0 : PG_GETARG_FLOAT8(2);
+	delta = PG_ARGISNULL(3) ? 0.0 : PG_GETARG_FLOAT8(3);
+	if (!(epsilon > 0.0) || !(delta >= 0.0 && delta < 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_vs_rest splits epsilon > 0 and 0 <= delta < 1, got (%g, %g)",
+						epsilon, delta)));
+	models = dpsql_one_vs_rest_models(loss, classes);
+	dpsql_one_vs_rest_share(epsilon, delta, models, &model_epsilon, &model_delta);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _one_vs_rest must return a record");
+	values[0] = Int32GetDatum(models);
+	values[1] = Float8GetDatum(model_epsilon);
+	nulls[1] = PG_ARGISNULL(2);
+	values[2] = Float8GetDatum(model_delta);
+	nulls[2] = PG_ARGISNULL(3);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* dpsql_internal._noise_size(sensitivity, epsilon, delta, dim int, calibration text) (strict) */
+Datum
+dpsql_noise_size_sql(PG_FUNCTION_ARGS)
+{
+	double		delta = PG_GETARG_FLOAT8(2),
+				size = dpsql_noise_size(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), delta,
+										PG_GETARG_INT32(3), calibration_arg(fcinfo, 4, delta));
+
+	if (!isfinite(size))
+		no_noise(delta);
+	PG_RETURN_FLOAT8(size);
+}
+
+/*
+ * dpsql_internal._scs13_step_noise(sensitivity, epsilon, delta, passes int, dim int,
+ *     calibration text, OUT epsilon_pass float8, OUT delta_pass float8, OUT noise float8)
+ * (strict)
+ */
+Datum
+dpsql_scs13_step_noise_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	double		delta = PG_GETARG_FLOAT8(2),
+				epsilon_pass,
+				delta_pass,
+				noise;
+
+	noise = dpsql_scs13_step_noise(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), delta,
+								   PG_GETARG_INT32(3), PG_GETARG_INT32(4),
+								   calibration_arg(fcinfo, 5, delta), &epsilon_pass, &delta_pass);
+	if (!isfinite(noise))
+		no_noise(delta);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _scs13_step_noise must return a record");
+	values[0] = Float8GetDatum(epsilon_pass);
+	values[1] = Float8GetDatum(delta_pass);
+	values[2] = Float8GetDatum(noise);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/*
+ * dpsql_internal._bst14_noise(epsilon, delta, rows bigint, b bigint, k int, OUT epsilon_1,
+ *     OUT epsilon_2, OUT delta_1, OUT sigma) (strict)
+ */
+Datum
+dpsql_bst14_step_noise_sql(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+	DpsqlBst14Noise n;
+
+	if (dpsql_bst14_step_noise(PG_GETARG_FLOAT8(0), PG_GETARG_FLOAT8(1), PG_GETARG_INT64(2),
+							   PG_GETARG_INT64(3), PG_GETARG_INT32(4), &n) != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: BST14's noise needs epsilon > 0, 0 < delta < 1, a batch of at "
+						"most the rows and at least one pass (advanced composition over the steps)")));
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "dpsql: _bst14_noise must return a record");
+	values[0] = Float8GetDatum(n.epsilon_1);
+	values[1] = Float8GetDatum(n.epsilon_2);
+	values[2] = Float8GetDatum(n.delta_1);
+	values[3] = Float8GetDatum(n.sigma);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* dpsql_internal._noise_sq_norm(dim int, epsilon, delta, shares int) (strict) */
+Datum
+dpsql_noise_sq_norm_sql(PG_FUNCTION_ARGS)
+{
+	double		v = dpsql_noise_sq_norm(PG_GETARG_INT32(0), PG_GETARG_FLOAT8(1),
+										PG_GETARG_FLOAT8(2), PG_GETARG_INT32(3));
+
+	if (!isfinite(v))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _noise_sq_norm needs dim >= 1, shares >= 1, a finite epsilon > 0 "
+						"and 0 <= delta < 1")));
+	PG_RETURN_FLOAT8(v);
 }

@@ -20,6 +20,14 @@ ALTER TABLE IF EXISTS dpsql.mechanism_catalog
     ADD COLUMN IF NOT EXISTS delta_default float8 NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}';
 DROP FUNCTION IF EXISTS dpsql_internal._refuse_unused_params(dpsql.mechanism_catalog, jsonb);
+-- Issue 26: privacy formulas in one place (the C core): the defaults size noise with
+-- dpsql_internal._noise_size.
+DROP FUNCTION IF EXISTS dpsql_internal._unit_noise_norm(int, float8, float8);
+-- DP-SGD charges the DpEvent its accountant composed (the answer's ledger_event), no longer
+-- one rebuilt in SQL; cached answers from before do not carry it (asking again is exact).
+DROP FUNCTION IF EXISTS dpsql_internal._dpsgd_event(jsonb, int, float8);
+DELETE FROM dpsql.accountant_answers
+ WHERE request->>'op' IN ('calibrate', 'epsilon', 'report') AND NOT answer ? 'ledger_event';
 
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns

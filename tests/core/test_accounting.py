@@ -444,6 +444,61 @@ def test_cli_ops(capsys):
     assert out["target_epsilon"] == 2.0 and out["epsilon_pld"] < 2.0
 
 
+def _gaussian_json(z: float) -> dict:
+    return {"type": "Gaussian", "noise_multiplier": z}
+
+
+@pytest.mark.parametrize(
+    ("kw", "event"),
+    [
+        (
+            {"scheme": "shuffle", "epochs": 3},
+            lambda z: {"type": "SelfComposed", "event": _gaussian_json(z), "count": 3},
+        ),
+        (
+            {"scheme": "poisson", "steps": 40, "sampling_rate": 0.05},
+            lambda z: {
+                "type": "SelfComposed",
+                "event": {
+                    "type": "PoissonSampled",
+                    "sampling_probability": 0.05,
+                    "event": _gaussian_json(z),
+                },
+                "count": 40,
+            },
+        ),
+        (
+            {
+                "scheme": "poisson",
+                "steps": 40,
+                "sampling_rate": 1.0,
+                "prefix_noise_multiplier": 4.5,
+            },
+            lambda z: {
+                "type": "Composed",
+                "events": [
+                    _gaussian_json(4.5),
+                    {"type": "SelfComposed", "event": _gaussian_json(z), "count": 40},
+                ],
+            },
+        ),
+    ],
+)
+def test_answers_carry_the_event_the_ledger_charges(capsys, kw, event):
+    """The event the accountant composed, in the ledger's convention (REPLACE_ONE, unfolded
+    multipliers) and jsonb's spelling of numbers (2, not 2.0): the server charges it as it is
+    (issue 26: no longer rebuilt in SQL). Re-accounted, it gives the answer's epsilon."""
+    from dpsql import ledger_events
+
+    status, out = _main(capsys, {"op": "report", "noise_multiplier": 2.0, "delta": DELTA, **kw})
+    assert status == 0 and out["ledger_event"] == event(2)
+    assert '"noise_multiplier": 2}' in json.dumps(out["ledger_event"])  # not 2.0
+    composed = ledger_events.compose([ledger_events.from_json(out["ledger_event"])], DELTA)
+    assert composed["epsilon_pld"] == pytest.approx(out["epsilon_pld"], rel=1e-6)
+    status, out = _main(capsys, {"op": "calibrate", "target_epsilon": 2.0, "delta": DELTA, **kw})
+    assert status == 0 and out["ledger_event"] == event(out["noise_multiplier"])
+
+
 @pytest.mark.parametrize(
     "request_",
     [

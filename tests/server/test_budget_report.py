@@ -255,6 +255,54 @@ def test_dpsgd_f_records_the_mean_and_the_steps(conn, scratch_schema) -> None:
     assert 0.99 < rep["epsilon_pld"] <= 1.0 + 1e-6
 
 
+def test_dpsgd_charges_the_event_its_accountant_composed(conn, scratch_schema) -> None:
+    """Issue 26: the ledger's dp_event is the accountant's answer's ledger_event, stored as it
+    is (no longer rebuilt in SQL from the plan); the model's provenance keeps the rest of the
+    answer. An answer without it (an accountant older than the extension) is refused before
+    anything is charged."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(300, 3)) / 3
+    y = (X[:, 0] > 0).astype(float)
+    source = load(conn, scratch_schema, "pts_acct", X, y)
+    name = f"acct_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', 1e3, 0.5, labels => '{0,1}', name => %s)",
+        (source, name),
+    )
+    train = (
+        "SELECT dpsql.train(%s, NULL, NULL, 'logistic', privacy => 'dpsgd', epsilon => 1.25,"
+        " delta => 1e-5, epochs => 1, batch_size => 30, sampling => 'poisson')"
+    )
+    (mid,) = conn.execute(train, (name,)).fetchone()
+    event, text, provenance = conn.execute(
+        "SELECT l.dp_event, l.dp_event::text, m.params->'privacy'->'accountant'"
+        "  FROM dpsql.ledger l JOIN dpsql.models m USING (model_id) WHERE l.model_id = %s",
+        (mid,),
+    ).fetchone()
+    request, answer, answer_text = conn.execute(
+        "SELECT request, answer, (answer->'ledger_event')::text FROM dpsql.accountant_answers"
+        " WHERE answer - 'ledger_event' = %s",
+        (Jsonb(provenance),),
+    ).fetchone()
+    assert event == answer["ledger_event"] and text == answer_text
+    assert "ledger_event" not in provenance
+    assert event["event"]["sampling_probability"] == 30 / 300 and event["count"] == 10
+    entries = conn.execute("SELECT count(*) FROM dpsql.ledger_entries").fetchone()
+    conn.execute(
+        "UPDATE dpsql.accountant_answers SET answer = answer - 'ledger_event' WHERE request = %s",
+        (Jsonb(request),),
+    )
+    try:
+        with pytest.raises(errors.ObjectNotInPrerequisiteState, match="older than the extension"):
+            conn.execute(train, (name,))
+    finally:
+        conn.execute(
+            "UPDATE dpsql.accountant_answers SET answer = %s WHERE request = %s",
+            (Jsonb(answer), Jsonb(request)),
+        )
+    assert conn.execute("SELECT count(*) FROM dpsql.ledger_entries").fetchone() == entries
+
+
 # --------------------------------------------------------------------------------------------
 # Who may read a report, and bad input
 
