@@ -22,7 +22,7 @@ COMMENT ON FUNCTION dpsql.zcdp_epsilon(float8, float8) IS 'epsilon of rho-zCDP a
 
 -- The Gaussian noise std of every zCDP release: L2 sensitivity Delta, (rho / shares)-zCDP
 -- (one of `shares` equal releases), sigma = Delta / sqrt(2 rho / shares). C core:
--- dpsql_zcdp_sigma, cython_ext/core/composition.h.
+-- dpsql_zcdp_sigma, core/composition.h.
 CREATE OR REPLACE FUNCTION dpsql_internal._zcdp_sigma(sensitivity float8, rho float8,
                                                       shares float8 DEFAULT 1)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_sigma_sql'
