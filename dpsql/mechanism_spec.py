@@ -44,6 +44,7 @@ _SPEC_KEYS = {
     "train_function": str,
     "plan_function": str,
     "fit_function": str,
+    "step_noise_function": str,
     "sgd_defaults": bool,
     "distributed": str,
     "intercept_default": bool,
@@ -77,6 +78,7 @@ _RULES = {
     "clip_norm": {"gradient_bound"},
     "step_size": {"half_inverse_smoothness", "bolton_noise_target"},
     "radius": {"ten_without_lambda"},
+    "batch_size": {"fifty", "quiet_steps"},
 }
 # Every mechanism takes these; they are not listed in its spec.
 COMMON = ("epsilon", "delta", "noise_seed")
@@ -155,6 +157,7 @@ class Spec:
     models: tuple[str, ...] = ()
     plan_function: str | None = None
     fit_function: str | None = None
+    step_noise_function: str | None = None
     sgd_defaults: bool = False
     distributed: str | None = None
     intercept_default: bool = True
@@ -195,6 +198,7 @@ class Spec:
             "intercept_default": self.intercept_default,
             "recommended": self.recommended,
             "parameters": {k: p.server_json() for k, p in self.parameters.items()},
+            "step_noise_function": self.step_noise_function,
         }
 
 
@@ -218,6 +222,48 @@ def load_parameters(folder: Path | None = None) -> dict[str, dict[str, Any]]:
     return table
 
 
+def _spec_problems(raw: dict[str, Any], stem: str) -> list[str]:
+    """What is wrong with a spec's own keys."""
+    problems = [k for k in raw if k not in _SPEC_KEYS]
+    problems += [f"missing {k}" for k in sorted(_REQUIRED - set(raw))]
+    problems += [
+        f"{k} must be {t.__name__}"
+        for k, t in _SPEC_KEYS.items()
+        if k in raw and not isinstance(raw[k], t) and not (t is float and isinstance(raw[k], int))
+    ]
+    if raw.get("name") != stem:
+        problems.append(f"name must be the file's, {stem!r}")
+    return problems
+
+
+def _parameters(
+    raw: dict[str, Any], common: dict[str, dict[str, Any]], problems: list[str]
+) -> dict[str, Parameter]:
+    """A spec's parameters over parameters.toml; what is wrong goes to ``problems``."""
+    parameters: dict[str, Parameter] = {}
+    for name in [*COMMON, *raw.get("parameters", {})]:
+        if name not in common:
+            problems.append(f"parameter {name} is not in parameters.toml")
+            continue
+        own = raw.get("parameters", {}).get(name, {})
+        bad = set(own) - _PARAMETER_KEYS
+        if bad:
+            problems.append(f"parameter {name}: unknown keys {sorted(bad)}")
+            continue
+        if "rule" in own and own["rule"] not in _RULES.get(name, ()):
+            problems.append(f"parameter {name}: no server rule {own['rule']!r}")
+        merged = {**common[name], **own}
+        for key in ("choices", "keys"):
+            merged[key] = tuple(merged.get(key, ()))
+        parameters[name] = Parameter(name=name, **merged)
+    batch = parameters.get("batch_size")
+    if batch is not None and batch.rule == "quiet_steps" and "step_noise_function" not in raw:
+        problems.append("batch_size rule quiet_steps needs a step_noise_function")
+    missing = [f for f in raw.get("python_fields", []) if f not in parameters]
+    problems += [f"python field {f} is not one of its parameters" for f in missing]
+    return parameters
+
+
 def load_specs(folder: Path | None = None) -> dict[str, Spec]:
     """Every mechanism's spec, by name, checked for unknown keys and parameters."""
     folder = folder or spec_dir()
@@ -227,35 +273,8 @@ def load_specs(folder: Path | None = None) -> dict[str, Spec]:
         if path.name == "parameters.toml":
             continue
         raw = tomllib.loads(path.read_text())
-        problems = [k for k in raw if k not in _SPEC_KEYS]
-        problems += [f"missing {k}" for k in sorted(_REQUIRED - set(raw))]
-        problems += [
-            f"{k} must be {t.__name__}"
-            for k, t in _SPEC_KEYS.items()
-            if k in raw
-            and not isinstance(raw[k], t)
-            and not (t is float and isinstance(raw[k], int))
-        ]
-        if raw.get("name") != path.stem:
-            problems.append(f"name must be the file's, {path.stem!r}")
-        parameters: dict[str, Parameter] = {}
-        for name in [*COMMON, *raw.get("parameters", {})]:
-            if name not in common:
-                problems.append(f"parameter {name} is not in parameters.toml")
-                continue
-            own = raw.get("parameters", {}).get(name, {})
-            bad = set(own) - _PARAMETER_KEYS
-            if bad:
-                problems.append(f"parameter {name}: unknown keys {sorted(bad)}")
-                continue
-            if "rule" in own and own["rule"] not in _RULES.get(name, ()):
-                problems.append(f"parameter {name}: no server rule {own['rule']!r}")
-            merged = {**common[name], **own}
-            for key in ("choices", "keys"):
-                merged[key] = tuple(merged.get(key, ()))
-            parameters[name] = Parameter(name=name, **merged)
-        missing = [f for f in raw.get("python_fields", []) if f not in parameters]
-        problems += [f"python field {f} is not one of its parameters" for f in missing]
+        problems = _spec_problems(raw, path.stem)
+        parameters = _parameters(raw, common, problems)
         if problems:
             raise ValueError(f"{path}: " + "; ".join(problems))
         raw = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}

@@ -131,6 +131,14 @@ BEGIN
                   label, labels[1], labels[2], bad);
 END $$;
 
+-- The Huber loss's smoothing width of a run's parameters or spec: dpsql.train's default, 0.1,
+-- when absent (the one place in SQL; sql/mechanisms/parameters.toml records it, and a test
+-- holds it equal to dpsql.train's signature).
+CREATE OR REPLACE FUNCTION dpsql_internal._huber_h(params jsonb)
+RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce((params->>'huber_h')::float8, 0.1)
+$$;
+
 -- The canonical name of a model (aliases accepted by the C core's loss names).
 CREATE OR REPLACE FUNCTION dpsql_internal._canonical_model(model text)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$

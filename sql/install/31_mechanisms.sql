@@ -48,7 +48,11 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     delta_default  float8 NOT NULL DEFAULT 0,
     -- every parameter it takes, from its spec: SQL type, who may set it, the server's default
     -- rule, range or choices (checked by _check_params), what it means
-    parameters     jsonb NOT NULL DEFAULT '{}'
+    parameters     jsonb NOT NULL DEFAULT '{}',
+    -- the defaults' batch rule quiet_steps (34_defaults.sql): dpsql_internal.<function>(params
+    -- jsonb, m bigint, b bigint, k int) -> the noise on a step's mean gradient, in units of the
+    -- gradient bound
+    step_noise_function text
 );
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
@@ -60,7 +64,7 @@ RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
     SELECT r.name, r.train_function, r.task, r.sgd_defaults, r.needs_delta, r.summary, r.docs,
            r.options, r.plan_function, r.fit_function, r.models, r.params, r.distributed,
-           r.intercept_default, r.recommended, r.delta_default, r.parameters
+           r.intercept_default, r.recommended, r.delta_default, r.parameters, r.step_noise_function
       FROM jsonb_populate_record(NULL::dpsql.mechanism_catalog, spec) r
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
@@ -70,7 +74,7 @@ RETURNS void LANGUAGE sql AS $$
            models = excluded.models, params = excluded.params,
            distributed = excluded.distributed, intercept_default = excluded.intercept_default,
            recommended = excluded.recommended, delta_default = excluded.delta_default,
-           parameters = excluded.parameters
+           parameters = excluded.parameters, step_noise_function = excluded.step_noise_function
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
@@ -86,7 +90,7 @@ RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
                 ('schedule', params->>'schedule' IS NOT NULL),
                 ('step_offset', coalesce((params->>'step_offset')::float8, 0) <> 0),
                 ('radius', params->>'radius' IS NOT NULL),
-                ('huber_h', coalesce((params->>'huber_h')::float8, 0.1) <> 0.1),
+                ('huber_h', dpsql_internal._huber_h(params) <> dpsql_internal._huber_h('{}')),
                 ('clip_norm', params->>'clip_norm' IS NOT NULL),
                 ('sampling', coalesce(params->>'sampling', 'shuffle') <> 'shuffle'),
                 ('noise_multiplier', params->>'noise_multiplier' IS NOT NULL),

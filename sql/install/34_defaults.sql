@@ -33,34 +33,18 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS $$
                           WHEN 'huber' THEN huber_h ELSE 0.5 END / (r * r)
 $$;
 
--- The expected norm of the noise on one step's mean gradient with batch b, for the white-box
--- mechanisms (their per-step noise, the functions their plans in 36_whitebox.sql call), in
--- units of the gradient bound. The size of a k-dimensional draw per unit of sensitivity: the
--- Gamma-norm noise (epsilon-DP) has norm ~ Gamma(k, 1/epsilon), mean k/epsilon; the Gaussian
--- sigma sqrt(k) (dpsql_internal._noise_size). SCS13's Gaussian is the analytic one here,
--- whatever its run's `gaussian` (as this rule has always been).
-CREATE OR REPLACE FUNCTION dpsql_internal._step_noise(privacy text, params jsonb, m bigint, b bigint, k int)
+-- The expected norm of the noise on one step's mean gradient with batch b, in units of the
+-- gradient bound: the mechanism's own function, which its spec names (step_noise_function;
+-- 36_whitebox.sql), called with (params, m, b, k).
+CREATE OR REPLACE FUNCTION dpsql_internal._step_noise(mech dpsql.mechanism_catalog, params jsonb,
+                                                      m bigint, b bigint, k int)
 RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE
-    epsilon float8 := (params->>'epsilon')::float8;
-    delta float8 := coalesce((params->>'delta')::float8, 0);
-    epochs int := (params->>'epochs')::int;
+    noise float8;
 BEGIN
-    IF privacy = 'dpsgd' THEN
-        -- shuffled disjoint batches: k Gaussian mechanisms per row, noise multiplier z of C
-        -- (the caller's, or calibrated to epsilon)
-        RETURN coalesce((params->>'noise_multiplier')::float8, (dpsql_internal._account(jsonb_build_object(
-            'op', 'calibrate', 'scheme', 'shuffle', 'delta', delta, 'target_epsilon', epsilon,
-            'noise_multiplier', NULL, 'epochs', epochs, 'steps', NULL, 'sampling_rate', NULL))
-            ->>'noise_multiplier')::float8) * sqrt(k) / b;
-    ELSIF privacy = 'scs13' THEN
-        -- (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L
-        RETURN 2 * (dpsql_internal._scs13_step_noise(1, epsilon, delta, epochs, k, 'analytic')).noise / b;
-    ELSIF privacy = 'bst14' THEN
-        -- replace-one: sensitivity 2 L
-        RETURN 2 * (dpsql_internal._bst14_noise(epsilon, delta, m, b, epochs)).sigma * sqrt(k) / b;
-    END IF;
-    RETURN 0;
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4)', mech.step_noise_function)
+       INTO noise USING params, m, b, k;
+    RETURN noise;
 END $$;
 
 CREATE OR REPLACE FUNCTION dpsql_internal._private_defaults(ds dpsql.datasets, model text, privacy text,
@@ -71,12 +55,12 @@ DECLARE
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
     lambda float8 := coalesce((params->>'lambda')::float8, 0);
-    huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
+    huber_h float8 := dpsql_internal._huber_h(params);
     classes int := greatest(cardinality(ds.labels), 2);
     -- each parameter's default rule is the mechanism's spec's (sql/mechanisms/<name>.toml)
+    mech dpsql.mechanism_catalog := dpsql_internal._mechanism(privacy);
     rules jsonb := (SELECT jsonb_object_agg(p.key, p.value->'rule')
-                      FROM jsonb_each((dpsql_internal._mechanism(privacy)).parameters) p
-                     WHERE p.value ? 'rule');
+                      FROM jsonb_each(mech.parameters) p WHERE p.value ? 'rule');
     -- one-vs-rest bolt-on: the models and each one's share of the budget
     ovr record := dpsql_internal._one_vs_rest(canonical, classes, epsilon, delta);
     -- the model's dimension: one weight vector per class for multinomial, plus the intercept
@@ -93,7 +77,6 @@ DECLARE
     filled jsonb := '{}';
     all_params jsonb;
     b bigint;
-    kind text;
     noise float8;
     step float8;
 BEGIN
@@ -125,16 +108,15 @@ BEGIN
     END IF;
     all_params := params || filled;
     IF params->>'batch_size' IS NULL THEN
-        -- The smallest batch >= 50 whose mean gradient's expected noise norm is at most a
-        -- quarter of the gradient bound, doubling, with at least 50 steps an epoch: shuffled
-        -- DP-SGD, SCS13 and BST14, whose noise on the mean falls with the batch (the steps only
-        -- with its square root or not at all). Poisson DP-SGD, DPSGD-F and the bolt-on get 50
-        -- (step noise 0): amplification by sampling makes the noise on the mean grow as the
-        -- batch shrinks, so small batches only add steps.
-        kind := CASE WHEN privacy = 'dpsgd' AND coalesce(params->>'sampling', 'shuffle') <> 'shuffle'
-                     THEN 'poisson' ELSE privacy END;
+        -- quiet_steps (shuffled DP-SGD, SCS13, BST14: the noise on the mean falls with the
+        -- batch, the steps only with its square root or not at all): the smallest batch >= 50
+        -- whose mean gradient's expected noise norm is at most a quarter of the gradient bound,
+        -- doubling, with at least 50 steps an epoch. fifty (the bolt-on, DPSGD-F; Poisson
+        -- DP-SGD, whose step noise is 0 here): amplification by sampling makes the noise on the
+        -- mean grow as the batch shrinks, so small batches only add steps.
         b := 50;
-        WHILE b * 2 <= m / 50 AND dpsql_internal._step_noise(kind, all_params, m, b, k) > 0.25 LOOP
+        WHILE rules->>'batch_size' = 'quiet_steps' AND b * 2 <= m / 50
+              AND dpsql_internal._step_noise(mech, all_params, m, b, k) > 0.25 LOOP
             b := b * 2;
         END LOOP;
         b := greatest(1, least(b, m / 10));
@@ -144,13 +126,15 @@ BEGIN
         -- reached 0.3-0.4): refused, before any charge, naming what amplification by sampling
         -- does instead. A batch given is kept.
         -- (a run that the mechanism refuses anyway, delta 0 where it needs one, is left to it)
-        noise := CASE WHEN kind = 'scs13' OR (kind <> 'poisson' AND delta > 0 AND delta < 1)
-                      THEN dpsql_internal._step_noise(kind, all_params, m, b, k) END;
+        noise := CASE WHEN rules->>'batch_size' = 'quiet_steps'
+                           AND (NOT mech.needs_delta OR (delta > 0 AND delta < 1))
+                      THEN dpsql_internal._step_noise(mech, all_params, m, b, k) END;
         IF noise > 4 THEN
             PERFORM dpsql_internal._fail(
                 format('%s at epsilon %s on %s rows would learn little: at its largest default batch (%s) '
                        'each step''s mean gradient carries noise of %s times the gradient bound',
-                       CASE WHEN kind = 'dpsgd' THEN 'DP-SGD with shuffled batches' ELSE privacy END,
+                       privacy || CASE WHEN 'sampling' = ANY (mech.params) THEN ' with shuffled batches'
+                                       ELSE '' END,
                        epsilon, m, b, round(noise::numeric, 1)),
                 hint => 'Use privacy => ''auto'' or ''dpsgd_f'' (Poisson sampling amplifies privacy), '
                         'a larger epsilon or more rows; batch_size => ... runs it anyway.');

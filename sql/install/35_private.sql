@@ -23,7 +23,7 @@ BEGIN
         PERFORM dpsql_internal._fail('a strongly convex bolt-on run (lambda > 0) needs the ball ||w|| <= radius',
                             hint => 'Leave radius unset with schedule => ''decreasing'' (R = 1/lambda), or give one.');
     END IF;
-    c := dpsql.loss_constants(model, lambda, radius, coalesce((spec->>'huber_h')::float8, 0.1));
+    c := dpsql.loss_constants(model, lambda, radius, dpsql_internal._huber_h(spec));
     lipschitz := c.lipschitz;
     -- Parallel epochs (parallel_workers, or Citus shards) average shard models with weights
     -- n_s/m <= 1: the convex constant-step bound 2kL eta/b still holds (docs/citus.md); the
@@ -163,7 +163,7 @@ BEGIN
         -- regression (DP-SGD): the registered label set does not apply
         labels => CASE WHEN dpsql_internal._canonical_model(model) = 'linear' THEN NULL ELSE ds.labels END,
         intercept => (params->>'intercept')::boolean,
-        row_norm => ds.row_norm, huber_h => coalesce((params->>'huber_h')::float8, 0.1),
+        row_norm => ds.row_norm, huber_h => dpsql_internal._huber_h(params),
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
         private => true, feature_bounds => ds.feature_bounds,
         permutation => coalesce(params->>'permutation', 'once'),
@@ -466,7 +466,7 @@ BEGIN
                 schedule => CASE WHEN lam > 0 THEN 'decreasing' ELSE 'constant' END,
                 step_offset => 0, radius => NULL, shuffle => true, seed => (b.spec->>'seed')::bigint + i,
                 labels => labels, intercept => (b.spec->>'intercept')::boolean,
-                row_norm => b.spec->>'row_norm', huber_h => coalesce((params->>'huber_h')::float8, 0.1),
+                row_norm => b.spec->>'row_norm', huber_h => dpsql_internal._huber_h(params),
                 tolerance => NULL, private => true,
                 -- the registered dimension: no row of the training table is probed
                 feature_types => '{double precision[]}', dim => (b.spec->>'dim')::int);

@@ -100,7 +100,7 @@ DECLARE
     b bigint := (spec->>'batch_size')::bigint;
     k int := (spec->>'epochs')::int;
     n bigint := rows / b;
-    c record := dpsql.loss_constants(model, 0, 0, coalesce((spec->>'huber_h')::float8, 0.1));
+    c record := dpsql.loss_constants(model, 0, 0, dpsql_internal._huber_h(spec));
     clip float8;
     sampling text := coalesce(params->>'sampling', 'shuffle');
     z float8 := (params->>'noise_multiplier')::float8;
@@ -241,7 +241,7 @@ BEGIN
         s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(nullif(s->'classes', 'null')), 1),
         (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
         (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
-        coalesce((s->>'huber_h')::float8, 0.1), (s->>'batch_size')::bigint, (s->>'flags')::int,
+        dpsql_internal._huber_h(s), (s->>'batch_size')::bigint, (s->>'flags')::int,
         (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
         (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
     UPDATE dpsql.runs
@@ -257,6 +257,41 @@ BEGIN
                                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
      WHERE runs.run_id = _arm_whitebox.run_id;
 END $$;
+
+-- The expected norm of the noise on one step's mean gradient with batch b, in units of the
+-- gradient bound, for the defaults' batch rule (quiet_steps, 34_defaults.sql): each
+-- mechanism's, named by its spec (step_noise_function).
+-- DP-SGD: shuffled disjoint batches, k Gaussian mechanisms per row, noise multiplier z of C
+-- (the caller's, or calibrated to epsilon); Poisson batches are amplified: 0, the rule does
+-- not apply.
+CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_batch_noise(params jsonb, m bigint, b bigint, k int)
+RETURNS float8 LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(params->>'sampling', 'shuffle') <> 'shuffle' THEN
+        RETURN 0;
+    END IF;
+    RETURN coalesce((params->>'noise_multiplier')::float8, (dpsql_internal._account(jsonb_build_object(
+        'op', 'calibrate', 'scheme', 'shuffle', 'delta', coalesce((params->>'delta')::float8, 0),
+        'target_epsilon', (params->>'epsilon')::float8, 'noise_multiplier', NULL,
+        'epochs', (params->>'epochs')::int, 'steps', NULL, 'sampling_rate', NULL))
+        ->>'noise_multiplier')::float8) * sqrt(k) / b;
+END $$;
+
+-- SCS13: (epsilon, delta) / epochs per pass on the sum, sensitivity 2 L.
+CREATE OR REPLACE FUNCTION dpsql_internal._scs13_batch_noise(params jsonb, m bigint, b bigint, k int)
+RETURNS float8 LANGUAGE sql AS $$
+    SELECT 2 * (dpsql_internal._scs13_step_noise(1, (params->>'epsilon')::float8,
+                                                  coalesce((params->>'delta')::float8, 0),
+                                                  (params->>'epochs')::int, k, 'analytic')).noise / b
+$$;
+
+-- BST14: replace-one, sensitivity 2 L.
+CREATE OR REPLACE FUNCTION dpsql_internal._bst14_batch_noise(params jsonb, m bigint, b bigint, k int)
+RETURNS float8 LANGUAGE sql AS $$
+    SELECT 2 * (dpsql_internal._bst14_noise((params->>'epsilon')::float8,
+                                            coalesce((params->>'delta')::float8, 0), m, b,
+                                            (params->>'epochs')::int)).sigma * sqrt(k) / b
+$$;
 
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). Charged after the plan

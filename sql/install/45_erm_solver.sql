@@ -128,7 +128,7 @@ BEGIN
     END IF;
     loss := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
     param := CASE model
-        WHEN 'huber' THEN coalesce((params->>'huber_h')::float8, 0.1)
+        WHEN 'huber' THEN dpsql_internal._huber_h(params)
         WHEN 'linear' THEN dpsql_internal._linear_option(options, 'huber_threshold', ds.label_bound)
         ELSE 0 END;
     IF model = 'huber' AND NOT (param > 0 AND param < 1) THEN

@@ -64,7 +64,7 @@ DECLARE
     ovr record;
     outputs int;
     loss int := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
-    huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
+    huber_h float8 := dpsql_internal._huber_h(params);
     -- classification rows are clipped (or normalised) to norm 1 by their registration
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
     y_bound float8 := coalesce(ds.label_bound, 1);

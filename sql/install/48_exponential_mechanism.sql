@@ -52,7 +52,7 @@ DECLARE
     p int := d + intercept::int;
     radius float8;
     points float8 := dpsql_internal._linear_option(options, 'grid_points', 4096, 1, false);
-    huber_h float8 := coalesce((params->>'huber_h')::float8, 0.1);
+    huber_h float8 := dpsql_internal._huber_h(params);
     x_bound float8;
     r_x float8;
     y_bound float8 := 0;

@@ -75,7 +75,7 @@ BEGIN
     ELSIF m = 'paper_minibatch' THEN
         c := dpsql.loss_constants(spec->>'model', (spec->>'lambda')::float8,
                                   coalesce((spec->>'radius')::float8, 0),
-                                  coalesce((spec->>'huber_h')::float8, 0.1));
+                                  dpsql_internal._huber_h(spec));
         RETURN dpsql.bolton_sensitivity(
             spec->>'schedule', coalesce((spec->>'step_size')::float8, 0),
             (spec->>'step_offset')::float8, c.lipschitz, c.smoothness, c.strong_convexity, rows,

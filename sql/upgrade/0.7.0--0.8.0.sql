@@ -18,7 +18,9 @@ DROP FUNCTION IF EXISTS dpsql_internal._bolton_noise_target();
 -- parameters and delta default; the parameter check reads them.
 ALTER TABLE IF EXISTS dpsql.mechanism_catalog
     ADD COLUMN IF NOT EXISTS delta_default float8 NOT NULL DEFAULT 0,
-    ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}';
+    ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}',
+    ADD COLUMN IF NOT EXISTS step_noise_function text;
+DROP FUNCTION IF EXISTS dpsql_internal._step_noise(text, jsonb, bigint, bigint, int);
 DROP FUNCTION IF EXISTS dpsql_internal._refuse_unused_params(dpsql.mechanism_catalog, jsonb);
 -- Issue 26: privacy formulas in one place (the C core): the defaults size noise with
 -- dpsql_internal._noise_size.

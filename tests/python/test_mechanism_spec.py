@@ -75,9 +75,28 @@ def _broken(tmp_path: Path, name: str, text: str) -> Path:
             (SPECS / "bolton.toml").read_text().replace('rule = "ten"', 'rule = "eleven"'),
             "no server rule 'eleven'",
         ),
+        (
+            (SPECS / "bolton.toml").read_text().replace('rule = "fifty"', 'rule = "quiet_steps"'),
+            "quiet_steps needs a step_noise_function",
+        ),
     ],
 )
 def test_a_broken_spec_names_its_file_and_fault(tmp_path: Path, text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as err:
         mechanism_spec.load_specs(_broken(tmp_path, "bolton.toml", text))
     assert "bolton.toml" in str(err.value)
+
+
+def test_database_train_keywords_are_the_parameters_of_the_specs() -> None:
+    """The training keywords of ``Database.train`` (parameters.toml: python = "train") have
+    dpsql.train's defaults, so that Python and SQL fill in the same values."""
+    import inspect
+
+    from dpsql.connection import Database
+
+    keywords = inspect.signature(Database.train).parameters
+    for name, entry in mechanism_spec.load_parameters().items():
+        if entry.get("python") != "train":
+            continue
+        keyword = keywords[entry.get("python_name", name)]
+        assert keyword.default == entry.get("sql_default"), name

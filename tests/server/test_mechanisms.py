@@ -403,7 +403,10 @@ def test_the_registry_is_the_specs(conn) -> None:
         "float8[]": "double precision[]",
         "int[]": "integer[]",
     }
-    for name, entry in mechanism_spec.load_parameters().items():
+    parameters = mechanism_spec.load_parameters()
+    (huber_h,) = conn.execute("SELECT dpsql_internal._huber_h('{}')").fetchone()
+    assert huber_h == parameters["huber_h"]["sql_default"]  # the SQL helpers' one default
+    for name, entry in parameters.items():
         sql_type, default = signature[name]
         assert types.get(entry["sql"], entry["sql"]) == sql_type, name
         expected = entry.get("sql_default")
