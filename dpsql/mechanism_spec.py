@@ -50,7 +50,6 @@ _SPEC_KEYS = {
     "intercept_default": bool,
     "needs_delta": bool,
     "delta_default": float,
-    "epsilon_optional": bool,
     "python_fields": list,
     "doc": str,
     "parameters": dict,
@@ -70,6 +69,7 @@ _PARAMETER_KEYS = {
     "choices",
     "default",
     "rule",
+    "alternative",
     "keys",
 }
 # The server's default rules (sql/install/34_defaults.sql) a spec may name, by parameter.
@@ -102,6 +102,7 @@ class Parameter:
     who: str = "analyst"
     default: str | None = None  # what the server fills in when it is left NULL, in words
     rule: str | None = None  # the name of the server's rule that does (34_defaults.sql)
+    alternative: str | None = None  # a parameter that, given, lets this one be left NULL
     min: float | None = None
     exclusive_min: float | None = None
     max: float | None = None
@@ -131,7 +132,7 @@ class Parameter:
     def server_json(self) -> dict[str, Any]:
         """What the server's registry keeps: the checks and the docs of ``dpsql.mechanisms()``."""
         out: dict[str, Any] = {"type": self.sql, "who": self.who, "doc": self.doc}
-        for key in ("sql_default", "default", "rule", "min", "exclusive_min", "max"):
+        for key in ("sql_default", "default", "rule", "alternative", "min", "exclusive_min", "max"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -163,7 +164,6 @@ class Spec:
     intercept_default: bool = True
     needs_delta: bool = False
     delta_default: float = 0.0
-    epsilon_optional: bool = False
     python_fields: tuple[str, ...] = ()
     parameters: dict[str, Parameter] = field(default_factory=dict)
 
@@ -250,6 +250,8 @@ def _parameters(
         if bad:
             problems.append(f"parameter {name}: unknown keys {sorted(bad)}")
             continue
+        if own.get("alternative") not in (None, *raw.get("parameters", {})):
+            problems.append(f"parameter {name}: its alternative is not one of its parameters")
         if "rule" in own and own["rule"] not in _RULES.get(name, ()):
             problems.append(f"parameter {name}: no server rule {own['rule']!r}")
         merged = {**common[name], **own}
@@ -319,9 +321,7 @@ def _render_class(spec: Spec) -> str:
     fields = []
     eps = spec.parameters["epsilon"]
     fields.append(
-        f"    epsilon: {_python_type(eps)} = None"
-        if spec.epsilon_optional
-        else "    epsilon: float"
+        f"    epsilon: {_python_type(eps)} = None" if eps.alternative else "    epsilon: float"
     )
     fields.append(
         f"    delta: float | None = None  # the mechanism's default: {spec.delta_default:g}"
@@ -452,7 +452,7 @@ def render_docs(specs: dict[str, Spec]) -> str:
             if p.name == "delta":
                 default = f"{s.delta_default:g}"
             elif p.name == "epsilon":
-                default = "required" + (" (or noise_multiplier)" if s.epsilon_optional else "")
+                default = "required" + (f" (or {p.alternative})" if p.alternative else "")
             else:
                 default = p.default or (repr(p.sql_default) if p.sql_default is not None else "—")
             out.append(

@@ -242,7 +242,9 @@ BEGIN
                             'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
-    IF (epsilon IS NOT NULL OR privacy <> 'dpsgd' OR params->>'noise_multiplier' IS NULL)
+    -- epsilon may be left NULL only where the spec names an alternative (DP-SGD's noise
+    -- multiplier, from which epsilon is computed and charged) and the call gives it
+    IF (epsilon IS NOT NULL OR params->>(mech.parameters->'epsilon'->>'alternative') IS NULL)
        AND (epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity')) THEN
         PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')),
                                      hint => 'The release''s privacy loss, e.g. 1: it is charged to the dataset''s budget.');
