@@ -35,10 +35,13 @@ BEGIN
 END $$;
 
 -- SQL expression of the feature vector, and its dimension: declared (registered datasets: the
--- column types and dim are known, no row is read), else probed on the first row.
--- Public feature bounds (d x 2), when given, clip and rescale each feature onto [-1, 1].
+-- column types and dim are known, no row is read), else probed on the first row. Numeric
+-- columns as float8, booleans as 0/1, and each categorical column (categories: its public
+-- values) one-hot: one coordinate per value, all zero for a value not listed or NULL.
+-- Public feature bounds (d x 2), when given, clip and rescale each coordinate onto [-1, 1].
 CREATE OR REPLACE FUNCTION dpsql_internal._feature_sql(src text, features text[], bounds float8[] DEFAULT NULL,
                                    feature_types text[] DEFAULT NULL, declared_dim int DEFAULT NULL,
+                                   categories jsonb DEFAULT NULL,
                                    OUT expr text, OUT dim int)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -57,7 +60,7 @@ BEGIN
           INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
         EXECUTE expr INTO types;
     END IF;
-    IF cardinality(features) = 1 AND types[1] LIKE '%[]' THEN
+    IF cardinality(features) = 1 AND types[1] LIKE '%[]' AND NOT coalesce(categories ? features[1], false) THEN
         IF types[1] NOT IN ('double precision[]', 'real[]', 'integer[]', 'bigint[]', 'smallint[]',
                             'numeric[]') THEN
             PERFORM dpsql_internal._fail(format('feature column %I has type %s, not a numeric array',
@@ -82,14 +85,21 @@ BEGIN
         RETURN;
     END IF;
     SELECT min(i) INTO bad FROM unnest(types) WITH ORDINALITY AS t(ty, i)
-     WHERE ty NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric');
+     WHERE ty NOT IN ('double precision', 'real', 'integer', 'bigint', 'smallint', 'numeric', 'boolean')
+       AND NOT coalesce(categories ? features[i], false);
     IF bad IS NOT NULL THEN
         PERFORM dpsql_internal._fail(format('feature column %I has type %s: give several numeric columns or '
-                                   'one float8[] column', features[bad], types[bad]), '42804');
+                                   'one float8[] column', features[bad], types[bad]), '42804',
+                                   CASE WHEN types[bad] IN ('text', 'character varying', 'character')
+                                        THEN 'A data owner registers a text column with its categories => {...}.' END);
     END IF;
-    SELECT 'ARRAY[' || string_agg(format('%I::float8', f), ', ' ORDER BY i) || ']'
-      INTO expr FROM unnest(features) WITH ORDINALITY AS t(f, i);
-    dim := cardinality(features);
+    SELECT string_agg(CASE WHEN coalesce(categories ? f, false)
+                           THEN dpsql_internal._one_hot_sql(f, dpsql_internal._category_values(categories, f))
+                           WHEN types[i] = 'boolean' THEN format('ARRAY[%I::int::float8]', f)
+                           ELSE format('ARRAY[%I::float8]', f) END,
+                      ' || ' ORDER BY i),
+           sum(CASE WHEN coalesce(categories ? f, false) THEN jsonb_array_length(categories->f) ELSE 1 END)
+      INTO expr, dim FROM unnest(features) WITH ORDINALITY AS t(f, i);
     IF bounds IS NOT NULL THEN
         IF array_length(bounds, 1) <> dim THEN
             PERFORM dpsql_internal._fail(format('%s feature bounds for %s features', array_length(bounds, 1), dim));
@@ -97,6 +107,22 @@ BEGIN
         expr := format('dpsql_internal._apply_bounds(%s, %L::float8[])', expr, bounds::text);
     END IF;
 END $$;
+
+-- One-hot coordinates of a categorical column: 1 at the position of its value among the
+-- public values, zeros for a value not listed or NULL (an inline expression: no subquery per
+-- row, and Citus pushes it down to the shards).
+CREATE OR REPLACE FUNCTION dpsql_internal._one_hot_sql(col text, vals text[])
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('dpsql_internal._one_hot(array_position(%L::text[], %I::text), %s)',
+                  vals::text, col, cardinality(vals))
+$$;
+
+-- k coordinates, 1 at position p (NULL: all zero).
+CREATE OR REPLACE FUNCTION dpsql_internal._one_hot(p int, k int)
+RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p IS NULL THEN array_fill(0::float8, ARRAY[k])
+                ELSE array_fill(0::float8, ARRAY[p - 1]) || 1::float8 || array_fill(0::float8, ARRAY[k - p]) END
+$$;
 
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial
 -- The error of a label outside the declared set. IMMUTABLE (it is only ever called with the
@@ -109,26 +135,31 @@ END $$;
 
 -- and one-vs-rest (3 or more labels). strict => false (private runs): a label outside the set is
 -- NULL, which the aggregate turns into a null record instead of an error revealing the value.
-CREATE OR REPLACE FUNCTION dpsql_internal._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true)
+-- label_values: a text label's public values, read as classes 0, 1, ... (labels {0, 1, ...}).
+CREATE OR REPLACE FUNCTION dpsql_internal._label_sql(model text, label text, labels float8[], strict boolean DEFAULT true,
+                                                     label_values text[] DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     bad text := 'NULL::float8';
+    y text := CASE WHEN label_values IS NOT NULL
+                   THEN format('(array_position(%L::text[], %I::text) - 1)::float8', label_values::text, label)
+                   ELSE format('%I::float8', label) END;
 BEGIN
     IF label IS NULL THEN
         PERFORM dpsql_internal._fail('label must name a column');
     END IF;
     IF strict THEN
         bad := format('dpsql_internal._bad_label(coalesce(%I::text, ''NULL''), %L)', label,
-                      coalesce(labels::text, '(any number)'));
+                      coalesce(label_values::text, labels::text, '(any number)'));
     END IF;
     IF model = 'linear' THEN
-        RETURN format('coalesce(%I::float8, %s)', label, bad);
+        RETURN format('coalesce(%s, %s)', y, bad);
     ELSIF model = 'multinomial' OR cardinality(labels) > 2 THEN
-        RETURN format('coalesce((array_position(%L::float8[], %I::float8) - 1)::float8, %s)',
-                      labels::text, label, bad);
+        RETURN format('coalesce((array_position(%L::float8[], %s) - 1)::float8, %s)',
+                      labels::text, y, bad);
     END IF;
-    RETURN format('CASE %I::float8 WHEN %s THEN -1::float8 WHEN %s THEN 1::float8 ELSE %s END',
-                  label, labels[1], labels[2], bad);
+    RETURN format('CASE %s WHEN %s THEN -1::float8 WHEN %s THEN 1::float8 ELSE %s END',
+                  y, labels[1], labels[2], bad);
 END $$;
 
 -- The Huber loss's smoothing width of a run's parameters or spec: dpsql.train's default, 0.1,

@@ -32,8 +32,10 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
                                                 -- labels NULL: not set yet, see
                                                 -- dpsql.estimate_label_bound; untrainable)
     row_bound       float8,                     -- regression: public bound on ||x|| (or NULL)
-    dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
+    dim             int CHECK (dim > 0),        -- public number of features (NULL: registered
                                                 -- before 0.3.0 from an empty array column)
+    categories      jsonb,                      -- public values of categorical columns (one-hot)
+    label_values    text[]                      -- a text label's public values (classes 0, 1, ...)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS
@@ -165,6 +167,54 @@ AS $$
       FROM dpsql_internal._numeric_base(typ) b
 $$;
 
+-- How private training reads a column (issue 27): 'scalar' and 'array' as _numeric_kind,
+-- 'boolean' (read as 0/1), 'text' for text, varchar, char and enum columns (read as text:
+-- categorical features and text labels), NULL for anything else. Domains resolve to their
+-- base type; every read is a built-in cast (an enum's output function is built in).
+CREATE OR REPLACE FUNCTION dpsql_internal._column_kind(typ oid)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t oid := typ;
+    ty record;
+    kind text := dpsql_internal._numeric_kind(typ);
+BEGIN
+    IF kind IS NOT NULL THEN
+        RETURN kind;
+    END IF;
+    LOOP
+        SELECT p.typtype, p.typbasetype INTO ty FROM pg_type p WHERE p.oid = t;
+        EXIT WHEN NOT FOUND OR ty.typtype <> 'd';
+        t := ty.typbasetype;
+    END LOOP;
+    IF t = 'bool'::regtype THEN
+        RETURN 'boolean';
+    ELSIF t IN ('text'::regtype, 'varchar'::regtype, 'bpchar'::regtype)
+          OR (ty.typtype = 'e') THEN
+        RETURN 'text';
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- The base type a text or boolean column's values are cast through (a domain's checks are
+-- the owner's code: never run as the definer).
+CREATE OR REPLACE FUNCTION dpsql_internal._base_type(typ oid)
+RETURNS regtype LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t oid := typ;
+    base oid;
+BEGIN
+    LOOP
+        SELECT CASE WHEN p.typtype = 'd' THEN p.typbasetype END INTO base FROM pg_type p WHERE p.oid = t;
+        EXIT WHEN base IS NULL;
+        t := base;
+    END LOOP;
+    RETURN t;
+END $$;
+
 -- Checks that a relation may be read by the private training path, which reads it with the
 -- extension owner's rights. Tables, partitioned tables and materialized views run no code of
 -- their owner's when read; views and foreign tables do (functions in the view, the owner's
@@ -208,17 +258,21 @@ BEGIN
     END IF;
 END $$;
 
--- The registered columns: they exist, are numeric (or one numeric array) and readable by the
--- data owner; returns the public dimension (the columns, or the array's declared length).
+-- The registered columns: they exist, are readable by the data owner and of a kind private
+-- training reads (dpsql_internal._column_kind): numeric columns or one numeric array column,
+-- boolean features (0/1), text or integer columns with declared categories (one-hot); a
+-- numeric, boolean or text label. Returns the public dimension (each categorical column counts
+-- its categories; an array column its declared length) and the label column's kind.
 CREATE OR REPLACE FUNCTION dpsql_internal._register_columns(relid regclass, what text,
                                                            features text[], label text,
-                                                           dim int, feature_bounds float8[])
-RETURNS int LANGUAGE plpgsql STABLE AS $$
+                                                           dim int, feature_bounds float8[],
+                                                           categories jsonb,
+                                                           OUT d int, OUT label_kind text)
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     col text;
     att record;
     kinds text[] := '{}';
-    d int;
 BEGIN
     IF features IS NULL OR cardinality(features) = 0 OR array_ndims(features) <> 1
        OR array_position(features, NULL) IS NOT NULL THEN
@@ -234,8 +288,9 @@ BEGIN
         PERFORM dpsql_internal._fail(
             format('the label column %s is also a feature', quote_ident(label)));
     END IF;
+    PERFORM dpsql_internal._check_categories(categories, features);
     FOREACH col IN ARRAY features || label LOOP
-        SELECT a.attnum, dpsql_internal._numeric_kind(a.atttypid) AS kind,
+        SELECT a.attnum, a.atttypid, dpsql_internal._column_kind(a.atttypid) AS kind,
                format_type(a.atttypid, a.atttypmod) AS type
           INTO att FROM pg_attribute a
          WHERE a.attrelid = relid AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
@@ -249,29 +304,181 @@ BEGIN
                 '42501',
                 hint => 'A data owner registers only data they can read themselves.');
         END IF;
-        kinds := kinds || att.kind;
-        IF col = label AND att.kind IS DISTINCT FROM 'scalar' THEN
+        IF col = label THEN
+            IF att.kind IS NULL OR att.kind = 'array' THEN
+                PERFORM dpsql_internal._fail(
+                    format('label column %s has type %s: give a numeric, boolean or text label column',
+                           quote_ident(col), att.type), '42804');
+            END IF;
+            label_kind := att.kind;
+        ELSIF categories ? col THEN
+            IF att.kind IS DISTINCT FROM 'text'
+               AND NOT (att.kind = 'scalar' AND (dpsql_internal._numeric_base(att.atttypid)).base
+                                                IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype)) THEN
+                PERFORM dpsql_internal._fail(
+                    format('categorical column %s has type %s: categories are for text, enum or integer columns',
+                           quote_ident(col), att.type), '42804');
+            END IF;
+            kinds := kinds || 'categorical'::text;
+        ELSIF att.kind = 'text' THEN
             PERFORM dpsql_internal._fail(
-                format('label column %s has type %s, not a number', quote_ident(col), att.type),
-                '42804');
-        ELSIF col <> label AND (att.kind IS NULL
-                                OR (att.kind = 'array' AND cardinality(features) > 1)) THEN
+                format('feature column %s has type %s: declare its public values to encode it one-hot',
+                       quote_ident(col), att.type), '42804',
+                hint => format('categories => ''{"%s": ["a", "b", ...]}'' (a value not listed becomes all zeros); '
+                               'SELECT DISTINCT %I FROM ... lists them.', col, col));
+        ELSIF att.kind IS NULL OR (att.kind = 'array' AND cardinality(features) > 1) THEN
             PERFORM dpsql_internal._fail(
-                format('feature column %s has type %s: give numeric columns or one '
+                format('feature column %s has type %s: give numeric, boolean or categorical columns, or one '
                        'numeric array column', quote_ident(col), att.type), '42804');
+        ELSE
+            kinds := kinds || att.kind;
         END IF;
     END LOOP;
-    -- The public dimension: the columns, or the array column's declared length (the bounds'
-    -- rows, or dim; register_dataset reads one row as the data owner when neither is given).
+    -- The public dimension: the columns (a categorical column one per category), or the array
+    -- column's declared length (the bounds' rows, or dim; register_dataset reads one row as
+    -- the data owner when neither is given).
     d := CASE WHEN kinds[1] = 'array' THEN coalesce(array_length(feature_bounds, 1), dim)
-              ELSE cardinality(features) END;
+              ELSE (SELECT sum(CASE WHEN categories ? f THEN jsonb_array_length(categories->f) ELSE 1 END)
+                      FROM unnest(features) f)::int END;
     IF d IS NULL OR d < 1 OR d > 100000 OR (dim IS NOT NULL AND dim <> d) THEN
         PERFORM dpsql_internal._fail(
             format('the dataset''s dimension must be declared: %s features, dim => %s',
                    coalesce(d::text, 'unknown'), coalesce(dim::text, 'NULL')),
             hint => 'Give dim => the length of the feature array (1 to 100000), or feature_bounds.');
     END IF;
-    RETURN d;
+END $$;
+
+-- Public categories of categorical columns: {"column": ["value", ...]}, each a feature, with
+-- 1 to 1024 distinct non-empty values (JSON strings or numbers, compared as text).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_categories(categories jsonb, features text[])
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    col text;
+    vals jsonb;
+BEGIN
+    IF categories IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(categories) <> 'object' THEN
+        PERFORM dpsql_internal._fail(
+            'categories must be a JSON object {"column": ["value", ...]}',
+            hint => 'e.g. categories => ''{"colour": ["red", "green", "blue"]}''.');
+    END IF;
+    FOR col, vals IN SELECT * FROM jsonb_each(categories) LOOP
+        IF col <> ALL (features) THEN
+            PERFORM dpsql_internal._fail(
+                format('categories name %s, which is not a feature', quote_ident(col)),
+                hint => 'List the categorical column among features => too.');
+        END IF;
+        IF jsonb_typeof(vals) <> 'array' OR jsonb_array_length(vals) NOT BETWEEN 1 AND 1024
+           OR EXISTS (SELECT 1 FROM jsonb_array_elements(vals) v
+                       WHERE jsonb_typeof(v) NOT IN ('string', 'number') OR v #>> '{}' = '')
+           OR (SELECT count(DISTINCT v #>> '{}') FROM jsonb_array_elements(vals) v)
+              <> jsonb_array_length(vals) THEN
+            PERFORM dpsql_internal._fail(
+                format('categories of %s must be 1 to 1024 distinct values (strings or numbers), got %s',
+                       quote_ident(col), vals));
+        END IF;
+    END LOOP;
+END $$;
+
+-- A categorical column's public values as text (how its column is compared: col::text).
+CREATE OR REPLACE FUNCTION dpsql_internal._category_values(categories jsonb, col text)
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(SELECT v #>> '{}' FROM jsonb_array_elements(categories->col) WITH ORDINALITY u(v, i)
+                  ORDER BY i)
+$$;
+
+-- The public label set of a label column in its own kind (labels in any array type: the
+-- caller's text, numbers or booleans). Numeric columns: the numbers. Boolean columns: false
+-- 0, true 1 (default {false, true}). Text columns: the values as the column reads them
+-- (label_values, through the column's built-in base type), trained as classes 0, 1, ...
+CREATE OR REPLACE FUNCTION dpsql_internal._register_labels(relid regclass, label text, label_kind text,
+                                                          labels text[], OUT numeric_labels float8[],
+                                                          OUT label_values text[])
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    base regtype;
+BEGIN
+    IF labels IS NOT NULL AND (array_ndims(labels) IS DISTINCT FROM 1
+                               OR array_position(labels, NULL) IS NOT NULL) THEN
+        PERFORM dpsql_internal._fail(format('labels must be a list of values, got %s', labels));
+    END IF;
+    IF label_kind = 'scalar' THEN
+        BEGIN
+            numeric_labels := labels::float8[];
+        EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+            PERFORM dpsql_internal._fail(
+                format('labels %s are not numbers, and label column %s is numeric', labels, quote_ident(label)),
+                '42804', hint => 'Give the label column''s values, e.g. labels => ARRAY[0, 1] (negative first).');
+        END;
+        RETURN;
+    END IF;
+    IF label_kind = 'boolean' THEN
+        BEGIN
+            numeric_labels := ARRAY(SELECT v::boolean::int::float8
+                                      FROM unnest(coalesce(labels, '{false,true}')) WITH ORDINALITY u(v, i)
+                                     ORDER BY i);
+        EXCEPTION WHEN invalid_text_representation THEN
+            PERFORM dpsql_internal._fail(
+                format('labels %s are not booleans, and label column %s is boolean', labels, quote_ident(label)),
+                '42804', hint => 'labels => ARRAY[false, true] (the default: false is the negative class).');
+        END;
+        RETURN;
+    END IF;
+    IF labels IS NULL THEN
+        PERFORM dpsql_internal._fail(
+            format('label column %s holds text: declare its public values', quote_ident(label)),
+            hint => 'labels => ARRAY[''no'', ''yes''] (binary: the negative class first), or every class.');
+    END IF;
+    base := dpsql_internal._base_type((SELECT a.atttypid FROM pg_attribute a
+                                        WHERE a.attrelid = relid AND a.attname = label));
+    BEGIN
+        EXECUTE format('SELECT array_agg(v::%s::text ORDER BY i) FROM unnest($1) WITH ORDINALITY u(v, i)', base)
+           INTO label_values USING labels;
+    EXCEPTION WHEN invalid_text_representation OR string_data_right_truncation THEN
+        PERFORM dpsql_internal._fail(
+            format('labels %s are not values of label column %s (%s)', labels, quote_ident(label), base),
+            '42804');
+    END;
+    IF (SELECT count(DISTINCT v) FROM unnest(label_values) v) <> cardinality(label_values) THEN
+        PERFORM dpsql_internal._fail(format('labels must be distinct, got %s', labels));
+    END IF;
+    numeric_labels := ARRAY(SELECT generate_series(0, cardinality(labels) - 1)::float8);
+END $$;
+
+-- Feature bounds given for the non-categorical features only, completed with (-1, 1) for
+-- each one-hot coordinate (the identity on [-1, 1]: a 0/1 coordinate is kept as is); as given
+-- otherwise.
+CREATE OR REPLACE FUNCTION dpsql_internal._categorical_bounds(feature_bounds float8[], features text[],
+                                                             categories jsonb)
+RETURNS float8[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    lo2 int := array_lower(feature_bounds, 2);
+    k int := 0;
+    f text;
+    i int;
+    rows float8[] := '{}';
+BEGIN
+    IF feature_bounds IS NULL OR categories IS NULL OR array_ndims(feature_bounds) <> 2
+       OR array_length(feature_bounds, 1) <> (SELECT count(*) FROM unnest(features) u(c)
+                                               WHERE NOT categories ? u.c) THEN
+        RETURN feature_bounds;
+    END IF;
+    FOREACH f IN ARRAY features LOOP
+        IF categories ? f THEN
+            FOR i IN 1..jsonb_array_length(categories->f) LOOP
+                rows := rows || ARRAY[[-1::float8, 1::float8]];
+            END LOOP;
+        ELSE
+            k := k + 1;
+            rows := rows || ARRAY[[feature_bounds[array_lower(feature_bounds, 1) + k - 1][lo2],
+                                   feature_bounds[array_lower(feature_bounds, 1) + k - 1][lo2 + 1]]];
+        END IF;
+    END LOOP;
+    RETURN rows;
 END $$;
 
 -- Public feature bounds: d x 2, finite, lo < hi; returned with lower bounds 1.
@@ -382,11 +589,11 @@ END $$;
 -- The registration itself. Admin-only; nothing is written unless every check passes.
 CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
-    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
+    delta_budget float8 DEFAULT 0, labels text[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
     dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL,
-    composition text DEFAULT NULL)
+    composition text DEFAULT NULL, categories jsonb DEFAULT NULL, accept boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -395,7 +602,8 @@ DECLARE
     rel record;
     nm text;
     privileged boolean;
-    d int;
+    cols record;
+    lab record;
     bounds float8[];
     target record;
     existing text;
@@ -419,12 +627,23 @@ BEGIN
             hint => 'Private training reads every row, whatever the policies.');
     END IF;
 
-    d := dpsql_internal._register_columns(relid, what, features, label, dim, feature_bounds);
-    bounds := dpsql_internal._register_feature_bounds(feature_bounds, d);
+    cols := dpsql_internal._register_columns(relid, what, features, label, dim, feature_bounds,
+                                             categories);
+    bounds := dpsql_internal._register_feature_bounds(
+        dpsql_internal._categorical_bounds(feature_bounds, features, categories), cols.d);
     PERFORM dpsql_internal._check_estimate_option(estimate);
-    target := dpsql_internal._register_target(labels, label_bound, row_bound, row_norm, regression,
-                                              estimate, feature_bounds,
-                                              CASE WHEN bounds IS NOT NULL THEN d END);
+    IF categories IS NOT NULL AND estimate ? 'feature_bounds' THEN
+        PERFORM dpsql_internal._fail('estimate feature bounds of numeric features only: not with categories',
+                                     hint => 'Declare feature_bounds for the numeric features instead.');
+    END IF;
+    lab := dpsql_internal._register_labels(relid, label, cols.label_kind, labels);
+    IF lab.label_values IS NOT NULL AND (regression OR label_bound IS NOT NULL) THEN
+        PERFORM dpsql_internal._fail(format('label column %s holds text: a classification dataset, not regression',
+                                            quote_ident(label)));
+    END IF;
+    target := dpsql_internal._register_target(lab.numeric_labels, label_bound, row_bound, row_norm,
+                                              regression, estimate, feature_bounds,
+                                              CASE WHEN bounds IS NOT NULL THEN cols.d END);
     IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
         PERFORM dpsql_internal._fail(
             format('epsilon_budget must be a finite number > 0, got %s',
@@ -462,12 +681,16 @@ BEGIN
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
-                                dim, composition)
+                                dim, composition, categories, label_values)
     VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
             target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
-            target.checked_row_bound, d, coalesce(_register_dataset.composition, 'sum'))
+            target.checked_row_bound, cols.d, coalesce(_register_dataset.composition, 'sum'),
+            categories, lab.label_values)
     RETURNING dataset_id INTO id;
     PERFORM dpsql_internal._grant_reader(relid, features || label);
+    -- What the rows hold against the declarations, told to the data owner (who may read them),
+    -- and refused unless accepted: nothing is registered then (30_registration_findings.sql).
+    PERFORM dpsql_internal._registration_findings(id, accept, estimate);
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
     -- undoes the registration, and with it every charge (27_estimate_bounds.sql).
     PERFORM dpsql_internal._estimate_at_registration(nm, estimate);
@@ -490,10 +713,11 @@ $$;
 -- then hands the resolved relation to the SECURITY DEFINER _register_dataset.
 CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
-    delta_budget float8 DEFAULT 0, labels float8[] DEFAULT NULL,
+    delta_budget float8 DEFAULT 0, labels anycompatiblearray DEFAULT NULL::float8[],
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL,
-    regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL, composition text DEFAULT NULL)
+    regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL, composition text DEFAULT NULL,
+    categories jsonb DEFAULT NULL, accept boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -515,12 +739,14 @@ BEGIN
             dim := NULL;  -- not a readable array column: _register_dataset says what is wrong
         END;
     END IF;
-    RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget, labels,
-                                   feature_bounds, row_norm, name, source, label_bound,
-                                   row_bound, dim, regression, estimate, composition);
+    RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget,
+                                   labels::text[], feature_bounds, row_norm, name, source,
+                                   label_bound, row_bound, dim, regression, estimate, composition,
+                                   categories, coalesce(accept, false));
 END $$;
-COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
-                                           text, text, float8, float8, int, boolean, jsonb, text) IS
+COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
+                                           float8[], text, text, float8, float8, int, boolean, jsonb,
+                                           text, jsonb, boolean) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)

@@ -24,14 +24,17 @@ BEGIN
                    (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
 END $$;
 
--- The select list that reads registered columns as float8 (scalars) or float8[] (an array
--- column), each under its own name; columns are features || label. Checked at every read, the
+-- The select list that reads registered columns as float8 (scalars and booleans as 0/1),
+-- float8[] (an array column) or text (the columns as_text: categorical features and a text
+-- label, through their built-in base type), each under its own name; columns are
+-- features || label. Checked at every read, the
 -- relation locked first (no change in between): each column is read through its built-in
 -- numeric base type only (dpsql_internal._numeric_base), never through a cast of the owner's,
 -- and one that is no longer numeric is refused by its type, naming no value. A numeric value
 -- out of float8's range becomes NULL (a null record) and one below it 0, so that no cast
 -- error prints a private value.
-CREATE OR REPLACE FUNCTION dpsql_internal._read_list(relid regclass, columns text[])
+CREATE OR REPLACE FUNCTION dpsql_internal._read_list(relid regclass, columns text[],
+                                                     as_text text[] DEFAULT '{}')
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -63,16 +66,18 @@ BEGIN
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
       JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
                          AND NOT a.attisdropped,
-           LATERAL dpsql_internal._numeric_base(a.atttypid) b
-     WHERE b.base IS NULL
-        OR (b.is_array AND (k > 1 OR cardinality(columns) <> 2))  -- one feature array
+           LATERAL dpsql_internal._column_kind(a.atttypid) kind
+     WHERE kind IS NULL
+        OR (kind = 'array' AND (k > 1 OR cardinality(columns) <> 2))  -- one feature array
+        OR (kind = 'text' AND u.col <> ALL (as_text))
      ORDER BY k LIMIT 1;
     IF FOUND THEN
         PERFORM dpsql_internal._fail(
-            format('registered column %s of %s has type %s, not a built-in numeric type',
+            format('registered column %s of %s has type %s, not the kind it was registered with',
                    quote_ident(bad.col), relid, bad.type), '42804',
-            hint => 'It changed since registration: private training reads int, float and '
-                    'numeric columns (or one array of them) only. The data owner restores it.');
+            hint => 'It changed since registration: private training reads int, float, numeric and '
+                    'boolean columns (or one array of them), and text columns declared as categories '
+                    'or as a text label. The data owner restores it.');
     END IF;
     -- The planner folds an IMMUTABLE function of constants in an index's expressions or
     -- predicate, or in extended statistics, into a constant as the reader: in the relation, its
@@ -107,7 +112,11 @@ BEGIN
                     'the index or statistics object.');
     END IF;
     SELECT string_agg(
-               CASE WHEN b.is_array AND b.base = 'numeric'::regtype THEN
+               CASE WHEN u.col = ANY (as_text) THEN format('%1$I::%2$s::text AS %1$I', a.attname,
+                                                           dpsql_internal._base_type(a.atttypid))
+                    WHEN b.base IS NULL THEN  -- boolean: 0/1
+                        format('%1$I::boolean::int::float8 AS %1$I', a.attname)
+                    WHEN b.is_array AND b.base = 'numeric'::regtype THEN
                         format('ARRAY(SELECT %s FROM unnest(%I::numeric[]) v) AS %I',
                                format(numeric_float8, 'v'), a.attname, a.attname)
                     WHEN b.is_array THEN format('%1$I::%2$s[]::float8[] AS %1$I', a.attname, b.base)
@@ -158,6 +167,15 @@ BEGIN
 END $$;
 ALTER FUNCTION dpsql_internal._read_source(regclass, text) OWNER TO dpsql_reader;
 
+-- The registered columns read as text: categorical features and a text label.
+CREATE OR REPLACE FUNCTION dpsql_internal._text_columns(ds dpsql.datasets)
+RETURNS text[] LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ARRAY(SELECT k FROM jsonb_object_keys(coalesce(ds.categories, '{}')) k)
+           || CASE WHEN ds.label_values IS NOT NULL THEN ARRAY[ds.label] ELSE '{}'::text[] END
+$$;
+
 -- Whether a dataset's features are one array column (else numeric columns).
 CREATE OR REPLACE FUNCTION dpsql_internal._array_feature(ds dpsql.datasets)
 RETURNS boolean LANGUAGE sql STABLE
@@ -169,6 +187,17 @@ AS $$
                  WHERE a.attrelid = ds.relid AND a.attname = ds.features[1])
 $$;
 
+-- The SQL types a private run reads a dataset's features as (_feature_sql's feature_types).
+CREATE OR REPLACE FUNCTION dpsql_internal._feature_types(ds dpsql.datasets)
+RETURNS text[] LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN dpsql_internal._array_feature(ds) THEN '{double precision[]}'::text[]
+                ELSE ARRAY(SELECT CASE WHEN coalesce(ds.categories ? f, false) THEN 'text'
+                                       ELSE 'double precision' END
+                             FROM unnest(ds.features) WITH ORDINALITY u(f, i) ORDER BY i) END
+$$;
+
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader).
@@ -178,14 +207,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     columns text[] := ds.features || ds.label;
-    list text := dpsql_internal._read_list(ds.relid, columns);
+    as_text text[] := dpsql_internal._text_columns(ds);
+    list text := dpsql_internal._read_list(ds.relid, columns, as_text);
 BEGIN
     IF dpsql_internal._runs_no_code(ds.relid) THEN
         RETURN format('(SELECT %s FROM %s) AS src', list, ds.relid);
     END IF;
     RETURN format('dpsql_internal._read_source(%s::regclass, %L) AS src(%s)', ds.relid::oid, list,
                   (SELECT string_agg(format('%I %s', c,
-                                            CASE WHEN k = 1 AND dpsql_internal._array_feature(ds)
+                                            CASE WHEN c = ANY (as_text) THEN 'text'
+                                                 WHEN k = 1 AND dpsql_internal._array_feature(ds)
                                                  THEN 'double precision[]' ELSE 'double precision' END),
                                      ', ' ORDER BY k)
                      FROM unnest(columns) WITH ORDINALITY AS u(c, k)));

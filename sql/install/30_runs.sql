@@ -127,7 +127,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     huber_h float8, tolerance float8, parallel_workers int DEFAULT 0,
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
     permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL,
-    shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL)
+    shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL,
+    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -199,7 +200,7 @@ BEGIN
                 PERFORM dpsql_internal._fail(format('source %s has no rows', source), '22000');
             END IF;
         END IF;
-        feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim);
+        feat := dpsql_internal._feature_sql(src, features, feature_bounds, feature_types, dim, categories);
         IF NOT private AND label IS NOT NULL THEN
             -- (a private run's label is registered and read as float8)
             EXECUTE format('SELECT pg_typeof((SELECT %I FROM %s LIMIT 1))::text', label, src) INTO ltype;
@@ -208,7 +209,7 @@ BEGIN
                                              '42804', 'Give a numeric label column.');
             END IF;
         END IF;
-        yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private);
+        yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private, label_values);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
         IF layout.dist_column IS NOT NULL THEN
             filled := dpsql_internal._fill_distributed_table(run, relation, feat.expr, yexpr,
@@ -260,6 +261,7 @@ BEGIN
                 'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
                 'parallel_workers', parallel_workers, 'remainder', 'drop_last',
                 'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
+                'categories', categories, 'label_values', label_values,
                 'shard_parallel', shard_parallel, 'distributed', filled.layout),
             tbl, init, m, extract(epoch FROM clock_timestamp() - t0));
     RETURN run;

@@ -140,8 +140,7 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._prepare_private(ds dpsql.datasets, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    types text[] := CASE WHEN dpsql_internal._array_feature(ds) THEN '{double precision[]}'
-                         ELSE array_fill('double precision'::text, ARRAY[cardinality(ds.features)]) END;
+    types text[] := dpsql_internal._feature_types(ds);
 BEGIN
     IF ds.dim IS NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
@@ -167,7 +166,8 @@ BEGIN
         tolerance => NULL, parallel_workers => coalesce((params->>'parallel_workers')::int, 0),
         private => true, feature_bounds => ds.feature_bounds,
         permutation => coalesce(params->>'permutation', 'once'),
-        shard_parallel => coalesce((params->>'shard_parallel')::boolean, false), relation => ds.relid);
+        shard_parallel => coalesce((params->>'shard_parallel')::boolean, false), relation => ds.relid,
+        categories => ds.categories, label_values => ds.label_values);
 END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
@@ -272,7 +272,7 @@ BEGIN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
     -- The registered columns' types, now (an owner may have changed them): before any charge.
-    PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label);
+    PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label, dpsql_internal._text_columns(ds));
     PERFORM dpsql_internal._check_distributed(mech, ds, params);
     IF params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features) THEN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with features %s', ds.name, ds.features),

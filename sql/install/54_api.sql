@@ -120,6 +120,85 @@ BEGIN
     RETURN p;
 END $$;
 
+-- A model's text label values (a dataset registered with a text label), else NULL.
+CREATE OR REPLACE FUNCTION dpsql_internal._model_label_values(m dpsql.models)
+RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(m.params->'label_values') = 'array'
+                THEN ARRAY(SELECT jsonb_array_elements_text(m.params->'label_values')) END
+$$;
+
+-- A row given as a JSON object of its columns (to_jsonb(t) of a table row), encoded as the
+-- model's features: numbers, booleans as 0/1, categorical columns one-hot (a value not among
+-- the public categories, or NULL, is all zeros).
+CREATE OR REPLACE FUNCTION dpsql_internal._encode_row(m dpsql.models, r jsonb)
+RETURNS float8[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    cats jsonb := nullif(m.params->'categories', 'null');
+    f text;
+    v jsonb;
+    x float8[] := '{}';
+BEGIN
+    IF jsonb_typeof(r) IS DISTINCT FROM 'object' THEN
+        PERFORM dpsql_internal._fail('predict takes a row as a JSON object of its columns',
+                                     '22023', 'e.g. dpsql.predict(model_id, to_jsonb(t)) FROM test_table t');
+    END IF;
+    FOREACH f IN ARRAY m.features LOOP
+        IF NOT r ? f THEN
+            PERFORM dpsql_internal._fail(format('the row has no column %s', quote_ident(f)), '22023',
+                                         format('Model %s reads features %s.', m.model_id, m.features));
+        END IF;
+        v := r->f;
+        IF cats ? f THEN
+            x := x || dpsql_internal._one_hot(array_position(dpsql_internal._category_values(cats, f), v #>> '{}'),
+                                              jsonb_array_length(cats->f));
+        ELSIF jsonb_typeof(v) = 'boolean' THEN
+            x := x || (v::boolean)::int::float8;
+        ELSIF jsonb_typeof(v) = 'array' AND cardinality(m.features) = 1 THEN
+            x := x || ARRAY(SELECT e::float8 FROM jsonb_array_elements_text(v) e);
+        ELSIF jsonb_typeof(v) = 'number' THEN
+            x := x || (v #>> '{}')::float8;
+        ELSE
+            PERFORM dpsql_internal._fail(format('column %s of the row is %s, not a number', quote_ident(f),
+                                                jsonb_typeof(v)), '22023');
+        END IF;
+    END LOOP;
+    RETURN x;
+END $$;
+
+-- The prediction for a row given by its columns (see _encode_row).
+CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, r jsonb)
+RETURNS float8 LANGUAGE sql STABLE AS $$
+    SELECT dpsql.predict(model_id, dpsql_internal._encode_row(dpsql_internal._model(model_id), r))
+$$;
+COMMENT ON FUNCTION dpsql.predict(bigint, jsonb) IS
+    'Prediction for a row given as a JSON object of its columns: SELECT dpsql.predict(m, to_jsonb(t)) FROM t t';
+
+-- The predicted class of a classification model as its label value (text: a text label's
+-- value, else the number), for a feature vector or a row's columns.
+CREATE OR REPLACE FUNCTION dpsql.predict_label(model_id bigint, x float8[])
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m dpsql.models := dpsql_internal._model(model_id);
+    p float8 := dpsql.predict(model_id, x);
+    cls float8;
+BEGIN
+    IF m.classes IS NULL THEN
+        PERFORM dpsql_internal._fail(format('model %s is a regression model: it predicts numbers', model_id),
+                                     '22023', 'Use dpsql.predict.');
+    END IF;
+    cls := CASE WHEN array_ndims(m.weights) = 2 THEN p
+                WHEN dpsql_internal._is_positive(dpsql_internal._loss_code(m.model), p) THEN m.classes[2]
+                ELSE m.classes[1] END;
+    RETURN coalesce((dpsql_internal._model_label_values(m))[cls::int + 1], cls::text);
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql.predict_label(model_id bigint, r jsonb)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT dpsql.predict_label(model_id, dpsql_internal._encode_row(dpsql_internal._model(model_id), r))
+$$;
+COMMENT ON FUNCTION dpsql.predict_label(bigint, jsonb) IS
+    'Predicted class as its label value, for a row given as a JSON object of its columns';
+
 -- Accuracy (classification) or mean squared error (linear) of a model over a table or query.
 CREATE OR REPLACE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
                                label text DEFAULT NULL,
@@ -139,7 +218,8 @@ BEGIN
     BEGIN
         -- The same public feature bounds as in training (registered datasets).
         feat := dpsql_internal._feature_sql(src, coalesce(features, m.features),
-                                   dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')));
+                                   dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')),
+                                   categories => nullif(m.params->'categories', 'null'));
     EXCEPTION WHEN insufficient_privilege THEN
         PERFORM dpsql_internal._fail(format('evaluate reads the rows of %s as %s, who may not: %s',
                                             source, current_user, SQLERRM), '42501',
@@ -156,7 +236,8 @@ BEGIN
         feat.expr := format('dpsql_internal._preprocessed(%s, %L::jsonb)', feat.expr,
                             m.params->'privacy'->'preprocessing');
     END IF;
-    yexpr := dpsql_internal._label_sql(m.model, coalesce(label, m.label), m.classes);
+    yexpr := dpsql_internal._label_sql(m.model, coalesce(label, m.label), m.classes,
+                                       label_values => dpsql_internal._model_label_values(m));
     pexpr := format('dpsql_internal._predict(%s, %s, %L::float8[], %s)',
                     dpsql_internal._loss_code(m.model), m.flags, m.weights, feat.expr);
     IF m.model = 'linear' THEN

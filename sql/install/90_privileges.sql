@@ -30,6 +30,9 @@ DECLARE
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
         '_clip_norm', '_preprocessed',
+        -- categorical columns and text labels (issue 27)
+        'predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
+        '_encode_row',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
         'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows

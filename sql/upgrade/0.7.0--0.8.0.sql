@@ -31,6 +31,26 @@ DROP FUNCTION IF EXISTS dpsql_internal._dpsgd_event(jsonb, int, float8);
 DELETE FROM dpsql.accountant_answers
  WHERE request->>'op' IN ('calibrate', 'epsilon', 'report') AND NOT answer ? 'ledger_event';
 
+-- Issue 27: tables as they come. Categorical columns (one-hot) and text labels are declared
+-- at registration; labels take the label column's own type; registration reports (and refuses
+-- unless accepted) what the rows hold against the declarations; reading takes text columns.
+ALTER TABLE IF EXISTS dpsql.datasets
+    ADD COLUMN IF NOT EXISTS categories jsonb,
+    ADD COLUMN IF NOT EXISTS label_values text[];
+DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
+                                               text, text, float8, float8, int, boolean, jsonb, text);
+DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, float8[],
+                                                         float8[], text, text, text, float8, float8, int,
+                                                         boolean, jsonb, text);
+DROP FUNCTION IF EXISTS dpsql_internal._register_columns(regclass, text, text[], text, int, float8[]);
+DROP FUNCTION IF EXISTS dpsql_internal._feature_sql(text, text[], float8[], text[], int);
+DROP FUNCTION IF EXISTS dpsql_internal._read_list(regclass, text[]);
+DROP FUNCTION IF EXISTS dpsql_internal._label_sql(text, text, float8[], boolean);
+DROP FUNCTION IF EXISTS dpsql_internal._prepare(text, text[], text, text, int, bigint, float8, float8, text,
+                                                float8, float8, boolean, bigint, float8[], boolean, text,
+                                                float8, float8, int, boolean, float8[], text, text[], int,
+                                                boolean, regclass);
+
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns
 -- there (their non-private runs' tables, or relations and types planted under a future run's
