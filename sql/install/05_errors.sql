@@ -15,3 +15,28 @@
 CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT '22023', hint text DEFAULT NULL)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_fail_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- Whether this transaction is previewing a release (dpsql.preview, 57_preview.sql): private
+-- training then reads no row and stops at the charge. Anyone can set the flag; it can only
+-- make a release stop before its charge, with nothing released.
+CREATE OR REPLACE FUNCTION dpsql_internal._previewing()
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT coalesce(current_setting('dpsql_preview.on', true), '') = 'on'
+$$;
+
+-- A warning that depends on public quantities only, raised before any charge: also collected
+-- for dpsql.preview's answer.
+CREATE OR REPLACE FUNCTION dpsql_internal._warn(message text, hint text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF dpsql_internal._previewing() THEN
+        PERFORM dpsql_internal._preview_note('warnings',
+            coalesce(nullif(current_setting('dpsql_preview.context', true), '')::jsonb->'warnings', '[]')
+            || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object('warning', message, 'hint', hint))));
+    END IF;
+    IF hint IS NULL THEN
+        RAISE WARNING 'dpsql: %', message;
+    ELSE
+        RAISE WARNING 'dpsql: %', message USING HINT = hint;
+    END IF;
+END $$;

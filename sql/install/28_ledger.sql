@@ -102,13 +102,14 @@ $$;
 -- rollback gives them nothing the rows do not already tell them.
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
-                              dp_event jsonb DEFAULT NULL)
+                              dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     d dpsql.datasets;
     request jsonb;
+    spent record;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
@@ -130,6 +131,22 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM dpsql_internal._fail(
             format('no dataset %s', coalesce(dataset_id::text, 'NULL')), '42704');
+    END IF;
+    IF dpsql_internal._previewing() THEN
+        -- dpsql.preview (57_preview.sql): what would be charged, and nothing is. The signal
+        -- unwinds the caller's subtransaction: the run and its (empty) table never existed.
+        SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
+         WHERE s.dataset_id = d.dataset_id;
+        -- (a RAISE, not _fail: an internal signal that dpsql.preview catches)
+        RAISE EXCEPTION 'dpsql: a preview charges nothing' USING ERRCODE = 'DPPRV',
+            DETAIL = jsonb_build_object(
+                'epsilon', epsilon, 'delta', delta, 'mechanism', mechanism, 'note', note,
+                'plan', plan, 'dp_event', dp_event,
+                'context', nullif(current_setting('dpsql_preview.context', true), '')::jsonb,
+                'budget', jsonb_build_object(
+                    'composition', d.composition, 'epsilon_budget', d.epsilon_budget,
+                    'delta_budget', d.delta_budget, 'epsilon_spent', coalesce(spent.epsilon_spent, 0),
+                    'delta_spent', coalesce(spent.delta_spent, 0)))::text;
     END IF;
     request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
                                   'mechanism', mechanism, 'model_id', model_id, 'note', note,

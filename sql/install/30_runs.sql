@@ -227,6 +227,9 @@ BEGIN
         RAISE EXCEPTION 'dpsql: %', SQLERRM USING ERRCODE = 'undefined_column',
             DETAIL = format('source %s, features %s, label %s', source, features, label);
     END;
+    IF m = 0 AND private AND dpsql_internal._previewing() THEN
+        m := current_setting('dpsql_preview.rows')::bigint;  -- (57_preview.sql) public
+    END IF;
     IF m = 0 THEN
         PERFORM dpsql_internal._fail(format('source %s has no rows', source), '22000');
     END IF;

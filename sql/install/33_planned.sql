@@ -67,7 +67,7 @@ BEGIN
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
        INTO plan USING privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta,
                        params || jsonb_build_object('model', canonical, 'classes', r.spec->'classes');
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy);
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy, plan => plan);
     EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
        INTO rel USING r.train_table, plan, noise_seed;
     IF rel.weights IS NULL THEN

@@ -60,10 +60,7 @@ DECLARE
     mech record := dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
     rel record;
     e record;
-    draw int;
-    noise_norm float8;
-    lambda float8;
-    reachable float8;
+    norms record;
 BEGIN
     LOOP
         e := dpsql_internal._run_epoch(run);  -- its training loss stays here
@@ -74,34 +71,68 @@ BEGIN
                                  mech.model_epsilon, mech.model_delta,
                                  mech.per_output, calibration, noise_seed);
     weights := rel.weights;
-    -- Public: one noise draw's expected norm (Gamma(k, scale) has mean k scale; a Gaussian
-    -- vector about sigma sqrt(k)) against the largest norm a regularised model reaches,
-    -- lambda/2 ||w||^2 <= F(0) = phi(0).
-    draw := cardinality(weights) / CASE WHEN mech.per_output THEN array_length(weights, 1) ELSE 1 END;
-    noise_norm := CASE WHEN delta = 0 THEN draw * rel.noise_scale ELSE rel.noise_scale * sqrt(draw) END;
-    lambda := (r.spec->>'lambda')::float8;
-    IF lambda > 0 THEN
-        reachable := sqrt(2 * CASE r.spec->>'model' WHEN 'logistic' THEN ln(2)
-                                   WHEN 'multinomial' THEN ln(jsonb_array_length(r.spec->'classes'))
-                                   ELSE 1 END / lambda);
-        reachable := least(reachable, coalesce((r.spec->>'radius')::float8, reachable));
-        IF noise_norm > reachable THEN
-            RAISE WARNING 'dpsql: the bolt-on noise (expected norm %) exceeds the largest norm a model with lambda = % reaches (%): the release is mostly noise',
-                          round(noise_norm::numeric, 3), lambda, round(reachable::numeric, 3)
-                USING HINT = 'The noise falls as 1/lambda and the reachable norm as 1/sqrt(lambda): '
-                             'raise lambda or epsilon, or use privacy => ''auto''.';
-        END IF;
-    END IF;
+    norms := dpsql_internal._bolton_noise_norms(r.spec, cardinality(weights), mech.per_output, delta,
+                                                rel.noise_scale);
     info := jsonb_build_object(
         'mechanism', 'bolton', 'algorithm', mech.algorithm, 'epsilon', epsilon, 'delta', delta,
         'sensitivity', mech.sensitivity, 'noise_scale', rel.noise_scale,
         'lipschitz', mech.lipschitz,
         'noise', CASE WHEN delta = 0 THEN 'gamma-norm (eq. 3), uniform direction'
                       ELSE 'gaussian (' || calibration || ')' END,
-        'expected_noise_norm', noise_norm, 'reachable_norm', reachable,
+        'expected_noise_norm', norms.expected, 'reachable_norm', norms.reachable,
         'one_vs_rest', mech.per_output, 'model_epsilon', mech.model_epsilon,
         'model_delta', mech.model_delta, 'neighbouring', 'replace-one, m public',
         'noise_seed', dpsql_internal._noise_source(noise_seed));
+END $$;
+
+-- Public: one noise draw's expected norm (Gamma(k, scale) has mean k scale; a Gaussian
+-- vector about sigma sqrt(k)) against the largest norm a regularised model reaches,
+-- lambda/2 ||w||^2 <= F(0) = phi(0) (NULL without lambda).
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_norms(spec jsonb, weights int, per_output boolean,
+                                                             delta float8, noise_scale float8,
+                                                             OUT expected float8, OUT reachable float8)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    lambda float8 := (spec->>'lambda')::float8;
+    outputs int := CASE WHEN per_output THEN jsonb_array_length(spec->'classes') ELSE 1 END;
+    draw int := weights / outputs;
+BEGIN
+    expected := CASE WHEN delta = 0 THEN draw * noise_scale ELSE noise_scale * sqrt(draw) END;
+    IF lambda > 0 THEN
+        reachable := sqrt(2 * CASE spec->>'model' WHEN 'logistic' THEN ln(2)
+                                   WHEN 'multinomial' THEN ln(jsonb_array_length(spec->'classes'))
+                                   ELSE 1 END / lambda);
+        reachable := least(reachable, coalesce((spec->>'radius')::float8, reachable));
+    END IF;
+END $$;
+
+-- Before the charge (public quantities only): the bolt-on's noise size for a prepared run,
+-- and a warning when it exceeds what the model can reach. Returns the norms for a preview.
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_check(run bigint, epsilon float8, delta float8,
+                                                             calibration text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r dpsql.runs := dpsql_internal._locked_run(run);
+    mech record := dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
+    -- the noise scale of a release of the initial state (weights discarded: a fixed seed)
+    scale float8 := (dpsql_internal._bolton_release(
+                         r.state, dpsql_internal._audit_sensitivity(r.spec, r.rows, mech.sensitivity),
+                         mech.model_epsilon, mech.model_delta, mech.per_output, calibration, 1)).noise_scale;
+    k int := ((r.spec->>'dim')::int + CASE WHEN (r.spec->>'intercept')::boolean THEN 1 ELSE 0 END)
+             * CASE WHEN mech.per_output THEN jsonb_array_length(r.spec->'classes') ELSE 1 END;
+    norms record := dpsql_internal._bolton_noise_norms(r.spec, k, mech.per_output, delta, scale);
+BEGIN
+    IF norms.expected > norms.reachable THEN
+        PERFORM dpsql_internal._warn(
+            format('the bolt-on noise (expected norm %s) exceeds the largest norm a model with lambda = %s '
+                   'reaches (%s): the release would be mostly noise', round(norms.expected::numeric, 3),
+                   r.spec->>'lambda', round(norms.reachable::numeric, 3)),
+            'The noise falls as 1/lambda and the reachable norm as 1/sqrt(lambda): '
+            'raise lambda or epsilon, or use privacy => ''auto''.');
+    END IF;
+    RETURN jsonb_build_object('sensitivity', mech.sensitivity, 'noise_scale', scale,
+                              'expected_noise_norm', norms.expected, 'reachable_norm', norms.reachable,
+                              'algorithm', mech.algorithm, 'one_vs_rest', mech.per_output);
 END $$;
 
 -- Weights back from their jsonb form (1-D, or 2-D for several outputs).
@@ -141,13 +172,19 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare_private(ds dpsql.datasets, mo
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     types text[] := dpsql_internal._feature_types(ds);
+    run bigint;
 BEGIN
     IF ds.dim IS NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
-    RETURN dpsql_internal._prepare(
-        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds),
+    IF dpsql_internal._previewing() THEN
+        -- (57_preview.sql) no row is read: the run's table stays empty, its row count public
+        PERFORM set_config('dpsql_preview.rows', dpsql_internal._public_row_count(ds)::text, true);
+    END IF;
+    run := dpsql_internal._prepare(
+        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds)
+                  || CASE WHEN dpsql_internal._previewing() THEN ' WHERE false' ELSE '' END,
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
@@ -168,6 +205,10 @@ BEGIN
         permutation => coalesce(params->>'permutation', 'once'),
         shard_parallel => coalesce((params->>'shard_parallel')::boolean, false), relation => ds.relid,
         categories => ds.categories, label_values => ds.label_values);
+    PERFORM dpsql_internal._preview_note('run', (SELECT r.spec - 'source' - 'seed' - 'seed_policy'
+                                                        || jsonb_build_object('rows', r.rows)
+                                                   FROM dpsql.runs r WHERE r.run_id = run));
+    RETURN run;
 END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
@@ -307,6 +348,11 @@ BEGIN
                                             'needs a regression dataset (label_bound)', ds.name));
     END IF;
 
+    PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
+    PERFORM dpsql_internal._preview_note('mechanism', to_jsonb(privacy));
+    PERFORM dpsql_internal._preview_note('model', to_jsonb(canonical));
+    PERFORM dpsql_internal._preview_note('defaults', nullif(filled, '{}'));
+    PERFORM dpsql_internal._preview_note('auto', auto->'record');
     -- release: the mechanism's own train function (plan from public numbers, charge, fit, finish)
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
        INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
@@ -388,6 +434,7 @@ DECLARE
         coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
     tuning boolean := cardinality(lambdas) + cardinality(epochs_grid) > 0;
     entry bigint;
+    plan jsonb;
     run bigint;
     fit record;
     mid bigint;
@@ -400,13 +447,12 @@ BEGIN
     -- budget: a bad argument is reported as such, also on an exhausted dataset.
     run := dpsql_internal._prepare_private(ds, model, params);
     IF NOT tuning THEN
-        PERFORM dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration)
-           FROM dpsql.runs r WHERE r.run_id = run;
+        plan := dpsql_internal._bolton_noise_check(run, epsilon, delta, calibration);
     END IF;
     -- Checks the budget under the dataset's row lock and appends the ledger entry; no epoch
     -- has run yet.
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
-                           note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END);
+                           note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END, plan => plan);
     IF tuning THEN
         fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);

@@ -313,7 +313,7 @@ BEGIN
     -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
     -- (epsilon, delta)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy, dp_event => plan->'dp_event');
+                           privacy, dp_event => plan->'dp_event', plan => plan);
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',

@@ -213,7 +213,7 @@ BEGIN
     sgd_params := jsonb_build_object('sampling', 'poisson', 'clip_norm', 1.0, 'step_size', 1.0);
     plan := dpsql_internal._whitebox_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
                                  epsilon / 3, delta / 3, sgd_params);
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2');
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => plan);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
     pm := dpsql_internal._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);

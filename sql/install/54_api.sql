@@ -2,6 +2,33 @@
 -- Analyst API
 ------------------------------------------------------------------------------------------
 
+-- The parameters of a private release as dpsql.train and dpsql.preview pass them on (one
+-- place: 57_preview.sql's preview takes dpsql.train's arguments).
+CREATE OR REPLACE FUNCTION dpsql_internal._private_params(
+    privacy text, epsilon float8, delta float8, gaussian text, epochs int, batch_size bigint,
+    lambda float8, step_size float8, schedule text, radius float8, shuffle boolean, seed bigint,
+    intercept boolean, huber_h float8, step_offset float8, tolerance float8, parallel_workers int,
+    permutation text, paper_minibatch_formula boolean, noise_seed bigint, features text[],
+    label text, tuning_lambdas float8[], tuning_epochs int[], clip_norm float8, sampling text,
+    noise_multiplier float8, bst14_noise text, steps int, ci text, ci_draws int, burn_in int,
+    options jsonb, shard_parallel boolean, labels float8[], row_norm text)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
+        'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
+        'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
+        'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
+        'tolerance', tolerance, 'parallel_workers', parallel_workers,
+        'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
+        'noise_seed', noise_seed, 'features', features, 'label', label,
+        'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
+        'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
+        'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
+        'burn_in', burn_in, 'options', options, 'shard_parallel', shard_parallel)
+    -- the registration's: refused when given
+    || jsonb_build_object('labels', labels, 'row_norm', nullif(row_norm, 'none'))
+$$;
+
 CREATE OR REPLACE FUNCTION dpsql.train(
     source text, features text[], label text, model text DEFAULT 'logistic',
     epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
@@ -26,20 +53,12 @@ BEGIN
     IF privacy IS DISTINCT FROM 'none' THEN
         -- Registered datasets only, with their owner's columns, labels and bounds (features
         -- and label may be NULL, or must match the registration).
-        RETURN dpsql_internal._train_private(source, model, jsonb_build_object(
-            'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
-            'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
-            'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
-            'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
-            'tolerance', tolerance, 'parallel_workers', parallel_workers,
-            'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
-            'noise_seed', noise_seed, 'features', features, 'label', label,
-            'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
-            'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
-            'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
-            'burn_in', burn_in, 'options', options, 'shard_parallel', shard_parallel,
-            -- the registration's: refused when given
-            'labels', labels, 'row_norm', nullif(row_norm, 'none')));
+        RETURN dpsql_internal._train_private(source, model, dpsql_internal._private_params(
+            privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
+            radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
+            permutation, paper_minibatch_formula, noise_seed, features, label, tuning_lambdas,
+            tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci,
+            ci_draws, burn_in, options, shard_parallel, labels, row_norm));
     END IF;
     IF NOT dpsql_internal._is_admin() THEN
         PERFORM dpsql_internal._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '

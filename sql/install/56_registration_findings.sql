@@ -44,7 +44,7 @@ BEGIN
 
     -- rows training drops: a NULL or non-finite number, or a label outside the set
     names := names || 'missing'::text;
-    checks := checks || (SELECT coalesce(string_agg(format(CASE WHEN array_feature
+    checks := checks || (SELECT coalesce(string_agg(format(CASE WHEN array_feature AND c = ds.features[1]
                                                        THEN '%1$I IS NULL OR cardinality(%1$I) <> %2$s OR array_position(%1$I, NULL) IS NOT NULL OR ''NaN'' = ANY (%1$I) OR ''Infinity'' = ANY (%1$I) OR ''-Infinity'' = ANY (%1$I)'
                                                        ELSE '%1$I IS NULL OR %1$I IN (''NaN'', ''Infinity'', ''-Infinity'')' END,
                                                   c, ds.dim), ' OR '), 'false')
