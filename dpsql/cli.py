@@ -393,6 +393,12 @@ def _add_train_parser(commands: Any) -> None:
         default=None,
         help="fit an intercept (default: yes, but for dpsgd_f_alg2, which learns its bias itself)",
     )
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="preview a private run (dpsql.preview): the plan, what it would charge, warnings "
+        "and refusals, without charging and without reading rows; exits 1 if it would be refused",
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--json", action="store_true", help="print the summary as JSON")
     train.add_argument("--dsn", help=_DSN_HELP)
@@ -582,6 +588,10 @@ def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         if args.epsilon is not None or args.delta is not None or args.param:
             parser.error("--epsilon, --delta and --param are for private runs")
         privacy = "none"
+    if args.dry_run:
+        if not private:
+            parser.error("--dry-run previews private runs")
+        return _preview_command(args, source, privacy)
     with _connect(args.dsn) as db:
         model = db.train(
             source,
@@ -624,6 +634,47 @@ def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             f"{budget['epsilon_budget']:g}, delta {budget['delta_remaining']:g} of "
             f"{budget['delta_budget']:g}"
         )
+    return EXIT_OK
+
+
+def _preview_command(args: argparse.Namespace, source: str, privacy: Any) -> int:
+    """``dpsql train --dry-run``: the release's preview, printed; 1 if it would be refused."""
+    from dpsql.cli_tables import render_json
+
+    with _connect(args.dsn) as db:
+        plan = db.preview(
+            source,
+            privacy,
+            args.model,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lambda_=args.lambda_,
+            step_size=args.step_size,
+            seed=args.seed,
+            intercept=args.intercept,
+        )
+    refused = plan.get("refused")
+    if args.json:
+        print(render_json(plan))
+    elif refused is None or "mechanism" in plan:
+        budget = plan["budget"]
+        print(
+            f"{plan['mechanism']} on {plan['dataset']} ({plan['rows']} rows, {plan['dim']} "
+            f"features) would charge epsilon {plan['epsilon']:g}, delta {plan['delta']:g}: "
+            f"left {budget['epsilon_remaining']:g} of {budget['epsilon_budget']:g} epsilon, "
+            f"{budget['delta_remaining']:g} of {budget['delta_budget']:g} delta"
+        )
+        for key in ("defaults", "auto", "plan"):
+            if plan.get(key):
+                print(f"{key}: {render_json(plan[key])}")
+        for warning in plan.get("warnings", []):
+            print(f"warning: {warning['warning']}", file=sys.stderr)
+    if refused is not None:
+        if not args.json:
+            print(refused["message"], file=sys.stderr)
+            if refused.get("hint"):
+                print(f"hint: {refused['hint']}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

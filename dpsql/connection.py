@@ -269,30 +269,40 @@ class Database:
     ) -> Model:
         """A private run: the server drives it and releases only the noisy model. Features
         and label, when given, must be the registration's (the server checks)."""
-        if not hasattr(privacy, "sql_args"):
-            raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
-        kw["lambda"] = float(kw.pop("lambda_"))
-        args = {
-            "source": source,
-            "features": None if features is None else list(features),
-            "label": label,
-            "model": model,
-            **kw,
-            **privacy.sql_args(),
-        }
-        query = sql.SQL("SELECT dpsql.train({})").format(
-            sql.SQL(", ").join(
-                sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in args
-            )
-        )
+        args = _private_args(source, model, privacy, features=features, label=label, **kw)
         with server_progress(self.conn, f"dpsql {privacy.name}", enabled=progress):
-            row = self.conn.execute(query, list(args.values())).fetchone()
+            row = self.conn.execute(
+                _named_call("dpsql.train", args), list(args.values())
+            ).fetchone()
         assert row is not None
         if row[0] is None:
             raise NothingReleased(
                 f"dpsql: {privacy.name} released nothing; the budget of this call is spent"
             )
         return self.model(int(row[0]))
+
+    @translate(not_found=NotRegistered)
+    def preview(
+        self,
+        source: str,
+        privacy: Any,
+        model: str = "logistic",
+        *,
+        lambda_: float = 0.0,
+        **train: Any,
+    ) -> dict[str, Any]:
+        """What ``train(source, None, None, model, privacy=privacy, **train)`` would do, without
+        charging and without reading rows (``dpsql.preview``): the mechanism (``auto``'s
+        choice), its plan and the defaults it fills in, the epsilon and delta it would charge,
+        the budget before and after, every warning, and under ``"refused"`` the refusal the
+        release would meet (``{"message", "hint", "sqlstate"}``) instead of raising it."""
+        args = _private_args(
+            source, model, privacy, features=None, label=None, lambda_=lambda_, **train
+        )
+        row = self.conn.execute(_named_call("dpsql.preview", args), list(args.values())).fetchone()
+        assert row is not None
+        result: dict[str, Any] = row[0]
+        return result
 
     @translate(not_found=NotRegistered)
     def audit(
@@ -345,7 +355,7 @@ class Database:
         *,
         epsilon_budget: float,
         delta_budget: float = 0.0,
-        labels: Sequence[float] | None = None,
+        labels: Sequence[Any] | None = None,
         feature_bounds: Sequence[Sequence[float]] | None = None,
         row_norm: str | None = None,
         name: str | None = None,
@@ -355,6 +365,8 @@ class Database:
         regression: bool | None = None,
         estimate: Estimate | None = None,
         composition: str = "sum",
+        categories: dict[str, Sequence[Any]] | None = None,
+        accept: bool = False,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -377,21 +389,30 @@ class Database:
         ``composition="pld"`` charges the budget by the PLD composition of the ledger's
         releases instead of summing their epsilons and deltas (docs/privacy.md, "Re-accounting
         the ledger").
+
+        Tables as they come: ``labels`` are values of the label column's own type (numbers,
+        booleans, or text such as ``["no", "yes"]``, the negative class first); ``categories``
+        declares the public values of text (or integer) feature columns, encoded one-hot in
+        the server (``{"colour": ["red", "green"]}``; a value not listed is all zeros); boolean
+        features are read as 0/1. Registration counts the rows that training would drop
+        (NULLs, labels outside ``labels``), encode as zeros or clip, and refuses unless
+        ``accept=True``.
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
         row = self.conn.execute(
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
-            " delta_budget => %s, labels => %s, feature_bounds => %s, row_norm => %s,"
+            " delta_budget => %s, feature_bounds => %s, row_norm => %s,"
             " name => %s, label_bound => %s, row_bound => %s, dim => %s, regression => %s,"
-            " estimate => %s, composition => %s)",
+            " estimate => %s, composition => %s, categories => %s, accept => %s"
+            + ("" if labels is None else ", labels => %s")
+            + ")",
             (
                 source,
                 feats,
                 label,
                 epsilon_budget,
                 delta_budget,
-                None if labels is None else [float(v) for v in labels],
                 bounds,
                 row_norm,
                 name,
@@ -401,6 +422,9 @@ class Database:
                 regression,
                 None if estimate is None else Jsonb(estimate),
                 composition,
+                None if categories is None else Jsonb({k: list(v) for k, v in categories.items()}),
+                accept,
+                *([] if labels is None else [_label_array(labels)]),
             ),
         ).fetchone()
         assert row is not None
@@ -622,3 +646,51 @@ def connect(
             conn.close()
         raise
     return Database(conn, owns_connection=owns, embedded=embedded)
+
+
+def _private_args(
+    source: str,
+    model: str,
+    privacy: Any,
+    *,
+    features: Sequence[str] | None,
+    label: str | None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """``dpsql.train``'s (and ``dpsql.preview``'s) named arguments of a private run."""
+    if not hasattr(privacy, "sql_args"):
+        raise TypeError(f"dpsql: not a privacy mechanism: {privacy!r}")
+    kw["lambda"] = float(kw.pop("lambda_", 0.0))
+    if kw.get("labels") is not None:
+        kw["labels"] = list(kw["labels"])
+    return {
+        "source": source,
+        "features": None if features is None else list(features),
+        "label": label,
+        "model": model,
+        **kw,
+        **privacy.sql_args(),
+    }
+
+
+def _named_call(function: str, args: dict[str, Any]) -> sql.Composed:
+    """``SELECT function(name => %s, ...)`` for the given arguments."""
+    schema, name = function.split(".")
+    return sql.SQL("SELECT {}.{}({})").format(
+        sql.Identifier(schema),
+        sql.Identifier(name),
+        sql.SQL(", ").join(
+            sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in args
+        ),
+    )
+
+
+def _label_array(labels: Sequence[Any]) -> list[Any]:
+    """Labels for the server's polymorphic ``labels`` (numbers, booleans or text, in the label
+    column's type): a list psycopg sends as float8[], boolean[] or text[]."""
+    values = list(labels)
+    if all(isinstance(v, bool) for v in values):
+        return values
+    if all(isinstance(v, (int, float)) for v in values):
+        return [float(v) for v in values]
+    return [str(v) for v in values]

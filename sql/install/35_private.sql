@@ -247,6 +247,14 @@ BEGIN
     IF privacy = 'auto' THEN
         -- The grant is checked first: the choice reads the registration.
         ds := dpsql_internal._granted_dataset(source);
+        PERFORM dpsql_internal._check_dataset_model(ds, model);
+        IF ds.feature_bounds IS NULL AND ds.row_norm IN ('clip', 'unit') THEN
+            PERFORM dpsql_internal._warn(
+                format('dataset %s declares no feature bounds: every row is scaled to norm <= 1 as it is, '
+                       'so features on large scales dominate and the others barely count', ds.name),
+                'A data owner can declare feature_bounds (public (lo, hi) per feature) or estimate them '
+                '(dpsql.estimate_bounds); the model then sees every feature on [-1, 1].');
+        END IF;
         auto := dpsql_internal._auto_choice(
             ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
                                                                       dpsql_internal._auto_delta(ds))));
@@ -275,7 +283,10 @@ BEGIN
                       FROM unnest(dpsql_internal._mechanism_models(mech)) m),
                    quote_literal(model)),
             hint => CASE WHEN canonical = 'linear'
-                         THEN 'Least squares has no gradient bound: it needs a linear-regression mechanism.' END);
+                         THEN 'Least squares has no gradient bound: it needs a linear-regression mechanism.'
+                         WHEN mech.task = 'regression'
+                         THEN format('%s is a regression mechanism: on a regression dataset pass model => ''linear''.',
+                                     privacy) END);
     END IF;
     PERFORM dpsql_internal._check_params(mech, params);  -- what the caller (or auto) set
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
@@ -333,21 +344,27 @@ BEGIN
     END IF;
     params := params || filled;
     delta := (params->>'delta')::float8;
+    PERFORM dpsql_internal._check_dataset_model(ds, model);
+    IF delta > ds.delta_budget THEN
+        -- before anything is planned: the user's real mistake, not a budget refusal later
+        PERFORM dpsql_internal._fail(
+            format('dataset %s has a delta budget of %s, and this release needs delta = %s%s',
+                   ds.name, ds.delta_budget, delta,
+                   CASE WHEN filled ? 'delta' THEN format(' (%s''s default)', privacy) ELSE '' END),
+            'DP001',
+            hint => CASE WHEN mech.needs_delta
+                         THEN format('%s needs delta > 0: use privacy => ''auto'' (which picks an epsilon-DP '
+                                     'mechanism here), or ask the data owner for a delta budget.', privacy)
+                         ELSE 'Pass delta => 0 (pure epsilon-DP), or ask the data owner for a delta budget.' END
+                    || ' Nothing was charged.');
+    END IF;
+
     IF mech.sgd_defaults THEN
         params := dpsql_internal._private_defaults(ds, model, privacy, params,
                                                    dpsql_internal._public_row_count(ds));
         filled := (params->'defaults') || filled;
         params := params - 'defaults';
     END IF;
-    IF ds.label_bound IS NOT NULL AND canonical NOT IN ('linear', 'lasso') THEN
-        PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset (label_bound): model => ''linear''',
-                                   ds.name));
-    END IF;
-    IF ds.label_bound IS NULL AND canonical = 'lasso' THEN
-        PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset: model => ''lasso'' '
-                                            'needs a regression dataset (label_bound)', ds.name));
-    END IF;
-
     PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
     PERFORM dpsql_internal._preview_note('mechanism', to_jsonb(privacy));
     PERFORM dpsql_internal._preview_note('model', to_jsonb(canonical));
@@ -365,6 +382,25 @@ BEGIN
          WHERE m.model_id = mid;
     END IF;
     RETURN mid;
+END $$;
+
+-- The model kind a dataset supports, said as the user's mistake: a regression dataset
+-- (label_bound) trains model => 'linear' (or 'lasso'), a classification dataset the others.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_model(ds dpsql.datasets, model text)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    canonical text := dpsql_internal._erm_model(model);
+BEGIN
+    IF ds.labels IS NULL AND canonical NOT IN ('linear', 'lasso') THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset: pass model => ''linear''',
+                                            ds.name),
+                                     hint => format('model => %s is for classification datasets (registered with labels).',
+                                                    quote_literal(model)));
+    END IF;
+    IF ds.labels IS NOT NULL AND canonical = 'lasso' THEN
+        PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset: model => ''lasso'' '
+                                            'needs a regression dataset (label_bound)', ds.name));
+    END IF;
 END $$;
 
 -- The registered dataset a private run names, granted to the caller (else refused).

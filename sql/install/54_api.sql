@@ -184,17 +184,18 @@ BEGIN
     RETURN x;
 END $$;
 
--- The prediction for a row given by its columns (see _encode_row).
-CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, r jsonb)
+-- The prediction for a row given by its columns (see _encode_row). (Its own name: an
+-- overload of predict would make predict(m, '{...}') ambiguous.)
+CREATE OR REPLACE FUNCTION dpsql.predict_row(model_id bigint, r jsonb)
 RETURNS float8 LANGUAGE sql STABLE AS $$
     SELECT dpsql.predict(model_id, dpsql_internal._encode_row(dpsql_internal._model(model_id), r))
 $$;
-COMMENT ON FUNCTION dpsql.predict(bigint, jsonb) IS
-    'Prediction for a row given as a JSON object of its columns: SELECT dpsql.predict(m, to_jsonb(t)) FROM t t';
+COMMENT ON FUNCTION dpsql.predict_row(bigint, jsonb) IS
+    'Prediction for a row given as a JSON object of its columns: SELECT dpsql.predict_row(m, to_jsonb(t)) FROM t';
 
 -- The predicted class of a classification model as its label value (text: a text label's
--- value, else the number), for a feature vector or a row's columns.
-CREATE OR REPLACE FUNCTION dpsql.predict_label(model_id bigint, x float8[])
+-- value, else the number), for a row's columns.
+CREATE OR REPLACE FUNCTION dpsql_internal._predict_label(model_id bigint, x float8[])
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE
     m dpsql.models := dpsql_internal._model(model_id);
@@ -213,7 +214,7 @@ END $$;
 
 CREATE OR REPLACE FUNCTION dpsql.predict_label(model_id bigint, r jsonb)
 RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT dpsql.predict_label(model_id, dpsql_internal._encode_row(dpsql_internal._model(model_id), r))
+    SELECT dpsql_internal._predict_label(model_id, dpsql_internal._encode_row(dpsql_internal._model(model_id), r))
 $$;
 COMMENT ON FUNCTION dpsql.predict_label(bigint, jsonb) IS
     'Predicted class as its label value, for a row given as a JSON object of its columns';

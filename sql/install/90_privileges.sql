@@ -31,7 +31,7 @@ DECLARE
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
         '_clip_norm', '_preprocessed',
         -- categorical columns and text labels (issue 27)
-        'predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
+        'predict_label', 'predict_row', '_predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
         '_encode_row',
         -- previews (57_preview.sql); _previewing is read by the owners' _prepare too
         'preview', '_preview_private', '_private_params', '_previewing',
