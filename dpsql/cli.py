@@ -573,21 +573,25 @@ def _train_summary(db: Database, model: Model) -> dict[str, Any]:
     }
 
 
-def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    private = args.privacy != "none"
-    if private:
+def _train_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, Any]:
+    """The source and the privacy of ``dpsql train``'s arguments (``"none"``: non-private)."""
+    if args.privacy != "none":
         if args.dataset is None or args.source is not None:
             parser.error("a private run names its registered DATASET (not --source)")
         if args.epsilon is None and not any(p.startswith("noise_multiplier=") for p in args.param):
             parser.error(f"--privacy {args.privacy} needs --epsilon")
-        source, privacy = args.dataset, _mechanism(args)
-    else:
-        source = args.source or args.dataset
-        if source is None or args.features is None or args.label is None:
-            parser.error("--privacy none needs --source TABLE, --features and --label")
-        if args.epsilon is not None or args.delta is not None or args.param:
-            parser.error("--epsilon, --delta and --param are for private runs")
-        privacy = "none"
+        return args.dataset, _mechanism(args)
+    source = args.source or args.dataset
+    if source is None or args.features is None or args.label is None:
+        parser.error("--privacy none needs --source TABLE, --features and --label")
+    if args.epsilon is not None or args.delta is not None or args.param:
+        parser.error("--epsilon, --delta and --param are for private runs")
+    return source, "none"
+
+
+def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    private = args.privacy != "none"
+    source, privacy = _train_target(args, parser)
     if args.dry_run:
         if not private:
             parser.error("--dry-run previews private runs")

@@ -271,9 +271,7 @@ class Database:
         and label, when given, must be the registration's (the server checks)."""
         args = _private_args(source, model, privacy, features=features, label=label, **kw)
         with server_progress(self.conn, f"dpsql {privacy.name}", enabled=progress):
-            row = self.conn.execute(
-                _named_call("dpsql.train", args), list(args.values())
-            ).fetchone()
+            row = self.conn.execute(_call_all("dpsql.train", args), list(args.values())).fetchone()
         assert row is not None
         if row[0] is None:
             raise NothingReleased(
@@ -299,7 +297,7 @@ class Database:
         args = _private_args(
             source, model, privacy, features=None, label=None, lambda_=lambda_, **train
         )
-        row = self.conn.execute(_named_call("dpsql.preview", args), list(args.values())).fetchone()
+        row = self.conn.execute(_call_all("dpsql.preview", args), list(args.values())).fetchone()
         assert row is not None
         result: dict[str, Any] = row[0]
         return result
@@ -673,8 +671,8 @@ def _private_args(
     }
 
 
-def _named_call(function: str, args: dict[str, Any]) -> sql.Composed:
-    """``SELECT function(name => %s, ...)`` for the given arguments."""
+def _call_all(function: str, args: dict[str, Any]) -> sql.Composed:
+    """``SELECT function(name => %s, ...)`` for every argument given, None as NULL."""
     schema, name = function.split(".")
     return sql.SQL("SELECT {}.{}({})").format(
         sql.Identifier(schema),

@@ -402,11 +402,11 @@ AS $$
 DECLARE
     base regtype;
 BEGIN
-    IF labels IS NOT NULL AND (array_ndims(labels) IS DISTINCT FROM 1
-                               OR array_position(labels, NULL) IS NOT NULL) THEN
+    IF label_kind <> 'scalar' AND labels IS NOT NULL
+       AND (array_ndims(labels) IS DISTINCT FROM 1 OR array_position(labels, NULL) IS NOT NULL) THEN
         PERFORM dpsql_internal._fail(format('labels must be a list of values, got %s', labels));
     END IF;
-    IF label_kind = 'scalar' THEN
+    IF label_kind = 'scalar' THEN  -- (_register_target checks the numbers)
         BEGIN
             numeric_labels := labels::float8[];
         EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN

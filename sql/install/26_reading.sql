@@ -62,7 +62,7 @@ BEGIN
             PERFORM set_config('citus.enable_ddl_propagation', citus_ddl, true);
         END IF;
     END IF;
-    SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type INTO bad
+    SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type, kind INTO bad
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
       JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
                          AND NOT a.attisdropped,
@@ -73,8 +73,9 @@ BEGIN
      ORDER BY k LIMIT 1;
     IF FOUND THEN
         PERFORM dpsql_internal._fail(
-            format('registered column %s of %s has type %s, not the kind it was registered with',
-                   quote_ident(bad.col), relid, bad.type), '42804',
+            format('registered column %s of %s has type %s, %s', quote_ident(bad.col), relid, bad.type,
+                   CASE WHEN bad.kind = 'text' THEN 'a text column not registered as categorical'
+                        ELSE 'not a built-in numeric type' END), '42804',
             hint => 'It changed since registration: private training reads int, float, numeric and '
                     'boolean columns (or one array of them), and text columns declared as categories '
                     'or as a text label. The data owner restores it.');

@@ -36,7 +36,7 @@ def _register(conn, source: str, *, features: str = "{a,b}", **kw) -> tuple[int,
     extra = "".join(f", {k} => %({k})s" for k in kw)
     (ds,) = conn.execute(
         f"SELECT dpsql.register_dataset(%(source)s, %(features)s, 'y', 10.0, 1e-5,"
-        f" name => %(name)s{extra})",
+        f" name => %(name)s, accept => true{extra})",
         {"source": source, "features": features, "name": name, **kw},
     ).fetchone()
     return ds, name

@@ -178,7 +178,8 @@ def test_array_domains_print_no_value(conn, owned, types, column, value) -> None
         )
         o.execute(f"UPDATE arrs SET x = ARRAY['{value}'::numeric, 0]::{column} WHERE y = 1")
         (ads,) = o.execute(
-            "SELECT dpsql.register_dataset(%s, '{x}', 'y', 100.0, 1e-5, name => %s, dim => 2)",
+            "SELECT dpsql.register_dataset(%s, '{x}', 'y', 100.0, 1e-5, name => %s, dim => 2,"
+            " accept => true)",
             (f"{schema}.arrs", arr_name),
         ).fetchone()
         o.execute("SELECT dpsql.grant_dataset(%s, %s)", (ads, analyst))
@@ -441,13 +442,22 @@ def test_a_view_over_an_owners_table_is_checked_too(conn, owned) -> None:
             " RAISE EXCEPTION 'owner code ran as %', current_user; END IF;"
             " RETURN true; END $$"
         )
-        o.execute("CREATE INDEX ON pts (a) WHERE boom()")
     conn.execute(f"CREATE VIEW {schema}.pts_view AS SELECT a, b, y FROM {schema}.pts")
     view = f"{name}_view"
     conn.execute(
-        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s)",
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s, accept => true)",
         (f"{schema}.pts_view", view),
     )
+    with connect_owner() as o:
+        o.execute(f"SET search_path = {schema}, pg_catalog")
+        o.execute("CREATE INDEX ON pts (a) WHERE boom()")
+    # registration reads the rows too (its findings): refused there as well, nothing registered
+    conn.execute(f"CREATE VIEW {schema}.pts_view2 AS SELECT a, b, y FROM {schema}.pts")
+    with pytest.raises(errors.ObjectNotInPrerequisiteState, match="not built in"):
+        conn.execute(
+            "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10.0, 1e-5, name => %s)",
+            (f"{schema}.pts_view2", f"{view}_2"),
+        )
     conn.execute(
         "SELECT dpsql.grant_dataset(dataset_id, %s) FROM dpsql.datasets WHERE name = %s",
         (analyst, view),

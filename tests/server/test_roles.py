@@ -39,6 +39,19 @@ ANALYST_FUNCTIONS = {
     "_preprocessed",
     "_clip_norm",
     "_jsonb_weights",
+    # tables as they come and previews (issue 27)
+    "predict_label",
+    "predict_row",
+    "_predict_label",
+    "_one_hot",
+    "_one_hot_sql",
+    "_category_values",
+    "_model_label_values",
+    "_encode_row",
+    "preview",
+    "_preview_private",
+    "_private_params",
+    "_previewing",
     "confint",
     "zcdp_rho",
     "zcdp_epsilon",
@@ -132,7 +145,9 @@ def _null_call(conn: psycopg.Connection, name: str) -> list[str]:
             continue  # no SQL call can pass an internal (an aggregate's C state): 0A000 for all
         # Arguments from a subquery that cannot be flattened: a STRICT function of constant
         # NULLs would be folded away by the planner, never executed, never checked.
-        cols = ", ".join(f"NULL::{t} AS a{i}" for i, t in enumerate(types))
+        # (a polymorphic argument takes an array of some type: register_dataset's labels)
+        concrete = [t.replace("anycompatiblearray", "double precision[]") for t in types]
+        cols = ", ".join(f"NULL::{t} AS a{i}" for i, t in enumerate(concrete))
         args = ", ".join(f"a{i}" for i in range(len(types)))
         calls.append(f"SELECT {schema}.{name}({args}) FROM (SELECT {cols} OFFSET 0) s")
     return calls
@@ -579,7 +594,15 @@ REGISTRATION_ERRORS = [
     ("'{a,a}', 'y', 1", "22023", "features must be distinct"),
     ("'{}', 'y', 1", "22023", "non-empty list"),
     ("'{a,NULL}', 'y', 1", "22023", "non-empty list"),
-    ("'{a}', 'flag', 1", "42804", "label column flag has type boolean"),
+    ("'{a}', 'v', 1", "42804", "label column v has type double precision[]"),
+    ("'{a}', 'y', 1, labels => '{no,yes}'", "42804", "are not numbers"),
+    ("'{a}', 't', 1", "22023", "label column t holds text"),
+    ("'{a}', 't', 1, labels => '{1,1}'", "22023", "labels must be distinct"),
+    ("'{a,t}', 'y', 1, categories => '[1]'", "22023", "categories must be a JSON object"),
+    ("'{a}', 'y', 1, categories => '{\"t\": [\"1\"]}'", "22023", "not a feature"),
+    ("'{a,t}', 'y', 1, categories => '{\"t\": []}'", "22023", "1 to 1024 distinct"),
+    ("'{a,t}', 'y', 1, categories => '{\"t\": [\"1\", \"1\"]}'", "22023", "1 to 1024 distinct"),
+    ("'{a,v}', 'y', 1, categories => '{\"v\": [\"1\"]}'", "42804", "categories are for text"),
     ("'{a}', 'nope', 1", "42703", "column nope does not exist"),
     ("'{\"a; DROP TABLE mixed\"}', 'y', 1", "42703", "does not exist"),
     ("'{a}', NULL, 1", "22023", "label must name a column"),
@@ -637,7 +660,8 @@ def test_registration_of_relations(conn, scratch_schema, mixed) -> None:
     name = f"arr_{uuid.uuid4().hex[:8]}"
     (ds,) = conn.execute(
         "SELECT dpsql.register_dataset('mixed', '{v}', 'y', 3, 1e-6, labels => '{1,-1}',"
-        " feature_bounds => '[0:2][5:6]={{-1,1},{-2,2},{0,3}}', row_norm => 'unit', name => %s)",
+        " feature_bounds => '[0:2][5:6]={{-1,1},{-2,2},{0,3}}', row_norm => 'unit', name => %s,"
+            " accept => true)",  # 3 declared features over 2-element arrays: on purpose
         (name,),
     ).fetchone()
     row = conn.execute(
@@ -672,6 +696,9 @@ def test_registration_of_relations(conn, scratch_schema, mixed) -> None:
     assert "a dataset named" in msg
     # A superuser-owned view may be registered; a quoted mixed-case name is resolved and kept
     # quoted.
+    # (registration reads a view's rows as dpsql_reader, which refuses a session with
+    # temporary relations: tmp_mixed above)
+    conn.execute("DISCARD TEMP")
     conn.execute('CREATE VIEW "Mixed View" AS SELECT a, b, y FROM mixed')
     (view_ds,) = conn.execute(
         "SELECT dpsql.register_dataset('\"Mixed View\"', '{a,b}', 'y', 1, name => %s)",

@@ -305,7 +305,8 @@ def test_dpsgd_trains_any_loss_and_refuses_bad_input(conn, scratch_schema) -> No
     load(conn, scratch_schema, "reg", X, y)
     conn.execute(
         "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 100,"
-        " delta_budget => 0.1, labels => '{0,1}', row_norm => 'clip', name => %s)",
+        " delta_budget => 0.1, labels => '{0,1}', row_norm => 'clip', name => %s,"
+        " accept => true)",  # regression labels under a label set: on purpose
         (f"{scratch_schema}.reg", f"reg_{scratch_schema}"),
     )
     name = f"reg_{scratch_schema}"
