@@ -338,6 +338,12 @@ def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri)
     with dpsql.connect(server_uri) as db:
         for name, model, kind in cases:
             sql_error = py_error = None
+            # issue 27: the preview says what the release then does, charging nothing
+            (preview,) = conn.execute(
+                "SELECT dpsql.preview(%s, NULL, NULL, %s, privacy => %s, epsilon => 1,"
+                " noise_seed => 7, seed => 3)",
+                (names[kind], model, name),
+            ).fetchone()
             try:
                 (sql_id,) = conn.execute(
                     "SELECT dpsql.train(%s, NULL, NULL, %s, privacy => %s, epsilon => 1,"
@@ -359,7 +365,19 @@ def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri)
             except psycopg.Error as err:
                 py_error = err.diag.message_primary
             assert sql_error == py_error, (name, model, kind, sql_error, py_error)
+            refused = preview.get("refused", {}).get("message")
+            assert refused == sql_error, (name, model, kind, preview, sql_error)
             if sql_error is None:
+                row = conn.execute(
+                    "SELECT privacy, epsilon, delta FROM dpsql.models WHERE model_id = %s",
+                    (sql_id,),
+                ).fetchone()
+                assert row == (preview["mechanism"], preview["epsilon"], preview["delta"]), (
+                    name,
+                    model,
+                    kind,
+                    preview,
+                )
                 assert _record(conn, py.model_id) == _record(conn, sql_id), (name, model, kind)
                 released += 1
     # most cases release (a refusal on both sides would also agree): the comparison has teeth
