@@ -32,10 +32,8 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
                                                 -- labels NULL: not set yet, see
                                                 -- dpsql.estimate_label_bound; untrainable)
     row_bound       float8,                     -- regression: public bound on ||x|| (or NULL)
-    dim             int CHECK (dim > 0),        -- public number of features (NULL: registered
+    dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
                                                 -- before 0.3.0 from an empty array column)
-    categories      jsonb,                      -- public values of categorical columns (one-hot)
-    label_values    text[]                      -- a text label's public values (classes 0, 1, ...)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS

@@ -169,13 +169,15 @@ END $$;
 ALTER FUNCTION dpsql_internal._read_source(regclass, text) OWNER TO dpsql_reader;
 
 -- The registered columns read as text: categorical features and a text label.
+-- (PL/pgSQL: the columns are added after this file, in 28_ledger.sql)
 CREATE OR REPLACE FUNCTION dpsql_internal._text_columns(ds dpsql.datasets)
-RETURNS text[] LANGUAGE sql IMMUTABLE
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT ARRAY(SELECT k FROM jsonb_object_keys(coalesce(ds.categories, '{}')) k)
-           || CASE WHEN ds.label_values IS NOT NULL THEN ARRAY[ds.label] ELSE '{}'::text[] END
-$$;
+BEGIN
+    RETURN ARRAY(SELECT k FROM jsonb_object_keys(coalesce(ds.categories, '{}')) k)
+           || CASE WHEN ds.label_values IS NOT NULL THEN ARRAY[ds.label] ELSE '{}'::text[] END;
+END $$;
 
 -- Whether a dataset's features are one array column (else numeric columns).
 CREATE OR REPLACE FUNCTION dpsql_internal._array_feature(ds dpsql.datasets)
@@ -190,14 +192,15 @@ $$;
 
 -- The SQL types a private run reads a dataset's features as (_feature_sql's feature_types).
 CREATE OR REPLACE FUNCTION dpsql_internal._feature_types(ds dpsql.datasets)
-RETURNS text[] LANGUAGE sql STABLE
+RETURNS text[] LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN dpsql_internal._array_feature(ds) THEN '{double precision[]}'::text[]
+BEGIN
+    RETURN CASE WHEN dpsql_internal._array_feature(ds) THEN '{double precision[]}'::text[]
                 ELSE ARRAY(SELECT CASE WHEN coalesce(ds.categories ? f, false) THEN 'text'
                                        ELSE 'double precision' END
-                             FROM unnest(ds.features) WITH ORDINALITY u(f, i) ORDER BY i) END
-$$;
+                             FROM unnest(ds.features) WITH ORDINALITY u(f, i) ORDER BY i) END;
+END $$;
 
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through

@@ -33,6 +33,10 @@ COMMENT ON TABLE dpsql.ledger_entries IS 'Append-only privacy ledger: one row pe
 -- the charge that reads it, on install and upgrade alike.
 ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS composition text NOT NULL DEFAULT 'sum'
     CHECK (composition IN ('sum', 'pld'));
+-- Issue 27: tables as they come (25_datasets.sql): the public values of categorical columns
+-- (one-hot) and a text label's public values (trained as classes 0, 1, ...).
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS categories jsonb;
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS label_values text[];
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, with charged_at
 -- moving forward to the release's time, nothing else.

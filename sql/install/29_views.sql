@@ -68,7 +68,8 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
        d.feature_bounds, d.epsilon_budget, d.delta_budget, s.epsilon_spent, s.delta_spent,
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
        greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
-       d.label_bound, d.row_bound
+       d.label_bound, d.row_bound,
+       d.dim, d.categories, d.label_values  -- issue 27: how the columns are encoded (public)
   FROM dpsql.datasets d
  JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE d.dropped_at IS NULL AND dpsql_internal._can_use_dataset(d.dataset_id);

@@ -247,7 +247,7 @@ BEGIN
     IF privacy = 'auto' THEN
         -- The grant is checked first: the choice reads the registration.
         ds := dpsql_internal._granted_dataset(source);
-        PERFORM dpsql_internal._check_dataset_model(ds, model);
+        PERFORM dpsql_internal._check_dataset_model(ds, model, privacy);
         IF ds.feature_bounds IS NULL AND ds.row_norm IN ('clip', 'unit') THEN
             PERFORM dpsql_internal._warn(
                 format('dataset %s declares no feature bounds: every row is scaled to norm <= 1 as it is, '
@@ -344,7 +344,7 @@ BEGIN
     END IF;
     params := params || filled;
     delta := (params->>'delta')::float8;
-    PERFORM dpsql_internal._check_dataset_model(ds, model);
+    PERFORM dpsql_internal._check_dataset_model(ds, model, privacy);
     IF delta > ds.delta_budget THEN
         -- before anything is planned: the user's real mistake, not a budget refusal later
         PERFORM dpsql_internal._fail(
@@ -385,12 +385,18 @@ BEGIN
 END $$;
 
 -- The model kind a dataset supports, said as the user's mistake: a regression dataset
--- (label_bound) trains model => 'linear' (or 'lasso'), a classification dataset the others.
-CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_model(ds dpsql.datasets, model text)
+-- (label_bound) trains model => 'linear' (or 'lasso'), a classification dataset the others,
+-- and a regression mechanism needs a regression dataset.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_model(ds dpsql.datasets, model text, privacy text)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     canonical text := dpsql_internal._erm_model(model);
 BEGIN
+    IF privacy <> 'auto' AND (dpsql_internal._mechanism(privacy)).task = 'regression' AND ds.labels IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(format('%s is linear regression, and dataset %s is a classification dataset',
+                                            privacy, ds.name),
+                                     hint => 'Register the table with label_bound (a public bound on |y|) instead of labels.');
+    END IF;
     IF ds.labels IS NULL AND canonical NOT IN ('linear', 'lasso') THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a regression dataset: pass model => ''linear''',
                                             ds.name),

@@ -118,11 +118,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._train_linear(ds dpsql.datasets, model
                                                noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
-    IF ds.label_bound IS NULL THEN
-        PERFORM dpsql_internal._fail(format('%s is linear regression, and dataset %s is a classification dataset',
-                                   privacy, ds.name),
-                            hint => 'Register the table with label_bound (a public bound on |y|) instead of labels.');
-    END IF;
+    -- (a classification dataset is refused before: _check_dataset_model, 35_private.sql)
     IF delta IS NULL OR delta <= 0 THEN
         PERFORM dpsql_internal._fail(format('%s is (epsilon, delta)-DP through zCDP: delta must be > 0', privacy));
     END IF;

@@ -34,9 +34,7 @@ DELETE FROM dpsql.accountant_answers
 -- Issue 27: tables as they come. Categorical columns (one-hot) and text labels are declared
 -- at registration; labels take the label column's own type; registration reports (and refuses
 -- unless accepted) what the rows hold against the declarations; reading takes text columns.
-ALTER TABLE IF EXISTS dpsql.datasets
-    ADD COLUMN IF NOT EXISTS categories jsonb,
-    ADD COLUMN IF NOT EXISTS label_values text[];
+-- (the columns dpsql.datasets.categories and label_values: 28_ledger.sql, after composition)
 DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, float8[], float8[],
                                                text, text, float8, float8, int, boolean, jsonb, text);
 DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, float8[],

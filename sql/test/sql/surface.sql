@@ -37,6 +37,28 @@ SELECT params->'privacy'->'defaults' ? 'step_size' AS step_defaulted, epsilon, d
   FROM dpsql.models;
 SELECT mechanism, epsilon, delta FROM dpsql.ledger;
 SELECT name, epsilon_spent, epsilon_remaining FROM dpsql.budgets;
+
+-- tables as they come (issue 27): a text label, a categorical and a boolean column; what
+-- registration finds in the rows (refused unless accepted); a preview charges nothing
+CREATE TABLE people AS
+SELECT i, (i % 50)::float8 / 50 AS score, (ARRAY['red', 'green', 'blue'])[1 + i % 3] AS colour,
+       i % 4 = 0 AS member, CASE WHEN i % 3 = 0 THEN 'yes' ELSE 'no' END AS answer
+  FROM generate_series(1, 300) i;
+UPDATE people SET colour = 'mauve' WHERE i <= 2;
+SELECT dpsql.register_dataset('people', '{score,colour,member}', 'answer', 2,
+                              labels => '{no,yes}', categories => '{"colour": ["red", "green", "blue"]}',
+                              feature_bounds => '{{0,1},{0,1}}');
+SELECT dpsql.register_dataset('people', '{score,colour,member}', 'answer', 2,
+                              labels => '{no,yes}', categories => '{"colour": ["red", "green", "blue"]}',
+                              feature_bounds => '{{0,1},{0,1}}', accept => true) > 0 AS registered;
+SELECT dim, labels, label_values FROM dpsql.my_datasets WHERE name = 'people';
+SELECT p->>'mechanism' AS mechanism, p->'epsilon' AS epsilon, p->'rows' AS rows, p->'dim' AS dim,
+       p->'budget'->'epsilon_remaining' AS remaining, p ? 'refused' AS refused
+  FROM dpsql.preview('people', NULL, NULL, privacy => 'bolton', epsilon => 1) p;
+SELECT p->'refused'->>'sqlstate' AS refused
+  FROM dpsql.preview('people', NULL, NULL, privacy => 'bolton', epsilon => 5) p;
+SELECT count(*) AS charges FROM dpsql.ledger WHERE dataset = 'people';
+
 -- pg_regress runs every file in one database: leave it as found
 DROP EXTENSION dpsql CASCADE;
-DROP TABLE pts;
+DROP TABLE pts, people;
