@@ -641,3 +641,44 @@ def test_evaluate_pushes_down_and_predict_reads_rows_on_the_coordinator(coord) -
         (mid,),
     ).fetchone()[0]
     assert predicted == 1200
+
+
+def test_categorical_columns_and_a_text_label_on_shards(coord) -> None:
+    """Issue 27 on Citus: registration's findings, the one-hot encoding and the text label are
+    expressions the shards evaluate; a release and its preview agree, and evaluate scores the
+    distributed table as the same rows on a local table."""
+    name = f"c_{uuid.uuid4().hex[:8]}"
+    coord.execute(
+        f"""CREATE TABLE {name} AS
+            SELECT g AS rid, (g % 10)::float8 / 10 AS a,
+                   (ARRAY['red', 'green', 'blue'])[1 + g % 3] AS colour,
+                   CASE WHEN g % 3 = 0 THEN 'yes' ELSE 'no' END AS answer
+              FROM generate_series(1, 1500) g"""
+    )
+    local = f"{name}_local"
+    coord.execute(f"CREATE TABLE {local} AS SELECT * FROM {name}")
+    coord.execute(f"ALTER TABLE {name} ADD PRIMARY KEY (rid)")
+    coord.execute("SELECT create_distributed_table(%s, 'rid', shard_count => %s)", (name, SHARDS))
+    ds = f"ds_{name}"
+    coord.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,colour}', 'answer', 100, 0.5, name => %s,"
+        """ labels => '{no,yes}', categories => '{"colour": ["red", "green", "blue"]}',"""
+        " feature_bounds => '{{0,1}}')",
+        (name, ds),
+    )
+    (plan,) = coord.execute(
+        "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'auto', epsilon => 2)", (ds,)
+    ).fetchone()
+    assert "refused" not in plan and plan["dim"] == 4 and plan["rows"] == 1500
+    mid = _private(coord, ds, privacy="auto", epsilon=2.0)
+    row = coord.execute(
+        "SELECT privacy, epsilon FROM dpsql.model_store WHERE model_id = %s", (mid,)
+    ).fetchone()
+    assert row == (plan["mechanism"], plan["epsilon"])
+    on_shards, on_local = (
+        coord.execute("SELECT value, rows FROM dpsql.evaluate(%s, %s)", (mid, t)).fetchone()
+        for t in (name, local)
+    )
+    assert on_shards[1] == on_local[1] == 1500
+    assert on_shards[0] == pytest.approx(on_local[0], abs=1e-12)
+    assert on_shards[0] > 0.9  # colour determines the answer
