@@ -18,7 +18,8 @@ def census(conn, scratch_schema) -> str:
         """CREATE TABLE census AS
            SELECT g AS id, (18 + g % 50)::int AS age, (g % 7)::float8 / 7 AS hours,
                   (ARRAY['private', 'gov', 'self'])[1 + g % 3] AS work, (g % 5 = 0) AS married,
-                  CASE WHEN g % 3 = 0 OR (g % 7 = 0 AND g % 5 = 0) THEN 'yes' ELSE 'no' END AS income
+                  CASE WHEN g % 3 = 0 OR (g % 7 = 0 AND g % 5 = 0) THEN 'yes' ELSE 'no' END
+                    AS income
              FROM generate_series(1, 1500) g"""
     )
     return f"{scratch_schema}.census"
@@ -93,7 +94,8 @@ def test_text_label_categorical_and_boolean_columns_train_evaluate_and_predict(
         assert label == ("yes" if p >= 0.5 else "no")
     # an unknown category is a zero vector, documented
     (p_unknown,) = conn.execute(
-        """SELECT dpsql.predict_row(%s, '{"age": 30, "hours": 0.5, "work": "army", "married": false}')""",
+        """SELECT dpsql.predict_row(%s,
+                 '{"age": 30, "hours": 0.5, "work": "army", "married": false}')""",
         (mid,),
     ).fetchone()
     (p_zero,) = conn.execute(
@@ -128,7 +130,8 @@ def test_a_zero_one_label_registered_without_labels_is_caught_at_registration(
     conn, scratch_schema
 ) -> None:
     conn.execute(
-        "CREATE TABLE t AS SELECT g::float8 / 100 AS a, (g % 2)::int AS y FROM generate_series(1, 100) g"
+        "CREATE TABLE t AS SELECT g::float8 / 100 AS a, (g % 2)::int AS y"
+        " FROM generate_series(1, 100) g"
     )
     with pytest.raises(psycopg.errors.DataException) as err:
         conn.execute(f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1)")
@@ -136,12 +139,14 @@ def test_a_zero_one_label_registered_without_labels_is_caught_at_registration(
     assert "labels => ARRAY[" in err.value.diag.message_hint
     # in the column's own type
     conn.execute(
-        f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1, labels => ARRAY[0, 1], "
+        f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1,"
+        " labels => ARRAY[0, 1], "
         f"name => 'zero_one_{scratch_schema}')"
     )
     with pytest.raises(psycopg.errors.DatatypeMismatch, match="not numbers"):
         conn.execute(
-            f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1, labels => '{{no,yes}}', "
+            f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1,"
+            " labels => '{no,yes}', "
             f"name => 'x_{scratch_schema}')"
         )
 
@@ -195,7 +200,8 @@ def test_preview_charges_nothing_and_says_what_train_then_charges(
     ).fetchone()
     assert plan["refused"]["sqlstate"] == "DP001" and plan["budget"]["exceeded"] is True
     (plan,) = conn.execute(
-        "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'bolton', epsilon => 0.05, lambda => 0.01)",
+        "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'bolton', epsilon => 0.05,"
+        " lambda => 0.01)",
         (name,),
     ).fetchone()
     assert any("mostly noise" in w["warning"] for w in plan["warnings"])
@@ -288,7 +294,8 @@ def test_analysts_see_categories_and_predict_by_row(
             "SELECT dpsql.train(%s, NULL, NULL, privacy => 'auto', epsilon => 1)", (name,)
         ).fetchone()
         (label,) = a.execute(
-            """SELECT dpsql.predict_label(%s, '{"age": 40, "hours": 0.2, "work": "gov", "married": true}')""",
+            """SELECT dpsql.predict_label(%s,
+                     '{"age": 40, "hours": 0.2, "work": "gov", "married": true}')""",
             (mid,),
         ).fetchone()
         assert label in ("no", "yes")

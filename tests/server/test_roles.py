@@ -661,7 +661,7 @@ def test_registration_of_relations(conn, scratch_schema, mixed) -> None:
     (ds,) = conn.execute(
         "SELECT dpsql.register_dataset('mixed', '{v}', 'y', 3, 1e-6, labels => '{1,-1}',"
         " feature_bounds => '[0:2][5:6]={{-1,1},{-2,2},{0,3}}', row_norm => 'unit', name => %s,"
-            " accept => true)",  # 3 declared features over 2-element arrays: on purpose
+        " accept => true)",  # 3 declared features over 2-element arrays: on purpose
         (name,),
     ).fetchone()
     row = conn.execute(
