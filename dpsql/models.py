@@ -9,6 +9,7 @@ import numpy as np
 from psycopg.rows import dict_row
 
 from dpsql import _core
+from dpsql.encoding import encode_columns, has_columns
 from dpsql.errors import NoSuchModel, translate
 
 if TYPE_CHECKING:
@@ -74,6 +75,13 @@ class Model:
         icpt = row["intercept"]
         self.intercept_ = np.zeros(n_out) if icpt is None else np.asarray(icpt, dtype=np.float64)
         self.classes_ = None if row["classes"] is None else np.asarray(row["classes"])
+        params = row.get("params") or {}
+        if params.get("label_values") is not None:
+            # a text label (docs/registration.md): trained as classes 0, 1, ...; predicted as
+            # the label's values, as dpsql.predict_label does
+            self.classes_ = np.asarray(params["label_values"], dtype=object)
+        # categorical columns, encoded one-hot from rows with named columns (dpsql.encoding)
+        self._categories: dict[str, list[Any]] | None = params.get("categories")
         self.loss_history_ = list(row["loss_history"])
         self.n_features_in_: int = row["n_features"]
         self._flags: int = row["flags"]
@@ -109,6 +117,8 @@ class Model:
     def _rows(self, X: Any) -> np.ndarray:
         """X as the model sees it before its row transform: the registration's bounds, or
         a recorded preprocessing (DPSGD-F, private-ERM fits with an intercept)."""
+        if self._categories and has_columns(X):
+            X = encode_columns(X, list(self.row["features"]), self._categories)
         rows: np.ndarray = np.atleast_2d(np.asarray(X, dtype=np.float64))
         if rows.shape[1] != self.n_features_in_:
             raise ValueError(
