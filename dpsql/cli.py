@@ -242,6 +242,32 @@ def _parser() -> argparse.ArgumentParser:
     )
     create.set_defaults(kind="analyst")
     create.add_argument("--dsn", help="server to create it on (default: $DPSQL_DSN or embedded)")
+    lister = role_actions.add_parser(
+        "list",
+        help="the login roles of dpsql's groups: kind, login, schema, granted datasets",
+        description="List the data owners and analysts, with their own schema and the datasets "
+        "granted to them.",
+    )
+    lister.add_argument("--json", action="store_true", help="print JSON")
+    lister.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
+    reset = role_actions.add_parser(
+        "reset",
+        help="give a role a new generated password and print its new connection URI",
+        description="Set a new generated password for a data owner or an analyst and print the "
+        "connection URI with it (the old password stops working).",
+    )
+    reset.add_argument("name", help="the role's name")
+    reset.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
+    drop = role_actions.add_parser(
+        "drop",
+        help="drop a data owner or an analyst (the ledger keeps their charges)",
+        description="Drop a login role of dpsql's groups and its dataset grants. Refused while "
+        "the role owns tables or other objects, unless --force, which drops them first (DROP "
+        "OWNED). The ledger keeps the role's name on every charge it made.",
+    )
+    drop.add_argument("name", help="the role's name")
+    drop.add_argument("--force", action="store_true", help="drop what the role owns first")
+    drop.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
 
     install = commands.add_parser(
         "install-extension",
@@ -481,7 +507,21 @@ def _role_command(args: argparse.Namespace) -> int:
 
     dsn = _server_dsn(args.dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        password = roles.create_role(conn, args.name, args.kind)
+        if args.action == "list":
+            from dpsql.cli_tables import render_json, render_table
+
+            rows = roles.list_roles(conn)
+            columns = ["name", "kind", "login", "schema", "datasets"]
+            print(render_json(rows) if args.json else render_table(rows, columns))
+            return EXIT_OK
+        if args.action == "drop":
+            roles.drop_role(conn, args.name, force=args.force)
+            print(f"dropped role {args.name}")
+            return EXIT_OK
+        if args.action == "reset":
+            password = roles.reset_password(conn, args.name)
+        else:
+            password = roles.create_role(conn, args.name, args.kind)
     print(roles.role_uri(dsn, args.name, password))
     return EXIT_OK
 
@@ -757,6 +797,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         return EXIT_NOT_RUNNING
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`dpsql budgets --json | head`): no traceback, and no second
+        # error when Python flushes stdout at exit (the Python docs' recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
     except Exception as err:
         if not _reported(err):
             raise

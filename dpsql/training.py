@@ -17,7 +17,13 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from tqdm.auto import tqdm
+from tqdm import tqdm
+
+try:  # a notebook's bar needs ipywidgets: without it tqdm.auto warns on every bar
+    import ipywidgets  # type: ignore[import-not-found]  # noqa: F401
+    from tqdm.auto import tqdm
+except ImportError:
+    pass
 
 # Argument order and names of dpsql_internal._prepare (sql/install/30_runs.sql).
 _PREPARE_ARGS = (

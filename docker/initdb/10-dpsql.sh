@@ -22,6 +22,15 @@ role() {  # role NAME PASSWORD GROUP
 		-v name="$1" -v password="$2" -v grp="$3" <<-'SQL'
 		CREATE ROLE :"name" LOGIN PASSWORD :'password' IN ROLE :"grp";
 	SQL
+	if [ "$3" = dpsql_admin ]; then
+		# a data owner's own schema, first on their search_path (PostgreSQL >= 15 gives
+		# PUBLIC no CREATE on public): as `dpsql role create --owner` (dpsql/roles.py)
+		psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
+			-v name="$1" <<-'SQL'
+			CREATE SCHEMA IF NOT EXISTS :"name" AUTHORIZATION :"name";
+			ALTER ROLE :"name" SET search_path = :"name", public;
+		SQL
+	fi
 }
 
 # A Citus worker gets the extension and the roles from its coordinator (docker/citus).

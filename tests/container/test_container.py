@@ -48,13 +48,18 @@ def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(
     y = (X @ np.array([1.0, -1.0, 0.5]) > 0).astype(float)
     analyst = conninfo_to_dict(_dsn("DPSQL_CONTAINER_ANALYST"))["user"]
     owner_role = conninfo_to_dict(_dsn("DPSQL_CONTAINER_OWNER"))["user"]
-    with psycopg.connect(_dsn("DPSQL_TEST_DSN"), autocommit=True) as admin:
-        # where the data owner keeps tables (PostgreSQL 15+ grants no CREATE in public)
-        admin.execute(f'CREATE SCHEMA IF NOT EXISTS owner_data AUTHORIZATION "{owner_role}"')
     with psycopg.connect(_dsn("DPSQL_CONTAINER_OWNER"), autocommit=True) as owner:
-        load_numpy(owner, "owner_data.points", X, y, replace=True)
+        # the first start gave the owner a schema of their own, first on their search_path
+        # (PostgreSQL 15+ grants no CREATE in public): an unqualified table lands there
+        owner.execute("CREATE TABLE probe (a int)")
+        (schema,) = owner.execute(
+            "SELECT relnamespace::regnamespace::text FROM pg_class WHERE relname = 'probe'"
+        ).fetchone()
+        assert schema == owner_role
+        owner.execute("DROP TABLE probe")
+        load_numpy(owner, "points", X, y, replace=True)
         ds = owner.execute(
-            "SELECT dpsql.register_dataset('owner_data.points', '{x}', 'y', epsilon_budget => 5,"
+            "SELECT dpsql.register_dataset('points', '{x}', 'y', epsilon_budget => 5,"
             " delta_budget => 1e-3,"
             " labels => '{0,1}', row_norm => 'clip', name => 'points')"
         ).fetchone()[0]
@@ -71,7 +76,7 @@ def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(
         ).fetchone()[0]
         assert dpsgd > model
         for query in (
-            "SELECT * FROM owner_data.points LIMIT 1",
+            f'SELECT * FROM "{owner_role}".points LIMIT 1',
             "SELECT * FROM dpsql.model_store LIMIT 1",
             "SELECT * FROM dpsql.runs LIMIT 1",
         ):

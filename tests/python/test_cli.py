@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -314,6 +315,61 @@ def test_analyst_sees_only_granted_datasets(
         for name in (analyst, owner):
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
                 _drop_role(conn, name)
+
+
+def test_role_create_owner_list_reset_and_drop(conn: psycopg.Connection, server_uri) -> None:
+    """Issue 27: an owner made by `dpsql role create --owner` creates tables unqualified (a
+    schema of their own, first on their search_path); logins are postgresql:// URIs that psycopg
+    and SQLAlchemy take; list, reset and drop."""
+    owner = f"cli_own_{uuid.uuid4().hex[:8]}"
+    try:
+        made = dpsql_cli("role", "create", owner, "--owner", dsn=server_uri)
+        assert made.returncode == 0, made.stderr
+        uri = made.stdout.strip()
+        assert uri.startswith("postgresql://")
+        with psycopg.connect(uri, autocommit=True) as o:
+            o.execute("CREATE TABLE mine (a float8, y float8)")
+            (schema,) = o.execute(
+                "SELECT relnamespace::regnamespace::text FROM pg_class WHERE relname = 'mine'"
+            ).fetchone()
+            assert schema == owner
+        sqlalchemy = pytest.importorskip("sqlalchemy")
+        engine = sqlalchemy.create_engine(uri.replace("postgresql://", "postgresql+psycopg://"))
+        with engine.connect() as c:
+            assert c.execute(sqlalchemy.text("SELECT current_user")).scalar() == owner
+        engine.dispose()
+        (listed,) = [
+            r
+            for r in as_json(dpsql_cli("role", "list", "--json", dsn=server_uri))
+            if r["name"] == owner
+        ]
+        assert (listed["kind"], listed["schema"], listed["login"]) == ("owner", owner, True)
+        reset = dpsql_cli("role", "reset", owner, dsn=server_uri)
+        assert reset.returncode == 0, reset.stderr
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(uri).close()
+        psycopg.connect(reset.stdout.strip()).close()
+        # the owner's schema and table: refused without --force, dropped with it
+        assert_one_line_error(dpsql_cli("role", "drop", owner, dsn=server_uri))
+        dropped = dpsql_cli("role", "drop", owner, "--force", dsn=server_uri)
+        assert dropped.returncode == 0, dropped.stderr
+        assert (
+            conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (owner,)).fetchone() is None
+        )
+        assert_one_line_error(dpsql_cli("role", "drop", "postgres", dsn=server_uri))
+    finally:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (owner,)).fetchone():
+            _drop_role(conn, owner)
+
+
+def test_a_closed_pipe_is_no_error_message(dataset, server_uri) -> None:
+    """`dpsql budgets --json | head -1`: the reader leaves early, and dpsql says nothing."""
+    cmd = " ".join(shlex.quote(a) for a in [*_entry_point(), "mechanisms", "--json"])
+    env = {**os.environ, "DPSQL_DSN": server_uri}
+    done = subprocess.run(
+        f"{cmd} | head -c 1", shell=True, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "Broken pipe" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 # --- plot ----------------------------------------------------------------------------------
