@@ -540,16 +540,28 @@ class Database:
         source: str,
         features: Sequence[str] | str | None = None,
         label: str | None = None,
-    ) -> dict[str, float]:
-        """Accuracy (classifiers) or MSE (linear) of a model over a table or query, in SQL."""
+    ) -> dict[str, Any]:
+        """A model's metrics over a table or query, computed in the server (``dpsql.evaluate``):
+        ``accuracy`` (classifiers) or ``mse`` (linear), ``rows``, ``baseline`` (the same metric
+        of the majority class or the mean on the same rows) and every standard metric
+        (``balanced_accuracy``, ``roc_auc``, ``log_loss``, ``f1``; ``mae``, ``r2``) with the
+        baseline's under ``"baselines"``."""
         model_id = model.model_id if isinstance(model, Model) else int(model)
         feats = [features] if isinstance(features, str) else features
         row = self.conn.execute(
-            "SELECT metric, value, rows FROM dpsql.evaluate(%s, %s, %s, %s)",
+            "SELECT metric, value, rows, baseline, metrics FROM dpsql.evaluate(%s, %s, %s, %s)",
             (model_id, source, None if feats is None else list(feats), label),
         ).fetchone()
         assert row is not None
-        return {row[0]: row[1], "rows": row[2]}
+        metrics = dict(row[4] or {})
+        baselines = metrics.pop("baseline", {})
+        return {
+            **metrics,
+            row[0]: row[1],
+            "rows": row[2],
+            "baseline": row[3],
+            "baselines": baselines,
+        }
 
     @translate()
     def load_numpy(self, table: str, X: Any, y: Any, **kwargs: Any) -> int:

@@ -82,8 +82,13 @@ class Model:
             self.classes_ = np.asarray(params["label_values"], dtype=object)
         # categorical columns, encoded one-hot from rows with named columns (dpsql.encoding)
         self._categories: dict[str, list[Any]] | None = params.get("categories")
-        self.loss_history_ = list(row["loss_history"])
+        # scikit-learn's feature_names_in_: the registered (or trained) columns, when they are
+        # the features one by one (not one array column)
         self.n_features_in_: int = row["n_features"]
+        names = list(row.get("features") or [])
+        if self._categories or len(names) == self.n_features_in_:
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        self.loss_history_ = list(row["loss_history"])
         self._flags: int = row["flags"]
         # A registered dataset's public feature bounds: the server applies them to every row
         # before the model (dpsql.predict, dpsql.evaluate), and so must Python.
@@ -109,16 +114,23 @@ class Model:
         return cls(db, row)
 
     def __repr__(self) -> str:
+        row = self.row
+        private = row["privacy"] != "none"
+        where = "dataset" if private else "source"
+        name = row.get("dataset") if private and row.get("dataset") else row["source"]
+        if len(str(name)) > 60:  # a query as a source: its start only
+            name = str(name)[:57] + "..."
+        spent = f", epsilon={row['epsilon']:g}, delta={row['delta']:g}" if private else ""
         return (
-            f"<dpsql.Model {self.model_id}: {self.model} on {self.row['source']!r}, "
-            f"{self.row['epochs_run']} epochs, privacy={self.row['privacy']}>"
+            f"Model(id={self.model_id}, privacy={row['privacy']!r}, model={self.model!r}, "
+            f"{where}={name!r}, features={self.n_features_in_}{spent})"
         )
 
     def _rows(self, X: Any) -> np.ndarray:
         """X as the model sees it before its row transform: the registration's bounds, or
         a recorded preprocessing (DPSGD-F, private-ERM fits with an intercept)."""
-        if self._categories and has_columns(X):
-            X = encode_columns(X, list(self.row["features"]), self._categories)
+        if has_columns(X):
+            X = self._by_name(X)
         rows: np.ndarray = np.atleast_2d(np.asarray(X, dtype=np.float64))
         if rows.shape[1] != self.n_features_in_:
             raise ValueError(
@@ -138,6 +150,31 @@ class Model:
                 rows = rows * scale[:, None]
             rows = _core.preprocess(rows, None, int(pre["row_flags"]), pre.get("centre"))
         return rows
+
+    def _by_name(self, X: Any) -> np.ndarray:
+        """Rows with named columns (a DataFrame): the model's columns, found by name, never by
+        position; columns missing or unknown are refused, as scikit-learn refuses them."""
+        names = getattr(self, "feature_names_in_", None)
+        if names is None:
+            raise ValueError(
+                f"dpsql: model {self.model_id} reads one array column: give X as an array"
+            )
+        given = [str(c) for c in (X.keys() if isinstance(X, dict) else X.columns)]
+        missing = [n for n in names if n not in given]
+        unknown = [c for c in given if c not in set(names)]
+        if missing or unknown:
+            raise ValueError(
+                "dpsql: The feature names should match those of the model's registration: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"missing {missing}" if missing else "",
+                        f"not features {unknown}" if unknown else "",
+                    )
+                    if part
+                )
+            )
+        return encode_columns(X, list(names), self._categories)
 
     def _raw(self, X: Any) -> np.ndarray:
         return _core.predict(self.model, self._flags, self.weights_, self._rows(X))
@@ -228,9 +265,22 @@ class Model:
 
     def evaluate(
         self, source: str, features: Any = None, label: str | None = None
-    ) -> dict[str, float]:
-        """Accuracy or MSE over a table or query, computed in the server."""
+    ) -> dict[str, Any]:
+        """Metrics over a table or query, computed in the server, with the baseline's
+        (:meth:`dpsql.Database.evaluate`)."""
         return self._db.evaluate(self, source, features, label)
+
+    def score(self, X: Any, y: Any) -> float:
+        """scikit-learn's ``score``: accuracy for classifiers, R^2 for linear models, computed
+        here with the released coefficients (as ``predict``)."""
+        predicted = self.predict(X)
+        truth = np.asarray(y).reshape(-1)
+        if self.model == "linear":
+            values = truth.astype(np.float64)
+            total = float(np.sum((values - values.mean()) ** 2))
+            residual = float(np.sum((values - predicted) ** 2))
+            return 1.0 - residual / total if total > 0 else float("nan")
+        return float(np.mean(predicted == truth))
 
     def plot_loss(self, ax: Axes | None = None, path: str | None = None) -> Figure:
         """The per-epoch training objective (``loss_history_``) of a non-private run, as a

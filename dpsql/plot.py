@@ -136,6 +136,7 @@ def privacy_utility(
             "use fewer mechanisms or epsilons"
         )
     metric = "mse" if regression else "accuracy"
+    baselines: list[float] = []
     for name, line in zip(mechanisms, plan, strict=True):
         values = []
         for mech in line:
@@ -153,8 +154,14 @@ def privacy_utility(
             except NothingReleased:
                 values.append(math.nan)
                 continue
-            values.append(float(db.evaluate(released, test or source)[metric]))
+            scored = db.evaluate(released, test or source)
+            values.append(float(scored[metric]))
+            baselines.append(float(scored["baseline"]))
         axes.plot(list(epsilons), values, marker="o", label=name)
+    if baselines:
+        # the majority class (or the mean) on the same test rows: what a model must beat
+        predictor = "mean" if regression else "majority class"
+        axes.axhline(baselines[0], color="grey", linestyle="--", label=f"baseline ({predictor})")
     axes.set_xscale("log")
     # ticks at the epsilons themselves, without the log axis's crowded minor labels
     axes.set_xticks(list(epsilons), [f"{e:g}" for e in epsilons])

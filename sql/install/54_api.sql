@@ -128,11 +128,27 @@ DECLARE
     m dpsql.models := dpsql_internal._model(model_id);
     bounds float8[] := dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null'));
     pre jsonb := nullif(m.params->'privacy'->'preprocessing', 'null');
-    bounded float8[] := CASE WHEN bounds IS NULL THEN x ELSE dpsql_internal._apply_bounds(x, bounds) END;
-    p float8 := dpsql_internal._predict(dpsql_internal._loss_code(m.model), m.flags, m.weights,
-                               CASE WHEN pre IS NULL THEN bounded
-                                    ELSE dpsql_internal._preprocessed(bounded, pre) END);
+    bounded float8[];
+    p float8;
 BEGIN
+    IF x IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF array_ndims(x) IS DISTINCT FROM 1 OR cardinality(x) <> m.n_features
+       OR array_position(x, NULL) IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(
+            format('model %s has %s features, got %s', model_id, m.n_features,
+                   CASE WHEN array_position(x, NULL) IS NOT NULL THEN 'a NULL among them'
+                        ELSE format('%s values', coalesce(cardinality(x), 0)) END),
+            '22023',
+            hint => format('Give the %s features %s in order (encoded: a categorical column one-hot), '
+                           'or the row by its columns: dpsql.predict_row(%s, to_jsonb(t)).',
+                           m.n_features, m.features, model_id));
+    END IF;
+    bounded := CASE WHEN bounds IS NULL THEN x ELSE dpsql_internal._apply_bounds(x, bounds) END;
+    p := dpsql_internal._predict(dpsql_internal._loss_code(m.model), m.flags, m.weights,
+                                 CASE WHEN pre IS NULL THEN bounded
+                                      ELSE dpsql_internal._preprocessed(bounded, pre) END);
     IF array_ndims(m.weights) = 2 THEN  -- multinomial or one-vs-rest: a class index
         RETURN m.classes[p::int + 1];
     END IF;
@@ -219,10 +235,14 @@ $$;
 COMMENT ON FUNCTION dpsql.predict_label(bigint, jsonb) IS
     'Predicted class as its label value, for a row given as a JSON object of its columns';
 
--- Accuracy (classification) or mean squared error (linear) of a model over a table or query.
+-- A model's metrics over a table or query: accuracy (classification) or mean squared error
+-- (linear) as metric and value, the same metric of the baseline predictor (majority class,
+-- or mean) on the same rows, and every standard metric with its baseline in metrics
+-- (58_metrics.sql). rows counts the rows read.
 CREATE OR REPLACE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
                                label text DEFAULT NULL,
-                               OUT metric text, OUT value float8, OUT rows bigint)
+                               OUT metric text, OUT value float8, OUT rows bigint,
+                               OUT baseline float8, OUT metrics jsonb)
 LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 AS $$
@@ -232,6 +252,7 @@ DECLARE
     feat record;
     yexpr text;
     pexpr text;
+    pairs text;
 BEGIN
     -- The rows are read with the caller's rights: an analyst evaluates on a test table the
     -- data owner granted, never on a registered dataset (its accuracy is not private).
@@ -260,16 +281,25 @@ BEGIN
                                        label_values => dpsql_internal._model_label_values(m));
     pexpr := format('dpsql_internal._predict(%s, %s, %L::float8[], %s)',
                     dpsql_internal._loss_code(m.model), m.flags, m.weights, feat.expr);
+    pairs := format('SELECT %s AS p, %s AS y FROM %s', pexpr, yexpr, src);
+    EXECUTE format('SELECT count(*) FROM %s', src) INTO rows;
     IF m.model = 'linear' THEN
         metric := 'mse';
-        EXECUTE format('SELECT avg((p - y) ^ 2), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
-                       pexpr, yexpr, src) INTO value, rows;
+        metrics := dpsql_internal._regression_metrics(pairs);
+    ELSIF array_ndims(m.weights) = 2 THEN
+        metric := 'accuracy';
+        metrics := dpsql_internal._multiclass_metrics(pairs);
     ELSE
         metric := 'accuracy';
-        EXECUTE format('SELECT avg((%s)::int), count(*) FROM (SELECT %s AS p, %s AS y FROM %s) e',
-                       CASE WHEN array_ndims(m.weights) = 2 THEN 'p = y'
-                            ELSE format('dpsql_internal._is_positive(%s, p) = (y > 0)',
-                                        dpsql_internal._loss_code(m.model)) END,
-                       pexpr, yexpr, src) INTO value, rows;
+        metrics := dpsql_internal._binary_metrics(pairs, dpsql_internal._loss_code(m.model));
+    END IF;
+    value := (metrics->>metric)::float8;
+    baseline := (metrics->'baseline'->>metric)::float8;
+    IF (metric = 'mse' AND value >= baseline) OR (metric = 'accuracy' AND value <= baseline) THEN
+        RAISE WARNING 'dpsql: model % is no better than predicting the % on these rows (% %, baseline %)',
+                      model_id, metrics->'baseline'->>'predictor', metric, round(value::numeric, 4),
+                      round(baseline::numeric, 4)
+            USING HINT = 'Look at dpsql.preview''s warnings: more epsilon, feature bounds, or '
+                         'another mechanism (privacy => ''auto'').';
     END IF;
 END $$;

@@ -43,6 +43,7 @@ DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text,
 DROP FUNCTION IF EXISTS dpsql_internal._register_columns(regclass, text, text[], text, int, float8[]);
 DROP FUNCTION IF EXISTS dpsql_internal._feature_sql(text, text[], float8[], text[], int);
 DROP FUNCTION IF EXISTS dpsql_internal._read_list(regclass, text[]);
+DROP FUNCTION IF EXISTS dpsql.evaluate(bigint, text, text[], text);  -- issue 27: baselines and metrics
 DROP FUNCTION IF EXISTS dpsql_internal._charge(bigint, float8, float8, text, bigint, text, jsonb);
 DROP FUNCTION IF EXISTS dpsql_internal._label_sql(text, text, float8[], boolean);
 DROP FUNCTION IF EXISTS dpsql_internal._prepare(text, text[], text, text, int, bigint, float8, float8, text,

@@ -53,12 +53,17 @@ def test_privacy_utility_draws_one_line_per_mechanism(db, scratch_schema, tmp_pa
     (ax,) = fig.axes
     assert ax.get_xscale() == "log"
     assert ax.get_xlabel() == "epsilon" and ax.get_ylabel() == "test accuracy"
-    assert [line.get_label() for line in ax.get_lines()] == ["bolton", "objective_perturbation"]
+    *lines, baseline = ax.get_lines()
+    assert [line.get_label() for line in lines] == ["bolton", "objective_perturbation"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "bolton",
         "objective_perturbation",
+        "baseline (majority class)",
     ]
-    for line in ax.get_lines():
+    # the majority class's accuracy on the test rows (issue 27)
+    (majority,) = db.execute(f"SELECT greatest(avg(y), 1 - avg(y)) FROM {table}").fetchone()
+    assert np.asarray(baseline.get_ydata(), dtype=float)[0] == pytest.approx(float(majority))
+    for line in lines:
         assert np.asarray(line.get_xdata()).tolist() == [0.5, 1, 2]
         accuracy = np.asarray(line.get_ydata(), dtype=float)
         assert np.all((accuracy >= 0) & (accuracy <= 1)) and accuracy[-1] > 0.6
@@ -96,7 +101,7 @@ def test_privacy_utility_regression_on_given_axes(db, scratch_schema) -> None:
     ax = fig.add_subplot()
     out = privacy_utility(db, name, ["adassp", "auto"], [1, 2], test=table, ax=ax, delta=1e-5)
     assert out is fig and ax.get_ylabel() == "test MSE"
-    assert len(ax.get_lines()) == 2
+    assert len(ax.get_lines()) == 3  # two mechanisms and the mean predictor
     assert _spent(db, name) == pytest.approx((6, 4e-5))
 
 
