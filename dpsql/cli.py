@@ -269,6 +269,10 @@ def _parser() -> argparse.ArgumentParser:
     drop.add_argument("--force", action="store_true", help="drop what the role owns first")
     drop.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
 
+    from dpsql import cli_datasets
+
+    cli_datasets.add_parser(commands)
+
     install = commands.add_parser(
         "install-extension",
         help="build and install the dpsql PostgreSQL extension",
@@ -787,6 +791,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             return _server_command(args)
         if args.command == "role":
             return _role_command(args)
+        if args.command == "dataset":
+            from dpsql import cli_datasets
+
+            return cli_datasets.command(args, _connect)
         if args.command == "install-extension":
             return _install_command(args)
         if args.command == "plot":

@@ -496,10 +496,40 @@ class Database:
         assert row is not None
         return float(row[0])
 
-    @translate()  # 42704: the dataset id or the role
-    def grant_dataset(self, dataset_id: int, role: str) -> None:
-        """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on it."""
-        self.conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (dataset_id, role))
+    @translate()  # 42704: the dataset or the role
+    def grant_dataset(self, dataset: str | int, role: str) -> None:
+        """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on the
+        dataset (its name or id)."""
+        self.conn.execute("SELECT dpsql.grant_dataset(%s::text, %s)", (str(dataset), role))
+
+    @translate()
+    def revoke_dataset(self, dataset: str | int, role: str) -> None:
+        """Withdraw ``role``'s grant on the dataset (its name or id); its ledger entries stay."""
+        self.conn.execute("SELECT dpsql.revoke_dataset(%s::text, %s)", (str(dataset), role))
+
+    @translate()
+    def alter_dataset(
+        self,
+        dataset: str | int,
+        *,
+        epsilon_budget: float | None = None,
+        delta_budget: float | None = None,
+        new_name: str | None = None,
+    ) -> None:
+        """Change a dataset's budgets (never below what is spent) or its name (``dpsql.
+        alter_dataset``: the registering data owner or a superuser; recorded in
+        ``dpsql.dataset_history``)."""
+        self.conn.execute(
+            "SELECT dpsql.alter_dataset(%s::text, epsilon_budget => %s, delta_budget => %s,"
+            " new_name => %s)",
+            (str(dataset), epsilon_budget, delta_budget, new_name),
+        )
+
+    @translate()
+    def drop_dataset(self, dataset: str | int) -> None:
+        """Retire a dataset (``dpsql.drop_dataset``): its name and table are free for a new
+        registration; its ledger and history stay."""
+        self.conn.execute("SELECT dpsql.drop_dataset(%s::text)", (str(dataset),))
 
     @translate()
     def budgets(self) -> list[dict[str, Any]]:

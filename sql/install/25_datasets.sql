@@ -14,7 +14,7 @@
 
 CREATE TABLE IF NOT EXISTS dpsql.datasets (
     dataset_id      bigserial PRIMARY KEY,
-    name            text NOT NULL UNIQUE,
+    name            text NOT NULL,              -- unique among live datasets (55_dataset_admin.sql)
     relid           regclass NOT NULL,          -- one live dataset (budget) per relation
     source          text NOT NULL,              -- schema-qualified, quoted name at registration
     features        text[] NOT NULL,            -- numeric columns, or one numeric array column
@@ -671,7 +671,7 @@ BEGIN
             '42710',
             hint => 'A relation has one budget; use the registered dataset.');
     END IF;
-    IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm) THEN
+    IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm AND ds.dropped_at IS NULL) THEN
         PERFORM dpsql_internal._fail(
             format('a dataset named %s is already registered', quote_literal(nm)), '42710',
             hint => 'Choose another name => ...');
@@ -820,7 +820,9 @@ DECLARE
     rel record;
 BEGIN
     SELECT * INTO d FROM dpsql.datasets ds
-     WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id);
+     WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id)
+     ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC  -- the live one; else the last dropped
+     LIMIT 1;
     IF NOT FOUND THEN
         BEGIN
             parts := parse_ident(_lookup_dataset.source);
@@ -909,10 +911,15 @@ BEGIN
     IF to_regclass('dpsql.datasets') IS NULL THEN  -- the extension itself is being dropped
         RETURN;
     END IF;
-    UPDATE dpsql.datasets ds SET dropped_at = now()
-     WHERE ds.dropped_at IS NULL
-       AND ds.relid IN (SELECT o.objid FROM pg_event_trigger_dropped_objects() o
-                         WHERE o.classid = 'pg_class'::regclass AND o.objsubid = 0);
+    -- (recorded in dpsql.dataset_history, 55_dataset_admin.sql; the name is free again)
+    WITH marked AS (
+        UPDATE dpsql.datasets ds SET dropped_at = now()
+         WHERE ds.dropped_at IS NULL
+           AND ds.relid IN (SELECT o.objid FROM pg_event_trigger_dropped_objects() o
+                             WHERE o.classid = 'pg_class'::regclass AND o.objsubid = 0)
+        RETURNING ds.dataset_id, ds.name)
+    INSERT INTO dpsql.dataset_history (dataset_id, change)
+    SELECT m.dataset_id, jsonb_build_object('relation_dropped', m.name) FROM marked m;
 END $$;
 -- (Created once: upgrade scripts replay this file, and event triggers have no OR REPLACE.)
 DO $$

@@ -16,10 +16,15 @@ CREATE OR REPLACE FUNCTION dpsql_internal._grant_reader(relid regclass, columns 
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_class c WHERE c.oid = relid);
 BEGIN
-    EXECUTE format('GRANT USAGE ON SCHEMA %I TO dpsql_reader',
-                   (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                     WHERE c.oid = relid));
+    -- Two registrations at once in one schema would both update its ACL ("tuple concurrently
+    -- updated"): the grants are serialised, and a grant already there is not made again.
+    PERFORM pg_advisory_xact_lock(hashtext('dpsql_internal._grant_reader ' || nsp::text));
+    IF NOT has_schema_privilege('dpsql_reader', nsp, 'USAGE') THEN
+        EXECUTE format('GRANT USAGE ON SCHEMA %s TO dpsql_reader', nsp::regnamespace);
+    END IF;
     EXECUTE format('GRANT SELECT (%s) ON %s TO dpsql_reader',
                    (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
 END $$;

@@ -213,8 +213,9 @@ BEGIN
                 format('privacy budget of dataset %s exceeded: composed by PLD '
                        'with this release ε=%s at δ=%s; budget ε=%s, δ=%s; this '
                        'release needs ε=%s, δ=%s',
-                       quote_literal(d.name), coalesce(eps_composed::text, 'Infinity'),
-                       d.delta_budget, d.epsilon_budget, d.delta_budget, epsilon, delta),
+                           quote_literal(d.name), coalesce(dpsql_internal._round(eps_composed), 'Infinity'),
+                       d.delta_budget, d.epsilon_budget, d.delta_budget, dpsql_internal._round(epsilon),
+                       dpsql_internal._round(delta)),
                 'DP001',
                 hint => 'Nothing was charged. Ask the data owner for a larger budget, or release '
                         'with a smaller epsilon/delta.');
@@ -224,8 +225,9 @@ BEGIN
         PERFORM dpsql_internal._fail(
             format('privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
                    'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
-                   quote_literal(d.name), eps_spent, delta_spent, d.epsilon_budget,
-                   d.delta_budget, epsilon, delta),
+                   quote_literal(d.name), dpsql_internal._round(eps_spent),
+                   dpsql_internal._round(delta_spent), d.epsilon_budget, d.delta_budget,
+                   dpsql_internal._round(epsilon), dpsql_internal._round(delta)),
             'DP001',
             hint => 'Nothing was charged. Ask the data owner for a larger budget, or release with '
                     'a smaller epsilon/delta.');

@@ -73,7 +73,8 @@ BEGIN
             'budget_report needs a dataset name, got NULL', '22004',
             hint => 'dpsql.budgets lists the datasets you can use.');
     END IF;
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = budget_report.dataset;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.name = budget_report.dataset
+     ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC LIMIT 1;  -- the live one first
     -- An ungranted dataset is reported like an unknown one: its name is not disclosed either.
     IF NOT FOUND OR NOT dpsql_internal._can_use_dataset(d.dataset_id) THEN
         PERFORM dpsql_internal._fail(

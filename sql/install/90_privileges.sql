@@ -44,6 +44,7 @@ DECLARE
     -- and the non-private run machinery: data owners train noiseless models as themselves
     -- (SECURITY INVOKER, reading only what they can read).
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset', 'audit',
+                          'alter_dataset', 'drop_dataset',  -- 55_dataset_admin.sql
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
@@ -83,6 +84,8 @@ GRANT SELECT ON dpsql.ledger, dpsql.budgets, dpsql.my_datasets TO dpsql_analyst,
 GRANT SELECT ON dpsql.audits TO dpsql_admin;
 -- Data owners may list who was granted what (metadata only).
 GRANT SELECT ON dpsql.dataset_grants TO dpsql_admin;
+-- and every change to a registration (55_dataset_admin.sql)
+GRANT SELECT ON dpsql.dataset_history TO dpsql_admin;
 
 -- dpsql.models is readable only as the row-filtered view over dpsql.model_store; never as a
 -- table (a table named models would hold every model, noiseless ones included).

@@ -27,6 +27,7 @@ from tests.pg_helpers import binary_dataset, load
 COMMANDS = [
     "server",
     "role",
+    "dataset",
     "install-extension",
     "demo",
     "datasets",

@@ -63,6 +63,8 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_register_dataset",
     "grant_dataset",
     "revoke_dataset",
+    "alter_dataset",
+    "drop_dataset",
     "estimate_bounds",
     "estimate_label_bound",
     # non-private runs, as the data owner

@@ -1,0 +1,141 @@
+"""``dpsql dataset register|alter|drop|grant|revoke``: a data owner's registrations from the
+shell (the SQL functions of the same names; docs/registration.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["add_parser", "command"]
+
+_DSN_HELP = "server (default: $DPSQL_DSN or the running embedded one)"
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_parser(commands: Any) -> None:
+    """The ``dataset`` command and its actions."""
+    dataset = commands.add_parser(
+        "dataset",
+        help="register, alter, drop, grant and revoke datasets (data owners)",
+        description="A data owner's registrations: `dpsql dataset register TABLE --features "
+        "a,b --label y --epsilon-budget 5`, then grant it to analysts.",
+    )
+    actions = dataset.add_subparsers(dest="action", required=True, metavar="ACTION")
+    register = actions.add_parser(
+        "register",
+        help="register a table with its public declarations and budget",
+        description="Register a table (dpsql.register_dataset). Registration reads the rows "
+        "once and refuses, with counts, rows that training would drop, zero-encode or clip "
+        "unless --accept.",
+    )
+    register.add_argument("table", help="the table (schema-qualified if needed)")
+    register.add_argument(
+        "--features",
+        type=_list,
+        required=True,
+        metavar="A,B",
+        help="feature columns, comma-separated",
+    )
+    register.add_argument("--label", required=True, metavar="COLUMN", help="label column")
+    register.add_argument("--epsilon-budget", type=float, required=True, metavar="EPS")
+    register.add_argument("--delta-budget", type=float, default=0.0, metavar="DELTA")
+    register.add_argument("--name", help="dataset name (default: the table's)")
+    register.add_argument(
+        "--labels",
+        type=_list,
+        metavar="NEG,POS",
+        help="the label column's public values (binary: negative first)",
+    )
+    register.add_argument(
+        "--categories",
+        type=_json,
+        metavar="JSON",
+        help='categorical columns\' public values, e.g. \'{"colour": ["red", "blue"]}\'',
+    )
+    register.add_argument(
+        "--feature-bounds",
+        type=_json,
+        metavar="JSON",
+        help="public (lo, hi) per numeric feature, e.g. '[[0, 100], [0, 1]]'",
+    )
+    register.add_argument("--label-bound", type=float, help="regression: public bound on |y|")
+    register.add_argument(
+        "--accept",
+        action="store_true",
+        help="register even if rows would be dropped, zero-encoded or clipped",
+    )
+    alter = actions.add_parser(
+        "alter",
+        help="change a dataset's budgets (never below what is spent) or name",
+        description="dpsql.alter_dataset: the registering owner (or a superuser); recorded in "
+        "dpsql.dataset_history.",
+    )
+    alter.add_argument("dataset", help="dataset name or id")
+    alter.add_argument("--epsilon-budget", type=float, metavar="EPS")
+    alter.add_argument("--delta-budget", type=float, metavar="DELTA")
+    alter.add_argument("--new-name", metavar="NAME")
+    drop = actions.add_parser(
+        "drop",
+        help="retire a dataset: its name and table are free again; ledger and history stay",
+    )
+    drop.add_argument("dataset", help="dataset name or id")
+    for verb, text in (
+        ("grant", "allow a role to train on a dataset"),
+        ("revoke", "withdraw a role's grant (its ledger entries stay)"),
+    ):
+        grant = actions.add_parser(verb, help=text)
+        grant.add_argument("dataset", help="dataset name or id")
+        grant.add_argument("role", help="the role")
+    for action in (register, alter, drop, *actions.choices.values()):
+        if not any(a.dest == "dsn" for a in action._actions):
+            action.add_argument("--dsn", help=_DSN_HELP)
+
+
+def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> int:
+    """Run ``dpsql dataset ACTION``; prints what was done."""
+    with connect(args.dsn) as db:
+        if args.action == "register":
+            dataset_id = db.register_dataset(
+                args.table,
+                args.features,
+                args.label,
+                epsilon_budget=args.epsilon_budget,
+                delta_budget=args.delta_budget,
+                labels=args.labels,
+                feature_bounds=args.feature_bounds,
+                name=args.name,
+                label_bound=args.label_bound,
+                categories=args.categories,
+                accept=args.accept,
+            )
+            print(f"registered dataset {args.name or args.table} (id {dataset_id})")
+        elif args.action == "alter":
+            db.alter_dataset(
+                args.dataset,
+                epsilon_budget=args.epsilon_budget,
+                delta_budget=args.delta_budget,
+                new_name=args.new_name,
+            )
+            print(f"altered dataset {args.new_name or args.dataset}")
+        elif args.action == "drop":
+            db.drop_dataset(args.dataset)
+            print(f"dropped dataset {args.dataset}")
+        else:
+            getattr(db, f"{args.action}_dataset")(args.dataset, args.role)
+            print(
+                f"{args.action} {args.dataset} {'to' if args.action == 'grant' else 'from'} "
+                f"{args.role}"
+            )
+    return 0

@@ -1,0 +1,178 @@
+------------------------------------------------------------------------------------------
+-- Fixing registrations (issue 27): alter a dataset's budget or name, drop it, grant by name
+--
+-- A dataset's budgets and name belong to the data owner who registered it (created_by) and
+-- to superusers; every change is appended to dpsql.dataset_history (who, when, from what to
+-- what), as the ledger keeps every charge. A budget never drops below what is spent. Dropping
+-- a dataset keeps its row, history and ledger (dropped_at) and frees its name and its
+-- relation for a new registration; a dropped relation's dataset is marked the same way.
+------------------------------------------------------------------------------------------
+
+CREATE TABLE IF NOT EXISTS dpsql.dataset_history (
+    change_id   bigserial PRIMARY KEY,
+    dataset_id  bigint NOT NULL REFERENCES dpsql.datasets,
+    changed_at  timestamptz NOT NULL DEFAULT now(),
+    changed_by  name NOT NULL DEFAULT session_user,
+    change      jsonb NOT NULL          -- {"epsilon_budget": [old, new], ...} or {"dropped": ...}
+);
+COMMENT ON TABLE dpsql.dataset_history IS
+    'Every change to a registered dataset after its registration: who, when, from what to what';
+
+-- A name is taken by live datasets only: a dropped one keeps its row under its old name.
+ALTER TABLE dpsql.datasets DROP CONSTRAINT IF EXISTS datasets_name_key;
+CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_name_idx ON dpsql.datasets (name) WHERE dropped_at IS NULL;
+
+-- The live dataset a data owner names (its name, or its id as text), which the caller may
+-- change: its registering owner, or a superuser. Locked against concurrent charges.
+CREATE OR REPLACE FUNCTION dpsql_internal._owned_dataset(dataset text, action text)
+RETURNS dpsql.datasets LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets;
+BEGIN
+    PERFORM dpsql_internal._require_admin(action);
+    SELECT * INTO d FROM dpsql.datasets ds
+     WHERE ds.dropped_at IS NULL
+       AND (ds.name = dataset OR (dataset ~ '^[0-9]{1,18}$' AND ds.dataset_id = dataset::bigint))
+     ORDER BY ds.name = dataset DESC
+     LIMIT 1
+       FOR NO KEY UPDATE;  -- as a charge locks it (28_ledger.sql): none runs in between
+    IF NOT FOUND THEN
+        PERFORM dpsql_internal._fail(format('no dataset %s', coalesce(quote_literal(dataset), 'NULL')), '42704',
+                                     hint => 'dpsql.my_datasets lists the live datasets.');
+    END IF;
+    IF d.created_by <> session_user
+       AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false) THEN
+        PERFORM dpsql_internal._fail(
+            format('dataset %s was registered by %s: only they (or a superuser) can %s',
+                   quote_literal(d.name), quote_ident(d.created_by), action), '42501');
+    END IF;
+    RETURN d;
+END $$;
+
+CREATE OR REPLACE FUNCTION dpsql.alter_dataset(dataset text, epsilon_budget float8 DEFAULT NULL,
+                                               delta_budget float8 DEFAULT NULL,
+                                               new_name text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets := dpsql_internal._owned_dataset(dataset, 'alter datasets');
+    spent record;
+    change jsonb := '{}';
+BEGIN
+    SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
+     WHERE s.dataset_id = d.dataset_id;
+    IF epsilon_budget IS NOT NULL THEN
+        IF NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
+            PERFORM dpsql_internal._fail(format('epsilon_budget must be a finite number > 0, got %s',
+                                                epsilon_budget));
+        END IF;
+        IF epsilon_budget < spent.epsilon_spent THEN
+            PERFORM dpsql_internal._fail(
+                format('dataset %s has spent epsilon %s: its budget cannot be %s',
+                       quote_literal(d.name), dpsql_internal._round(spent.epsilon_spent), epsilon_budget),
+                hint => 'A budget can shrink to what is spent, not below: the ledger is never undone.');
+        END IF;
+        change := change || jsonb_build_object('epsilon_budget', jsonb_build_array(d.epsilon_budget, epsilon_budget));
+    END IF;
+    IF delta_budget IS NOT NULL THEN
+        IF NOT (delta_budget >= 0 AND delta_budget < 1) THEN
+            PERFORM dpsql_internal._fail(format('delta_budget must be in [0, 1), got %s', delta_budget));
+        END IF;
+        IF delta_budget < spent.delta_spent THEN
+            PERFORM dpsql_internal._fail(
+                format('dataset %s has spent delta %s: its delta budget cannot be %s',
+                       quote_literal(d.name), dpsql_internal._round(spent.delta_spent), delta_budget),
+                hint => 'A budget can shrink to what is spent, not below: the ledger is never undone.');
+        END IF;
+        change := change || jsonb_build_object('delta_budget', jsonb_build_array(d.delta_budget, delta_budget));
+    END IF;
+    IF new_name IS NOT NULL THEN
+        IF btrim(new_name) = '' THEN
+            PERFORM dpsql_internal._fail('the dataset name must not be empty');
+        END IF;
+        IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = new_name AND ds.dropped_at IS NULL
+                                                     AND ds.dataset_id <> d.dataset_id) THEN
+            PERFORM dpsql_internal._fail(format('a dataset named %s is already registered', quote_literal(new_name)),
+                                         '42710');
+        END IF;
+        change := change || jsonb_build_object('name', jsonb_build_array(d.name, new_name));
+    END IF;
+    IF change = '{}' THEN
+        PERFORM dpsql_internal._fail('alter_dataset changes nothing',
+                                     hint => 'Give epsilon_budget, delta_budget or new_name.');
+    END IF;
+    UPDATE dpsql.datasets ds
+       SET epsilon_budget = coalesce(alter_dataset.epsilon_budget, ds.epsilon_budget),
+           delta_budget = coalesce(alter_dataset.delta_budget, ds.delta_budget),
+           name = coalesce(new_name, ds.name)
+     WHERE ds.dataset_id = d.dataset_id;
+    INSERT INTO dpsql.dataset_history (dataset_id, change) VALUES (d.dataset_id, change);
+END $$;
+COMMENT ON FUNCTION dpsql.alter_dataset(text, float8, float8, text) IS
+    'Change a dataset''s budgets (never below what is spent) or name; recorded in dpsql.dataset_history';
+
+CREATE OR REPLACE FUNCTION dpsql.drop_dataset(dataset text)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d dpsql.datasets := dpsql_internal._owned_dataset(dataset, 'drop datasets');
+BEGIN
+    UPDATE dpsql.datasets ds SET dropped_at = now() WHERE ds.dataset_id = d.dataset_id;
+    INSERT INTO dpsql.dataset_history (dataset_id, change)
+    VALUES (d.dataset_id, jsonb_build_object('dropped', d.name));
+END $$;
+COMMENT ON FUNCTION dpsql.drop_dataset(text) IS
+    'Retire a dataset: its name and relation are free for a new registration; its ledger and history stay';
+
+-- Grants by name (or by id as text): the bigint forms stay (25_datasets.sql).
+CREATE OR REPLACE FUNCTION dpsql.grant_dataset(dataset text, role name)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dpsql.grant_dataset(dpsql_internal._dataset_id(dataset), role);
+END $$;
+COMMENT ON FUNCTION dpsql.grant_dataset(text, name) IS
+    'Allow a role (and its members) to train privately on a registered dataset, by name';
+
+CREATE OR REPLACE FUNCTION dpsql.revoke_dataset(dataset text, role name)
+RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dpsql.revoke_dataset(dpsql_internal._dataset_id(dataset), role);
+END $$;
+COMMENT ON FUNCTION dpsql.revoke_dataset(text, name) IS
+    'Withdraw a role''s grant on a dataset, by name (its ledger entries stay)';
+
+-- A live dataset's id from its name, or from its id as text (admins only: grant and revoke).
+CREATE OR REPLACE FUNCTION dpsql_internal._dataset_id(dataset text)
+RETURNS bigint LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    id bigint;
+BEGIN
+    PERFORM dpsql_internal._require_admin('grant datasets');
+    SELECT ds.dataset_id INTO id FROM dpsql.datasets ds
+     WHERE ds.dropped_at IS NULL
+       AND (ds.name = dataset OR (dataset ~ '^[0-9]{1,18}$' AND ds.dataset_id = dataset::bigint))
+     ORDER BY ds.name = dataset DESC
+     LIMIT 1;
+    IF id IS NULL THEN
+        PERFORM dpsql_internal._fail(format('no dataset %s', coalesce(quote_literal(dataset), 'NULL')), '42704',
+                                     hint => 'dpsql.my_datasets lists the live datasets.');
+    END IF;
+    RETURN id;
+END $$;
+
+-- Numbers in messages as people write them: 6 significant digits (3.0999999999999996 -> 3.1).
+CREATE OR REPLACE FUNCTION dpsql_internal._round(v float8)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v IS NULL THEN 'NULL' WHEN v = 0 OR v IN ('NaN', 'Infinity', '-Infinity') THEN v::text
+                ELSE (round(v::numeric, greatest(0, 5 - floor(log(abs(v::numeric)))::int)))::float8::text END
+$$;
