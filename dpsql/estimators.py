@@ -9,10 +9,11 @@
 ``fit(X, y)`` is for data owners: the rows are loaded into a new table of ``table_schema``;
 with ``privacy="none"`` the model is trained without privacy (the server refuses analysts:
 :class:`dpsql.PermissionDenied`) and the table is dropped afterwards; with a mechanism the table
-is registered as a new dataset whose public schema comes from the estimator's parameters only
+is registered as a dataset whose public schema comes from the estimator's parameters only
 (``classes``, ``feature_bounds``, ``row_norm``, ``row_bound``, ``label_bound``: never read from
-the rows) and whose budget is ``epsilon_budget`` (default: the mechanism's epsilon), so each
-such fit spends the budget of its own new dataset and of no other. Predictions run in Python
+the rows) and whose budget is ``epsilon_budget`` (default: the mechanism's epsilon), emptied
+after the release. Fits of rows that share a row with an earlier fit's (the folds of
+``cross_val_score``) are charged to that fit's one dataset and budget (dpsql.fit_datasets). Predictions run in Python
 with the C core, exactly as the server predicts (``model_`` is the :class:`dpsql.Model`).
 
 ``db`` is a :class:`dpsql.Database` or a DSN string (connected for the fit and closed after:
@@ -55,6 +56,7 @@ from sklearn.base import (  # type: ignore[import-untyped]
 from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
 from sklearn.utils.validation import check_is_fitted, validate_data  # type: ignore[import-untyped]
 
+from dpsql.encoding import has_columns
 from dpsql.models import Model
 
 if TYPE_CHECKING:
@@ -122,16 +124,19 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                 self._set_fitted(model, None)
                 self.dataset_ = X
                 self.n_features_in_ = model.n_features_in_
-                if hasattr(self, "feature_names_in_"):
+                if hasattr(model, "feature_names_in_"):  # the registered columns
+                    self.feature_names_in_ = model.feature_names_in_
+                elif hasattr(self, "feature_names_in_"):
                     del self.feature_names_in_
                 return self
+            _require_owner(db)
             X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=self._model == "linear")
             y_train, classes, labels = self._encode(y, private)
-            table = f"dpsql_fit_{uuid.uuid4().hex[:12]}"
             schema = self.table_schema or _current_schema(db)
-            db.load_numpy(table, X, y_train, schema=schema)
-            qualified = f"{schema}.{table}"
             if not private:
+                table = f"dpsql_fit_{uuid.uuid4().hex[:12]}"
+                db.load_numpy(table, X, y_train, schema=schema)
+                qualified = f"{schema}.{table}"
                 if hasattr(self, "dataset_"):
                     del self.dataset_
                 try:
@@ -152,31 +157,35 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                             sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table))
                         )
             else:
-                epsilon_budget, delta_budget = self._budget()
-                db.register_dataset(
-                    qualified,
-                    "x",
-                    "y",
-                    name=table,
-                    labels=labels,
-                    row_norm=self.row_norm,
-                    feature_bounds=self.feature_bounds,
-                    row_bound=self.row_bound,
-                    label_bound=getattr(self, "label_bound", None),
-                    epsilon_budget=epsilon_budget,
-                    delta_budget=delta_budget,
-                )
-                self.dataset_ = table
-                model = db.train(
-                    table,
-                    None,
-                    None,
-                    model=self._model,
-                    privacy=self.privacy,
-                    **self._train_kwargs(),
-                )
+                self.dataset_, model = self._fit_private(db, X, y_train, labels, schema)
             self._set_fitted(model, classes)
         return self
+
+    def _fit_private(
+        self, db: Database, X: np.ndarray, y: np.ndarray, labels: list[float] | None, schema: str
+    ) -> tuple[str, Model]:
+        """A private fit on arrays: charged to the one dataset of these rows (dpsql.fit_datasets),
+        whose table is emptied after the release."""
+        from dpsql.fit_datasets import empty, fit_dataset
+
+        declarations = {
+            "labels": labels,
+            "row_norm": self.row_norm,
+            "feature_bounds": self.feature_bounds,
+            "row_bound": self.row_bound,
+            "label_bound": getattr(self, "label_bound", None),
+        }
+        entry = fit_dataset(
+            db, X, y, schema=schema, declarations=declarations, budget=self._budget(db)
+        )
+        try:
+            model = db.train(
+                entry.name, None, None, model=self._model, privacy=self.privacy,
+                **self._train_kwargs(),
+            )  # fmt: skip
+        finally:
+            empty(db, entry)
+        return entry.name, model
 
     def _private(self) -> bool:
         if isinstance(self.privacy, str) and self.privacy == "none":
@@ -204,8 +213,10 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
     def _train_kwargs(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _TRAIN_KEYWORDS}
 
-    def _budget(self) -> tuple[float, float]:
-        """The new dataset's budget: one fit's worth unless the owner gives more."""
+    def _budget(self, db: Database) -> tuple[float, float]:
+        """The new dataset's budget: one fit's worth unless the owner gives more. Delta: the
+        mechanism's, or its default as the server has it (dpsql.mechanisms(): one default in
+        SQL, Python and here); auto's is 0 (it then picks a pure epsilon-DP mechanism)."""
         eps = self.epsilon_budget
         if eps is None:
             eps = getattr(self.privacy, "epsilon", None)
@@ -213,7 +224,13 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                 raise ValueError("dpsql: give epsilon_budget (the mechanism states no epsilon)")
         delta = self.delta_budget
         if delta is None:
-            delta = float(getattr(self.privacy, "delta", 0.0) or 0.0)
+            delta = getattr(self.privacy, "delta", None)
+        if delta is None:
+            row = db.execute(
+                "SELECT delta_default FROM dpsql.mechanisms() WHERE name = %s",
+                (getattr(self.privacy, "name", ""),),
+            ).fetchone()
+            delta = 0.0 if row is None else row[0]
         return float(eps), float(delta)
 
     def _encode(
@@ -233,8 +250,10 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         # Not sklearn's default (any attribute ending in "_"): the parameter lambda_ does.
         return hasattr(self, "model_")
 
-    def _rows(self, X: Any) -> np.ndarray:
+    def _rows(self, X: Any) -> Any:
         check_is_fitted(self, "model_")
+        if getattr(self, "dataset_", None) is not None and has_columns(X):
+            return X  # a registered dataset's columns, found by name (categories encoded)
         rows: np.ndarray = validate_data(self, X, reset=False, dtype=np.float64)
         return rows
 
@@ -507,3 +526,19 @@ def _current_schema(db: Database) -> str:
     if row is None or row[0] is None:
         raise ValueError("dpsql: no current schema: give table_schema=")
     return str(row[0])
+
+
+def _require_owner(db: Database) -> None:
+    """fit(X, y) loads rows into a table: data owners only. An analyst is told what to do."""
+    row = db.execute(
+        "SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = session_user), false)"
+        " OR pg_has_role(session_user, 'dpsql_admin', 'MEMBER')"
+    ).fetchone()
+    if row is None or not row[0]:
+        from dpsql.errors import PermissionDenied
+
+        raise PermissionDenied(
+            "dpsql: fit(X, y) is for data owners (it loads the rows into a new table); analysts "
+            "fit a registered dataset by name: est.fit('dataset_name') (dpsql datasets lists "
+            "yours)"
+        )

@@ -192,8 +192,12 @@ def test_owner_fit_on_arrays(db, scratch_schema, binary) -> None:
     after = {r["name"]: r["epsilon_spent"] for r in db.budgets()}
     assert {k: after[k] for k in budgets} == budgets
     assert set(private.predict(X)) <= {"no", "yes"}
+    # The rows are not kept (the dataset and its ledger are); fitting the same rows again is
+    # charged to the same, spent budget (issue 27).
+    (table,) = _tables(db, scratch_schema)
+    assert db.execute(f"SELECT count(*) FROM {scratch_schema}.{table}").fetchone()[0] == 0
     with pytest.raises(dpsql.BudgetExceeded):
-        db.train(private.dataset_, None, None, privacy=dpsql.BoltOn(epsilon=0.1))
+        clone(private).fit(X, labels)
     # Public declarations only: never read from the rows.
     with pytest.raises(ValueError, match="classes=\\[...\\], the public label set"):
         LogisticRegression(db, dpsql.BoltOn(epsilon=1), table_schema=scratch_schema).fit(X, y)
@@ -281,3 +285,31 @@ def test_check_estimator_with_a_database_object(db, scratch_schema) -> None:
     status = {r["check_name"]: r["status"] for r in results}
     assert [c for c, s in status.items() if s == "failed"] == []
     assert {c for c, s in status.items() if s == "xfail"} == set(_CONNECTION_XFAIL)
+
+
+def test_cross_validation_charges_one_dataset_and_keeps_no_rows(db, scratch_schema, binary) -> None:
+    """Issue 27: the folds of cross_val_score fit overlapping rows: one registered dataset,
+    one budget (each fold's release charged to it), no table of rows left behind; an analyst's
+    fit(X, y) is told to fit a registered dataset by name."""
+    from sklearn.model_selection import cross_val_score
+
+    X, y = binary
+    before = {r["name"] for r in db.budgets()}
+    clf = LogisticRegression(
+        db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="clip", epochs=2,
+        epsilon_budget=1.5, table_schema=scratch_schema,
+    )  # fmt: skip
+    scores = cross_val_score(clf, X, y, cv=3)
+    assert len(scores) == 3 and np.all(scores > 0.5)
+    (new,) = [r for r in db.budgets() if r["name"] not in before]
+    assert (new["epsilon_budget"], new["epsilon_spent"]) == (1.5, 1.5)
+    (table,) = _tables(db, scratch_schema)
+    assert db.execute(f"SELECT count(*) FROM {scratch_schema}.{table}").fetchone()[0] == 0
+    with pytest.raises(dpsql.BudgetExceeded):  # a fourth fold would overspend
+        clone(clf).fit(X[:100], y[:100])
+    # other declarations for the same rows: refused, not a second budget
+    with pytest.raises(ValueError, match="other public declarations"):
+        LogisticRegression(
+            db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="unit",
+            table_schema=scratch_schema,
+        ).fit(X, y)  # fmt: skip
