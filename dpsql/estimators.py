@@ -12,8 +12,9 @@ with ``privacy="none"`` the model is trained without privacy (the server refuses
 is registered as a dataset whose public schema comes from the estimator's parameters only
 (``classes``, ``feature_bounds``, ``row_norm``, ``row_bound``, ``label_bound``: never read from
 the rows) and whose budget is ``epsilon_budget`` (default: the mechanism's epsilon), emptied
-after the release. Fits of rows that share a row with an earlier fit's (the folds of
-``cross_val_score``) are charged to that fit's one dataset and budget (dpsql.fit_datasets). Predictions run in Python
+after the release. An estimator and its clones (the folds of ``cross_val_score``), and fits of
+rows shared with an earlier fit's, are charged to one dataset and budget (dpsql.fit_datasets).
+Predictions run in Python
 with the C core, exactly as the server predicts (``model_`` is the :class:`dpsql.Model`).
 
 ``db`` is a :class:`dpsql.Database` or a DSN string (connected for the fit and closed after:
@@ -176,7 +177,13 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
             "label_bound": getattr(self, "label_bound", None),
         }
         entry = fit_dataset(
-            db, X, y, schema=schema, declarations=declarations, budget=self._budget(db)
+            db,
+            X,
+            y,
+            group=self._fit_group(),
+            schema=schema,
+            declarations=declarations,
+            budget=self._budget(db),
         )
         try:
             model = db.train(
@@ -186,6 +193,13 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         finally:
             empty(db, entry)
         return entry.name, model
+
+    def _fit_group(self) -> str:
+        """The estimator's fit group: kept by its clones (one dataset and budget for them)."""
+        if "_group" not in self.__dict__:
+            self.__dict__["_group"] = uuid.uuid4().hex[:12]
+        group: str = self.__dict__["_group"]
+        return group
 
     def _private(self) -> bool:
         if isinstance(self.privacy, str) and self.privacy == "none":
@@ -275,6 +289,8 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         """clone() deep-copies parameters; a Database (a live connection) is shared instead."""
         params = self.get_params(deep=False)
         new = type(self)(**{k: v if k == "db" else clone(v, safe=False) for k, v in params.items()})
+        if self.privacy is not None and not isinstance(self.privacy, str):
+            new.__dict__["_group"] = self._fit_group()  # clones: one dataset and one budget
         if hasattr(self, "_metadata_request"):
             new._metadata_request = copy.deepcopy(self._metadata_request)
         return new

@@ -1,19 +1,20 @@
 """The datasets a data owner's private ``fit(X, y)`` registers (dpsql.estimators).
 
 scikit-learn's model selection (``cross_val_score``, ``GridSearchCV``) fits clones of one
-estimator on overlapping subsets of the same rows. Each such fit is a release of those rows, so
-all of them are charged to **one** registered dataset and its one budget: the fits of one
-:class:`dpsql.Database` whose rows share any row with an earlier fit's reuse that fit's
-dataset, its table reloaded with the new rows (merging budgets is the sound direction: two
-budgets for the same rows would let their releases spend twice as much). The table is emptied
-after each fit, since the released model keeps no row. Rows registered with other public
-declarations (labels, bounds, row normalisation) are refused rather than given a second
-budget.
+estimator on subsets of the same rows. Each such fit is a release of those rows, so all of
+them are charged to **one** registered dataset and its one budget. An estimator and its clones
+(``sklearn.base.clone`` keeps the group; so do joblib's copies of them) share the dataset named
+``dpsql_fit_<group>``, found in the server, so also across processes and connections; and, in
+one process, fits whose rows share a row with an earlier fit's reuse that fit's dataset. Merging
+budgets is the sound direction: two budgets for the same rows would let their releases spend
+twice as much. The dataset's table is reloaded with each fit's rows and emptied after the
+release (the model keeps no row); the same rows with other public declarations (labels,
+bounds, row normalisation) are refused rather than given a second budget.
 """
 
 from __future__ import annotations
 
-import uuid
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,10 @@ from psycopg import sql
 if TYPE_CHECKING:
     from dpsql.connection import Database
 
-__all__ = ["FitDataset", "fit_dataset"]
+__all__ = ["FitDataset", "empty", "fit_dataset"]
+
+# In this process, per server and role: the datasets fits registered and the rows they saw.
+_REGISTRY: dict[tuple[str, ...], list[FitDataset]] = {}
 
 
 @dataclass
@@ -45,11 +49,45 @@ def _row_keys(X: np.ndarray, y: np.ndarray) -> set[bytes]:
     return {r.tobytes() for r in rows}
 
 
+def _server(db: Database) -> tuple[str, ...]:
+    info = db.conn.info
+    return (str(info.host), str(info.port), info.dbname, info.user)
+
+
+def _declared(declarations: dict[str, Any]) -> str:
+    return json.dumps(declarations, sort_keys=True, default=float)
+
+
+def _in_server(db: Database, name: str, declarations: dict[str, Any]) -> FitDataset | None:
+    """The live dataset of this group registered by another connection or process."""
+    row = db.execute(
+        "SELECT n.nspname, obj_description(c.oid, 'pg_class') FROM dpsql.my_datasets d"
+        " JOIN pg_class c ON c.relname = d.name JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE d.name = %s AND d.source = format('%%I.%%I', n.nspname, c.relname)",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    entry = FitDataset(name, row[0], declarations)
+    _check(entry, row[1] or "")
+    return entry
+
+
+def _check(entry: FitDataset, declared: str) -> None:
+    if declared != _declared(entry.declarations):
+        raise ValueError(
+            f"dpsql: these rows are registered as dataset {entry.name!r} with other public "
+            f"declarations ({declared}); one budget per rows: fit with the same declarations, "
+            "or register the table yourself and fit('name')"
+        )
+
+
 def fit_dataset(
     db: Database,
     X: np.ndarray,
     y: np.ndarray,
     *,
+    group: str,
     schema: str,
     declarations: dict[str, Any],
     budget: tuple[float, float],
@@ -57,24 +95,28 @@ def fit_dataset(
     """The registered dataset this fit's rows belong to, its table holding them now."""
     from dpsql.loading import load_numpy
 
-    registry: list[FitDataset] = db.__dict__.setdefault("_fit_datasets", [])
+    registry = _REGISTRY.setdefault(_server(db), [])
     keys = _row_keys(X, y)
-    for known in registry:
-        if known.rows.isdisjoint(keys):
-            continue
-        if known.declarations != declarations:
-            raise ValueError(
-                f"dpsql: these rows are registered as dataset {known.name!r} with other public "
-                f"declarations ({known.declarations}); one budget per rows: fit with the same "
-                "declarations, or register the table yourself and fit('name')"
-            )
-        db.execute(sql.SQL("TRUNCATE {}").format(known.table))
-        load_numpy(db.conn, known.table, X, y, create=False)
-        known.rows |= keys
-        return known
-    name = f"dpsql_fit_{uuid.uuid4().hex[:12]}"
+    name = f"dpsql_fit_{group}"
+    entry = next((e for e in registry if e.name == name or not e.rows.isdisjoint(keys)), None)
+    if entry is not None:
+        _check(entry, _declared(declarations))
+    else:
+        entry = _in_server(db, name, declarations)
+        if entry is not None:
+            registry.append(entry)
+    if entry is not None:
+        db.execute(sql.SQL("TRUNCATE {}").format(entry.table))
+        load_numpy(db.conn, entry.table, X, y, create=False)
+        entry.rows |= keys
+        return entry
     entry = FitDataset(name, schema, declarations, keys)
     load_numpy(db.conn, name, X, y, schema=schema)
+    db.execute(
+        sql.SQL("COMMENT ON TABLE {} IS {}").format(
+            entry.table, sql.Literal(_declared(declarations))
+        )
+    )
     epsilon_budget, delta_budget = budget
     db.register_dataset(
         f"{schema}.{name}",

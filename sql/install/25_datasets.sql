@@ -874,8 +874,8 @@ BEGIN
     IF d.dropped_at IS NOT NULL THEN
         -- Its oid may since name another relation: never follow it.
         PERFORM dpsql_internal._fail(
-            format('the relation of dataset %s was dropped at %s',
-                   quote_literal(d.name), d.dropped_at), '42P01');
+            format('dataset %s was dropped at %s', quote_literal(d.name), d.dropped_at), '42P01',
+            hint => 'dpsql.my_datasets lists the live datasets.');
     END IF;
     rel := dpsql_internal._check_dataset_relation(d.relid, format('dataset %s', quote_literal(d.name)));
     d.source := format('%I.%I', rel.nspname, rel.relname);
@@ -911,7 +911,15 @@ BEGIN
     IF to_regclass('dpsql.datasets') IS NULL THEN  -- the extension itself is being dropped
         RETURN;
     END IF;
-    -- (recorded in dpsql.dataset_history, 55_dataset_admin.sql; the name is free again)
+    -- (recorded in dpsql.dataset_history, 55_dataset_admin.sql, once it exists: an upgrade
+    -- script drops relations before creating it; the name is free again)
+    IF to_regclass('dpsql.dataset_history') IS NULL THEN
+        UPDATE dpsql.datasets ds SET dropped_at = now()
+         WHERE ds.dropped_at IS NULL
+           AND ds.relid IN (SELECT o.objid FROM pg_event_trigger_dropped_objects() o
+                             WHERE o.classid = 'pg_class'::regclass AND o.objsubid = 0);
+        RETURN;
+    END IF;
     WITH marked AS (
         UPDATE dpsql.datasets ds SET dropped_at = now()
          WHERE ds.dropped_at IS NULL

@@ -22,6 +22,9 @@ BEGIN
     -- Two registrations at once in one schema would both update its ACL ("tuple concurrently
     -- updated"): the grants are serialised, and a grant already there is not made again.
     PERFORM pg_advisory_xact_lock(hashtext('dpsql_internal._grant_reader ' || nsp::text));
+    -- (a relation lock, unlike an advisory one, reads the catalog changes committed meanwhile:
+    -- the check below then sees the other registration's grant)
+    LOCK TABLE dpsql.dataset_history IN ACCESS SHARE MODE;
     IF NOT has_schema_privilege('dpsql_reader', nsp, 'USAGE') THEN
         EXECUTE format('GRANT USAGE ON SCHEMA %s TO dpsql_reader', nsp::regnamespace);
     END IF;

@@ -349,7 +349,7 @@ BEGIN
         -- before anything is planned: the user's real mistake, not a budget refusal later
         PERFORM dpsql_internal._fail(
             format('dataset %s has a delta budget of %s, and this release needs delta = %s%s',
-                   ds.name, ds.delta_budget, delta,
+                   ds.name, dpsql_internal._round(ds.delta_budget), dpsql_internal._round(delta),
                    CASE WHEN filled ? 'delta' THEN format(' (%s''s default)', privacy) ELSE '' END),
             'DP001',
             hint => CASE WHEN mech.needs_delta

@@ -137,9 +137,9 @@ BEGIN
     IF array_ndims(x) IS DISTINCT FROM 1 OR cardinality(x) <> m.n_features
        OR array_position(x, NULL) IS NOT NULL THEN
         PERFORM dpsql_internal._fail(
-            format('model %s has %s features, got %s', model_id, m.n_features,
+            format('model %s takes %s features, got %s', model_id, m.n_features,
                    CASE WHEN array_position(x, NULL) IS NOT NULL THEN 'a NULL among them'
-                        ELSE format('%s values', coalesce(cardinality(x), 0)) END),
+                        ELSE format('a vector of length %s', coalesce(cardinality(x), 0)) END),
             '22023',
             hint => format('Give the %s features %s in order (encoded: a categorical column one-hot), '
                            'or the row by its columns: dpsql.predict_row(%s, to_jsonb(t)).',

@@ -41,7 +41,8 @@ BEGIN
     PERFORM set_config('dpsql_preview.context', '{}', true);
     BEGIN
         PERFORM dpsql_internal._train_private(source, model, params);
-        -- (every release charges before it releases: reaching here is a bug)
+        -- (every release charges before it releases: reaching here is a bug; a RAISE, not
+        -- _fail: caught just below, as an internal signal)
         RAISE EXCEPTION 'dpsql: the preview reached no charge' USING ERRCODE = 'XX000';
     EXCEPTION
         WHEN SQLSTATE 'DPPRV' THEN

@@ -301,9 +301,19 @@ def test_cross_validation_charges_one_dataset_and_keeps_no_rows(db, scratch_sche
     )  # fmt: skip
     scores = cross_val_score(clf, X, y, cv=3)
     assert len(scores) == 3 and np.all(scores > 0.5)
-    (new,) = [r for r in db.budgets() if r["name"] not in before]
-    assert (new["epsilon_budget"], new["epsilon_spent"]) == (1.5, 1.5)
-    (table,) = _tables(db, scratch_schema)
+    # two folds train on disjoint rows: the clones' group still makes them one dataset
+    X2 = np.random.default_rng(9).normal(size=(400, 3)) * 0.4
+    y2 = (X2 @ [2.0, -1.0, 1.0] > 0).astype(float)
+    two = LogisticRegression(
+        db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="clip", epochs=2,
+        epsilon_budget=1.0, table_schema=scratch_schema,
+    )  # fmt: skip
+    assert len(cross_val_score(two, X2, y2, cv=2)) == 2
+    new = sorted(
+        (r for r in db.budgets() if r["name"] not in before), key=lambda r: r["dataset_id"]
+    )
+    assert [(r["epsilon_budget"], r["epsilon_spent"]) for r in new] == [(1.5, 1.5), (1.0, 1.0)]
+    table, _ = _tables(db, scratch_schema)
     assert db.execute(f"SELECT count(*) FROM {scratch_schema}.{table}").fetchone()[0] == 0
     with pytest.raises(dpsql.BudgetExceeded):  # a fourth fold would overspend
         clone(clf).fit(X[:100], y[:100])

@@ -162,13 +162,13 @@ def test_evaluate_says_it_needs_select_on_the_test_rows(conn, scratch_schema, ma
             "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (source,)
         ).fetchone()
         with pytest.raises(pg.InsufficientPrivilege) as err:
-            analyst.execute("SELECT * FROM dpsql.evaluate(%s, %s)", (mid, test))
+            analyst.execute("SELECT metric, value, rows FROM dpsql.evaluate(%s, %s)", (mid, test))
         assert err.value.diag.message_primary.startswith("dpsql: evaluate reads the rows of")
         assert "GRANT SELECT" in err.value.diag.message_hint
         assert err.value.diag.context is None  # no internal SQL
         conn.execute(f"GRANT SELECT ON {test} TO {name}")
         metric, value, rows = analyst.execute(
-            "SELECT * FROM dpsql.evaluate(%s, %s)", (mid, test)
+            "SELECT metric, value, rows FROM dpsql.evaluate(%s, %s)", (mid, test)
         ).fetchone()
     assert metric == "accuracy" and rows == 100 and 0 <= value <= 1
 

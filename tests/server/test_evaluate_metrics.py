@@ -120,6 +120,6 @@ def test_predict_refuses_a_wrong_length_vector(conn, scratch_schema) -> None:
     mid = _train(conn, source, "logistic", "{0,1}")
     with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
         conn.execute("SELECT dpsql.predict(%s, '{1,2}')", (mid,))
-    assert "3 features, got 2 values" in str(err.value)
+    assert "3 features, got a vector of length 2" in str(err.value)
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         conn.execute("SELECT dpsql.predict(%s, '{1,NULL,2}')", (mid,))

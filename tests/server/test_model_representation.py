@@ -196,7 +196,7 @@ def test_every_path_scores_the_released_coefficients(conn, datasets) -> None:  #
                 sql_p = np.where(sql_p >= 0.5, classes[1], classes[0])
             py_p = np.asarray(dpsql.models.Model(db, m).predict(X), dtype=float)
             metric, value, _ = conn.execute(
-                "SELECT * FROM dpsql.evaluate(%s, %s)", (mid, source)
+                "SELECT metric, value, rows FROM dpsql.evaluate(%s, %s)", (mid, source)
             ).fetchone()
             if model == "linear":
                 score = float(np.mean((hand - y) ** 2))

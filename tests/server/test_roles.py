@@ -753,7 +753,7 @@ def test_dataset_for_source(conn, scratch_schema) -> None:
         # the name can then be registered anew.
         conn.execute("DROP TABLE gamma")
         msg = _refused(conn, "SELECT dpsql_internal._dataset_for_source(%s)", n1, code="42P01")
-        assert f"the relation of dataset '{n1}' was dropped at" in msg
+        assert f"dataset '{n1}' was dropped at" in msg
         _refused(conn, "SELECT dpsql_internal._dataset_for_source(%s)", f"{s}.gamma", code="42704")
         dropped = conn.execute(
             "SELECT dropped_at IS NOT NULL FROM dpsql.budgets WHERE dataset_id = %s", (d1,)
