@@ -41,8 +41,8 @@ BEGIN
     PERFORM set_config('dpsql_preview.context', '{}', true);
     BEGIN
         PERFORM dpsql_internal._train_private(source, model, params);
-        -- (every release charges before it releases: reaching here is a bug; a RAISE, not
-        -- _fail: caught just below, as an internal signal)
+        -- (every release charges before it releases: reaching here is a bug)
+        -- A RAISE, not _fail: an internal signal, caught just below.
         RAISE EXCEPTION 'dpsql: the preview reached no charge' USING ERRCODE = 'XX000';
     EXCEPTION
         WHEN SQLSTATE 'DPPRV' THEN
