@@ -104,8 +104,11 @@ BEGIN
         RETURN NULL;
     END IF;
     RETURN jsonb_strip_nulls(jsonb_build_object(
-        'mse', c.mse, 'mae', c.mae, 'r2', CASE WHEN c.var > 0 THEN 1 - c.mse / c.var END,
+        -- R^2 as scikit-learn's r2_score (force_finite): constant labels give 1 for a perfect
+        -- fit, else 0
+        'mse', c.mse, 'mae', c.mae,
+        'r2', CASE WHEN c.var > 0 THEN 1 - c.mse / c.var WHEN c.mse = 0 THEN 1 ELSE 0 END,
         'baseline', jsonb_strip_nulls(jsonb_build_object(
             'predictor', 'mean', 'mse', c.var, 'mae', c.mae_mean,
-            'r2', CASE WHEN c.var > 0 THEN 0 END))));
+            'r2', CASE WHEN c.var > 0 THEN 0 ELSE 1 END))));
 END $$;
