@@ -73,6 +73,15 @@ def _in_server(db: Database, name: str, declarations: dict[str, Any]) -> FitData
     return entry
 
 
+def _alive(db: Database, entry: FitDataset) -> bool:
+    row = db.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL"
+        " AND EXISTS (SELECT 1 FROM dpsql.my_datasets d WHERE d.name = %s)",
+        (entry.schema, entry.name, entry.name),
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def _check(entry: FitDataset, declared: str) -> None:
     if declared != _declared(entry.declarations):
         raise ValueError(
@@ -96,6 +105,8 @@ def fit_dataset(
     from dpsql.loading import load_numpy
 
     registry = _REGISTRY.setdefault(_server(db), [])
+    # (a dataset dropped, or its table, since an earlier fit is forgotten)
+    registry[:] = [e for e in registry if _alive(db, e)]
     keys = _row_keys(X, y)
     name = f"dpsql_fit_{group}"
     entry = next((e for e in registry if e.name == name or not e.rows.isdisjoint(keys)), None)
