@@ -670,6 +670,8 @@ def test_categorical_columns_and_a_text_label_on_shards(coord) -> None:
         "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'auto', epsilon => 2)", (ds,)
     ).fetchone()
     assert "refused" not in plan and plan["dim"] == 4 and plan["rows"] == 1500
+    # the preview read no row: no shard of the source was scanned for values (only counted)
+    assert plan["run"]["distributed"]["shard_count"] == SHARDS
     mid = _private(coord, ds, privacy="auto", epsilon=2.0)
     row = coord.execute(
         "SELECT privacy, epsilon FROM dpsql.model_store WHERE model_id = %s", (mid,)
