@@ -175,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
         db.load_numpy("acct", X, y, schema="public", create=False)
         db.execute(
             "SELECT dpsql.register_dataset('public.acct', '{x}', 'y', epsilon_budget => 1e9,"
+            " accept => true,"
             " delta_budget => 0.999, name => 'acct')"
         )
         n = args.concurrent

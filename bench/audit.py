@@ -87,7 +87,13 @@ def _datasets(db: dpsql.Database, schema: str) -> dict[str, str]:
     tag = uuid.uuid4().hex[:6]
     db.load_numpy("cls", np.zeros((100, 1)), (rng.random(100) < 0.5).astype(float), schema=schema)
     db.register_dataset(
-        f"{schema}.cls", "x", "y", epsilon_budget=1, labels=[0, 1], name=f"audit_cls_{tag}"
+        f"{schema}.cls",
+        "x",
+        "y",
+        epsilon_budget=1,
+        labels=[0, 1],
+        name=f"audit_cls_{tag}",
+        accept=True,
     )
     # DP-AMBSSGD's private statistics need a few thousand rows; the others take 100
     for table, rows in (("reg", 100), ("reg_big", 3000)):
@@ -98,6 +104,7 @@ def _datasets(db: dpsql.Database, schema: str) -> dict[str, str]:
             "y",
             epsilon_budget=1,
             delta_budget=1e-3,
+            accept=True,
             label_bound=1.0,
             row_bound=1.0,
             name=f"audit_{table}_{tag}",

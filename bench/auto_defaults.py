@@ -268,7 +268,7 @@ def regression(
     d = X.shape[1]
     bound = LABEL_BOUNDS[name]
     db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
         " delta_budget => 0.99, label_bound => %s, row_bound => %s, name => %s)",
         (f"{schema}.{name}_train", bound, float(np.sqrt(d)), dataset),
     )

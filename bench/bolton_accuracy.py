@@ -223,7 +223,7 @@ def install_data(db: dpsql.Database, data: BenchData, tag: str) -> None:
     db.load_numpy(data.test_table, data.X_test, data.y_test, replace=True)
     db.execute(f"ANALYZE {data.train_table}")
     db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
         " delta_budget => 0.999, labels => %s, row_norm => 'unit', name => %s)",
         (data.train_table, data.labels, data.dataset),
     )

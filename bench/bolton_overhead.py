@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             t_load = _load(db, table, X, y)
             del X, y
             db.execute(
-                "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, "
+                "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+                " accept => true, "
                 "labels => '{-1,1}', row_norm => 'clip', name => %s)",
                 (table, dataset),
             )

@@ -53,7 +53,8 @@ def main() -> None:
             " CASE WHEN g % 3 = 0 THEN 1 ELSE -1 END AS y FROM generate_series(1, 20000) g"
         )
         (ds,) = conn.execute(
-            "SELECT dpsql.register_dataset('public.t', '{a,b}', 'y', 1e9, 0, name => 'bench')"
+            "SELECT dpsql.register_dataset('public.t', '{a,b}', 'y', 1e9, 0, name => 'bench',"
+            " accept => true)"
         ).fetchone()
         request = json.dumps(
             {"dataset_id": ds, "epsilon": 1e-3, "delta": 0, "mechanism": "bench", "role": "bench"}

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
         db.load_numpy("houses", Xtr, ytr, schema="public")
         db.execute(
             "SELECT dpsql.register_dataset('houses', '{x}', 'y', 1e9, 0.99,"
-            " label_bound => %s, row_bound => %s)",
+            " label_bound => %s, row_bound => %s, accept => true)",
             (label_bound, x_bound),
         )
         print(

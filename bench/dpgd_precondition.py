@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         db.load_numpy("houses", X[tr], y[tr], schema="public")
         db.execute(
             "SELECT dpsql.register_dataset('houses', '{x}', 'y', 1e9, 0.99,"
-            " label_bound => 5.00001, row_bound => %s)",
+            " label_bound => 5.00001, row_bound => %s, accept => true)",
             (float(np.sqrt(X.shape[1])),),
         )
         print("| preconditioner | test MSE | coverage of OLS (95% intervals) | mixed |")

@@ -144,7 +144,7 @@ def install(db: dpsql.Database, task: Task) -> tuple[str, str, float]:
     bounds = None if task.bounds is None else task.bounds.tolist()
     if task.regression:
         db.execute(
-            "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+            "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
             " delta_budget => 0.99, label_bound => %s, feature_bounds => %s, row_bound => %s,"
             " name => %s)",
             (
@@ -158,7 +158,7 @@ def install(db: dpsql.Database, task: Task) -> tuple[str, str, float]:
         trivial = float(np.mean((task.y[te] - task.y[tr].mean()) ** 2))
     else:
         db.execute(
-            "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+            "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
             " delta_budget => 0.99, labels => %s, feature_bounds => %s, name => %s)",
             (train, task.labels, bounds, name),
         )

@@ -89,7 +89,7 @@ def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, .
     db.load_numpy("sparse", X, y, schema=schema, replace=True)
     name = f"erm_sparse_{time.time_ns()}"
     db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
         " delta_budget => 0.99, label_bound => 3, feature_bounds => %s, name => %s)",
         (f"{schema}.sparse", [[-1.0, 1.0] for _ in range(p)], name),
     )
@@ -156,7 +156,7 @@ def small_p(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -
     db.load_numpy("income_test", X[test], y[test], schema=schema, replace=True)
     name = f"erm_income_{time.time_ns()}"
     db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
         " delta_budget => 0.99, label_bound => 5.00001, row_bound => 1, name => %s)",
         (f"{schema}.income", name),
     )

@@ -132,7 +132,7 @@ def run(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> li
     db.load_numpy("houses", X_tr, y_tr, schema=SCHEMA)
     source = f"{SCHEMA}.houses"
     conn.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e9, accept => true,"
         " delta_budget => 0.99, label_bound => %s, row_bound => %s, name => %s)",
         (source, LABEL_BOUND, math.sqrt(d), f"cal_housing_bench_{time.time_ns()}"),
     )

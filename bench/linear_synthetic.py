@@ -212,7 +212,7 @@ def install(db: dpsql.Database, table: str, X: np.ndarray, y: np.ndarray) -> str
     db.load_numpy(table, X, y, replace=True)
     name = table.replace(".", "_")
     db.execute(
-        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e6,"
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1e6, accept => true,"
         " delta_budget => 0.9, label_bound => %s, row_bound => %s, name => %s)",
         (table, LABEL_BOUND, math.sqrt(d) + 4.0, name),
     )

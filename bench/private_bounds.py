@@ -78,7 +78,8 @@ def _compare(
     cols = _load(conn, table, x, y)
     name = table
     conn.execute(
-        "SELECT dpsql.register_dataset(%s, %s, 'y', 1e9, name => %s, regression => true)",
+        "SELECT dpsql.register_dataset(%s, %s, 'y', 1e9, name => %s, regression => true,"
+        " accept => true)",
         (table, cols, name),
     )
     d = x.shape[1]

@@ -56,7 +56,7 @@ def _datasets(conn: psycopg.Connection) -> dict[str, str]:
         load_numpy(conn, f"fp_{kind}", X, y)
         conn.execute(
             f"SELECT dpsql.register_dataset('fp_{kind}', '{{x}}', 'y', 1e9, 0.9,"
-            f" name => 'fp_{kind}', {extra})"
+            f" name => 'fp_{kind}', accept => true, {extra})"
         )
         names[kind] = f"fp_{kind}"
     return names

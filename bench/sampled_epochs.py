@@ -51,6 +51,7 @@ def _load(db: dpsql.Database, name: str, X: np.ndarray, y: np.ndarray) -> None:
     db.load_numpy(name, X, y, schema="public", create=False)
     db.execute(
         f"SELECT dpsql.register_dataset('public.{name}', '{{x}}', 'y', epsilon_budget => 1e9,"
+        f" accept => true,"
         f" delta_budget => 0.999, labels => '{{-1,1}}', row_norm => 'clip', name => '{name}')"
     )
     db.execute(f"VACUUM ANALYZE {name}")

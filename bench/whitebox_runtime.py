@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         db.load_numpy("wb", X, y, schema="public", create=False)
         db.execute(
             "SELECT dpsql.register_dataset('public.wb', '{x}', 'y', epsilon_budget => 1e9,"
+            " accept => true,"
             " delta_budget => 0.999, name => 'wb')"
         )
         print(
