@@ -79,7 +79,9 @@ def test_predict_and_evaluate(conn, binary) -> None:
     p = conn.execute("SELECT dpsql.predict(%s, %s)", (mid, list(X[0]))).fetchone()[0]
     w = np.array(m["weights"])
     assert p == pytest.approx(1 / (1 + np.exp(-(X[0] @ w[:3] + w[3]))), rel=1e-12)
-    metric, value, rows = conn.execute("SELECT metric, value, rows FROM dpsql.evaluate(%s, 'pts')", (mid,)).fetchone()
+    metric, value, rows = conn.execute(
+        "SELECT metric, value, rows FROM dpsql.evaluate(%s, 'pts')", (mid,)
+    ).fetchone()
     probs = _core.predict("logistic", _core.FLAG_INTERCEPT, w, X)
     assert metric == "accuracy" and rows == 400
     assert value == pytest.approx(np.mean((probs >= 0.5) == (y > 0)))
@@ -100,7 +102,9 @@ def test_linear_huber_and_multinomial(conn, scratch_schema) -> None:
         "SELECT dpsql.train('reg', '{x}', 'y', 'linear', epochs => 30, step_size => 0.2, seed => 1)"
     ).fetchone()
     np.testing.assert_allclose(_model(conn, lin)["coef"], beta, atol=0.05)
-    metric, mse, _ = conn.execute("SELECT metric, value, rows FROM dpsql.evaluate(%s, 'reg')", (lin,)).fetchone()
+    metric, mse, _ = conn.execute(
+        "SELECT metric, value, rows FROM dpsql.evaluate(%s, 'reg')", (lin,)
+    ).fetchone()
     assert metric == "mse" and mse < 0.01
 
     ybin = np.where(X @ beta > 0, 1.0, -1.0)
