@@ -301,3 +301,40 @@ def test_analysts_see_categories_and_predict_by_row(
         assert label in ("no", "yes")
         with pytest.raises(psycopg.Error, match="no column"):
             a.execute("""SELECT dpsql.predict_row(%s, '{"age": 40}')""", (mid,))
+
+
+def test_an_analysts_preview_under_hostile_settings_charges_nothing(
+    conn, census, scratch_schema, make_role
+) -> None:
+    """The preview as an analyst inside a transaction, a savepoint and a DO block with an
+    exception handler, with a hostile search_path and float output: the same answer, no charge,
+    no row reachable; and the preview flag set by the analyst only stops a release."""
+    name = f"hostile_{scratch_schema}"
+    _register(conn, census, name)
+    analyst, connect = make_role("analyst", "dpsql_analyst")
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (name, analyst))
+    with connect() as a:
+        a.execute("SET extra_float_digits = -15")
+        a.execute("SET search_path = pg_temp, public")
+        (plan,) = a.execute(
+            "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (name,)
+        ).fetchone()
+        assert plan["epsilon"] == 1 and plan["rows"] == 1500 and "refused" not in plan
+        a.autocommit = False
+        a.execute("SAVEPOINT s")
+        a.execute("SELECT dpsql.preview(%s, NULL, NULL, epsilon => 1)", (name,))
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        a.rollback()
+        a.autocommit = True
+        a.execute(
+            f"DO $$ BEGIN PERFORM dpsql.preview('{name}', NULL, NULL, epsilon => 1);"
+            " EXCEPTION WHEN OTHERS THEN NULL; END $$"
+        )
+        a.execute("SELECT set_config('dpsql_preview.on', 'on', false)")
+        with pytest.raises(psycopg.Error, match="a preview charges nothing"):
+            a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (name,)
+            )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            a.execute(f"SELECT * FROM {census}")
+    assert _spent(conn, name) == 0
