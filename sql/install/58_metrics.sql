@@ -16,8 +16,13 @@
 CREATE OR REPLACE FUNCTION dpsql_internal._binary_metrics(pairs text, loss_code int)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    c record;
     n float8;
+    tp bigint;
+    fp bigint;
+    fn bigint;
+    tn bigint;
+    rank_sum float8;
+    log_loss float8;
     prior float8;
 BEGIN
     EXECUTE format(
@@ -30,21 +35,21 @@ BEGIN
         '                 ELSE ln(least(greatest(1 - p, 1e-15), 1 - 1e-15)) END) AS log_loss'
         '  FROM (SELECT p, y, coalesce(dpsql_internal._is_positive(%s, p), false) AS pos,'
         '               rank() OVER (ORDER BY p) + (count(*) OVER (PARTITION BY p) - 1) / 2.0 AS r'
-        '          FROM (%s) e WHERE p IS NOT NULL AND y IS NOT NULL) s', loss_code, pairs) INTO c;
-    n := c.n;
+        '          FROM (%s) e WHERE p IS NOT NULL AND y IS NOT NULL) s', loss_code, pairs)
+       INTO n, tp, fp, fn, tn, rank_sum, log_loss;
     IF n = 0 THEN
         RETURN NULL;
     END IF;
-    prior := (c.tp + c.fn) / n;  -- the positive class's share
+    prior := (tp + fn) / n;  -- the positive class's share
     RETURN jsonb_strip_nulls(jsonb_build_object(
-        'accuracy', (c.tp + c.tn) / n,
-        'balanced_accuracy', (CASE WHEN c.tp + c.fn > 0 THEN c.tp::float8 / (c.tp + c.fn) END
-                              + CASE WHEN c.tn + c.fp > 0 THEN c.tn::float8 / (c.tn + c.fp) END) / 2,
-        'roc_auc', CASE WHEN c.tp + c.fn > 0 AND c.tn + c.fp > 0
-                        THEN (c.rank_sum - (c.tp + c.fn) * (c.tp + c.fn + 1) / 2.0)
-                             / ((c.tp + c.fn)::float8 * (c.tn + c.fp)) END,
-        'f1', CASE WHEN 2 * c.tp + c.fp + c.fn > 0 THEN 2.0 * c.tp / (2 * c.tp + c.fp + c.fn) ELSE 0 END,
-        'log_loss', CASE WHEN loss_code = dpsql_internal._loss_code('logistic') THEN c.log_loss END,
+        'accuracy', (tp + tn) / n,
+        'balanced_accuracy', (CASE WHEN tp + fn > 0 THEN tp::float8 / (tp + fn) END
+                              + CASE WHEN tn + fp > 0 THEN tn::float8 / (tn + fp) END) / 2,
+        'roc_auc', CASE WHEN tp + fn > 0 AND tn + fp > 0
+                        THEN (rank_sum - (tp + fn) * (tp + fn + 1) / 2.0)
+                             / ((tp + fn)::float8 * (tn + fp)) END,
+        'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN 2.0 * tp / (2 * tp + fp + fn) ELSE 0 END,
+        'log_loss', CASE WHEN loss_code = dpsql_internal._loss_code('logistic') THEN log_loss END,
         'baseline', jsonb_strip_nulls(jsonb_build_object(
             'predictor', 'majority class',
             'accuracy', greatest(prior, 1 - prior),
@@ -61,7 +66,12 @@ END $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._multiclass_metrics(pairs text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    c record;
+    n bigint;
+    correct bigint;
+    balanced float8;
+    f1 float8;
+    majority bigint;
+    present bigint;
 BEGIN
     EXECUTE format(
         'WITH e AS (SELECT p, y FROM (%s) e0 WHERE p IS NOT NULL AND y IS NOT NULL),'
@@ -73,42 +83,45 @@ BEGIN
         '        (SELECT count(*) FILTER (WHERE p = y) FROM e) AS correct,'
         '        avg(tp::float8 / support) FILTER (WHERE support > 0) AS balanced,'
         '        avg(2.0 * tp / (support + predicted)) AS f1,'
-        '        max(support) AS majority, count(*) FILTER (WHERE support > 0) AS present,'
-        '        count(*) AS labels'
-        '   FROM k', pairs) INTO c;
-    IF c.n = 0 THEN
+        '        max(support) AS majority, count(*) FILTER (WHERE support > 0) AS present'
+        '   FROM k', pairs) INTO n, correct, balanced, f1, majority, present;
+    IF n = 0 THEN
         RETURN NULL;
     END IF;
     RETURN jsonb_build_object(
-        'accuracy', c.correct::float8 / c.n, 'balanced_accuracy', c.balanced, 'f1', c.f1,
+        'accuracy', correct::float8 / n, 'balanced_accuracy', balanced, 'f1', f1,
         'baseline', jsonb_build_object(
             'predictor', 'majority class',
-            'accuracy', c.majority::float8 / c.n,
-            'balanced_accuracy', 1.0 / c.present,
+            'accuracy', majority::float8 / n,
+            'balanced_accuracy', 1.0 / present,
             -- the majority class's F1 (2 s / (s + n)), 0 for the others present
-            'f1', (2.0 * c.majority / (c.majority + c.n)) / c.present));
+            'f1', (2.0 * majority / (majority + n)) / present));
 END $$;
 
 -- Regression: MSE, MAE and R^2, against the mean of the evaluation rows (R^2 = 0).
 CREATE OR REPLACE FUNCTION dpsql_internal._regression_metrics(pairs text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    c record;
+    n bigint;
+    mse float8;
+    mae float8;
+    var float8;
+    mae_mean float8;
 BEGIN
     EXECUTE format(
         'SELECT count(*) AS n, avg((p - y) ^ 2) AS mse, avg(abs(p - y)) AS mae, var_pop(y) AS var,'
         '       avg(abs(y - m)) AS mae_mean'
         '  FROM (SELECT p, y, avg(y) OVER () AS m FROM (%s) e0'
-        '         WHERE p IS NOT NULL AND y IS NOT NULL) e', pairs) INTO c;
-    IF c.n = 0 THEN
+        '         WHERE p IS NOT NULL AND y IS NOT NULL) e', pairs) INTO n, mse, mae, var, mae_mean;
+    IF n = 0 THEN
         RETURN NULL;
     END IF;
     RETURN jsonb_strip_nulls(jsonb_build_object(
         -- R^2 as scikit-learn's r2_score (force_finite): constant labels give 1 for a perfect
         -- fit, else 0
-        'mse', c.mse, 'mae', c.mae,
-        'r2', CASE WHEN c.var > 0 THEN 1 - c.mse / c.var WHEN c.mse = 0 THEN 1 ELSE 0 END,
+        'mse', mse, 'mae', mae,
+        'r2', CASE WHEN var > 0 THEN 1 - mse / var WHEN mse = 0 THEN 1 ELSE 0 END,
         'baseline', jsonb_strip_nulls(jsonb_build_object(
-            'predictor', 'mean', 'mse', c.var, 'mae', c.mae_mean,
-            'r2', CASE WHEN c.var > 0 THEN 0 ELSE 1 END))));
+            'predictor', 'mean', 'mse', var, 'mae', mae_mean,
+            'r2', CASE WHEN var > 0 THEN 0 ELSE 1 END))));
 END $$;
