@@ -40,3 +40,10 @@ BEGIN
         RAISE WARNING 'dpsql: %', message USING HINT = hint;
     END IF;
 END $$;
+
+-- Numbers in messages as people write them: 6 significant digits (3.0999999999999996 -> 3.1).
+CREATE OR REPLACE FUNCTION dpsql_internal._round(v float8)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN v IS NULL THEN NULL WHEN v = 0 OR v IN ('NaN', 'Infinity', '-Infinity') THEN v::text
+                ELSE (round(v::numeric, greatest(0, 5 - floor(log(abs(v::numeric)))::int)))::float8::text END
+$$;

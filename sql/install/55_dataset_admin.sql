@@ -29,18 +29,13 @@ RETURNS dpsql.datasets LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    id bigint := dpsql_internal._dataset_id(dataset, action);
     d dpsql.datasets;
 BEGIN
-    PERFORM dpsql_internal._require_admin(action);
-    SELECT * INTO d FROM dpsql.datasets ds
-     WHERE ds.dropped_at IS NULL
-       AND (ds.name = dataset OR (dataset ~ '^[0-9]{1,18}$' AND ds.dataset_id = dataset::bigint))
-     ORDER BY ds.name = dataset DESC
-     LIMIT 1
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = id AND ds.dropped_at IS NULL
        FOR NO KEY UPDATE;  -- as a charge locks it (28_ledger.sql): none runs in between
-    IF NOT FOUND THEN
-        PERFORM dpsql_internal._fail(format('no dataset %s', coalesce(quote_literal(dataset), 'NULL')), '42704',
-                                     hint => 'dpsql.my_datasets lists the live datasets.');
+    IF NOT FOUND THEN  -- dropped since the lookup
+        PERFORM dpsql_internal._fail(format('no dataset %s', quote_literal(dataset)), '42704');
     END IF;
     IF d.created_by <> session_user
        AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false) THEN
@@ -134,7 +129,7 @@ RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dpsql.grant_dataset(dpsql_internal._dataset_id(dataset), role);
+    PERFORM dpsql.grant_dataset(dpsql_internal._dataset_id(dataset, 'grant datasets'), role);
 END $$;
 COMMENT ON FUNCTION dpsql.grant_dataset(text, name) IS
     'Allow a role (and its members) to train privately on a registered dataset, by name';
@@ -144,20 +139,21 @@ RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dpsql.revoke_dataset(dpsql_internal._dataset_id(dataset), role);
+    PERFORM dpsql.revoke_dataset(dpsql_internal._dataset_id(dataset, 'revoke datasets'), role);
 END $$;
 COMMENT ON FUNCTION dpsql.revoke_dataset(text, name) IS
     'Withdraw a role''s grant on a dataset, by name (its ledger entries stay)';
 
--- A live dataset's id from its name, or from its id as text (admins only: grant and revoke).
-CREATE OR REPLACE FUNCTION dpsql_internal._dataset_id(dataset text)
+-- A live dataset's id from its name, or from its id as text (data owners only: the action
+-- names what they are doing, for the refusal).
+CREATE OR REPLACE FUNCTION dpsql_internal._dataset_id(dataset text, action text)
 RETURNS bigint LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     id bigint;
 BEGIN
-    PERFORM dpsql_internal._require_admin('grant datasets');
+    PERFORM dpsql_internal._require_admin(action);
     SELECT ds.dataset_id INTO id FROM dpsql.datasets ds
      WHERE ds.dropped_at IS NULL
        AND (ds.name = dataset OR (dataset ~ '^[0-9]{1,18}$' AND ds.dataset_id = dataset::bigint))
@@ -169,10 +165,3 @@ BEGIN
     END IF;
     RETURN id;
 END $$;
-
--- Numbers in messages as people write them: 6 significant digits (3.0999999999999996 -> 3.1).
-CREATE OR REPLACE FUNCTION dpsql_internal._round(v float8)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN v IS NULL THEN NULL WHEN v = 0 OR v IN ('NaN', 'Infinity', '-Infinity') THEN v::text
-                ELSE (round(v::numeric, greatest(0, 5 - floor(log(abs(v::numeric)))::int)))::float8::text END
-$$;
