@@ -807,6 +807,119 @@ dpsql_sgd_row_batch(double *state, const double *x, int xlen, double y, long bat
 	return st;
 }
 
+size_t
+dpsql_sgd_probe_length(const double *state)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+
+	return dpsql_sgd_state_length((int) h->dim, (int) h->n_out, DPSQL_NOISE_NONE);
+}
+
+DpsqlStatus
+dpsql_sgd_probe(const double *state, double *probe, size_t len)
+{
+	const DpsqlSgdHeader *h = (const DpsqlSgdHeader *) state;
+	DpsqlSgdHeader *p = (DpsqlSgdHeader *) probe;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+
+	if (!(h->steps_per_epoch > 0.0) || len != dpsql_sgd_probe_length(state) ||
+		h->batch_id > h->steps_per_epoch)
+		return DPSQL_E_PARAM;
+	memcpy(probe, state, (DPSQL_HEADER_LEN + n) * sizeof(double));
+	dpsql_sgd_epoch_begin(probe);
+	p->noise_kind = DPSQL_NOISE_NONE;
+	p->noise_scale = 0.0;
+	p->batch_id = fmax(h->batch_id, 1.0);
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_probe_row(double *probe, const double *x, int xlen, double y)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) probe;
+	size_t		n = (size_t) h->dim * (size_t) h->n_out;
+	DpsqlStatus st;
+
+	if (!(h->steps_per_epoch > 0.0) || h->noise_kind != DPSQL_NOISE_NONE || h->batch_id < 1.0)
+		return DPSQL_E_STATE;
+	st = accumulate_row(probe, x, xlen, y, probe + DPSQL_HEADER_LEN + n);
+	if (st == DPSQL_OK)
+		h->in_batch += 1.0;
+	return st;
+}
+
+/* Whether probe b is of the same batch and model as the state or probe a (noise aside). */
+static int
+same_batch(const double *a, const double *b)
+{
+	const DpsqlSgdHeader *ha = (const DpsqlSgdHeader *) a;
+	const DpsqlSgdHeader *hb = (const DpsqlSgdHeader *) b;
+	size_t		n = (size_t) ha->dim * (size_t) ha->n_out;
+
+	return memcmp(a, b, offsetof(DpsqlSgdHeader, step)) == 0 && ha->step == hb->step &&
+		ha->clip_norm == hb->clip_norm && ha->noise_divisor == hb->noise_divisor &&
+		ha->steps_per_epoch == hb->steps_per_epoch && ha->batch_id == hb->batch_id &&
+		memcmp(a + DPSQL_HEADER_LEN, b + DPSQL_HEADER_LEN, n * sizeof(double)) == 0;
+}
+
+/* a's sums and counters += b's (both checked, of the same batch). */
+static void
+add_sums(double *a, const double *b)
+{
+	DpsqlSgdHeader *ha = (DpsqlSgdHeader *) a;
+	const DpsqlSgdHeader *hb = (const DpsqlSgdHeader *) b;
+	size_t		n = (size_t) ha->dim * (size_t) ha->n_out;
+	double	   *ga = a + DPSQL_HEADER_LEN + n;
+	const double *gb = b + DPSQL_HEADER_LEN + n;
+	size_t		i;
+
+	for (i = 0; i < n; i++)
+		ga[i] += gb[i];
+	ha->in_batch += hb->in_batch;
+	ha->rows += hb->rows;
+	ha->loss_sum += hb->loss_sum;
+	ha->clipped += hb->clipped;
+	ha->invalid += hb->invalid;
+}
+
+DpsqlStatus
+dpsql_sgd_probe_combine(double *a, const double *b, size_t len)
+{
+	const DpsqlSgdHeader *ha = (const DpsqlSgdHeader *) a;
+
+	if (dpsql_sgd_check_header(a, len) != DPSQL_OK || dpsql_sgd_check_header(b, len) != DPSQL_OK ||
+		ha->noise_kind != DPSQL_NOISE_NONE || !(ha->steps_per_epoch > 0.0))
+		return DPSQL_E_STATE;
+	if (!same_batch(a, b))
+		return DPSQL_E_STATE_MISMATCH;
+	add_sums(a, b);
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_sgd_add_batch(double *state, const double *sums, size_t slen, long batch)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	const DpsqlSgdHeader *hs = (const DpsqlSgdHeader *) sums;
+
+	if (!(h->steps_per_epoch > 0.0) || batch < 1 || (double) batch > h->steps_per_epoch ||
+		(double) batch < h->batch_id)
+		return DPSQL_E_PARAM;
+	advance_to(state, (double) batch);
+	if (sums != NULL)
+	{
+		if (slen != dpsql_sgd_probe_length(state) || dpsql_sgd_check_header(sums, slen) != DPSQL_OK ||
+			hs->noise_kind != DPSQL_NOISE_NONE || !all_finite(sums, (int) slen))
+			return DPSQL_E_STATE;
+		if (!same_batch(state, sums))
+			return DPSQL_E_STATE_MISMATCH;
+		add_sums(state, sums);
+	}
+	/* the batch's step, noise included: the next probe is of the updated model */
+	advance_to(state, (double) batch + 1.0);
+	return DPSQL_OK;
+}
+
 DpsqlStatus
 dpsql_sgd_epoch_end(double *state)
 {

@@ -188,6 +188,24 @@ DpsqlStatus dpsql_sgd_row(double *state, const double *x, int xlen, double y);
  */
 DpsqlStatus dpsql_sgd_row_batch(double *state, const double *x, int xlen, double y, long batch);
 
+/*
+ * Batched epochs on shards (Citus, docs/citus.md): the coordinator's state takes each batch's
+ * clipped-gradient sum from the shards and adds the step's noise once.
+ *
+ * dpsql_sgd_probe: the noise-free copy of a batched state that the shards sum a batch into
+ * (header, model, zero accumulator; no generator: the noise key never leaves the coordinator),
+ * for the batch the state is at (1 at the start of an epoch). len = dpsql_sgd_probe_length.
+ * dpsql_sgd_probe_row: add one member row's clipped gradient to a probe (no step).
+ * dpsql_sgd_probe_combine: add probe b's sums to a (the same batch and the same model).
+ * dpsql_sgd_add_batch: the sums of batch `batch` (sums NULL: an empty batch) added to the
+ * state, then the batch's noisy step taken, as dpsql_sgd_row_batch would over the same members.
+ */
+size_t		dpsql_sgd_probe_length(const double *state);
+DpsqlStatus dpsql_sgd_probe(const double *state, double *probe, size_t len);
+DpsqlStatus dpsql_sgd_probe_row(double *probe, const double *x, int xlen, double y);
+DpsqlStatus dpsql_sgd_probe_combine(double *a, const double *b, size_t len);
+DpsqlStatus dpsql_sgd_add_batch(double *state, const double *sums, size_t slen, long batch);
+
 /* End of the epoch: drop the partial mini-batch (drop_last, spec 003 section 4.3). */
 DpsqlStatus dpsql_sgd_epoch_end(double *state);
 

@@ -129,6 +129,8 @@ def _init_node(cluster: Cluster, name: str, password: str, settings: dict[str, s
         "max_connections": "100",
         "jit": "off",
         "fsync": "off",  # throw-away test and benchmark clusters
+        # DP-SGD's calibration on the coordinator (the embedded server sets the same)
+        "dpsql.accountant_command": f"'{server.accountant_command()}'",
         **settings,
     }
     with open(pgdata / "postgresql.auto.conf", "a", encoding="utf-8") as out:

@@ -316,6 +316,9 @@ DECLARE
     q float8 := coalesce((r.spec->>'sampling_rate')::float8, 0);
     st float8[];
 BEGIN
+    IF r.spec->'distributed' <> 'null' THEN
+        RETURN dpsql_internal._sampled_epoch_distributed(r, seed, q);  -- 32_distributed_sampled.sql
+    END IF;
     IF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
                                                  r.spec->>'sampling', seed, r.rows, q);
@@ -368,7 +371,8 @@ BEGIN
         PERFORM dpsql_internal._fail(format('training run %s is already done', run_id));
     END IF;
     workers := coalesce((r.spec->>'parallel_workers')::int, 0);
-    IF r.spec->'distributed' <> 'null' AND NOT (r.spec->>'shard_parallel')::boolean THEN
+    IF r.spec->'distributed' <> 'null' AND r.spec->>'sampling' IS DISTINCT FROM 'poisson'
+       AND NOT coalesce((r.spec->>'shard_parallel')::boolean, false) THEN
         PERFORM dpsql_internal._fail('SGD epochs on a distributed training table need shard_parallel => true',
                                      '0A000');
     END IF;
@@ -466,6 +470,7 @@ BEGIN
         (privacy->>'noise_scale')::float8, s || coalesce(jsonb_build_object('privacy', privacy), '{}'))
     RETURNING model_id INTO mid;
     EXECUTE format('DROP TABLE %s', r.train_table);
+    EXECUTE format('DROP TABLE IF EXISTS %s', r.train_table || '_members');  -- sampled epochs on Citus
     DELETE FROM dpsql.runs WHERE runs.run_id = _finish.run_id;
     RETURN mid;
 END $$;
@@ -479,5 +484,6 @@ BEGIN
     DELETE FROM dpsql.runs WHERE runs.run_id = _abort.run_id RETURNING train_table INTO tbl;
     IF tbl IS NOT NULL THEN
         EXECUTE format('DROP TABLE IF EXISTS %s', tbl);
+        EXECUTE format('DROP TABLE IF EXISTS %s', tbl || '_members');
     END IF;
 END $$;

@@ -37,9 +37,10 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     params         text[] NOT NULL DEFAULT '{}',
     -- how it runs on a Citus hash-distributed dataset (32_distributed.sql): 'sums' (its scans
     -- are exact sums, combined across shards before any noise), 'averaged' (SGD epochs average
-    -- per-shard models; needs shard_parallel => true); NULL: refused there (sequential)
+    -- per-shard models; needs shard_parallel => true), 'sampled' (Poisson-sampled steps, each a
+    -- sum over the shards: 32_distributed_sampled.sql); NULL: refused there (sequential)
     distributed    text CONSTRAINT mechanism_catalog_distributed_check
-                        CHECK (distributed IN ('sums', 'averaged')),
+                        CHECK (distributed IN ('sums', 'averaged', 'sampled')),
     -- a classifier's intercept when the call leaves it NULL (_intercept_default)
     intercept_default boolean NOT NULL DEFAULT true,
     -- when to use it: the data, size and epsilon where it is the one to pick (issue 25)

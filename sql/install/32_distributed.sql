@@ -171,6 +171,14 @@ BEGIN
     RETURN 'row_id, rid';
 END $$;
 
+-- A derived copy takes the training table's place (its name, which the run records).
+CREATE OR REPLACE FUNCTION dpsql_internal._replace_training_table(train_table text, copy text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('DROP TABLE %s', train_table);
+    EXECUTE format('ALTER TABLE %s RENAME TO %I', copy, split_part(train_table, '.', 2));
+END $$;
+
 -- Which mechanisms may run on a hash-distributed dataset (the registry's distributed column),
 -- checked before anything is read or charged.
 CREATE OR REPLACE FUNCTION dpsql_internal._check_distributed(mech dpsql.mechanism_catalog,
@@ -195,6 +203,22 @@ BEGIN
                                                    FROM dpsql.mechanism_catalog c
                                                   WHERE c.distributed IS NOT NULL)
             || '. See docs/citus.md.');
+    END IF;
+    IF mech.distributed = 'sampled' THEN
+        -- 32_distributed_sampled.sql: Poisson steps keyed by the row id
+        IF coalesce(params->>'sampling', 'poisson') <> 'poisson' AND mech.name = 'dpsgd' THEN
+            PERFORM dpsql_internal._fail(
+                format('DP-SGD with shuffled batches does not run on the distributed dataset %s: its '
+                       'accounting assumes one pass over one permutation of all rows', ds.name), '0A000',
+                'Give sampling => ''poisson'' (the same law on every shard; docs/citus.md).');
+        END IF;
+        IF l.dist_type NOT IN ('bigint', 'integer', 'smallint') THEN
+            PERFORM dpsql_internal._fail(
+                format('%s samples rows by their row id on the distributed dataset %s: its distribution '
+                       'column %I must be an integer (it is %s)', mech.name, ds.name, l.dist_column,
+                       l.dist_type), '0A000',
+                'Distribute the table by a unique integer id (docs/citus.md).');
+        END IF;
     END IF;
     IF mech.distributed = 'averaged' AND NOT shard_parallel THEN
         PERFORM dpsql_internal._fail(

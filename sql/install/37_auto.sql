@@ -52,13 +52,15 @@ RETURNS float8 LANGUAGE sql IMMUTABLE AS 'SELECT 20000::float8';
 -- Regression, delta = 0: objective perturbation (50_objective_perturbation.sql).
 -- Regression fits an intercept (labels are rarely centred: without one the fit is worse than
 -- the mean predictor whenever the mean is far from 0; issue 25).
--- Classification on a Citus distributed dataset: objective perturbation, whose scans are exact
--- sums over the shards (the others are sequential or average shards: docs/citus.md).
+-- Classification on a Citus distributed dataset: what one node picks with delta > 0 (DP-SGD's
+-- Poisson steps are sums over the shards); with delta = 0 objective perturbation, whose scans
+-- are exact sums (the bolt-on averages shards only on request: docs/citus.md).
 CREATE OR REPLACE FUNCTION dpsql_internal._auto_choice(ds dpsql.datasets, model text, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     delta float8 := coalesce((params->>'delta')::float8, 0);
     epsilon float8 := (params->>'epsilon')::float8;
+    layout record := dpsql_internal._citus_layout(ds.relid);
     chosen jsonb;
     rule text;
 BEGIN
@@ -89,14 +91,16 @@ BEGIN
                           ELSE '{}' END;
         rule := 'regression: DP-GD with batch-means intervals and an intercept, whitened by the '
                 'private preconditioner when the rows have a public norm bound';
-    ELSIF (dpsql_internal._citus_layout(ds.relid)).dist_column IS NOT NULL THEN
-        chosen := jsonb_build_object('privacy', 'objective_perturbation');
-        rule := 'classification on a Citus distributed dataset: objective perturbation (exact sums '
-                'over the shards; epsilon-DP, or Gaussian with delta > 0)';
-    ELSIF delta > 0 THEN
+    ELSIF delta > 0 AND coalesce(layout.dist_type IN ('bigint', 'integer', 'smallint'), true) THEN
+        -- on Citus too: the steps are sums over the shards (32_distributed_sampled.sql)
         chosen := jsonb_build_object('privacy', 'dpsgd', 'sampling', 'poisson');
         rule := 'classification, delta > 0: DP-SGD with Poisson sampling and an intercept, at its '
                 'defaults';
+    ELSIF layout.dist_column IS NOT NULL THEN
+        chosen := jsonb_build_object('privacy', 'objective_perturbation');
+        rule := 'classification on a Citus distributed dataset with delta = 0 (the bolt-on averages '
+                'shards only on request) or a non-integer row id (DP-SGD samples by the row id): '
+                'objective perturbation (exact sums over the shards)';
     ELSE
         chosen := jsonb_build_object('privacy', 'bolton');
         rule := 'classification, delta = 0: bolt-on Algorithm 1 (epsilon-DP) at its defaults';

@@ -54,6 +54,7 @@ DECLARE
     centre float8[];
     theta float8[];
     tbl text;
+    ids text;
     plan jsonb;
     entry bigint;
     mid bigint;
@@ -98,13 +99,12 @@ BEGIN
                                   r.rows, prefix, noise_seed, x_bound);
     -- Centre the rows in a new table (an UPDATE would leave every row's old version for the
     -- epochs to skip): the row transform is done, and the bias is a plain feature 1.
+    -- (on Citus placed like the training table and filled shard by shard)
     tbl := r.train_table || '_c';
-    EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL) WITH (autovacuum_enabled = false)',
-                   tbl, r.train_table);
-    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT rid, dpsql_internal._preprocess(x, NULL, $1, $2), y'
-                   '  FROM %s ORDER BY rid', tbl, r.train_table) USING row_flags, centre;
-    EXECUTE format('DROP TABLE %s', r.train_table);
-    EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
+    ids := dpsql_internal._derived_training_table(r.train_table, tbl);
+    EXECUTE format('INSERT INTO %s (%s, x, y) SELECT %s, dpsql_internal._preprocess(x, NULL, $1, $2), y'
+                   '  FROM %s ORDER BY rid', tbl, ids, ids, r.train_table) USING row_flags, centre;
+    PERFORM dpsql_internal._replace_training_table(r.train_table, tbl);
     UPDATE dpsql.runs
        SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int
                                                         & ~dpsql_internal._flag('row_transform'))

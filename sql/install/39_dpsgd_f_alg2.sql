@@ -23,12 +23,14 @@ RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
                 THEN ('x' || substr(md5(noise_seed::text || ':dpsgd_f_alg2:' || tag), 1, 16))::bit(64)::bigint END
 $$;
 
--- The rows as the model sees them (the row transform applied), NULL for a null record.
-CREATE OR REPLACE FUNCTION dpsql_internal._alg2_rows_sql(train_table text, dim int, row_flags int)
+-- The rows as the model sees them (the row transform applied), NULL for a null record; ids:
+-- the training table's id columns (rid; on Citus row_id, rid).
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_rows_sql(train_table text, dim int, row_flags int,
+                                                        ids text DEFAULT 'rid')
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('SELECT t.rid, t.y, CASE WHEN cardinality(p.v) = %s THEN p.v END AS x'
+    SELECT format('SELECT %s, t.y, CASE WHEN cardinality(p.v) = %s THEN p.v END AS x'
                   '  FROM %s t, LATERAL (SELECT dpsql_internal._preprocess(t.x, NULL, %s, NULL) AS v) p',
-                  dim, train_table, row_flags)
+                  't.' || replace(ids, ', ', ', t.'), dim, train_table, row_flags)
 $$;
 
 -- The SQL of ||x - $4|| for a row r of _alg2_rows_sql (NULL for a null record).
@@ -169,6 +171,7 @@ DECLARE
     theta float8[];
     released float8[];
     tbl text;
+    ids text;
     mid bigint;
 BEGIN
     -- Refusals first: nothing is charged (one transaction).
@@ -224,13 +227,13 @@ BEGIN
                                     dpsql_internal._alg2_seed(noise_seed, 'tau'));
     tau := tau_hat + 1.0 / (m::float8 * m);
     -- 3-4. the rows x'' in a new table: no row transform, no intercept (tau is the bias)
+    -- (on Citus placed like the training table and filled shard by shard)
     tbl := r.train_table || '_a';
-    EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING ALL) WITH (autovacuum_enabled = false)',
-                   tbl, r.train_table);
-    EXECUTE format('INSERT INTO %s (rid, x, y) SELECT r.rid, dpsql_internal._alg2_features(r.x, $1, $2), r.y'
-                   '  FROM (%s) r ORDER BY r.rid', tbl, rows_sql) USING pm.mean, tau;
-    EXECUTE format('DROP TABLE %s', r.train_table);
-    EXECUTE format('ALTER TABLE %s RENAME TO %I', tbl, split_part(r.train_table, '.', 2));
+    ids := dpsql_internal._derived_training_table(r.train_table, tbl);
+    EXECUTE format('INSERT INTO %s (%s, x, y) SELECT %s, dpsql_internal._alg2_features(r.x, $1, $2), r.y'
+                   '  FROM (%s) r ORDER BY r.rid', tbl, ids, ids,
+                   dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags, ids)) USING pm.mean, tau;
+    PERFORM dpsql_internal._replace_training_table(r.train_table, tbl);
     UPDATE dpsql.runs
        SET spec = spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7, 'intercept', false)
      WHERE runs.run_id = run;

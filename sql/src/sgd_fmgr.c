@@ -21,6 +21,11 @@ PG_FUNCTION_INFO_V1(dpsql_sgd_transition);
 PG_FUNCTION_INFO_V1(dpsql_sgd_final);
 PG_FUNCTION_INFO_V1(dpsql_sgd_transition_batch);
 PG_FUNCTION_INFO_V1(dpsql_sgd_combine_states);
+PG_FUNCTION_INFO_V1(dpsql_sgd_epoch_start);
+PG_FUNCTION_INFO_V1(dpsql_sgd_probe_sql);
+PG_FUNCTION_INFO_V1(dpsql_sgd_probe_transition);
+PG_FUNCTION_INFO_V1(dpsql_sgd_probe_combine_sql);
+PG_FUNCTION_INFO_V1(dpsql_sgd_add_batch_sql);
 
 /*
  * A heap page stores consecutive tuples at descending addresses, which defeats the CPU's
@@ -263,4 +268,157 @@ dpsql_sgd_transition_batch(PG_FUNCTION_ARGS)
 	if (st != DPSQL_OK)
 		dpsql_raise(st, "a batched epoch (rows must come ordered by batch number)");
 	PG_RETURN_POINTER(state);
+}
+
+/*
+ * Batched epochs on shards (docs/citus.md, "Sampled private SGD"): the coordinator's state
+ * stays on the coordinator; each step, the shards sum their members' clipped gradients into a
+ * probe (the model without the noise generator) and the coordinator adds the sums and the noise.
+ */
+
+/* A checked copy of a model state argument, in the current memory context. */
+static ArrayType *
+state_copy(FunctionCallInfo fcinfo, int arg, const char *function)
+{
+	ArrayType  *state = PG_GETARG_ARRAYTYPE_P_COPY(arg);
+	int			n;
+	double	   *s = dpsql_float8_array(state, &n, "model state");
+
+	dpsql_check_state(dpsql_sgd_check(s, (size_t) n), function);
+	return state;
+}
+
+/* dpsql_internal._sgd_epoch_start(state float8[]) -> float8[]: the state at an epoch's start. */
+Datum
+dpsql_sgd_epoch_start(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state = state_copy(fcinfo, 0, "_sgd_epoch_start");
+
+	dpsql_sgd_epoch_begin((double *) ARR_DATA_PTR(state));
+	PG_RETURN_ARRAYTYPE_P(state);
+}
+
+/* dpsql_internal._sgd_probe(state float8[]) -> float8[]: the probe of the state's batch. */
+Datum
+dpsql_sgd_probe_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state = state_copy(fcinfo, 0, "_sgd_probe");
+	const double *s = (const double *) ARR_DATA_PTR(state);
+	size_t		len = dpsql_sgd_probe_length(s);
+	ArrayType  *probe = dpsql_new_float8_array((int) len);
+	DpsqlStatus st = dpsql_sgd_probe(s, (double *) ARR_DATA_PTR(probe), len);
+
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "_sgd_probe (a batched state within its epoch)");
+	PG_RETURN_ARRAYTYPE_P(probe);
+}
+
+/*
+ * dpsql_internal._sgd_probe_transition(sums float8[], x float8[], y float8, probe float8[]):
+ * a member row of the probe's batch, summed (aggregate _sgd_batch_sum, run on the shards).
+ */
+Datum
+dpsql_sgd_probe_transition(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	ArrayType  *state;
+	double	   *s;
+	double	   *xs = NULL;
+	int			n = -1;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_probe_transition called outside an aggregate")));
+	if (PG_ARGISNULL(0))
+	{
+		ArrayType  *probe;
+		double	   *p;
+		int			len;
+		MemoryContext old;
+
+		if (PG_ARGISNULL(3))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("dpsql: the probe of _sgd_batch_sum is NULL")));
+		probe = PG_GETARG_ARRAYTYPE_P(3);
+		p = dpsql_float8_array(probe, &len, "probe");
+		dpsql_check_state(dpsql_sgd_check(p, (size_t) len), "_sgd_batch_sum");
+		if (((DpsqlSgdHeader *) p)->noise_kind != DPSQL_NOISE_NONE)
+			dpsql_raise(DPSQL_E_STATE, "_sgd_batch_sum (a probe carries no noise)");
+		old = MemoryContextSwitchTo(aggcontext);
+		state = dpsql_new_float8_array(len);
+		memcpy(ARR_DATA_PTR(state), p, sizeof(double) * (Size) len);
+		MemoryContextSwitchTo(old);
+	}
+	else
+		state = PG_GETARG_ARRAYTYPE_P(0);
+	s = running_state(fcinfo, state, "_sgd_probe_transition");
+	if (!PG_ARGISNULL(1) && plain_float8_vector(PG_GETARG_ARRAYTYPE_P(1)))
+		xs = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &n, "feature array");
+	else if (!((int) ((DpsqlSgdHeader *) s)->flags & DPSQL_FLAG_SANITIZE))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: NULL or malformed feature array")));
+	st = dpsql_sgd_probe_row(s, xs, n, PG_ARGISNULL(2) ? NAN : PG_GETARG_FLOAT8(2));
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "_sgd_batch_sum");
+	PG_RETURN_POINTER(state);
+}
+
+/* dpsql_internal._sgd_probe_combine(a float8[], b float8[]): two shards' sums of one batch. */
+Datum
+dpsql_sgd_probe_combine_sql(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	ArrayType  *a;
+	ArrayType  *b;
+	double	   *da;
+	double	   *db;
+	int			na;
+	int			nb;
+	DpsqlStatus st;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _sgd_probe_combine called outside an aggregate")));
+	/* Strict: the executor copies the first non-NULL state into aggcontext, so a is ours. */
+	a = PG_GETARG_ARRAYTYPE_P(0);
+	b = PG_GETARG_ARRAYTYPE_P(1);
+	da = dpsql_float8_array(a, &na, "probe");
+	db = dpsql_float8_array(b, &nb, "probe");
+	if (na != nb)
+		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining a batch's sums");
+	st = dpsql_sgd_probe_combine(da, db, (size_t) na);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "combining a batch's sums");
+	PG_RETURN_POINTER(a);
+}
+
+/*
+ * dpsql_internal._sgd_add_batch(state float8[], sums float8[], batch bigint) -> float8[]: the
+ * batch's sums (NULL: no member on any shard) added, and its noisy step taken.
+ */
+Datum
+dpsql_sgd_add_batch_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state;
+	const double *sums = NULL;
+	int			slen = 0;
+	DpsqlStatus st;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("dpsql: _sgd_add_batch needs a state and a batch number")));
+	state = state_copy(fcinfo, 0, "_sgd_add_batch");
+	if (!PG_ARGISNULL(1))
+		sums = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &slen, "batch sums");
+	st = dpsql_sgd_add_batch((double *) ARR_DATA_PTR(state), sums, (size_t) slen,
+							 (long) PG_GETARG_INT64(2));
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "_sgd_add_batch (the sums of this batch, at this model)");
+	PG_RETURN_ARRAYTYPE_P(state);
 }

@@ -20,6 +20,12 @@ ALTER TABLE IF EXISTS dpsql.mechanism_catalog
     ADD COLUMN IF NOT EXISTS delta_default float8 NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS parameters jsonb NOT NULL DEFAULT '{}',
     ADD COLUMN IF NOT EXISTS step_noise_function text;
+-- Issue 28: Poisson-sampled private SGD runs on Citus ('sampled').
+ALTER TABLE IF EXISTS dpsql.mechanism_catalog
+    DROP CONSTRAINT IF EXISTS mechanism_catalog_distributed_check,
+    ADD CONSTRAINT mechanism_catalog_distributed_check
+        CHECK (distributed IN ('sums', 'averaged', 'sampled'));
+DROP FUNCTION IF EXISTS dpsql_internal._alg2_rows_sql(text, int, int);
 DROP FUNCTION IF EXISTS dpsql_internal._step_noise(text, jsonb, bigint, bigint, int);
 DROP FUNCTION IF EXISTS dpsql_internal._refuse_unused_params(dpsql.mechanism_catalog, jsonb);
 -- Issue 26: privacy formulas in one place (the C core): the defaults size noise with

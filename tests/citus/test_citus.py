@@ -256,7 +256,7 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     ds = _register(coord, src, labels=[0, 1])
     before = _ledger(coord)
     hint = _refused(
-        coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1)", (ds,)
+        coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'scs13', epsilon => 1)", (ds,)
     )
     assert "sequential" in hint
     _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,))
@@ -590,19 +590,6 @@ def test_a_reference_table_trains_as_a_local_table(coord) -> None:
     assert _private(coord, ds, privacy="bolton", epsilon=1.0) > 0
 
 
-@pytest.mark.parametrize("delta", [0.0, 1e-6])
-def test_auto_picks_a_mechanism_that_runs_on_shards(coord, delta) -> None:
-    X, y = _binary(1500)
-    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
-    mid = _private(coord, ds, privacy="auto", epsilon=1.0, delta=delta)
-    mechanism, rule = coord.execute(
-        "SELECT privacy, params->'privacy'->'auto'->>'rule' FROM dpsql.model_store"
-        " WHERE model_id = %s",
-        (mid,),
-    ).fetchone()
-    assert mechanism == "objective_perturbation" and "Citus" in rule
-
-
 def test_python_api_on_the_cluster(cluster, coord) -> None:
     import dpsql
 
@@ -617,7 +604,14 @@ def test_python_api_on_the_cluster(cluster, coord) -> None:
         assert private.predict(X[:5]).shape == (5,)
         with pytest.raises(dpsql.NotSupported) as err:
             db.train(ds, None, None, privacy=dpsql.DPSGD(epsilon=1.0, delta=1e-6))
-        assert "sequential" in str(err.value)
+        assert "poisson" in str(err.value)
+        sampled = db.train(
+            ds, None, None, privacy=dpsql.DPSGD(epsilon=1.0, delta=1e-6, sampling="poisson")
+        )
+        assert sampled.row["privacy"] == "dpsgd"
+        np.testing.assert_allclose(
+            sampled.predict(X[:5]), [sampled.predict(X[i : i + 1])[0] for i in range(5)]
+        )
 
 
 def test_evaluate_pushes_down_and_predict_reads_rows_on_the_coordinator(coord) -> None:

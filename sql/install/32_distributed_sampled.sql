@@ -1,0 +1,109 @@
+------------------------------------------------------------------------------------------
+-- Sampled private SGD on Citus (DP-SGD with Poisson sampling, both DPSGD-F variants): the
+-- one-node sampling law, the rows staying on their shards (docs/citus.md, "Sampled private
+-- SGD"). Each epoch, every shard lists the steps each of its rows joins: a keyed function of
+-- (the epoch's secret seed, the row id) that draws, for every step independently, whether
+-- the row joins it with probability q (_poisson_batches), so the batches follow exactly the
+-- law the accountant assumes. Each step, the shards sum their members' clipped gradients at
+-- the current model into a probe (one d-vector per shard reaches the coordinator), and the
+-- coordinator adds the step's noise once and updates the model (sgd.c, dpsql_sgd_add_batch).
+------------------------------------------------------------------------------------------
+
+-- A noise-free probe of a batched state at its batch: the shards sum into it.
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_probe(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_probe_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_epoch_start(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_epoch_start'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_probe_transition(sums float8[], x float8[], y float8,
+                                                              probe float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_probe_transition'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_probe_combine(a float8[], b float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_probe_combine_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- One batch's clipped-gradient sum at the probe's model: a sum, so Citus pushes it down and
+-- combines one state per shard on the coordinator. NULL: no member row.
+CREATE OR REPLACE AGGREGATE dpsql_internal._sgd_batch_sum(x float8[], y float8, probe float8[]) (
+    SFUNC = dpsql_internal._sgd_probe_transition,
+    STYPE = float8[],
+    COMBINEFUNC = dpsql_internal._sgd_probe_combine,
+    PARALLEL = SAFE
+);
+
+-- The batch's sums added to the coordinator's state, and its noisy step taken.
+CREATE OR REPLACE FUNCTION dpsql_internal._sgd_add_batch(state float8[], sums float8[], batch bigint)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_add_batch_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+-- An INSERT ... SELECT between colocated distributed tables, run only if Citus pushes it down
+-- to the shards (one task per shard): otherwise it would pull every row to the coordinator,
+-- or repartition them, without saying so.
+CREATE OR REPLACE FUNCTION dpsql_internal._insert_on_shards(fill text, what text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    plan text;
+    rows bigint;
+BEGIN
+    EXECUTE 'EXPLAIN (FORMAT JSON) ' || fill INTO plan;
+    IF plan LIKE '%"INSERT/SELECT method"%' THEN
+        -- (the plan itself stays here: it may hold a seed)
+        PERFORM dpsql_internal._fail(format('Citus cannot push %s down to the shards', what), 'XX000',
+                                     'A volatile expression over the columns stops the pushdown.');
+    END IF;
+    EXECUTE fill;
+    GET DIAGNOSTICS rows = ROW_COUNT;
+    RETURN rows;
+END $$;
+
+-- One Poisson-sampled epoch of a run on a distributed training table. The epoch's members,
+-- one copy of a row per step it joins (about one per row an epoch), go to a colocated table
+-- ordered and indexed by step; then each step is one pushed-down aggregate over the step's
+-- members and one noisy update on the coordinator. Only the run's owner (the extension owner)
+-- runs it: the members' table, the seed in its fill and the probes never reach the analyst.
+CREATE OR REPLACE FUNCTION dpsql_internal._sampled_epoch_distributed(r dpsql.runs, seed bigint, q float8)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    steps int := (r.spec->>'steps_per_epoch')::int;
+    members text := r.train_table || '_members';
+    id_type text;
+    st float8[] := dpsql_internal._sgd_epoch_start(r.state);
+    sums float8[];
+    t int;
+BEGIN
+    IF r.spec->>'sampling' IS DISTINCT FROM 'poisson' THEN
+        PERFORM dpsql_internal._fail('only Poisson-sampled epochs run on a distributed training table', '0A000');
+    END IF;
+    IF to_regclass(members) IS NULL THEN
+        SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
+          FROM pg_attribute a WHERE a.attrelid = r.train_table::regclass AND a.attname = 'row_id';
+        EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, step int NOT NULL, x float8[], '
+                       'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
+                       members, id_type);
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', members,
+                       CASE WHEN (r.spec->>'dim')::int <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+        PERFORM create_distributed_table(members, 'row_id', colocate_with => r.train_table);
+        EXECUTE format('CREATE INDEX ON %s (step)', members);
+    ELSE
+        EXECUTE format('TRUNCATE %s', members);
+    END IF;
+    -- the key is the row id itself (unique, an integer: _check_distributed), so every row has
+    -- its own stream; the seed and q are literals, as in the training table's fill
+    PERFORM dpsql_internal._insert_on_shards(format(
+        'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, b.step, t.x, t.y FROM %s t'
+        '  CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)) AS b(step)'
+        ' ORDER BY 2, 1', members, r.train_table, seed, steps, quote_literal(q::text)),
+        'an epoch''s sampled batches');
+    FOR t IN 1..steps LOOP
+        EXECUTE format('SELECT dpsql_internal._sgd_batch_sum(x, y, $1) FROM %s WHERE step = $2', members)
+           INTO sums USING dpsql_internal._sgd_probe(st), t;
+        st := dpsql_internal._sgd_add_batch(st, sums, t);
+        PERFORM dpsql_internal._progress('step', t, steps);
+    END LOOP;
+    RETURN dpsql_internal._sgd_final(st);
+END $$;

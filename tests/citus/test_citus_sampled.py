@@ -1,0 +1,297 @@
+"""Sampled private SGD on Citus (32_distributed_sampled.sql, docs/citus.md).
+
+Poisson membership is a keyed function of (secret seed, step, row id) that each shard
+evaluates for its own rows; each step's clipped-gradient sum is pushed down (one probe per
+shard) and the coordinator adds the noise once. Checked here on a real cluster whose nodes
+refuse to pull rows to the coordinator (``citus.coordinator_aggregation_strategy =
+'disabled'``): the epoch equals the one-node batched aggregate over the same members and
+noise; the noise is present and scaled; a row's per-step contribution is bounded by 2C
+whichever shard holds it; DP-SGD, both DPSGD-F variants and auto run end to end and charge once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from scipy import stats
+
+from dpsql.loading import load_numpy
+from tests.citus.test_citus import (
+    SHARDS,
+    _binary,
+    _distributed,
+    _ledger,
+    _private,
+    _refused,
+    _register,
+    _weights,
+)
+
+D = 4
+FLAGS_SANITIZE = 8
+H = 29  # DPSQL_HEADER_LEN: a state is the header, w, the accumulator (and the CSPRNG)
+IN_BATCH = 16  # the header's in_batch
+
+
+def _training_table(conn: psycopg.Connection, X: np.ndarray, y: np.ndarray) -> str:
+    """A distributed table shaped like a training table: (row_id, rid, x, y)."""
+    name = f"tt_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        f"CREATE TABLE {name} (row_id bigint PRIMARY KEY, rid bigint NOT NULL, x float8[],"
+        " y float8)"
+    )
+    with conn.cursor() as cur, cur.copy(f"COPY {name} (row_id, rid, x, y) FROM STDIN") as copy:
+        for i in range(len(y)):
+            copy.write_row((i + 1, i + 1, X[i].tolist(), float(y[i])))
+    conn.execute("SELECT create_distributed_table(%s, 'row_id', shard_count => %s)", (name, SHARDS))
+    return name
+
+
+def _state(
+    conn: psycopg.Connection,
+    *,
+    batch: int,
+    steps: int,
+    noise: str = "gaussian",
+    scale: float = 0.7,
+    clip: float = 1.0,
+) -> list[float]:
+    return conn.execute(
+        "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0, 'constant', 0.5, 0, 0, 0.1,"
+        " %s, %s, %s, %s, %s, %s, %s, 5)",
+        (D, batch, FLAGS_SANITIZE, clip, noise, scale, batch, steps),
+    ).fetchone()[0]
+
+
+def _distributed_epoch(
+    conn: psycopg.Connection, table: str, init: list[float], steps: int, q: float, seed: int
+) -> np.ndarray:
+    run = {
+        "train_table": table,
+        "state": init,
+        "rows": 0,
+        "spec": {"sampling": "poisson", "steps_per_epoch": steps, "dim": D},
+    }
+    row = conn.execute(
+        "SELECT dpsql_internal._sampled_epoch_distributed("
+        "  jsonb_populate_record(NULL::dpsql.runs, %s::jsonb), %s, %s)",
+        (psycopg.types.json.Jsonb(run), seed, q),
+    ).fetchone()
+    return np.asarray(row[0], dtype=np.float64)
+
+
+def _members_sql(table: str) -> str:
+    return (
+        f"FROM {table} t CROSS JOIN LATERAL"
+        " unnest(dpsql_internal._poisson_batches(%(seed)s::bigint, t.row_id, %(steps)s::int,"
+        " %(q)s::float8)) AS b(step)"
+    )
+
+
+def test_an_epoch_on_shards_is_the_one_node_epoch_over_the_same_members(coord) -> None:
+    """The same keyed members and the same noise stream: the distributed epoch equals the
+    sequential batched aggregate (pulled to the coordinator for the reference only) up to the
+    order of floating-point additions within a step."""
+    X, y = _binary(1200, d=D, seed=3)
+    y = 2 * y - 1
+    table = _training_table(coord, X, y)
+    steps, q, seed = 30, 0.02, 77
+    init = _state(coord, batch=24, steps=steps)
+    got = _distributed_epoch(coord, table, init, steps, q, seed)
+    with coord.transaction():
+        coord.execute("SET LOCAL citus.coordinator_aggregation_strategy = 'row-gather'")
+        want = coord.execute(
+            "SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.step, %(init)s ORDER BY b.step, t.row_id) "
+            + _members_sql(table),
+            {"init": init, "seed": seed, "steps": steps, "q": q},
+        ).fetchone()[0]
+    want = np.asarray(want)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # and the noise was in it: the noiseless epoch is another model
+    quiet = _distributed_epoch(
+        coord, table, _state(coord, batch=24, steps=steps, noise="none", scale=0), steps, q, seed
+    )
+    assert np.linalg.norm(quiet[H : H + D] - got[H : H + D]) > 0
+
+
+def test_the_step_noise_is_present_and_scaled(coord) -> None:
+    """Rows with x = 0 carry no gradient, so the epoch's model is -eta/b times the sum of the
+    steps' noise: each of the D weights is N(0, T (eta sigma / b)^2). Over 5 seeds x 4
+    coordinates, 20 z-values: sum of squares within the chi-square(20) central 0.999 interval
+    (false-failure rate 1e-3; the seeds are fixed, so the test is deterministic). Missing noise
+    (0), half or double the scale fails."""
+    X = np.zeros((400, D))
+    y = np.ones(400)
+    table = _training_table(coord, X, y)
+    steps, q, b, eta, sigma = 40, 0.05, 20, 0.5, 0.7
+    zs = []
+    for seed in range(5):
+        init = coord.execute(
+            "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0, 'constant', %s, 0, 0, 0.1,"
+            " %s, 8, 1.0, 'gaussian', %s, %s, %s, %s)",
+            (D, eta, b, sigma, b, steps, 100 + seed),
+        ).fetchone()[0]
+        state = _distributed_epoch(coord, table, init, steps, q, 10 + seed)
+        w = state[H : H + D]
+        zs.extend(w / (np.sqrt(steps) * eta * sigma / b))
+    ss = float(np.sum(np.square(zs)))
+    lo, hi = stats.chi2.ppf([0.0005, 0.9995], len(zs))
+    assert lo < ss < hi, (ss, lo, hi)
+
+
+@pytest.mark.parametrize("shard_index", range(SHARDS))
+def test_a_rows_step_contribution_is_bounded_on_every_shard(coord, shard_index) -> None:
+    """Replace-one neighbours: the same row id (so the same steps, the membership being keyed
+    by the id), adversarial contents (a huge row pushed against the model, label flipped),
+    placed in each shard in turn. Every step's summed gradient changes by at most 2C, exactly
+    in the steps the row joins, and the batch sizes are unchanged."""
+    X, y = _binary(600, d=D, seed=8)
+    y = 2 * y - 1
+    table = _training_table(coord, X, y)
+    steps, q, seed, clip = 40, 0.05, 5, 0.5
+    state = coord.execute(
+        "SELECT dpsql_internal._sgd_add_batch(dpsql_internal._sgd_epoch_start(%s), NULL, 1)",
+        (_state(coord, batch=30, steps=steps, clip=clip),),
+    ).fetchone()[0]
+    probe = coord.execute("SELECT dpsql_internal._sgd_probe(%s)", (state,)).fetchone()[0]
+    target = coord.execute(
+        f"SELECT min(row_id) FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
+        " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
+        "    ORDER BY shardid OFFSET %s LIMIT 1)",
+        (table, table, shard_index),
+    ).fetchone()[0]
+    joins = coord.execute(
+        "SELECT dpsql_internal._poisson_batches(%s::bigint, %s, %s::int, %s::float8)",
+        (seed, target, steps, q),
+    ).fetchone()[0]
+
+    def sums() -> dict[int, np.ndarray]:
+        rows = coord.execute(
+            "SELECT b.step, dpsql_internal._sgd_batch_sum(t.x, t.y, %(probe)s) "
+            + _members_sql(table)
+            + " GROUP BY b.step",
+            {"probe": probe, "seed": seed, "steps": steps, "q": q},
+        ).fetchall()
+        return {s: np.asarray(v) for s, v in rows}
+
+    before = sums()
+    w = np.asarray(probe[H : H + D])
+    direction = 100 * (w / np.linalg.norm(w) if np.linalg.norm(w) > 0 else np.ones(D))
+    coord.execute(f"UPDATE {table} SET x = %s, y = -y WHERE row_id = %s", (list(direction), target))
+    after = sums()
+    assert before.keys() == after.keys()
+    for step in before:
+        g, g2 = before[step][H + D :], after[step][H + D :]
+        assert before[step][IN_BATCH] == after[step][IN_BATCH]  # the batch size
+        dist = float(np.linalg.norm(g - g2))
+        if step in joins:
+            assert 1e-9 < dist <= 2 * clip * (1 + 1e-12)
+        else:  # the same members (the shards' sums may add in another order)
+            assert dist <= 1e-12
+
+
+def test_dpsgd_poisson_trains_on_shards_like_one_node(coord) -> None:
+    """A private DP-SGD release on the cluster: charged once, Poisson steps on the shards, and
+    about as accurate as the same release on a local copy (different coins, same law)."""
+    X, y = _binary(4000, d=D, seed=11)
+    local = f"l_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, local, X, y)
+    src = _distributed(coord, X, y)
+    accuracies = []
+    for table in (local, src):
+        ds = _register(coord, table, labels=[0, 1], row_norm="clip")
+        before = _ledger(coord)
+        mid = _private(
+            coord, ds, privacy="dpsgd", sampling="poisson", epsilon=2.0, delta=1e-5, epochs=3
+        )
+        assert _ledger(coord) == before + 1
+        acc = coord.execute(
+            "SELECT value FROM dpsql.evaluate(%s, %s) WHERE metric = 'accuracy'", (mid, table)
+        ).fetchone()
+        accuracies.append(float(acc[0]))
+    params = coord.execute(
+        "SELECT params FROM dpsql.model_store WHERE model_id = %s", (mid,)
+    ).fetchone()[0]
+    assert params["distributed"]["shard_count"] == SHARDS
+    assert accuracies[1] > 0.8 and abs(accuracies[1] - accuracies[0]) < 0.05, accuracies
+    # no members table left behind
+    left = coord.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'"
+    ).fetchone()[0]
+    assert left == 0
+
+
+@pytest.mark.parametrize("privacy", ["dpsgd_f", "dpsgd_f_alg2"])
+def test_dpsgd_f_variants_train_on_shards(coord, privacy) -> None:
+    X, y = _binary(3000, d=D, seed=12)
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, labels=[0, 1], row_norm="clip")
+    before = _ledger(coord)
+    mid = _private(coord, ds, privacy=privacy, epsilon=2.0, delta=1e-5, epochs=2)
+    assert _ledger(coord) == before + 1
+    w = _weights(coord, mid)
+    assert np.all(np.isfinite(w))
+    row = coord.execute(
+        "SELECT value FROM dpsql.evaluate(%s, %s) WHERE metric = 'accuracy'",
+        (mid, src),
+    ).fetchone()
+    assert float(row[0]) > 0.7
+
+
+def test_refusals_on_shards_charge_nothing(coord) -> None:
+    X, y = _binary(800, d=D, seed=13)
+    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
+    before = _ledger(coord)
+    msg = _refused(
+        coord,
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1, delta => 1e-5)",
+        (ds,),
+    )
+    assert "poisson" in msg
+    for privacy in ("bst14", "scs13", "dp_ftrl"):
+        _refused(
+            coord,
+            f"SELECT dpsql.train(%s, NULL, NULL, privacy => '{privacy}', epsilon => 1,"
+            " delta => 1e-5)",
+            (ds,),
+        )
+    # a text row id cannot key the membership
+    name = f"s_{uuid.uuid4().hex[:8]}"
+    coord.execute(f"CREATE TABLE {name} (id text PRIMARY KEY, x float8[], y float8)")
+    coord.execute(
+        f"INSERT INTO {name} SELECT 'r' || i, ARRAY[0.1, 0.2, 0.3, 0.1], i % 2"
+        " FROM generate_series(1, 200) i"
+    )
+    coord.execute("SELECT create_distributed_table(%s, 'id', shard_count => 2)", (name,))
+    on_text = _register(coord, name, labels=[0, 1], row_norm="clip")
+    msg = _refused(
+        coord,
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', sampling => 'poisson',"
+        " epsilon => 1, delta => 1e-5)",
+        (on_text,),
+    )
+    assert "integer" in msg
+    assert _ledger(coord) == before
+
+
+def _auto(coord: psycopg.Connection, ds: str, delta: float) -> tuple[str, Any]:
+    mid = _private(coord, ds, privacy="auto", epsilon=1.0, delta=delta)
+    return coord.execute(
+        "SELECT privacy, params->'privacy'->'auto'->>'rule' FROM dpsql.model_store"
+        " WHERE model_id = %s",
+        (mid,),
+    ).fetchone()
+
+
+def test_auto_on_shards_picks_what_one_node_picks_with_delta(coord) -> None:
+    X, y = _binary(1500, d=D, seed=14)
+    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
+    mechanism, _ = _auto(coord, ds, 1e-6)
+    assert mechanism == "dpsgd"
+    mechanism, rule = _auto(coord, ds, 0.0)
+    assert mechanism == "objective_perturbation" and "Citus" in rule
