@@ -146,7 +146,7 @@ def main() -> None:
         citus.local_cluster(workers=2, settings=settings) as cl,
         psycopg.connect(cl.coordinator.uri, autocommit=True) as conn,
     ):
-        conn.execute("CREATE EXTENSION dpsql")
+        cl.install_dpsql()
         conn.execute("SET client_min_messages = warning")
         t0 = time.perf_counter()
         _fill(conn, "local_t", args.rows, args.dim)

@@ -14,9 +14,11 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,15 @@ def available(version: int | None = None) -> bool:
     """Whether Citus is installed in the embedded PostgreSQL ``version`` (see ``make citus``)."""
     sharedir = server.bin_dir(version).parent / "share" / "postgresql" / "extension"
     return (sharedir / "citus.control").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            return not any(line.startswith("State:\tZ") for line in status)
+    except FileNotFoundError:
+        return False
 
 
 def _free_port() -> int:
@@ -102,6 +113,40 @@ class Cluster:
     def stop_node(self, node: Node, mode: str = "fast") -> None:
         """Stop one node's postmaster (``mode``: smart, fast or immediate)."""
         self._pg("pg_ctl", "-D", str(node.pgdata), "-m", mode, "-w", "-t", "60", "stop")
+
+    def install_dpsql(self) -> None:
+        """Install dpsql (the nodes share one PostgreSQL install), create it on the coordinator
+        (Citus propagates it) and load it in every session of every node: a worker's backend
+        then flushes the WAL before an abandoned training table's files go
+        (sql/src/durable_drops.c, docs/citus.md)."""
+        from dpsql import extension
+
+        extension.ensure_available(self.coordinator.uri, server.pg_config_path(self.version))
+        for node in self.nodes:
+            with psycopg.connect(node.uri, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET session_preload_libraries = 'dpsql'")
+                conn.execute("SELECT pg_reload_conf()")
+        with psycopg.connect(self.coordinator.uri, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS dpsql")
+
+    def kill_node(self, node: Node) -> None:
+        """Kill one node as a machine or container dies: SIGKILL to its postmaster and every
+        child at once, no shutdown. Its stale lock files are removed (a new container would not
+        see the dead processes; here nobody may reap them)."""
+        pid_file = node.pgdata / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        for pid in [postmaster, *map(int, children)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(postmaster):
+            time.sleep(0.05)
+        pid_file.unlink(missing_ok=True)
+        for lock in node.socket_dir.glob(f".s.PGSQL.{node.port}*"):
+            lock.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """Stop every node (workers first)."""

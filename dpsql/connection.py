@@ -544,7 +544,8 @@ class Database:
         """The privacy mechanisms the server offers (``SELECT * FROM dpsql.mechanisms()``): name,
         task, the models each trains, whether it needs delta > 0, the ``train`` parameters and
         ``options`` it takes, how it runs on a Citus distributed dataset (``distributed``:
-        ``sums``, ``averaged``, ``sampled`` or None, refused; docs/citus.md), a summary and its docs page.
+        ``sums``, ``averaged``, ``sampled`` or None, refused; docs/citus.md), a summary and its
+        docs page.
         ``dpsql.privacy.MECHANISMS`` holds their Python objects, by name."""
         from psycopg.rows import dict_row
 

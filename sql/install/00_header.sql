@@ -19,6 +19,13 @@ CREATE OR REPLACE FUNCTION dpsql_internal._sgd_transition(state float8[], x floa
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_transition'
 LANGUAGE C CALLED ON NULL INPUT PARALLEL SAFE;
 
+-- Loads dpsql's library in the backend: its transaction callbacks flush the WAL before an
+-- abandoned training table's files are removed (sql/src/durable_drops.c). Called before a
+-- training table is created.
+CREATE OR REPLACE FUNCTION dpsql_internal._load_module()
+RETURNS void AS 'MODULE_PATHNAME', 'dpsql_load_module'
+LANGUAGE C VOLATILE;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._sgd_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_final'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;

@@ -96,6 +96,7 @@ DECLARE
 BEGIN
     seed_policy := 'none';
     tbl := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
+    PERFORM dpsql_internal._load_module();  -- its files go only after the WAL says so
     EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
                    'WITH (autovacuum_enabled = false%s)', tbl,
                    CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);

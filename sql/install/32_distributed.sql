@@ -126,6 +126,7 @@ BEGIN
         seed := NULL;
     END IF;
     train_table := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
+    PERFORM dpsql_internal._load_module();  -- workers: session_preload_libraries (docs/citus.md)
     -- parallel_workers = 0: a shard is scanned by one process, in its stored order
     EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '
                    'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
@@ -161,6 +162,7 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     l record := dpsql_internal._citus_layout(train_table::regclass);
 BEGIN
+    PERFORM dpsql_internal._load_module();
     EXECUTE format('CREATE UNLOGGED TABLE %s (LIKE %s INCLUDING STORAGE) '
                    'WITH (autovacuum_enabled = false)', name, train_table);
     IF l.dist_column IS NULL THEN

@@ -96,4 +96,7 @@ void		dpsql_define_sampling_gucs(void);
 /* Installs the hook that drops the CONTEXT of dpsql's refusals (errors_fmgr.c). */
 void		dpsql_install_error_hook(void);
 
+/* Flushes the WAL before a transaction's end removes relation files (durable_drops.c). */
+void		dpsql_register_durable_drops(void);
+
 #endif

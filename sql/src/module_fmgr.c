@@ -50,6 +50,7 @@ _PG_init(void)
 	dpsql_define_accountant_gucs();
 	dpsql_define_sampling_gucs();
 	dpsql_install_error_hook();
+	dpsql_register_durable_drops();
 }
 
 double *

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from dpsql import citus, extension, server
+from dpsql import citus, server
 
 GUARD = {"citus.coordinator_aggregation_strategy": "'disabled'"}
 
@@ -99,10 +99,7 @@ def cluster() -> Iterator[Any]:
             pytest.fail("Citus is not installed in the embedded PostgreSQL 18 (make citus)")
         pytest.skip("Citus is not installed in the embedded PostgreSQL 18: make test-citus")
     with citus.local_cluster(workers=2, version=18, settings=GUARD) as local:
-        # the nodes share one PostgreSQL install: one build serves them all
-        extension.ensure_available(local.coordinator.uri, server.pg_config_path(18))
-        with psycopg.connect(local.coordinator.uri, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION dpsql")  # propagates to the workers
+        local.install_dpsql()  # CREATE EXTENSION propagates to the workers
         yield local
 
 
