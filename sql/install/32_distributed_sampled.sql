@@ -9,6 +9,19 @@
 -- coordinator adds the step's noise once and updates the model (sgd.c, dpsql_sgd_add_batch).
 ------------------------------------------------------------------------------------------
 
+-- The smallest default batch of sampled SGD on a dataset of m rows: on Citus each step is a
+-- round trip to every shard (about a millisecond, bench/RESULTS.md), so at most 2,000 steps an
+-- epoch there (m / b); 1 on one node. Public: m and the layout. A batch given is kept.
+-- (m NULL: counted, on Citus only)
+CREATE OR REPLACE FUNCTION dpsql_internal._distributed_min_batch(ds dpsql.datasets, m bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF (dpsql_internal._citus_layout(ds.relid)).dist_column IS NULL THEN
+        RETURN 1;
+    END IF;
+    RETURN greatest(1, ceil(coalesce(m, dpsql_internal._public_row_count(ds)) / 2000.0))::bigint;
+END $$;
+
 -- A noise-free probe of a batched state at its batch: the shards sum into it.
 CREATE OR REPLACE FUNCTION dpsql_internal._sgd_probe(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_probe_sql'

@@ -120,6 +120,9 @@ BEGIN
             b := b * 2;
         END LOOP;
         b := greatest(1, least(b, m / 10));
+        IF mech.distributed = 'sampled' AND params->>'sampling' = 'poisson' THEN
+            b := greatest(b, dpsql_internal._distributed_min_batch(ds, m));  -- steps on Citus
+        END IF;
         -- Issue 25: where even that batch leaves each step's mean gradient with noise of four
         -- times the gradient bound, the steps are mostly noise and the release learns little
         -- (HI at epsilon 0.1 fell below the majority class; at 2-3 times, MNIST-50 still

@@ -77,7 +77,8 @@ BEGIN
     END IF;
     -- Poisson batches of expected size 1 would cost a step per row: b < 2 means the default 50.
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
-        params := params || '{"batch_size": 50}';
+        params := params || jsonb_build_object('batch_size', greatest(
+            50, dpsql_internal._distributed_min_batch(ds)));  -- on Citus: fewer steps
     END IF;
     -- The mean's noise std for (mean_epsilon, delta) alone at replace-one sensitivity 2 r, r
     -- the rows' norm bound (1 for classifiers); std / r is the accountant's prefix multiplier

@@ -203,7 +203,8 @@ BEGIN
         PERFORM dpsql_internal._fail('step_size (eta_0; the step is eta_0 / tau^2) must be a finite number > 0');
     END IF;
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
-        params := params || '{"batch_size": 50}';
+        params := params || jsonb_build_object('batch_size', greatest(
+            50, dpsql_internal._distributed_min_batch(ds)));  -- on Citus: fewer steps
     END IF;
     run := dpsql_internal._prepare_private(ds, model, params);
     r := dpsql_internal._locked_run(run);

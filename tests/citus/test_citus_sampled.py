@@ -295,3 +295,18 @@ def test_auto_on_shards_picks_what_one_node_picks_with_delta(coord) -> None:
     assert mechanism == "dpsgd"
     mechanism, rule = _auto(coord, ds, 0.0)
     assert mechanism == "objective_perturbation" and "Citus" in rule
+
+
+def test_default_batches_keep_an_epoch_to_2000_steps_on_shards(coord) -> None:
+    """Each step is a round trip to every shard: the default batch of sampled SGD there is at
+    least m / 2000 (public: m and the layout); one node keeps its own (1 here)."""
+    X, y = _binary(5000, d=D, seed=15)
+    local = f"l_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, local, X, y)
+    for table, want in ((_distributed(coord, X, y), 3), (local, 1)):
+        ds = _register(coord, table, labels=[0, 1], row_norm="clip")
+        got = coord.execute(
+            "SELECT dpsql_internal._distributed_min_batch(d) FROM dpsql.datasets d WHERE name = %s",
+            (ds,),
+        ).fetchone()[0]
+        assert got == want
