@@ -373,6 +373,7 @@ BEGIN
     END IF;
     workers := coalesce((r.spec->>'parallel_workers')::int, 0);
     IF r.spec->'distributed' <> 'null' AND r.spec->>'sampling' IS DISTINCT FROM 'poisson'
+       AND r.spec->>'sampling' IS DISTINCT FROM 'shuffle'
        AND NOT coalesce((r.spec->>'shard_parallel')::boolean, false) THEN
         PERFORM dpsql_internal._fail('SGD epochs on a distributed training table need shard_parallel => true',
                                      '0A000');
@@ -384,7 +385,8 @@ BEGIN
         PERFORM set_config('parallel_tuple_cost', '0', true);
         PERFORM set_config('min_parallel_table_scan_size', '0', true);
     END IF;
-    IF r.spec->>'sampling' IN ('poisson', 'replacement') THEN
+    IF r.spec->>'sampling' IN ('poisson', 'replacement')
+       OR (r.spec->'distributed' <> 'null' AND r.spec->>'sampling' = 'shuffle') THEN
         st := dpsql_internal._sampled_epoch(r);  -- private runs only (the definer's rights)
     ELSIF r.spec->>'permutation' = 'fresh' AND r.epochs_done > 0 THEN
         -- A new data-independent permutation for this pass: the epoch number mixed into the seed.

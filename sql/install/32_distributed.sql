@@ -207,13 +207,7 @@ BEGIN
             || '. See docs/citus.md.');
     END IF;
     IF mech.distributed = 'sampled' THEN
-        -- 32_distributed_sampled.sql: Poisson steps keyed by the row id
-        IF coalesce(params->>'sampling', 'poisson') <> 'poisson' AND mech.name = 'dpsgd' THEN
-            PERFORM dpsql_internal._fail(
-                format('DP-SGD with shuffled batches does not run on the distributed dataset %s: its '
-                       'accounting assumes one pass over one permutation of all rows', ds.name), '0A000',
-                'Give sampling => ''poisson'' (the same law on every shard; docs/citus.md).');
-        END IF;
+        -- 32_distributed_sampled.sql: steps keyed by the row id
         IF l.dist_type NOT IN ('bigint', 'integer', 'smallint') THEN
             PERFORM dpsql_internal._fail(
                 format('%s samples rows by their row id on the distributed dataset %s: its distribution '

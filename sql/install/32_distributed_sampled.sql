@@ -1,10 +1,11 @@
 ------------------------------------------------------------------------------------------
--- Sampled private SGD on Citus (DP-SGD with Poisson sampling, both DPSGD-F variants): the
--- one-node sampling law, the rows staying on their shards (docs/citus.md, "Sampled private
--- SGD"). Each epoch, every shard lists the steps each of its rows joins: a keyed function of
--- (the epoch's secret seed, the row id) that draws, for every step independently, whether
--- the row joins it with probability q (_poisson_batches), so the batches follow exactly the
--- law the accountant assumes. Each step, the shards sum their members' clipped gradients at
+-- Sampled private SGD on Citus (DP-SGD with Poisson sampling or shuffled batches, both
+-- DPSGD-F variants), the rows staying on their shards (docs/citus.md, "Sampled private SGD").
+-- Each epoch, every shard lists the steps each of its rows joins: a keyed function of (the
+-- epoch's secret seed, the row id) that draws, for every step independently, whether the row
+-- joins it with probability q (_poisson_batches), so the batches follow exactly the law the
+-- accountant assumes (shuffled batches: one uniform step per row and epoch). Each step, the
+-- shards sum their members' clipped gradients at
 -- the current model into a probe (one d-vector per shard reaches the coordinator), and the
 -- coordinator adds the step's noise once and updates the model (sgd.c, dpsql_sgd_add_batch).
 ------------------------------------------------------------------------------------------
@@ -89,8 +90,9 @@ DECLARE
     sums float8[];
     t int;
 BEGIN
-    IF r.spec->>'sampling' IS DISTINCT FROM 'poisson' THEN
-        PERFORM dpsql_internal._fail('only Poisson-sampled epochs run on a distributed training table', '0A000');
+    IF r.spec->>'sampling' NOT IN ('poisson', 'shuffle') THEN
+        PERFORM dpsql_internal._fail('only Poisson or shuffled batches run on a distributed training table',
+                                     '0A000');
     END IF;
     IF to_regclass(members) IS NULL THEN
         SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
@@ -105,12 +107,19 @@ BEGIN
     ELSE
         EXECUTE format('TRUNCATE %s', members);
     END IF;
-    -- the key is the row id itself (unique, an integer: _check_distributed), so every row has
-    -- its own stream; the seed and q are literals, as in the training table's fill
+    -- The key is the row id itself (unique, an integer: _check_distributed), so every row has
+    -- its own stream. Poisson: the steps the row joins, each with probability q. Shuffled
+    -- batches: one step, uniform (each row in exactly one step an epoch, as the shuffle's
+    -- accounting assumes; the batch sizes vary around m / T). The seed and q are literals, as
+    -- in the training table's fill.
     PERFORM dpsql_internal._insert_on_shards(format(
         'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, b.step, t.x, t.y FROM %s t'
-        '  CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)) AS b(step)'
-        ' ORDER BY 2, 1', members, r.train_table, seed, steps, quote_literal(q::text)),
+        '  CROSS JOIN LATERAL unnest(%s) AS b(step) ORDER BY 2, 1', members, r.train_table,
+        CASE WHEN r.spec->>'sampling' = 'poisson'
+             THEN format('dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)',
+                         seed, steps, quote_literal(q::text))
+             ELSE format('ARRAY[dpsql_internal._uniform_index(%s, t.row_id::bigint, %s)]', seed, steps)
+        END),
         'an epoch''s sampled batches');
     FOR t IN 1..steps LOOP
         EXECUTE format('SELECT dpsql_internal._sgd_batch_sum(x, y, $1) FROM %s WHERE step = $2', members)

@@ -120,7 +120,7 @@ BEGIN
             b := b * 2;
         END LOOP;
         b := greatest(1, least(b, m / 10));
-        IF mech.distributed = 'sampled' AND params->>'sampling' = 'poisson' THEN
+        IF mech.distributed = 'sampled' THEN
             b := greatest(b, dpsql_internal._distributed_min_batch(ds, m));  -- steps on Citus
         END IF;
         -- Issue 25: where even that batch leaves each step's mean gradient with noise of four

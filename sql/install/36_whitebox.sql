@@ -164,7 +164,11 @@ BEGIN
             'noise_divisor', b, 'schedule', spec->>'schedule',
             'step_size', coalesce((params->>'step_size')::float8, 0.5),
             'radius', radius, 'sampling', sampling,
-            'steps_per_epoch', CASE WHEN sampling = 'poisson' THEN n ELSE 0 END,
+            -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
+            -- (32_distributed_sampled.sql)
+            'steps_per_epoch', CASE WHEN sampling = 'poisson'
+                                         OR coalesce(spec->'distributed', 'null') <> 'null'
+                                    THEN n ELSE 0 END,
             'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
             'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
             'dp_event', acct->'ledger_event',

@@ -47,7 +47,7 @@ flush_before_unlink(bool commit)
 	if (rels != NULL)
 		pfree(rels);
 	if (n > 0)
-		XLogFlush(GetXLogInsertRecPtr());
+		XLogFlush(GetXLogInsertEndRecPtr());	/* the end of the last record inserted */
 }
 
 static void
