@@ -11,6 +11,8 @@ whichever shard holds it; DP-SGD, both DPSGD-F variants and auto run end to end 
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +24,7 @@ from scipy import stats
 from dpsql.loading import load_numpy
 from tests.citus.test_citus import (
     SHARDS,
+    _analyst,
     _binary,
     _distributed,
     _ledger,
@@ -327,3 +330,51 @@ def test_default_batches_keep_an_epoch_to_2000_steps_on_shards(coord) -> None:
             (ds,),
         ).fetchone()[0]
         assert got == want
+
+
+def test_an_analyst_sees_no_sampling_seed_and_no_probe_on_the_workers(cluster, coord) -> None:
+    """The members' fill carries the epoch's sampling seed, each step the current model: they
+    run on the workers as the extension owner (dpsql.train is the definer), so an analyst who
+    is training at that moment sees neither query's text on any node."""
+    X, y = _binary(20000, d=D, seed=16)
+    ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
+    login = _analyst(coord, ds)
+    done = threading.Event()
+
+    def train() -> None:
+        try:
+            with login(cluster.coordinator) as a:
+                _private(
+                    a, ds, privacy="dpsgd", sampling="poisson", epsilon=1.0, delta=1e-5,
+                    epochs=3, batch_size=20,
+                )  # fmt: skip
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    users: set[str] = set()
+    seen_by_analyst = 0
+    pattern = "(_poisson_batches|_sgd_batch_sum)"
+    with (
+        psycopg.connect(cluster.workers[0].uri, autocommit=True) as w,
+        login(cluster.workers[0]) as aw,
+    ):
+        while not done.is_set():
+            users |= {
+                u
+                for (u,) in w.execute(
+                    "SELECT usename FROM pg_stat_activity WHERE query ~ %s"
+                    " AND pid <> pg_backend_pid()",
+                    (pattern,),
+                ).fetchall()
+            }
+            seen_by_analyst += aw.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query ~ %s"
+                " AND pid <> pg_backend_pid()",
+                (pattern,),
+            ).fetchone()[0]
+            time.sleep(0.005)
+    thread.join()
+    assert users == {"postgres"}
+    assert seen_by_analyst == 0
