@@ -58,7 +58,7 @@ def _noiseless_epoch(conn: psycopg.Connection, table: str, distributed: bool) ->
 
 
 def _step_bytes(conn: psycopg.Connection, table: str, rows: int, dim: int, batch: int) -> str:
-    """One step's query over an epoch's members (built as 32_distributed_sampled.sql does)."""
+    """One step's query over an epoch's members (built as 59_distributed_sampled.sql does)."""
     steps = rows // batch
     conn.execute(
         "CREATE UNLOGGED TABLE bench_members (row_id bigint NOT NULL, step int NOT NULL,"

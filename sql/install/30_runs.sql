@@ -318,7 +318,7 @@ DECLARE
     st float8[];
 BEGIN
     IF r.spec->'distributed' <> 'null' THEN
-        RETURN dpsql_internal._sampled_epoch_distributed(r, seed, q);  -- 32_distributed_sampled.sql
+        RETURN dpsql_internal._sampled_epoch_distributed(r, seed, q);  -- 59_distributed_sampled.sql
     END IF;
     IF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,

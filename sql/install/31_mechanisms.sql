@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- how it runs on a Citus hash-distributed dataset (32_distributed.sql): 'sums' (its scans
     -- are exact sums, combined across shards before any noise), 'averaged' (SGD epochs average
     -- per-shard models; needs shard_parallel => true), 'sampled' (Poisson-sampled steps, each a
-    -- sum over the shards: 32_distributed_sampled.sql); NULL: refused there (sequential)
+    -- sum over the shards: 59_distributed_sampled.sql); NULL: refused there (sequential)
     distributed    text CONSTRAINT mechanism_catalog_distributed_check
                         CHECK (distributed IN ('sums', 'averaged', 'sampled')),
     -- a classifier's intercept when the call leaves it NULL (_intercept_default)

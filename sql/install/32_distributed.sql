@@ -207,7 +207,7 @@ BEGIN
             || '. See docs/citus.md.');
     END IF;
     IF mech.distributed = 'sampled' THEN
-        -- 32_distributed_sampled.sql: steps keyed by the row id
+        -- 59_distributed_sampled.sql: steps keyed by the row id
         IF l.dist_type NOT IN ('bigint', 'integer', 'smallint') THEN
             PERFORM dpsql_internal._fail(
                 format('%s samples rows by their row id on the distributed dataset %s: its distribution '

@@ -165,7 +165,7 @@ BEGIN
             'step_size', coalesce((params->>'step_size')::float8, 0.5),
             'radius', radius, 'sampling', sampling,
             -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
-            -- (32_distributed_sampled.sql)
+            -- (59_distributed_sampled.sql)
             'steps_per_epoch', CASE WHEN sampling = 'poisson'
                                          OR coalesce(spec->'distributed', 'null') <> 'null'
                                     THEN n ELSE 0 END,

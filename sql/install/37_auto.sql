@@ -92,7 +92,7 @@ BEGIN
         rule := 'regression: DP-GD with batch-means intervals and an intercept, whitened by the '
                 'private preconditioner when the rows have a public norm bound';
     ELSIF delta > 0 AND coalesce(layout.dist_type IN ('bigint', 'integer', 'smallint'), true) THEN
-        -- on Citus too: the steps are sums over the shards (32_distributed_sampled.sql)
+        -- on Citus too: the steps are sums over the shards (59_distributed_sampled.sql)
         chosen := jsonb_build_object('privacy', 'dpsgd', 'sampling', 'poisson');
         rule := 'classification, delta > 0: DP-SGD with Poisson sampling and an intercept, at its '
                 'defaults';

@@ -50,6 +50,7 @@ DECLARE
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed', '_flag', '_work_schema',
+                          '_load_module',  -- before a training table (durable_drops.c)
                           -- Citus sources (32_distributed.sql)
                           '_refuse_on_worker', '_citus_installed',
                           '_citus_layout', '_reads_citus', '_fill_distributed_table', '_runs_no_code'];

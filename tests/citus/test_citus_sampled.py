@@ -1,4 +1,4 @@
-"""Sampled private SGD on Citus (32_distributed_sampled.sql, docs/citus.md).
+"""Sampled private SGD on Citus (59_distributed_sampled.sql, docs/citus.md).
 
 Poisson membership is a keyed function of (secret seed, step, row id) that each shard
 evaluates for its own rows; each step's clipped-gradient sum is pushed down (one probe per

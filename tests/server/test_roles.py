@@ -85,6 +85,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_shuffle_key",
     "_random_seed",
     "_work_schema",
+    "_load_module",  # loads the library before a training table (durable_drops.c)
     "_flag",
     "_refuse_on_worker",
     "_citus_installed",
