@@ -28,6 +28,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/buffile.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -179,6 +180,7 @@ typedef struct SampledEpoch
 	bool		kept;			/* the slots are the kept area */
 	int64		run;			/* the run and training table the rows are of (0: none) */
 	Oid			relation;
+	struct PoissonLayout *layout;	/* Poisson: the buckets (no slots) */
 } SampledEpoch;
 
 #define SLOT_ROW 1
@@ -312,6 +314,437 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 	return kept_area;
 }
 
+/*
+ * Poisson epochs: rows bucketed by step range.
+ *
+ * Row rid joins step j independently with probability q; its steps come from its own ChaCha20
+ * stream keyed by (seed, rid), by geometric skips over 1..steps: the generator of
+ * dpsql_internal._poisson_batches, so the replay is the sorted join ORDER BY (batch, rid) bit
+ * for bit. The scan copies each member row into the bucket of its step (B buckets of
+ * contiguous step ranges, each a few MB); the final function replays the buckets in step
+ * order, each sorted by step (a counting sort, stable: rid order within a step when the scan
+ * met the rows in rid order, else that step's members sorted by rid). Reads are sequential or
+ * within one bucket: the cost per row does not grow with the table. Buckets live in chunks;
+ * past dpsql.sampling_memory every bucket spills to a temporary file (BufFile: removed at the
+ * transaction's end, whether it ends well or not) and is read back one at a time, so memory is
+ * the limit plus one chunk per bucket and one bucket. Chunks are kept for the transaction's
+ * later epochs (a run's epochs are one transaction), which then find their memory touched.
+ */
+#define BUCKET_TARGET_BYTES ((Size) 4 * 1024 * 1024)
+#define MIN_BUCKET_BYTES ((Size) 16 * 1024)
+#define MAX_BUCKETS 1024
+#define CHUNK_TARGET_BYTES ((Size) 32 * 1024)
+
+/* An entry: step and kind (int32 each), rid, y, then len features. */
+#define ENTRY_HEADER_DOUBLES 3
+
+typedef struct Chunk
+{
+	struct Chunk *next;
+	Size		used;
+	char		data[FLEXIBLE_ARRAY_MEMBER];
+} Chunk;
+
+typedef struct Bucket
+{
+	Chunk	   *head;
+	Chunk	   *tail;
+	BufFile    *file;			/* spilled entries (older than the chunks') */
+	Size		filed;			/* bytes written to file */
+	int64		entries;
+} Bucket;
+
+typedef struct PoissonLayout
+{
+	int64		steps;
+	int			nbuckets;
+	Bucket	   *buckets;
+	Size		entry;			/* bytes per entry */
+	Size		chunk_bytes;	/* data bytes per chunk: a whole number of entries */
+	Size		held;			/* chunk bytes held by this layout */
+	Size		limit;			/* dpsql.sampling_memory in bytes */
+	bool		spilled;
+	uint8	   *seen;			/* rid bitmap: every rid once */
+	uint64		generation;		/* chunk_generation its chunks are of */
+	MemoryContext cxt;			/* the aggregate's (its files' structs) */
+	double		log1mq;
+} PoissonLayout;
+
+/* Free chunks of the transaction (a run's later epochs reuse the first epoch's memory). */
+static Chunk *free_chunks = NULL;
+static Size free_chunk_bytes = 0;
+static bool free_registered = false;
+static MemoryContextCallback free_forget;
+
+static uint64 chunk_generation = 0;	/* one per transaction that had chunks */
+
+static void
+forget_free_chunks(void *arg)
+{
+	chunk_generation++;			/* every chunk of the transaction is gone */
+	free_chunks = NULL;
+	free_chunk_bytes = 0;
+	free_registered = false;
+}
+
+static Chunk *
+chunk_new(PoissonLayout *p)
+{
+	Chunk	   *c;
+
+	if (free_chunks != NULL && free_chunk_bytes == p->chunk_bytes)
+	{
+		c = free_chunks;
+		free_chunks = c->next;
+	}
+	else
+	{
+		c = MemoryContextAlloc(TopTransactionContext, offsetof(Chunk, data) + p->chunk_bytes);
+	}
+	c->next = NULL;
+	c->used = 0;
+	p->held += p->chunk_bytes;
+	return c;
+}
+
+/* A chunk back to the transaction's free chunks (its rows wiped), or freed. */
+static void
+chunk_free(PoissonLayout *p, Chunk *c)
+{
+	explicit_bzero(c->data, c->used);	/* rows of the training table */
+	if (free_registered && (free_chunks == NULL || free_chunk_bytes == p->chunk_bytes))
+	{
+		c->next = free_chunks;
+		free_chunks = c;
+		free_chunk_bytes = p->chunk_bytes;
+	}
+	else
+		pfree(c);
+}
+
+/* Give a layout's chunks back to the transaction (at the end of its query, or sooner). */
+static void
+layout_release(void *arg)
+{
+	PoissonLayout *p = (PoissonLayout *) arg;
+	int			b;
+
+	if (p->buckets == NULL || p->generation != chunk_generation)
+	{
+		p->buckets = NULL;		/* (the transaction's end took the chunks) */
+		return;
+	}
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Chunk	   *c = p->buckets[b].head;
+
+		while (c != NULL)
+		{
+			Chunk	   *next = c->next;
+
+			chunk_free(p, c);
+			c = next;
+		}
+		p->buckets[b].head = p->buckets[b].tail = NULL;
+	}
+	p->buckets = NULL;
+}
+
+static void
+layout_begin(SampledEpoch *e, MemoryContext aggcontext)
+{
+	PoissonLayout *p = palloc0(sizeof(PoissonLayout));
+	MemoryContextCallback *cb;
+	double		expected;
+	Size		target;
+	int64		per;
+
+	p->steps = (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch;
+	if (p->steps < 1 || p->steps > PG_INT32_MAX || !(e->q > 0.0 && e->q <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: Poisson sampling needs 1 <= steps <= %d and 0 < q <= 1", PG_INT32_MAX)));
+	p->log1mq = log1p(-e->q);
+	p->limit = (Size) sampling_memory_kb * 1024;
+	/* a bucket is replayed from memory: smaller ones under a small memory limit */
+	target = Max(MIN_BUCKET_BYTES, Min(BUCKET_TARGET_BYTES, p->limit / 16));
+	p->entry = (Size) (e->len + ENTRY_HEADER_DOUBLES) * sizeof(double);
+	per = (int64) (Min(CHUNK_TARGET_BYTES, target / 4) / p->entry);
+	p->chunk_bytes = p->entry * (Size) (per < 1 ? 1 : per);
+	/* the members' expected bytes: rows x steps x q entries */
+	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
+	p->nbuckets = (int) Min((double) MAX_BUCKETS, Max(1.0, ceil(expected / (double) target)));
+	if (p->nbuckets > p->steps)
+		p->nbuckets = (int) p->steps;
+	p->buckets = palloc0(sizeof(Bucket) * p->nbuckets);
+	p->seen = MemoryContextAllocHuge(CurrentMemoryContext, (Size) (e->rows + 7) / 8);
+	memset(p->seen, 0, (Size) (e->rows + 7) / 8);
+	if (!free_registered)
+	{
+		free_forget.func = forget_free_chunks;
+		free_forget.arg = NULL;
+		MemoryContextRegisterResetCallback(TopTransactionContext, &free_forget);
+		free_registered = true;
+	}
+	p->generation = chunk_generation;
+	p->cxt = aggcontext;
+	cb = palloc(sizeof(MemoryContextCallback));
+	cb->func = layout_release;
+	cb->arg = p;
+	MemoryContextRegisterResetCallback(aggcontext, cb);
+	e->layout = p;
+}
+
+/* A bucket's temporary file (removed at the end of the transaction, however it ends). */
+static BufFile *
+layout_file_new(PoissonLayout *p)
+{
+	MemoryContext old = MemoryContextSwitchTo(p->cxt);
+	BufFile    *f = BufFileCreateTemp(false);
+
+	MemoryContextSwitchTo(old);
+	return f;
+}
+
+/* Every bucket's full chunks to its file: from now on only one chunk per bucket is held. */
+static void
+layout_spill(PoissonLayout *p)
+{
+	int			b;
+
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Bucket	   *k = &p->buckets[b];
+
+		CHECK_FOR_INTERRUPTS();
+		while (k->head != NULL && k->head != k->tail)
+		{
+			Chunk	   *c = k->head;
+
+			if (k->file == NULL)
+				k->file = layout_file_new(p);
+			BufFileWrite(k->file, c->data, c->used);
+			k->filed += c->used;
+			k->head = c->next;
+			chunk_free(p, c);
+			p->held -= p->chunk_bytes;
+		}
+	}
+	p->spilled = true;
+}
+
+static inline char *
+layout_slot(PoissonLayout *p, int64 step)
+{
+	Bucket	   *k = &p->buckets[(int) ((step - 1) * p->nbuckets / p->steps)];
+	Chunk	   *c = k->tail;
+
+	if (c == NULL || c->used + p->entry > p->chunk_bytes)
+	{
+		if (c != NULL && p->spilled)
+		{
+			/* the bucket's one chunk to its file, then reused */
+			if (k->file == NULL)
+				k->file = layout_file_new(p);
+			BufFileWrite(k->file, c->data, c->used);
+			k->filed += c->used;
+			c->used = 0;
+		}
+		else
+		{
+			Chunk	   *n = chunk_new(p);
+
+			if (c == NULL)
+				k->head = n;
+			else
+				c->next = n;
+			k->tail = n;
+			c = n;
+			if (!p->spilled && p->held > p->limit)
+				layout_spill(p);
+		}
+	}
+	k->entries++;
+	c->used += p->entry;
+	return c->data + c->used - p->entry;
+}
+
+/* The Poisson transition: the row's steps from its own stream, a copy into each one's bucket. */
+static void
+layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
+{
+	PoissonLayout *p = e->layout;
+	DpsqlRng	rng;
+	double		next = 0.0;
+	int32		head[2];
+
+	if (p->seen[(rid - 1) >> 3] & (1 << ((rid - 1) & 7)))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: row id %lld of a sampled epoch is out of 1..%lld or repeated",
+						(long long) rid, (long long) e->rows)));
+	p->seen[(rid - 1) >> 3] |= (uint8) (1 << ((rid - 1) & 7));
+	head[1] = row ? SLOT_ROW : SLOT_NULL_RECORD;
+	dpsql_rng_init_seed(&rng, e->seed, (uint64) rid);
+	for (;;)
+	{
+		char	   *at;
+
+		/* the gap to the next included step is Geometric(q) on {1, 2, ...} */
+		next += e->q >= 1.0 ? 1.0 : 1.0 + floor(log(dpsql_rng_uniform(&rng)) / p->log1mq);
+		if (next > (double) p->steps)
+			break;
+		head[0] = (int32) next;
+		at = layout_slot(p, (int64) head[0]);
+		memcpy(at, head, sizeof(head));
+		memcpy(at + sizeof(double), &rid, sizeof(int64));
+		if (row)
+		{
+			memcpy(at + 2 * sizeof(double), &y, sizeof(double));
+			memcpy(at + 3 * sizeof(double), x, sizeof(double) * (Size) e->len);
+		}
+	}
+	explicit_bzero(&rng, sizeof(rng));
+}
+
+static int
+entry_rid_cmp(const void *a, const void *b)
+{
+	int64		ra,
+				rb;
+
+	memcpy(&ra, *(char *const *) a + sizeof(double), sizeof(int64));
+	memcpy(&rb, *(char *const *) b + sizeof(double), sizeof(int64));
+	return ra < rb ? -1 : ra > rb;
+}
+
+/* Replay the buckets in step order, then end the epoch (the state, in the current context). */
+static ArrayType *
+layout_replay(SampledEpoch *e)
+{
+	PoissonLayout *p = e->layout;
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "dpsql sampled bucket",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	DpsqlStatus st;
+	ArrayType  *out;
+	int			b;
+
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Bucket	   *k = &p->buckets[b];
+		/* the steps s with (s - 1) * B / T = b */
+		int64		lo = ((int64) b * p->steps + p->nbuckets - 1) / p->nbuckets + 1;
+		int64		hi = ((int64) (b + 1) * p->steps + p->nbuckets - 1) / p->nbuckets;
+		int64		nsteps = hi - lo + 1;
+		int64	   *start;
+		char	  **order;
+		char	   *filed = NULL;
+		Size		filed_bytes = 0;
+		int64		i,
+					s;
+		Chunk	   *c;
+
+		CHECK_FOR_INTERRUPTS();
+		if (k->entries == 0)
+			continue;
+		if (k->file != NULL)
+		{
+			filed_bytes = k->filed;
+			filed = MemoryContextAllocHuge(cxt, filed_bytes + 1);
+			if (BufFileSeek(k->file, 0, 0, SEEK_SET) != 0)
+				ereport(ERROR,
+						(errcode_for_file_access(),
+						 errmsg("dpsql: could not read a sampled epoch's temporary file")));
+			BufFileReadExact(k->file, filed, filed_bytes);
+			BufFileClose(k->file);
+			k->file = NULL;
+		}
+		/* a counting sort by step, stable */
+		start = palloc0(sizeof(int64) * (Size) (nsteps + 1));
+		order = MemoryContextAllocHuge(cxt, sizeof(char *) * (Size) k->entries);
+#define FOR_ENTRIES(body) \
+		do { \
+			char	   *ent_; \
+			for (ent_ = filed; ent_ < filed + filed_bytes; ent_ += p->entry) { body } \
+			for (c = k->head; c != NULL; c = c->next) \
+				for (ent_ = c->data; ent_ < c->data + c->used; ent_ += p->entry) { body } \
+		} while (0)
+		i = 0;
+		FOR_ENTRIES(
+					{
+					int32 step_;
+					memcpy(&step_, ent_, sizeof(int32));
+					if (step_ < lo || step_ > hi || i >= k->entries)
+						elog(ERROR, "dpsql: a sampled epoch's bucket is corrupt");
+					start[step_ - lo + 1]++;
+					i++;
+					});
+		if (i != k->entries)
+			elog(ERROR, "dpsql: a sampled epoch's bucket is corrupt");
+		for (s = 1; s <= nsteps; s++)
+			start[s] += start[s - 1];
+		FOR_ENTRIES(
+					{
+					int32 step_;
+					memcpy(&step_, ent_, sizeof(int32));
+					order[start[step_ - lo]++] = ent_;
+					});
+#undef FOR_ENTRIES
+		/* start[s] is now the end of step lo + s: rid order within each step */
+		for (s = 0; s < nsteps; s++)
+		{
+			int64		from = s == 0 ? 0 : start[s - 1];
+			int64		to = start[s];
+			bool		sorted = true;
+
+			for (i = from + 1; i < to && sorted; i++)
+				sorted = entry_rid_cmp(&order[i - 1], &order[i]) < 0;
+			if (!sorted)
+				qsort(order + from, (size_t) (to - from), sizeof(char *), entry_rid_cmp);
+		}
+		for (i = 0; i < k->entries; i++)
+		{
+			const char *ent = order[i];
+			int32		head[2];
+			double		y;
+
+			if ((i & 0xFFFF) == 0xFFFF)
+				CHECK_FOR_INTERRUPTS();
+			memcpy(head, ent, sizeof(head));
+			if (head[1] == SLOT_ROW)
+			{
+				memcpy(&y, ent + 2 * sizeof(double), sizeof(double));
+				st = dpsql_sgd_row_batch(e->s, (const double *) (ent + 3 * sizeof(double)), e->len,
+										 y, (long) head[0]);
+			}
+			else
+				st = dpsql_sgd_row_batch(e->s, NULL, -1, NAN, (long) head[0]);
+			if (st != DPSQL_OK)
+				dpsql_raise(st, "a sampled epoch");
+		}
+		if (filed != NULL)
+		{
+			explicit_bzero(filed, filed_bytes);
+			pfree(filed);
+		}
+		pfree(order);
+		pfree(start);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	layout_release(p);
+	dpsql_sgd_guard(e->s);
+	if (!dpsql_sgd_finite(e->s))
+		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
+	st = dpsql_sgd_epoch_end(e->s);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "end of the epoch");
+	out = (ArrayType *) palloc(VARSIZE(e->state));
+	memcpy(out, e->state, VARSIZE(e->state));
+	return out;
+}
+
 /* An epoch's model state (a copy of init, in the current context) and sampling parameters. */
 static void
 sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed, int64 rows,
@@ -330,7 +763,8 @@ sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed
 	e->batch = (int64) ((DpsqlSgdHeader *) e->s)->batch_size;
 	e->len = dpsql_sgd_row_length(e->s);
 	e->slot = (Size) e->len + 1;
-	if (rows < 1 || (double) rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize)
+	if (rows < 1 || (e->kind == SAMPLING_REPLACEMENT &&
+					 (double) rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: a sampled epoch of %lld rows cannot be held in memory", (long long) rows)));
@@ -348,11 +782,16 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	e = palloc0(sizeof(SampledEpoch));
 	sampled_setup(e, PG_GETARG_ARRAYTYPE_P(4), PG_GETARG_TEXT_PP(5), PG_GETARG_INT64(6),
 				  PG_GETARG_INT64(7), PG_GETARG_FLOAT8(8));
-	bytes = (Size) e->rows * e->slot * sizeof(double);
-	e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
-	e->kept = (char *) e->slots == kept_area;
-	e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
-	memset(e->filled, 0, (Size) e->rows);
+	if (e->kind == SAMPLING_POISSON)
+		layout_begin(e, aggcontext);
+	else
+	{
+		bytes = (Size) e->rows * e->slot * sizeof(double);
+		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
+		e->kept = (char *) e->slots == kept_area;
+		e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
+		memset(e->filled, 0, (Size) e->rows);
+	}
 	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
 	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
 	MemoryContextSwitchTo(old);
@@ -384,23 +823,31 @@ dpsql_sampled_transition(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("dpsql: NULL row id in a sampled epoch")));
 	rid = PG_GETARG_INT64(3);
-	if (rid < 1 || rid > e->rows || e->filled[rid - 1] != 0)
+	if (rid < 1 || rid > e->rows || (e->layout == NULL && e->filled[rid - 1] != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("dpsql: row id %lld of a sampled epoch is out of 1..%lld or repeated",
 						(long long) rid, (long long) e->rows)));
-	slot = e->slots + (Size) (rid - 1) * e->slot;
 	x = PG_ARGISNULL(1) ? NULL : PG_GETARG_ARRAYTYPE_P(1);
 	if (x != NULL && ARR_ELEMTYPE(x) == FLOAT8OID && ARR_NDIM(x) <= 1 && !ARR_HASNULL(x) &&
 		ArrayGetNItems(ARR_NDIM(x), ARR_DIMS(x)) == e->len && !PG_ARGISNULL(2))
 	{
 		xs = dpsql_float8_array(x, &n, "feature array");
+		if (e->layout != NULL)
+		{
+			layout_file(e, rid, xs, PG_GETARG_FLOAT8(2), true);
+			e->seen++;
+			PG_RETURN_POINTER(e);
+		}
+		slot = e->slots + (Size) (rid - 1) * e->slot;
 		slot[0] = PG_GETARG_FLOAT8(2);
 		memcpy(slot + 1, xs, sizeof(double) * (Size) e->len);
 		e->filled[rid - 1] = SLOT_ROW;
 	}
+	else if (((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE) && e->layout != NULL)
+		layout_file(e, rid, NULL, NAN, false);	/* private run: a null record, never an error */
 	else if ((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE)
-		e->filled[rid - 1] = SLOT_NULL_RECORD;	/* private run: a null record, never an error */
+		e->filled[rid - 1] = SLOT_NULL_RECORD;
 	else
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
@@ -502,6 +949,8 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("dpsql: a sampled epoch of %lld rows saw %lld", (long long) e->rows,
 						(long long) e->seen)));
+	if (e->layout != NULL)
+		PG_RETURN_ARRAYTYPE_P(layout_replay(e));
 	if (e->kept && e->run != 0 && OidIsValid(e->relation))
 	{
 		kept_rows.run = e->run;
@@ -528,13 +977,91 @@ dpsql_sampled_replayed(PG_FUNCTION_ARGS)
 	memset(&e, 0, sizeof(e));
 	sampled_setup(&e, PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
 				  PG_GETARG_INT64(5), PG_GETARG_FLOAT8(6));
-	area = kept_rows_of(PG_GETARG_INT64(1), PG_GETARG_OID(2), e.rows, e.len);
+	area = e.kind == SAMPLING_REPLACEMENT ?
+		kept_rows_of(PG_GETARG_INT64(1), PG_GETARG_OID(2), e.rows, e.len) : NULL;
 	if (area == NULL)
 		PG_RETURN_NULL();
 	e.slots = (double *) area;
 	e.filled = (uint8 *) (e.slots + (Size) e.rows * e.slot);
 	e.seen = e.rows;
 	PG_RETURN_ARRAYTYPE_P(replay(&e));
+}
+
+/* The Poisson members of an epoch, (step, rid) in step order then rid order: for the tests. */
+typedef struct PoissonMembers
+{
+	int64		n;
+	int64		next;
+	int32	   *steps;
+	int64	   *rids;
+} PoissonMembers;
+
+static PoissonMembers *
+poisson_members(int64 seed, int64 rows, int64 steps, double q)
+{
+	PoissonMembers *m = palloc0(sizeof(PoissonMembers));
+	Size		cap = 1024;
+	int32	   *st = palloc(sizeof(int32) * cap);
+	int64	   *rd = palloc(sizeof(int64) * cap);
+	int64	   *count;
+	int64		rid,
+				i,
+				s;
+	double		log1mq;
+
+	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX || !(q > 0.0 && q <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: Poisson sampling needs rows >= 1, 1 <= steps <= %d and 0 < q <= 1",
+						PG_INT32_MAX)));
+	log1mq = log1p(-q);
+	for (rid = 1; rid <= rows; rid++)
+	{
+		DpsqlRng	rng;
+		double		next = 0.0;
+
+		CHECK_FOR_INTERRUPTS();
+		dpsql_rng_init_seed(&rng, seed, (uint64) rid);
+		for (;;)
+		{
+			next += q >= 1.0 ? 1.0 : 1.0 + floor(log(dpsql_rng_uniform(&rng)) / log1mq);
+			if (next > (double) steps)
+				break;
+			if ((Size) m->n == cap)
+			{
+				if (cap > MaxAllocHugeSize / 2 / sizeof(int64))
+					ereport(ERROR,
+							(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+							 errmsg("dpsql: too many sampled members to list")));
+				cap *= 2;
+				st = repalloc_huge(st, sizeof(int32) * cap);
+				rd = repalloc_huge(rd, sizeof(int64) * cap);
+			}
+			st[m->n] = (int32) next;
+			rd[m->n] = rid;
+			m->n++;
+		}
+		explicit_bzero(&rng, sizeof(rng));
+	}
+	/* a stable counting sort by step: rid order within a step */
+	count = palloc0_array(int64, steps + 1);
+	for (i = 0; i < m->n; i++)
+		count[st[i]]++;
+	for (s = 1; s <= steps; s++)
+		count[s] += count[s - 1];
+	m->steps = palloc_array(int32, Max(m->n, 1));
+	m->rids = palloc_array(int64, Max(m->n, 1));
+	for (i = 0; i < m->n; i++)
+	{
+		int64		at = count[st[i] - 1]++;
+
+		m->steps[at] = st[i];
+		m->rids[at] = rd[i];
+	}
+	pfree(count);
+	pfree(st);
+	pfree(rd);
+	return m;
 }
 
 /*
@@ -556,11 +1083,16 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		dpsql_no_nulls(fcinfo, 0, 6, "_sampled_members");
 		fc = SRF_FIRSTCALL_INIT();
 		old = MemoryContextSwitchTo(fc->multi_call_memory_ctx);
-		it = palloc(sizeof(SampleIter));
-		sample_begin(it, sampling_kind(PG_GETARG_TEXT_PP(0)), PG_GETARG_INT64(1),
-					 PG_GETARG_INT64(2), PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4),
-					 PG_GETARG_INT64(5));
-		fc->user_fctx = it;
+		if (sampling_kind(PG_GETARG_TEXT_PP(0)) == SAMPLING_POISSON)
+			fc->user_fctx = poisson_members(PG_GETARG_INT64(1), PG_GETARG_INT64(2),
+											PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4));
+		else
+		{
+			it = palloc(sizeof(SampleIter));
+			sample_begin(it, SAMPLING_REPLACEMENT, PG_GETARG_INT64(1), PG_GETARG_INT64(2),
+						 PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4), PG_GETARG_INT64(5));
+			fc->user_fctx = it;
+		}
 		if (get_call_result_type(fcinfo, NULL, &fc->tuple_desc) != TYPEFUNC_COMPOSITE)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -569,6 +1101,22 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		MemoryContextSwitchTo(old);
 	}
 	fc = SRF_PERCALL_SETUP();
+	if (sampling_kind(PG_GETARG_TEXT_PP(0)) == SAMPLING_POISSON)
+	{
+		PoissonMembers *m = (PoissonMembers *) fc->user_fctx;
+
+		if (m->next < m->n)
+		{
+			Datum		values[2] = {Int32GetDatum(m->steps[m->next]), Int64GetDatum(m->rids[m->next])};
+			bool		nulls[2] = {false, false};
+
+			m->next++;
+			SRF_RETURN_NEXT(fc, HeapTupleGetDatum(heap_form_tuple(fc->tuple_desc, values, nulls)));
+		}
+		explicit_bzero(m->steps, sizeof(int32) * Max(m->n, 1));
+		explicit_bzero(m->rids, sizeof(int64) * Max(m->n, 1));
+		SRF_RETURN_DONE(fc);
+	}
 	it = (SampleIter *) fc->user_fctx;
 	if (sample_next(it, &step, &rid))
 	{
