@@ -204,13 +204,14 @@ def test_bad_sampling_parameters_are_refused(conn, args) -> None:
 
 
 def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> None:
-    """With replacement (BST14), in one transaction, the rows filed for run 77's table replay its next epoch exactly as
-    a scan would; any other run, table, size, or a new transaction gets NULL (a scan)."""
+    """With replacement (BST14), in one transaction, the rows filed for run 77's table replay
+    its next epoch exactly as a scan would; any other run, table, size, or a new transaction
+    gets NULL (a scan). (Poisson epochs keep no rows: each scans.)"""
     m, q = rows_table, 0.0
     init = _state(conn, batch=15, steps=20)
     scanned = conn.execute(
-        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'replacement', 12, %s, %s, NULL, NULL)"
-        " FROM t",
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'replacement', 12, %s, %s,"
+        " NULL, NULL) FROM t",
         (init, m, q),
     ).fetchone()[0]
     replayed = (
@@ -240,7 +241,8 @@ def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
     m, q = rows_table, 0.0
     init = _state(conn, batch=15, steps=20)
     replayed = (
-        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'replacement', 12, %s, %s)"
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'replacement', 12,"
+        " %s, %s)"
     )
     with conn.transaction():
         conn.execute(
@@ -252,8 +254,8 @@ def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
         # the same run's next filing fails half way (a repeated rid): nothing is kept
         with pytest.raises(psycopg.DataError), conn.transaction():
             conn.execute(
-                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, least(rid, 150), %s, 'replacement', 11,"
-                " %s, %s, 77, 't'::regclass) FROM t",
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, least(rid, 150), %s,"
+                " 'replacement', 11, %s, %s, 77, 't'::regclass) FROM t",
                 (init, m, q),
             ).fetchone()
         assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
