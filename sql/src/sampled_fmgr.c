@@ -365,10 +365,54 @@ typedef struct PoissonLayout
 	Size		limit;			/* dpsql.sampling_memory in bytes */
 	bool		spilled;
 	uint8	   *seen;			/* rid bitmap: every rid once */
+	uint32		key[8];			/* the epoch's sampling key (secret) */
 	uint64		generation;		/* chunk_generation its chunks are of */
 	MemoryContext cxt;			/* the aggregate's (its files' structs) */
 	double		log1mq;
 } PoissonLayout;
+
+/*
+ * A row's coins: the stream dpsql_rng_init_seed(seed, rid) gives (the key of the seed, the row
+ * id in the nonce), one ChaCha20 block at a time. A row needs about steps x q + 1 uniforms,
+ * mostly fewer than one block's 8; the generator's refill computes 8 blocks.
+ */
+typedef struct RowCoins
+{
+	uint32		key[8];
+	uint32		nonce[3];
+	uint32		counter;
+	uint32		block[16];
+	int			used;
+} RowCoins;
+
+static inline void
+row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
+{
+	memcpy(c->key, key, sizeof(c->key));
+	c->nonce[0] = 0;
+	c->nonce[1] = (uint32) (uint64) rid;
+	c->nonce[2] = (uint32) ((uint64) rid >> 32);
+	c->counter = 0;
+	c->used = 16;
+}
+
+/* dpsql_rng_uniform's value: (k + 0.5) / 2^53 of the next two words' top 53 bits */
+static inline double
+row_uniform(RowCoins *c)
+{
+	uint64		k;
+
+	if (c->used >= 16)
+	{
+		dpsql_chacha20_block(c->key, c->counter, c->nonce, c->block);
+		if (++c->counter == 0)
+			c->nonce[0]++;
+		c->used = 0;
+	}
+	k = (((uint64) c->block[c->used] << 32) | c->block[c->used + 1]) >> 11;
+	c->used += 2;
+	return ((double) k + 0.5) * (1.0 / 9007199254740992.0);
+}
 
 /* Free chunks of the transaction (a run's later epochs reuse the first epoch's memory). */
 static Chunk *free_chunks = NULL;
@@ -429,6 +473,7 @@ layout_release(void *arg)
 	PoissonLayout *p = (PoissonLayout *) arg;
 	int			b;
 
+	explicit_bzero(p->key, sizeof(p->key));
 	if (p->buckets == NULL || p->generation != chunk_generation)
 	{
 		p->buckets = NULL;		/* (the transaction's end took the chunks) */
@@ -488,6 +533,13 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	}
 	p->generation = chunk_generation;
 	p->cxt = aggcontext;
+	{
+		DpsqlRng	rng;
+
+		dpsql_rng_init_seed(&rng, e->seed, 0);
+		memcpy(p->key, rng.key, sizeof(p->key));
+		explicit_bzero(&rng, sizeof(rng));
+	}
 	cb = palloc(sizeof(MemoryContextCallback));
 	cb->func = layout_release;
 	cb->arg = p;
@@ -574,7 +626,7 @@ static void
 layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 {
 	PoissonLayout *p = e->layout;
-	DpsqlRng	rng;
+	RowCoins	rng;
 	double		next = 0.0;
 	int32		head[2];
 
@@ -585,13 +637,13 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 						(long long) rid, (long long) e->rows)));
 	p->seen[(rid - 1) >> 3] |= (uint8) (1 << ((rid - 1) & 7));
 	head[1] = row ? SLOT_ROW : SLOT_NULL_RECORD;
-	dpsql_rng_init_seed(&rng, e->seed, (uint64) rid);
+	row_coins_begin(&rng, p->key, rid);
 	for (;;)
 	{
 		char	   *at;
 
 		/* the gap to the next included step is Geometric(q) on {1, 2, ...} */
-		next += e->q >= 1.0 ? 1.0 : 1.0 + floor(log(dpsql_rng_uniform(&rng)) / p->log1mq);
+		next += e->q >= 1.0 ? 1.0 : 1.0 + floor(log(row_uniform(&rng)) / p->log1mq);
 		if (next > (double) p->steps)
 			break;
 		head[0] = (int32) next;
