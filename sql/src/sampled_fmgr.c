@@ -366,6 +366,8 @@ typedef struct PoissonLayout
 	bool		spilled;
 	uint8	   *seen;			/* rid bitmap: every rid once */
 	uint32		key[8];			/* the epoch's sampling key (secret) */
+	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
+	uint32		first_blocks[8 * 16];	/* their streams' first blocks (secret) */
 	uint64		generation;		/* chunk_generation its chunks are of */
 	MemoryContext cxt;			/* the aggregate's (its files' structs) */
 	double		log1mq;
@@ -395,6 +397,85 @@ row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
 	c->counter = 0;
 	c->used = 16;
 }
+
+#if defined(__GNUC__)
+typedef uint32 v8u32 __attribute__((vector_size(32)));
+
+#define V8ROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
+#define V8QUARTER(a, b, c, d) \
+	do { \
+		a += b; d ^= a; d = V8ROTL(d, 16); \
+		c += d; b ^= c; b = V8ROTL(b, 12); \
+		a += b; d ^= a; d = V8ROTL(d, 8); \
+		c += d; b ^= c; b = V8ROTL(b, 7); \
+	} while (0)
+
+/*
+ * The first blocks of rows rid0..rid0+7's streams at once, one per SIMD lane: the same words
+ * as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity tests).
+ */
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+{
+	v8u32		s[16];
+	v8u32		x[16];
+	int			i,
+				lane;
+	static const uint32 sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
+
+	for (i = 0; i < 4; i++)
+		s[i] = (v8u32) {sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i]};
+	for (i = 0; i < 8; i++)
+		s[4 + i] = (v8u32) {key[i], key[i], key[i], key[i], key[i], key[i], key[i], key[i]};
+	s[12] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
+	s[13] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
+	for (lane = 0; lane < 8; lane++)
+	{
+		uint64		r = (uint64) rid0 + (uint64) lane;
+
+		s[14][lane] = (uint32) r;
+		s[15][lane] = (uint32) (r >> 32);
+	}
+	for (i = 0; i < 16; i++)
+		x[i] = s[i];
+	for (i = 0; i < 10; i++)
+	{
+		V8QUARTER(x[0], x[4], x[8], x[12]);
+		V8QUARTER(x[1], x[5], x[9], x[13]);
+		V8QUARTER(x[2], x[6], x[10], x[14]);
+		V8QUARTER(x[3], x[7], x[11], x[15]);
+		V8QUARTER(x[0], x[5], x[10], x[15]);
+		V8QUARTER(x[1], x[6], x[11], x[12]);
+		V8QUARTER(x[2], x[7], x[8], x[13]);
+		V8QUARTER(x[3], x[4], x[9], x[14]);
+	}
+	for (i = 0; i < 16; i++)
+	{
+		v8u32		v = x[i] + s[i];
+
+		for (lane = 0; lane < 8; lane++)
+			out[16 * lane + i] = v[lane];
+	}
+	explicit_bzero(x, sizeof(x));
+}
+#else
+static void
+first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+{
+	int			lane;
+
+	for (lane = 0; lane < 8; lane++)
+	{
+		uint64		r = (uint64) rid0 + (uint64) lane;
+		uint32		nonce[3] = {0, (uint32) r, (uint32) (r >> 32)};
+
+		dpsql_chacha20_block(key, 0, nonce, out + 16 * lane);
+	}
+}
+#endif
 
 /* dpsql_rng_uniform's value: (k + 0.5) / 2^53 of the next two words' top 53 bits */
 static inline double
@@ -451,11 +532,10 @@ chunk_new(PoissonLayout *p)
 	return c;
 }
 
-/* A chunk back to the transaction's free chunks (its rows wiped), or freed. */
+/* A chunk back to the transaction's free chunks, or freed. */
 static void
 chunk_free(PoissonLayout *p, Chunk *c)
 {
-	explicit_bzero(c->data, c->used);	/* rows of the training table */
 	if (free_registered && (free_chunks == NULL || free_chunk_bytes == p->chunk_bytes))
 	{
 		c->next = free_chunks;
@@ -474,6 +554,8 @@ layout_release(void *arg)
 	int			b;
 
 	explicit_bzero(p->key, sizeof(p->key));
+	explicit_bzero(p->first_blocks, sizeof(p->first_blocks));
+	p->first_rid0 = 0;
 	if (p->buckets == NULL || p->generation != chunk_generation)
 	{
 		p->buckets = NULL;		/* (the transaction's end took the chunks) */
@@ -638,6 +720,20 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 	p->seen[(rid - 1) >> 3] |= (uint8) (1 << ((rid - 1) & 7));
 	head[1] = row ? SLOT_ROW : SLOT_NULL_RECORD;
 	row_coins_begin(&rng, p->key, rid);
+	if (e->q < 1.0)
+	{
+		/* the first block from the eight rows' side by side (scans meet rids in runs) */
+		int64		rid0 = ((rid - 1) & ~INT64CONST(7)) + 1;
+
+		if (p->first_rid0 != rid0)
+		{
+			first_blocks8(p->key, rid0, p->first_blocks);
+			p->first_rid0 = rid0;
+		}
+		memcpy(rng.block, p->first_blocks + 16 * (rid - rid0), sizeof(rng.block));
+		rng.counter = 1;
+		rng.used = 0;
+	}
 	for (;;)
 	{
 		char	   *at;
