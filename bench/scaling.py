@@ -9,10 +9,12 @@ At each size, interleaved over ``--repeats``:
 * one DP-SGD epoch with shuffled batches, b = 50 (clipping and Gaussian noise in every step);
 * Poisson DP-SGD, b = 50, without a sort (``_sgd_epoch_sampled``: the scan copies each member
   row into the bucket of its step range, the buckets are replayed in step order): a first
-  epoch, a later one in the same transaction (another seed; the memory the first epoch
-  touched is reused), and one with ``dpsql.sampling_memory`` at ``--spill-memory`` (buckets
-  spilled to temporary files). The first epoch of a transaction also pays for its memory; on a
-  virtual machine memory the guest never touched before costs the host's page faults too.
+  epoch (which also keeps the rows by rid when they fit beside the buckets), a later one in
+  the same transaction (``_sgd_epoch_replayed``: the kept rows read in rid order instead of a
+  scan, into the buckets), and one with ``dpsql.sampling_memory`` at ``--spill-memory``
+  (buckets spilled to temporary files, nothing kept). The first epoch of a transaction also
+  pays for its memory; on a virtual machine memory the guest never touched before costs the
+  host's page faults too.
 
 The table is unlogged (like dpsql's training tables) and vacuumed after each doubling. Prints
 seconds, ns per row, and ns per row relative to the first size: a linear cost stays near 1.
@@ -101,15 +103,24 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915
                     (shuffled,),
                 ),
             }
-            for name, seed in (("Poisson b=50", 7), ("Poisson later", 8), ("Poisson spilled", 9)):
-                queries[name] = (
-                    "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', %s, %s,"
-                    " %s, NULL, NULL) IS NULL FROM s",
-                    (poisson, seed, rows, 50 / rows),
-                )
+            queries["Poisson b=50"] = (
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
+                " 1, 's'::regclass) IS NULL FROM s",
+                (poisson, rows, 50 / rows),
+            )
+            queries["Poisson later"] = (
+                "SELECT dpsql_internal._sgd_epoch_replayed(%s, 1, 's'::regclass, 'poisson', 8,"
+                " %s, %s) IS NULL",
+                (poisson, rows, 50 / rows),
+            )
+            queries["Poisson spilled"] = (
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 9, %s, %s,"
+                " NULL, NULL) IS NULL FROM s",
+                (poisson, rows, 50 / rows),
+            )
             times: dict[str, list[float]] = {name: [] for name in queries}
             for _ in range(args.repeats):
-                with db.conn.transaction():  # the later Poisson epoch reuses the first one's memory
+                with db.conn.transaction():  # the later Poisson epoch reads the first one's rows
                     for name, (query, params) in queries.items():
                         memory = args.spill_memory if name == "Poisson spilled" else None
                         if memory:

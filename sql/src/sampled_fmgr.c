@@ -364,6 +364,7 @@ typedef struct PoissonLayout
 	Size		held;			/* chunk bytes held by this layout */
 	Size		limit;			/* dpsql.sampling_memory in bytes */
 	bool		spilled;
+	double		expected;		/* expected bytes of the members */
 	uint8	   *seen;			/* rid bitmap: every rid once */
 	uint32		key[8];			/* the epoch's sampling key (secret) */
 	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
@@ -600,6 +601,7 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	p->chunk_bytes = p->entry * (Size) (per < 1 ? 1 : per);
 	/* the members' expected bytes: rows x steps x q entries */
 	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
+	p->expected = expected;
 	p->nbuckets = (int) Min((double) MAX_BUCKETS, Max(1.0, ceil(expected / (double) target)));
 	if (p->nbuckets > p->steps)
 		p->nbuckets = (int) p->steps;
@@ -930,9 +932,19 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	e = palloc0(sizeof(SampledEpoch));
 	sampled_setup(e, PG_GETARG_ARRAYTYPE_P(4), PG_GETARG_TEXT_PP(5), PG_GETARG_INT64(6),
 				  PG_GETARG_INT64(7), PG_GETARG_FLOAT8(8));
+	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
+	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
 	if (e->kind == SAMPLING_POISSON)
 		layout_begin(e, aggcontext);
-	else
+	/*
+	 * Rows in slots by rid: with replacement, for the replay; Poisson, for the run's later
+	 * epochs (read in rid order, without a scan) when they fit beside the buckets.
+	 */
+	if (e->kind == SAMPLING_REPLACEMENT ||
+		(e->run != 0 && OidIsValid(e->relation) && !kept_busy &&
+		 (double) sampled_bytes(e->rows, e->len) + e->layout->expected <=
+		 (double) sampling_memory_kb * 1024.0 &&
+		 (double) sampled_bytes(e->rows, e->len) <= (double) MaxAllocHugeSize))
 	{
 		bytes = (Size) e->rows * e->slot * sizeof(double);
 		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
@@ -940,8 +952,6 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
 		memset(e->filled, 0, (Size) e->rows);
 	}
-	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
-	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
 	MemoryContextSwitchTo(old);
 	return e;
 }
@@ -984,18 +994,25 @@ dpsql_sampled_transition(PG_FUNCTION_ARGS)
 		if (e->layout != NULL)
 		{
 			layout_file(e, rid, xs, PG_GETARG_FLOAT8(2), true);
-			e->seen++;
-			PG_RETURN_POINTER(e);
+			if (e->slots == NULL)
+			{
+				e->seen++;
+				PG_RETURN_POINTER(e);
+			}
 		}
 		slot = e->slots + (Size) (rid - 1) * e->slot;
 		slot[0] = PG_GETARG_FLOAT8(2);
 		memcpy(slot + 1, xs, sizeof(double) * (Size) e->len);
 		e->filled[rid - 1] = SLOT_ROW;
 	}
-	else if (((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE) && e->layout != NULL)
-		layout_file(e, rid, NULL, NAN, false);	/* private run: a null record, never an error */
 	else if ((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE)
-		e->filled[rid - 1] = SLOT_NULL_RECORD;
+	{
+		/* private run: a null record, never an error */
+		if (e->layout != NULL)
+			layout_file(e, rid, NULL, NAN, false);
+		if (e->slots != NULL)
+			e->filled[rid - 1] = SLOT_NULL_RECORD;
+	}
 	else
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
@@ -1097,8 +1114,6 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("dpsql: a sampled epoch of %lld rows saw %lld", (long long) e->rows,
 						(long long) e->seen)));
-	if (e->layout != NULL)
-		PG_RETURN_ARRAYTYPE_P(layout_replay(e));
 	if (e->kept && e->run != 0 && OidIsValid(e->relation))
 	{
 		kept_rows.run = e->run;
@@ -1107,6 +1122,8 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 		kept_rows.len = e->len;
 		kept_rows.valid = true;
 	}
+	if (e->layout != NULL)
+		PG_RETURN_ARRAYTYPE_P(layout_replay(e));
 	PG_RETURN_ARRAYTYPE_P(replay(e));
 }
 
@@ -1125,13 +1142,38 @@ dpsql_sampled_replayed(PG_FUNCTION_ARGS)
 	memset(&e, 0, sizeof(e));
 	sampled_setup(&e, PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_TEXT_PP(3), PG_GETARG_INT64(4),
 				  PG_GETARG_INT64(5), PG_GETARG_FLOAT8(6));
-	area = e.kind == SAMPLING_REPLACEMENT ?
-		kept_rows_of(PG_GETARG_INT64(1), PG_GETARG_OID(2), e.rows, e.len) : NULL;
+	area = kept_rows_of(PG_GETARG_INT64(1), PG_GETARG_OID(2), e.rows, e.len);
 	if (area == NULL)
 		PG_RETURN_NULL();
 	e.slots = (double *) area;
 	e.filled = (uint8 *) (e.slots + (Size) e.rows * e.slot);
 	e.seen = e.rows;
+	if (e.kind == SAMPLING_POISSON)
+	{
+		/* the kept rows in rid order, each into the buckets of its steps, as a scan would */
+		MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "dpsql sampled epoch",
+												  ALLOCSET_DEFAULT_SIZES);
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+		ArrayType  *out;
+		int64		rid;
+
+		layout_begin(&e, cxt);
+		for (rid = 1; rid <= e.rows; rid++)
+		{
+			const double *slot = e.slots + (Size) (rid - 1) * e.slot;
+
+			if ((rid & 0xFFFF) == 0)
+				CHECK_FOR_INTERRUPTS();
+			if (e.filled[rid - 1] == SLOT_ROW)
+				layout_file(&e, rid, slot + 1, slot[0], true);
+			else
+				layout_file(&e, rid, NULL, NAN, false);
+		}
+		MemoryContextSwitchTo(old);
+		out = layout_replay(&e);
+		MemoryContextDelete(cxt);
+		PG_RETURN_ARRAYTYPE_P(out);
+	}
 	PG_RETURN_ARRAYTYPE_P(replay(&e));
 }
 

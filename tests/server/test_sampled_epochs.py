@@ -364,3 +364,29 @@ def test_poisson_epoch_survives_an_error_and_reuses_memory(conn, rows_table) -> 
         with pytest.raises(psycopg.DataError), conn.transaction():
             conn.execute(epoch.format(rid="least(rid, 150)"), (init, m, q)).fetchone()
         assert conn.execute(epoch.format(rid="rid"), (init, m, q)).fetchone()[0] == reference
+
+
+def test_poisson_later_epochs_read_the_kept_rows(conn, rows_table) -> None:
+    """A later Poisson epoch of run 77 reads the first epoch's kept rows in rid order: the
+    model a scan gives (the sorted join's), in memory and spilled; not kept over the limit."""
+    m, q = rows_table, 0.05
+    init = _state(conn, batch=15, steps=20)
+    replayed = (
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'poisson', 12, %s, %s)"
+    )
+    first = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+        " 't'::regclass) FROM t"
+    )
+    reference = _poisson_sorted_join(conn, init, 12, 20, q)
+    with conn.transaction():
+        assert conn.execute(first, (init, m, q)).fetchone()[0] == _poisson_sorted_join(
+            conn, init, 11, 20, q
+        )
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] == reference
+        conn.execute("SET LOCAL dpsql.sampling_memory = 0")  # the later epoch spills
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] == reference
+    with conn.transaction():
+        conn.execute("SET LOCAL dpsql.sampling_memory = 0")  # nothing kept
+        conn.execute(first, (init, m, q)).fetchone()
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
