@@ -331,9 +331,10 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
  * later epochs (a run's epochs are one transaction), which then find their memory touched.
  */
 #define BUCKET_TARGET_BYTES ((Size) 4 * 1024 * 1024)
-#define MIN_BUCKET_BYTES ((Size) 16 * 1024)
+#define MIN_BUCKET_BYTES ((Size) 128 * 1024)
 #define MAX_BUCKETS 1024
-#define CHUNK_TARGET_BYTES ((Size) 32 * 1024)
+#define CHUNK_BYTES ((Size) 32 * 1024)
+#define SLAB_BYTES ((Size) 32 * 1024 * 1024)
 
 /* An entry: step and kind (int32 each), rid, y, then len features. */
 #define ENTRY_HEADER_DOUBLES 3
@@ -498,10 +499,11 @@ row_uniform(RowCoins *c)
 
 /* Free chunks of the transaction (a run's later epochs reuse the first epoch's memory). */
 static Chunk *free_chunks = NULL;
-static Size free_chunk_bytes = 0;
 static bool free_registered = false;
 static MemoryContextCallback free_forget;
 
+static char *slab_next = NULL;
+static char *slab_end = NULL;
 static uint64 chunk_generation = 0;	/* one per transaction that had chunks */
 
 static void
@@ -509,23 +511,40 @@ forget_free_chunks(void *arg)
 {
 	chunk_generation++;			/* every chunk of the transaction is gone */
 	free_chunks = NULL;
-	free_chunk_bytes = 0;
+	slab_next = slab_end = NULL;
 	free_registered = false;
 }
 
+/*
+ * Chunks of CHUNK_BYTES (header included) are carved from slabs of the transaction, which ask
+ * for transparent huge pages: on a virtual machine the first touch of 4 kB pages costs as much
+ * as the copy. Larger ones (rows of more than 4,000 features) are allocated one by one.
+ */
 static Chunk *
 chunk_new(PoissonLayout *p)
 {
 	Chunk	   *c;
 
-	if (free_chunks != NULL && free_chunk_bytes == p->chunk_bytes)
+	if (offsetof(Chunk, data) + p->chunk_bytes > CHUNK_BYTES)
+		c = MemoryContextAlloc(TopTransactionContext, offsetof(Chunk, data) + p->chunk_bytes);
+	else if (free_chunks != NULL)
 	{
 		c = free_chunks;
 		free_chunks = c->next;
 	}
 	else
 	{
-		c = MemoryContextAlloc(TopTransactionContext, offsetof(Chunk, data) + p->chunk_bytes);
+		if (slab_next == NULL || slab_next + CHUNK_BYTES > slab_end)
+		{
+			Size		huge = (Size) 2 * 1024 * 1024;
+			char	   *raw = MemoryContextAllocHuge(TopTransactionContext, SLAB_BYTES + huge);
+
+			slab_next = (char *) TYPEALIGN(huge, raw);
+			slab_end = raw + SLAB_BYTES + huge;
+			ask_for_huge_pages(slab_next, (Size) (slab_end - slab_next));
+		}
+		c = (Chunk *) slab_next;
+		slab_next += CHUNK_BYTES;
 	}
 	c->next = NULL;
 	c->used = 0;
@@ -533,18 +552,17 @@ chunk_new(PoissonLayout *p)
 	return c;
 }
 
-/* A chunk back to the transaction's free chunks, or freed. */
+/* A chunk back to the transaction's free chunks (or freed, if of its own). */
 static void
 chunk_free(PoissonLayout *p, Chunk *c)
 {
-	if (free_registered && (free_chunks == NULL || free_chunk_bytes == p->chunk_bytes))
+	if (offsetof(Chunk, data) + p->chunk_bytes > CHUNK_BYTES)
+		pfree(c);
+	else
 	{
 		c->next = free_chunks;
 		free_chunks = c;
-		free_chunk_bytes = p->chunk_bytes;
 	}
-	else
-		pfree(c);
 }
 
 /* Give a layout's chunks back to the transaction (at the end of its query, or sooner). */
@@ -597,7 +615,7 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	/* a bucket is replayed from memory: smaller ones under a small memory limit */
 	target = Max(MIN_BUCKET_BYTES, Min(BUCKET_TARGET_BYTES, p->limit / 16));
 	p->entry = (Size) (e->len + ENTRY_HEADER_DOUBLES) * sizeof(double);
-	per = (int64) (Min(CHUNK_TARGET_BYTES, target / 4) / p->entry);
+	per = (int64) ((CHUNK_BYTES - offsetof(Chunk, data)) / p->entry);
 	p->chunk_bytes = p->entry * (Size) (per < 1 ? 1 : per);
 	/* the members' expected bytes: rows x steps x q entries */
 	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
