@@ -366,6 +366,7 @@ typedef struct PoissonLayout
 	Size		limit;			/* dpsql.sampling_memory in bytes */
 	bool		spilled;
 	double		expected;		/* expected bytes of the members */
+	uint64		work;			/* members filed (for cancel checks) */
 	uint8	   *seen;			/* rid bitmap: every rid once */
 	uint32		key[8];			/* the epoch's sampling key (secret) */
 	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
@@ -763,6 +764,8 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 		if (next > (double) p->steps)
 			break;
 		head[0] = (int32) next;
+		if ((++p->work & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
 		at = layout_slot(p, (int64) head[0]);
 		memcpy(at, head, sizeof(head));
 		memcpy(at + sizeof(double), &rid, sizeof(int64));
@@ -1195,86 +1198,74 @@ dpsql_sampled_replayed(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(replay(&e));
 }
 
-/* The Poisson members of an epoch, (step, rid) in step order then rid order: for the tests. */
+/* The Poisson members of an epoch in rid order, each row's steps increasing: for the tests. */
 typedef struct PoissonMembers
 {
-	int64		n;
-	int64		next;
-	int32	   *steps;
-	int64	   *rids;
+	uint32		key[8];			/* secret */
+	RowCoins	coins;			/* secret */
+	int64		rows;
+	int64		steps;
+	double		q;
+	double		log1mq;
+	int64		rid;			/* the current row (0 before the first) */
+	double		next;			/* its last step */
+	uint64		work;
 } PoissonMembers;
 
 static PoissonMembers *
 poisson_members(int64 seed, int64 rows, int64 steps, double q)
 {
 	PoissonMembers *m = palloc0(sizeof(PoissonMembers));
-	Size		cap = 1024;
-	int32	   *st = palloc(sizeof(int32) * cap);
-	int64	   *rd = palloc(sizeof(int64) * cap);
-	int64	   *count;
-	int64		rid,
-				i,
-				s;
-	double		log1mq;
+	DpsqlRng	rng;
 
 	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX || !(q > 0.0 && q <= 1.0))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: Poisson sampling needs rows >= 1, 1 <= steps <= %d and 0 < q <= 1",
 						PG_INT32_MAX)));
-	log1mq = log1p(-q);
-	for (rid = 1; rid <= rows; rid++)
-	{
-		DpsqlRng	rng;
-		double		next = 0.0;
-
-		CHECK_FOR_INTERRUPTS();
-		dpsql_rng_init_seed(&rng, seed, (uint64) rid);
-		for (;;)
-		{
-			next += q >= 1.0 ? 1.0 : 1.0 + floor(log(dpsql_rng_uniform(&rng)) / log1mq);
-			if (next > (double) steps)
-				break;
-			if ((Size) m->n == cap)
-			{
-				if (cap > MaxAllocHugeSize / 2 / sizeof(int64))
-					ereport(ERROR,
-							(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-							 errmsg("dpsql: too many sampled members to list")));
-				cap *= 2;
-				st = repalloc_huge(st, sizeof(int32) * cap);
-				rd = repalloc_huge(rd, sizeof(int64) * cap);
-			}
-			st[m->n] = (int32) next;
-			rd[m->n] = rid;
-			m->n++;
-		}
-		explicit_bzero(&rng, sizeof(rng));
-	}
-	/* a stable counting sort by step: rid order within a step */
-	count = palloc0_array(int64, steps + 1);
-	for (i = 0; i < m->n; i++)
-		count[st[i]]++;
-	for (s = 1; s <= steps; s++)
-		count[s] += count[s - 1];
-	m->steps = palloc_array(int32, Max(m->n, 1));
-	m->rids = palloc_array(int64, Max(m->n, 1));
-	for (i = 0; i < m->n; i++)
-	{
-		int64		at = count[st[i] - 1]++;
-
-		m->steps[at] = st[i];
-		m->rids[at] = rd[i];
-	}
-	pfree(count);
-	pfree(st);
-	pfree(rd);
+	dpsql_rng_init_seed(&rng, seed, 0);
+	memcpy(m->key, rng.key, sizeof(m->key));
+	explicit_bzero(&rng, sizeof(rng));
+	m->rows = rows;
+	m->steps = steps;
+	m->q = q;
+	m->log1mq = log1p(-q);
+	m->next = (double) steps + 1.0;	/* the "previous row" is done */
 	return m;
+}
+
+/* The next member (rid order, then step order); false after the last row. */
+static bool
+poisson_members_next(PoissonMembers *m, int64 *step, int64 *rid)
+{
+	for (;;)
+	{
+		if ((++m->work & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (m->next > (double) m->steps)
+		{
+			if (m->rid >= m->rows)
+				return false;
+			m->rid++;
+			row_coins_begin(&m->coins, m->key, m->rid);
+			m->next = 0.0;
+		}
+		m->next += m->q >= 1.0 ? 1.0 :
+			1.0 + floor(log(row_uniform(&m->coins)) / m->log1mq);
+		if (m->next <= (double) m->steps)
+		{
+			*step = (int64) m->next;
+			*rid = m->rid;
+			return true;
+		}
+	}
 }
 
 /*
  * dpsql_internal._sampled_members(sampling text, seed bigint, rows bigint, steps int, q float8,
- * batch bigint) -> SETOF (step int, rid bigint): the members the replay visits, in its order.
+ * batch bigint) -> SETOF (step int, rid bigint): the members the replay visits. With
+ * replacement in the replay's order (the draws); Poisson in rid order, each row's steps
+ * increasing (the replay visits them by step, then rid).
  */
 Datum
 dpsql_sampled_members(PG_FUNCTION_ARGS)
@@ -1313,16 +1304,14 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 	{
 		PoissonMembers *m = (PoissonMembers *) fc->user_fctx;
 
-		if (m->next < m->n)
+		if (poisson_members_next(m, &step, &rid))
 		{
-			Datum		values[2] = {Int32GetDatum(m->steps[m->next]), Int64GetDatum(m->rids[m->next])};
+			Datum		values[2] = {Int32GetDatum((int32) step), Int64GetDatum(rid)};
 			bool		nulls[2] = {false, false};
 
-			m->next++;
 			SRF_RETURN_NEXT(fc, HeapTupleGetDatum(heap_form_tuple(fc->tuple_desc, values, nulls)));
 		}
-		explicit_bzero(m->steps, sizeof(int32) * Max(m->n, 1));
-		explicit_bzero(m->rids, sizeof(int64) * Max(m->n, 1));
+		explicit_bzero(m, sizeof(*m));
 		SRF_RETURN_DONE(fc);
 	}
 	it = (SampleIter *) fc->user_fctx;

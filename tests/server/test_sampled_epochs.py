@@ -60,8 +60,9 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
         " FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
+    order = "s.step, s.rid" if sampling == "poisson" else "s.ord"
     sorted_ = conn.execute(
-        "SELECT dpsql.sgd_epoch_batches(t.x, t.y, s.step, %s ORDER BY s.ord)"
+        f"SELECT dpsql.sgd_epoch_batches(t.x, t.y, s.step, %s ORDER BY {order})"
         "  FROM dpsql_internal._sampled_members(%s, 11, %s, %s, %s, %s)"
         "       WITH ORDINALITY AS s(step, rid, ord) JOIN t USING (rid)",
         (init, sampling, m, steps, q, batch),
@@ -319,7 +320,7 @@ def test_poisson_in_memory_and_out_of_core_are_the_sorted_join(conn, big_table) 
 
 
 def test_poisson_members_are_those_of_poisson_batches(conn) -> None:
-    """_sampled_members lists exactly the rows' _poisson_batches, by step then rid."""
+    """_sampled_members lists exactly the rows' _poisson_batches, by rid then step."""
     m, steps, q = 200, 30, 0.07
     got = conn.execute(
         "SELECT step, rid FROM dpsql_internal._sampled_members('poisson', 5, %s, %s, %s, 0)",
@@ -327,7 +328,7 @@ def test_poisson_members_are_those_of_poisson_batches(conn) -> None:
     ).fetchall()
     want = conn.execute(
         "SELECT b, r FROM generate_series(1::bigint, %s) AS r,"
-        "     unnest(dpsql_internal._poisson_batches(5, r, %s, %s)) AS b ORDER BY b, r",
+        "     unnest(dpsql_internal._poisson_batches(5, r, %s, %s)) AS b ORDER BY r, b",
         (m, steps, q),
     ).fetchall()
     assert got == want and len(got) > 0
