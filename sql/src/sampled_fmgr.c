@@ -517,9 +517,10 @@ forget_free_chunks(void *arg)
 }
 
 /*
- * Chunks of CHUNK_BYTES (header included) are carved from slabs of the transaction, which ask
- * for transparent huge pages: on a virtual machine the first touch of 4 kB pages costs as much
- * as the copy. Larger ones (rows of more than 4,000 features) are allocated one by one.
+ * Chunks of CHUNK_BYTES (header included) are carved from slabs of the transaction and kept
+ * for its later epochs: on a virtual machine the first touch of memory costs as much as the
+ * copy. (Transparent huge pages made the first epoch 3x slower here: the kernel compacts
+ * memory on the fault.) Larger ones (rows of over 4,000 features) are allocated one by one.
  */
 static Chunk *
 chunk_new(PoissonLayout *p)
@@ -542,7 +543,6 @@ chunk_new(PoissonLayout *p)
 
 			slab_next = (char *) TYPEALIGN(huge, raw);
 			slab_end = raw + SLAB_BYTES + huge;
-			ask_for_huge_pages(slab_next, (Size) (slab_end - slab_next));
 		}
 		c = (Chunk *) slab_next;
 		slab_next += CHUNK_BYTES;
