@@ -359,6 +359,7 @@ typedef struct PoissonLayout
 {
 	int64		steps;
 	int			nbuckets;
+	int			shift;			/* bucket b holds steps b * 2^shift + 1 .. (b + 1) * 2^shift */
 	Bucket	   *buckets;
 	Size		entry;			/* bytes per entry */
 	Size		chunk_bytes;	/* data bytes per chunk: a whole number of entries */
@@ -621,9 +622,14 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	/* the members' expected bytes: rows x steps x q entries */
 	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
 	p->expected = expected;
-	p->nbuckets = (int) Min((double) MAX_BUCKETS, Max(1.0, ceil(expected / (double) target)));
-	if (p->nbuckets > p->steps)
-		p->nbuckets = (int) p->steps;
+	/* steps per bucket: a power of two (a shift, not a division, per member) */
+	p->shift = 0;
+	while ((p->steps >> p->shift) > 1 &&
+		   ((double) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) >
+			Max(1.0, ceil(expected / (double) target)) ||
+			((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) > MAX_BUCKETS))
+		p->shift++;
+	p->nbuckets = (int) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift);
 	p->buckets = palloc0(sizeof(Bucket) * p->nbuckets);
 	p->seen = MemoryContextAllocHuge(CurrentMemoryContext, (Size) (e->rows + 7) / 8);
 	memset(p->seen, 0, (Size) (e->rows + 7) / 8);
@@ -691,7 +697,7 @@ layout_spill(PoissonLayout *p)
 static inline char *
 layout_slot(PoissonLayout *p, int64 step)
 {
-	Bucket	   *k = &p->buckets[(int) ((step - 1) * p->nbuckets / p->steps)];
+	Bucket	   *k = &p->buckets[(step - 1) >> p->shift];
 	Chunk	   *c = k->tail;
 
 	if (c == NULL || c->used + p->entry > p->chunk_bytes)
@@ -804,9 +810,9 @@ layout_replay(SampledEpoch *e)
 	for (b = 0; b < p->nbuckets; b++)
 	{
 		Bucket	   *k = &p->buckets[b];
-		/* the steps s with (s - 1) * B / T = b */
-		int64		lo = ((int64) b * p->steps + p->nbuckets - 1) / p->nbuckets + 1;
-		int64		hi = ((int64) (b + 1) * p->steps + p->nbuckets - 1) / p->nbuckets;
+		/* the steps s with (s - 1) >> shift = b */
+		int64		lo = ((int64) b << p->shift) + 1;
+		int64		hi = Min(p->steps, (int64) (b + 1) << p->shift);
 		int64		nsteps = hi - lo + 1;
 		int64	   *start;
 		char	  **order;
@@ -882,6 +888,16 @@ layout_replay(SampledEpoch *e)
 
 			if ((i & 0xFFFF) == 0xFFFF)
 				CHECK_FOR_INTERRUPTS();
+#if defined(__GNUC__)
+			if (i + 4 < k->entries)
+			{
+				const char *ahead = order[i + 4];
+				Size		off;
+
+				for (off = 0; off < p->entry; off += 64)
+					__builtin_prefetch(ahead + off);
+			}
+#endif
 			memcpy(head, ent, sizeof(head));
 			if (head[1] == SLOT_ROW)
 			{
