@@ -271,7 +271,7 @@ ask_for_huge_pages(char *area, Size bytes)
 }
 
 static void *
-slot_memory(MemoryContext aggcontext, Size bytes)
+slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 {
 	MemoryContextCallback *release;
 
@@ -292,7 +292,9 @@ slot_memory(MemoryContext aggcontext, Size bytes)
 		kept_size = 0;
 		kept_area = MemoryContextAllocHuge(TopTransactionContext, bytes);
 		kept_size = bytes;
-		ask_for_huge_pages(kept_area, bytes);
+		/* (only for random reads: the kernel may compact memory on the fault) */
+		if (random_reads)
+			ask_for_huge_pages(kept_area, bytes);
 	}
 	kept_busy = true;
 	kept_rows.valid = false;	/* until this aggregate has filed every row */
@@ -333,6 +335,7 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 #define BUCKET_TARGET_BYTES ((Size) 4 * 1024 * 1024)
 #define MIN_BUCKET_BYTES ((Size) 128 * 1024)
 #define MAX_BUCKETS 1024
+#define SPILL_MAX_BUCKETS 256
 #define CHUNK_BYTES ((Size) 32 * 1024)
 #define SLAB_BYTES ((Size) 32 * 1024 * 1024)
 
@@ -605,6 +608,7 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	MemoryContextCallback *cb;
 	double		expected;
 	Size		target;
+	int64		max_buckets;
 	int64		per;
 
 	p->steps = (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch;
@@ -622,12 +626,17 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	/* the members' expected bytes: rows x steps x q entries */
 	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
 	p->expected = expected;
-	/* steps per bucket: a power of two (a shift, not a division, per member) */
+	/*
+	 * Steps per bucket: a power of two (a shift, not a division, per member). Fewer buckets
+	 * when they will spill: each is a temporary file, and past max_files_per_process the
+	 * files would be closed and opened again for every chunk written.
+	 */
+	max_buckets = expected > (double) p->limit ? SPILL_MAX_BUCKETS : MAX_BUCKETS;
 	p->shift = 0;
 	while ((p->steps >> p->shift) > 1 &&
 		   ((double) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) >
 			Max(1.0, ceil(expected / (double) target)) ||
-			((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) > MAX_BUCKETS))
+			((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) > max_buckets))
 		p->shift++;
 	p->nbuckets = (int) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift);
 	p->buckets = palloc0(sizeof(Bucket) * p->nbuckets);
@@ -984,7 +993,8 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		 (double) sampled_bytes(e->rows, e->len) <= (double) MaxAllocHugeSize))
 	{
 		bytes = (Size) e->rows * e->slot * sizeof(double);
-		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
+		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows,
+							   e->kind == SAMPLING_REPLACEMENT);
 		e->kept = (char *) e->slots == kept_area;
 		e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
 		memset(e->filled, 0, (Size) e->rows);
