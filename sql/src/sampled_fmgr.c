@@ -4,18 +4,26 @@
  * A sampled epoch's steps take rows in an order no scan gives: step j is a Poisson sample of
  * the rows (each with probability q, DP-SGD) or b uniform draws with replacement (BST14).
  * Joining every row to its steps and sorting by step costs 11-13 noiseless epochs
- * (bench/RESULTS.md). Here the aggregate's scan copies each row into a slot indexed by its row
- * id (the training table's rid, 1..rows), and the final function replays the epoch: one
- * secret ChaCha20 stream per epoch generates the steps' members in order (geometric skips over
- * the row ids for Poisson, uniform row ids for draws), each member is read from its slot and
- * handed to the C core's batched step (dpsql_sgd_row_batch) exactly as the sorted join did.
- * The work is the scan, a copy and O(1) per member, and needs rows x (features + 1) doubles
- * of memory: _sampled_epoch (30_runs.sql) keeps the sorted join for tables over
- * dpsql.sampling_memory. The run's later epochs replay the filed rows without a scan (the
- * kept area below).
+ * (bench/RESULTS.md).
  *
- * dpsql_internal._sampled_members() exposes the same generator as rows, for the tests (batch
- * sizes and per-row counts) and for a parity check of the replay against the sorted aggregate.
+ * Poisson (the layout below): row r's steps come from its own ChaCha20 stream keyed by (the
+ * epoch's secret seed, r), the stream of _poisson_batches (random_fmgr.c). The aggregate's scan
+ * copies each row into the bucket of each step it joins (buckets of 2^k consecutive steps, a
+ * few MB each); the final function replays the buckets in step order, each sorted by step and
+ * then rid, through the C core's batched step (dpsql_sgd_row_batch): the sorted join's model
+ * bit for bit. Reads are sequential or within a bucket, so the cost per row does not grow with
+ * the table. Over dpsql.sampling_memory the buckets spill to temporary files.
+ *
+ * With replacement: the scan copies each row into a slot indexed by its rid (1..rows) and the
+ * final function replays the draws (uniform rids from one secret stream per epoch), reading
+ * each member's slot: rows x (features + 1) doubles of memory; _sampled_epoch (30_runs.sql)
+ * takes the sorted join for tables over dpsql.sampling_memory.
+ *
+ * Either way a run's later epochs read the rows its first epoch kept (the kept area below)
+ * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets.
+ *
+ * dpsql_internal._sampled_members() lists the members, for the tests (the laws, and the
+ * replays' parity with the sorted aggregate).
  */
 #include "postgres.h"
 
