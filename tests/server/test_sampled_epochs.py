@@ -391,3 +391,22 @@ def test_poisson_later_epochs_read_the_kept_rows(conn, rows_table) -> None:
         conn.execute("SET LOCAL dpsql.sampling_memory = 0")  # nothing kept
         conn.execute(first, (init, m, q)).fetchone()
         assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
+
+
+@pytest.mark.parametrize("big_table", ["in_order"], indirect=True)
+def test_spilled_buckets_are_removed_when_the_epoch_fails(conn, big_table) -> None:
+    """A repeated rid found after the buckets spilled: the error, and no temporary file left."""
+    m, steps, q = big_table, 150, 0.02
+    init = _state(conn, batch=60, steps=steps)
+    conn.execute("SET dpsql.sampling_memory = 0")
+    try:
+        with pytest.raises(psycopg.DataError, match="repeated"):
+            conn.execute(
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y,"
+                " CASE WHEN rid = %s THEN 1 ELSE rid END, %s, 'poisson', 31, %s, %s, NULL, NULL)"
+                " FROM t",
+                (m, init, m, q),
+            )
+        assert conn.execute("SELECT count(*) FROM pg_ls_tmpdir()").fetchone()[0] == 0
+    finally:
+        conn.execute("RESET dpsql.sampling_memory")
