@@ -475,6 +475,7 @@ first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
 			out[16 * lane + i] = v[lane];
 	}
 	explicit_bzero(x, sizeof(x));
+	explicit_bzero(s, sizeof(s));
 }
 #else
 static void
