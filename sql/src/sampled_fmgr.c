@@ -74,18 +74,14 @@ typedef enum SamplingKind
 	SAMPLING_REPLACEMENT
 } SamplingKind;
 
-/* The members of an epoch's steps, in step order: (step, rid) pairs from one secret stream. */
+/* The draws of an epoch with replacement, in step order: (step, rid) from one secret stream. */
 typedef struct SampleIter
 {
 	DpsqlRng	rng;
-	SamplingKind kind;
 	int64		rows;
 	int64		steps;
-	double		q;				/* Poisson: each row joins each step with probability q */
-	double		log1mq;
-	int64		batch;			/* replacement: draws per step */
-	int64		step;			/* current step (1-based; 0 before the first) */
-	int64		at;				/* Poisson: last rid of this step; replacement: draws made */
+	int64		batch;			/* draws per step */
+	int64		at;				/* draws made */
 } SampleIter;
 
 static SamplingKind
@@ -104,70 +100,38 @@ sampling_kind(text *name)
 }
 
 static void
-sample_begin(SampleIter *it, SamplingKind kind, int64 seed, int64 rows, int64 steps, double q,
-			 int64 batch)
+sample_begin(SampleIter *it, int64 seed, int64 rows, int64 steps, int64 batch)
 {
 	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: a sampled epoch needs rows >= 1 and 1 <= steps <= %d", PG_INT32_MAX)));
-	if (kind == SAMPLING_POISSON && !(q > 0.0 && q <= 1.0))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: Poisson sampling needs 0 < q <= 1")));
-	if (kind == SAMPLING_REPLACEMENT && (batch < 1 || batch > PG_INT64_MAX / steps))
+	if (batch < 1 || batch > PG_INT64_MAX / steps)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: sampling with replacement needs a batch size >= 1")));
 	memset(it, 0, sizeof(*it));
 	dpsql_rng_init_seed(&it->rng, seed, SAMPLING_STREAM);
-	it->kind = kind;
 	it->rows = rows;
 	it->steps = steps;
-	it->q = q;
-	it->log1mq = q < 1.0 ? log1p(-q) : 0.0;
 	it->batch = batch;
-	it->step = 1;
 }
 
 /* The next member: false when the epoch's last step is done. Checks for cancel now and then. */
 static bool
 sample_next(SampleIter *it, int64 *step, int64 *rid)
 {
-	if (it->kind == SAMPLING_REPLACEMENT)
-	{
-		int64		r;
+	int64		r;
 
-		if (it->at >= it->steps * it->batch)
-			return false;
-		if ((it->at & 0xFFFF) == 0)
-			CHECK_FOR_INTERRUPTS();
-		*step = it->at / it->batch + 1;
-		it->at++;
-		r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
-		*rid = r > it->rows ? it->rows : r;
-		return true;
-	}
-	while (it->step <= it->steps)
-	{
-		/* the gap to the next member of this step is Geometric(q) on {1, 2, ...} */
-		double		gap = it->q >= 1.0 ? 1.0 :
-			1.0 + floor(log(dpsql_rng_uniform(&it->rng)) / it->log1mq);
-
-		if (gap <= (double) (it->rows - it->at))
-		{
-			it->at += (int64) gap;
-			*step = it->step;
-			*rid = it->at;
-			return true;
-		}
-		/* past the last row: the next step (steps may be empty: noise only) */
-		if ((it->step & 0x3FF) == 0)
-			CHECK_FOR_INTERRUPTS();
-		it->step++;
-		it->at = 0;
-	}
-	return false;
+	if (it->at >= it->steps * it->batch)
+		return false;
+	if ((it->at & 0xFFFF) == 0)
+		CHECK_FOR_INTERRUPTS();
+	*step = it->at / it->batch + 1;
+	it->at++;
+	r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
+	*rid = r > it->rows ? it->rows : r;
+	return true;
 }
 
 /* Aggregate state: the model state and the epoch's rows in slots by rid. */
@@ -1097,7 +1061,7 @@ prefetch_slot(const SampledEpoch *e, int64 rid)
 }
 
 /*
- * Replay the epoch's steps in order over the filed rows and end the epoch: the state
+ * Replay the draws (with replacement) in order over the filed rows and end the epoch: the state
  * _sgd_final would return, in the current memory context.
  */
 static ArrayType *
@@ -1113,8 +1077,8 @@ replay(SampledEpoch *e)
 	DpsqlStatus st;
 	ArrayType  *out;
 
-	sample_begin(&it, e->kind, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
-				 e->q, e->batch);
+	sample_begin(&it, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
+				 e->batch);
 	/* members LOOKAHEAD ahead, so that their slots are on their way to the cache */
 	for (ahead = 0; ahead < LOOKAHEAD && sample_next(&it, &steps[ahead], &rids[ahead]); ahead++)
 		prefetch_slot(e, rids[ahead]);
@@ -1323,8 +1287,8 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		else
 		{
 			it = palloc(sizeof(SampleIter));
-			sample_begin(it, SAMPLING_REPLACEMENT, PG_GETARG_INT64(1), PG_GETARG_INT64(2),
-						 PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4), PG_GETARG_INT64(5));
+			sample_begin(it, PG_GETARG_INT64(1), PG_GETARG_INT64(2), PG_GETARG_INT32(3),
+						 PG_GETARG_INT64(5));
 			fc->user_fctx = it;
 		}
 		if (get_call_result_type(fcinfo, NULL, &fc->tuple_desc) != TYPEFUNC_COMPOSITE)
