@@ -7,11 +7,12 @@ scans, not the shuffle into the training table) over its epochs:
 
 * noiseless logistic SGD, b = 50 and b = 10 (``privacy => 'none'``, clipping off);
 * DP-SGD with shuffled batches, b = 10 (clipping and noise in every step);
-* DP-SGD with Poisson batches and BST14 (draws with replacement), b = 50: the scan files the
-  rows and the final function replays the steps (``sampled_fmgr.c``); later epochs of the run
-  replay the filed rows without a scan;
-* the same two with ``dpsql.sampling_memory = 0``: the sorted join of every row to its steps
-  that was the only path before (the "before" of the ratios, measured in the same run).
+* DP-SGD with Poisson batches and BST14 (draws with replacement), b = 50, without a sort
+  (``sampled_fmgr.c``): Poisson copies each member row into the bucket of its step range at the
+  scan and replays the buckets in step order; BST14 files the rows by rid and replays the
+  draws; later epochs of the run read the kept rows instead of scanning;
+* the same two with ``dpsql.sampling_memory = 0``: Poisson's buckets spilled to temporary
+  files ("spilled"), BST14's sorted join of every row to its draws ("sorted join").
 
 Runs of 1 and of ``--epochs`` epochs give the first epoch (scan + filing + replay) and the later
 ones (replay only) apart. The noise multiplier is given (1.0), so no accountant runs.
@@ -42,7 +43,7 @@ SERIES = {
     ),
     "BST14 b=50": (50, "privacy => 'bst14', epsilon => 1, delta => 1e-6"),
 }
-SORTED = ("DP-SGD Poisson b=50", "BST14 b=50")  # also run over the sorted join
+SORTED = ("DP-SGD Poisson b=50", "BST14 b=50")  # also run at dpsql.sampling_memory = 0
 
 
 def _load(db: dpsql.Database, name: str, X: np.ndarray, y: np.ndarray) -> None:
@@ -125,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 k_all = statistics.median(times[(series, memory, args.epochs)])
                 first = statistics.median(times[(series, memory, 1)])
                 later = (k_all - first) / (args.epochs - 1) if args.epochs > 1 else float("nan")
-                label = series + (" (sorted join)" if memory == "0" else "")
+                over = " (spilled)" if "Poisson" in series else " (sorted join)"
+                label = series + (over if memory == "0" else "")
                 print(
                     f"{label:34s} {k_all / args.epochs:9.4f} {first:10.4f} {later:9.4f}"
                     f" {k_all / args.epochs / base[b]:12.2f}"

@@ -7,11 +7,14 @@ At each size, interleaved over ``--repeats``:
 * a plain scan, ``SELECT sum(array_length(x, 1))`` (Bismarck's yardstick);
 * one noiseless logistic SGD epoch, b = 1 (``dpsql.sgd_epoch``);
 * one DP-SGD epoch with shuffled batches, b = 50 (clipping and Gaussian noise in every step);
-* Poisson DP-SGD, b = 50, without a sort, while its rows fit in ``--sampling-memory``: a first
-  epoch (``_sgd_epoch_sampled``: the scan files the rows in memory and the steps are replayed)
-  and, in the same transaction, a later one (``_sgd_epoch_replayed``: the filed rows replayed
-  without a scan). The first epoch of a transaction also pays for its memory; on a virtual
-  machine memory the guest never touched before costs the host's page faults too.
+* Poisson DP-SGD, b = 50, without a sort (``_sgd_epoch_sampled``: the scan copies each member
+  row into the bucket of its step range, the buckets are replayed in step order): a first
+  epoch (which also keeps the rows by rid when they fit beside the buckets), a later one in
+  the same transaction (``_sgd_epoch_replayed``: the kept rows read in rid order instead of a
+  scan, into the buckets), and one with ``dpsql.sampling_memory`` at ``--spill-memory``
+  (buckets spilled to temporary files, nothing kept). The first epoch of a transaction also
+  pays for its memory; on a virtual machine memory the guest never touched before costs the
+  host's page faults too.
 
 The table is unlogged (like dpsql's training tables) and vacuumed after each doubling. Prints
 seconds, ns per row, and ns per row relative to the first size: a linear cost stays near 1.
@@ -31,14 +34,22 @@ from dpsql import datasets, server
 
 DIM = 50
 START = 1_000_000
-NAMES = ("scan", "epoch b=1", "DP-SGD shuffle b=50", "Poisson b=50", "Poisson later")
+NAMES = (
+    "scan",
+    "epoch b=1",
+    "DP-SGD shuffle b=50",
+    "Poisson b=50",
+    "Poisson later",
+    "Poisson spilled",
+)
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rows", type=int, default=32_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sampling-memory", default="8GB")
+    parser.add_argument("--spill-memory", default="64MB")
     parser.add_argument("--start", type=int, default=START)
     args = parser.parse_args(argv)
     with server.temporary_server() as uri, dpsql.connect(uri) as db:
@@ -51,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
         print(
             f"# server: PostgreSQL {db.execute('SHOW server_version').fetchone()[0]},"
             f" shared_buffers {db.execute('SHOW shared_buffers').fetchone()[0]},"
-            f" dpsql.sampling_memory {args.sampling_memory}"
+            f" dpsql.sampling_memory {args.sampling_memory} (spilled: {args.spill_memory})"
         )
         X, y = datasets.synthetic_classification(args.start, DIM, seed=0)
         db.execute("CREATE UNLOGGED TABLE s (rid bigint, x float8[], y float8)")
@@ -84,9 +95,6 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             db.execute("VACUUM ANALYZE s")
             heap = db.execute("SELECT pg_table_size('s') / 1e9").fetchone()[0]
             poisson = state(50, rows // 50, True)
-            fits = db.execute(
-                "SELECT dpsql_internal._sampled_epoch_fits(%s, %s)", (poisson, rows)
-            ).fetchone()[0]
             queries = {
                 "scan": ("SELECT sum(array_length(x, 1)) IS NULL FROM s", ()),
                 "epoch b=1": ("SELECT dpsql.sgd_epoch(x, y, %s) IS NULL FROM s", (plain,)),
@@ -95,33 +103,49 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
                     (shuffled,),
                 ),
             }
-            if fits:
-                queries["Poisson b=50"] = (
-                    "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
-                    " 1, 's'::regclass) IS NULL FROM s",
-                    (poisson, rows, 50 / rows),
-                )
-                queries["Poisson later"] = (
-                    "SELECT dpsql_internal._sgd_epoch_replayed(%s, 1, 's'::regclass, 'poisson', 8,"
-                    " %s, %s) IS NULL",
-                    (poisson, rows, 50 / rows),
-                )
+            queries["Poisson b=50"] = (
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 7, %s, %s,"
+                " 1, 's'::regclass) IS NULL FROM s",
+                (poisson, rows, 50 / rows),
+            )
+            queries["Poisson later"] = (
+                "SELECT dpsql_internal._sgd_epoch_replayed(%s, 1, 's'::regclass, 'poisson', 8,"
+                " %s, %s) IS NULL",
+                (poisson, rows, 50 / rows),
+            )
+            queries["Poisson spilled"] = (
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 9, %s, %s,"
+                " NULL, NULL) IS NULL FROM s",
+                (poisson, rows, 50 / rows),
+            )
             times: dict[str, list[float]] = {name: [] for name in queries}
             for _ in range(args.repeats):
-                with db.conn.transaction():  # the later Poisson epoch replays the first one's rows
+                with db.conn.transaction():  # the later Poisson epoch reads the first one's rows
                     for name, (query, params) in queries.items():
+                        memory = args.spill_memory if name == "Poisson spilled" else None
+                        if memory:
+                            db.execute(
+                                "SELECT set_config('dpsql.sampling_memory', %s, true)", (memory,)
+                            )
                         t = time.perf_counter()
                         (missing,) = db.execute(query, params).fetchone()
-                        times[name].append(time.perf_counter() - t)
-                        assert not missing
-            med = {name: statistics.median(ts) for name, ts in times.items()}
+                        if missing:  # the rows were not kept (over the memory limit)
+                            assert name == "Poisson later"
+                        else:
+                            times[name].append(time.perf_counter() - t)
+                        if memory:
+                            db.execute(
+                                "SELECT set_config('dpsql.sampling_memory', %s, true)",
+                                (args.sampling_memory,),
+                            )
+            med = {name: statistics.median(ts) for name, ts in times.items() if ts}
             if first is None:
-                first = {name: med[name] / rows for name in med}
+                first = {name: med[name] / rows for name in NAMES}
                 print(header)
             cells = []
             for name in NAMES:
                 if name not in med:
-                    cells.append(f"{'(over the limit)':>22s}")
+                    cells.append(f"{'(not kept)':>22s}")
                     continue
                 per_row = med[name] / rows
                 cells.append(

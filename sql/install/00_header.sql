@@ -147,12 +147,15 @@ CREATE OR REPLACE FUNCTION dpsql_internal._poisson_batches(seed bigint, rid bigi
 RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_poisson_batches'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
--- A sampled epoch without a sort (sampled_fmgr.c): the scan files each row by its rid, and
--- the final function replays the steps (Poisson or draws with replacement) from the epoch's
--- secret seed. Holds rows x (features + 1) doubles: _sampled_epoch_fits says whether the
--- table fits in dpsql.sampling_memory. Given a run and its training table, the filed rows stay
--- for the run's later epochs in the same transaction, which _sgd_epoch_replayed replays
--- without a scan (NULL when it does not hold them).
+-- A sampled epoch without a sort (sampled_fmgr.c). Poisson: the scan copies each row into
+-- the bucket of each step it joins (its own stream keyed by the rid, as _poisson_batches), the
+-- buckets are spilled to temporary files over dpsql.sampling_memory, and the final function
+-- replays them in step order. With replacement: the scan files each row by its rid and the
+-- final function replays the draws from the epoch's secret seed; rows x (features + 1)
+-- doubles, which _sampled_epoch_fits says fit in dpsql.sampling_memory. Given a run and its
+-- training table, the filed rows stay for the run's later epochs in the same transaction
+-- (Poisson: when they fit beside the buckets), which _sgd_epoch_replayed replays without a
+-- scan (NULL when it does not hold them).
 CREATE OR REPLACE FUNCTION dpsql_internal._sgd_sampled_transition(internal, x float8[], y float8, rid bigint,
                                               init float8[], sampling text, seed bigint,
                                               rows bigint, q float8, run bigint, relation oid)
@@ -181,7 +184,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._sampled_epoch_fits(state float8[], ro
 RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_sampled_fits'
 LANGUAGE C STRICT STABLE PARALLEL SAFE;
 
--- The members (step, rid) of a sampled epoch's steps, in the order the replay visits them.
+-- The members (step, rid) of a sampled epoch's steps: with replacement in the order the replay
+-- visits them; Poisson by rid (the replay visits them by step, then rid).
 CREATE OR REPLACE FUNCTION dpsql_internal._sampled_members(sampling text, seed bigint, rows bigint, steps int,
                                        q float8, batch bigint)
 RETURNS TABLE (step int, rid bigint) AS 'MODULE_PATHNAME', 'dpsql_sampled_members'

@@ -320,24 +320,33 @@ BEGIN
     IF r.spec->'distributed' <> 'null' THEN
         RETURN dpsql_internal._sampled_epoch_distributed(r, seed, q);  -- 59_distributed_sampled.sql
     END IF;
-    IF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
+    IF r.spec->>'sampling' = 'poisson' THEN
+        -- each row joins each step with probability q (its own stream keyed by the row id);
+        -- member rows bucketed by step range, spilled to temporary files over
+        -- dpsql.sampling_memory, replayed in step order (sampled_fmgr.c); the first epoch's
+        -- rows are kept for the later ones when they fit beside the buckets
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
-                                                 r.spec->>'sampling', seed, r.rows, q);
+                                                 'poisson', seed, r.rows, q);
         IF st IS NULL THEN
             EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
                            '       $6, $7) FROM %s', r.train_table)
-               INTO st USING r.state, r.spec->>'sampling', seed, r.rows, q, r.run_id,
+               INTO st USING r.state, 'poisson', seed, r.rows, q, r.run_id,
                              r.train_table::regclass::oid;
         END IF;
-    ELSIF r.spec->>'sampling' = 'poisson' THEN
-        -- each row joins each step with probability q; rows sorted by step, and steps no row
-        -- joined still step (noise only)
-        EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, $1 ORDER BY b.batch)'
-                       '  FROM %s t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches($2, t.rid,'
-                       '       $3, $4)) AS b(batch)', r.train_table)
-           INTO st USING r.state, seed, (r.spec->>'steps_per_epoch')::int, q;
+    ELSIF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
+        -- BST14 in memory: rows filed by rid, draws replayed (the first epoch's rows kept for
+        -- the later ones)
+        st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
+                                                 'replacement', seed, r.rows, q);
+        IF st IS NULL THEN
+            EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
+                           '       $6, $7) FROM %s', r.train_table)
+               INTO st USING r.state, 'replacement', seed, r.rows, q, r.run_id,
+                             r.train_table::regclass::oid;
+        END IF;
     ELSE
-        -- BST14: every step draws batch_size rows uniformly with replacement, sorted by draw
+        -- BST14 over dpsql.sampling_memory: every step draws batch_size rows uniformly with
+        -- replacement, sorted by draw
         EXECUTE format('SELECT dpsql.sgd_epoch_batches(t.x, t.y, (g.pos - 1) / $3 + 1, $1'
                        '       ORDER BY g.pos)'
                        '  FROM generate_series(1::bigint, $3 * $4) AS g(pos)'

@@ -4,18 +4,26 @@
  * A sampled epoch's steps take rows in an order no scan gives: step j is a Poisson sample of
  * the rows (each with probability q, DP-SGD) or b uniform draws with replacement (BST14).
  * Joining every row to its steps and sorting by step costs 11-13 noiseless epochs
- * (bench/RESULTS.md). Here the aggregate's scan copies each row into a slot indexed by its row
- * id (the training table's rid, 1..rows), and the final function replays the epoch: one
- * secret ChaCha20 stream per epoch generates the steps' members in order (geometric skips over
- * the row ids for Poisson, uniform row ids for draws), each member is read from its slot and
- * handed to the C core's batched step (dpsql_sgd_row_batch) exactly as the sorted join did.
- * The work is the scan, a copy and O(1) per member, and needs rows x (features + 1) doubles
- * of memory: _sampled_epoch (30_runs.sql) keeps the sorted join for tables over
- * dpsql.sampling_memory. The run's later epochs replay the filed rows without a scan (the
- * kept area below).
+ * (bench/RESULTS.md).
  *
- * dpsql_internal._sampled_members() exposes the same generator as rows, for the tests (batch
- * sizes and per-row counts) and for a parity check of the replay against the sorted aggregate.
+ * Poisson (the layout below): row r's steps come from its own ChaCha20 stream keyed by (the
+ * epoch's secret seed, r), the stream of _poisson_batches (random_fmgr.c). The aggregate's scan
+ * copies each row into the bucket of each step it joins (buckets of 2^k consecutive steps, a
+ * few MB each); the final function replays the buckets in step order, each sorted by step and
+ * then rid, through the C core's batched step (dpsql_sgd_row_batch): the sorted join's model
+ * bit for bit. Reads are sequential or within a bucket, so the cost per row does not grow with
+ * the table. Over dpsql.sampling_memory the buckets spill to temporary files.
+ *
+ * With replacement: the scan copies each row into a slot indexed by its rid (1..rows) and the
+ * final function replays the draws (uniform rids from one secret stream per epoch), reading
+ * each member's slot: rows x (features + 1) doubles of memory; _sampled_epoch (30_runs.sql)
+ * takes the sorted join for tables over dpsql.sampling_memory.
+ *
+ * Either way a run's later epochs read the rows its first epoch kept (the kept area below)
+ * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets.
+ *
+ * dpsql_internal._sampled_members() lists the members, for the tests (the laws, and the
+ * replays' parity with the sorted aggregate).
  */
 #include "postgres.h"
 
@@ -28,6 +36,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/buffile.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -65,18 +74,14 @@ typedef enum SamplingKind
 	SAMPLING_REPLACEMENT
 } SamplingKind;
 
-/* The members of an epoch's steps, in step order: (step, rid) pairs from one secret stream. */
+/* The draws of an epoch with replacement, in step order: (step, rid) from one secret stream. */
 typedef struct SampleIter
 {
 	DpsqlRng	rng;
-	SamplingKind kind;
 	int64		rows;
 	int64		steps;
-	double		q;				/* Poisson: each row joins each step with probability q */
-	double		log1mq;
-	int64		batch;			/* replacement: draws per step */
-	int64		step;			/* current step (1-based; 0 before the first) */
-	int64		at;				/* Poisson: last rid of this step; replacement: draws made */
+	int64		batch;			/* draws per step */
+	int64		at;				/* draws made */
 } SampleIter;
 
 static SamplingKind
@@ -95,70 +100,38 @@ sampling_kind(text *name)
 }
 
 static void
-sample_begin(SampleIter *it, SamplingKind kind, int64 seed, int64 rows, int64 steps, double q,
-			 int64 batch)
+sample_begin(SampleIter *it, int64 seed, int64 rows, int64 steps, int64 batch)
 {
 	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: a sampled epoch needs rows >= 1 and 1 <= steps <= %d", PG_INT32_MAX)));
-	if (kind == SAMPLING_POISSON && !(q > 0.0 && q <= 1.0))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: Poisson sampling needs 0 < q <= 1")));
-	if (kind == SAMPLING_REPLACEMENT && (batch < 1 || batch > PG_INT64_MAX / steps))
+	if (batch < 1 || batch > PG_INT64_MAX / steps)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: sampling with replacement needs a batch size >= 1")));
 	memset(it, 0, sizeof(*it));
 	dpsql_rng_init_seed(&it->rng, seed, SAMPLING_STREAM);
-	it->kind = kind;
 	it->rows = rows;
 	it->steps = steps;
-	it->q = q;
-	it->log1mq = q < 1.0 ? log1p(-q) : 0.0;
 	it->batch = batch;
-	it->step = 1;
 }
 
 /* The next member: false when the epoch's last step is done. Checks for cancel now and then. */
 static bool
 sample_next(SampleIter *it, int64 *step, int64 *rid)
 {
-	if (it->kind == SAMPLING_REPLACEMENT)
-	{
-		int64		r;
+	int64		r;
 
-		if (it->at >= it->steps * it->batch)
-			return false;
-		if ((it->at & 0xFFFF) == 0)
-			CHECK_FOR_INTERRUPTS();
-		*step = it->at / it->batch + 1;
-		it->at++;
-		r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
-		*rid = r > it->rows ? it->rows : r;
-		return true;
-	}
-	while (it->step <= it->steps)
-	{
-		/* the gap to the next member of this step is Geometric(q) on {1, 2, ...} */
-		double		gap = it->q >= 1.0 ? 1.0 :
-			1.0 + floor(log(dpsql_rng_uniform(&it->rng)) / it->log1mq);
-
-		if (gap <= (double) (it->rows - it->at))
-		{
-			it->at += (int64) gap;
-			*step = it->step;
-			*rid = it->at;
-			return true;
-		}
-		/* past the last row: the next step (steps may be empty: noise only) */
-		if ((it->step & 0x3FF) == 0)
-			CHECK_FOR_INTERRUPTS();
-		it->step++;
-		it->at = 0;
-	}
-	return false;
+	if (it->at >= it->steps * it->batch)
+		return false;
+	if ((it->at & 0xFFFF) == 0)
+		CHECK_FOR_INTERRUPTS();
+	*step = it->at / it->batch + 1;
+	it->at++;
+	r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
+	*rid = r > it->rows ? it->rows : r;
+	return true;
 }
 
 /* Aggregate state: the model state and the epoch's rows in slots by rid. */
@@ -179,6 +152,7 @@ typedef struct SampledEpoch
 	bool		kept;			/* the slots are the kept area */
 	int64		run;			/* the run and training table the rows are of (0: none) */
 	Oid			relation;
+	struct PoissonLayout *layout;	/* Poisson: the buckets (no slots) */
 } SampledEpoch;
 
 #define SLOT_ROW 1
@@ -269,7 +243,7 @@ ask_for_huge_pages(char *area, Size bytes)
 }
 
 static void *
-slot_memory(MemoryContext aggcontext, Size bytes)
+slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 {
 	MemoryContextCallback *release;
 
@@ -290,7 +264,9 @@ slot_memory(MemoryContext aggcontext, Size bytes)
 		kept_size = 0;
 		kept_area = MemoryContextAllocHuge(TopTransactionContext, bytes);
 		kept_size = bytes;
-		ask_for_huge_pages(kept_area, bytes);
+		/* (only for random reads: the kernel may compact memory on the fault) */
+		if (random_reads)
+			ask_for_huge_pages(kept_area, bytes);
 	}
 	kept_busy = true;
 	kept_rows.valid = false;	/* until this aggregate has filed every row */
@@ -312,6 +288,632 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 	return kept_area;
 }
 
+/*
+ * Poisson epochs: rows bucketed by step range.
+ *
+ * Row rid joins step j independently with probability q; its steps come from its own ChaCha20
+ * stream keyed by (seed, rid), by geometric skips over 1..steps: the generator of
+ * dpsql_internal._poisson_batches, so the replay is the sorted join ORDER BY (batch, rid) bit
+ * for bit. The scan copies each member row into the bucket of its step (B buckets of
+ * contiguous step ranges, each a few MB); the final function replays the buckets in step
+ * order, each sorted by step (a counting sort, stable: rid order within a step when the scan
+ * met the rows in rid order, else that step's members sorted by rid). Reads are sequential or
+ * within one bucket: the cost per row does not grow with the table. Buckets live in chunks;
+ * past dpsql.sampling_memory every bucket spills to a temporary file (BufFile: removed at the
+ * transaction's end, whether it ends well or not) and is read back one at a time, so memory is
+ * the limit plus one chunk per bucket and one bucket. Chunks are kept for the transaction's
+ * later epochs (a run's epochs are one transaction), which then find their memory touched.
+ */
+#define BUCKET_TARGET_BYTES ((Size) 4 * 1024 * 1024)
+#define MIN_BUCKET_BYTES ((Size) 128 * 1024)
+#define MAX_BUCKETS 1024
+#define SPILL_MAX_BUCKETS 256
+#define CHUNK_BYTES ((Size) 32 * 1024)
+#define SLAB_BYTES ((Size) 32 * 1024 * 1024)
+
+/* An entry: step and kind (int32 each), rid, y, then len features. */
+#define ENTRY_HEADER_DOUBLES 3
+
+typedef struct Chunk
+{
+	struct Chunk *next;
+	Size		used;
+	char		data[FLEXIBLE_ARRAY_MEMBER];
+} Chunk;
+
+typedef struct Bucket
+{
+	Chunk	   *head;
+	Chunk	   *tail;
+	BufFile    *file;			/* spilled entries (older than the chunks') */
+	Size		filed;			/* bytes written to file */
+	int64		entries;
+} Bucket;
+
+typedef struct PoissonLayout
+{
+	int64		steps;
+	int			nbuckets;
+	int			shift;			/* bucket b holds steps b * 2^shift + 1 .. (b + 1) * 2^shift */
+	Bucket	   *buckets;
+	Size		entry;			/* bytes per entry */
+	Size		chunk_bytes;	/* data bytes per chunk: a whole number of entries */
+	Size		held;			/* chunk bytes held by this layout */
+	Size		limit;			/* dpsql.sampling_memory in bytes */
+	bool		spilled;
+	double		expected;		/* expected bytes of the members */
+	uint64		work;			/* members filed (for cancel checks) */
+	uint8	   *seen;			/* rid bitmap: every rid once */
+	uint32		key[8];			/* the epoch's sampling key (secret) */
+	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
+	uint32		first_blocks[8 * 16];	/* their streams' first blocks (secret) */
+	uint64		generation;		/* chunk_generation its chunks are of */
+	MemoryContext cxt;			/* the aggregate's (its files' structs) */
+	double		log1mq;
+} PoissonLayout;
+
+/*
+ * A row's coins: the stream dpsql_rng_init_seed(seed, rid) gives (the key of the seed, the row
+ * id in the nonce), one ChaCha20 block at a time. A row needs about steps x q + 1 uniforms,
+ * mostly fewer than one block's 8; the generator's refill computes 8 blocks.
+ */
+typedef struct RowCoins
+{
+	uint32		key[8];
+	uint32		nonce[3];
+	uint32		counter;
+	uint32		block[16];
+	int			used;
+} RowCoins;
+
+static inline void
+row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
+{
+	memcpy(c->key, key, sizeof(c->key));
+	c->nonce[0] = 0;
+	c->nonce[1] = (uint32) (uint64) rid;
+	c->nonce[2] = (uint32) ((uint64) rid >> 32);
+	c->counter = 0;
+	c->used = 16;
+}
+
+#if defined(__GNUC__)
+typedef uint32 v8u32 __attribute__((vector_size(32)));
+
+#define V8ROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
+#define V8QUARTER(a, b, c, d) \
+	do { \
+		a += b; d ^= a; d = V8ROTL(d, 16); \
+		c += d; b ^= c; b = V8ROTL(b, 12); \
+		a += b; d ^= a; d = V8ROTL(d, 8); \
+		c += d; b ^= c; b = V8ROTL(b, 7); \
+	} while (0)
+
+/*
+ * The first blocks of rows rid0..rid0+7's streams at once, one per SIMD lane: the same words
+ * as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity tests).
+ */
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+{
+	v8u32		s[16];
+	v8u32		x[16];
+	int			i,
+				lane;
+	static const uint32 sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
+
+	for (i = 0; i < 4; i++)
+		s[i] = (v8u32) {sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i]};
+	for (i = 0; i < 8; i++)
+		s[4 + i] = (v8u32) {key[i], key[i], key[i], key[i], key[i], key[i], key[i], key[i]};
+	s[12] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
+	s[13] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
+	for (lane = 0; lane < 8; lane++)
+	{
+		uint64		r = (uint64) rid0 + (uint64) lane;
+
+		s[14][lane] = (uint32) r;
+		s[15][lane] = (uint32) (r >> 32);
+	}
+	for (i = 0; i < 16; i++)
+		x[i] = s[i];
+	for (i = 0; i < 10; i++)
+	{
+		V8QUARTER(x[0], x[4], x[8], x[12]);
+		V8QUARTER(x[1], x[5], x[9], x[13]);
+		V8QUARTER(x[2], x[6], x[10], x[14]);
+		V8QUARTER(x[3], x[7], x[11], x[15]);
+		V8QUARTER(x[0], x[5], x[10], x[15]);
+		V8QUARTER(x[1], x[6], x[11], x[12]);
+		V8QUARTER(x[2], x[7], x[8], x[13]);
+		V8QUARTER(x[3], x[4], x[9], x[14]);
+	}
+	for (i = 0; i < 16; i++)
+	{
+		v8u32		v = x[i] + s[i];
+
+		for (lane = 0; lane < 8; lane++)
+			out[16 * lane + i] = v[lane];
+	}
+	explicit_bzero(x, sizeof(x));
+	explicit_bzero(s, sizeof(s));
+}
+#else
+static void
+first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+{
+	int			lane;
+
+	for (lane = 0; lane < 8; lane++)
+	{
+		uint64		r = (uint64) rid0 + (uint64) lane;
+		uint32		nonce[3] = {0, (uint32) r, (uint32) (r >> 32)};
+
+		dpsql_chacha20_block(key, 0, nonce, out + 16 * lane);
+	}
+}
+#endif
+
+/* dpsql_rng_uniform's value: (k + 0.5) / 2^53 of the next two words' top 53 bits */
+static inline double
+row_uniform(RowCoins *c)
+{
+	uint64		k;
+
+	if (c->used >= 16)
+	{
+		dpsql_chacha20_block(c->key, c->counter, c->nonce, c->block);
+		if (++c->counter == 0)
+			c->nonce[0]++;
+		c->used = 0;
+	}
+	k = (((uint64) c->block[c->used] << 32) | c->block[c->used + 1]) >> 11;
+	c->used += 2;
+	return ((double) k + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Free chunks of the transaction (a run's later epochs reuse the first epoch's memory). */
+static Chunk *free_chunks = NULL;
+static bool free_registered = false;
+static MemoryContextCallback free_forget;
+
+static char *slab_next = NULL;
+static char *slab_end = NULL;
+static uint64 chunk_generation = 0;	/* one per transaction that had chunks */
+
+static void
+forget_free_chunks(void *arg)
+{
+	chunk_generation++;			/* every chunk of the transaction is gone */
+	free_chunks = NULL;
+	slab_next = slab_end = NULL;
+	free_registered = false;
+}
+
+/*
+ * Chunks of CHUNK_BYTES (header included) are carved from slabs of the transaction and kept
+ * for its later epochs: on a virtual machine the first touch of memory costs as much as the
+ * copy. (Transparent huge pages made the first epoch 3x slower here: the kernel compacts
+ * memory on the fault.) Larger ones (rows of over 4,000 features) are allocated one by one.
+ */
+static Chunk *
+chunk_new(PoissonLayout *p)
+{
+	Chunk	   *c;
+
+	if (offsetof(Chunk, data) + p->chunk_bytes > CHUNK_BYTES)
+		c = MemoryContextAlloc(TopTransactionContext, offsetof(Chunk, data) + p->chunk_bytes);
+	else if (free_chunks != NULL)
+	{
+		c = free_chunks;
+		free_chunks = c->next;
+	}
+	else
+	{
+		if (slab_next == NULL || slab_next + CHUNK_BYTES > slab_end)
+		{
+			Size		huge = (Size) 2 * 1024 * 1024;
+			char	   *raw = MemoryContextAllocHuge(TopTransactionContext, SLAB_BYTES + huge);
+
+			slab_next = (char *) TYPEALIGN(huge, raw);
+			slab_end = raw + SLAB_BYTES + huge;
+		}
+		c = (Chunk *) slab_next;
+		slab_next += CHUNK_BYTES;
+	}
+	c->next = NULL;
+	c->used = 0;
+	p->held += p->chunk_bytes;
+	return c;
+}
+
+/* A chunk back to the transaction's free chunks (or freed, if of its own). */
+static void
+chunk_free(PoissonLayout *p, Chunk *c)
+{
+	if (offsetof(Chunk, data) + p->chunk_bytes > CHUNK_BYTES)
+		pfree(c);
+	else
+	{
+		c->next = free_chunks;
+		free_chunks = c;
+	}
+}
+
+/* Give a layout's chunks back to the transaction (at the end of its query, or sooner). */
+static void
+layout_release(void *arg)
+{
+	PoissonLayout *p = (PoissonLayout *) arg;
+	int			b;
+
+	explicit_bzero(p->key, sizeof(p->key));
+	explicit_bzero(p->first_blocks, sizeof(p->first_blocks));
+	p->first_rid0 = 0;
+	if (p->buckets == NULL || p->generation != chunk_generation)
+	{
+		p->buckets = NULL;		/* (the transaction's end took the chunks) */
+		return;
+	}
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Chunk	   *c = p->buckets[b].head;
+
+		while (c != NULL)
+		{
+			Chunk	   *next = c->next;
+
+			chunk_free(p, c);
+			c = next;
+		}
+		p->buckets[b].head = p->buckets[b].tail = NULL;
+	}
+	p->buckets = NULL;
+}
+
+static void
+layout_begin(SampledEpoch *e, MemoryContext aggcontext)
+{
+	PoissonLayout *p = palloc0(sizeof(PoissonLayout));
+	MemoryContextCallback *cb;
+	double		expected;
+	Size		target;
+	int64		max_buckets;
+	int64		per;
+
+	p->steps = (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch;
+	if (p->steps < 1 || p->steps > PG_INT32_MAX || !(e->q > 0.0 && e->q <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: Poisson sampling needs 1 <= steps <= %d and 0 < q <= 1", PG_INT32_MAX)));
+	p->log1mq = log1p(-e->q);
+	p->limit = (Size) sampling_memory_kb * 1024;
+	/* a bucket is replayed from memory: smaller ones under a small memory limit */
+	target = Max(MIN_BUCKET_BYTES, Min(BUCKET_TARGET_BYTES, p->limit / 16));
+	p->entry = (Size) (e->len + ENTRY_HEADER_DOUBLES) * sizeof(double);
+	per = (int64) ((CHUNK_BYTES - offsetof(Chunk, data)) / p->entry);
+	p->chunk_bytes = p->entry * (Size) (per < 1 ? 1 : per);
+	/* the members' expected bytes: rows x steps x q entries */
+	expected = (double) e->rows * (double) p->steps * e->q * (double) p->entry;
+	p->expected = expected;
+	/*
+	 * Steps per bucket: a power of two (a shift, not a division, per member). Fewer buckets
+	 * when they will spill: each is a temporary file, and past max_files_per_process the
+	 * files would be closed and opened again for every chunk written.
+	 */
+	max_buckets = expected > (double) p->limit ? SPILL_MAX_BUCKETS : MAX_BUCKETS;
+	p->shift = 0;
+	while ((p->steps >> p->shift) > 1 &&
+		   ((double) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) >
+			Max(1.0, ceil(expected / (double) target)) ||
+			((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) > max_buckets))
+		p->shift++;
+	p->nbuckets = (int) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift);
+	p->buckets = palloc0(sizeof(Bucket) * p->nbuckets);
+	p->seen = MemoryContextAllocHuge(CurrentMemoryContext, (Size) (e->rows + 7) / 8);
+	memset(p->seen, 0, (Size) (e->rows + 7) / 8);
+	if (!free_registered)
+	{
+		free_forget.func = forget_free_chunks;
+		free_forget.arg = NULL;
+		MemoryContextRegisterResetCallback(TopTransactionContext, &free_forget);
+		free_registered = true;
+	}
+	p->generation = chunk_generation;
+	p->cxt = aggcontext;
+	{
+		DpsqlRng	rng;
+
+		dpsql_rng_init_seed(&rng, e->seed, 0);
+		memcpy(p->key, rng.key, sizeof(p->key));
+		explicit_bzero(&rng, sizeof(rng));
+	}
+	cb = palloc(sizeof(MemoryContextCallback));
+	cb->func = layout_release;
+	cb->arg = p;
+	MemoryContextRegisterResetCallback(aggcontext, cb);
+	e->layout = p;
+}
+
+/* A bucket's temporary file (removed at the end of the transaction, however it ends). */
+static BufFile *
+layout_file_new(PoissonLayout *p)
+{
+	MemoryContext old = MemoryContextSwitchTo(p->cxt);
+	BufFile    *f = BufFileCreateTemp(false);
+
+	MemoryContextSwitchTo(old);
+	return f;
+}
+
+/* Every bucket's full chunks to its file: from now on only one chunk per bucket is held. */
+static void
+layout_spill(PoissonLayout *p)
+{
+	int			b;
+
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Bucket	   *k = &p->buckets[b];
+
+		CHECK_FOR_INTERRUPTS();
+		while (k->head != NULL && k->head != k->tail)
+		{
+			Chunk	   *c = k->head;
+
+			if (k->file == NULL)
+				k->file = layout_file_new(p);
+			BufFileWrite(k->file, c->data, c->used);
+			k->filed += c->used;
+			k->head = c->next;
+			chunk_free(p, c);
+			p->held -= p->chunk_bytes;
+		}
+	}
+	p->spilled = true;
+}
+
+static inline char *
+layout_slot(PoissonLayout *p, int64 step)
+{
+	Bucket	   *k = &p->buckets[(step - 1) >> p->shift];
+	Chunk	   *c = k->tail;
+
+	if (c == NULL || c->used + p->entry > p->chunk_bytes)
+	{
+		if (c != NULL && p->spilled)
+		{
+			/* the bucket's one chunk to its file, then reused */
+			if (k->file == NULL)
+				k->file = layout_file_new(p);
+			BufFileWrite(k->file, c->data, c->used);
+			k->filed += c->used;
+			c->used = 0;
+		}
+		else
+		{
+			Chunk	   *n = chunk_new(p);
+
+			if (c == NULL)
+				k->head = n;
+			else
+				c->next = n;
+			k->tail = n;
+			c = n;
+			if (!p->spilled && p->held > p->limit)
+				layout_spill(p);
+		}
+	}
+	k->entries++;
+	c->used += p->entry;
+	return c->data + c->used - p->entry;
+}
+
+/* The Poisson transition: the row's steps from its own stream, a copy into each one's bucket. */
+static void
+layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
+{
+	PoissonLayout *p = e->layout;
+	RowCoins	rng;
+	double		next = 0.0;
+	int32		head[2];
+
+	if (p->seen[(rid - 1) >> 3] & (1 << ((rid - 1) & 7)))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dpsql: row id %lld of a sampled epoch is out of 1..%lld or repeated",
+						(long long) rid, (long long) e->rows)));
+	p->seen[(rid - 1) >> 3] |= (uint8) (1 << ((rid - 1) & 7));
+	head[1] = row ? SLOT_ROW : SLOT_NULL_RECORD;
+	row_coins_begin(&rng, p->key, rid);
+	if (e->q < 1.0)
+	{
+		/* the first block from the eight rows' side by side (scans meet rids in runs) */
+		int64		rid0 = ((rid - 1) & ~INT64CONST(7)) + 1;
+
+		if (p->first_rid0 != rid0)
+		{
+			first_blocks8(p->key, rid0, p->first_blocks);
+			p->first_rid0 = rid0;
+		}
+		memcpy(rng.block, p->first_blocks + 16 * (rid - rid0), sizeof(rng.block));
+		rng.counter = 1;
+		rng.used = 0;
+	}
+	for (;;)
+	{
+		char	   *at;
+
+		/* the gap to the next included step is Geometric(q) on {1, 2, ...} */
+		next += e->q >= 1.0 ? 1.0 : 1.0 + floor(log(row_uniform(&rng)) / p->log1mq);
+		if (next > (double) p->steps)
+			break;
+		head[0] = (int32) next;
+		if ((++p->work & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		at = layout_slot(p, (int64) head[0]);
+		memcpy(at, head, sizeof(head));
+		memcpy(at + sizeof(double), &rid, sizeof(int64));
+		if (row)
+		{
+			memcpy(at + 2 * sizeof(double), &y, sizeof(double));
+			memcpy(at + 3 * sizeof(double), x, sizeof(double) * (Size) e->len);
+		}
+	}
+	explicit_bzero(&rng, sizeof(rng));
+}
+
+static int
+entry_rid_cmp(const void *a, const void *b)
+{
+	int64		ra,
+				rb;
+
+	memcpy(&ra, *(char *const *) a + sizeof(double), sizeof(int64));
+	memcpy(&rb, *(char *const *) b + sizeof(double), sizeof(int64));
+	return ra < rb ? -1 : ra > rb;
+}
+
+/* Replay the buckets in step order, then end the epoch (the state, in the current context). */
+static ArrayType *
+layout_replay(SampledEpoch *e)
+{
+	PoissonLayout *p = e->layout;
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "dpsql sampled bucket",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	DpsqlStatus st;
+	ArrayType  *out;
+	int			b;
+
+	for (b = 0; b < p->nbuckets; b++)
+	{
+		Bucket	   *k = &p->buckets[b];
+		/* the steps s with (s - 1) >> shift = b */
+		int64		lo = ((int64) b << p->shift) + 1;
+		int64		hi = Min(p->steps, (int64) (b + 1) << p->shift);
+		int64		nsteps = hi - lo + 1;
+		int64	   *start;
+		char	  **order;
+		char	   *filed = NULL;
+		Size		filed_bytes = 0;
+		int64		i,
+					s;
+		Chunk	   *c;
+
+		CHECK_FOR_INTERRUPTS();
+		if (k->entries == 0)
+			continue;
+		if (k->file != NULL)
+		{
+			filed_bytes = k->filed;
+			filed = MemoryContextAllocHuge(cxt, filed_bytes + 1);
+			if (BufFileSeek(k->file, 0, 0, SEEK_SET) != 0)
+				ereport(ERROR,
+						(errcode_for_file_access(),
+						 errmsg("dpsql: could not read a sampled epoch's temporary file")));
+			BufFileReadExact(k->file, filed, filed_bytes);
+			BufFileClose(k->file);
+			k->file = NULL;
+		}
+		/* a counting sort by step, stable */
+		start = palloc0(sizeof(int64) * (Size) (nsteps + 1));
+		order = MemoryContextAllocHuge(cxt, sizeof(char *) * (Size) k->entries);
+#define FOR_ENTRIES(body) \
+		do { \
+			char	   *ent_; \
+			for (ent_ = filed; ent_ < filed + filed_bytes; ent_ += p->entry) { body } \
+			for (c = k->head; c != NULL; c = c->next) \
+				for (ent_ = c->data; ent_ < c->data + c->used; ent_ += p->entry) { body } \
+		} while (0)
+		i = 0;
+		FOR_ENTRIES(
+					{
+					int32 step_;
+					memcpy(&step_, ent_, sizeof(int32));
+					if (step_ < lo || step_ > hi || i >= k->entries)
+						elog(ERROR, "dpsql: a sampled epoch's bucket is corrupt");
+					start[step_ - lo + 1]++;
+					i++;
+					});
+		if (i != k->entries)
+			elog(ERROR, "dpsql: a sampled epoch's bucket is corrupt");
+		for (s = 1; s <= nsteps; s++)
+			start[s] += start[s - 1];
+		FOR_ENTRIES(
+					{
+					int32 step_;
+					memcpy(&step_, ent_, sizeof(int32));
+					order[start[step_ - lo]++] = ent_;
+					});
+#undef FOR_ENTRIES
+		/* start[s] is now the end of step lo + s: rid order within each step */
+		for (s = 0; s < nsteps; s++)
+		{
+			int64		from = s == 0 ? 0 : start[s - 1];
+			int64		to = start[s];
+			bool		sorted = true;
+
+			for (i = from + 1; i < to && sorted; i++)
+				sorted = entry_rid_cmp(&order[i - 1], &order[i]) < 0;
+			if (!sorted)
+				qsort(order + from, (size_t) (to - from), sizeof(char *), entry_rid_cmp);
+		}
+		for (i = 0; i < k->entries; i++)
+		{
+			const char *ent = order[i];
+			int32		head[2];
+			double		y;
+
+			if ((i & 0xFFFF) == 0xFFFF)
+				CHECK_FOR_INTERRUPTS();
+#if defined(__GNUC__)
+			if (i + 4 < k->entries)
+			{
+				const char *ahead = order[i + 4];
+				Size		off;
+
+				for (off = 0; off < p->entry; off += 64)
+					__builtin_prefetch(ahead + off);
+			}
+#endif
+			memcpy(head, ent, sizeof(head));
+			if (head[1] == SLOT_ROW)
+			{
+				memcpy(&y, ent + 2 * sizeof(double), sizeof(double));
+				st = dpsql_sgd_row_batch(e->s, (const double *) (ent + 3 * sizeof(double)), e->len,
+										 y, (long) head[0]);
+			}
+			else
+				st = dpsql_sgd_row_batch(e->s, NULL, -1, NAN, (long) head[0]);
+			if (st != DPSQL_OK)
+				dpsql_raise(st, "a sampled epoch");
+		}
+		if (filed != NULL)
+		{
+			explicit_bzero(filed, filed_bytes);
+			pfree(filed);
+		}
+		pfree(order);
+		pfree(start);
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	layout_release(p);
+	dpsql_sgd_guard(e->s);
+	if (!dpsql_sgd_finite(e->s))
+		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
+	st = dpsql_sgd_epoch_end(e->s);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "end of the epoch");
+	out = (ArrayType *) palloc(VARSIZE(e->state));
+	memcpy(out, e->state, VARSIZE(e->state));
+	return out;
+}
+
 /* An epoch's model state (a copy of init, in the current context) and sampling parameters. */
 static void
 sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed, int64 rows,
@@ -330,7 +932,8 @@ sampled_setup(SampledEpoch *e, ArrayType *init_array, text *sampling, int64 seed
 	e->batch = (int64) ((DpsqlSgdHeader *) e->s)->batch_size;
 	e->len = dpsql_sgd_row_length(e->s);
 	e->slot = (Size) e->len + 1;
-	if (rows < 1 || (double) rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize)
+	if (rows < 1 || (e->kind == SAMPLING_REPLACEMENT &&
+					 (double) rows * (double) sampled_bytes(1, e->len) > (double) MaxAllocHugeSize))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("dpsql: a sampled epoch of %lld rows cannot be held in memory", (long long) rows)));
@@ -348,13 +951,27 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	e = palloc0(sizeof(SampledEpoch));
 	sampled_setup(e, PG_GETARG_ARRAYTYPE_P(4), PG_GETARG_TEXT_PP(5), PG_GETARG_INT64(6),
 				  PG_GETARG_INT64(7), PG_GETARG_FLOAT8(8));
-	bytes = (Size) e->rows * e->slot * sizeof(double);
-	e->slots = slot_memory(aggcontext, bytes + (Size) e->rows);
-	e->kept = (char *) e->slots == kept_area;
-	e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
-	memset(e->filled, 0, (Size) e->rows);
 	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
 	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
+	if (e->kind == SAMPLING_POISSON)
+		layout_begin(e, aggcontext);
+	/*
+	 * Rows in slots by rid: with replacement, for the replay; Poisson, for the run's later
+	 * epochs (read in rid order, without a scan) when they fit beside the buckets.
+	 */
+	if (e->kind == SAMPLING_REPLACEMENT ||
+		(e->run != 0 && OidIsValid(e->relation) && !kept_busy &&
+		 (double) sampled_bytes(e->rows, e->len) + e->layout->expected <=
+		 (double) sampling_memory_kb * 1024.0 &&
+		 (double) sampled_bytes(e->rows, e->len) <= (double) MaxAllocHugeSize))
+	{
+		bytes = (Size) e->rows * e->slot * sizeof(double);
+		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows,
+							   e->kind == SAMPLING_REPLACEMENT);
+		e->kept = (char *) e->slots == kept_area;
+		e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
+		memset(e->filled, 0, (Size) e->rows);
+	}
 	MemoryContextSwitchTo(old);
 	return e;
 }
@@ -384,23 +1001,38 @@ dpsql_sampled_transition(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("dpsql: NULL row id in a sampled epoch")));
 	rid = PG_GETARG_INT64(3);
-	if (rid < 1 || rid > e->rows || e->filled[rid - 1] != 0)
+	if (rid < 1 || rid > e->rows || (e->layout == NULL && e->filled[rid - 1] != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("dpsql: row id %lld of a sampled epoch is out of 1..%lld or repeated",
 						(long long) rid, (long long) e->rows)));
-	slot = e->slots + (Size) (rid - 1) * e->slot;
 	x = PG_ARGISNULL(1) ? NULL : PG_GETARG_ARRAYTYPE_P(1);
 	if (x != NULL && ARR_ELEMTYPE(x) == FLOAT8OID && ARR_NDIM(x) <= 1 && !ARR_HASNULL(x) &&
 		ArrayGetNItems(ARR_NDIM(x), ARR_DIMS(x)) == e->len && !PG_ARGISNULL(2))
 	{
 		xs = dpsql_float8_array(x, &n, "feature array");
+		if (e->layout != NULL)
+		{
+			layout_file(e, rid, xs, PG_GETARG_FLOAT8(2), true);
+			if (e->slots == NULL)
+			{
+				e->seen++;
+				PG_RETURN_POINTER(e);
+			}
+		}
+		slot = e->slots + (Size) (rid - 1) * e->slot;
 		slot[0] = PG_GETARG_FLOAT8(2);
 		memcpy(slot + 1, xs, sizeof(double) * (Size) e->len);
 		e->filled[rid - 1] = SLOT_ROW;
 	}
 	else if ((int) ((DpsqlSgdHeader *) e->s)->flags & DPSQL_FLAG_SANITIZE)
-		e->filled[rid - 1] = SLOT_NULL_RECORD;	/* private run: a null record, never an error */
+	{
+		/* private run: a null record, never an error */
+		if (e->layout != NULL)
+			layout_file(e, rid, NULL, NAN, false);
+		if (e->slots != NULL)
+			e->filled[rid - 1] = SLOT_NULL_RECORD;
+	}
 	else
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
@@ -429,7 +1061,7 @@ prefetch_slot(const SampledEpoch *e, int64 rid)
 }
 
 /*
- * Replay the epoch's steps in order over the filed rows and end the epoch: the state
+ * Replay the draws (with replacement) in order over the filed rows and end the epoch: the state
  * _sgd_final would return, in the current memory context.
  */
 static ArrayType *
@@ -445,8 +1077,8 @@ replay(SampledEpoch *e)
 	DpsqlStatus st;
 	ArrayType  *out;
 
-	sample_begin(&it, e->kind, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
-				 e->q, e->batch);
+	sample_begin(&it, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
+				 e->batch);
 	/* members LOOKAHEAD ahead, so that their slots are on their way to the cache */
 	for (ahead = 0; ahead < LOOKAHEAD && sample_next(&it, &steps[ahead], &rids[ahead]); ahead++)
 		prefetch_slot(e, rids[ahead]);
@@ -510,6 +1142,8 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 		kept_rows.len = e->len;
 		kept_rows.valid = true;
 	}
+	if (e->layout != NULL)
+		PG_RETURN_ARRAYTYPE_P(layout_replay(e));
 	PG_RETURN_ARRAYTYPE_P(replay(e));
 }
 
@@ -534,12 +1168,103 @@ dpsql_sampled_replayed(PG_FUNCTION_ARGS)
 	e.slots = (double *) area;
 	e.filled = (uint8 *) (e.slots + (Size) e.rows * e.slot);
 	e.seen = e.rows;
+	if (e.kind == SAMPLING_POISSON)
+	{
+		/* the kept rows in rid order, each into the buckets of its steps, as a scan would */
+		MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "dpsql sampled epoch",
+												  ALLOCSET_DEFAULT_SIZES);
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+		ArrayType  *out;
+		int64		rid;
+
+		layout_begin(&e, cxt);
+		for (rid = 1; rid <= e.rows; rid++)
+		{
+			const double *slot = e.slots + (Size) (rid - 1) * e.slot;
+
+			if ((rid & 0xFFFF) == 0)
+				CHECK_FOR_INTERRUPTS();
+			if (e.filled[rid - 1] == SLOT_ROW)
+				layout_file(&e, rid, slot + 1, slot[0], true);
+			else
+				layout_file(&e, rid, NULL, NAN, false);
+		}
+		MemoryContextSwitchTo(old);
+		out = layout_replay(&e);
+		MemoryContextDelete(cxt);
+		PG_RETURN_ARRAYTYPE_P(out);
+	}
 	PG_RETURN_ARRAYTYPE_P(replay(&e));
+}
+
+/* The Poisson members of an epoch in rid order, each row's steps increasing: for the tests. */
+typedef struct PoissonMembers
+{
+	uint32		key[8];			/* secret */
+	RowCoins	coins;			/* secret */
+	int64		rows;
+	int64		steps;
+	double		q;
+	double		log1mq;
+	int64		rid;			/* the current row (0 before the first) */
+	double		next;			/* its last step */
+	uint64		work;
+} PoissonMembers;
+
+static PoissonMembers *
+poisson_members(int64 seed, int64 rows, int64 steps, double q)
+{
+	PoissonMembers *m = palloc0(sizeof(PoissonMembers));
+	DpsqlRng	rng;
+
+	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX || !(q > 0.0 && q <= 1.0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: Poisson sampling needs rows >= 1, 1 <= steps <= %d and 0 < q <= 1",
+						PG_INT32_MAX)));
+	dpsql_rng_init_seed(&rng, seed, 0);
+	memcpy(m->key, rng.key, sizeof(m->key));
+	explicit_bzero(&rng, sizeof(rng));
+	m->rows = rows;
+	m->steps = steps;
+	m->q = q;
+	m->log1mq = log1p(-q);
+	m->next = (double) steps + 1.0;	/* the "previous row" is done */
+	return m;
+}
+
+/* The next member (rid order, then step order); false after the last row. */
+static bool
+poisson_members_next(PoissonMembers *m, int64 *step, int64 *rid)
+{
+	for (;;)
+	{
+		if ((++m->work & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (m->next > (double) m->steps)
+		{
+			if (m->rid >= m->rows)
+				return false;
+			m->rid++;
+			row_coins_begin(&m->coins, m->key, m->rid);
+			m->next = 0.0;
+		}
+		m->next += m->q >= 1.0 ? 1.0 :
+			1.0 + floor(log(row_uniform(&m->coins)) / m->log1mq);
+		if (m->next <= (double) m->steps)
+		{
+			*step = (int64) m->next;
+			*rid = m->rid;
+			return true;
+		}
+	}
 }
 
 /*
  * dpsql_internal._sampled_members(sampling text, seed bigint, rows bigint, steps int, q float8,
- * batch bigint) -> SETOF (step int, rid bigint): the members the replay visits, in its order.
+ * batch bigint) -> SETOF (step int, rid bigint): the members the replay visits. With
+ * replacement in the replay's order (the draws); Poisson in rid order, each row's steps
+ * increasing (the replay visits them by step, then rid).
  */
 Datum
 dpsql_sampled_members(PG_FUNCTION_ARGS)
@@ -556,11 +1281,16 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		dpsql_no_nulls(fcinfo, 0, 6, "_sampled_members");
 		fc = SRF_FIRSTCALL_INIT();
 		old = MemoryContextSwitchTo(fc->multi_call_memory_ctx);
-		it = palloc(sizeof(SampleIter));
-		sample_begin(it, sampling_kind(PG_GETARG_TEXT_PP(0)), PG_GETARG_INT64(1),
-					 PG_GETARG_INT64(2), PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4),
-					 PG_GETARG_INT64(5));
-		fc->user_fctx = it;
+		if (sampling_kind(PG_GETARG_TEXT_PP(0)) == SAMPLING_POISSON)
+			fc->user_fctx = poisson_members(PG_GETARG_INT64(1), PG_GETARG_INT64(2),
+											PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4));
+		else
+		{
+			it = palloc(sizeof(SampleIter));
+			sample_begin(it, PG_GETARG_INT64(1), PG_GETARG_INT64(2), PG_GETARG_INT32(3),
+						 PG_GETARG_INT64(5));
+			fc->user_fctx = it;
+		}
 		if (get_call_result_type(fcinfo, NULL, &fc->tuple_desc) != TYPEFUNC_COMPOSITE)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -569,6 +1299,20 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		MemoryContextSwitchTo(old);
 	}
 	fc = SRF_PERCALL_SETUP();
+	if (sampling_kind(PG_GETARG_TEXT_PP(0)) == SAMPLING_POISSON)
+	{
+		PoissonMembers *m = (PoissonMembers *) fc->user_fctx;
+
+		if (poisson_members_next(m, &step, &rid))
+		{
+			Datum		values[2] = {Int32GetDatum((int32) step), Int64GetDatum(rid)};
+			bool		nulls[2] = {false, false};
+
+			SRF_RETURN_NEXT(fc, HeapTupleGetDatum(heap_form_tuple(fc->tuple_desc, values, nulls)));
+		}
+		explicit_bzero(m, sizeof(*m));
+		SRF_RETURN_DONE(fc);
+	}
 	it = (SampleIter *) fc->user_fctx;
 	if (sample_next(it, &step, &rid))
 	{

@@ -1,10 +1,13 @@
 """Sampled epochs without a sort (sampled_fmgr.c): Poisson batches and draws with replacement.
 
-The scan files the rows by rid and the final function replays the steps from the epoch's
-secret seed. Checked here: the replay is the sorted batched aggregate bit for bit on the same
-members; the members follow the sampling laws (seeded; each chi-square or z test below fails
-falsely with probability at most 1e-3); over dpsql.sampling_memory the sorted join still runs;
-bad input is refused without a crash.
+Poisson: the scan copies each member row into the bucket of its step range (spilled to
+temporary files over dpsql.sampling_memory) and the final function replays the buckets in step
+order. With replacement: the scan files the rows by rid and the final function replays the
+draws. Checked here: the replay is the sorted batched aggregate bit for bit on the same members
+(for Poisson, the sorted join over dpsql_internal._poisson_batches computed in SQL), in memory
+and out of core alike; the members follow the sampling laws (seeded; each chi-square or z test
+below fails falsely with probability at most 1e-3); over dpsql.sampling_memory BST14's sorted
+join still runs; bad input is refused without a crash.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ def test_replay_is_the_sorted_aggregate_bit_for_bit(
         " FROM t",
         (init, sampling, m, q),
     ).fetchone()[0]
+    order = "s.step, s.rid" if sampling == "poisson" else "s.ord"
     sorted_ = conn.execute(
-        "SELECT dpsql.sgd_epoch_batches(t.x, t.y, s.step, %s ORDER BY s.ord)"
+        f"SELECT dpsql.sgd_epoch_batches(t.x, t.y, s.step, %s ORDER BY {order})"
         "  FROM dpsql_internal._sampled_members(%s, 11, %s, %s, %s, %s)"
         "       WITH ORDINALITY AS s(step, rid, ord) JOIN t USING (rid)",
         (init, sampling, m, steps, q, batch),
@@ -160,11 +164,12 @@ def test_private_runs_take_the_replay_and_the_sort_over_the_memory_limit(conn, r
         ("VALUES (NULL::bigint, '{1,2,3,4}'::float8[], 1.0::float8)", "NULL row id"),
     ],
 )
-def test_bad_rows_are_refused(conn, rows_sql, message) -> None:
+@pytest.mark.parametrize("sampling", ["poisson", "replacement"])
+def test_bad_rows_are_refused(conn, rows_sql, message, sampling) -> None:
     init = _state(conn, batch=1, steps=2)
     with pytest.raises(psycopg.DataError if "NULL" not in message else psycopg.Error) as err:
         conn.execute(
-            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 0.5,"
+            f"SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, '{sampling}', 1, 2, 0.5,"
             f" NULL, NULL) FROM ({rows_sql}) AS r(rid, x, y)",
             (init,),
         )
@@ -200,21 +205,22 @@ def test_bad_sampling_parameters_are_refused(conn, args) -> None:
 
 
 def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> None:
-    """In one transaction, the rows filed for run 77's table replay its next epoch exactly as
-    a scan would; any other run, table, size, or a new transaction gets NULL (a scan)."""
-    m, q = rows_table, 0.05
+    """With replacement (BST14), in one transaction, the rows filed for run 77's table replay
+    its next epoch exactly as a scan would; any other run, table, size, or a new transaction
+    gets NULL (a scan). (Poisson epochs keep no rows: each scans.)"""
+    m, q = rows_table, 0.0
     init = _state(conn, batch=15, steps=20)
     scanned = conn.execute(
-        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 12, %s, %s, NULL, NULL)"
-        " FROM t",
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'replacement', 12, %s, %s,"
+        " NULL, NULL) FROM t",
         (init, m, q),
     ).fetchone()[0]
     replayed = (
-        "SELECT dpsql_internal._sgd_epoch_replayed(%s, %s, %s::regclass, 'poisson', 12, %s, %s)"
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, %s, %s::regclass, 'replacement', 12, %s, %s)"
     )
     with conn.transaction():
         first = conn.execute(
-            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'replacement', 11, %s, %s, 77,"
             " 't'::regclass) FROM t",
             (init, m, q),
         ).fetchone()[0]
@@ -233,14 +239,15 @@ def test_later_epochs_replay_the_kept_rows_without_a_scan(conn, rows_table) -> N
 
 
 def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
-    m, q = rows_table, 0.05
+    m, q = rows_table, 0.0
     init = _state(conn, batch=15, steps=20)
     replayed = (
-        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'poisson', 12, %s, %s)"
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'replacement', 12,"
+        " %s, %s)"
     )
     with conn.transaction():
         conn.execute(
-            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'replacement', 11, %s, %s, 77,"
             " 't'::regclass) FROM t",
             (init, m, q),
         ).fetchone()
@@ -248,8 +255,158 @@ def test_rows_of_a_failed_filing_are_never_replayed(conn, rows_table) -> None:
         # the same run's next filing fails half way (a repeated rid): nothing is kept
         with pytest.raises(psycopg.DataError), conn.transaction():
             conn.execute(
-                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, least(rid, 150), %s, 'poisson', 11,"
-                " %s, %s, 77, 't'::regclass) FROM t",
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y, least(rid, 150), %s,"
+                " 'replacement', 11, %s, %s, 77, 't'::regclass) FROM t",
                 (init, m, q),
             ).fetchone()
         assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
+
+
+def _poisson_sorted_join(conn, init, seed: int, steps: int, q: float) -> list[float]:
+    """The reference: rows joined to their Poisson batches in SQL, sorted by (batch, rid)."""
+    return conn.execute(
+        "SELECT dpsql.sgd_epoch_batches(t.x, t.y, b.batch, %s ORDER BY b.batch, t.rid)"
+        "  FROM t CROSS JOIN LATERAL unnest(dpsql_internal._poisson_batches(%s, t.rid, %s, %s))"
+        "       AS b(batch)",
+        (init, seed, steps, q),
+    ).fetchone()[0]
+
+
+@pytest.fixture
+def big_table(conn, scratch_schema, request) -> int:
+    """3,000 rows, in rid order or not: many buckets under a small dpsql.sampling_memory."""
+    m = 3000
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(m, D))
+    y = np.where(rng.random(m) < 0.5, -1.0, 1.0)
+    order = rng.permutation(m) if request.param == "shuffled" else np.arange(m)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (rid bigint, x float8[], y float8)")
+        with cur.copy("COPY t (rid, x, y) FROM STDIN") as copy:
+            for i in order:
+                copy.write_row((int(i) + 1, x[i].tolist(), float(y[i])))
+    return m
+
+
+@pytest.mark.parametrize("big_table", ["in_order", "shuffled"], indirect=True)
+def test_poisson_in_memory_and_out_of_core_are_the_sorted_join(conn, big_table) -> None:
+    """The same model in memory (one bucket or many) and spilled to temporary files (proved by
+    temp_file_limit = 0 refusing it), and the SQL sorted join's, bit for bit."""
+    m, steps, q = big_table, 150, 0.02
+    init = _state(conn, batch=60, steps=steps)
+    epoch = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 31, %s, %s,"
+        " NULL, NULL) FROM t"
+    )
+    reference = _poisson_sorted_join(conn, init, 31, steps, q)
+    models = {}
+    for limit in ("1GB", "256kB", "64kB", "0"):
+        conn.execute("SELECT set_config('dpsql.sampling_memory', %s, false)", (limit,))
+        models[limit] = conn.execute(epoch, (init, m, q)).fetchone()[0]
+        assert models[limit] == reference, limit
+        # spilled (a temporary file) exactly when the members are over the limit (~500 kB)
+        conn.execute("SET temp_file_limit = 0")
+        try:
+            if limit == "1GB":
+                assert conn.execute(epoch, (init, m, q)).fetchone()[0] == reference
+            else:
+                with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+                    conn.execute(epoch, (init, m, q))
+        finally:
+            conn.execute("RESET temp_file_limit")
+    conn.execute("RESET dpsql.sampling_memory")
+    # another epoch seed is another sample
+    assert conn.execute(epoch.replace("31", "32"), (init, m, q)).fetchone()[0] != reference
+
+
+def test_poisson_members_are_those_of_poisson_batches(conn) -> None:
+    """_sampled_members lists exactly the rows' _poisson_batches, by rid then step."""
+    m, steps, q = 200, 30, 0.07
+    got = conn.execute(
+        "SELECT step, rid FROM dpsql_internal._sampled_members('poisson', 5, %s, %s, %s, 0)",
+        (m, steps, q),
+    ).fetchall()
+    want = conn.execute(
+        "SELECT b, r FROM generate_series(1::bigint, %s) AS r,"
+        "     unnest(dpsql_internal._poisson_batches(5, r, %s, %s)) AS b ORDER BY r, b",
+        (m, steps, q),
+    ).fetchall()
+    assert got == want and len(got) > 0
+
+
+def test_poisson_membership_frequency_per_row_and_step(conn) -> None:
+    """Each (row, step) membership has frequency q: over 400 rows x 50 steps, member counts
+    per step are uniform over the steps (chi-square) and per row uniform over the rows
+    (chi-square), each alpha = 1e-3; seeded."""
+    m, steps, q = 400, 50, 0.2
+    got = np.array(
+        conn.execute(
+            "SELECT step, rid FROM dpsql_internal._sampled_members('poisson', 77, %s, %s, %s, 0)",
+            (m, steps, q),
+        ).fetchall()
+    )
+    assert abs(len(got) - m * steps * q) < 3.3 * np.sqrt(m * steps * q * (1 - q))
+    assert stats.chisquare(np.bincount(got[:, 0], minlength=steps + 1)[1:]).pvalue > 1e-3
+    assert stats.chisquare(np.bincount(got[:, 1], minlength=m + 1)[1:]).pvalue > 1e-3
+
+
+def test_poisson_epoch_survives_an_error_and_reuses_memory(conn, rows_table) -> None:
+    """A failed Poisson filing in a subtransaction leaves the next epoch of the same
+    transaction exact (its chunks went back to the transaction, wiped)."""
+    m, q = rows_table, 0.05
+    init = _state(conn, batch=15, steps=20)
+    epoch = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, {rid}, %s, 'poisson', 11, %s, %s,"
+        " NULL, NULL) FROM t"
+    )
+    reference = _poisson_sorted_join(conn, init, 11, 20, q)
+    with conn.transaction():
+        assert conn.execute(epoch.format(rid="rid"), (init, m, q)).fetchone()[0] == reference
+        with pytest.raises(psycopg.DataError), conn.transaction():
+            conn.execute(epoch.format(rid="least(rid, 150)"), (init, m, q)).fetchone()
+        assert conn.execute(epoch.format(rid="rid"), (init, m, q)).fetchone()[0] == reference
+
+
+def test_poisson_later_epochs_read_the_kept_rows(conn, rows_table) -> None:
+    """A later Poisson epoch of run 77 reads the first epoch's kept rows in rid order: the
+    model a scan gives (the sorted join's), in memory and spilled; not kept over the limit."""
+    m, q = rows_table, 0.05
+    init = _state(conn, batch=15, steps=20)
+    replayed = (
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'poisson', 12, %s, %s)"
+    )
+    first = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 11, %s, %s, 77,"
+        " 't'::regclass) FROM t"
+    )
+    reference = _poisson_sorted_join(conn, init, 12, 20, q)
+    with conn.transaction():
+        assert conn.execute(first, (init, m, q)).fetchone()[0] == _poisson_sorted_join(
+            conn, init, 11, 20, q
+        )
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] == reference
+        conn.execute("SET LOCAL dpsql.sampling_memory = 0")  # the later epoch spills
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] == reference
+    with conn.transaction():
+        conn.execute("SET LOCAL dpsql.sampling_memory = 0")  # nothing kept
+        conn.execute(first, (init, m, q)).fetchone()
+        assert conn.execute(replayed, (init, m, q)).fetchone()[0] is None
+
+
+@pytest.mark.parametrize("big_table", ["in_order"], indirect=True)
+def test_spilled_buckets_are_removed_when_the_epoch_fails(conn, big_table) -> None:
+    """A repeated rid found after the buckets spilled: the error, and no temporary file left."""
+    m, steps, q = big_table, 150, 0.02
+    init = _state(conn, batch=60, steps=steps)
+    conn.execute("SET dpsql.sampling_memory = 0")
+    try:
+        with pytest.raises(psycopg.DataError, match="repeated"):
+            conn.execute(
+                "SELECT dpsql_internal._sgd_epoch_sampled(x, y,"
+                " CASE WHEN rid = %s THEN 1 ELSE rid END, %s, 'poisson', 31, %s, %s, NULL, NULL)"
+                " FROM t",
+                (m, init, m, q),
+            )
+        assert conn.execute("SELECT count(*) FROM pg_ls_tmpdir()").fetchone()[0] == 0
+    finally:
+        conn.execute("RESET dpsql.sampling_memory")
