@@ -46,6 +46,18 @@
 #include "glue.h"
 #include "sgd.h"
 
+#if PG_VERSION_NUM < 160000
+/* PostgreSQL 15 has no BufFileReadExact (16): BufFileRead returns the bytes it read. */
+static void
+BufFileReadExact(BufFile *file, void *ptr, size_t size)
+{
+	if (BufFileRead(file, ptr, size) != size)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("dpsql: could not read a sampled epoch's temporary file")));
+}
+#endif
+
 PG_FUNCTION_INFO_V1(dpsql_sampled_transition);
 PG_FUNCTION_INFO_V1(dpsql_sampled_final);
 PG_FUNCTION_INFO_V1(dpsql_sampled_replayed);
