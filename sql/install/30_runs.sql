@@ -482,7 +482,6 @@ BEGIN
         (privacy->>'noise_scale')::float8, s || coalesce(jsonb_build_object('privacy', privacy), '{}'))
     RETURNING model_id INTO mid;
     EXECUTE format('DROP TABLE %s', r.train_table);
-    EXECUTE format('DROP TABLE IF EXISTS %s', r.train_table || '_members');  -- sampled epochs on Citus
     DELETE FROM dpsql.runs WHERE runs.run_id = _finish.run_id;
     RETURN mid;
 END $$;
@@ -496,6 +495,5 @@ BEGIN
     DELETE FROM dpsql.runs WHERE runs.run_id = _abort.run_id RETURNING train_table INTO tbl;
     IF tbl IS NOT NULL THEN
         EXECUTE format('DROP TABLE IF EXISTS %s', tbl);
-        EXECUTE format('DROP TABLE IF EXISTS %s', tbl || '_members');
     END IF;
 END $$;

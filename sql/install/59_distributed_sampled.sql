@@ -127,5 +127,11 @@ BEGIN
         st := dpsql_internal._sgd_add_batch(st, sums, t);
         PERFORM dpsql_internal._progress('step', t, steps);
     END LOOP;
+    -- The run's last epoch (private runs have no early stop) drops the members' table here,
+    -- in dpsql_work: _finish would have to name it in a schema data owners can create in. A
+    -- failed run rolls it back with the transaction that created it.
+    IF r.epochs_done + 1 >= (r.spec->>'epochs')::int THEN
+        EXECUTE format('DROP TABLE %s', members);
+    END IF;
     RETURN dpsql_internal._sgd_final(st);
 END $$;

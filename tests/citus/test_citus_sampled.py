@@ -83,7 +83,7 @@ def _distributed_epoch(
         "train_table": table,
         "state": init,
         "rows": 0,
-        "spec": {"sampling": sampling, "steps_per_epoch": steps, "dim": D},
+        "spec": {"sampling": sampling, "steps_per_epoch": steps, "dim": D, "epochs": 1},
     }
     row = conn.execute(
         "SELECT dpsql_internal._sampled_epoch_distributed("
