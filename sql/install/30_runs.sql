@@ -320,28 +320,18 @@ BEGIN
     IF r.spec->'distributed' <> 'null' THEN
         RETURN dpsql_internal._sampled_epoch_distributed(r, seed, q);  -- 59_distributed_sampled.sql
     END IF;
-    IF r.spec->>'sampling' = 'poisson' THEN
-        -- each row joins each step with probability q (its own stream keyed by the row id);
-        -- member rows bucketed by step range, spilled to temporary files over
-        -- dpsql.sampling_memory, replayed in step order (sampled_fmgr.c); the first epoch's
-        -- rows are kept for the later ones when they fit beside the buckets
+    IF r.spec->>'sampling' = 'poisson' OR dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
+        -- Poisson: each row joins each step with probability q (its own stream keyed by the
+        -- row id); member rows bucketed by step range, spilled to temporary files over
+        -- dpsql.sampling_memory, replayed in step order (sampled_fmgr.c). BST14 in memory:
+        -- rows filed by rid, draws replayed. The first epoch's rows are kept for the later
+        -- ones (Poisson: when they fit beside the buckets).
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
-                                                 'poisson', seed, r.rows, q);
+                                                 r.spec->>'sampling', seed, r.rows, q);
         IF st IS NULL THEN
             EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
                            '       $6, $7) FROM %s', r.train_table)
-               INTO st USING r.state, 'poisson', seed, r.rows, q, r.run_id,
-                             r.train_table::regclass::oid;
-        END IF;
-    ELSIF dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
-        -- BST14 in memory: rows filed by rid, draws replayed (the first epoch's rows kept for
-        -- the later ones)
-        st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
-                                                 'replacement', seed, r.rows, q);
-        IF st IS NULL THEN
-            EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
-                           '       $6, $7) FROM %s', r.train_table)
-               INTO st USING r.state, 'replacement', seed, r.rows, q, r.run_id,
+               INTO st USING r.state, r.spec->>'sampling', seed, r.rows, q, r.run_id,
                              r.train_table::regclass::oid;
         END IF;
     ELSE

@@ -194,12 +194,16 @@ dpsql_sgd_final(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(state);
 }
 
-Datum
-dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
+/*
+ * A strict combine function's two float8[] states, merged by combine (the executor copies the
+ * first non-NULL state into the aggregate's context, so argument 0 is ours to change).
+ */
+static Datum
+combine_arrays(FunctionCallInfo fcinfo, DpsqlStatus (*combine) (double *, const double *, size_t),
+			   const char *function, const char *what)
 {
 	MemoryContext aggcontext;
 	ArrayType  *a;
-	ArrayType  *b;
 	double	   *da;
 	double	   *db;
 	int			na;
@@ -209,18 +213,23 @@ dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
 	if (!AggCheckCallContext(fcinfo, &aggcontext))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _sgd_combine called outside an aggregate")));
-	/* Strict: the executor copies the first non-NULL state into aggcontext, so a is ours. */
+				 errmsg("dpsql: %s called outside an aggregate", function)));
 	a = PG_GETARG_ARRAYTYPE_P(0);
-	b = PG_GETARG_ARRAYTYPE_P(1);
 	da = dpsql_float8_array(a, &na, "model state");
-	db = dpsql_float8_array(b, &nb, "model state");
+	db = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &nb, "model state");
 	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining partial epoch states");
-	st = dpsql_sgd_combine(da, db, (size_t) na);
+		dpsql_raise(DPSQL_E_STATE_MISMATCH, what);
+	st = combine(da, db, (size_t) na);
 	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining partial epoch states");
+		dpsql_raise(st, what);
 	PG_RETURN_POINTER(a);
+}
+
+Datum
+dpsql_sgd_combine_states(PG_FUNCTION_ARGS)
+{
+	return combine_arrays(fcinfo, dpsql_sgd_combine, "_sgd_combine",
+						  "combining partial epoch states");
 }
 
 /*
@@ -371,30 +380,8 @@ dpsql_sgd_probe_transition(PG_FUNCTION_ARGS)
 Datum
 dpsql_sgd_probe_combine_sql(PG_FUNCTION_ARGS)
 {
-	MemoryContext aggcontext;
-	ArrayType  *a;
-	ArrayType  *b;
-	double	   *da;
-	double	   *db;
-	int			na;
-	int			nb;
-	DpsqlStatus st;
-
-	if (!AggCheckCallContext(fcinfo, &aggcontext))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _sgd_probe_combine called outside an aggregate")));
-	/* Strict: the executor copies the first non-NULL state into aggcontext, so a is ours. */
-	a = PG_GETARG_ARRAYTYPE_P(0);
-	b = PG_GETARG_ARRAYTYPE_P(1);
-	da = dpsql_float8_array(a, &na, "probe");
-	db = dpsql_float8_array(b, &nb, "probe");
-	if (na != nb)
-		dpsql_raise(DPSQL_E_STATE_MISMATCH, "combining a batch's sums");
-	st = dpsql_sgd_probe_combine(da, db, (size_t) na);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "combining a batch's sums");
-	PG_RETURN_POINTER(a);
+	return combine_arrays(fcinfo, dpsql_sgd_probe_combine, "_sgd_probe_combine",
+						  "combining a batch's sums");
 }
 
 /*
