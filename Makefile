@@ -90,8 +90,11 @@ installcheck: $(VENV_STAMP)
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-server-dev-15; }
 ifeq ($(origin PG_CONFIG),undefined)
 	$(DPSQL) install-extension
-	$(DPSQL) server start > /dev/null
-	eval "$$($(DPSQL) server env)" && $(MAKE) -C sql installcheck PG_CONFIG=$(DEFAULT_PG_CONFIG) \
+	@# a throwaway server, stopped and removed however the run ends (the default one is not touched)
+	@dir=$$(mktemp -d /tmp/dpsql-installcheck.XXXXXX); \
+	trap '$(DPSQL) server stop --pgdata '$$dir/pg' > /dev/null; rm -rf '$$dir'' EXIT; \
+	$(DPSQL) server start --pgdata $$dir/pg > /dev/null && \
+	eval "$$($(DPSQL) server env --pgdata $$dir/pg)" && $(MAKE) -C sql installcheck PG_CONFIG=$(DEFAULT_PG_CONFIG) \
 		pg_regress_installcheck="$(PG_REGRESS) --inputdir=./ --bindir=$$($(DEFAULT_PG_CONFIG) --bindir)"
 else
 	$(MAKE) -C sql installcheck PG_CONFIG=$(PG_CONFIG) \

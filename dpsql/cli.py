@@ -289,6 +289,16 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--clean", action="store_true", help="rebuild from scratch")
     install.add_argument("-v", "--verbose", action="store_true", help="show make's output")
 
+    accountant = commands.add_parser(
+        "configure-accountant",
+        help="point a server at this installation's accountant (after a package install)",
+        description="Set the server's dpsql.accountant_command to this Python's "
+        "`-m dpsql.accounting` (ALTER SYSTEM; needs a superuser) and check that the server "
+        "runs it. The embedded server needs no such step.",
+    )
+    accountant.add_argument("--dsn", help="a superuser's connection (default: $DPSQL_DSN)")
+    accountant.add_argument("--command", help="another command to set (default: this Python's)")
+
     # Only listed here for --help; its arguments are parsed by dpsql.demo (see main()).
     commands.add_parser("demo", help="run the demo (see `dpsql demo --help`)", add_help=False)
 
@@ -461,6 +471,18 @@ def _add_plot_parser(commands: Any) -> None:
         "--out", type=Path, help="image file to write (default: DATASET_privacy_utility.png)"
     )
     plot.add_argument("--dsn", help=_DSN_HELP)
+
+
+def _configure_accountant_command(args: argparse.Namespace) -> int:
+    from dpsql import accountant_config
+
+    dsn = args.dsn or os.environ.get("DPSQL_DSN")
+    if not dsn:
+        print("dpsql configure-accountant: give --dsn (or set DPSQL_DSN)", file=sys.stderr)
+        return EXIT_ERROR
+    done = accountant_config.configure(dsn, args.command)
+    print(f"dpsql.accountant_command = '{done['command']}' (the server ran it)")
+    return EXIT_OK
 
 
 def _server_command(args: argparse.Namespace) -> int:
@@ -797,6 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             return cli_datasets.command(args, _connect)
         if args.command == "install-extension":
             return _install_command(args)
+        if args.command == "configure-accountant":
+            return _configure_accountant_command(args)
         if args.command == "plot":
             return _plot_command(args)
         return _listing_command(args)

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from dpsql import extension, server
+from dpsql import accountant_config, extension, server
 from dpsql.errors import (
     InvalidParameter,
     NoSuchModel,
@@ -614,12 +614,7 @@ def _install_extension(conn: psycopg.Connection, embedded: bool) -> None:
         # Clusters made before the accountant existed: point the server at it once.
         row = conn.execute("SELECT current_setting('dpsql.accountant_command', true)").fetchone()
         if not (row and row[0]):
-            conn.execute(
-                sql.SQL("ALTER SYSTEM SET dpsql.accountant_command = {}").format(
-                    sql.Literal(server.accountant_command())
-                )
-            )
-            conn.execute("SELECT pg_reload_conf()")
+            accountant_config.set_command(conn, server.accountant_command())
     row = conn.execute(
         "SELECT installed_version, default_version FROM pg_available_extensions"
         " WHERE name = 'dpsql'"

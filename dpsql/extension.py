@@ -22,9 +22,6 @@ if TYPE_CHECKING:
     import psycopg
 
 EXTENSION = "dpsql"
-# Records which pg_config built the objects in the source tree: objects compiled against one
-# PostgreSQL's headers must not be linked into another's module.
-_STAMP_NAME = "pg_config.stamp"
 
 
 def source_dir() -> Path:
@@ -187,9 +184,8 @@ def _run_make(sql_dir: Path, pg_config: Path, targets: list[str], verbose: bool)
 def build_and_install(pg_config: str | Path, *, verbose: bool = False, clean: bool = False) -> None:
     """Compile the extension with PGXS and install it into ``pg_config``'s PostgreSQL.
 
-    Runs ``make -C sql PG_CONFIG=... install``. The objects are first cleaned when they were
-    built for another ``pg_config`` (e.g. switching between PostgreSQL 16 and 18) or when a header
-    changed (PGXS does not track header dependencies).
+    Runs ``make -C sql PG_CONFIG=... install``; sql/Makefile rebuilds the objects when they were
+    built for another PostgreSQL (e.g. switching between 16 and 18) or a header changed.
 
     Parameters
     ----------
@@ -209,22 +205,12 @@ def build_and_install(pg_config: str | Path, *, verbose: bool = False, clean: bo
         If the sources are not available (see :func:`source_dir`).
     """
     pg_config = Path(pg_config).expanduser().absolute()
-    identity = f"{pg_config}\n{_pg_config_query(pg_config, '--version')}\n"
+    _pg_config_query(pg_config, "--version")  # a clear error for an unusable pg_config
     sql_dir = source_dir()
-    build_dir = sql_dir / "build"
-    with _build_lock(build_dir):
-        stamp = build_dir / _STAMP_NAME
-        previous = stamp.read_text(encoding="utf-8") if stamp.is_file() else None
-        module = sql_dir / f"{EXTENSION}.so"
-        headers_changed = module.is_file() and any(
-            path.suffix == ".h" and path.stat().st_mtime > module.stat().st_mtime
-            for path in _source_files(sql_dir)
-        )
-        if clean or previous != identity or headers_changed:
+    with _build_lock(sql_dir / "build"):
+        if clean:
             _run_make(sql_dir, pg_config, ["clean"], verbose)
-            stamp.unlink(missing_ok=True)
         _run_make(sql_dir, pg_config, ["install"], verbose)
-        stamp.write_text(identity, encoding="utf-8")
 
 
 def _server_pg_config(conn: psycopg.Connection) -> Path | None:

