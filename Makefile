@@ -37,7 +37,8 @@ VENV_STAMP := $(VENV)/.dpsql-installed
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard cython_ext/*.pyx cython_ext/*.pxd cython_ext/*.pxi \
 	core/*.c core/*.h)
 
-PG15_CONFIG := /usr/lib/postgresql/15/bin/pg_config
+PG15_BIN := /usr/lib/postgresql/15/bin
+PG15_CONFIG := $(PG15_BIN)/pg_config
 # pg_config alone comes with postgresql-client-15; the server headers are the missing piece.
 PG15_HEADER := /usr/include/postgresql/15/server/postgres.h
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -48,7 +49,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate clean distclean
+.PHONY: all setup .venv test test-citus citus docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate dist deb clean distclean
 
 all: test
 
@@ -74,7 +75,15 @@ test: $(VENV_STAMP) citus
 ifeq ($(DPSQL_WITH_PG15),1)
 	$(MAKE) pg15
 endif
-	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 $(VENV_PY) -m pytest -q
+ifeq ($(DPSQL_WITH_DIST),1)
+	$(MAKE) pg15
+	$(MAKE) dist
+	$(MAKE) deb PG_CONFIG=$(PG15_CONFIG)
+endif
+	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 \
+	$(if $(filter 1,$(DPSQL_WITH_PG15)),DPSQL_REQUIRE_PG15=1) \
+	$(if $(filter 1,$(DPSQL_WITH_DIST)),DPSQL_REQUIRE_DIST=1 DPSQL_DIST_DIR=$(CURDIR)/dist) \
+	$(VENV_PY) -m pytest -q
 
 test-citus: $(VENV_STAMP) citus
 	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)
@@ -123,6 +132,24 @@ citus: $(VENV_STAMP)
 	$(MAKE) -j2 CFLAGS="$$CF" >> build.log 2>&1 && $(MAKE) install CFLAGS="$$CF" >> build.log 2>&1 || \
 		{ tail -30 build.log; exit 1; }
 
+# The distributions (docs/install.md), into dist/: the wheel (tagged manylinux by auditwheel: only
+# glibc is linked), the sdist and the PGXN zip; `make deb [PG_CONFIG=...]` the Debian package
+# postgresql-<major>-dpsql (default: one per PostgreSQL at hand). `make test DPSQL_WITH_DIST=1`
+# builds them and tests them as they are installed (tests/packaging/test_dist.py).
+dist: $(VENV_STAMP)
+	rm -rf build/wheel dist/dpsql-*
+	$(VENV_PY) -m build --no-isolation --outdir build/wheel . > build/wheel.log 2>&1 || \
+		{ tail -30 build/wheel.log; exit 1; }
+	mkdir -p dist && cp build/wheel/dpsql-*.tar.gz dist/
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/auditwheel repair --wheel-dir dist \
+		build/wheel/dpsql-*.whl > build/auditwheel.log 2>&1 || { cat build/auditwheel.log; exit 1; }
+	$(VENV_PY) -m distribution.pgxn --out dist
+	@ls -1 dist
+
+deb: $(VENV_STAMP)
+	@command -v dpkg-deb > /dev/null || { echo "make deb needs dpkg-deb (Debian)"; exit 1; }
+	$(VENV_PY) -m distribution.deb $(if $(PG_CONFIG),--pg-config $(PG_CONFIG)) --out dist
+
 demo: $(VENV_STAMP)
 	$(DPSQL) install-extension
 	$(DPSQL) demo
@@ -166,14 +193,17 @@ plpgsql-check: pg15
 	.ci/plpgsql-check
 
 # Opt-in third target: Debian's PostgreSQL 15 (installing into it needs root).
+# The server package too: the tests' throwaway 15 clusters need its initdb, and the .deb depends
+# on it. Its own cluster 15/main (which its install may start) is stopped: nothing uses it.
 pg15: $(VENV_STAMP)
-	test -f $(PG15_HEADER) || { $(SUDO) apt-get update && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql-server-dev-15; }
+	test -f $(PG15_HEADER) && test -x $(PG15_BIN)/initdb || { $(SUDO) apt-get update && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql-15 \
+			postgresql-server-dev-15 && { $(SUDO) pg_ctlcluster 15 main stop 2> /dev/null || true; }; }
 	$(SUDO) $(DPSQL) install-extension --pg-config $(PG15_CONFIG)
 
 clean:
-	rm -rf build sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
-	rm -f sql/*.so sql/dpsql--*.sql sql/src/*.o sql/src/*.bc core/*.o core/*.bc
+	rm -rf build dist sql/build sql/results sql/regression.* .pytest_cache .ruff_cache .mypy_cache *.egg-info
+	rm -f sql/*.so sql/dpsql--*.sql sql/.pg_build_id sql/src/*.o sql/src/*.bc core/*.o core/*.bc
 	rm -f cython_ext/_core.c dpsql/_core*.so $(VENV_STAMP)
 
 distclean: clean

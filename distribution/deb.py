@@ -93,12 +93,28 @@ def build(pg_config: Path, out_dir: Path) -> Path:
     return path
 
 
+def at_hand() -> list[Path]:
+    """Every PostgreSQL to build for: Debian's with server headers, then the embedded 16 and 18
+    of majors Debian does not have here."""
+    found = {
+        major_of(p): p
+        for p in sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_config"))
+        if Path(f"/usr/include/postgresql/{p.parts[-3]}/server/postgres.h").exists()
+    }
+    from dpsql import server
+
+    for version in server.SUPPORTED_PG_VERSIONS:
+        found.setdefault(version, server.pg_config_path(version))
+    return [found[major] for major in sorted(found)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pg-config", type=Path, required=True, help="pg_config of the major")
+    parser.add_argument("--pg-config", type=Path, help="its pg_config (default: all at hand)")
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="output directory")
     args = parser.parse_args()
-    print(build(args.pg_config, args.out))
+    for pg_config in [args.pg_config] if args.pg_config else at_hand():
+        print(build(pg_config, args.out))
 
 
 if __name__ == "__main__":

@@ -297,7 +297,9 @@ def _parser() -> argparse.ArgumentParser:
         "runs it. The embedded server needs no such step.",
     )
     accountant.add_argument("--dsn", help="a superuser's connection (default: $DPSQL_DSN)")
-    accountant.add_argument("--command", help="another command to set (default: this Python's)")
+    accountant.add_argument(
+        "--accountant-command", help="another command to set (default: this Python's)"
+    )
 
     # Only listed here for --help; its arguments are parsed by dpsql.demo (see main()).
     commands.add_parser("demo", help="run the demo (see `dpsql demo --help`)", add_help=False)
@@ -480,7 +482,7 @@ def _configure_accountant_command(args: argparse.Namespace) -> int:
     if not dsn:
         print("dpsql configure-accountant: give --dsn (or set DPSQL_DSN)", file=sys.stderr)
         return EXIT_ERROR
-    done = accountant_config.configure(dsn, args.command)
+    done = accountant_config.configure(dsn, args.accountant_command)
     print(f"dpsql.accountant_command = '{done['command']}' (the server ran it)")
     return EXIT_OK
 

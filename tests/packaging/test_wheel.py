@@ -5,6 +5,7 @@ its `dpsql install-extension --pg-config ...` builds the extension from the sour
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if os.environ.get("DPSQL_DIST_DIR"):  # what `make dist` built (test_dist.py's too)
+        return Path(os.environ["DPSQL_DIST_DIR"])
     out = tmp_path_factory.mktemp("dist")
     # --no-isolation: the build requirements (setuptools, Cython, numpy) are this environment's
     result = subprocess.run(
