@@ -63,7 +63,7 @@ def fresh_venv() -> Iterator[Path]:
     home.chmod(0o755)
     try:
         _run(sys.executable, "-m", "venv", home)
-        no_compiler = {**os.environ, "CC": "/bin/false", "CXX": "/bin/false", "LDSHARED": "/bin/false"}
+        no_compiler = {**os.environ, **dict.fromkeys(("CC", "CXX", "LDSHARED"), "/bin/false")}
         _run(home / "bin" / "pip", "install", "--quiet", f"{wheel}[sklearn]", env=no_compiler)
         yield home
     finally:
@@ -156,9 +156,12 @@ def test_the_pgxn_zip_builds_installs_and_works(tmp_path: Path) -> None:
     _run("make", "-C", top, f"PG_CONFIG={pg_config}", "install")
     with server.temporary_server(16) as uri, psycopg.connect(uri, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION dpsql")
-        assert conn.execute(
-            "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'"
-        ).fetchone()[0] == VERSION
+        assert (
+            conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'dpsql'").fetchone()[
+                0
+            ]
+            == VERSION
+        )
         conn.execute("CREATE TABLE t AS SELECT i, ARRAY[i / 100.0] AS x, (i % 2)::float8 AS y"
                      " FROM generate_series(1, 200) i")  # fmt: skip
         model = conn.execute(
