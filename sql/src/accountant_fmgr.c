@@ -446,8 +446,9 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIG_FILE_ERROR),
 				 errmsg("dpsql: no privacy accountant configured"),
-				 errhint("Set dpsql.accountant_command to \"<python> -m dpsql.accounting\" "
-						 "(the embedded server does this), with dp-accounting installed.")));
+				 errhint("A superuser runs `dpsql configure-accountant --dsn ...` from the "
+						 "dpsql Python package (docs/install.md); the embedded server needs "
+						 "no such step.")));
 	for (c = request; *c; c++)
 		if (!(isalnum((unsigned char) *c) || strchr("{}[]\":,._- +", *c) != NULL))
 			ereport(ERROR,
