@@ -100,4 +100,18 @@ DpsqlStatus dpsql_fw_state_combine(double *a, const double *b, size_t len);
 void		dpsql_fw_gradient_row(double *state, const double *x, int xlen, double y,
 								  const double *theta);
 
+/*
+ * A valid row's clip factor (dpsql_clip_scale of x to x_bound), or NaN for the zero record
+ * (x NULL, xlen != dim, y not +-1, a NaN/Infinity).
+ */
+double		dpsql_fw_row_scale(const double *x, int xlen, double y, int dim, double x_bound);
+
+/*
+ * The SUM gradient (dim + intercept doubles, overwritten) over rows kept in memory already
+ * clipped: xs = rows x dim, each row times its dpsql_fw_row_scale; ys their labels. Bit for bit
+ * what dpsql_fw_gradient_row adds up over the same rows in the same order.
+ */
+void		dpsql_fw_gradient_scaled(double *sum, const double *xs, const double *ys, size_t rows,
+									 int dim, int intercept, double clamp, const double *theta);
+
 #endif

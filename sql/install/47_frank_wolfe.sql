@@ -1,6 +1,7 @@
 ------------------------------------------------------------------------------------------
 -- Private Frank-Wolfe over the L1 ball (spec 004 cards A6-A8): LASSO from one scan of
--- sufficient statistics, logistic regression with one gradient scan per step. The vertex of
+-- sufficient statistics, logistic regression with one SUM gradient per step (from rows kept in
+-- memory by 20 scans when they fit, else one gradient scan per step). The vertex of
 -- each step is drawn by the exponential mechanism in C; C core and proofs:
 -- core/frank_wolfe.h; glue: sql/src/frank_wolfe_fmgr.c; docs/frank_wolfe.md.
 ------------------------------------------------------------------------------------------
@@ -53,6 +54,44 @@ RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_step_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
 -- All K private steps from dpsql.adassp_gram's [n, p, X^T X, X^T y] (g = X^T X theta - X^T y).
+-- Steps k_from .. k_to - 1 from theta over the rows of one scan, kept in memory (clipped):
+-- _fw_gradient and _fw_step's arithmetic, streams and results, bit for bit, without a scan per
+-- step. No combine function, and parallel unsafe: the rows in the one scan order.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_steps_transition(state internal, x float8[], y float8,
+                                                               theta float8[], x_bound float8,
+                                                               intercept boolean, l1_clamp float8,
+                                                               k_from int, k_to int, s float8,
+                                                               eps_step float8, delta_u float8,
+                                                               seed bigint)
+RETURNS internal AS 'MODULE_PATHNAME', 'dpsql_fw_steps_transition'
+LANGUAGE C CALLED ON NULL INPUT;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_steps_final(state internal)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_steps_final'
+LANGUAGE C CALLED ON NULL INPUT;
+
+CREATE OR REPLACE AGGREGATE dpsql_internal._fw_logistic_steps(x float8[], y float8, theta float8[],
+                                                              x_bound float8, intercept boolean,
+                                                              l1_clamp float8, k_from int, k_to int,
+                                                              s float8, eps_step float8,
+                                                              delta_u float8, seed bigint) (
+    SFUNC = dpsql_internal._fw_steps_transition,
+    STYPE = internal,
+    FINALFUNC = dpsql_internal._fw_steps_final
+);
+
+-- Whether a logistic fit keeps the rows in memory: a local table (Citus pushes each step's
+-- gradient down instead) of at most dpsql.sampling_memory as clipped rows. Public: n and d.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_in_memory(train_table text, plan jsonb)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    layout record := dpsql_internal._citus_layout(to_regclass(train_table));
+BEGIN
+    RETURN (plan->>'rows')::float8 > 0 AND layout.dist_column IS NULL AND NOT layout.single_shard
+       AND (plan->>'rows')::float8 * ((plan->>'dim')::int + 1) * 8
+           <= pg_size_bytes(current_setting('dpsql.sampling_memory'));
+END $$;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._fw_lasso(gram float8[], s float8, steps int, eps_step float8,
                                                     delta_u float8, seed bigint DEFAULT NULL)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_lasso_sql'
@@ -185,7 +224,7 @@ BEGIN
                                 'theta_0 = 0, mu_k = 2/(k+2), vertex by the exponential mechanism on '
                                 'the SUM-gradient scores%s', s,
                                 CASE WHEN model = 'lasso' THEN ', one scan of sufficient statistics'
-                                     ELSE ', one gradient scan per step' END),
+                                     ELSE ', the SUM gradient of every step' END),
             'accounting', CASE WHEN delta > 0
                 THEN format('zCDP: %s exponential mechanisms of eps_step^2/8 each (bounded range), rho %s',
                             num.steps, rho)
@@ -210,6 +249,9 @@ DECLARE
     gram float8[];
     g float8[];
     q text;
+    chunk int;
+    done int := 0;
+    scans int := 1;  -- LASSO's one
 BEGIN
     IF plan->>'model' = 'lasso' THEN
         EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
@@ -220,9 +262,27 @@ BEGIN
         weights := dpsql_internal._fw_lasso(gram, s, steps, eps_step, delta_u, noise_seed);
     ELSE
         weights := array_fill(0::float8, ARRAY[d + icpt::int]);
+        scans := 0;
+        IF dpsql_internal._fw_in_memory(train_table, plan) THEN
+            -- 20 scans (public: K and n decide), each taking K/20 steps over the rows it keeps
+            chunk := ceil(steps / 20.0)::int;
+            q := format('SELECT dpsql_internal._fw_logistic_steps(x, y, $1, $2, $3, $4, $5, $6, '
+                        '$7, $8, $9, $10) FROM %s', train_table);
+            WHILE done < steps LOOP
+                EXECUTE q INTO g USING weights, (plan->>'x_bound')::float8, icpt,
+                    (plan->>'l1')::float8, done, least(done + chunk, steps), s, eps_step, delta_u,
+                    noise_seed;
+                scans := scans + 1;
+                EXIT WHEN g IS NULL;  -- no rows: the zero gradient's steps below
+                weights := g;
+                done := least(done + chunk, steps);
+                PERFORM dpsql_internal._progress('step', done, steps);
+            END LOOP;
+        END IF;
         q := format('SELECT dpsql_internal._fw_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
-        FOR k IN 0..steps - 1 LOOP
+        FOR k IN done..steps - 1 LOOP
             EXECUTE q INTO g USING weights, (plan->>'x_bound')::float8, icpt, (plan->>'l1')::float8;
+            scans := scans + 1;
             IF g IS NULL THEN
                 g := array_fill(0::float8, ARRAY[d + icpt::int + 1]);
             END IF;
@@ -231,6 +291,8 @@ BEGIN
             PERFORM dpsql_internal._progress('step', k + 1, steps);
         END LOOP;
     END IF;
-    info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0));
+    -- scans: public (K, n, d and dpsql.sampling_memory decide it)
+    info := jsonb_build_object('nnz', (SELECT count(*) FROM unnest(weights) w WHERE w <> 0),
+                               'scans', scans);
     iterates := NULL;
 END $$;

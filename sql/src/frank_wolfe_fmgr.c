@@ -2,7 +2,8 @@
  * frank_wolfe_fmgr.c - private Frank-Wolfe (core/frank_wolfe.h) in SQL:
  * the plan's numbers dpsql_internal._fw_numbers, the logistic SUM-gradient aggregate
  * dpsql_internal._fw_gradient, one private step dpsql_internal._fw_step, and the LASSO run
- * from sufficient statistics dpsql_internal._fw_lasso.
+ * from sufficient statistics dpsql_internal._fw_lasso; and, for a local table whose rows fit in
+ * memory, many logistic steps from one scan, dpsql_internal._fw_logistic_steps.
  *
  * A NULL, malformed or non-finite record is the zero record (it counts in n and adds nothing),
  * never an error that could leak it.
@@ -15,6 +16,7 @@
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 
@@ -28,6 +30,8 @@ PG_FUNCTION_INFO_V1(dpsql_fw_gradient_combine);
 PG_FUNCTION_INFO_V1(dpsql_fw_gradient_final);
 PG_FUNCTION_INFO_V1(dpsql_fw_step_sql);
 PG_FUNCTION_INFO_V1(dpsql_fw_lasso_sql);
+PG_FUNCTION_INFO_V1(dpsql_fw_steps_transition);
+PG_FUNCTION_INFO_V1(dpsql_fw_steps_final);
 
 static int
 model_code(text *t)
@@ -308,5 +312,168 @@ dpsql_fw_lasso_sql(PG_FUNCTION_ARGS)
 	pfree(work);
 	if (st != DPSQL_OK)
 		dpsql_bad_argument(fn, "s, eps_step and delta_u must be finite and > 0.");
+	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/*
+ * dpsql_internal._fw_logistic_steps(x, y, theta, x_bound, intercept, l1_clamp, k_from, k_to,
+ *     s, eps_step, delta_u, seed): the scan keeps each valid row clipped (scale * x, and y) in
+ * memory, the final function takes steps k_from .. k_to - 1 from theta over them: for each, the
+ * SUM gradient (dpsql_fw_gradient_scaled: bit for bit _fw_gradient's over the same rows in the
+ * same order) and the private step of _fw_step (same stream k). The per-row arguments after y
+ * are the same datum on every row; the first row's are used.
+ */
+typedef struct FwSteps
+{
+	int			dim,
+				intercept,
+				k_from,
+				k_to;
+	double		x_bound,
+				clamp,
+				s,
+				eps_step,
+				delta_u;
+	bool		has_seed;
+	int64		seed;
+	double	   *theta;
+	double	   *xs;
+	double	   *ys;
+	size_t		rows,
+				cap;
+} FwSteps;
+
+static FwSteps *
+fw_steps_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+{
+	const char *fn = "_fw_logistic_steps";
+	FwSteps    *st = MemoryContextAllocZero(aggcontext, sizeof(FwSteps));
+	double	   *theta;
+	int			p,
+				j;
+
+	/* the transition's arguments: 0 the state, 1 x, 2 y, then the aggregate's third on */
+	dpsql_no_nulls(fcinfo, 3, 12, fn);
+	theta = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(3), &p, "theta");
+	st->intercept = PG_GETARG_BOOL(5) ? 1 : 0;
+	st->dim = p - st->intercept;
+	st->x_bound = PG_GETARG_FLOAT8(4);
+	st->clamp = PG_GETARG_FLOAT8(6);
+	st->k_from = PG_GETARG_INT32(7);
+	st->k_to = PG_GETARG_INT32(8);
+	st->s = PG_GETARG_FLOAT8(9);
+	st->eps_step = PG_GETARG_FLOAT8(10);
+	st->delta_u = PG_GETARG_FLOAT8(11);
+	st->has_seed = !PG_ARGISNULL(12);
+	st->seed = st->has_seed ? PG_GETARG_INT64(12) : 0;
+	if (p < 1 || p > DPSQL_FW_MAX_DIM || st->dim < 1)
+		dpsql_bad_argument(fn, "theta must have 1 to 65536 coefficients (2 with an intercept).");
+	for (j = 0; j < p; j++)
+		if (!isfinite(theta[j]))
+			dpsql_bad_argument(fn, "theta must be finite.");
+	if (!(st->x_bound > 0 && isfinite(st->x_bound)) || !(st->clamp > 0 && isfinite(st->clamp)))
+		dpsql_bad_argument(fn, "x_bound and l1_clamp must be finite and > 0.");
+	if (st->k_from < 0 || st->k_from > st->k_to || st->k_to > DPSQL_FW_MAX_STEPS)
+		dpsql_bad_argument(fn, "0 <= k_from <= k_to <= 2000 must hold.");
+	st->theta = MemoryContextAlloc(aggcontext, sizeof(double) * (Size) p);
+	memcpy(st->theta, theta, sizeof(double) * (Size) p);
+	return st;
+}
+
+/* Room for one more row (doubling; huge allocations: the caller bounds the table's size). */
+static void
+fw_steps_grow(FwSteps *st, MemoryContext aggcontext)
+{
+	size_t		cap = st->cap == 0 ? 1024 : 2 * st->cap;
+
+	if (st->cap == 0)
+	{
+		st->xs = MemoryContextAllocHuge(aggcontext, sizeof(double) * cap * (size_t) st->dim);
+		st->ys = MemoryContextAllocHuge(aggcontext, sizeof(double) * cap);
+	}
+	else
+	{
+		st->xs = repalloc_huge(st->xs, sizeof(double) * cap * (size_t) st->dim);
+		st->ys = repalloc_huge(st->ys, sizeof(double) * cap);
+	}
+	st->cap = cap;
+}
+
+Datum
+dpsql_fw_steps_transition(PG_FUNCTION_ARGS)
+{
+	MemoryContext aggcontext;
+	FwSteps    *st;
+	double		scale,
+				y;
+	int			j;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("dpsql: _fw_steps_transition called outside an aggregate")));
+	st = PG_ARGISNULL(0) ? fw_steps_begin(fcinfo, aggcontext) : (FwSteps *) PG_GETARG_POINTER(0);
+	if (PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		PG_RETURN_POINTER(st);	/* the zero record: adds nothing */
+	{
+		ArrayType  *x = PG_GETARG_ARRAYTYPE_P(1);
+		const double *xs;
+
+		if (!plain_float8_vector(x))
+			PG_RETURN_POINTER(st);
+		xs = (const double *) ARR_DATA_PTR(x);
+		y = PG_GETARG_FLOAT8(2);
+		scale = dpsql_fw_row_scale(xs, ARR_NDIM(x) == 0 ? 0 : ARR_DIMS(x)[0], y, st->dim,
+								   st->x_bound);
+		if (isnan(scale))
+			PG_RETURN_POINTER(st);
+		if (st->rows == st->cap)
+			fw_steps_grow(st, aggcontext);
+		for (j = 0; j < st->dim; j++)
+			st->xs[st->rows * (size_t) st->dim + j] = scale * xs[j];
+		st->ys[st->rows++] = y;
+	}
+	PG_RETURN_POINTER(st);
+}
+
+Datum
+dpsql_fw_steps_final(PG_FUNCTION_ARGS)
+{
+	FwSteps    *st;
+	int			p,
+				k,
+				vertex = 0;
+	double	   *grad,
+			   *work;
+	ArrayType  *out;
+	DpsqlRng	rng;
+	DpsqlStatus status;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();		/* no rows: the caller takes the zero gradient's steps */
+	st = (FwSteps *) PG_GETARG_POINTER(0);
+	p = st->dim + st->intercept;
+	out = dpsql_new_float8_array(p);
+	memcpy(ARR_DATA_PTR(out), st->theta, sizeof(double) * (Size) p);
+	grad = palloc(sizeof(double) * (Size) p);
+	work = palloc(sizeof(double) * 2 * (Size) p);
+	for (k = st->k_from; k < st->k_to; k++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		dpsql_fw_gradient_scaled(grad, st->xs, st->ys, st->rows, st->dim, st->intercept,
+								 st->clamp, (const double *) ARR_DATA_PTR(out));
+		dpsql_init_rng(&rng, st->has_seed, st->seed, DPSQL_FW_STREAM + (uint64) k);
+		status = dpsql_fw_select(&rng, grad, p, st->s, st->eps_step, st->delta_u, work, &vertex);
+		explicit_bzero(&rng, sizeof(rng));
+		if (status != DPSQL_OK)
+			dpsql_bad_argument("_fw_logistic_steps",
+							   "s, eps_step and delta_u must be finite and > 0, the gradient finite.");
+		status = dpsql_fw_move((double *) ARR_DATA_PTR(out), p, k, vertex, st->s);
+		if (status != DPSQL_OK)
+			dpsql_raise(status, "the Frank-Wolfe step");
+	}
+	explicit_bzero(grad, sizeof(double) * (Size) p);
+	pfree(grad);
+	pfree(work);
 	PG_RETURN_ARRAYTYPE_P(out);
 }

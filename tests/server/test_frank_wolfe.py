@@ -257,3 +257,26 @@ def test_lasso_defaults_refuse_a_row_bound_alone(conn, scratch_schema) -> None:
     assert _ledger(conn) == before
     _train(conn, name, options=Jsonb({"l1_radius": 5.0, "steps": 3}))
     assert _ledger(conn) == before + 1
+
+
+def test_logistic_steps_from_rows_in_memory_equal_a_scan_per_step(conn, scratch_schema) -> None:
+    """A local table that fits in dpsql.sampling_memory takes ceil(K / chunk) scans (chunk =
+    ceil(K/20)) instead of K, and releases bit for bit the model of one gradient scan per step
+    (same rows in the same order, same noise streams): with the setting at 0, every step scans."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(1500, 5))
+    X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1)
+    y = (X[:, 1] - X[:, 2] > 0).astype(float)
+    X[7] = np.nan  # a zero record in both
+    name = _register(conn, scratch_schema, X, y, labels="{0,1}", accept=True)
+    kw = {"noise_seed": 11, "intercept": True, "options": Jsonb({"l1_radius": 4.0, "steps": 45})}
+    in_memory = _train(conn, name, model="logistic", **kw)
+    conn.execute("SET dpsql.sampling_memory = 0")
+    try:
+        per_step = _train(conn, name, model="logistic", **kw)
+    finally:
+        conn.execute("RESET dpsql.sampling_memory")
+    assert in_memory["params"]["privacy"]["scans"] == 15  # 45 steps, 3 a scan
+    assert per_step["params"]["privacy"]["scans"] == 45
+    assert in_memory["weights"] == per_step["weights"]
+    assert np.count_nonzero(in_memory["weights"]) > 1
