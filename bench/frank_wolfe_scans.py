@@ -29,7 +29,7 @@ def _release(
     assert row is not None
     params, weights = db.execute(
         "SELECT params->'privacy', weights FROM dpsql.models WHERE model_id = %s", (row[0],)
-    ).fetchone()  # type: ignore[misc]
+    ).fetchone()
     return seconds, params, weights
 
 
