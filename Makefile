@@ -78,7 +78,7 @@ endif
 ifeq ($(DPSQL_WITH_DIST),1)
 	$(MAKE) pg15
 	$(MAKE) dist
-	$(MAKE) deb PG_CONFIG=$(PG15_CONFIG)
+	$(MAKE) deb
 endif
 	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 \
 	$(if $(filter 1,$(DPSQL_WITH_PG15)),DPSQL_REQUIRE_PG15=1) \

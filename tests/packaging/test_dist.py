@@ -85,6 +85,24 @@ def test_the_wheel_imports_its_core_away_from_the_checkout(fresh_venv: Path) -> 
     assert where[0].startswith(str(fresh_venv)) and where[1] == VERSION
 
 
+@pytest.mark.parametrize("major", [15, 16, 18])
+def test_a_deb_per_major_installs_where_debian_postgresql_looks(major: int) -> None:
+    deb = _dist_file(f"postgresql-{major}-dpsql_{VERSION}-1_*.deb")
+    fields = {f: _run("dpkg-deb", "-f", deb, f).strip() for f in ("Package", "Depends", "Version")}
+    assert fields == {
+        "Package": f"postgresql-{major}-dpsql", "Depends": f"postgresql-{major}",
+        "Version": f"{VERSION}-1",
+    }  # fmt: skip
+    files = {line.split()[-1].lstrip(".") for line in _run("dpkg-deb", "-c", deb).splitlines()}
+    extension_dir = f"/usr/share/postgresql/{major}/extension"
+    assert f"/usr/lib/postgresql/{major}/lib/dpsql.so" in files
+    assert {f"{extension_dir}/dpsql.control", f"{extension_dir}/dpsql--{VERSION}.sql"} <= files
+    for version in extension.released_versions():
+        assert f"{extension_dir}/dpsql--{version}--{VERSION}.sql" in files
+    assert not any(f.endswith(".bc") for f in files)  # no JIT bitcode, nothing else
+    assert all(f.startswith(("/usr/lib/postgresql/", "/usr/share/")) for f in files if "." in f)
+
+
 TRAIN = """
 import sys
 import numpy as np
