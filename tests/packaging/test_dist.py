@@ -111,7 +111,7 @@ from dpsql.privacy import DPSGD
 
 owner, analyst, role = sys.argv[1:4]
 rng = np.random.default_rng(0)
-X = rng.normal(size=(2000, 3)) / 2
+X = rng.normal(size=(20000, 3)) / 2
 y = (X @ np.array([1.0, -1.0, 0.5]) > 0).astype(float)
 with dpsql.connect(owner, install=False) as db:
     db.load_numpy("points", X, y)
@@ -155,7 +155,9 @@ def test_the_deb_on_debian_15_trains_privately_with_the_wheel(fresh_venv: Path) 
             out = _run(fresh_venv / "bin" / "python", "-c", TRAIN,
                        roles["olivia"], roles["alice"], "alice").split()  # fmt: skip
             model_id, accuracy, spent = int(out[0]), float(out[1]), float(out[2])
-            assert model_id > 0 and accuracy > 0.8 and spent == pytest.approx(1.0)
+            # the noise is not seeded (an analyst's run): 20,000 rows make 0.75 a wide margin
+            # (0.96-0.98 in 4 runs; a random direction scores 0.5)
+            assert model_id > 0 and accuracy > 0.75 and spent == pytest.approx(1.0)
     finally:
         _run("dpkg", "--purge", "postgresql-15-dpsql")
 
