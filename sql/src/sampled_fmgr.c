@@ -19,8 +19,13 @@
  * each member's slot: rows x (features + 1) doubles of memory; _sampled_epoch (30_runs.sql)
  * takes the sorted join for tables over dpsql.sampling_memory.
  *
+ * Poisson in place: up to dpsql.sampling_in_place_memory of rows by rid (a machine's setting),
+ * the scan files the rows by rid as with replacement, and the final function lists the members
+ * by step from the same streams and reads each row where it lies (no copy): the same model.
+ *
  * Either way a run's later epochs read the rows its first epoch kept (the kept area below)
- * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets.
+ * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets (or in
+ * place).
  *
  * dpsql_internal._sampled_members() lists the members, for the tests (the laws, and the
  * replays' parity with the sorted aggregate).
@@ -69,10 +74,13 @@ static int	sampling_memory_kb = 1024 * 1024;
 
 /*
  * Up to this many kB of rows by rid, a Poisson epoch reads each member where its row lies
- * (random reads) instead of copying it into a bucket (bench/RESULTS.md, "later Poisson epochs:
- * in-place replay"): measured on the 2-vCPU VM, set here; a machine's rule, not the data's.
+ * (random reads) instead of copying it into a bucket. A machine's rule, never the data's: each
+ * member costs a TLB miss, whose page walk stays in cache while the area's page tables (1/512
+ * of it with 4 kB pages: 1 MB for 512 MB) fit in a core's L2 (2 MB on the VM measured). In
+ * bench/RESULTS.md ("later Poisson epochs: in-place replay") the crossover with the buckets was
+ * between 1M and 2M rows x 50 features (409 and 818 MB).
  */
-#define IN_PLACE_DEFAULT_KB (1024 * 1024)
+#define IN_PLACE_DEFAULT_KB (512 * 1024)
 
 /* Rows by rid (kB) up to which a Poisson epoch reads its members in place (see below). */
 static int	in_place_kb = IN_PLACE_DEFAULT_KB;
@@ -340,6 +348,9 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 #define CHUNK_BYTES ((Size) 32 * 1024)
 #define SLAB_BYTES ((Size) 32 * 1024 * 1024)
 
+/* Rows whose streams' first blocks are computed at once (SIMD lanes). */
+#define FIRST_LANES 16
+
 /* An entry: step and kind (int32 each), rid, y, then len features. */
 #define ENTRY_HEADER_DOUBLES 3
 
@@ -375,7 +386,7 @@ typedef struct PoissonLayout
 	uint8	   *seen;			/* rid bitmap: every rid once */
 	uint32		key[8];			/* the epoch's sampling key (secret) */
 	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
-	uint32		first_blocks[8 * 16];	/* their streams' first blocks (secret) */
+	uint32		first_blocks[FIRST_LANES * 16];	/* their streams' first blocks (secret) */
 	uint64		generation;		/* chunk_generation its chunks are of */
 	MemoryContext cxt;			/* the aggregate's (its files' structs) */
 	double		log1mq;
@@ -407,40 +418,42 @@ row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
 }
 
 #if defined(__GNUC__)
-typedef uint32 v8u32 __attribute__((vector_size(32)));
+typedef uint32 vlanes __attribute__((vector_size(4 * FIRST_LANES)));
 
-#define V8ROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
-#define V8QUARTER(a, b, c, d) \
+#define VROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
+#define VQUARTER(a, b, c, d) \
 	do { \
-		a += b; d ^= a; d = V8ROTL(d, 16); \
-		c += d; b ^= c; b = V8ROTL(b, 12); \
-		a += b; d ^= a; d = V8ROTL(d, 8); \
-		c += d; b ^= c; b = V8ROTL(b, 7); \
+		a += b; d ^= a; d = VROTL(d, 16); \
+		c += d; b ^= c; b = VROTL(b, 12); \
+		a += b; d ^= a; d = VROTL(d, 8); \
+		c += d; b ^= c; b = VROTL(b, 7); \
 	} while (0)
 
 /*
- * The first blocks of rows rid0..rid0+7's streams at once, one per SIMD lane: the same words
- * as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity tests).
+ * The first blocks of rows rid0..rid0 + FIRST_LANES - 1's streams at once, one per SIMD lane:
+ * the same words as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity
+ * tests). AVX-512 where the CPU has it: 16 lanes and a rotate instruction.
  */
 #if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 static void
-first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
 {
-	v8u32		s[16];
-	v8u32		x[16];
+	vlanes		s[16];
+	vlanes		x[16];
+	vlanes		zero = {0};
 	int			i,
 				lane;
 	static const uint32 sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
 
 	for (i = 0; i < 4; i++)
-		s[i] = (v8u32) {sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i]};
+		s[i] = zero + sigma[i];
 	for (i = 0; i < 8; i++)
-		s[4 + i] = (v8u32) {key[i], key[i], key[i], key[i], key[i], key[i], key[i], key[i]};
-	s[12] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
-	s[13] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
-	for (lane = 0; lane < 8; lane++)
+		s[4 + i] = zero + key[i];
+	s[12] = zero;
+	s[13] = zero;
+	for (lane = 0; lane < FIRST_LANES; lane++)
 	{
 		uint64		r = (uint64) rid0 + (uint64) lane;
 
@@ -451,20 +464,20 @@ first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
 		x[i] = s[i];
 	for (i = 0; i < 10; i++)
 	{
-		V8QUARTER(x[0], x[4], x[8], x[12]);
-		V8QUARTER(x[1], x[5], x[9], x[13]);
-		V8QUARTER(x[2], x[6], x[10], x[14]);
-		V8QUARTER(x[3], x[7], x[11], x[15]);
-		V8QUARTER(x[0], x[5], x[10], x[15]);
-		V8QUARTER(x[1], x[6], x[11], x[12]);
-		V8QUARTER(x[2], x[7], x[8], x[13]);
-		V8QUARTER(x[3], x[4], x[9], x[14]);
+		VQUARTER(x[0], x[4], x[8], x[12]);
+		VQUARTER(x[1], x[5], x[9], x[13]);
+		VQUARTER(x[2], x[6], x[10], x[14]);
+		VQUARTER(x[3], x[7], x[11], x[15]);
+		VQUARTER(x[0], x[5], x[10], x[15]);
+		VQUARTER(x[1], x[6], x[11], x[12]);
+		VQUARTER(x[2], x[7], x[8], x[13]);
+		VQUARTER(x[3], x[4], x[9], x[14]);
 	}
 	for (i = 0; i < 16; i++)
 	{
-		v8u32		v = x[i] + s[i];
+		vlanes		v = x[i] + s[i];
 
-		for (lane = 0; lane < 8; lane++)
+		for (lane = 0; lane < FIRST_LANES; lane++)
 			out[16 * lane + i] = v[lane];
 	}
 	explicit_bzero(x, sizeof(x));
@@ -472,11 +485,11 @@ first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
 }
 #else
 static void
-first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
 {
 	int			lane;
 
-	for (lane = 0; lane < 8; lane++)
+	for (lane = 0; lane < FIRST_LANES; lane++)
 	{
 		uint64		r = (uint64) rid0 + (uint64) lane;
 		uint32		nonce[3] = {0, (uint32) r, (uint32) (r >> 32)};
@@ -767,12 +780,12 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 	row_coins_begin(&rng, p->key, rid);
 	if (e->q < 1.0)
 	{
-		/* the first block from the eight rows' side by side (scans meet rids in runs) */
-		int64		rid0 = ((rid - 1) & ~INT64CONST(7)) + 1;
+		/* the first block from FIRST_LANES rows' side by side (scans meet rids in runs) */
+		int64		rid0 = ((rid - 1) & ~(int64) (FIRST_LANES - 1)) + 1;
 
 		if (p->first_rid0 != rid0)
 		{
-			first_blocks8(p->key, rid0, p->first_blocks);
+			first_blocks(p->key, rid0, p->first_blocks);
 			p->first_rid0 = rid0;
 		}
 		memcpy(rng.block, p->first_blocks + 16 * (rid - rid0), sizeof(rng.block));
@@ -1021,7 +1034,7 @@ in_place_replay(SampledEpoch *e)
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 	double		log1mq = log1p(-e->q);
 	uint32		key[8];
-	uint32		blocks[8 * 16];
+	uint32		blocks[FIRST_LANES * 16];
 	RowCoins	coins;
 	uint64	   *pairs;			/* step << 32 | rid, in rid order */
 	uint32	   *rids;			/* the members' rids by step, then rid */
@@ -1049,15 +1062,15 @@ in_place_replay(SampledEpoch *e)
 	pairs = MemoryContextAllocHuge(cxt, (Size) cap * sizeof(uint64));
 	ends = MemoryContextAllocHuge(cxt, (Size) (steps + 1) * sizeof(int64));
 	memset(ends, 0, (Size) (steps + 1) * sizeof(int64));
-	for (rid0 = 1; rid0 <= e->rows; rid0 += 8)
+	for (rid0 = 1; rid0 <= e->rows; rid0 += FIRST_LANES)
 	{
-		int			lanes = (int) Min(8, e->rows - rid0 + 1);
+		int			lanes = (int) Min(FIRST_LANES, e->rows - rid0 + 1);
 		int			lane;
 
 		if (((rid0 - 1) & 0xFFFF) == 0)
 			CHECK_FOR_INTERRUPTS();
 		if (e->q < 1.0)
-			first_blocks8(key, rid0, blocks);
+			first_blocks(key, rid0, blocks);
 		for (lane = 0; lane < lanes; lane++)
 		{
 			double		next = 0.0;
