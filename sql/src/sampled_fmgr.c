@@ -985,6 +985,7 @@ prefetch_slot(const SampledEpoch *e, int64 rid)
 
 	for (off = 0; off < e->slot * sizeof(double); off += 64)
 		__builtin_prefetch(p + off);
+	__builtin_prefetch(e->filled + (rid - 1));	/* its kind: another random address */
 #else
 	(void) e;
 	(void) rid;
