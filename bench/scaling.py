@@ -100,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915
             ).fetchone()[0]
 
         plain, shuffled = state(1, 0, False), state(50, 0, True)
-        (in_place,) = db.execute("SHOW dpsql.sampling_in_place_memory").fetchone()
+        (in_place,) = db.execute(
+            "SELECT current_setting('dpsql.sampling_in_place_memory', true)"
+        ).fetchone()
         print(f"# dpsql.sampling_in_place_memory {in_place}")
         header = f"{'rows':>12s} {'heap GB':>8s}  " + "  ".join(f"{n:>22s}" for n in NAMES)
         rows, first = args.start, None
