@@ -814,7 +814,7 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 	explicit_bzero(&rng, sizeof(rng));
 }
 
-/* The epoch's end after its last member: the state _sgd_final would return, in the current context. */
+/* The epoch's end after its last member: _sgd_final's state, in the current context. */
 static ArrayType *
 sampled_end(SampledEpoch *e)
 {
