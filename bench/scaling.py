@@ -7,12 +7,14 @@ At each size, interleaved over ``--repeats``:
 * a plain scan, ``SELECT sum(array_length(x, 1))`` (Bismarck's yardstick);
 * one noiseless logistic SGD epoch, b = 1 (``dpsql.sgd_epoch``);
 * one DP-SGD epoch with shuffled batches, b = 50 (clipping and Gaussian noise in every step);
-* Poisson DP-SGD, b = 50, without a sort (``_sgd_epoch_sampled``: the scan copies each member
+* Poisson DP-SGD, b = 50, without a sort (``_sgd_epoch_sampled``: up to
+  ``dpsql.sampling_in_place_memory`` of rows by rid, ``--in-place-memory``, the scan files the
+  rows by rid and each member is read where its row lies; over it the scan copies each member
   row into the bucket of its step range, the buckets are replayed in step order): a first
-  epoch (which also keeps the rows by rid when they fit beside the buckets), a later one in
-  the same transaction (``_sgd_epoch_replayed``: the kept rows read in rid order instead of a
-  scan, into the buckets), and one with ``dpsql.sampling_memory`` at ``--spill-memory``
-  (buckets spilled to temporary files, nothing kept). The first epoch of a transaction also
+  epoch (which also keeps the rows by rid when they fit), a later one in the same transaction
+  (``_sgd_epoch_replayed``: the kept rows read in place, or in rid order into the buckets,
+  instead of a scan), and one with ``dpsql.sampling_memory`` at ``--spill-memory`` (buckets
+  spilled to temporary files, nothing kept). The first epoch of a transaction also
   pays for its memory; on a virtual machine memory the guest never touched before costs the
   host's page faults too.
 
@@ -20,6 +22,7 @@ The table is unlogged (like dpsql's training tables) and vacuumed after each dou
 seconds, ns per row, and ns per row relative to the first size: a linear cost stays near 1.
 
     .venv/bin/python -m bench.scaling [--max-rows 32000000] [--repeats 3] [--sampling-memory 8GB]
+        [--in-place-memory 512MB]
 """
 
 from __future__ import annotations
@@ -50,11 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sampling-memory", default="8GB")
     parser.add_argument("--spill-memory", default="64MB")
+    parser.add_argument(
+        "--in-place-memory", default=None, help="dpsql.sampling_in_place_memory (0: buckets only)"
+    )
     parser.add_argument("--start", type=int, default=START)
     args = parser.parse_args(argv)
     with server.temporary_server() as uri, dpsql.connect(uri) as db:
         db.execute("SET max_parallel_workers_per_gather = 0")
         db.execute("SELECT set_config('dpsql.sampling_memory', %s, false)", (args.sampling_memory,))
+        if args.in_place_memory is not None:
+            db.execute(
+                "SELECT set_config('dpsql.sampling_in_place_memory', %s, false)",
+                (args.in_place_memory,),
+            )
         print(
             f"# scaling: {args.start:,} -> {args.max_rows:,} rows x {DIM}, {args.repeats} repeats,"
             f" {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
@@ -89,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915
             ).fetchone()[0]
 
         plain, shuffled = state(1, 0, False), state(50, 0, True)
+        (in_place,) = db.execute(
+            "SELECT current_setting('dpsql.sampling_in_place_memory', true)"
+        ).fetchone()
+        print(f"# dpsql.sampling_in_place_memory {in_place}")
         header = f"{'rows':>12s} {'heap GB':>8s}  " + "  ".join(f"{n:>22s}" for n in NAMES)
         rows, first = args.start, None
         while rows <= args.max_rows:

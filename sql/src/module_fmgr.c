@@ -47,8 +47,9 @@ _PG_init(void)
 	DpsqlHost	host = {host_check_interrupts, host_alloc, host_free};
 
 	dpsql_set_host(&host);
-	dpsql_define_accountant_gucs();
+	/* before the accountant's, which reserve the prefix: placeholders of later ones are dropped */
 	dpsql_define_sampling_gucs();
+	dpsql_define_accountant_gucs();
 	dpsql_install_error_hook();
 	dpsql_register_durable_drops();
 }

@@ -19,8 +19,13 @@
  * each member's slot: rows x (features + 1) doubles of memory; _sampled_epoch (30_runs.sql)
  * takes the sorted join for tables over dpsql.sampling_memory.
  *
+ * Poisson in place: up to dpsql.sampling_in_place_memory of rows by rid (a machine's setting),
+ * the scan files the rows by rid as with replacement, and the final function lists the members
+ * by step from the same streams and reads each row where it lies (no copy): the same model.
+ *
  * Either way a run's later epochs read the rows its first epoch kept (the kept area below)
- * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets.
+ * instead of scanning (_sgd_epoch_replayed): Poisson when they fit beside the buckets (or in
+ * place).
  *
  * dpsql_internal._sampled_members() lists the members, for the tests (the laws, and the
  * replays' parity with the sorted aggregate).
@@ -67,6 +72,19 @@ PG_FUNCTION_INFO_V1(dpsql_sampled_members);
 /* Memory (kB) a sampled epoch may hold its rows in; larger tables take the sorted join. */
 static int	sampling_memory_kb = 1024 * 1024;
 
+/*
+ * Up to this many kB of rows by rid, a Poisson epoch reads each member where its row lies
+ * (random reads) instead of copying it into a bucket. A machine's rule, never the data's: each
+ * member costs a TLB miss, whose page walk stays in cache while the area's page tables (1/512
+ * of it with 4 kB pages: 1 MB for 512 MB) fit in a core's L2 (2 MB on the VM measured). In
+ * bench/RESULTS.md ("later Poisson epochs: in-place replay") the crossover with the buckets was
+ * between 1M and 2M rows x 50 features (409 and 818 MB).
+ */
+#define IN_PLACE_DEFAULT_KB (512 * 1024)
+
+/* Rows by rid (kB) up to which a Poisson epoch reads its members in place (see below). */
+static int	in_place_kb = IN_PLACE_DEFAULT_KB;
+
 void
 dpsql_define_sampling_gucs(void)
 {
@@ -74,6 +92,13 @@ dpsql_define_sampling_gucs(void)
 							"Memory a Poisson or with-replacement epoch may hold the training rows in.",
 							"Larger training tables sort their batches instead (slower).",
 							&sampling_memory_kb, 1024 * 1024, 0, MAX_KILOBYTES, PGC_SUSET,
+							GUC_UNIT_KB, NULL, NULL, NULL);
+	DefineCustomIntVariable("dpsql.sampling_in_place_memory",
+							"Largest rows-by-rid area a Poisson epoch reads its members from in place.",
+							"Larger ones copy each member into a bucket of its step range first "
+							"(reads in order, linear in the rows). A machine-level setting: the "
+							"model is the same either way.",
+							&in_place_kb, IN_PLACE_DEFAULT_KB, 0, MAX_KILOBYTES, PGC_SUSET,
 							GUC_UNIT_KB, NULL, NULL, NULL);
 }
 
@@ -323,6 +348,9 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 #define CHUNK_BYTES ((Size) 32 * 1024)
 #define SLAB_BYTES ((Size) 32 * 1024 * 1024)
 
+/* Rows whose streams' first blocks are computed at once (SIMD lanes). */
+#define FIRST_LANES 16
+
 /* An entry: step and kind (int32 each), rid, y, then len features. */
 #define ENTRY_HEADER_DOUBLES 3
 
@@ -358,7 +386,7 @@ typedef struct PoissonLayout
 	uint8	   *seen;			/* rid bitmap: every rid once */
 	uint32		key[8];			/* the epoch's sampling key (secret) */
 	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
-	uint32		first_blocks[8 * 16];	/* their streams' first blocks (secret) */
+	uint32		first_blocks[FIRST_LANES * 16];	/* their streams' first blocks (secret) */
 	uint64		generation;		/* chunk_generation its chunks are of */
 	MemoryContext cxt;			/* the aggregate's (its files' structs) */
 	double		log1mq;
@@ -390,40 +418,42 @@ row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
 }
 
 #if defined(__GNUC__)
-typedef uint32 v8u32 __attribute__((vector_size(32)));
+typedef uint32 vlanes __attribute__((vector_size(4 * FIRST_LANES)));
 
-#define V8ROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
-#define V8QUARTER(a, b, c, d) \
+#define VROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
+#define VQUARTER(a, b, c, d) \
 	do { \
-		a += b; d ^= a; d = V8ROTL(d, 16); \
-		c += d; b ^= c; b = V8ROTL(b, 12); \
-		a += b; d ^= a; d = V8ROTL(d, 8); \
-		c += d; b ^= c; b = V8ROTL(b, 7); \
+		a += b; d ^= a; d = VROTL(d, 16); \
+		c += d; b ^= c; b = VROTL(b, 12); \
+		a += b; d ^= a; d = VROTL(d, 8); \
+		c += d; b ^= c; b = VROTL(b, 7); \
 	} while (0)
 
 /*
- * The first blocks of rows rid0..rid0+7's streams at once, one per SIMD lane: the same words
- * as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity tests).
+ * The first blocks of rows rid0..rid0 + FIRST_LANES - 1's streams at once, one per SIMD lane:
+ * the same words as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity
+ * tests). AVX-512 where the CPU has it: 16 lanes and a rotate instruction.
  */
 #if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 static void
-first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
 {
-	v8u32		s[16];
-	v8u32		x[16];
+	vlanes		s[16];
+	vlanes		x[16];
+	vlanes		zero = {0};
 	int			i,
 				lane;
 	static const uint32 sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
 
 	for (i = 0; i < 4; i++)
-		s[i] = (v8u32) {sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i], sigma[i]};
+		s[i] = zero + sigma[i];
 	for (i = 0; i < 8; i++)
-		s[4 + i] = (v8u32) {key[i], key[i], key[i], key[i], key[i], key[i], key[i], key[i]};
-	s[12] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
-	s[13] = (v8u32) {0, 0, 0, 0, 0, 0, 0, 0};
-	for (lane = 0; lane < 8; lane++)
+		s[4 + i] = zero + key[i];
+	s[12] = zero;
+	s[13] = zero;
+	for (lane = 0; lane < FIRST_LANES; lane++)
 	{
 		uint64		r = (uint64) rid0 + (uint64) lane;
 
@@ -434,20 +464,20 @@ first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
 		x[i] = s[i];
 	for (i = 0; i < 10; i++)
 	{
-		V8QUARTER(x[0], x[4], x[8], x[12]);
-		V8QUARTER(x[1], x[5], x[9], x[13]);
-		V8QUARTER(x[2], x[6], x[10], x[14]);
-		V8QUARTER(x[3], x[7], x[11], x[15]);
-		V8QUARTER(x[0], x[5], x[10], x[15]);
-		V8QUARTER(x[1], x[6], x[11], x[12]);
-		V8QUARTER(x[2], x[7], x[8], x[13]);
-		V8QUARTER(x[3], x[4], x[9], x[14]);
+		VQUARTER(x[0], x[4], x[8], x[12]);
+		VQUARTER(x[1], x[5], x[9], x[13]);
+		VQUARTER(x[2], x[6], x[10], x[14]);
+		VQUARTER(x[3], x[7], x[11], x[15]);
+		VQUARTER(x[0], x[5], x[10], x[15]);
+		VQUARTER(x[1], x[6], x[11], x[12]);
+		VQUARTER(x[2], x[7], x[8], x[13]);
+		VQUARTER(x[3], x[4], x[9], x[14]);
 	}
 	for (i = 0; i < 16; i++)
 	{
-		v8u32		v = x[i] + s[i];
+		vlanes		v = x[i] + s[i];
 
-		for (lane = 0; lane < 8; lane++)
+		for (lane = 0; lane < FIRST_LANES; lane++)
 			out[16 * lane + i] = v[lane];
 	}
 	explicit_bzero(x, sizeof(x));
@@ -455,11 +485,11 @@ first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
 }
 #else
 static void
-first_blocks8(const uint32 key[8], int64 rid0, uint32 out[8 * 16])
+first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
 {
 	int			lane;
 
-	for (lane = 0; lane < 8; lane++)
+	for (lane = 0; lane < FIRST_LANES; lane++)
 	{
 		uint64		r = (uint64) rid0 + (uint64) lane;
 		uint32		nonce[3] = {0, (uint32) r, (uint32) (r >> 32)};
@@ -485,6 +515,13 @@ row_uniform(RowCoins *c)
 	k = (((uint64) c->block[c->used] << 32) | c->block[c->used + 1]) >> 11;
 	c->used += 2;
 	return ((double) k + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* The gap from a row's step to its next: Geometric(q) on {1, 2, ...}; 1 when q = 1. */
+static inline double
+poisson_gap(RowCoins *c, double q, double log1mq)
+{
+	return q >= 1.0 ? 1.0 : 1.0 + floor(log(row_uniform(c)) / log1mq);
 }
 
 /* Free chunks of the transaction (a run's later epochs reuse the first epoch's memory). */
@@ -743,12 +780,12 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 	row_coins_begin(&rng, p->key, rid);
 	if (e->q < 1.0)
 	{
-		/* the first block from the eight rows' side by side (scans meet rids in runs) */
-		int64		rid0 = ((rid - 1) & ~INT64CONST(7)) + 1;
+		/* the first block from FIRST_LANES rows' side by side (scans meet rids in runs) */
+		int64		rid0 = ((rid - 1) & ~(int64) (FIRST_LANES - 1)) + 1;
 
 		if (p->first_rid0 != rid0)
 		{
-			first_blocks8(p->key, rid0, p->first_blocks);
+			first_blocks(p->key, rid0, p->first_blocks);
 			p->first_rid0 = rid0;
 		}
 		memcpy(rng.block, p->first_blocks + 16 * (rid - rid0), sizeof(rng.block));
@@ -759,8 +796,7 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 	{
 		char	   *at;
 
-		/* the gap to the next included step is Geometric(q) on {1, 2, ...} */
-		next += e->q >= 1.0 ? 1.0 : 1.0 + floor(log(row_uniform(&rng)) / p->log1mq);
+		next += poisson_gap(&rng, e->q, p->log1mq);
 		if (next > (double) p->steps)
 			break;
 		head[0] = (int32) next;
@@ -776,6 +812,25 @@ layout_file(SampledEpoch *e, int64 rid, const double *x, double y, bool row)
 		}
 	}
 	explicit_bzero(&rng, sizeof(rng));
+}
+
+/* The epoch's end after its last member: _sgd_final's state, in the current context. */
+static ArrayType *
+sampled_end(SampledEpoch *e)
+{
+	DpsqlStatus st;
+	ArrayType  *out;
+
+	/* a loss or a step that overflowed without a non-finite score on the way */
+	dpsql_sgd_guard(e->s);
+	if (!dpsql_sgd_finite(e->s))
+		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
+	st = dpsql_sgd_epoch_end(e->s);
+	if (st != DPSQL_OK)
+		dpsql_raise(st, "end of the epoch");
+	out = (ArrayType *) palloc(VARSIZE(e->state));
+	memcpy(out, e->state, VARSIZE(e->state));
+	return out;
 }
 
 static int
@@ -798,9 +853,9 @@ layout_replay(SampledEpoch *e)
 											  ALLOCSET_DEFAULT_SIZES);
 	MemoryContext old = MemoryContextSwitchTo(cxt);
 	DpsqlStatus st;
-	ArrayType  *out;
 	int			b;
 
+	elog(DEBUG1, "dpsql: a Poisson epoch replays its members from step buckets");
 	for (b = 0; b < p->nbuckets; b++)
 	{
 		Bucket	   *k = &p->buckets[b];
@@ -915,15 +970,194 @@ layout_replay(SampledEpoch *e)
 	MemoryContextSwitchTo(old);
 	MemoryContextDelete(cxt);
 	layout_release(p);
-	dpsql_sgd_guard(e->s);
-	if (!dpsql_sgd_finite(e->s))
-		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
-	st = dpsql_sgd_epoch_end(e->s);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "end of the epoch");
-	out = (ArrayType *) palloc(VARSIZE(e->state));
-	memcpy(out, e->state, VARSIZE(e->state));
-	return out;
+	return sampled_end(e);
+}
+
+/* members whose slots are prefetched: a slot is several cache lines at a random address */
+#define LOOKAHEAD 8
+
+static inline void
+prefetch_slot(const SampledEpoch *e, int64 rid)
+{
+#if defined(__GNUC__)
+	const char *p = (const char *) (e->slots + (Size) (rid - 1) * e->slot);
+	Size		off;
+
+	for (off = 0; off < e->slot * sizeof(double); off += 64)
+		__builtin_prefetch(p + off);
+	__builtin_prefetch(e->filled + (rid - 1));	/* its kind: another random address */
+#else
+	(void) e;
+	(void) rid;
+#endif
+}
+
+/*
+ * Poisson epochs in place. Random reads of the rows by rid cost a TLB miss and a few cache
+ * misses per member, but no copy: below dpsql.sampling_in_place_memory of rows (a machine's
+ * setting) that beats copying each member into its bucket and reading it back. The members
+ * come from the rows' streams as above, rid by rid, as (step, rid) pairs; a counting sort by
+ * step (stable: rid order within a step) lists the rids by step, and each member's row is read
+ * where it lies: the buckets' calls of dpsql_sgd_row_batch, in the same order, bit for bit.
+ */
+
+/* Bytes of an epoch's in-place list: (step, rid) pairs, the rids by step, the steps' ends. */
+static double
+in_place_list_bytes(int64 rows, int64 steps, double q)
+{
+	return (double) rows * (double) steps * q * (double) (sizeof(uint64) + sizeof(uint32)) * 1.1 +
+		(double) (steps + 1) * sizeof(int64);
+}
+
+/* Whether a Poisson epoch of rows rows (by rid, len values each) replays them in place. */
+static bool
+poisson_in_place(int64 rows, int len, double steps, double q)
+{
+	double		kept = (double) sampled_bytes(1, len) * (double) rows;
+	double		list;
+
+	if (rows < 1 || rows > (int64) PG_UINT32_MAX || !(steps >= 1.0 && steps <= PG_INT32_MAX) ||
+		!(q > 0.0 && q <= 1.0))
+		return false;			/* (invalid ones get the buckets' errors) */
+	list = in_place_list_bytes(rows, (int64) steps, q);
+	return kept <= (double) in_place_kb * 1024.0 &&
+		kept + list <= (double) sampling_memory_kb * 1024.0 &&
+		list <= (double) MaxAllocHugeSize / 2;
+}
+
+/* Replay the Poisson members over the rows by rid, in place, and end the epoch. */
+static ArrayType *
+in_place_replay(SampledEpoch *e)
+{
+	int64		steps = (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch;
+	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "dpsql sampled members",
+											  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	double		log1mq = log1p(-e->q);
+	uint32		key[8];
+	uint32		blocks[FIRST_LANES * 16];
+	RowCoins	coins;
+	uint64	   *pairs;			/* step << 32 | rid, in rid order */
+	uint32	   *rids;			/* the members' rids by step, then rid */
+	int64	   *ends;			/* ends[s]: members of steps 1..s once sorted */
+	int64		cap,
+				n = 0,
+				rid0,
+				i,
+				s;
+
+	if (steps < 1 || steps > PG_INT32_MAX || e->rows > (int64) PG_UINT32_MAX ||
+		!(e->q > 0.0 && e->q <= 1.0))
+		elog(ERROR, "dpsql: a Poisson epoch in place needs 1 <= steps <= %d and 0 < q <= 1",
+			 PG_INT32_MAX);
+	elog(DEBUG1, "dpsql: a Poisson epoch replays its members in place");
+	{
+		DpsqlRng	rng;
+
+		dpsql_rng_init_seed(&rng, e->seed, 0);
+		memcpy(key, rng.key, sizeof(key));
+		explicit_bzero(&rng, sizeof(rng));
+	}
+	cap = (int64) Min((double) e->rows * (double) steps * e->q * 1.05 + 1024.0,
+					  (double) (MaxAllocHugeSize / sizeof(uint64)));
+	pairs = MemoryContextAllocHuge(cxt, (Size) cap * sizeof(uint64));
+	ends = MemoryContextAllocHuge(cxt, (Size) (steps + 1) * sizeof(int64));
+	memset(ends, 0, (Size) (steps + 1) * sizeof(int64));
+	for (rid0 = 1; rid0 <= e->rows; rid0 += FIRST_LANES)
+	{
+		int			lanes = (int) Min(FIRST_LANES, e->rows - rid0 + 1);
+		int			lane;
+
+		if (((rid0 - 1) & 0xFFFF) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (e->q < 1.0)
+			first_blocks(key, rid0, blocks);
+		for (lane = 0; lane < lanes; lane++)
+		{
+			double		next = 0.0;
+
+			row_coins_begin(&coins, key, rid0 + lane);
+			if (e->q < 1.0)
+			{
+				memcpy(coins.block, blocks + 16 * lane, sizeof(coins.block));
+				coins.counter = 1;
+				coins.used = 0;
+			}
+			for (;;)
+			{
+				next += poisson_gap(&coins, e->q, log1mq);
+				if (next > (double) steps)
+					break;
+				if (n == cap)
+				{
+					if (cap > (int64) (MaxAllocHugeSize / sizeof(uint64) / 2))
+						ereport(ERROR,
+								(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+								 errmsg("dpsql: too many members in a Poisson epoch")));
+					cap *= 2;
+					pairs = repalloc_huge(pairs, (Size) cap * sizeof(uint64));
+				}
+				pairs[n++] = ((uint64) (uint32) next << 32) | (uint64) (rid0 + lane);
+				ends[(int64) next]++;
+				if ((n & 0xFFFF) == 0)
+					CHECK_FOR_INTERRUPTS();
+			}
+		}
+	}
+	explicit_bzero(&coins, sizeof(coins));
+	explicit_bzero(blocks, sizeof(blocks));
+	explicit_bzero(key, sizeof(key));
+	/* ends[s] counts step s: to the step's first place, then each rid to its step's next one */
+	{
+		int64		sum = 0;
+
+		for (s = 1; s <= steps; s++)
+		{
+			int64		count = ends[s];
+
+			if ((s & 0xFFFF) == 0)
+				CHECK_FOR_INTERRUPTS();
+			ends[s] = sum;
+			sum += count;
+		}
+	}
+	rids = MemoryContextAllocHuge(cxt, (Size) Max(n, 1) * sizeof(uint32));
+	for (i = 0; i < n; i++)
+	{
+		if ((i & 0xFFFF) == 0xFFFF)
+			CHECK_FOR_INTERRUPTS();
+		rids[ends[pairs[i] >> 32]++] = (uint32) pairs[i];
+	}
+	pfree(pairs);
+	/* ends[s] is now the end of step s (ends[0] = 0) */
+	for (i = 0; i < n && i < LOOKAHEAD; i++)
+		prefetch_slot(e, rids[i]);
+	s = 1;
+	for (i = 0; i < n; i++)
+	{
+		int64		rid = rids[i];
+		DpsqlStatus st;
+
+		if ((i & 0xFFFF) == 0xFFFF)
+			CHECK_FOR_INTERRUPTS();
+		while (ends[s] <= i)
+			s++;
+		if (i + LOOKAHEAD < n)
+			prefetch_slot(e, rids[i + LOOKAHEAD]);
+		if (e->filled[rid - 1] == SLOT_ROW)
+		{
+			const double *slot = e->slots + (Size) (rid - 1) * e->slot;
+
+			st = dpsql_sgd_row_batch(e->s, slot + 1, e->len, slot[0], (long) s);
+		}
+		else
+			st = dpsql_sgd_row_batch(e->s, NULL, -1, NAN, (long) s);
+		if (st != DPSQL_OK)
+			dpsql_raise(st, "a sampled epoch");
+	}
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
+	return sampled_end(e);
 }
 
 /* An epoch's model state (a copy of init, in the current context) and sampling parameters. */
@@ -965,13 +1199,15 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 				  PG_GETARG_INT64(7), PG_GETARG_FLOAT8(8));
 	e->run = PG_ARGISNULL(9) ? 0 : PG_GETARG_INT64(9);
 	e->relation = PG_ARGISNULL(10) ? InvalidOid : PG_GETARG_OID(10);
-	if (e->kind == SAMPLING_POISSON)
+	if (e->kind == SAMPLING_POISSON &&
+		!poisson_in_place(e->rows, e->len, ((DpsqlSgdHeader *) e->s)->steps_per_epoch, e->q))
 		layout_begin(e, aggcontext);
 	/*
-	 * Rows in slots by rid: with replacement, for the replay; Poisson, for the run's later
-	 * epochs (read in rid order, without a scan) when they fit beside the buckets.
+	 * Rows in slots by rid: with replacement and Poisson in place, for the replay; Poisson
+	 * bucketed, for the run's later epochs (read in rid order, without a scan) when they fit
+	 * beside the buckets.
 	 */
-	if (e->kind == SAMPLING_REPLACEMENT ||
+	if (e->kind == SAMPLING_REPLACEMENT || e->layout == NULL ||
 		(e->run != 0 && OidIsValid(e->relation) && !kept_busy &&
 		 (double) sampled_bytes(e->rows, e->len) + e->layout->expected <=
 		 (double) sampling_memory_kb * 1024.0 &&
@@ -1054,24 +1290,6 @@ dpsql_sampled_transition(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(e);
 }
 
-/* members whose slots are prefetched: a slot is several cache lines at a random address */
-#define LOOKAHEAD 8
-
-static inline void
-prefetch_slot(const SampledEpoch *e, int64 rid)
-{
-#if defined(__GNUC__)
-	const char *p = (const char *) (e->slots + (Size) (rid - 1) * e->slot);
-	Size		off;
-
-	for (off = 0; off < e->slot * sizeof(double); off += 64)
-		__builtin_prefetch(p + off);
-#else
-	(void) e;
-	(void) rid;
-#endif
-}
-
 /*
  * Replay the draws (with replacement) in order over the filed rows and end the epoch: the state
  * _sgd_final would return, in the current memory context.
@@ -1087,7 +1305,6 @@ replay(SampledEpoch *e)
 	uint64		ahead,
 				k;
 	DpsqlStatus st;
-	ArrayType  *out;
 
 	sample_begin(&it, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
 				 e->batch);
@@ -1120,16 +1337,7 @@ replay(SampledEpoch *e)
 			dpsql_raise(st, "a sampled epoch");
 	}
 	explicit_bzero(&it, sizeof(it));
-	/* a loss or a step that overflowed without a non-finite score on the way */
-	dpsql_sgd_guard(e->s);
-	if (!dpsql_sgd_finite(e->s))
-		dpsql_raise(DPSQL_E_DIVERGED, "end of the epoch");
-	st = dpsql_sgd_epoch_end(e->s);
-	if (st != DPSQL_OK)
-		dpsql_raise(st, "end of the epoch");
-	out = (ArrayType *) palloc(VARSIZE(e->state));
-	memcpy(out, e->state, VARSIZE(e->state));
-	return out;
+	return sampled_end(e);
 }
 
 /* dpsql_internal._sgd_sampled_final(internal) -> float8[]: the epoch, replayed. */
@@ -1156,6 +1364,8 @@ dpsql_sampled_final(PG_FUNCTION_ARGS)
 	}
 	if (e->layout != NULL)
 		PG_RETURN_ARRAYTYPE_P(layout_replay(e));
+	if (e->kind == SAMPLING_POISSON)
+		PG_RETURN_ARRAYTYPE_P(in_place_replay(e));
 	PG_RETURN_ARRAYTYPE_P(replay(e));
 }
 
@@ -1180,6 +1390,9 @@ dpsql_sampled_replayed(PG_FUNCTION_ARGS)
 	e.slots = (double *) area;
 	e.filled = (uint8 *) (e.slots + (Size) e.rows * e.slot);
 	e.seen = e.rows;
+	if (e.kind == SAMPLING_POISSON &&
+		poisson_in_place(e.rows, e.len, ((DpsqlSgdHeader *) e.s)->steps_per_epoch, e.q))
+		PG_RETURN_ARRAYTYPE_P(in_place_replay(&e));
 	if (e.kind == SAMPLING_POISSON)
 	{
 		/* the kept rows in rid order, each into the buckets of its steps, as a scan would */
@@ -1261,8 +1474,7 @@ poisson_members_next(PoissonMembers *m, int64 *step, int64 *rid)
 			row_coins_begin(&m->coins, m->key, m->rid);
 			m->next = 0.0;
 		}
-		m->next += m->q >= 1.0 ? 1.0 :
-			1.0 + floor(log(row_uniform(&m->coins)) / m->log1mq);
+		m->next += poisson_gap(&m->coins, m->q, m->log1mq);
 		if (m->next <= (double) m->steps)
 		{
 			*step = (int64) m->next;

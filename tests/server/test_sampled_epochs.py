@@ -1,11 +1,13 @@
 """Sampled epochs without a sort (sampled_fmgr.c): Poisson batches and draws with replacement.
 
-Poisson: the scan copies each member row into the bucket of its step range (spilled to
-temporary files over dpsql.sampling_memory) and the final function replays the buckets in step
-order. With replacement: the scan files the rows by rid and the final function replays the
-draws. Checked here: the replay is the sorted batched aggregate bit for bit on the same members
-(for Poisson, the sorted join over dpsql_internal._poisson_batches computed in SQL), in memory
-and out of core alike; the members follow the sampling laws (seeded; each chi-square or z test
+Poisson: up to dpsql.sampling_in_place_memory of rows by rid, the scan files the rows by rid and
+the final function reads each member where its row lies, by step; over it the scan copies each
+member row into the bucket of its step range (spilled to temporary files over
+dpsql.sampling_memory) and the final function replays the buckets in step order. With
+replacement: the scan files the rows by rid and the final function replays the draws. Checked
+here: the replay is the sorted batched aggregate bit for bit on the same members (for Poisson,
+the sorted join over dpsql_internal._poisson_batches computed in SQL), in place, in memory and
+out of core alike; the members follow the sampling laws (seeded; each chi-square or z test
 below fails falsely with probability at most 1e-3); over dpsql.sampling_memory BST14's sorted
 join still runs; bad input is refused without a crash.
 """
@@ -46,15 +48,61 @@ def rows_table(conn, scratch_schema) -> int:
     return m
 
 
+def _epoch_and_path(conn, query: str, params) -> tuple[list[float] | None, str | None]:
+    """The query's first value, and how its Poisson epochs read their members (the DEBUG1
+    messages of sampled_fmgr.c): 'in place', 'buckets', both, or None."""
+    paths: list[str] = []
+
+    def notice(d) -> None:
+        msg = d.message_primary or ""
+        if "replays its members in place" in msg:
+            paths.append("in place")
+        elif "replays its members from step buckets" in msg:
+            paths.append("buckets")
+
+    conn.add_notice_handler(notice)
+    try:
+        conn.execute("SET client_min_messages = debug1")
+        value = conn.execute(query, params).fetchone()[0]
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.remove_notice_handler(notice)
+    return value, "+".join(sorted(set(paths))) or None
+
+
+# dpsql.sampling_in_place_memory: Poisson in place (the default, for these small tables) or in
+# step buckets (0)
+IN_PLACE = {"in place": "1GB", "buckets": "0"}
+
+
 @pytest.mark.parametrize(
-    ("sampling", "q", "batch", "steps"),
-    [("poisson", 0.03, 9, 40), ("replacement", 0.0, 7, 40), ("poisson", 1.0, 300, 3)],
+    ("sampling", "q", "batch", "steps", "path"),
+    [
+        ("poisson", 0.03, 9, 40, "in place"),
+        ("poisson", 0.03, 9, 40, "buckets"),
+        ("replacement", 0.0, 7, 40, None),
+        ("poisson", 1.0, 300, 3, "in place"),
+        ("poisson", 1.0, 300, 3, "buckets"),
+    ],
 )
 def test_replay_is_the_sorted_aggregate_bit_for_bit(
-    conn, rows_table, sampling, q, batch, steps
+    conn, rows_table, sampling, q, batch, steps, path
 ) -> None:
     m = rows_table
+    conn.execute(
+        "SELECT set_config('dpsql.sampling_in_place_memory', %s, false)",
+        (IN_PLACE[path or "in place"],),
+    )
     init = _state(conn, batch=batch, steps=steps)
+    assert (
+        _epoch_and_path(
+            conn,
+            "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s, NULL, NULL)"
+            " FROM t",
+            (init, sampling, m, q),
+        )[1]
+        == path
+    )
     replay = conn.execute(
         "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, %s, 11, %s, %s, NULL, NULL)"
         " FROM t",
@@ -176,7 +224,11 @@ def test_bad_rows_are_refused(conn, rows_sql, message, sampling) -> None:
     assert message in str(err.value)
 
 
-def test_private_state_files_malformed_rows_as_null_records(conn) -> None:
+@pytest.mark.parametrize("path", ["in place", "buckets"])
+def test_private_state_files_malformed_rows_as_null_records(conn, path) -> None:
+    conn.execute(
+        "SELECT set_config('dpsql.sampling_in_place_memory', %s, false)", (IN_PLACE[path],)
+    )
     init = _state(conn, batch=1, steps=2, flags=FLAGS_SANITIZE)
     out = conn.execute(
         "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 1, 2, 1.0, NULL, NULL)"
@@ -294,6 +346,7 @@ def test_poisson_in_memory_and_out_of_core_are_the_sorted_join(conn, big_table) 
     temp_file_limit = 0 refusing it), and the SQL sorted join's, bit for bit."""
     m, steps, q = big_table, 150, 0.02
     init = _state(conn, batch=60, steps=steps)
+    conn.execute("SET dpsql.sampling_in_place_memory = 0")  # buckets (in place: below)
     epoch = (
         "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 31, %s, %s,"
         " NULL, NULL) FROM t"
@@ -315,6 +368,8 @@ def test_poisson_in_memory_and_out_of_core_are_the_sorted_join(conn, big_table) 
         finally:
             conn.execute("RESET temp_file_limit")
     conn.execute("RESET dpsql.sampling_memory")
+    conn.execute("RESET dpsql.sampling_in_place_memory")
+    assert _epoch_and_path(conn, epoch, (init, m, q)) == (reference, "in place")
     # another epoch seed is another sample
     assert conn.execute(epoch.replace("31", "32"), (init, m, q)).fetchone()[0] != reference
 
@@ -350,9 +405,13 @@ def test_poisson_membership_frequency_per_row_and_step(conn) -> None:
     assert stats.chisquare(np.bincount(got[:, 1], minlength=m + 1)[1:]).pvalue > 1e-3
 
 
-def test_poisson_epoch_survives_an_error_and_reuses_memory(conn, rows_table) -> None:
+@pytest.mark.parametrize("path", ["in place", "buckets"])
+def test_poisson_epoch_survives_an_error_and_reuses_memory(conn, rows_table, path) -> None:
     """A failed Poisson filing in a subtransaction leaves the next epoch of the same
-    transaction exact (its chunks went back to the transaction, wiped)."""
+    transaction exact (its chunks or rows went back to the transaction)."""
+    conn.execute(
+        "SELECT set_config('dpsql.sampling_in_place_memory', %s, false)", (IN_PLACE[path],)
+    )
     m, q = rows_table, 0.05
     init = _state(conn, batch=15, steps=20)
     epoch = (
@@ -367,9 +426,14 @@ def test_poisson_epoch_survives_an_error_and_reuses_memory(conn, rows_table) -> 
         assert conn.execute(epoch.format(rid="rid"), (init, m, q)).fetchone()[0] == reference
 
 
-def test_poisson_later_epochs_read_the_kept_rows(conn, rows_table) -> None:
-    """A later Poisson epoch of run 77 reads the first epoch's kept rows in rid order: the
-    model a scan gives (the sorted join's), in memory and spilled; not kept over the limit."""
+@pytest.mark.parametrize("path", ["in place", "buckets"])
+def test_poisson_later_epochs_read_the_kept_rows(conn, rows_table, path) -> None:
+    """A later Poisson epoch of run 77 reads the first epoch's kept rows (in place, or in rid
+    order into buckets): the model a scan gives (the sorted join's), in memory and spilled; not
+    kept over the limit."""
+    conn.execute(
+        "SELECT set_config('dpsql.sampling_in_place_memory', %s, false)", (IN_PLACE[path],)
+    )
     m, q = rows_table, 0.05
     init = _state(conn, batch=15, steps=20)
     replayed = (
@@ -410,3 +474,52 @@ def test_spilled_buckets_are_removed_when_the_epoch_fails(conn, big_table) -> No
         assert conn.execute("SELECT count(*) FROM pg_ls_tmpdir()").fetchone()[0] == 0
     finally:
         conn.execute("RESET dpsql.sampling_memory")
+
+
+@pytest.mark.parametrize("big_table", ["in_order", "shuffled"], indirect=True)
+def test_poisson_reads_in_place_up_to_the_threshold(conn, big_table) -> None:
+    """dpsql.sampling_in_place_memory is the largest rows-by-rid area (rows x (features + 1)
+    doubles + a byte: 3,000 x 41 = 123,000 bytes here) a Poisson epoch reads in place: at 121kB
+    the first and later epochs of run 77 take that path, at 120kB the buckets, and under a
+    dpsql.sampling_memory too small for the rows and the members' list also the buckets. The
+    model is the sorted join's, bit for bit, on every side."""
+    m, steps, q = big_table, 150, 0.02
+    init = _state(conn, batch=60, steps=steps)
+    first = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 31, %s, %s, 77,"
+        " 't'::regclass) FROM t"
+    )
+    later = (
+        "SELECT dpsql_internal._sgd_epoch_replayed(%s, 77, 't'::regclass, 'poisson', 32, %s, %s)"
+    )
+    references = (
+        _poisson_sorted_join(conn, init, 31, steps, q),
+        _poisson_sorted_join(conn, init, 32, steps, q),
+    )
+    for in_place, memory, path in (
+        ("121kB", "1GB", "in place"),
+        ("120kB", "1GB", "buckets"),
+        ("1GB", "1GB", "in place"),
+        ("1GB", "125kB", "buckets"),  # 123,000 bytes of rows and ~10 kB of members' list
+        ("0", "1GB", "buckets"),
+    ):
+        conn.execute("SELECT set_config('dpsql.sampling_in_place_memory', %s, false)", (in_place,))
+        conn.execute("SELECT set_config('dpsql.sampling_memory', %s, false)", (memory,))
+        with conn.transaction():
+            assert _epoch_and_path(conn, first, (init, m, q)) == (references[0], path), in_place
+            got = _epoch_and_path(conn, later, (init, m, q))
+            if memory == "1GB":  # kept (under 125kB, rows and buckets do not fit: not kept)
+                assert got == (references[1], path), in_place
+            else:
+                assert got == (None, None)
+    conn.execute("RESET dpsql.sampling_memory")
+    conn.execute("RESET dpsql.sampling_in_place_memory")
+    # a non-superuser cannot change it
+    conn.execute("CREATE ROLE sampled_in_place_test LOGIN")
+    try:
+        conn.execute("SET ROLE sampled_in_place_test")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SET dpsql.sampling_in_place_memory = '100GB'")
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute("DROP ROLE sampled_in_place_test")
