@@ -150,7 +150,8 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- A sampled epoch without a sort (sampled_fmgr.c). Poisson: the scan copies each row into
 -- the bucket of each step it joins (its own stream keyed by the rid, as _poisson_batches), the
 -- buckets are spilled to temporary files over dpsql.sampling_memory, and the final function
--- replays them in step order. With replacement: the scan files each row by its rid and the
+-- replays them in step order; up to dpsql.sampling_in_place_memory the scan files the rows by
+-- rid instead and the members are listed by step and read in place. With replacement: the scan files each row by its rid and the
 -- final function replays the draws from the epoch's secret seed; rows x (features + 1)
 -- doubles, which _sampled_epoch_fits says fit in dpsql.sampling_memory. Given a run and its
 -- training table, the filed rows stay for the run's later epochs in the same transaction

@@ -323,7 +323,9 @@ BEGIN
     IF r.spec->>'sampling' = 'poisson' OR dpsql_internal._sampled_epoch_fits(r.state, r.rows) THEN
         -- Poisson: each row joins each step with probability q (its own stream keyed by the
         -- row id); member rows bucketed by step range, spilled to temporary files over
-        -- dpsql.sampling_memory, replayed in step order (sampled_fmgr.c). BST14 in memory:
+        -- dpsql.sampling_memory, replayed in step order, or, up to
+        -- dpsql.sampling_in_place_memory, listed by step and read in place (sampled_fmgr.c).
+        -- BST14 in memory:
         -- rows filed by rid, draws replayed. The first epoch's rows are kept for the later
         -- ones (Poisson: when they fit beside the buckets).
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
