@@ -345,8 +345,8 @@ dpsql_fw_gradient_row(double *state, const double *x, int xlen, double y, const 
 
 /*
  * AVX2 where the CPU has it (AVX-512 measured no faster): the same per-lane operations in
- * the same order as the baseline's 2-wide ones (four partial sums, elementwise clamps; no contraction), so the bits are the
- * row-by-row path's on any CPU.
+ * the same order as the baseline's 2-wide ones (four partial sums, elementwise clamps, no
+ * contraction), so the bits are the row-by-row path's on any CPU.
  */
 #if defined(__x86_64__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
