@@ -103,7 +103,18 @@ def engine() -> Iterator[None]:
             daemon.wait(60)
         except subprocess.TimeoutExpired:
             daemon.kill()
+        _unmount_below(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _unmount_below(folder: Path) -> None:
+    """dockerd leaves its network namespace bind-mounted in its exec root (exec/netns/default)
+    after it exits: unmount what is below ``folder``, deepest first, so that it can go."""
+    prefix = str(folder.resolve()) + "/"
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], check=False, capture_output=True)
 
 
 def _has_image(name: str) -> bool:
