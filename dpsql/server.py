@@ -126,6 +126,18 @@ def pgdata_dir(version: int | None = None) -> Path:
     return platformdirs.user_data_path("dpsql") / f"pgdata-{version}-{install}"
 
 
+def _mention_legacy_default(path: Path, version: int) -> None:
+    """Before 0.8.0 the default data directory was ``pgdata-<version>``, shared by every
+    installation: say where it is when a new default cluster is about to be made."""
+    legacy = path.with_name(f"pgdata-{version}")
+    if path != legacy and not path.exists() and _cluster_version(legacy) is not None:
+        warnings.warn(
+            f"dpsql: starting a new default cluster in {path}; an older dpsql's default cluster "
+            f"is in {legacy} (DPSQL_PGDATA={legacy} uses it)",
+            stacklevel=3,
+        )
+
+
 def bin_dir(version: int | None = None) -> Path:
     """Directory of the embedded PostgreSQL binaries (``postgres``, ``pg_ctl``, ``pg_config``...).
 
@@ -504,6 +516,8 @@ def start(
     uri = status(version, path)
     if uri is not None:
         return uri
+    if pgdata is None:
+        _mention_legacy_default(path, version)
     server = _launch(path, version, None if keep_running else "stop")
     return _uri(server.get_postmaster_info(), path)
 

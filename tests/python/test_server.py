@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -370,3 +371,19 @@ def test_a_trusting_cluster_with_a_planted_password_file_is_refused(pgdata: Path
     uri = server.start(pgdata=pgdata, keep_running=False)
     assert not server._hba_trusts(pgdata)
     assert _select_one(uri) == 1
+
+
+def test_a_legacy_default_cluster_is_mentioned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # before 0.8.0: <user data dir>/dpsql/pgdata-18, shared by every installation
+    legacy = tmp_path / "pgdata-18"
+    legacy.mkdir()
+    (legacy / "PG_VERSION").write_text("18\n")
+    new = tmp_path / "pgdata-18-0123abcd"
+    with pytest.warns(UserWarning, match="DPSQL_PGDATA=.*pgdata-18"):
+        server._mention_legacy_default(new, 18)
+    new.mkdir()  # once the new one exists, nothing more is said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        server._mention_legacy_default(new, 18)
