@@ -31,7 +31,7 @@ def _not_sources(folder: str, names: list[str]) -> set[str]:
     """Build products (and sql/'s assembled scripts, which make rebuilds) stay out."""
     skip = {n for n in names if n.endswith((".o", ".so", ".bc")) or n in ("build", "results")}
     if Path(folder).name == "sql":
-        skip |= {n for n in names if n.startswith(("dpsql--", "regression."))}
+        skip |= {n for n in names if n.startswith(("dpsql--", "regression.", ".pg_build_id"))}
     return skip
 
 

@@ -43,7 +43,7 @@ def test_sdist_carries_the_sources(dists: Path) -> None:
                    "sql/upgrade/0.1.0--0.2.0.sql", "core/sgd.c", "cython_ext/_core.pyx",
                    "LICENSE", "CHANGELOG.md", "META.json", "setup.py"):  # fmt: skip
         assert f"{top}/{needed}" in names, needed
-    assert not any(n.endswith((".o", ".so")) for n in names)
+    assert not any(n.endswith((".o", ".so", ".pg_build_id")) for n in names)
 
 
 def test_the_wheel_installs_away_from_the_repo_and_installs_the_extension(
