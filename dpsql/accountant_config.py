@@ -62,7 +62,7 @@ def configure(dsn: str, command: str | None = None) -> dict[str, object]:
             answer = conn.execute(
                 "SELECT dpsql_internal._accountant(%s)", (json.dumps(_PROBE),)
             ).fetchone()
-    except psycopg.Error as err:
+    except (psycopg.Error, RuntimeError) as err:  # refused, or the reload never came
         with psycopg.connect(dsn, autocommit=True) as conn:
             set_command(conn, before[0] if before else "")
         raise RuntimeError(
