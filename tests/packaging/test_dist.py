@@ -152,6 +152,11 @@ def test_the_deb_on_debian_15_trains_privately_with_the_wheel(fresh_venv: Path) 
             roles = {}
             for name, kind in (("olivia", "--owner"), ("alice", "--analyst")):
                 roles[name] = _run(dpsql, "role", "create", name, kind, "--dsn", dsn).split()[-1]
+            as_analyst = subprocess.run(
+                [dpsql, "configure-accountant", "--dsn", roles["alice"]],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert as_analyst.returncode == 1 and "needs a superuser" in as_analyst.stderr
             out = _run(fresh_venv / "bin" / "python", "-c", TRAIN,
                        roles["olivia"], roles["alice"], "alice").split()  # fmt: skip
             model_id, accuracy, spent = int(out[0]), float(out[1]), float(out[2])
