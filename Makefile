@@ -23,6 +23,9 @@
 #   make docker-test build the Docker image (base images too, where no registry answers), run
 #                 tests/container and the server tests against a container, and compose.yml
 #                 (apt-get: docker.io, docker-compose, debootstrap; needs root for dockerd)
+#   make dist     the wheel (manylinux), the sdist and the PGXN zip, into dist/ (docs/install.md)
+#   make deb      postgresql-<major>-dpsql .debs into dist/ (PG_CONFIG=...: that one PostgreSQL);
+#                 `make test DPSQL_WITH_DIST=1` builds them all and tests them as installed
 #   make clean    remove build products (distclean: also the virtualenv)
 #
 # DPSQL_PG_VERSION=16|18 selects the embedded PostgreSQL (default 18).
