@@ -24,6 +24,18 @@ D = 4
 FLAGS_SANITIZE = 8  # DPSQL_FLAG_SANITIZE (private runs: a malformed row is a null record)
 
 
+def _only_superusers_set(conn, setting: str) -> None:
+    """A role without superuser cannot raise the setting (the memory it lets an epoch take)."""
+    conn.execute("CREATE ROLE sampled_setting_test LOGIN")
+    try:
+        conn.execute("SET ROLE sampled_setting_test")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(f"SET {setting} = '100GB'")
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute("DROP ROLE sampled_setting_test")
+
+
 def _state(conn, *, batch: int, steps: int, flags: int = 0, noise_seed: int = 5) -> list[float]:
     return conn.execute(
         "SELECT dpsql_internal._sgd_init('logistic', %s, 1, 0.01, 'constant', 0.5, 0, 0, 0.1,"
@@ -189,14 +201,7 @@ def test_private_runs_take_the_replay_and_the_sort_over_the_memory_limit(conn, r
             ).fetchone()[0]
             assert len(w) == D and np.all(np.isfinite(w))
     conn.execute("RESET dpsql.sampling_memory")
-    conn.execute("CREATE ROLE sampled_analyst_test LOGIN")
-    try:
-        conn.execute("SET ROLE sampled_analyst_test")
-        with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute("SET dpsql.sampling_memory = '100GB'")
-    finally:
-        conn.execute("RESET ROLE")
-        conn.execute("DROP ROLE sampled_analyst_test")
+    _only_superusers_set(conn, "dpsql.sampling_memory")
 
 
 @pytest.mark.parametrize(
@@ -514,12 +519,4 @@ def test_poisson_reads_in_place_up_to_the_threshold(conn, big_table) -> None:
                 assert got == (None, None)
     conn.execute("RESET dpsql.sampling_memory")
     conn.execute("RESET dpsql.sampling_in_place_memory")
-    # a non-superuser cannot change it
-    conn.execute("CREATE ROLE sampled_in_place_test LOGIN")
-    try:
-        conn.execute("SET ROLE sampled_in_place_test")
-        with pytest.raises(errors.InsufficientPrivilege):
-            conn.execute("SET dpsql.sampling_in_place_memory = '100GB'")
-    finally:
-        conn.execute("RESET ROLE")
-        conn.execute("DROP ROLE sampled_in_place_test")
+    _only_superusers_set(conn, "dpsql.sampling_in_place_memory")
