@@ -60,7 +60,7 @@
 #define DPSQL_AMBSSGD_STREAM ((uint64_t) 3 << 40)
 
 /* The CSPRNG's slot in the state's tail (raw bytes, never read as numbers). */
-#define DPSQL_AMBSSGD_RNG_LEN 72
+#define DPSQL_AMBSSGD_RNG_LEN 136
 
 typedef struct DpsqlAmbssgdParams
 {

@@ -10,7 +10,8 @@
 
 #include <stdint.h>
 
-#define DPSQL_RNG_BLOCKS 8		/* blocks computed per refill, side by side in SIMD lanes */
+#define DPSQL_CHACHA_LANES 16	/* blocks computed side by side in SIMD lanes */
+#define DPSQL_RNG_BLOCKS DPSQL_CHACHA_LANES	/* blocks computed per refill */
 
 typedef struct DpsqlRng
 {
@@ -32,6 +33,14 @@ uint64_t	dpsql_rng_u64(DpsqlRng *rng);
 
 /* Uniform on the open interval (0, 1) with 53 random bits. */
 double		dpsql_rng_uniform(DpsqlRng *rng);
+
+/*
+ * DPSQL_CHACHA_LANES blocks at once (AVX-512 or AVX2, chosen at run time): lane l's state
+ * words 12..15 (counter and nonce) are words[0..3][l], its block is out[16 l .. 16 l + 15];
+ * the same words as dpsql_chacha20_block(key, words[0][l], {words[1..3][l]}).
+ */
+void		dpsql_chacha20_lanes(const uint32_t key[8], const uint32_t words[4][DPSQL_CHACHA_LANES],
+								 uint32_t out[16 * DPSQL_CHACHA_LANES]);
 
 /* The raw block function, for the RFC 8439 test vector. */
 void		dpsql_chacha20_block(const uint32_t key[8], uint32_t counter, const uint32_t nonce[3],

@@ -4,6 +4,8 @@
 #ifndef DPSQL_NOISE_H
 #define DPSQL_NOISE_H
 
+#include <stddef.h>
+
 #include "csprng.h"
 
 /* Standard normal (Marsaglia polar method). */
@@ -14,6 +16,9 @@ double		dpsql_sample_normal(DpsqlRng *rng);
  * about one 64-bit draw per normal, for the noise added to every step of private SGD.
  */
 double		dpsql_sample_normal_fast(DpsqlRng *rng);
+
+/* n such normals: exactly the draws of n dpsql_sample_normal_fast calls, in order. */
+void		dpsql_fill_normal_fast(DpsqlRng *rng, double *out, size_t n);
 
 /* Gamma(shape, scale) (Marsaglia-Tsang; shape < 1 by the boost U^(1/shape)). */
 double		dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale);

@@ -584,6 +584,8 @@ accumulate(double *restrict g, const double *coef, int dim, int n_out, int flags
 	}
 }
 
+#define NOISE_CHUNK 256			/* normals drawn per bulk call (2 kB of stack) */
+
 /*
  * One update from the accumulated gradient sum g: w <- w - eta (lambda w + (g + noise) / b'),
  * with b' the batch size (or the fixed noise_divisor: the expected batch size under Poisson
@@ -603,15 +605,23 @@ apply_step(double *state)
 
 	if (h->noise_kind == DPSQL_NOISE_GAUSSIAN)
 	{
-		/* one pass: the noise draw fused with the update */
+		/* the step's normals drawn in bulk, a chunk at a time, then one vectorisable update */
 		DpsqlRng   *rng = rng_of(state);
+		double		z[NOISE_CHUNK];
+		size_t		start,
+					k;
 
-		for (i = 0; i < n; i++)
+		for (start = 0; start < n; start += NOISE_CHUNK)
 		{
-			double		gi = g[i] + h->noise_scale * dpsql_sample_normal_fast(rng);
+			size_t		m = n - start < NOISE_CHUNK ? n - start : NOISE_CHUNK;
 
-			w[i] -= eta * (h->lambda * w[i] + gi / divisor);
-			g[i] = 0.0;
+			dpsql_fill_normal_fast(rng, z, m);
+			for (k = 0; k < m; k++)
+			{
+				i = start + k;
+				w[i] -= eta * (h->lambda * w[i] + (g[i] + h->noise_scale * z[k]) / divisor);
+				g[i] = 0.0;
+			}
 		}
 	}
 	else

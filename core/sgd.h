@@ -97,7 +97,7 @@ typedef enum DpsqlNoiseKind
  * States with noise carry the CSPRNG (a DpsqlRng, ChaCha20) after the accumulator, stored
  * as raw bytes in DPSQL_RNG_LEN doubles (never released, never read as numbers).
  */
-#define DPSQL_RNG_LEN 72
+#define DPSQL_RNG_LEN 136
 
 #define DPSQL_HEADER_LEN ((int) (sizeof(DpsqlSgdHeader) / sizeof(double)))
 

@@ -315,6 +315,7 @@ cdef extern from "csprng.h":
     void dpsql_rng_init(DpsqlRng *rng, const uint8_t *key, uint64_t stream)
     void dpsql_rng_init_seed(DpsqlRng *rng, int64_t seed, uint64_t stream)
     double dpsql_rng_uniform(DpsqlRng *rng)
+    uint32_t dpsql_rng_u32(DpsqlRng *rng)
     void dpsql_chacha20_block(const uint32_t *key, uint32_t counter, const uint32_t *nonce,
                               uint32_t *out)
 
@@ -322,6 +323,7 @@ cdef extern from "csprng.h":
 cdef extern from "noise.h":
     double dpsql_sample_normal(DpsqlRng *rng)
     double dpsql_sample_normal_fast(DpsqlRng *rng)
+    void dpsql_fill_normal_fast(DpsqlRng *rng, double *out, size_t n)
     double dpsql_sample_gamma(DpsqlRng *rng, double shape, double scale)
     void dpsql_sample_direction(DpsqlRng *rng, double *out, int d)
     double dpsql_gaussian_delta(double sigma, double sensitivity, double epsilon)
@@ -399,11 +401,26 @@ def normal(Py_ssize_t n, seed=None):
     return np.array([dpsql_sample_normal(&rng) for _ in range(n)])
 
 
-def normal_fast(Py_ssize_t n, seed=None):
-    """Standard normals from the ziggurat sampler used for per-step noise."""
+def rng_words(bytes key, uint64_t stream, Py_ssize_t n):
+    """The generator's first n 32-bit words for a raw 32-byte key (its keystream, in order)."""
+    cdef DpsqlRng rng
+    if len(key) != 32:
+        raise ValueError("key must be 32 bytes")
+    dpsql_rng_init(&rng, key, stream)
+    return [dpsql_rng_u32(&rng) for _ in range(n)]
+
+
+def normal_fast(Py_ssize_t n, seed=None, Py_ssize_t chunk=0):
+    """Standard normals from the ziggurat sampler used for per-step noise: one call per normal,
+    or (chunk > 0) the bulk sampler chunk normals at a time (the same draws)."""
     cdef DpsqlRng rng
     cdef cnp.ndarray[cnp.float64_t, ndim=1, mode="c"] out = np.empty(n)
+    cdef Py_ssize_t start
     _rng(&rng, seed, 0)
+    if chunk > 0:
+        for start in range(0, n, chunk):
+            dpsql_fill_normal_fast(&rng, &out[start], <size_t> min(chunk, n - start))
+        return out
     for i in range(n):
         out[i] = dpsql_sample_normal_fast(&rng)
     return out

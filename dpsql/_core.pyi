@@ -116,8 +116,12 @@ def uniform(n: int, seed: int | None = None) -> _Floats:
 def normal(n: int, seed: int | None = None) -> _Floats:
     """n standard normals (Marsaglia polar method)."""
 
-def normal_fast(n: int, seed: int | None = None) -> _Floats:
-    """Standard normals from the ziggurat sampler used for per-step noise."""
+def rng_words(key: bytes, stream: int, n: int) -> list[int]:
+    """The generator's first n 32-bit words for a raw 32-byte key (its keystream, in order)."""
+
+def normal_fast(n: int, seed: int | None = None, chunk: int = 0) -> _Floats:
+    """Standard normals from the ziggurat sampler used for per-step noise; chunk > 0: the bulk
+    sampler, chunk normals at a time (the same draws)."""
 
 def gamma(n: int, shape: float, scale: float = 1.0, seed: int | None = None) -> _Floats:
     """n Gamma(shape, scale) draws (Marsaglia-Tsang)."""

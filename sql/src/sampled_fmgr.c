@@ -349,7 +349,7 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
 #define SLAB_BYTES ((Size) 32 * 1024 * 1024)
 
 /* Rows whose streams' first blocks are computed at once (SIMD lanes). */
-#define FIRST_LANES 16
+#define FIRST_LANES DPSQL_CHACHA_LANES
 
 /* An entry: step and kind (int32 each), rid, y, then len features. */
 #define ENTRY_HEADER_DOUBLES 3
@@ -395,7 +395,7 @@ typedef struct PoissonLayout
 /*
  * A row's coins: the stream dpsql_rng_init_seed(seed, rid) gives (the key of the seed, the row
  * id in the nonce), one ChaCha20 block at a time. A row needs about steps x q + 1 uniforms,
- * mostly fewer than one block's 8; the generator's refill computes 8 blocks.
+ * mostly fewer than one block's 8; the generator's refill computes 16 blocks.
  */
 typedef struct RowCoins
 {
@@ -417,87 +417,27 @@ row_coins_begin(RowCoins *c, const uint32 key[8], int64 rid)
 	c->used = 16;
 }
 
-#if defined(__GNUC__)
-typedef uint32 vlanes __attribute__((vector_size(4 * FIRST_LANES)));
-
-#define VROTL(v, n) (((v) << (n)) | ((v) >> (32 - (n))))
-#define VQUARTER(a, b, c, d) \
-	do { \
-		a += b; d ^= a; d = VROTL(d, 16); \
-		c += d; b ^= c; b = VROTL(b, 12); \
-		a += b; d ^= a; d = VROTL(d, 8); \
-		c += d; b ^= c; b = VROTL(b, 7); \
-	} while (0)
-
 /*
- * The first blocks of rows rid0..rid0 + FIRST_LANES - 1's streams at once, one per SIMD lane:
- * the same words as dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) (checked by the parity
- * tests). AVX-512 where the CPU has it: 16 lanes and a rotate instruction.
+ * The first blocks of rows rid0..rid0 + FIRST_LANES - 1's streams at once (the core's SIMD
+ * lanes): dpsql_chacha20_block(key, 0, {0, rid, rid >> 32}) for each.
  */
-#if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 static void
 first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
 {
-	vlanes		s[16];
-	vlanes		x[16];
-	vlanes		zero = {0};
-	int			i,
-				lane;
-	static const uint32 sigma[4] = {0x61707865, 0x3320646e, 0x79622d32, 0x6b206574};
-
-	for (i = 0; i < 4; i++)
-		s[i] = zero + sigma[i];
-	for (i = 0; i < 8; i++)
-		s[4 + i] = zero + key[i];
-	s[12] = zero;
-	s[13] = zero;
-	for (lane = 0; lane < FIRST_LANES; lane++)
-	{
-		uint64		r = (uint64) rid0 + (uint64) lane;
-
-		s[14][lane] = (uint32) r;
-		s[15][lane] = (uint32) (r >> 32);
-	}
-	for (i = 0; i < 16; i++)
-		x[i] = s[i];
-	for (i = 0; i < 10; i++)
-	{
-		VQUARTER(x[0], x[4], x[8], x[12]);
-		VQUARTER(x[1], x[5], x[9], x[13]);
-		VQUARTER(x[2], x[6], x[10], x[14]);
-		VQUARTER(x[3], x[7], x[11], x[15]);
-		VQUARTER(x[0], x[5], x[10], x[15]);
-		VQUARTER(x[1], x[6], x[11], x[12]);
-		VQUARTER(x[2], x[7], x[8], x[13]);
-		VQUARTER(x[3], x[4], x[9], x[14]);
-	}
-	for (i = 0; i < 16; i++)
-	{
-		vlanes		v = x[i] + s[i];
-
-		for (lane = 0; lane < FIRST_LANES; lane++)
-			out[16 * lane + i] = v[lane];
-	}
-	explicit_bzero(x, sizeof(x));
-	explicit_bzero(s, sizeof(s));
-}
-#else
-static void
-first_blocks(const uint32 key[8], int64 rid0, uint32 out[FIRST_LANES * 16])
-{
+	uint32		words[4][FIRST_LANES];
 	int			lane;
 
 	for (lane = 0; lane < FIRST_LANES; lane++)
 	{
 		uint64		r = (uint64) rid0 + (uint64) lane;
-		uint32		nonce[3] = {0, (uint32) r, (uint32) (r >> 32)};
 
-		dpsql_chacha20_block(key, 0, nonce, out + 16 * lane);
+		words[0][lane] = 0;
+		words[1][lane] = 0;
+		words[2][lane] = (uint32) r;
+		words[3][lane] = (uint32) (r >> 32);
 	}
+	dpsql_chacha20_lanes(key, words, out);
 }
-#endif
 
 /* dpsql_rng_uniform's value: (k + 0.5) / 2^53 of the next two words' top 53 bits */
 static inline double
