@@ -331,6 +331,41 @@ dpsql_dot(const double *w, const double *x, int n)
 	return dot(w, x, n);
 }
 
+/* dot(w, x, n), and dot(x, x, n) in *xx: the same sums in the same order, one pass over x. */
+DPSQL_VECTOR_CLONES
+static double
+dot_square(const double *w, const double *x, int n, double *xx)
+{
+	double		s0 = 0.0,
+				s1 = 0.0,
+				s2 = 0.0,
+				s3 = 0.0,
+				q0 = 0.0,
+				q1 = 0.0,
+				q2 = 0.0,
+				q3 = 0.0;
+	int			i = 0;
+
+	for (; i + 4 <= n; i += 4)
+	{
+		s0 += w[i] * x[i];
+		s1 += w[i + 1] * x[i + 1];
+		s2 += w[i + 2] * x[i + 2];
+		s3 += w[i + 3] * x[i + 3];
+		q0 += x[i] * x[i];
+		q1 += x[i + 1] * x[i + 1];
+		q2 += x[i + 2] * x[i + 2];
+		q3 += x[i + 3] * x[i + 3];
+	}
+	for (; i < n; i++)
+	{
+		s0 += w[i] * x[i];
+		q0 += x[i] * x[i];
+	}
+	*xx = (q0 + q1) + (q2 + q3);
+	return (s0 + s1) + (s2 + s3);
+}
+
 /* Euclidean norm of a finite vector whose sum of squares overflowed (or underflowed). */
 double
 dpsql_rescaled_norm(const double *x, int n)
@@ -360,18 +395,22 @@ dpsql_clip_scale(const double *x, int n, double bound)
 	return norm > bound ? bound / norm : 1.0;
 }
 
-/* The row transform's scale, and the norm of (x, 1?) when it had to be computed (else -1). */
+/*
+ * The row transform's scale from ss = dot(x, x), and the norm of (x, 1?): computed from ss
+ * whatever the transform (the clipping of the example's gradient needs it too).
+ */
 static DpsqlStatus
-row_scale_norm(int flags, const double *x, int xlen, double *scale, double *xnorm)
+row_scale_norm(int flags, const double *x, int xlen, double ss, double *scale, double *xnorm)
 {
-	double		ss;
 	double		norm;
 
 	*scale = 1.0;
-	*xnorm = -1.0;
 	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
+	{
+		/* not finite: the clipping takes its overflow-safe path from it */
+		*xnorm = sqrt(ss + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
 		return DPSQL_OK;
-	ss = dot(x, x, xlen);
+	}
 	if (!isfinite(ss))
 	{
 		/* NaN/Inf features, or finite ones whose squares overflow. */
@@ -396,12 +435,12 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 {
 	double		xnorm;
 
-	return row_scale_norm(flags, x, xlen, scale, &xnorm);
+	return row_scale_norm(flags, x, xlen, dot(x, x, xlen), scale, &xnorm);
 }
 
 /*
- * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output. The intercept weight is
- * the last coordinate of each output's block.
+ * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output, and ||(x, 1?)|| in *xnorm.
+ * The intercept weight is the last coordinate of each output's block.
  */
 static DpsqlStatus
 score_row(const double *w, int dim, int n_out, int flags, const double *x, int xlen,
@@ -411,15 +450,20 @@ score_row(const double *w, int dim, int n_out, int flags, const double *x, int x
 	int			c;
 	DpsqlStatus st;
 
+	double		ss,
+				z0;
+
 	if (xlen != nx)
 		return DPSQL_E_LENGTH;
-	st = row_scale_norm(flags, x, xlen, scale, xnorm);
+	/* the first output's score and the row's squared norm in one pass */
+	z0 = dot_square(w, x, nx, &ss);
+	st = row_scale_norm(flags, x, xlen, ss, scale, xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	for (c = 0; c < n_out; c++)
 	{
 		const double *wc = w + (size_t) c * dim;
-		double		zc = dot(wc, x, nx);
+		double		zc = c == 0 ? z0 : dot(wc, x, nx);
 
 		if (flags & DPSQL_FLAG_INTERCEPT)
 			zc += wc[nx];
@@ -691,9 +735,8 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	{
 		/* The example's gradient is zs (outer) (x, 1?): its norm is ||zs|| ||(x, 1?)||. */
 		double		zz = dot(zs, zs, n_out);
-		/* the row transform usually computed ||(x, 1?)|| already */
-		double		xn = xnorm >= 0.0 ? xnorm :
-			sqrt(dot(x, x, xlen) + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
+		/* ||(x, 1?)||, computed with the score */
+		double		xn = xnorm;
 		double		norm = sqrt(zz) * xn;
 
 		if (!isfinite(norm))
