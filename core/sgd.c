@@ -395,22 +395,16 @@ dpsql_clip_scale(const double *x, int n, double bound)
 	return norm > bound ? bound / norm : 1.0;
 }
 
-/*
- * The row transform's scale from ss = dot(x, x), and the norm of (x, 1?): computed from ss
- * whatever the transform (the clipping of the example's gradient needs it too).
- */
+/* The row transform's scale from ss = dot(x, x), and ||(x, 1?)|| when it needed it (else -1). */
 static DpsqlStatus
 row_scale_norm(int flags, const double *x, int xlen, double ss, double *scale, double *xnorm)
 {
 	double		norm;
 
 	*scale = 1.0;
+	*xnorm = -1.0;
 	if (!(flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
-	{
-		/* not finite: the clipping takes its overflow-safe path from it */
-		*xnorm = sqrt(ss + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
 		return DPSQL_OK;
-	}
 	if (!isfinite(ss))
 	{
 		/* NaN/Inf features, or finite ones whose squares overflow. */
@@ -439,25 +433,25 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 }
 
 /*
- * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output, and ||(x, 1?)|| in *xnorm.
- * The intercept weight is the last coordinate of each output's block.
+ * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output, the row transform's scale
+ * and norm (row_scale_norm), and dot(x, x) in *xsq. The intercept weight is the last
+ * coordinate of each output's block.
  */
 static DpsqlStatus
 score_row(const double *w, int dim, int n_out, int flags, const double *x, int xlen,
-		  double *z, double *scale, double *xnorm)
+		  double *z, double *scale, double *xnorm, double *xsq)
 {
 	int			nx = dim - ((flags & DPSQL_FLAG_INTERCEPT) ? 1 : 0);
 	int			c;
 	DpsqlStatus st;
 
-	double		ss,
-				z0;
+	double		z0;
 
 	if (xlen != nx)
 		return DPSQL_E_LENGTH;
 	/* the first output's score and the row's squared norm in one pass */
-	z0 = dot_square(w, x, nx, &ss);
-	st = row_scale_norm(flags, x, xlen, ss, scale, xnorm);
+	z0 = dot_square(w, x, nx, xsq);
+	st = row_scale_norm(flags, x, xlen, *xsq, scale, xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	for (c = 0; c < n_out; c++)
@@ -588,18 +582,20 @@ project(const DpsqlSgdHeader *h, double *w, size_t n)
  */
 static DpsqlStatus
 score_guarded(DpsqlSgdHeader *h, double *w, const double *x, int xlen, double *zs,
-			  double *scale, double *xnorm)
+			  double *scale, double *xnorm, double *xsq)
 {
 	int			flags = (int) h->flags;
 	size_t		n = (size_t) h->dim * (size_t) h->n_out;
-	DpsqlStatus st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm);
+	DpsqlStatus st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm,
+							   xsq);
 
 	if (st != DPSQL_E_DIVERGED || !(flags & DPSQL_FLAG_SANITIZE))
 		return st;
 	if (!all_finite(w, n))
 	{
 		guard_weights(w, n);
-		st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm);
+		st = score_row(w, (int) h->dim, (int) h->n_out, flags, x, xlen, zs, scale, xnorm,
+					   xsq);
 		if (st != DPSQL_E_DIVERGED)
 			return st;
 	}
@@ -700,13 +696,14 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
+	double		xsq;
 	double		value;
 	int			c;
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm);
+		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm, &xsq);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -735,8 +732,9 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	{
 		/* The example's gradient is zs (outer) (x, 1?): its norm is ||zs|| ||(x, 1?)||. */
 		double		zz = dot(zs, zs, n_out);
-		/* ||(x, 1?)||, computed with the score */
-		double		xn = xnorm;
+		/* ||(x, 1?)||: the row transform's, else from the squares summed with the score */
+		double		xn = xnorm >= 0.0 ? xnorm :
+			sqrt(xsq + ((flags & DPSQL_FLAG_INTERCEPT) ? 1.0 : 0.0));
 		double		norm = sqrt(zz) * xn;
 
 		if (!isfinite(norm))
@@ -771,6 +769,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
+	double		xsq;
 	double		value;
 	double		eta;
 	double		shrink;
@@ -793,7 +792,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	/* b = 1 without noise: the update in place, without the accumulator (the hot path). */
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm);
+		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm, &xsq);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -1068,13 +1067,14 @@ dpsql_sgd_example_gradient(const double *state, const double *x, int xlen, doubl
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
+	double		xsq;
 	size_t		i;
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st != DPSQL_OK)
 		return st;
-	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
+	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, &xsq);
 	if (st != DPSQL_OK)
 		return st;
 	*loss = loss_derivatives(h, zs, y, scale);
@@ -1091,6 +1091,7 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
+	double		xsq;
 	int			c,
 				best = 0;
 	DpsqlStatus st;
@@ -1101,7 +1102,7 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 		((flags & DPSQL_FLAG_INTERCEPT) && dim < 2) ||
 		(loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2) || (loss == DPSQL_LOSS_SQUARED && n_out != 1))
 		return DPSQL_E_PARAM;
-	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale, &xnorm);
+	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, &xsq);
 	if (st != DPSQL_OK)
 		return st;
 	if (n_out > 1)
