@@ -280,46 +280,83 @@ dpsql_fw_state_combine(double *a, const double *b, size_t len)
 	return DPSQL_OK;
 }
 
-/* What one clipped row (x scaled by its clip factor `scale`) adds to the SUM gradient. */
+/*
+ * The logistic gradient's kernel, shared by the row-by-row path and the in-memory one (rows
+ * kept as scale * x): the same operations in the same order, so the same bits.
+ */
+#define FW_CHUNK 256			/* the row-by-row path scales the features this many at a time */
+
+/*
+ * acc[j % FW_SUMS] += x_j theta_j: independent partial sums, so that the adds' latency does
+ * not serialise the dot product (one chain of them was most of a step's time).
+ */
+#define FW_SUMS 8
+
 static inline void
-add_row_gradient(double *sum, const double *x, double scale, int dim, int intercept,
-				 double clamp, double y, const double *theta)
+fw_dot(double acc[FW_SUMS], const double *x, const double *theta, int n)
 {
-	double		acc[4] = {0.0, 0.0, 0.0, 0.0},
-				z,
-				dz,
-				m,
-				e,
-				gj;
 	int			j;
 
-	/* four partial sums: one serial chain of adds (4 cycles each) was most of a step's time */
-	for (j = 0; j + 4 <= dim; j += 4)
+	for (j = 0; j + FW_SUMS <= n; j += FW_SUMS)
 	{
-		acc[0] += scale * x[j] * theta[j];
-		acc[1] += scale * x[j + 1] * theta[j + 1];
-		acc[2] += scale * x[j + 2] * theta[j + 2];
-		acc[3] += scale * x[j + 3] * theta[j + 3];
+		acc[0] += x[j] * theta[j];
+		acc[1] += x[j + 1] * theta[j + 1];
+		acc[2] += x[j + 2] * theta[j + 2];
+		acc[3] += x[j + 3] * theta[j + 3];
+		acc[4] += x[j + 4] * theta[j + 4];
+		acc[5] += x[j + 5] * theta[j + 5];
+		acc[6] += x[j + 6] * theta[j + 6];
+		acc[7] += x[j + 7] * theta[j + 7];
 	}
-	for (; j < dim; j++)
-		acc[j % 4] += scale * x[j] * theta[j];
-	z = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-	if (intercept)
-		z += theta[dim];
-	if (!isfinite(z))
-		return;
-	/* dl/dz of ln(1 + e^{-y z}) = -y sigmoid(-y z), |dz| <= 1 */
-	m = y * z;
-	e = exp(-fabs(m));
-	dz = -y * (m >= 0.0 ? e : 1.0) / (1.0 + e);
-	/* gj is finite (|dz| <= 1, x clipped): comparisons clamp it as fmin/fmax would, and vectorise */
-	for (j = 0; j < dim; j++)
-	{
-		gj = dz * (scale * x[j]);
-		sum[j] += gj < -clamp ? -clamp : (gj > clamp ? clamp : gj);
-	}
-	if (intercept)
-		sum[dim] += dz < -clamp ? -clamp : (dz > clamp ? clamp : dz);
+	for (; j < n; j++)
+		acc[j % FW_SUMS] += x[j] * theta[j];
+}
+
+static inline double
+fw_clamp(double g, double clamp)
+{
+	/* g is finite (|dz| <= 1, x clipped): as fmin/fmax would, in the forms of minpd/maxpd */
+	double		t = g < clamp ? g : clamp;
+
+	return t > -clamp ? t : -clamp;
+}
+
+static inline void
+fw_axpy(double *sum, const double *x, double dz, double clamp, int n)
+{
+	int			j;
+
+	for (j = 0; j < n; j++)
+		sum[j] += fw_clamp(dz * x[j], clamp);
+}
+
+/* dl/dz of ln(1 + e^{-y z}) = -y sigmoid(-y z), |dz| <= 1 */
+static inline double
+fw_dz(double z, double y)
+{
+	double		m = y * z;
+	double		e = exp(-fabs(m));
+
+	return -y * (m >= 0.0 ? e : 1.0) / (1.0 + e);
+}
+
+/* The score from the partial sums, pairwise (a row whose score is not finite adds nothing). */
+static inline double
+fw_score(const double acc[FW_SUMS], int dim, int intercept, const double *theta)
+{
+	double		z = ((acc[0] + acc[4]) + (acc[1] + acc[5])) +
+		((acc[2] + acc[6]) + (acc[3] + acc[7]));
+
+	return intercept ? z + theta[dim] : z;
+}
+
+static inline void
+fw_scale(double *out, const double *x, double scale, int n)
+{
+	int			j;
+
+	for (j = 0; j < n; j++)
+		out[j] = scale * x[j];
 }
 
 double
@@ -335,21 +372,47 @@ dpsql_fw_gradient_row(double *state, const double *x, int xlen, double y, const 
 {
 	int			p = (int) state[1];
 	int			intercept = state[2] != 0.0;
-	double		scale = dpsql_fw_row_scale(x, xlen, y, p - intercept, state[3]);
+	int			dim = p - intercept;
+	double		scale = dpsql_fw_row_scale(x, xlen, y, dim, state[3]);
+	double	   *sum = state + DPSQL_FW_HEADER_LEN;
+	double		acc[FW_SUMS] = {0.0},
+				z,
+				dz;
+	double		buf[FW_CHUNK];
+	int			j,
+				n;
 
 	state[5] += 1.0;			/* every row counts, malformed ones as the zero record */
-	if (!isnan(scale))
-		add_row_gradient(state + DPSQL_FW_HEADER_LEN, x, scale, p - intercept, intercept,
-						 state[4], y, theta);
+	if (isnan(scale))
+		return;
+	/* the in-memory kernel's operations over the scaled row, a chunk at a time (twice) */
+	for (j = 0; j < dim; j += FW_CHUNK)
+	{
+		n = dim - j < FW_CHUNK ? dim - j : FW_CHUNK;
+		fw_scale(buf, x + j, scale, n);
+		fw_dot(acc, buf, theta + j, n);
+	}
+	z = fw_score(acc, dim, intercept, theta);
+	if (!isfinite(z))
+		return;
+	dz = fw_dz(z, y);
+	for (j = 0; j < dim; j += FW_CHUNK)
+	{
+		n = dim - j < FW_CHUNK ? dim - j : FW_CHUNK;
+		fw_scale(buf, x + j, scale, n);
+		fw_axpy(sum + j, buf, dz, state[4], n);
+	}
+	if (intercept)
+		sum[dim] += fw_clamp(dz, state[4]);
 }
 
 /*
- * AVX2 where the CPU has it (AVX-512 measured no faster): the same per-lane operations in
- * the same order as the baseline's 2-wide ones (four partial sums, elementwise clamps, no
- * contraction), so the bits are the row-by-row path's on any CPU.
+ * AVX-512 or AVX2 where the CPU has them (chosen at run time): the same per-lane operations
+ * in the same order as the baseline's 2-wide ones (eight partial sums, elementwise clamps,
+ * no contraction), so the bits are the row-by-row path's on any CPU.
  */
 #if defined(__x86_64__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void
 dpsql_fw_gradient_scaled(double *sum, const double *xs, const double *ys, size_t rows, int dim,
@@ -358,7 +421,20 @@ dpsql_fw_gradient_scaled(double *sum, const double *xs, const double *ys, size_t
 	size_t		r;
 
 	memset(sum, 0, sizeof(double) * (size_t) (dim + intercept));
-	/* scale 1: xs holds scale * x, the very products the row-by-row sum multiplies by theta */
 	for (r = 0; r < rows; r++)
-		add_row_gradient(sum, xs + r * (size_t) dim, 1.0, dim, intercept, clamp, ys[r], theta);
+	{
+		const double *x = xs + r * (size_t) dim;
+		double		acc[FW_SUMS] = {0.0},
+					z,
+					dz;
+
+		fw_dot(acc, x, theta, dim);
+		z = fw_score(acc, dim, intercept, theta);
+		if (!isfinite(z))
+			continue;
+		dz = fw_dz(z, ys[r]);
+		fw_axpy(sum, x, dz, clamp, dim);
+		if (intercept)
+			sum[dim] += fw_clamp(dz, clamp);
+	}
 }

@@ -249,7 +249,6 @@ DECLARE
     gram float8[];
     g float8[];
     q text;
-    chunk int;
     done int := 0;
     scans int := 1;  -- LASSO's one
 BEGIN
@@ -264,20 +263,17 @@ BEGIN
         weights := array_fill(0::float8, ARRAY[d + icpt::int]);
         scans := 0;
         IF dpsql_internal._fw_in_memory(train_table, plan) THEN
-            -- 20 scans (public: K and n decide), each taking K/20 steps over the rows it keeps
-            chunk := ceil(steps / 20.0)::int;
-            q := format('SELECT dpsql_internal._fw_logistic_steps(x, y, $1, $2, $3, $4, $5, $6, '
-                        '$7, $8, $9, $10) FROM %s', train_table);
-            WHILE done < steps LOOP
-                EXECUTE q INTO g USING weights, (plan->>'x_bound')::float8, icpt,
-                    (plan->>'l1')::float8, done, least(done + chunk, steps), s, eps_step, delta_u,
-                    noise_seed;
-                scans := scans + 1;
-                EXIT WHEN g IS NULL;  -- no rows: the zero gradient's steps below
+            -- one scan: its final function takes the K steps over the rows it keeps (and
+            -- reports progress)
+            EXECUTE format('SELECT dpsql_internal._fw_logistic_steps(x, y, $1, $2, $3, $4, $5, '
+                           '$6, $7, $8, $9, $10) FROM %s', train_table)
+               INTO g USING weights, (plan->>'x_bound')::float8, icpt, (plan->>'l1')::float8, 0,
+                    steps, s, eps_step, delta_u, noise_seed;
+            scans := 1;
+            IF g IS NOT NULL THEN  -- no rows: the zero gradient's steps below
                 weights := g;
-                done := least(done + chunk, steps);
-                PERFORM dpsql_internal._progress('step', done, steps);
-            END LOOP;
+                done := steps;
+            END IF;
         END IF;
         q := format('SELECT dpsql_internal._fw_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
         FOR k IN done..steps - 1 LOOP

@@ -318,10 +318,11 @@ dpsql_fw_lasso_sql(PG_FUNCTION_ARGS)
 /*
  * dpsql_internal._fw_logistic_steps(x, y, theta, x_bound, intercept, l1_clamp, k_from, k_to,
  *     s, eps_step, delta_u, seed): the scan keeps each valid row clipped (scale * x, and y) in
- * memory, the final function takes steps k_from .. k_to - 1 from theta over them: for each, the
- * SUM gradient (dpsql_fw_gradient_scaled: bit for bit _fw_gradient's over the same rows in the
- * same order) and the private step of _fw_step (same stream k). The per-row arguments after y
- * are the same datum on every row; the first row's are used.
+ * memory, the final function takes steps k_from .. k_to - 1 from theta over them, with
+ * progress notices: for each, the SUM gradient (dpsql_fw_gradient_scaled: bit for bit
+ * _fw_gradient's over the same rows in the same order) and the private step of _fw_step (same
+ * stream k). The per-row arguments after y are the same datum on every row; the first row's
+ * are used.
  */
 typedef struct FwSteps
 {
@@ -471,6 +472,10 @@ dpsql_fw_steps_final(PG_FUNCTION_ARGS)
 		status = dpsql_fw_move((double *) ARR_DATA_PTR(out), p, k, vertex, st->s);
 		if (status != DPSQL_OK)
 			dpsql_raise(status, "the Frank-Wolfe step");
+		/* the first step, the last, and about twenty between (K is public) */
+		if (k == st->k_from || k + 1 == st->k_to ||
+			(k + 1 - st->k_from) % ((st->k_to - st->k_from + 19) / 20) == 0)
+			dpsql_progress("step", k + 1, st->k_to);
 	}
 	explicit_bzero(grad, sizeof(double) * (Size) p);
 	pfree(grad);

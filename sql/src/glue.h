@@ -20,6 +20,12 @@ double	   *dpsql_float8_array(ArrayType *a, int *n, const char *what);
 /* ERROR (22023) "invalid arguments of fn" with detail. */
 void		dpsql_bad_argument(const char *fn, const char *detail);
 
+/*
+ * dpsql_internal._progress(unit, done, total) (30_runs.sql: the one place for progress
+ * notices), for C loops that run long inside one call. done and total must be public.
+ */
+void		dpsql_progress(const char *unit, int64 done, int64 total);
+
 /* ERROR (22004) unless arguments from .. to - 1 are all non-NULL. */
 void		dpsql_no_nulls(FunctionCallInfo fcinfo, int from, int to, const char *fn);
 

@@ -5,7 +5,10 @@
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
 #include "utils/array.h"
+#include "utils/builtins.h"
 
 #include "csprng.h"
 #include "glue.h"
@@ -186,6 +189,18 @@ dpsql_combine_states(FunctionCallInfo fcinfo, DpsqlCombineStates combine, const 
 	if (st != DPSQL_OK)
 		dpsql_raise(st, what);
 	PG_RETURN_POINTER(a);
+}
+
+void
+dpsql_progress(const char *unit, int64 done, int64 total)
+{
+	/* schema-qualified: only the extension's owner creates in dpsql_internal */
+	Oid			argtypes[3] = {TEXTOID, INT8OID, INT8OID};
+	Oid			fn = LookupFuncName(list_make2(makeString("dpsql_internal"),
+											   makeString("_progress")),
+									3, argtypes, false);
+
+	OidFunctionCall3(fn, CStringGetTextDatum(unit), Int64GetDatum(done), Int64GetDatum(total));
 }
 
 void

@@ -260,9 +260,9 @@ def test_lasso_defaults_refuse_a_row_bound_alone(conn, scratch_schema) -> None:
 
 
 def test_logistic_steps_from_rows_in_memory_equal_a_scan_per_step(conn, scratch_schema) -> None:
-    """A local table that fits in dpsql.sampling_memory takes ceil(K / chunk) scans (chunk =
-    ceil(K/20)) instead of K, and releases bit for bit the model of one gradient scan per step
-    (same rows in the same order, same noise streams): with the setting at 0, every step scans."""
+    """A local table that fits in dpsql.sampling_memory takes one scan instead of K, and
+    releases bit for bit the model of one gradient scan per step (same rows in the same order,
+    same noise streams): with the setting at 0, every step scans."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(1500, 5))
     X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1)
@@ -270,13 +270,17 @@ def test_logistic_steps_from_rows_in_memory_equal_a_scan_per_step(conn, scratch_
     X[7] = np.nan  # a zero record in both
     name = _register(conn, scratch_schema, X, y, labels="{0,1}", accept=True)
     kw = {"noise_seed": 11, "intercept": True, "options": Jsonb({"l1_radius": 4.0, "steps": 45})}
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
     in_memory = _train(conn, name, model="logistic", **kw)
+    # progress from inside the one scan: the first step and the last at least
+    assert {"dpsql: step 1/45", "dpsql: step 45/45"} <= set(notices)
     conn.execute("SET dpsql.sampling_memory = 0")
     try:
         per_step = _train(conn, name, model="logistic", **kw)
     finally:
         conn.execute("RESET dpsql.sampling_memory")
-    assert in_memory["params"]["privacy"]["scans"] == 15  # 45 steps, 3 a scan
+    assert in_memory["params"]["privacy"]["scans"] == 1
     assert per_step["params"]["privacy"]["scans"] == 45
     assert in_memory["weights"] == per_step["weights"]
     assert np.count_nonzero(in_memory["weights"]) > 1
