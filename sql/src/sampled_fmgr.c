@@ -279,6 +279,26 @@ ask_for_huge_pages(char *area, Size bytes)
 #endif
 }
 
+/*
+ * The area is written once, row by row, at the scan: one call that maps its pages costs less
+ * than a page fault per 4 kB (about a seventh of a first epoch's time here).
+ */
+static void
+prefault(char *area, Size bytes)
+{
+#if defined(MADV_POPULATE_WRITE)
+	uintptr_t	page = (uintptr_t) sysconf(_SC_PAGESIZE);
+	uintptr_t	from = ((uintptr_t) area + page - 1) & ~(page - 1);
+	uintptr_t	to = ((uintptr_t) area + bytes) & ~(page - 1);
+
+	if (to > from)
+		(void) madvise((void *) from, to - from, MADV_POPULATE_WRITE);
+#else
+	(void) area;
+	(void) bytes;
+#endif
+}
+
 static void *
 slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 {
@@ -304,6 +324,7 @@ slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 		/* (only for random reads: the kernel may compact memory on the fault) */
 		if (random_reads)
 			ask_for_huge_pages(kept_area, bytes);
+		prefault(kept_area, bytes);
 	}
 	kept_busy = true;
 	kept_rows.valid = false;	/* until this aggregate has filed every row */
