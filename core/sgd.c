@@ -434,8 +434,8 @@ dpsql_row_scale(int flags, const double *x, int xlen, double *scale)
 
 /*
  * Scores z[c] = scale * <w_c, (x, 1?)> of a row for every output, the row transform's scale
- * and norm (row_scale_norm), and dot(x, x) in *xsq. The intercept weight is the last
- * coordinate of each output's block.
+ * and norm (row_scale_norm), and dot(x, x) in *xsq unless xsq is NULL. The intercept weight
+ * is the last coordinate of each output's block.
  */
 static DpsqlStatus
 score_row(const double *w, int dim, int n_out, int flags, const double *x, int xlen,
@@ -445,13 +445,19 @@ score_row(const double *w, int dim, int n_out, int flags, const double *x, int x
 	int			c;
 	DpsqlStatus st;
 
-	double		z0;
+	double		ss = 0.0,
+				z0;
 
 	if (xlen != nx)
 		return DPSQL_E_LENGTH;
-	/* the first output's score and the row's squared norm in one pass */
-	z0 = dot_square(w, x, nx, xsq);
-	st = row_scale_norm(flags, x, xlen, *xsq, scale, xnorm);
+	/* the first output's score and, when wanted, the row's squared norm in one pass */
+	if (xsq != NULL || (flags & (DPSQL_FLAG_CLIP_ROWS | DPSQL_FLAG_UNIT_ROWS)))
+		z0 = dot_square(w, x, nx, &ss);
+	else
+		z0 = dot(w, x, nx);
+	if (xsq != NULL)
+		*xsq = ss;
+	st = row_scale_norm(flags, x, xlen, ss, scale, xnorm);
 	if (st != DPSQL_OK)
 		return st;
 	for (c = 0; c < n_out; c++)
@@ -769,7 +775,6 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
-	double		xsq;
 	double		value;
 	double		eta;
 	double		shrink;
@@ -792,7 +797,7 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 	/* b = 1 without noise: the update in place, without the accumulator (the hot path). */
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
-		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm, &xsq);
+		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm, NULL);
 	if (st == DPSQL_OK)
 	{
 		if (scale < 1.0)
@@ -1067,14 +1072,13 @@ dpsql_sgd_example_gradient(const double *state, const double *x, int xlen, doubl
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
-	double		xsq;
 	size_t		i;
 	DpsqlStatus st;
 
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st != DPSQL_OK)
 		return st;
-	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, &xsq);
+	st = score_row(w, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, NULL);
 	if (st != DPSQL_OK)
 		return st;
 	*loss = loss_derivatives(h, zs, y, scale);
@@ -1091,7 +1095,6 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 	double		zs[MAX_CLASSES];
 	double		scale;
 	double		xnorm;
-	double		xsq;
 	int			c,
 				best = 0;
 	DpsqlStatus st;
@@ -1102,7 +1105,7 @@ dpsql_predict(int loss, int flags, const double *coef, int n_out, int dim,
 		((flags & DPSQL_FLAG_INTERCEPT) && dim < 2) ||
 		(loss == DPSQL_LOSS_MULTINOMIAL && n_out < 2) || (loss == DPSQL_LOSS_SQUARED && n_out != 1))
 		return DPSQL_E_PARAM;
-	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, &xsq);
+	st = score_row(coef, dim, n_out, flags, x, xlen, zs, &scale, &xnorm, NULL);
 	if (st != DPSQL_OK)
 		return st;
 	if (n_out > 1)
