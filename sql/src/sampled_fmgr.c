@@ -259,45 +259,39 @@ release_kept_area(void *arg)
 	kept_busy = false;
 }
 
-/*
- * The replay reads slots at random addresses: with 4 kB pages nearly every one is a TLB miss.
- * Transparent huge pages (where the kernel offers them on request) make those hits.
- */
+/* madvise over the whole pages of area (advice NOT_ADVISED: none) */
+#define NOT_ADVISED (-1)
+
 static void
-ask_for_huge_pages(char *area, Size bytes)
+advise_pages(char *area, Size bytes, int advice)
 {
-#if defined(MADV_HUGEPAGE)
 	uintptr_t	page = (uintptr_t) sysconf(_SC_PAGESIZE);
 	uintptr_t	from = ((uintptr_t) area + page - 1) & ~(page - 1);
 	uintptr_t	to = ((uintptr_t) area + bytes) & ~(page - 1);
 
-	if (to > from)
-		(void) madvise((void *) from, to - from, MADV_HUGEPAGE);
-#else
-	(void) area;
-	(void) bytes;
-#endif
+	if (advice != NOT_ADVISED && to > from)
+		(void) madvise((void *) from, to - from, advice);
 }
+
+/*
+ * The replay reads slots at random addresses: with 4 kB pages nearly every one is a TLB miss.
+ * Transparent huge pages (where the kernel offers them on request) make those hits.
+ */
+#if defined(MADV_HUGEPAGE)
+#define HUGE_PAGES MADV_HUGEPAGE
+#else
+#define HUGE_PAGES NOT_ADVISED
+#endif
 
 /*
  * The area is written once, row by row, at the scan: one call that maps its pages costs less
  * than a page fault per 4 kB (about a seventh of a first epoch's time here).
  */
-static void
-prefault(char *area, Size bytes)
-{
 #if defined(MADV_POPULATE_WRITE)
-	uintptr_t	page = (uintptr_t) sysconf(_SC_PAGESIZE);
-	uintptr_t	from = ((uintptr_t) area + page - 1) & ~(page - 1);
-	uintptr_t	to = ((uintptr_t) area + bytes) & ~(page - 1);
-
-	if (to > from)
-		(void) madvise((void *) from, to - from, MADV_POPULATE_WRITE);
+#define PREFAULT MADV_POPULATE_WRITE
 #else
-	(void) area;
-	(void) bytes;
+#define PREFAULT NOT_ADVISED
 #endif
-}
 
 static void *
 slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
@@ -323,8 +317,8 @@ slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 		kept_size = bytes;
 		/* (only for random reads: the kernel may compact memory on the fault) */
 		if (random_reads)
-			ask_for_huge_pages(kept_area, bytes);
-		prefault(kept_area, bytes);
+			advise_pages(kept_area, bytes, HUGE_PAGES);
+		advise_pages(kept_area, bytes, PREFAULT);
 	}
 	kept_busy = true;
 	kept_rows.valid = false;	/* until this aggregate has filed every row */
