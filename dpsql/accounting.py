@@ -81,6 +81,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import mechanism_calibration
 from dp_accounting.pld import PLDAccountant
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
@@ -108,6 +109,14 @@ PLD_DISCRETIZATION = 1e-4
 #: epsilon, so that a tiny noise multiplier costs seconds rather than minutes. Such guarantees are
 #: meaningless anyway; the value stays a pessimistic (sound) PLD bound.
 PLD_FULL_PRECISION_UP_TO = 64.0
+#: Share of delta the Poisson steps' PLD may place at infinity when dp-accounting truncates the
+#: Gaussian's tails (its ``log_mass_truncation_bound``, -50 by default whatever the run). The
+#: truncated mass is counted as privacy loss infinity, so every bound stays pessimistic; a bound
+#: sized to the run (see :func:`poisson_log_mass_truncation`) halves the cost of a charged
+#: evaluation and moves epsilon by under 1e-7 relative (bench/RESULTS.md, issue 30).
+PLD_TAIL_SHARE = 1e-4
+#: Clamp of that bound: never finer than dp-accounting's default, never coarser than e^-25.
+PLD_LOG_MASS_TRUNCATION_RANGE = (-50.0, -25.0)
 #: Relative tolerance of :func:`calibrate` on the noise multiplier.
 CALIBRATION_RTOL = 1e-4
 #: Range searched by :func:`calibrate`.
@@ -442,6 +451,32 @@ def _eps_rdp_add_remove(mech: Mechanism, delta: float) -> float:
     return float(acc.compose(mech.add_remove_event).get_epsilon(delta))
 
 
+def poisson_log_mass_truncation(steps: int, delta: float) -> float:
+    """dp-accounting's ``log_mass_truncation_bound`` for ``steps`` Poisson-subsampled Gaussian
+    steps read at ``delta``: each step puts at most ``e^bound / 2`` at infinity, so the run puts
+    at most ``PLD_TAIL_SHARE * delta / 2`` there (clamped to PLD_LOG_MASS_TRUNCATION_RANGE)."""
+    lo, hi = PLD_LOG_MASS_TRUNCATION_RANGE
+    if not delta > 0:
+        return lo
+    return min(max(math.log(PLD_TAIL_SHARE * delta / steps), lo), hi)
+
+
+def poisson_gaussian_pld(
+    z: float, q: float, steps: int, discretization: float, delta: float
+) -> pld_lib.PrivacyLossDistribution:
+    """dp-accounting's pessimistic replace-one PLD of ``steps`` Poisson-subsampled Gaussians, as
+    ``PLDAccountant(REPLACE_ONE)`` builds it, with the tail truncation sized to the run. The one
+    construction both the charge (:func:`epsilon`) and the ledger (:mod:`dpsql.ledger_events`)
+    use, so that a run re-accounts to what it was charged."""
+    return pld_lib.from_gaussian_mechanism(
+        z,
+        value_discretization_interval=discretization,
+        sampling_prob=q,
+        log_mass_truncation_bound=poisson_log_mass_truncation(steps, delta),
+        neighboring_relation=NeighboringRelation.REPLACE_ONE,
+    ).self_compose(steps)
+
+
 def _pld_discretization(mech: Mechanism, delta: float) -> float:
     estimate = _eps_rdp(mech, delta)
     if not math.isfinite(estimate):
@@ -473,8 +508,22 @@ def _eps_pld(mech: Mechanism, delta: float) -> float:
     cached = _PLD_CACHE.get(key)
     if cached is not None:
         return cached
-    acc = _pld_accountant(mech, _pld_discretization(mech, delta))
-    value = float(acc.compose(mech.event).get_epsilon(delta))
+    interval = _pld_discretization(mech, delta)
+    if mech.gaussian_only:
+        value = float(_pld_accountant(mech, interval).compose(mech.event).get_epsilon(delta))
+    else:
+        assert mech.steps is not None and mech.sampling_rate is not None
+        pld = poisson_gaussian_pld(
+            mech.noise_multiplier, mech.sampling_rate, mech.steps, interval, delta
+        )
+        if mech.prefix_noise_multiplier is not None:
+            # first, as PLDAccountant composes _after_prefix's event (REPLACE_ONE doubles it)
+            pld = pld_lib.from_gaussian_mechanism(
+                mech.prefix_noise_multiplier,
+                value_discretization_interval=interval,
+                neighboring_relation=NeighboringRelation.REPLACE_ONE,
+            ).compose(pld)
+        value = float(pld.get_epsilon_for_delta(delta))
     if len(_PLD_CACHE) >= _CACHE_SIZE:
         _PLD_CACHE.clear()
     _PLD_CACHE[key] = value
@@ -704,14 +753,16 @@ def _fine_search(
     slope: float,
     margin: float,
     rtol: float,
+    settle_within: int | None = None,
 ) -> float | None:
     """Smallest z (within about rtol) with ``_eps_pld <= target``, by secant steps from log z
-    ``u``; None if unsettled."""
+    ``u``; None if unsettled (with ``settle_within``, also when that many steps do not settle
+    it)."""
     log_target = math.log(target)
     lo: float | None = None
     hi: float | None = None
     prev: tuple[float, float] | None = None
-    for _ in range(_MAX_FINE):
+    for _ in range(_MAX_FINE if settle_within is None else settle_within):
         if not _LOG_RANGE[0] <= u <= _LOG_RANGE[1]:
             return None
         eps = _eps_pld(mech_of(math.exp(u)), delta)
@@ -726,6 +777,9 @@ def _fine_search(
         if hi is not None and nxt >= hi + math.log1p(-rtol):
             break  # the next step would gain less than rtol
         u = nxt
+    else:
+        if settle_within is not None:
+            return None  # the start was poor (a wrong or stale cache): search instead
     if hi is None:
         return None
     z = math.exp(hi)
@@ -753,6 +807,37 @@ def _calibrate_pld_fast(
     return _fine_search(mech_of, target, delta, u, slope, _FINE_MARGIN, _FINE_RTOL)
 
 
+# The calibration cache (issue 30): for a Poisson run without a prefix, a candidate z
+# interpolated from a grid of charged PLD values shipped with the package
+# (dpsql/calibration_cache.py), aimed a hair above the interpolated root so that it passes, then
+# the same secant steps on the charged PLD as above: usually one charged evaluation. The cache
+# only decides where to look; a z is returned only if it passed _eps_pld, and when the steps do
+# not settle (a wrong or stale grid) the search above runs instead.
+
+#: Relative aim above the interpolated root (the grid's interpolation error is about 1e-4).
+_CACHE_MARGIN = 2e-4
+#: Charged evaluations the cache's start may take before the search takes over.
+_CACHE_STEPS = 3
+
+
+def _calibrate_from_cache(
+    mech_of: Callable[[float], Mechanism], target: float, delta: float
+) -> float | None:
+    probe = mech_of(1.0)
+    if probe.gaussian_only or probe.prefix_noise_multiplier is not None:
+        return None
+    assert probe.steps is not None and probe.sampling_rate is not None
+    from dpsql import calibration_cache
+
+    guess = calibration_cache.candidate(target, delta, probe.steps, probe.sampling_rate)
+    if guess is None or not MIN_NOISE_MULTIPLIER <= guess.noise_multiplier <= MAX_NOISE_MULTIPLIER:
+        return None
+    u = math.log(guess.noise_multiplier) + math.log1p(_CACHE_MARGIN)
+    return _fine_search(
+        mech_of, target, delta, u, guess.slope, _FINE_MARGIN, _FINE_RTOL, settle_within=_CACHE_STEPS
+    )
+
+
 def _calibrate(
     mech_of: Callable[[float], Mechanism], target: float, delta: float, accountant: str, rtol: float
 ) -> float:
@@ -766,6 +851,9 @@ def _calibrate(
         return float(make_accountant().compose(mech_of(z).event).get_epsilon(delta))
 
     if accountant == "pld":
+        fast = _calibrate_from_cache(mech_of, target, delta)
+        if fast is not None:
+            return fast
         fast = _calibrate_pld_fast(mech_of, target, delta)
         if fast is not None:
             return fast
