@@ -49,9 +49,11 @@ CONFIGS = [
     ),
 ]
 
-# The previous search (Brent's method from the RDP calibration), for the "before" column.
+# The previous search (Brent's method from the RDP calibration), for the "before" column: no
+# cache (issue 30), no secant search (issue 17).
 _OLD = (
-    "import sys, dpsql.accounting as a; a._calibrate_pld_fast = lambda *args: None; "
+    "import sys, dpsql.accounting as a; "
+    "a._calibrate_from_cache = a._calibrate_pld_fast = lambda *args: None; "
     "sys.exit(a.main(sys.argv[1:]))"
 )
 
@@ -179,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             f"{'process':>10s}{'server':>10s}"
         )
         print(f"{'(before: process per call, Brent;':40s}{'':>10s}{'per call':>10s}{'(warm)':>10s}")
-        print(f"{' process per call: the new search)':40s}")
+        print(f"{' process per call: this version)':40s}")
         target = 1.0
         rows = []
         for label, config in configs:

@@ -37,12 +37,12 @@ CASES = [
 
 def _brent(target: float, kw: dict) -> float:
     """The previous search (Brent's method on the charged PLD), for comparison."""
-    saved = acc._calibrate_pld_fast
-    acc._calibrate_pld_fast = lambda *args: None
+    saved = acc._calibrate_pld_fast, acc._calibrate_from_cache
+    acc._calibrate_pld_fast = acc._calibrate_from_cache = lambda *args: None
     try:
         return acc.calibrate(target, DELTA, **kw)
     finally:
-        acc._calibrate_pld_fast = saved
+        acc._calibrate_pld_fast, acc._calibrate_from_cache = saved
 
 
 @pytest.mark.parametrize(("kw", "target"), CASES)
