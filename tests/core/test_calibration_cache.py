@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ pytest.importorskip("dp_accounting")
 
 DELTA = 1e-6
 # Between the grid's nodes (none of these steps or rates is a node).
-HELD_OUT = [
+HELD_OUT: list[tuple[dict[str, Any], float]] = [
     (dict(steps=29000, sampling_rate=0.000344), 1.0),  # Protein-size (issue 30's target)
     (dict(steps=700, sampling_rate=0.013), 2.0),
     (dict(steps=3000, sampling_rate=0.0023), 0.7),
