@@ -3,14 +3,15 @@
     python -m dpsql.calibration_grid [--out dpsql/data/calibration_poisson.json] [--jobs 1]
 
 Every number in the file is a value of dp-accounting's replace-one PLD of the Poisson-subsampled
-Gaussian, the very construction :func:`dpsql.accounting.epsilon` charges (``PLDAccountant``,
-``REPLACE_ONE``, interval ``PLD_DISCRETIZATION``): for each node ``(steps, sampling_rate)`` of a
-log-spaced grid, a log-spaced set of noise multipliers ``z`` and, for each, the epsilon at every
-grid delta. Nothing here is charged: the cache only proposes a candidate ``z``, which
-:func:`dpsql.accounting.calibrate` then verifies with one charged evaluation.
+Gaussian (``PLDAccountant``, ``REPLACE_ONE``, interval ``PLD_DISCRETIZATION``; the charged value
+differs only by truncating the Gaussian's tails to the run, under 1e-7 apart): for each node
+``(steps, sampling_rate)`` of a log-spaced grid, a log-spaced set of noise multipliers ``z`` and,
+for each, the epsilon at every grid delta. Nothing here is charged: the cache only proposes a
+candidate ``z`` where :func:`dpsql.accounting.calibrate` starts its search, and every ``z`` it
+returns passed the charged evaluation.
 
 The file records the dp-accounting version that computed it; a different installed version
-makes the cache ignore the file (regenerate it with the command above, about 15 minutes on one
+makes the cache ignore the file (regenerate it with the command above, about 20 minutes on one
 core; ``--jobs`` runs nodes in parallel processes).
 """
 
