@@ -5,7 +5,10 @@ Prints, in one run:
 1. calibration at new configurations: the previous way (a new ``python -m dpsql.accounting``
    process per call, Brent's method on the charged PLD) against a process per call with the
    new search, and against the server's long-lived accountant (warm), through
-   ``dpsql_internal._account`` (what a private DP-SGD run calls, cache table included);
+   ``dpsql_internal._account`` (what a private DP-SGD run calls, cache table included); then
+   in this process (no server, no imports), issue 17's search against issue 30's calibration
+   cache (a candidate from dpsql/data/calibration_poisson.json verified by the charged PLD),
+   with the charged evaluations each took;
 2. the first call after a server start (the background worker starts the Python process);
 3. 16 concurrent private DP-SGD releases (``dpsql.train``, Poisson sampling) at 16 distinct
    configurations: the most accountant processes alive at once (polled in ``/proc``, this
@@ -32,7 +35,7 @@ import psutil
 import psycopg
 
 import dpsql
-from dpsql import datasets, server
+from dpsql import accounting, datasets, server
 
 # (label, request without op/target) at new configurations; the brief's hard case last.
 CONFIGS = [
@@ -46,9 +49,11 @@ CONFIGS = [
     ),
 ]
 
-# The previous search (Brent's method from the RDP calibration), for the "before" column.
+# The previous search (Brent's method from the RDP calibration), for the "before" column: no
+# cache (issue 30), no secant search (issue 17).
 _OLD = (
-    "import sys, dpsql.accounting as a; a._calibrate_pld_fast = lambda *args: None; "
+    "import sys, dpsql.accounting as a; "
+    "a._calibrate_from_cache = a._calibrate_pld_fast = lambda *args: None; "
     "sys.exit(a.main(sys.argv[1:]))"
 )
 
@@ -61,6 +66,28 @@ def _subprocess_seconds(argv: list[str], request: str) -> float:
     start = time.perf_counter()
     subprocess.run([*argv, request], check=True, capture_output=True)
     return time.perf_counter() - start
+
+
+def _in_process(config: dict, target: float, cache: bool) -> tuple[float, int]:
+    """Seconds and charged PLD evaluations of one calibrate() here, nothing remembered."""
+    accounting._PLD_CACHE.clear()
+    accounting._RDP_CACHE.clear()
+    real_eps, real_cache = accounting._eps_pld, accounting._calibrate_from_cache
+    charged: set[float] = set()
+
+    def counted(mech: accounting.Mechanism, delta: float) -> float:
+        charged.add(mech.noise_multiplier)
+        return real_eps(mech, delta)
+
+    accounting._eps_pld = counted
+    if not cache:
+        accounting._calibrate_from_cache = lambda *args: None
+    try:
+        start = time.perf_counter()
+        accounting.calibrate(target, 1e-6, **config)
+        return time.perf_counter() - start, len(charged)
+    finally:
+        accounting._eps_pld, accounting._calibrate_from_cache = real_eps, real_cache
 
 
 def _account_seconds(conn: psycopg.Connection, request: str) -> float:
@@ -154,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             f"{'process':>10s}{'server':>10s}"
         )
         print(f"{'(before: process per call, Brent;':40s}{'':>10s}{'per call':>10s}{'(warm)':>10s}")
-        print(f"{' process per call: the new search)':40s}")
+        print(f"{' process per call: this version)':40s}")
         target = 1.0
         rows = []
         for label, config in configs:
@@ -168,6 +195,17 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             warm = _account_seconds(conn, _request(config, target))
             rows.append((label, before, per_call, warm))
             print(f"{label:40s}{before:10.2f}{per_call:10.2f}{warm:10.2f}")
+
+        # 1b. in this process: issue 17's search against issue 30's cache
+        accounting.quiet()
+        accounting.calibrate(1.5, 1e-6, scheme="poisson", steps=10, sampling_rate=0.5)  # imports
+        print(f"\n{'in-process calibrate() (s, charged PLDs)':40s}{'search':>10s}{'cache':>10s}")
+        for label, config in configs:
+            target += 0.001
+            search, n_search = _in_process(config, target, cache=False)
+            target += 0.001
+            cached, n_cached = _in_process(config, target, cache=True)
+            print(f"{label:40s}{search:7.2f} ({n_search}){cached:7.2f} ({n_cached})")
 
         # 3. concurrent private releases at distinct configurations
         X, y = datasets.synthetic_classification(2000, 10, seed=0)

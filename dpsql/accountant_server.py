@@ -326,6 +326,10 @@ def _warm_up() -> None:
         '{"op": "epsilon", "scheme": "poisson", "noise_multiplier": 1, "delta": 1e-6, '
         '"steps": 2, "sampling_rate": 0.5}'
     )
+    # read the calibration grid here: the forked children share it instead of each parsing it
+    from dpsql import calibration_cache
+
+    calibration_cache.load()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,7 +44,11 @@ folding of ``2 C`` into ``z / 2`` for Gaussians, and the replace-one RDP bound b
 Accountants
 -----------
 ``"pld"``
-    dp-accounting's ``PLDAccountant``: the value that is charged.
+    dp-accounting's pessimistic PLD: the value that is charged. Plain Gaussians through
+    ``PLDAccountant``; a Poisson run through the same construction (``from_gaussian_mechanism``
+    with the sampling rate, ``self_compose``) with the Gaussian's tails truncated to the run
+    (:func:`poisson_log_mass_truncation`: at most ``1e-4 delta / 2`` of mass at infinity rather
+    than dp-accounting's fixed ``e^-50``), which halves its cost and moves epsilon by under 1e-7.
 ``"rdp"``
     dp-accounting's ``RdpAccountant``: a second, looser replace-one guarantee. For ``"shuffle"``
     (and ``"poisson"`` with ``q = 1``) it is the exact Gaussian RDP of sensitivity ``2 C``. For
@@ -81,6 +85,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting import mechanism_calibration
 from dp_accounting.pld import PLDAccountant
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
@@ -108,6 +113,14 @@ PLD_DISCRETIZATION = 1e-4
 #: epsilon, so that a tiny noise multiplier costs seconds rather than minutes. Such guarantees are
 #: meaningless anyway; the value stays a pessimistic (sound) PLD bound.
 PLD_FULL_PRECISION_UP_TO = 64.0
+#: Share of delta the Poisson steps' PLD may place at infinity when dp-accounting truncates the
+#: Gaussian's tails (its ``log_mass_truncation_bound``, -50 by default whatever the run). The
+#: truncated mass is counted as privacy loss infinity, so every bound stays pessimistic; a bound
+#: sized to the run (see :func:`poisson_log_mass_truncation`) halves the cost of a charged
+#: evaluation and moves epsilon by under 1e-7 relative (bench/RESULTS.md, issue 30).
+PLD_TAIL_SHARE = 1e-4
+#: Clamp of that bound: never finer than dp-accounting's default, never coarser than e^-25.
+PLD_LOG_MASS_TRUNCATION_RANGE = (-50.0, -25.0)
 #: Relative tolerance of :func:`calibrate` on the noise multiplier.
 CALIBRATION_RTOL = 1e-4
 #: Range searched by :func:`calibrate`.
@@ -442,6 +455,32 @@ def _eps_rdp_add_remove(mech: Mechanism, delta: float) -> float:
     return float(acc.compose(mech.add_remove_event).get_epsilon(delta))
 
 
+def poisson_log_mass_truncation(steps: int, delta: float) -> float:
+    """dp-accounting's ``log_mass_truncation_bound`` for ``steps`` Poisson-subsampled Gaussian
+    steps read at ``delta``: each step puts at most ``e^bound / 2`` at infinity, so the run puts
+    at most ``PLD_TAIL_SHARE * delta / 2`` there (clamped to PLD_LOG_MASS_TRUNCATION_RANGE)."""
+    lo, hi = PLD_LOG_MASS_TRUNCATION_RANGE
+    if not delta > 0:
+        return lo
+    return min(max(math.log(PLD_TAIL_SHARE * delta / steps), lo), hi)
+
+
+def poisson_gaussian_pld(
+    z: float, q: float, steps: int, discretization: float, delta: float
+) -> pld_lib.PrivacyLossDistribution:
+    """dp-accounting's pessimistic replace-one PLD of ``steps`` Poisson-subsampled Gaussians, as
+    ``PLDAccountant(REPLACE_ONE)`` builds it, with the tail truncation sized to the run. The one
+    construction both the charge (:func:`epsilon`) and the ledger (:mod:`dpsql.ledger_events`)
+    use, so that a run re-accounts to what it was charged."""
+    return pld_lib.from_gaussian_mechanism(
+        z,
+        value_discretization_interval=discretization,
+        sampling_prob=q,
+        log_mass_truncation_bound=poisson_log_mass_truncation(steps, delta),
+        neighboring_relation=NeighboringRelation.REPLACE_ONE,
+    ).self_compose(steps)
+
+
 def _pld_discretization(mech: Mechanism, delta: float) -> float:
     estimate = _eps_rdp(mech, delta)
     if not math.isfinite(estimate):
@@ -468,13 +507,30 @@ _RDP_CACHE: dict[tuple[Any, ...], tuple[float, float]] = {}
 _CACHE_SIZE = 64
 
 
+def _pld_epsilon(mech: Mechanism, delta: float, interval: float) -> float:
+    """The charged construction's epsilon at PLD interval ``interval`` (see _eps_pld)."""
+    if mech.gaussian_only:
+        return float(_pld_accountant(mech, interval).compose(mech.event).get_epsilon(delta))
+    assert mech.steps is not None and mech.sampling_rate is not None
+    pld = poisson_gaussian_pld(
+        mech.noise_multiplier, mech.sampling_rate, mech.steps, interval, delta
+    )
+    if mech.prefix_noise_multiplier is not None:
+        # first, as PLDAccountant composes _after_prefix's event (REPLACE_ONE doubles it)
+        pld = pld_lib.from_gaussian_mechanism(
+            mech.prefix_noise_multiplier,
+            value_discretization_interval=interval,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE,
+        ).compose(pld)
+    return float(pld.get_epsilon_for_delta(delta))
+
+
 def _eps_pld(mech: Mechanism, delta: float) -> float:
     key = _mechanism_key(mech, delta)
     cached = _PLD_CACHE.get(key)
     if cached is not None:
         return cached
-    acc = _pld_accountant(mech, _pld_discretization(mech, delta))
-    value = float(acc.compose(mech.event).get_epsilon(delta))
+    value = _pld_epsilon(mech, delta, _pld_discretization(mech, delta))
     if len(_PLD_CACHE) >= _CACHE_SIZE:
         _PLD_CACHE.clear()
     _PLD_CACHE[key] = value
@@ -589,6 +645,8 @@ _FINE_MARGIN = 2e-4
 #: passing one (tests/core/test_accounting.py measures it).
 _FINE_RTOL = 5e-4
 #: The same for plain Gaussians, whose PLD evaluations are cheap.
+#: And this share of the step, for the error of the slope (a coarse PLD's, or the grid's).
+_STEP_MARGIN = 0.1
 _GAUSSIAN_MARGIN = 2e-5
 _GAUSSIAN_RTOL = 5e-5
 _MAX_COARSE = 40
@@ -598,8 +656,7 @@ _MAX_FINE = 10
 def _coarse_log_eps(mech: Mechanism, delta: float, interval_scale: float) -> float:
     """log of a PLD epsilon at a coarser interval than the charged one (a search aid, never
     charged)."""
-    interval = PLD_DISCRETIZATION * interval_scale
-    eps = float(_pld_accountant(mech, interval).compose(mech.event).get_epsilon(delta))
+    eps = _pld_epsilon(mech, delta, PLD_DISCRETIZATION * interval_scale)
     return math.log(eps) if eps > 0 and math.isfinite(eps) else math.inf
 
 
@@ -704,14 +761,16 @@ def _fine_search(
     slope: float,
     margin: float,
     rtol: float,
+    settle_within: int | None = None,
 ) -> float | None:
     """Smallest z (within about rtol) with ``_eps_pld <= target``, by secant steps from log z
-    ``u``; None if unsettled."""
+    ``u``; None if unsettled (with ``settle_within``, also when that many steps do not settle
+    it)."""
     log_target = math.log(target)
     lo: float | None = None
     hi: float | None = None
     prev: tuple[float, float] | None = None
-    for _ in range(_MAX_FINE):
+    for _ in range(_MAX_FINE if settle_within is None else settle_within):
         if not _LOG_RANGE[0] <= u <= _LOG_RANGE[1]:
             return None
         eps = _eps_pld(mech_of(math.exp(u)), delta)
@@ -720,12 +779,17 @@ def _fine_search(
         prev = (u, f)
         if hi is not None and lo is not None and hi - lo <= rtol:
             break
-        nxt = _secant_log(u, f, slope, lo, hi) + math.log1p(margin)
+        # aimed above the secant's root by margin, plus a share of the step for the slope's error
+        sec = _secant_log(u, f, slope, lo, hi)
+        nxt = sec + math.log1p(margin) + _STEP_MARGIN * abs(sec - u)
         if lo is not None and hi is not None and not lo < nxt < hi:
             nxt = (lo + hi) / 2
         if hi is not None and nxt >= hi + math.log1p(-rtol):
             break  # the next step would gain less than rtol
         u = nxt
+    else:
+        if settle_within is not None:
+            return None  # the start was poor (a wrong or stale cache): search instead
     if hi is None:
         return None
     z = math.exp(hi)
@@ -753,6 +817,53 @@ def _calibrate_pld_fast(
     return _fine_search(mech_of, target, delta, u, slope, _FINE_MARGIN, _FINE_RTOL)
 
 
+# The calibration cache (issue 30): for a Poisson run without a prefix, a candidate z
+# interpolated from a grid of charged PLD values shipped with the package
+# (dpsql/calibration_cache.py), aimed a hair above the interpolated root so that it passes, then
+# the same secant steps on the charged PLD as above: usually one charged evaluation. The cache
+# only decides where to look; a z is returned only if it passed _eps_pld, and when the steps do
+# not settle (a wrong or stale grid) the search above runs instead.
+
+#: Charged evaluations the cache's start may take before the search takes over.
+_CACHE_STEPS = 4
+
+
+def _calibrate_from_cache(
+    mech_of: Callable[[float], Mechanism], target: float, delta: float
+) -> float | None:
+    probe = mech_of(1.0)
+    if probe.gaussian_only or probe.prefix_noise_multiplier is not None:
+        return None
+    assert probe.steps is not None and probe.sampling_rate is not None
+    from dpsql import calibration_cache
+
+    guess = calibration_cache.candidate(target, delta, probe.steps, probe.sampling_rate)
+    if guess is None or not MIN_NOISE_MULTIPLIER <= guess.noise_multiplier <= MAX_NOISE_MULTIPLIER:
+        return None
+    # The last coarse level from the candidate (two or three cheap steps: the start is close).
+    # Its root is at or above the charged one (a coarser PLD is more pessimistic): by under
+    # rtol for most runs, where it is the better start, but by about 1% for long runs at small
+    # rates (Protein's), where the candidate is closer. The gap is estimated from the PLD three
+    # times coarser still (discretisation errors grow about as the interval to the power 1.5
+    # to 2: the 10x gap is about a sixth of the 30x - 10x difference).
+    (wide, _), (factor, tol) = _COARSE_LEVELS
+    guessed = math.log(guess.noise_multiplier)
+    root = _coarse_root(mech_of, target, delta, guessed, guess.slope, factor, tol)
+    if root is None:
+        return None
+    u, slope, scale = root
+    mech = mech_of(math.exp(u))
+    spread = _coarse_log_eps(mech, delta, wide * scale) - _coarse_log_eps(
+        mech, delta, factor * scale
+    )
+    gap = spread / 6 / -slope  # in log z
+    if math.isfinite(gap) and gap > _FINE_RTOL:
+        u = min(u, max(guessed + math.log1p(_FINE_MARGIN), u - 1.5 * gap))
+    return _fine_search(
+        mech_of, target, delta, u, slope, _FINE_MARGIN, _FINE_RTOL, settle_within=_CACHE_STEPS
+    )
+
+
 def _calibrate(
     mech_of: Callable[[float], Mechanism], target: float, delta: float, accountant: str, rtol: float
 ) -> float:
@@ -766,6 +877,9 @@ def _calibrate(
         return float(make_accountant().compose(mech_of(z).event).get_epsilon(delta))
 
     if accountant == "pld":
+        fast = _calibrate_from_cache(mech_of, target, delta)
+        if fast is not None:
+            return fast
         fast = _calibrate_pld_fast(mech_of, target, delta)
         if fast is not None:
             return fast
@@ -809,9 +923,13 @@ def calibrate(
 ) -> float:
     """Smallest noise multiplier (within a relative 1e-4) whose epsilon is at most the target.
 
-    Uses dp-accounting's ``calibrate_dp_mechanism`` (Brent's method) on a bracket found around the
-    fast RDP calibration. The returned ``z`` satisfies
-    ``epsilon(z, ..., accountant=accountant) <= target_epsilon``.
+    The returned ``z`` satisfies ``epsilon(z, ..., accountant=accountant) <= target_epsilon``:
+    it passed that very evaluation. For the PLD, where to evaluate is decided by, in turn, the
+    calibration cache (a Poisson run inside its grid: a candidate read from
+    ``dpsql/data/calibration_poisson.json``, usually one charged evaluation; issue 30), a secant
+    search from coarser PLDs or the exact Gaussian (issue 17), and dp-accounting's
+    ``calibrate_dp_mechanism`` (Brent's method) around the RDP calibration. The first two return
+    a ``z`` within about 5e-4 (relative) of the smallest passing one.
 
     Parameters
     ----------

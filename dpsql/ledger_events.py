@@ -76,6 +76,7 @@ from dpsql.accounting import (
     PLD_DISCRETIZATION,
     PLD_FULL_PRECISION_UP_TO,
     ReplaceOneRdpBound,
+    poisson_gaussian_pld,
 )
 
 __all__ = [
@@ -277,8 +278,11 @@ class _Leaves:
         return 1.0 / math.sqrt(sum(n / z**2 for z, n in sorted(self.gaussian.items())))
 
 
-def _pld(leaves: _Leaves, discretization: float) -> pld_lib.PrivacyLossDistribution | None:
-    """The composed replace-one PLD of the leaves (None when nothing was released)."""
+def _pld(
+    leaves: _Leaves, discretization: float, delta: float
+) -> pld_lib.PrivacyLossDistribution | None:
+    """The composed replace-one PLD of the leaves read at ``delta`` (None when nothing was
+    released)."""
     relation = NeighboringRelation.REPLACE_ONE
     parts: list[pld_lib.PrivacyLossDistribution] = []
     z = leaves.gaussian_noise_multiplier()
@@ -290,14 +294,9 @@ def _pld(leaves: _Leaves, discretization: float) -> pld_lib.PrivacyLossDistribut
             )
         )
     for (q, zq), count in sorted(leaves.poisson.items()):
-        parts.append(
-            pld_lib.from_gaussian_mechanism(
-                zq,
-                value_discretization_interval=discretization,
-                sampling_prob=q,
-                neighboring_relation=relation,
-            ).self_compose(count)
-        )
+        # accounting.py's construction (tails truncated to the run and delta): a run
+        # re-accounts to what it was charged
+        parts.append(poisson_gaussian_pld(zq, q, count, discretization, delta))
     for b, count in sorted(leaves.laplace.items()):
         # Replace-one moves a unit-sensitivity sum by at most 2.
         parts.append(
@@ -393,7 +392,7 @@ def compose(
     # A coarse bound first when the RDP estimate cannot size the interval: a long ledger of
     # (epsilon, delta) events at 1e-4 would take minutes.
     discretization = _discretization(leaves, rdp)
-    pld = None if leaves.non_private else _pld(leaves, discretization)
+    pld = None if leaves.non_private else _pld(leaves, discretization, d)
     if leaves.non_private:
         eps_pld, delta_pld = math.inf, (None if eps_target is None else 1.0)
     elif pld is None:

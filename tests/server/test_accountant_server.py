@@ -225,15 +225,16 @@ def test_the_accountant_timeout(conn, datadir) -> None:
 
 
 def test_a_cancelled_call_leaves_the_accountant_serving(conn) -> None:
-    # a calibration that takes seconds (29000 steps), cancelled while the accountant computes
+    # a calibration that takes seconds (300,000 steps; Protein's 29,000 take under one since
+    # issue 30), cancelled while the accountant computes
     slow = json.dumps(
         {
             "op": "calibrate",
             "scheme": "poisson",
             "target_epsilon": 1.0,
             "delta": 1e-6,
-            "steps": 29000,
-            "sampling_rate": 0.000344,
+            "steps": 300000,
+            "sampling_rate": 0.0001,
         }
     )
     conn.execute("SET statement_timeout = '300ms'")
