@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "erm_solver.h"
 #include "linalg.h"
 #include "objective.h"
 #include "sgd.h"
@@ -91,9 +92,8 @@ dpsql_glm_state_combine(double *a, const double *b, size_t len)
 	return DPSQL_OK;
 }
 
-/* l(z, y), l' and l'' in z. */
-static double
-glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
+double
+dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
 {
 	double		m,
 				r,
@@ -149,46 +149,14 @@ void
 dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y, int y_null,
 				  double *sums)
 {
-	int			p = g->p;
-	int			d = p - g->intercept;
-	double		xr[DPSQL_GLM_MAX_DIM];
-	double		z = 0.0,
-				d1,
-				d2,
-				scale;
-	int			j,
-				k;
+	double		xr[DPSQL_GLM_MAX_DIM],
+				yr,
+				wr;
 
+	/* the solver's kernel on one row: the bits of the rows kept in memory (erm_solver.h) */
 	sums[0] += 1.0;
-	if (x == NULL || y_null || !isfinite(y))
-		return;
-	if (g->loss == DPSQL_GLM_HUBER_REG)
-		y = fmin(fmax(y, -g->y_bound), g->y_bound);
-	else if (y != 1.0 && y != -1.0)
-		return;
-	scale = dpsql_clip_scale(x, d, g->x_bound);
-	if (isnan(scale))
-		return;
-	/* one loop over all p entries (the intercept's, at d, is 1) */
-	for (j = 0; j < p; j++)
-		xr[j] = j < d ? x[j] * scale : 1.0;
-	for (j = 0; j < p; j++)
-		z += xr[j] * theta[j];
-	sums[1] += glm_loss(g, z, y, &d1, &d2);
-	for (j = 0; j < p; j++)
-		sums[2 + j] += d1 * xr[j];
-	if (d2 != 0.0)
-	{
-		double	   *hess = sums + 2 + p;
-
-		for (j = 0; j < p; j++)
-		{
-			double		a = d2 * xr[j];
-
-			for (k = 0; k < p; k++)
-				hess[j * p + k] += a * xr[k];
-		}
-	}
+	dpsql_glm_prepare_row(g, x, y, y_null, xr, &yr, &wr);
+	dpsql_glm_sums_rows(g, theta, xr, &yr, &wr, 1, 1, sums);
 }
 
 double

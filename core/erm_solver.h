@@ -1,0 +1,104 @@
+/*
+ * erm_solver.h - the fixed-work Newton solver of the ERM toolbox (objective and output
+ * perturbation, 45_erm_solver.sql; the GLM and its sums: objective.h).
+ *
+ * The solver's work is a function of public numbers only (n, p, the registration and the
+ * public step count S), never of the rows: S Newton steps, each one evaluation of J, grad J
+ * and the Hessian at theta (dpsql_glm_sums_rows) and one line-search evaluation of J at the
+ * DPSQL_GLM_LINE_STEPS fixed step sizes 1, 1/2, ..., 2^-(DPSQL_GLM_LINE_STEPS-1) along the
+ * Newton direction (dpsql_glm_line_rows, all computed; then the first acceptable one is
+ * taken, dpsql_glm_line_choose), then one last evaluation of J and grad J for the certificate.
+ * Once ||grad J|| <= tolerance, theta is kept: later steps do the same work and discard it.
+ *
+ * Every sum runs over the rows in their order, one row at a time for each entry (the Hessian
+ * with fma, which is exact to one rounding on any CPU), so rows split into any calls (one per
+ * scanned row, or all the rows kept in memory) give the same bits.
+ */
+#ifndef DPSQL_ERM_SOLVER_H
+#define DPSQL_ERM_SOLVER_H
+
+#include <stddef.h>
+
+#include "objective.h"
+#include "status.h"
+
+/* Step sizes tried by each line search: 2^-k, k = 0 .. DPSQL_GLM_LINE_STEPS - 1. */
+#define DPSQL_GLM_LINE_STEPS 16
+
+/* The public cap on S (a data owner's option; the default is in 45_erm_solver.sql). */
+#define DPSQL_GLM_MAX_NEWTON_STEPS 100
+
+/*
+ * One row as every pass reads it: xr (p doubles) the features clipped to x_bound with the
+ * intercept's 1 appended, *yr the label (clamped for Huber regression), *wr its weight: 1, or
+ * 0 for the zero record (x NULL, a NaN/Inf feature or label, a classification label other than
+ * +-1; then xr = 0 and *yr = 1). The zero record counts in n and adds nothing, but costs a
+ * row's arithmetic like any other (the work does not depend on which rows are malformed).
+ * Returns *wr.
+ */
+double		dpsql_glm_prepare_row(const DpsqlGlm *g, const double *x, double y, int y_null,
+								  double *xr, double *yr, double *wr);
+
+/*
+ * Adds the loss, gradient and (hessian != 0) Hessian at theta of prepared rows (xs: rows x p,
+ * row-major) to sums [n, loss, gradient (p), Hessian (p x p)] (n is not touched). Only the
+ * Hessian's upper triangle is meaningful until dpsql_glm_sums_symmetrize.
+ */
+void		dpsql_glm_sums_rows(const DpsqlGlm *g, const double *theta, const double *xs,
+								const double *ys, const double *ws, size_t rows, int hessian,
+								double *sums);
+
+/* Copies the Hessian's upper triangle to its lower one. */
+void		dpsql_glm_sums_symmetrize(double *sums, int p);
+
+/* Doubles in the line sums: [n, loss at each step size (DPSQL_GLM_LINE_STEPS), the loss
+ * gradient at step 1 (p)]. */
+int			dpsql_glm_line_length(int p);
+
+/* Adds prepared rows' line sums along direction from theta (n is not touched). */
+void		dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direction,
+								const double *xs, const double *ys, const double *ws, size_t rows,
+								double *line);
+
+/*
+ * The state of one line-search scan: [p, loss, param, y_bound, x_bound, intercept (the header
+ * of objective.h's scan state), theta (p), direction (p), line sums]. Read checks every field:
+ * DPSQL_OK or DPSQL_E_STATE; combine adds b's sums into a (same header, theta and direction, else
+ * DPSQL_E_STATE_MISMATCH).
+ */
+size_t		dpsql_glm_line_state_length(int p);
+void		dpsql_glm_line_state_init(double *state, const DpsqlGlm *g, const double *theta,
+									  const double *direction);
+DpsqlStatus dpsql_glm_line_state_read(const double *state, size_t len, DpsqlGlm *g);
+DpsqlStatus dpsql_glm_line_state_combine(double *a, const double *b, size_t len);
+
+/*
+ * The step from the line sums, given J(theta) (objective), ||grad J(theta)|| and the slope
+ * <grad J, d> of dpsql_glm_newton: the first step size t with J(theta + t d) <= J(theta) +
+ * 1e-4 t slope (Armijo), or t = 1 when the full step halves ||grad J|| without raising J beyond
+ * rounding (1e-12 relative; near the optimum rounding hides J's decrease, and a shrinking
+ * gradient alone would let Newton cycle on the piecewise-quadratic Huber losses). next =
+ * theta + t d, or theta when no step size passes. *taken: the index of t, or -1.
+ * DPSQL_E_PARAM on bad sizes or non-finite input (next untouched).
+ */
+DpsqlStatus dpsql_glm_line_choose(const double *line, int p, const double *theta,
+								  const double *direction, double reg, const double *b,
+								  double objective, double grad_norm, double slope, double *next,
+								  int *taken);
+
+/* Doubles of work dpsql_glm_solve_rows needs. */
+size_t		dpsql_glm_solve_work_length(int p);
+
+/*
+ * The whole solve over prepared rows kept in memory, from theta = 0: S = steps Newton steps
+ * and the last certificate evaluation, in the order of the scanned path, whatever the rows.
+ * theta (p) receives the last iterate, *grad_norm its ||grad J||, *passes the evaluations over
+ * the rows made (2 S + 1, always). DPSQL_E_PARAM on bad settings, DPSQL_E_DIVERGED if a Newton
+ * system is singular (reg > 0 prevents it).
+ */
+DpsqlStatus dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys,
+								 const double *ws, size_t rows, double reg, const double *b, double tolerance,
+								 int steps, double *theta, double *grad_norm, int *passes,
+								 double *work);
+
+#endif
