@@ -186,7 +186,7 @@ def test_coupling_on_adversarial_neighbours(conn, scratch_schema, loss) -> None:
         "p": 4,
         "regularizer": 5.0,
         "tolerance": 1e-10,
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     (L,) = conn.execute(
         "SELECT lipschitz FROM dpsql_internal._glm_constants(%s, %s, 2, %s, true, 4)",
@@ -242,7 +242,7 @@ def test_output_perturbation_sensitivity_agrees_with_the_bolt_on(conn, scratch_s
         "p": 3,
         "regularizer": n * lam,
         "tolerance": 1e-10,
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     a = _solve(conn, _table(conn, scratch_schema, X, y), plan, None)
     c = _solve(conn, _table(conn, scratch_schema, X2, y2), plan, None)
@@ -281,7 +281,7 @@ def test_gaussian_variant_and_huber(conn, binary) -> None:
 
 def test_huber_newton_does_not_cycle(conn, binary) -> None:
     """Noise seed 25 made Newton cycle between two points on the Huber SVM objective (a step
-    accepted because the gradient shrank while the objective rose) until max_scans: the fit
+    accepted because the gradient shrank while the objective rose) until the scan cap: the fit
     released nothing in ~1% of calls. Descent now never raises the objective (the scan count
     is no longer released: test_solver_certifies_adversarial_neighbours checks the solver)."""
     ds, source, X, y = binary
@@ -300,12 +300,12 @@ def test_huber_regression(conn, regression) -> None:
 
 
 def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) -> None:
-    """Whether Newton certifies depends on the rows (issue 24): a data owner's tiny max_scans
+    """Whether Newton certifies depends on the rows (issue 24): a data owner's tiny newton_steps
     releases the last iterate with the same noise, and no field says it was uncertified."""
     ds, source, X, y = binary
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m = _train(conn, source, options={"max_scans": 1})
+        m = _train(conn, source, options={"newton_steps": 1})
     assert m is not None and np.all(np.isfinite(m["weights"]))
     assert "certified" not in m["params"]["privacy"] and "scans" not in m["params"]["privacy"]
     (note,) = conn.execute(
@@ -322,8 +322,8 @@ def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) ->
         (dict(model="multinomial"), "not 'multinomial'"),
         (dict(options={"bogus": 1}), "unknown options"),
         (dict(options={"radius": -1}), "radius"),
-        (dict(options={"max_scans": 2.5}), "max_scans"),
-        (dict(options={"max_scans": 0}), "max_scans"),
+        (dict(options={"newton_steps": 2.5}), "newton_steps"),
+        (dict(options={"newton_steps": 0}), "newton_steps"),
         (dict(huber_h=2.0, model="huber"), "huber_h"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(lambda_=-1.0), "lambda"),
@@ -381,7 +381,7 @@ def test_output_perturbation_release_is_minimiser_plus_calibrated_noise(
         "p": 4,
         "regularizer": info["regularizer"],
         "tolerance": info["tolerance"],
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     exact = _solve(conn, _table(conn, scratch_schema, X, 2 * y - 1), plan, None)
     (noise, scale) = conn.execute(
