@@ -8,11 +8,17 @@
 #include "erm_solver.h"
 #include "sgd.h"
 
-/* Rows per Hessian block: the block's rows stay in L1 while each tile of a Hessian row is in
- * registers (32 KB at p = 128). */
-#define GLM_BLOCK 32
-/* Columns per tile: four AVX-512 or eight AVX2 accumulators. */
-#define GLM_TILE 32
+/* Rows per Hessian block of the in-memory path (the block's rows and their A = c x stay in
+ * L2 while each 4 x 16 tile of the Hessian is in registers). */
+#define GLM_BLOCK 64
+/* The in-memory rows' stride: p rounded up to the tile width (zeros after p). */
+#define GLM_PAD 16
+
+int
+dpsql_glm_row_stride(int p)
+{
+	return (p + GLM_PAD - 1) / GLM_PAD * GLM_PAD;
+}
 
 double
 dpsql_glm_prepare_row(const DpsqlGlm *g, const double *x, double y, int y_null, double *xr,
@@ -44,100 +50,182 @@ dpsql_glm_prepare_row(const DpsqlGlm *g, const double *x, double y, int y_null, 
 }
 
 /*
- * h[j][k] += (c_i x_ij) x_ik over the block's rows i in order, for k >= j (k = j - 1 too on
- * odd tiles: harmless, the lower triangle is overwritten by the symmetrisation). Each entry is
- * a chain of fma in row order whatever the tiling or the CPU: the bits of a block of one row.
+ * <x, v> over p entries as eight partial sums (entry j in sum j mod 8) added in a fixed tree:
+ * no serial chain of p adds, the same bits wherever it runs (no contraction, lanes
+ * independent).
+ */
+static inline double
+glm_dot(const double *x, const double *v, int p)
+{
+	double		acc[8] = {0.0};
+	int			j = 0,
+				t;
+
+	for (; j + 8 <= p; j += 8)
+		for (t = 0; t < 8; t++)
+			acc[t] += x[j + t] * v[j + t];
+	for (t = 0; j < p; j++, t++)
+		acc[t] += x[j] * v[j];
+	return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* One row's loss and gradient at z = <x, theta> into sums; returns its Hessian weight w l''. */
+static inline double
+glm_row_first_order(const DpsqlGlm *g, double z, const double *xr, double y, double w,
+					double *sums)
+{
+	int			p = g->p;
+	double		d1,
+				d2,
+				l;
+	int			j;
+
+	l = dpsql_glm_loss(g, z, y, &d1, &d2);
+	sums[1] += w * l;
+	d1 *= w;
+	for (j = 0; j < p; j++)
+		sums[2 + j] += d1 * xr[j];
+	return w * d2;
+}
+
+/*
+ * The Hessian's entries are chains of fma in row order, h = fma(c x_j, x_k, h), on either
+ * path: the bits do not depend on the blocking. fma is exact to one rounding on any CPU (the
+ * FMA unit of the x86-64-v3/v4 clones; libm's elsewhere, correct but slow).
  */
 #if defined(__x86_64__) && !defined(__clang__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static void
-glm_hessian_block(double *h, int p, const double *const *rows, const double *c, int count)
+glm_hessian_row(double *h, int p, double c, const double *xr)
 {
-	int			j,
-				k0,
-				i,
-				t;
-
-	for (j = 0; j < p; j++)
+	for (int j = 0; j < p; j++)
 	{
+		double		a = c * xr[j];
 		double	   *hj = h + (size_t) j * p;
 
-		for (k0 = j; k0 < p; k0 += GLM_TILE)
+		for (int k = j; k < p; k++)
+			hj[k] = fma(a, xr[k], hj[k]);
+	}
+}
+
+/*
+ * acc[j][k] (stride P, a multiple of 16) += a_ij x_ik over the block's rows i in order, for
+ * 4 x 16 tiles covering k >= j (some entries below the diagonal and in the padding too: never
+ * read). a = c x, x: count rows of stride P.
+ */
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+static void
+glm_hessian_block(double *acc, int stride, const double *a, const double *x, int count)
+{
+	for (int jb = 0; jb < stride; jb += 4)
+	{
+		for (int k0 = jb / GLM_PAD * GLM_PAD; k0 < stride; k0 += GLM_PAD)
 		{
-			if (p - k0 >= GLM_TILE)
+			double		c0[GLM_PAD],
+						c1[GLM_PAD],
+						c2[GLM_PAD],
+						c3[GLM_PAD];
+			double	   *h = acc + (size_t) jb * stride + k0;
+			int			t;
+
+			for (t = 0; t < GLM_PAD; t++)
 			{
-				double		acc[GLM_TILE];
-
-				for (t = 0; t < GLM_TILE; t++)
-					acc[t] = hj[k0 + t];
-				for (i = 0; i < count; i++)
-				{
-					const double *xi = rows[i] + k0;
-					double		a = c[i] * rows[i][j];
-
-					for (t = 0; t < GLM_TILE; t++)
-						acc[t] = fma(a, xi[t], acc[t]);
-				}
-				for (t = 0; t < GLM_TILE; t++)
-					hj[k0 + t] = acc[t];
+				c0[t] = h[t];
+				c1[t] = h[stride + t];
+				c2[t] = h[2 * stride + t];
+				c3[t] = h[3 * stride + t];
 			}
-			else
+			for (int i = 0; i < count; i++)
 			{
-				int			w = p - k0;
+				const double *xi = x + (size_t) i * stride + k0;
+				const double *ai = a + (size_t) i * stride + jb;
+				double		a0 = ai[0],
+							a1 = ai[1],
+							a2 = ai[2],
+							a3 = ai[3];
 
-				for (i = 0; i < count; i++)
+				for (t = 0; t < GLM_PAD; t++)
 				{
-					const double *xi = rows[i] + k0;
-					double		a = c[i] * rows[i][j];
-
-					for (t = 0; t < w; t++)
-						hj[k0 + t] = fma(a, xi[t], hj[k0 + t]);
+					c0[t] = fma(a0, xi[t], c0[t]);
+					c1[t] = fma(a1, xi[t], c1[t]);
+					c2[t] = fma(a2, xi[t], c2[t]);
+					c3[t] = fma(a3, xi[t], c3[t]);
 				}
+			}
+			for (t = 0; t < GLM_PAD; t++)
+			{
+				h[t] = c0[t];
+				h[stride + t] = c1[t];
+				h[2 * stride + t] = c2[t];
+				h[3 * stride + t] = c3[t];
 			}
 		}
 	}
 }
 
 void
-dpsql_glm_sums_rows(const DpsqlGlm *g, const double *theta, const double *xs, const double *ys,
-					const double *ws, size_t rows, int hessian, double *sums)
+dpsql_glm_add_row_prepared(const DpsqlGlm *g, const double *theta, const double *xr, double y,
+						   double w, double *sums)
 {
-	int			p = g->p;
-	const double *block[GLM_BLOCK];
-	double		curv[GLM_BLOCK];
+	double		c = glm_row_first_order(g, glm_dot(xr, theta, g->p), xr, y, w, sums);
+
+	glm_hessian_row(sums + 2 + g->p, g->p, c, xr);
+}
+
+size_t
+dpsql_glm_sums_work_length(int p)
+{
+	int			stride = dpsql_glm_row_stride(p);
+
+	return (size_t) stride * stride + (size_t) GLM_BLOCK * stride;
+}
+
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+void
+dpsql_glm_sums_rows(const DpsqlGlm *g, const double *theta, const double *xs, const double *ys,
+					const double *ws, size_t rows, int hessian, double *sums, double *zs,
+					double *work)
+{
+	int			p = g->p,
+				stride = dpsql_glm_row_stride(p);
+	double	   *acc = work;
+	double	   *a = work + (size_t) stride * stride;
+	const double *first = xs;
 	int			count = 0;
 	size_t		r;
-	int			j;
 
+	if (hessian)
+		memset(acc, 0, sizeof(double) * (size_t) stride * stride);
 	for (r = 0; r < rows; r++)
 	{
-		const double *xr = xs + r * (size_t) p;
-		double		z = 0.0,
-					d1,
-					d2,
-					w = ws[r],
-					l;
+		const double *xr = xs + r * (size_t) stride;
+		double		z = glm_dot(xr, theta, p),
+					c = glm_row_first_order(g, z, xr, ys[r], ws[r], sums);
 
-		for (j = 0; j < p; j++)
-			z += xr[j] * theta[j];
-		l = dpsql_glm_loss(g, z, ys[r], &d1, &d2);
-		sums[1] += w * l;
-		d1 *= w;
-		for (j = 0; j < p; j++)
-			sums[2 + j] += d1 * xr[j];
+		if (zs)
+			zs[r] = z;
 		if (!hessian)
 			continue;
-		block[count] = xr;
-		curv[count++] = w * d2;
-		if (count == GLM_BLOCK)
+		for (int j = 0; j < stride; j++)
+			a[(size_t) count * stride + j] = c * xr[j];
+		if (++count == GLM_BLOCK || r + 1 == rows)
 		{
-			glm_hessian_block(sums + 2 + p, p, block, curv, count);
+			glm_hessian_block(acc, stride, a, first, count);
 			count = 0;
+			first = xr + stride;
 		}
 	}
-	if (count > 0)
-		glm_hessian_block(sums + 2 + p, p, block, curv, count);
+	if (!hessian)
+		return;
+	/* the sums' Hessian (zero before the pass) is the accumulator's upper triangle */
+	for (int j = 0; j < p; j++)
+		for (int k = j; k < p; k++)
+			sums[2 + p + (size_t) j * p + k] += acc[(size_t) j * stride + k];
 }
 
 void
@@ -151,17 +239,30 @@ dpsql_glm_sums_symmetrize(double *sums, int p)
 }
 
 int
+dpsql_glm_line_steps(const DpsqlGlm *g)
+{
+	/* logistic: 1 .. 1/128 (its l'' falls away from the margin: Newton undershoots more than it
+	 * overshoots, and every step measured took t = 1); the Huber losses, whose Newton steps from
+	 * a point without curvature overshoot far, 1 .. 2^-15 (and they cost no exp) */
+	return g->loss == DPSQL_GLM_LOGISTIC ? 8 : DPSQL_GLM_LINE_STEPS;
+}
+
+int
 dpsql_glm_line_length(int p)
 {
 	return 1 + DPSQL_GLM_LINE_STEPS + p;
 }
 
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 void
 dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direction,
-					const double *xs, const double *ys, const double *ws, size_t rows,
-					double *line)
+					const double *xs, int stride, const double *ys, const double *ws,
+					const double *zs, size_t rows, double *line)
 {
 	int			p = g->p;
+	int			steps = dpsql_glm_line_steps(g);
 	double	   *grad = line + 1 + DPSQL_GLM_LINE_STEPS;
 	size_t		r;
 	int			j,
@@ -169,19 +270,15 @@ dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direct
 
 	for (r = 0; r < rows; r++)
 	{
-		const double *xr = xs + r * (size_t) p;
-		double		z = 0.0,
-					dz = 0.0,
+		const double *xr = xs + r * (size_t) stride;
+		double		z = zs ? zs[r] : glm_dot(xr, theta, p),
+					dz = glm_dot(xr, direction, p),
 					d1,
 					d2,
 					w = ws[r];
 
-		for (j = 0; j < p; j++)
-			z += xr[j] * theta[j];
-		for (j = 0; j < p; j++)
-			dz += xr[j] * direction[j];
 		/* every step size, whichever will be taken: the work does not depend on the rows */
-		for (k = 0; k < DPSQL_GLM_LINE_STEPS; k++)
+		for (k = 0; k < steps; k++)
 		{
 			double		l = dpsql_glm_loss(g, z + ldexp(1.0, -k) * dz, ys[r], &d1, &d2);
 
@@ -257,16 +354,17 @@ dpsql_glm_line_state_combine(double *a, const double *b, size_t len)
 }
 
 DpsqlStatus
-dpsql_glm_line_choose(const double *line, int p, const double *theta, const double *direction,
-					  double reg, const double *b, double objective, double grad_norm,
-					  double slope, double *next, int *taken)
+dpsql_glm_line_choose(const double *line, int p, int steps, const double *theta,
+					  const double *direction, double reg, const double *b, double objective,
+					  double grad_norm, double slope, double *next, int *taken)
 {
 	const double *grad = line + 1 + DPSQL_GLM_LINE_STEPS;
 	int			k,
 				j;
 
 	*taken = -1;
-	if (p < 1 || p > DPSQL_GLM_MAX_DIM || !(reg >= 0.0 && isfinite(reg)) ||
+	if (p < 1 || p > DPSQL_GLM_MAX_DIM || steps < 1 || steps > DPSQL_GLM_LINE_STEPS ||
+		!(reg >= 0.0 && isfinite(reg)) ||
 		!isfinite(objective) || !isfinite(grad_norm) || !isfinite(slope))
 		return DPSQL_E_PARAM;
 	for (j = 0; j < dpsql_glm_line_length(p); j++)
@@ -275,7 +373,7 @@ dpsql_glm_line_choose(const double *line, int p, const double *theta, const doub
 	for (j = 0; j < p; j++)
 		if (!isfinite(theta[j]) || !isfinite(direction[j]) || (b && !isfinite(b[j])))
 			return DPSQL_E_PARAM;
-	for (k = 0; k < DPSQL_GLM_LINE_STEPS; k++)
+	for (k = 0; k < steps; k++)
 	{
 		double		t = ldexp(1.0, -k),
 					sq = 0.0,
@@ -318,15 +416,16 @@ dpsql_glm_line_choose(const double *line, int p, const double *theta, const doub
 size_t
 dpsql_glm_solve_work_length(int p)
 {
-	/* sums, the Newton system, the direction, the line sums, the next iterate */
+	/* sums, the Newton system, the direction, the line sums, the next iterate, the kernel's
+	 * (the rows' scores <x, theta> are the caller's: rows doubles) */
 	return (size_t) dpsql_glm_sums_length(p) + (size_t) p * p + p + p +
-		dpsql_glm_line_length(p) + p;
+		dpsql_glm_line_length(p) + p + dpsql_glm_sums_work_length(p);
 }
 
 DpsqlStatus
 dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, const double *ws,
 					 size_t rows, double reg, const double *b, double tolerance, int steps,
-					 double *theta, double *grad_norm, int *passes, double *work)
+					 double *theta, double *grad_norm, int *passes, double *work, double *zs)
 {
 	int			p = g->p;
 	double	   *sums = work;
@@ -334,6 +433,8 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 	double	   *direction = system + (size_t) p * p + p;
 	double	   *line = direction + p;
 	double	   *next = line + dpsql_glm_line_length(p);
+	double	   *kernel = next + p;
+	int			stride = dpsql_glm_row_stride(p);
 	double		objective,
 				slope,
 				g2 = 0.0;
@@ -352,7 +453,7 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 	{
 		memset(sums, 0, sizeof(double) * (size_t) dpsql_glm_sums_length(p));
 		sums[0] = (double) rows;
-		dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 1, sums);
+		dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 1, sums, zs, kernel);
 		dpsql_glm_sums_symmetrize(sums, p);
 		++*passes;
 		st = dpsql_glm_newton(sums, p, theta, reg, b, direction, &objective, grad_norm, &slope,
@@ -361,10 +462,10 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 			return st;
 		memset(line, 0, sizeof(double) * (size_t) dpsql_glm_line_length(p));
 		line[0] = (double) rows;
-		dpsql_glm_line_rows(g, theta, direction, xs, ys, ws, rows, line);
+		dpsql_glm_line_rows(g, theta, direction, xs, stride, ys, ws, zs, rows, line);
 		++*passes;
-		st = dpsql_glm_line_choose(line, p, theta, direction, reg, b, objective, *grad_norm,
-								   slope, next, &taken);
+		st = dpsql_glm_line_choose(line, p, dpsql_glm_line_steps(g), theta, direction, reg, b,
+								   objective, *grad_norm, slope, next, &taken);
 		if (st != DPSQL_OK)
 			return st;
 		/* a certified iterate is kept: the step's work is done and discarded */
@@ -373,7 +474,7 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 	}
 	/* the certificate at the last iterate (the gradient only: its bits are the full sums') */
 	memset(sums, 0, sizeof(double) * (size_t) dpsql_glm_sums_length(p));
-	dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 0, sums);
+	dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 0, sums, NULL, kernel);
 	++*passes;
 	for (j = 0; j < p; j++)
 	{

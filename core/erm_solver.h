@@ -5,8 +5,8 @@
  * The solver's work is a function of public numbers only (n, p, the registration and the
  * public step count S), never of the rows: S Newton steps, each one evaluation of J, grad J
  * and the Hessian at theta (dpsql_glm_sums_rows) and one line-search evaluation of J at the
- * DPSQL_GLM_LINE_STEPS fixed step sizes 1, 1/2, ..., 2^-(DPSQL_GLM_LINE_STEPS-1) along the
- * Newton direction (dpsql_glm_line_rows, all computed; then the first acceptable one is
+ * fixed step sizes 1, 1/2, ..., 2^-(m-1) along the Newton direction (m = dpsql_glm_line_steps:
+ * a function of the loss; dpsql_glm_line_rows, all computed; then the first acceptable one is
  * taken, dpsql_glm_line_choose), then one last evaluation of J and grad J for the certificate.
  * Once ||grad J|| <= tolerance, theta is kept: later steps do the same work and discard it.
  *
@@ -22,8 +22,15 @@
 #include "objective.h"
 #include "status.h"
 
-/* Step sizes tried by each line search: 2^-k, k = 0 .. DPSQL_GLM_LINE_STEPS - 1. */
+/* The most step sizes a line search tries (2^-k, k = 0 .. m - 1, m <= this). */
 #define DPSQL_GLM_LINE_STEPS 16
+
+/* m, the step sizes each line search of this loss tries: 8 (logistic) or 16 (the Huber
+ * losses). Public: the loss decides. */
+int			dpsql_glm_line_steps(const DpsqlGlm *g);
+
+/* The in-memory rows' stride: p rounded up to 16 (the rows zero-padded). */
+int			dpsql_glm_row_stride(int p);
 
 /* The public cap on S (a data owner's option; the default is in 45_erm_solver.sql). */
 #define DPSQL_GLM_MAX_NEWTON_STEPS 100
@@ -39,14 +46,23 @@
 double		dpsql_glm_prepare_row(const DpsqlGlm *g, const double *x, double y, int y_null,
 								  double *xr, double *yr, double *wr);
 
+/* Adds one prepared row's loss, gradient and Hessian (upper triangle) at theta to sums
+ * (n is not touched): the scanned path's transition. */
+void		dpsql_glm_add_row_prepared(const DpsqlGlm *g, const double *theta, const double *xr,
+									   double y, double w, double *sums);
+
 /*
- * Adds the loss, gradient and (hessian != 0) Hessian at theta of prepared rows (xs: rows x p,
- * row-major) to sums [n, loss, gradient (p), Hessian (p x p)] (n is not touched). Only the
- * Hessian's upper triangle is meaningful until dpsql_glm_sums_symmetrize.
+ * Adds the loss, gradient and (hessian != 0) Hessian at theta of prepared rows (xs: rows of
+ * stride dpsql_glm_row_stride(p), zero-padded) to sums [n, loss, gradient (p), Hessian
+ * (p x p)] whose Hessian is zero (n is not touched): the bits of dpsql_glm_add_row_prepared
+ * row by row. zs (rows doubles, or NULL) receives each row's <x, theta> for
+ * dpsql_glm_line_rows at the same theta. Only the Hessian's upper triangle is meaningful until
+ * dpsql_glm_sums_symmetrize. work: dpsql_glm_sums_work_length(p) doubles.
  */
+size_t		dpsql_glm_sums_work_length(int p);
 void		dpsql_glm_sums_rows(const DpsqlGlm *g, const double *theta, const double *xs,
 								const double *ys, const double *ws, size_t rows, int hessian,
-								double *sums);
+								double *sums, double *zs, double *work);
 
 /* Copies the Hessian's upper triangle to its lower one. */
 void		dpsql_glm_sums_symmetrize(double *sums, int p);
@@ -55,10 +71,12 @@ void		dpsql_glm_sums_symmetrize(double *sums, int p);
  * gradient at step 1 (p)]. */
 int			dpsql_glm_line_length(int p);
 
-/* Adds prepared rows' line sums along direction from theta (n is not touched). */
+/* Adds prepared rows' (stride apart) line sums along direction from theta at the loss's m
+ * step sizes (n is not touched; the other step sizes' entries stay 0). zs: the rows' <x, theta>
+ * from dpsql_glm_sums_rows at this theta (the same bits), or NULL to compute them. */
 void		dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direction,
-								const double *xs, const double *ys, const double *ws, size_t rows,
-								double *line);
+								const double *xs, int stride, const double *ys, const double *ws,
+								const double *zs, size_t rows, double *line);
 
 /*
  * The state of one line-search scan: [p, loss, param, y_bound, x_bound, intercept (the header
@@ -73,7 +91,7 @@ DpsqlStatus dpsql_glm_line_state_read(const double *state, size_t len, DpsqlGlm 
 DpsqlStatus dpsql_glm_line_state_combine(double *a, const double *b, size_t len);
 
 /*
- * The step from the line sums, given J(theta) (objective), ||grad J(theta)|| and the slope
+ * The step from the line sums of m = steps step sizes, given J(theta) (objective), ||grad J(theta)|| and the slope
  * <grad J, d> of dpsql_glm_newton: the first step size t with J(theta + t d) <= J(theta) +
  * 1e-4 t slope (Armijo), or t = 1 when the full step halves ||grad J|| without raising J beyond
  * rounding (1e-12 relative; near the optimum rounding hides J's decrease, and a shrinking
@@ -81,7 +99,7 @@ DpsqlStatus dpsql_glm_line_state_combine(double *a, const double *b, size_t len)
  * theta + t d, or theta when no step size passes. *taken: the index of t, or -1.
  * DPSQL_E_PARAM on bad sizes or non-finite input (next untouched).
  */
-DpsqlStatus dpsql_glm_line_choose(const double *line, int p, const double *theta,
+DpsqlStatus dpsql_glm_line_choose(const double *line, int p, int steps, const double *theta,
 								  const double *direction, double reg, const double *b,
 								  double objective, double grad_norm, double slope, double *next,
 								  int *taken);
@@ -90,7 +108,8 @@ DpsqlStatus dpsql_glm_line_choose(const double *line, int p, const double *theta
 size_t		dpsql_glm_solve_work_length(int p);
 
 /*
- * The whole solve over prepared rows kept in memory, from theta = 0: S = steps Newton steps
+ * The whole solve over prepared rows kept in memory (stride dpsql_glm_row_stride(p)), from
+ * theta = 0: S = steps Newton steps
  * and the last certificate evaluation, in the order of the scanned path, whatever the rows.
  * theta (p) receives the last iterate, *grad_norm its ||grad J||, *passes the evaluations over
  * the rows made (2 S + 1, always). DPSQL_E_PARAM on bad settings, DPSQL_E_DIVERGED if a Newton
@@ -99,6 +118,6 @@ size_t		dpsql_glm_solve_work_length(int p);
 DpsqlStatus dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys,
 								 const double *ws, size_t rows, double reg, const double *b, double tolerance,
 								 int steps, double *theta, double *grad_norm, int *passes,
-								 double *work);
+								 double *work, double *zs);
 
 #endif

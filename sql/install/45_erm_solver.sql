@@ -81,8 +81,9 @@ CREATE OR REPLACE FUNCTION dpsql_internal._glm_line_final(state float8[])
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_glm_line_final'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
--- The line search's scan: [n, the GLM loss at theta + 2^-k direction for k = 0 .. 15, the
--- loss gradient at theta + direction (p)] over the rows (noiseless: never released); rows and
+-- The line search's scan: [n, the GLM loss at theta + 2^-k direction for k = 0 .. m - 1 (m: 8
+-- logistic, 16 the Huber losses; then zeros up to 16), the loss gradient at theta + direction
+-- (p)] over the rows (noiseless: never released); rows and
 -- settings as _glm_sums. NULL when there are no rows.
 CREATE OR REPLACE AGGREGATE dpsql_internal._glm_line(x float8[], y float8, theta float8[],
                                                      direction float8[], loss int, param float8,
@@ -95,12 +96,13 @@ CREATE OR REPLACE AGGREGATE dpsql_internal._glm_line(x float8[], y float8, theta
     PARALLEL = SAFE
 );
 
--- theta + t direction for the first step size t the line sums accept (Armijo, or the full
--- step when it halves ||grad J|| without raising J beyond rounding), else theta.
+-- theta + t direction for the first of the loss's step sizes t the line sums accept (Armijo,
+-- or the full step when it halves ||grad J|| without raising J beyond rounding), else theta.
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_line_choose(line float8[], theta float8[],
                                                            direction float8[], reg float8,
                                                            b float8[], objective float8,
-                                                           grad_norm float8, slope float8)
+                                                           grad_norm float8, slope float8,
+                                                           loss int)
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_glm_line_choose_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
@@ -134,14 +136,14 @@ CREATE OR REPLACE AGGREGATE dpsql_internal._glm_solve_rows(x float8[], y float8,
 
 -- Whether _erm_solve keeps the rows in memory: a local table (Citus pushes each evaluation's
 -- sums down instead) of at most dpsql.sampling_memory as prepared rows (p features with the
--- intercept, the label and a weight). Public: n, p and the setting.
+-- intercept, padded to a multiple of 16, the label and a weight). Public: n, p and the setting.
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_in_memory(train_table text, n float8, p int)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     layout record := dpsql_internal._citus_layout(to_regclass(train_table));
 BEGIN
     RETURN n > 0 AND layout.dist_column IS NULL AND NOT layout.single_shard
-       AND n * (p + 2) * 8 <= pg_size_bytes(current_setting('dpsql.sampling_memory'));
+       AND n * ((p + 15) / 16 * 16 + 2) * 8 <= pg_size_bytes(current_setting('dpsql.sampling_memory'));
 END $$;
 
 -- L (sup of one example's gradient norm) and lambda_max (of its rank-1 Hessian).
@@ -336,7 +338,8 @@ BEGIN
                                        intercept;
         scans := scans + 2;
         next := dpsql_internal._glm_line_choose(line, theta, here.direction, reg, b,
-                                                here.objective, here.grad_norm, here.slope);
+                                                here.objective, here.grad_norm, here.slope,
+                                                loss);
         -- a certified iterate is kept (the step's work done and discarded)
         IF here.grad_norm > tolerance THEN
             theta := next;

@@ -150,7 +150,7 @@ dpsql_glm_line_transition(PG_FUNCTION_ARGS)
 							  PG_ARGISNULL(2) ? 0.0 : PG_GETARG_FLOAT8(2), PG_ARGISNULL(2),
 							  xr, &yr, &wr);
 		line[0] += 1.0;
-		dpsql_glm_line_rows(&g, s + HEADER, s + HEADER + g.p, xr, &yr, &wr, 1, line);
+		dpsql_glm_line_rows(&g, s + HEADER, s + HEADER + g.p, xr, g.p, &yr, &wr, NULL, 1, line);
 	}
 	PG_RETURN_POINTER(state);
 }
@@ -183,8 +183,9 @@ dpsql_glm_line_final(PG_FUNCTION_ARGS)
 
 /*
  * dpsql_internal._glm_line_choose(line float8[], theta float8[], direction float8[],
- *     reg float8, b float8[], objective float8, grad_norm float8, slope float8) -> float8[]:
- * theta + t direction for the first acceptable step size t, or theta.
+ *     reg float8, b float8[], objective float8, grad_norm float8, slope float8, loss int)
+ *     -> float8[]: theta + t direction for the first acceptable step size t of the loss's,
+ * or theta.
  */
 Datum
 dpsql_glm_line_choose_sql(PG_FUNCTION_ARGS)
@@ -199,9 +200,13 @@ dpsql_glm_line_choose_sql(PG_FUNCTION_ARGS)
 				taken;
 	ArrayType  *out;
 	DpsqlStatus st;
+	DpsqlGlm	g = {0};
 
 	dpsql_no_nulls(fcinfo, 0, 4, fn);
-	dpsql_no_nulls(fcinfo, 5, 8, fn);
+	dpsql_no_nulls(fcinfo, 5, 9, fn);
+	g.loss = PG_GETARG_INT32(8);
+	if (g.loss < DPSQL_GLM_LOGISTIC || g.loss > DPSQL_GLM_HUBER_REG)
+		dpsql_bad_argument(fn, "loss must be 1, 2 or 3.");
 	theta = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &p, "theta");
 	if (p < 1 || p > DPSQL_GLM_MAX_DIM)
 		dpsql_bad_argument(fn, "theta must have 1 to 512 coefficients.");
@@ -212,7 +217,7 @@ dpsql_glm_line_choose_sql(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(4))
 		b = finite_vector(fcinfo, 4, p, "b", fn);
 	out = dpsql_new_float8_array(p);
-	st = dpsql_glm_line_choose(line, p, theta, dir, PG_GETARG_FLOAT8(3), b,
+	st = dpsql_glm_line_choose(line, p, dpsql_glm_line_steps(&g), theta, dir, PG_GETARG_FLOAT8(3), b,
 							   PG_GETARG_FLOAT8(5), PG_GETARG_FLOAT8(6), PG_GETARG_FLOAT8(7),
 							   (double *) ARR_DATA_PTR(out), &taken);
 	if (st != DPSQL_OK)
@@ -279,7 +284,7 @@ static void
 glm_rows_grow(GlmRows *st, MemoryContext aggcontext)
 {
 	size_t		cap = st->cap == 0 ? 1024 : 2 * st->cap;
-	size_t		p = (size_t) st->g.p;
+	size_t		p = (size_t) dpsql_glm_row_stride(st->g.p);
 
 	if (st->cap == 0)
 	{
@@ -301,19 +306,22 @@ dpsql_glm_solve_rows_transition(PG_FUNCTION_ARGS)
 {
 	MemoryContext aggcontext;
 	GlmRows    *st;
-	size_t		p;
+	size_t		stride;
+	double	   *xr;
 
 	if (!AggCheckCallContext(fcinfo, &aggcontext))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _glm_solve_rows_transition called outside an aggregate")));
 	st = PG_ARGISNULL(0) ? glm_rows_begin(fcinfo, aggcontext) : (GlmRows *) PG_GETARG_POINTER(0);
-	p = (size_t) st->g.p;
+	stride = (size_t) dpsql_glm_row_stride(st->g.p);
 	if (st->rows == st->cap)
 		glm_rows_grow(st, aggcontext);
+	xr = st->xs + st->rows * stride;
 	dpsql_glm_prepare_row(&st->g, row_features(fcinfo, 1, st->g.p - st->g.intercept),
 						  PG_ARGISNULL(2) ? 0.0 : PG_GETARG_FLOAT8(2), PG_ARGISNULL(2),
-						  st->xs + st->rows * p, st->ys + st->rows, st->ws + st->rows);
+						  xr, st->ys + st->rows, st->ws + st->rows);
+	memset(xr + st->g.p, 0, sizeof(double) * (stride - (size_t) st->g.p));
 	st->rows++;
 	PG_RETURN_POINTER(st);
 }
@@ -326,6 +334,7 @@ dpsql_glm_solve_rows_final(PG_FUNCTION_ARGS)
 	int			p,
 				passes = 0;
 	double	   *work,
+			   *zs,
 			   *out_data,
 				grad_norm = 0.0;
 	ArrayType  *out;
@@ -338,10 +347,13 @@ dpsql_glm_solve_rows_final(PG_FUNCTION_ARGS)
 	out = dpsql_new_float8_array(p + 2);
 	out_data = (double *) ARR_DATA_PTR(out);
 	work = palloc(sizeof(double) * dpsql_glm_solve_work_length(p));
+	zs = palloc_extended(sizeof(double) * (st->rows > 0 ? st->rows : 1), MCXT_ALLOC_HUGE);
 	status = dpsql_glm_solve_rows(&st->g, st->xs, st->ys, st->ws, st->rows, st->reg, st->b,
-								  st->tolerance, st->steps, out_data, &grad_norm, &passes, work);
+								  st->tolerance, st->steps, out_data, &grad_norm, &passes, work,
+								  zs);
 	explicit_bzero(work, sizeof(double) * dpsql_glm_solve_work_length(p));
 	pfree(work);
+	pfree(zs);
 	if (status != DPSQL_OK)
 		dpsql_raise(status, "_glm_solve_rows");
 	/* public: S and the evaluations it implies, whatever the rows */
