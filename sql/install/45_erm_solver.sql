@@ -9,23 +9,24 @@
 --   J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>
 -- from theta = 0, and its work is a function of public numbers only (issue 30: a solver that
 -- stopped at its certificate took 5-9 scans depending on the rows, and the release's wall
--- time showed how many). Always S = options.newton_steps Newton steps (public; default 12),
--- each one evaluation of J, grad J and the Hessian at theta, then one evaluation of J at the
--- 16 step sizes 1, 1/2, ..., 2^-15 along the Newton direction (all of them; the first that
--- passes Armijo is taken), then one last evaluation of J and grad J: 2 S + 1 evaluations over
--- all the rows, malformed ones included. Once ||grad J|| <= tolerance (the certificate: then
--- ||theta - argmin J|| <= tolerance/reg, which the mechanisms' extra noise covers) theta is
--- kept, and the later steps' work is done and discarded. Whether and when it certified depend
--- on the rows: the mechanisms release neither, and release the last iterate either way (an
--- uncertified one is outside the proof, the documented approximation: Newton certified within
--- 4-8 steps on every dataset measured, quadratic convergence, so S = 12 leaves 4 to spare).
+-- time showed how many). Always S = options.newton_steps Newton steps (public; default
+-- _erm_newton_steps: 16, or 24 for the Huber SVM), each one evaluation of J, grad J and the
+-- Hessian at theta, then one evaluation of J at the m step sizes 1, 1/2, ..., 2^-(m-1) along the
+-- Newton direction (m = 8 for logistic, 16 for the Huber losses; all of them; the first that
+-- passes Armijo is taken, else theta stays), then one last evaluation of J and grad J: 2 S + 1
+-- evaluations over all the rows, malformed ones included (as zero rows). Once ||grad J|| <=
+-- tolerance (the certificate: then ||theta - argmin J|| <= tolerance/reg, which the mechanisms'
+-- extra noise covers) theta is kept, and the later steps' work is done and discarded. Whether
+-- and when it certified depend on the rows: the mechanisms release neither, and release the
+-- last iterate either way (an uncertified one is outside the proof, the documented
+-- approximation; the defaults leave 5-7 steps above the most any measured solve needed).
 --
 -- Where the evaluations run depends on public numbers only (_erm_in_memory: n, p,
 -- dpsql.sampling_memory and the table's layout): a local table whose rows fit is read by ONE
 -- scan that keeps the rows and solves in its final function (_glm_solve_rows); any other
 -- (larger, or on Citus: the sums are pushed down to the shards) takes 2 S + 1 scans
--- (_glm_sums, _glm_line). Both run the same C kernels over the rows in the same order: the
--- same model, bit for bit.
+-- (_glm_sums, _glm_line). Both compute every sum in the same order (each Hessian entry a chain
+-- of fma over the rows in their order): on a local table, the same model bit for bit.
 ------------------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_sums_transition(state float8[], x float8[], y float8,
@@ -134,16 +135,21 @@ CREATE OR REPLACE AGGREGATE dpsql_internal._glm_solve_rows(x float8[], y float8,
     FINALFUNC = dpsql_internal._glm_solve_rows_final
 );
 
+-- Whether n prepared rows of p coefficients (padded to a multiple of 16, the label and a
+-- weight: 8 (p' + 2) bytes each) fit in dpsql.sampling_memory.
+CREATE OR REPLACE FUNCTION dpsql_internal._glm_rows_fit(n float8, p int)
+RETURNS boolean AS 'MODULE_PATHNAME', 'dpsql_glm_rows_fit'
+LANGUAGE C STRICT STABLE PARALLEL SAFE;
+
 -- Whether _erm_solve keeps the rows in memory: a local table (Citus pushes each evaluation's
--- sums down instead) of at most dpsql.sampling_memory as prepared rows (p features with the
--- intercept, padded to a multiple of 16, the label and a weight). Public: n, p and the setting.
+-- sums down instead) whose rows fit (_glm_rows_fit). Public: n, p and the setting.
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_in_memory(train_table text, n float8, p int)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     layout record := dpsql_internal._citus_layout(to_regclass(train_table));
 BEGIN
     RETURN n > 0 AND layout.dist_column IS NULL AND NOT layout.single_shard
-       AND n * ((p + 15) / 16 * 16 + 2) * 8 <= pg_size_bytes(current_setting('dpsql.sampling_memory'));
+       AND dpsql_internal._glm_rows_fit(n, p);
 END $$;
 
 -- L (sup of one example's gradient norm) and lambda_max (of its rank-1 Hessian).
@@ -172,6 +178,15 @@ CREATE OR REPLACE FUNCTION dpsql_internal._erm_tolerance(lipschitz float8, n flo
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_erm_tolerance_sql'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
+-- S, the solver's default number of Newton steps for a loss (public: the model decides). On
+-- Protein's 72,876 rows (bench/objpert_solver.py, and the C kernels on 18 (regulariser, noise)
+-- pairs) Newton certified within 7-11 steps for logistic, 3-5 for Huber regression and 10-17 for
+-- the Huber SVM (its h-wide quadratic pieces: the active set settles slowly); MNIST and the test
+-- data take fewer. The defaults leave 5-7 steps to spare; each costs 2 evaluations.
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_newton_steps(loss int)
+RETURNS int LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE loss WHEN 2 THEN 24 ELSE 16 END;
+
 -- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
 -- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
 -- options.radius (a public bound on ||theta*||, default 10, for regression max(10, 2Y)) that
@@ -191,8 +206,8 @@ DECLARE
     -- classification rows are clipped (or normalised) to norm 1 by their registration
     x_bound float8 := CASE WHEN ds.label_bound IS NULL THEN 1 ELSE ds.row_bound END;
     classes int := jsonb_array_length(coalesce(nullif(params->'classes', 'null'), '[]'));
-    -- S, the solver's public number of Newton steps (its default: the header above)
-    newton_steps float8 := dpsql_internal._linear_option(options, 'newton_steps', 12, 1, false);
+    -- S, the solver's public number of Newton steps (its default: _erm_newton_steps)
+    newton_steps float8;
     -- default R: 10, and for regression at least 2Y (Y the label bound): the intercept alone
     -- may have to reach the labels' mean, and 10 is the rule's value at California housing's
     -- Y = 5 (at Y = 400 a bound of 10 kept every model near 0, far worse than the mean)
@@ -214,14 +229,16 @@ BEGIN
         PERFORM dpsql_internal._fail('options.newton_steps is for data owners'' tests: whether the solver '
                                      'certifies within a few steps depends on the data', '42501');
     END IF;
-    IF newton_steps <> floor(newton_steps) OR newton_steps > 100 THEN
-        PERFORM dpsql_internal._fail(format('options.newton_steps must be an integer in [1, 100], got %s', newton_steps));
-    END IF;
     IF p > 512 THEN
         PERFORM dpsql_internal._fail(format('%s solves a p x p Newton system: at most 512 coefficients, got %s',
                                             privacy, p));
     END IF;
     loss := CASE model WHEN 'logistic' THEN 1 WHEN 'huber' THEN 2 WHEN 'linear' THEN 3 END;
+    newton_steps := dpsql_internal._linear_option(options, 'newton_steps',
+                                                  dpsql_internal._erm_newton_steps(loss), 1, false);
+    IF newton_steps <> floor(newton_steps) OR newton_steps > 100 THEN
+        PERFORM dpsql_internal._fail(format('options.newton_steps must be an integer in [1, 100], got %s', newton_steps));
+    END IF;
     param := CASE model
         WHEN 'huber' THEN dpsql_internal._huber_h(params)
         WHEN 'linear' THEN dpsql_internal._linear_option(options, 'huber_threshold', ds.label_bound)
@@ -288,7 +305,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     reg float8 := (plan->>'regularizer')::float8;
     tolerance float8 := (plan->>'tolerance')::float8;
-    steps int := coalesce((plan->>'newton_steps')::int, 12);
+    steps int := coalesce((plan->>'newton_steps')::int,
+                          dpsql_internal._erm_newton_steps((plan->>'loss')::int));
     p int := (plan->>'p')::int;
     -- one-vs-rest: the class index positive against the rest (a NULL label stays NULL)
     y_expr text := CASE WHEN positive IS NULL THEN 'y'
@@ -309,8 +327,13 @@ DECLARE
     next float8[];
     solved float8[];
 BEGIN
+    -- the plan's public numbers, checked alike for both paths
     IF NOT (steps BETWEEN 1 AND 100) THEN
         PERFORM dpsql_internal._fail(format('newton_steps must be in [1, 100], got %s', steps));
+    END IF;
+    IF NOT (reg > 0 AND reg < 'Infinity' AND tolerance >= 0 AND tolerance < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('the solver needs a finite regularizer > 0 and '
+                                            'tolerance >= 0, got %s and %s', reg, tolerance));
     END IF;
     IF dpsql_internal._erm_in_memory(train_table, (plan->>'rows')::float8, p) THEN
         EXECUTE format('SELECT dpsql_internal._glm_solve_rows(x, %s, $1, $2, $3, $4, $5, $6, $7, '

@@ -15,6 +15,7 @@
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "utils/array.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 
 #include "erm_solver.h"
@@ -27,6 +28,7 @@ PG_FUNCTION_INFO_V1(dpsql_glm_line_final);
 PG_FUNCTION_INFO_V1(dpsql_glm_line_choose_sql);
 PG_FUNCTION_INFO_V1(dpsql_glm_solve_rows_transition);
 PG_FUNCTION_INFO_V1(dpsql_glm_solve_rows_final);
+PG_FUNCTION_INFO_V1(dpsql_glm_rows_fit);
 
 #define HEADER DPSQL_GLM_HEADER_LEN
 
@@ -362,4 +364,24 @@ dpsql_glm_solve_rows_final(PG_FUNCTION_ARGS)
 	out_data[p] = grad_norm;
 	out_data[p + 1] = passes;
 	PG_RETURN_ARRAYTYPE_P(out);
+}
+
+/*
+ * dpsql_internal._glm_rows_fit(n float8, p int) -> boolean: whether n prepared rows of p
+ * coefficients (the stride's doubles, the label and the weight each) fit in
+ * dpsql.sampling_memory. Read here, where the module (which defines the setting) is loaded.
+ */
+Datum
+dpsql_glm_rows_fit(PG_FUNCTION_ARGS)
+{
+	double		n = PG_GETARG_FLOAT8(0);
+	int			p = PG_GETARG_INT32(1),
+				kb;
+	const char *value = GetConfigOption("dpsql.sampling_memory", false, false);
+
+	if (!(n >= 0.0 && isfinite(n)) || p < 1 || p > DPSQL_GLM_MAX_DIM)
+		dpsql_bad_argument("_glm_rows_fit", "n must be finite and >= 0, p in [1, 512].");
+	if (value == NULL || !parse_int(value, &kb, GUC_UNIT_KB, NULL))
+		elog(ERROR, "dpsql: dpsql.sampling_memory is not readable");
+	PG_RETURN_BOOL(n * (dpsql_glm_row_stride(p) + 2.0) * 8.0 <= (double) kb * 1024.0);
 }
