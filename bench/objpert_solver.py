@@ -110,19 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         needed = next(
             (
                 s
-                for s in range(1, 13)
+                for s in range(1, steps + 1)
                 if _solve(db, data.train_table, dict(plan, newton_steps=s), b)[1][0] == ref[0]
             ),
             None,
         )
     best = {
-        k: min(r[0] for r in v)
-        for k, v in {
-            "kept": kept,
-            "scanned": scanned,
-            "solve_kept": solve_kept,
-            "solve_scanned": solve_scanned,
-        }.items()
+        "kept": min(r[0] for r in kept),
+        "scanned": min(r[0] for r in scanned),
+        "solve_kept": min(r[0] for r in solve_kept),
+        "solve_scanned": min(r[0] for r in solve_scanned),
     }
     print(f"# m = {data.m:,}, d = {data.d}, {args.model}, eps {args.epsilon}, delta {args.delta}")
     print(

@@ -118,9 +118,7 @@ def test_generator_is_the_chacha20_keystream_in_block_order() -> None:
     stream = 0x0123456789ABCDEF
     nonce = [0, stream & 0xFFFFFFFF, stream >> 32]
     blocks = 16 * 3 + 5
-    expected = [
-        w for c in range(blocks) for w in _core.chacha20_block(list(_words(key)), c, nonce)
-    ]
+    expected = [w for c in range(blocks) for w in _core.chacha20_block(list(_words(key)), c, nonce)]
     assert _core.rng_words(key, stream, 16 * blocks) == expected
 
 

@@ -272,7 +272,11 @@ def _solver_plan(loss, p, n=None, **kw):
 def _solve_logged(conn, table, plan, b, positive=None):
     """_erm_solve's result and its DEBUG messages (which path, S, evaluations: public)."""
     notes: list[str] = []
-    conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        notes.append(diag.message_primary or "")
+
+    conn.add_notice_handler(keep)
     conn.execute("SET client_min_messages = debug1")
     try:
         with conn.cursor(row_factory=dict_row) as cur:
@@ -282,7 +286,7 @@ def _solve_logged(conn, table, plan, b, positive=None):
             ).fetchone()
     finally:
         conn.execute("RESET client_min_messages")
-        conn._notice_handlers.clear()
+        conn.remove_notice_handler(keep)
     return row, [m for m in notes if "_erm_solve" in m]
 
 
@@ -421,8 +425,9 @@ def test_solver_c_functions_check_their_inputs(conn) -> None:
             "coefficients",
         ),
         (
-            "SELECT dpsql_internal._glm_line(x, 1.0, ARRAY[0.1, 0.1]::float8[], ARRAY[0.1]::float8[],"
-            " 1, 0, 1, 1, false) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "SELECT dpsql_internal._glm_line(x, 1.0, ARRAY[0.1, 0.1]::float8[],"
+            " ARRAY[0.1]::float8[], 1, 0, 1, 1, false)"
+            " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
             "same length",
         ),
     ]
