@@ -425,7 +425,8 @@ dpsql_glm_solve_work_length(int p)
 DpsqlStatus
 dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, const double *ws,
 					 size_t rows, double reg, const double *b, double tolerance, int steps,
-					 double *theta, double *grad_norm, int *passes, double *work, double *zs)
+					 double *theta, double *grad_norm, int *passes, double *work, double *zs,
+					 DpsqlGlmPassHook hook, void *hook_arg)
 {
 	int			p = g->p;
 	double	   *sums = work;
@@ -456,6 +457,8 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 		dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 1, sums, zs, kernel);
 		dpsql_glm_sums_symmetrize(sums, p);
 		++*passes;
+		if (hook)
+			hook(hook_arg);
 		st = dpsql_glm_newton(sums, p, theta, reg, b, direction, &objective, grad_norm, &slope,
 							  system);
 		if (st != DPSQL_OK)
@@ -464,6 +467,8 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 		line[0] = (double) rows;
 		dpsql_glm_line_rows(g, theta, direction, xs, stride, ys, ws, zs, rows, line);
 		++*passes;
+		if (hook)
+			hook(hook_arg);
 		st = dpsql_glm_line_choose(line, p, dpsql_glm_line_steps(g), theta, direction, reg, b,
 								   objective, *grad_norm, slope, next, &taken);
 		if (st != DPSQL_OK)
@@ -476,6 +481,8 @@ dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys, cons
 	memset(sums, 0, sizeof(double) * (size_t) dpsql_glm_sums_length(p));
 	dpsql_glm_sums_rows(g, theta, xs, ys, ws, rows, 0, sums, NULL, kernel);
 	++*passes;
+	if (hook)
+		hook(hook_arg);
 	for (j = 0; j < p; j++)
 	{
 		double		gj = sums[2 + j] + reg * theta[j] + (b ? b[j] : 0.0);

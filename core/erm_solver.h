@@ -107,17 +107,23 @@ DpsqlStatus dpsql_glm_line_choose(const double *line, int p, int steps, const do
 /* Doubles of work dpsql_glm_solve_rows needs. */
 size_t		dpsql_glm_solve_work_length(int p);
 
+/* Called after each evaluation over the rows (2 S + 1 times, whatever the rows): the server's
+ * interrupt check. */
+typedef void (*DpsqlGlmPassHook) (void *arg);
+
 /*
  * The whole solve over prepared rows kept in memory (stride dpsql_glm_row_stride(p)), from
- * theta = 0: S = steps Newton steps
- * and the last certificate evaluation, in the order of the scanned path, whatever the rows.
- * theta (p) receives the last iterate, *grad_norm its ||grad J||, *passes the evaluations over
- * the rows made (2 S + 1, always). DPSQL_E_PARAM on bad settings, DPSQL_E_DIVERGED if a Newton
- * system is singular (reg > 0 prevents it).
+ * theta = 0: S = steps Newton steps and the last certificate evaluation, in the order of the
+ * scanned path, whatever the rows. theta (p) receives the last iterate, *grad_norm its
+ * ||grad J||, *passes the evaluations over the rows made (2 S + 1, always). work:
+ * dpsql_glm_solve_work_length(p) doubles, zs: rows doubles of scratch; hook (may be NULL)
+ * after each evaluation. DPSQL_E_PARAM on bad settings, DPSQL_E_DIVERGED if a Newton system is
+ * singular (reg > 0 prevents it).
  */
 DpsqlStatus dpsql_glm_solve_rows(const DpsqlGlm *g, const double *xs, const double *ys,
-								 const double *ws, size_t rows, double reg, const double *b, double tolerance,
-								 int steps, double *theta, double *grad_norm, int *passes,
-								 double *work, double *zs);
+								 const double *ws, size_t rows, double reg, const double *b,
+								 double tolerance, int steps, double *theta, double *grad_norm,
+								 int *passes, double *work, double *zs, DpsqlGlmPassHook hook,
+								 void *hook_arg);
 
 #endif

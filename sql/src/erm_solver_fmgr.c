@@ -14,6 +14,7 @@
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -328,6 +329,14 @@ dpsql_glm_solve_rows_transition(PG_FUNCTION_ARGS)
 	PG_RETURN_POINTER(st);
 }
 
+/* Between two evaluations over the rows: a cancelled query stops here. */
+static void
+glm_interrupts(void *arg)
+{
+	(void) arg;
+	CHECK_FOR_INTERRUPTS();
+}
+
 /* -> [theta (p), ||grad J(theta)||, evaluations over the rows (2 steps + 1)]; NULL: no rows */
 Datum
 dpsql_glm_solve_rows_final(PG_FUNCTION_ARGS)
@@ -352,7 +361,7 @@ dpsql_glm_solve_rows_final(PG_FUNCTION_ARGS)
 	zs = palloc_extended(sizeof(double) * (st->rows > 0 ? st->rows : 1), MCXT_ALLOC_HUGE);
 	status = dpsql_glm_solve_rows(&st->g, st->xs, st->ys, st->ws, st->rows, st->reg, st->b,
 								  st->tolerance, st->steps, out_data, &grad_norm, &passes, work,
-								  zs);
+								  zs, glm_interrupts, NULL);
 	explicit_bzero(work, sizeof(double) * dpsql_glm_solve_work_length(p));
 	pfree(work);
 	pfree(zs);
