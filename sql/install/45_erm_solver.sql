@@ -19,7 +19,7 @@
 -- extra noise covers) theta is kept, and the later steps' work is done and discarded. Whether
 -- and when it certified depend on the rows: the mechanisms release neither, and release the
 -- last iterate either way (an uncertified one is outside the proof, the documented
--- approximation; the defaults leave 5-7 steps above the most any measured solve needed).
+-- approximation; the defaults leave 5-6 steps above the most any measured solve needed).
 --
 -- Where the evaluations run depends on public numbers only (_erm_in_memory: n, p,
 -- dpsql.sampling_memory and the table's layout): a local table whose rows fit is read by ONE
@@ -84,8 +84,8 @@ LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- The line search's scan: [n, the GLM loss at theta + 2^-k direction for k = 0 .. m - 1 (m: 8
 -- logistic, 16 the Huber losses; then zeros up to 16), the loss gradient at theta + direction
--- (p)] over the rows (noiseless: never released); rows and
--- settings as _glm_sums. NULL when there are no rows.
+-- (p)] over the rows (noiseless: never released); rows and settings as _glm_sums. NULL when
+-- there are no rows.
 CREATE OR REPLACE AGGREGATE dpsql_internal._glm_line(x float8[], y float8, theta float8[],
                                                      direction float8[], loss int, param float8,
                                                      y_bound float8, x_bound float8,
@@ -181,8 +181,9 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- S, the solver's default number of Newton steps for a loss (public: the model decides). On
 -- Protein's 72,876 rows (bench/objpert_solver.py, and the C kernels on 18 (regulariser, noise)
 -- pairs) Newton certified within 7-11 steps for logistic, 3-5 for Huber regression and 10-17 for
--- the Huber SVM (its h-wide quadratic pieces: the active set settles slowly); MNIST and the test
--- data take fewer. The defaults leave 5-7 steps to spare; each costs 2 evaluations.
+-- the Huber SVM (its h-wide quadratic pieces: the active set settles slowly; 18 on one test
+-- set); the test data take fewer. The defaults leave 5-6 steps to spare; each costs 2
+-- evaluations over the rows.
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_newton_steps(loss int)
 RETURNS int LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE loss WHEN 2 THEN 24 ELSE 16 END;
