@@ -113,7 +113,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._glm_solve_rows_transition(state inter
                                                                     x_bound float8,
                                                                     intercept boolean, reg float8,
                                                                     b float8[], tolerance float8,
-                                                                    steps int)
+                                                                    steps int, rows float8)
 RETURNS internal AS 'MODULE_PATHNAME', 'dpsql_glm_solve_rows_transition'
 LANGUAGE C CALLED ON NULL INPUT;
 
@@ -124,12 +124,13 @@ LANGUAGE C CALLED ON NULL INPUT;
 -- The whole solve from one scan (the rows kept in memory, prepared as _glm_sums reads them):
 -- [theta (p), ||grad J(theta)||, evaluations over the rows (2 steps + 1)], _erm_solve's scanned
 -- path bit for bit. NULL when there are no rows. No combine function, and parallel unsafe:
--- the rows in the one scan's order.
+-- the rows in the one scan's order. rows: the public row count (room for them at once).
 CREATE OR REPLACE AGGREGATE dpsql_internal._glm_solve_rows(x float8[], y float8, p int, loss int,
                                                            param float8, y_bound float8,
                                                            x_bound float8, intercept boolean,
                                                            reg float8, b float8[],
-                                                           tolerance float8, steps int) (
+                                                           tolerance float8, steps int,
+                                                           rows float8) (
     SFUNC = dpsql_internal._glm_solve_rows_transition,
     STYPE = internal,
     FINALFUNC = dpsql_internal._glm_solve_rows_final
@@ -338,8 +339,9 @@ BEGIN
     END IF;
     IF dpsql_internal._erm_in_memory(train_table, (plan->>'rows')::float8, p) THEN
         EXECUTE format('SELECT dpsql_internal._glm_solve_rows(x, %s, $1, $2, $3, $4, $5, $6, $7, '
-                       '$8, $9, $10) FROM %s', y_expr, train_table)
-           INTO solved USING p, loss, param, y_bound, x_bound, intercept, reg, b, tolerance, steps;
+                       '$8, $9, $10, $11) FROM %s', y_expr, train_table)
+           INTO solved USING p, loss, param, y_bound, x_bound, intercept, reg, b, tolerance, steps,
+                             (plan->>'rows')::float8;
         IF solved IS NULL THEN
             PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
         END IF;

@@ -231,7 +231,7 @@ dpsql_glm_line_choose_sql(PG_FUNCTION_ARGS)
 
 /*
  * dpsql_internal._glm_solve_rows(x, y, p, loss, param, y_bound, x_bound, intercept, reg, b,
- *     tolerance, steps): the scan keeps every row prepared (clipped, the intercept's 1, the
+ *     tolerance, steps, rows): the scan keeps every row prepared (clipped, the intercept's 1, the
  * label mapped; the zero record as a row of weight 0) in memory, and the final function runs
  * the whole solve over them (dpsql_glm_solve_rows: the scanned path's arithmetic in its
  * order). The per-row arguments after y are the same datum on every row; the first row's are
@@ -263,7 +263,7 @@ glm_rows_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 	p = PG_GETARG_INT32(3);
 	st->g = glm_settings(fcinfo, 4, p, fn);
 	dpsql_no_nulls(fcinfo, 9, 10, fn);
-	dpsql_no_nulls(fcinfo, 11, 13, fn);
+	dpsql_no_nulls(fcinfo, 11, 14, fn);
 	st->reg = PG_GETARG_FLOAT8(9);
 	st->tolerance = PG_GETARG_FLOAT8(11);
 	st->steps = PG_GETARG_INT32(12);
@@ -272,6 +272,23 @@ glm_rows_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		dpsql_bad_argument(fn, "reg must be finite and > 0, tolerance finite and >= 0.");
 	if (st->steps < 0 || st->steps > DPSQL_GLM_MAX_NEWTON_STEPS)
 		dpsql_bad_argument(fn, "steps must be in [0, 100].");
+	/* room for the public row count at once (no copies while the rows arrive): the caller
+	 * checked that it fits in dpsql.sampling_memory; more rows than announced still fit */
+	{
+		double		rows = PG_GETARG_FLOAT8(13);
+
+		if (!(rows >= 0.0 && rows <= 1e12))
+			dpsql_bad_argument(fn, "rows must be in [0, 1e12].");
+		st->cap = rows > 0 ? (size_t) rows : 0;
+		if (st->cap > 0)
+		{
+			size_t		stride = (size_t) dpsql_glm_row_stride(p);
+
+			st->xs = MemoryContextAllocHuge(aggcontext, sizeof(double) * st->cap * stride);
+			st->ys = MemoryContextAllocHuge(aggcontext, sizeof(double) * st->cap);
+			st->ws = MemoryContextAllocHuge(aggcontext, sizeof(double) * st->cap);
+		}
+	}
 	if (!PG_ARGISNULL(10))
 	{
 		double	   *b = finite_vector(fcinfo, 10, p, "b", fn);

@@ -410,19 +410,26 @@ def test_solver_c_functions_check_their_inputs(conn) -> None:
             "loss",
         ),
         (
-            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1, NULL, 0, 500)"
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 500, 1)"
             " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
             "steps",
         ),
         (
             "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1,"
-            " ARRAY[1]::float8[], 0, 5) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            " ARRAY[1]::float8[], 0, 5, 1) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
             "same length",
         ),
         (
-            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 600, 1, 0, 1, 1, false, 1, NULL, 0, 5)"
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 600, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 5, 1)"
             " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
             "coefficients",
+        ),
+        (
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 5, -1) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "rows",
         ),
         (
             "SELECT dpsql_internal._glm_line(x, 1.0, ARRAY[0.1, 0.1]::float8[],"
@@ -434,9 +441,9 @@ def test_solver_c_functions_check_their_inputs(conn) -> None:
     for sql, message in calls:
         with pytest.raises(psycopg.Error, match=message):
             conn.execute(sql)
-    # malformed rows are zero records, never errors
+    # malformed rows are zero records, never errors (and more rows than announced still fit)
     (out,) = conn.execute(
-        "SELECT dpsql_internal._glm_solve_rows(x, y, 2, 1, 0, 1, 1, false, 1, NULL, 0, 3)"
+        "SELECT dpsql_internal._glm_solve_rows(x, y, 2, 1, 0, 1, 1, false, 1, NULL, 0, 3, 1)"
         " FROM (VALUES (NULL::float8[], 1.0::float8), (ARRAY[1]::float8[], 1.0),"
         " (ARRAY[1, 'Infinity']::float8[], -1.0), (ARRAY[1, 2]::float8[], 7.0)) AS t(x, y)"
     ).fetchone()
