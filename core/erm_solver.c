@@ -264,10 +264,13 @@ dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direct
 	int			p = g->p;
 	int			steps = dpsql_glm_line_steps(g);
 	double	   *grad = line + 1 + DPSQL_GLM_LINE_STEPS;
+	double		t[DPSQL_GLM_LINE_STEPS];
 	size_t		r;
 	int			j,
 				k;
 
+	for (k = 0; k < steps; k++)
+		t[k] = ldexp(1.0, -k);
 	for (r = 0; r < rows; r++)
 	{
 		const double *xr = xs + r * (size_t) stride;
@@ -277,19 +280,14 @@ dpsql_glm_line_rows(const DpsqlGlm *g, const double *theta, const double *direct
 					d2,
 					w = ws[r];
 
-		/* every step size, whichever will be taken: the work does not depend on the rows */
-		for (k = 0; k < steps; k++)
-		{
-			double		l = dpsql_glm_loss(g, z + ldexp(1.0, -k) * dz, ys[r], &d1, &d2);
-
-			line[1 + k] += w * l;
-			if (k == 0)
-			{
-				d1 *= w;
-				for (j = 0; j < p; j++)
-					grad[j] += d1 * xr[j];
-			}
-		}
+		/* every step size, whichever will be taken: the work does not depend on the rows (the
+		 * full step's loss gradient too) */
+		line[1] += w * dpsql_glm_loss(g, z + t[0] * dz, ys[r], &d1, &d2);
+		d1 *= w;
+		for (j = 0; j < p; j++)
+			grad[j] += d1 * xr[j];
+		for (k = 1; k < steps; k++)
+			line[1 + k] += w * dpsql_glm_loss(g, z + t[k] * dz, ys[r], NULL, NULL);
 	}
 }
 

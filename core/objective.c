@@ -98,22 +98,28 @@ dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
 	double		m,
 				r,
 				h,
-				k;
+				k,
+				l,
+				a1,
+				a2;
 
 	switch (g->loss)
 	{
 		case DPSQL_GLM_LOGISTIC:
 			{
 				/* s = sigmoid(-m): l' = -y s, l'' = s (1 - s); stable for large |m|: one exp,
-				 * e = e^{-|m|} (the line search calls this 8 times a row) */
-				double		s,
-							e;
+				 * e = e^{-|m|} (the line search calls this 8 times a row, 7 without d1) */
+				double		e;
 
 				m = y * z;
 				e = exp(-fabs(m));
-				s = m >= 0.0 ? e / (1.0 + e) : 1.0 / (1.0 + e);
-				*d1 = -y * s;
-				*d2 = s * (1.0 - s);
+				if (d1 != NULL)
+				{
+					double		s = m >= 0.0 ? e / (1.0 + e) : 1.0 / (1.0 + e);
+
+					*d1 = -y * s;
+					*d2 = s * (1.0 - s);
+				}
 				return m >= 0.0 ? log1p(e) : -m + log1p(e);
 			}
 		case DPSQL_GLM_HUBER_SVM:
@@ -121,31 +127,45 @@ dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
 			m = y * z;
 			if (m > 1.0 + h)
 			{
-				*d1 = *d2 = 0.0;
-				return 0.0;
+				a1 = a2 = 0.0;
+				l = 0.0;
 			}
-			if (m < 1.0 - h)
+			else if (m < 1.0 - h)
 			{
-				*d1 = -y;
-				*d2 = 0.0;
-				return 1.0 - m;
+				a1 = -y;
+				a2 = 0.0;
+				l = 1.0 - m;
 			}
-			*d1 = -y * (1.0 + h - m) / (2.0 * h);
-			*d2 = 1.0 / (2.0 * h);
-			return (1.0 + h - m) * (1.0 + h - m) / (4.0 * h);
+			else
+			{
+				a1 = -y * (1.0 + h - m) / (2.0 * h);
+				a2 = 1.0 / (2.0 * h);
+				l = (1.0 + h - m) * (1.0 + h - m) / (4.0 * h);
+			}
+			break;
 		default:				/* DPSQL_GLM_HUBER_REG */
 			k = g->param;
 			r = z - y;
 			if (fabs(r) <= k)
 			{
-				*d1 = r;
-				*d2 = 1.0;
-				return 0.5 * r * r;
+				a1 = r;
+				a2 = 1.0;
+				l = 0.5 * r * r;
 			}
-			*d1 = r > 0.0 ? k : -k;
-			*d2 = 0.0;
-			return k * fabs(r) - 0.5 * k * k;
+			else
+			{
+				a1 = r > 0.0 ? k : -k;
+				a2 = 0.0;
+				l = k * fabs(r) - 0.5 * k * k;
+			}
+			break;
 	}
+	if (d1 != NULL)
+	{
+		*d1 = a1;
+		*d2 = a2;
+	}
+	return l;
 }
 
 void

@@ -68,7 +68,8 @@ int			dpsql_glm_sums_length(int p);
 void		dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y,
 							  int y_null, double *sums);
 
-/* l(z, y) of the loss, *d1 = l' and *d2 = l'' in z (y already mapped or clamped). */
+/* l(z, y) of the loss, *d1 = l' and *d2 = l'' in z (y already mapped or clamped; d1 NULL: the
+ * value only). */
 double		dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2);
 
 /* Public constants of one example's loss for the clipped rows: L = sup ||grad l|| and
