@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "erm_solver.h"
 #include "linalg.h"
 #include "objective.h"
 #include "sgd.h"
@@ -91,104 +92,94 @@ dpsql_glm_state_combine(double *a, const double *b, size_t len)
 	return DPSQL_OK;
 }
 
-/* l(z, y), l' and l'' in z. */
-static double
-glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
+double
+dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2)
 {
 	double		m,
 				r,
 				h,
-				k;
+				k,
+				l,
+				a1,
+				a2;
 
 	switch (g->loss)
 	{
 		case DPSQL_GLM_LOGISTIC:
 			{
-				/* s = sigmoid(-m): l' = -y s, l'' = s (1 - s); stable for large |m| */
-				double		s;
+				/* s = sigmoid(-m): l' = -y s, l'' = s (1 - s); stable for large |m|: one exp,
+				 * e = e^{-|m|} (the line search calls this 8 times a row, 7 without d1) */
+				double		e;
 
 				m = y * z;
-				s = m >= 0.0 ? exp(-m) / (1.0 + exp(-m)) : 1.0 / (1.0 + exp(m));
-				*d1 = -y * s;
-				*d2 = s * (1.0 - s);
-				return m >= 0.0 ? log1p(exp(-m)) : -m + log1p(exp(m));
+				e = exp(-fabs(m));
+				if (d1 != NULL)
+				{
+					double		s = m >= 0.0 ? e / (1.0 + e) : 1.0 / (1.0 + e);
+
+					*d1 = -y * s;
+					*d2 = s * (1.0 - s);
+				}
+				return m >= 0.0 ? log1p(e) : -m + log1p(e);
 			}
 		case DPSQL_GLM_HUBER_SVM:
 			h = g->param;
 			m = y * z;
 			if (m > 1.0 + h)
 			{
-				*d1 = *d2 = 0.0;
-				return 0.0;
+				a1 = a2 = 0.0;
+				l = 0.0;
 			}
-			if (m < 1.0 - h)
+			else if (m < 1.0 - h)
 			{
-				*d1 = -y;
-				*d2 = 0.0;
-				return 1.0 - m;
+				a1 = -y;
+				a2 = 0.0;
+				l = 1.0 - m;
 			}
-			*d1 = -y * (1.0 + h - m) / (2.0 * h);
-			*d2 = 1.0 / (2.0 * h);
-			return (1.0 + h - m) * (1.0 + h - m) / (4.0 * h);
+			else
+			{
+				a1 = -y * (1.0 + h - m) / (2.0 * h);
+				a2 = 1.0 / (2.0 * h);
+				l = (1.0 + h - m) * (1.0 + h - m) / (4.0 * h);
+			}
+			break;
 		default:				/* DPSQL_GLM_HUBER_REG */
 			k = g->param;
 			r = z - y;
 			if (fabs(r) <= k)
 			{
-				*d1 = r;
-				*d2 = 1.0;
-				return 0.5 * r * r;
+				a1 = r;
+				a2 = 1.0;
+				l = 0.5 * r * r;
 			}
-			*d1 = r > 0.0 ? k : -k;
-			*d2 = 0.0;
-			return k * fabs(r) - 0.5 * k * k;
+			else
+			{
+				a1 = r > 0.0 ? k : -k;
+				a2 = 0.0;
+				l = k * fabs(r) - 0.5 * k * k;
+			}
+			break;
 	}
+	if (d1 != NULL)
+	{
+		*d1 = a1;
+		*d2 = a2;
+	}
+	return l;
 }
 
 void
 dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y, int y_null,
 				  double *sums)
 {
-	int			p = g->p;
-	int			d = p - g->intercept;
-	double		xr[DPSQL_GLM_MAX_DIM];
-	double		z = 0.0,
-				d1,
-				d2,
-				scale;
-	int			j,
-				k;
+	double		xr[DPSQL_GLM_MAX_DIM],
+				yr,
+				wr;
 
+	/* the solver's kernel on one row: the bits of the rows kept in memory (erm_solver.h) */
 	sums[0] += 1.0;
-	if (x == NULL || y_null || !isfinite(y))
-		return;
-	if (g->loss == DPSQL_GLM_HUBER_REG)
-		y = fmin(fmax(y, -g->y_bound), g->y_bound);
-	else if (y != 1.0 && y != -1.0)
-		return;
-	scale = dpsql_clip_scale(x, d, g->x_bound);
-	if (isnan(scale))
-		return;
-	/* one loop over all p entries (the intercept's, at d, is 1) */
-	for (j = 0; j < p; j++)
-		xr[j] = j < d ? x[j] * scale : 1.0;
-	for (j = 0; j < p; j++)
-		z += xr[j] * theta[j];
-	sums[1] += glm_loss(g, z, y, &d1, &d2);
-	for (j = 0; j < p; j++)
-		sums[2 + j] += d1 * xr[j];
-	if (d2 != 0.0)
-	{
-		double	   *hess = sums + 2 + p;
-
-		for (j = 0; j < p; j++)
-		{
-			double		a = d2 * xr[j];
-
-			for (k = 0; k < p; k++)
-				hess[j * p + k] += a * xr[k];
-		}
-	}
+	dpsql_glm_prepare_row(g, x, y, y_null, xr, &yr, &wr);
+	dpsql_glm_add_row_prepared(g, theta, xr, yr, wr, sums);
 }
 
 double

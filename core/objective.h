@@ -59,12 +59,18 @@ DpsqlStatus dpsql_glm_state_combine(double *a, const double *b, size_t len);
 int			dpsql_glm_sums_length(int p);
 
 /*
- * Adds one row's loss, gradient and Hessian at theta to sums. x holds p - intercept features;
- * a NULL x (x == NULL), a NaN/Inf feature or label, or a classification label other than +-1
- * is the zero record: it counts in n and adds nothing (never an error that could leak it).
+ * Adds one row's loss, gradient and Hessian (upper triangle: dpsql_glm_sums_symmetrize
+ * completes it) at theta to sums. x holds p - intercept features; a NULL x (x == NULL), a
+ * NaN/Inf feature or label, or a classification label other than +-1 is the zero record: it
+ * counts in n and adds nothing (never an error that could leak it). The kernel of the
+ * in-memory solver (erm_solver.h), one row at a time: the same bits.
  */
 void		dpsql_glm_add_row(const DpsqlGlm *g, const double *theta, const double *x, double y,
 							  int y_null, double *sums);
+
+/* l(z, y) of the loss, *d1 = l' and *d2 = l'' in z (y already mapped or clamped; d1 NULL: the
+ * value only). */
+double		dpsql_glm_loss(const DpsqlGlm *g, double z, double y, double *d1, double *d2);
 
 /* Public constants of one example's loss for the clipped rows: L = sup ||grad l|| and
  * lambda_max = sup of the Hessian's eigenvalue (rank 1 for a GLM). */

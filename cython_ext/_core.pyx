@@ -547,6 +547,7 @@ include "adassp.pxi"
 include "frank_wolfe.pxi"
 include "exp_mech_erm.pxi"
 include "ftrl.pxi"
+include "erm_solver.pxi"
 
 
 cdef extern from "prediction.h":

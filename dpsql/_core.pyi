@@ -484,3 +484,18 @@ def ftrl_run(
     huber_h: float = 0.1,
     seed: int | None = None,
 ) -> tuple[_Floats, _Floats, _Floats]: ...
+
+# -- The fixed-work Newton solver of objective/output perturbation (erm_solver.pxi) ------------
+def glm_solve(
+    X: ArrayLike,
+    y: ArrayLike,
+    loss: int,
+    param: float,
+    y_bound: float,
+    x_bound: float,
+    intercept: bool,
+    reg: float,
+    b: ArrayLike | None,
+    tolerance: float,
+    steps: int,
+) -> tuple[_Floats, float, int]: ...

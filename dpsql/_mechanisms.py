@@ -300,9 +300,10 @@ class ObjectivePerturbation(_Mechanism):
     1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
     GLM variant. Models: logistic, huber (one-vs-rest for 3+ classes), linear (Huber regression,
     threshold the label bound). ``options``: radius (public bound on ||theta*||, default 10),
-    huber_threshold, max_scans (default 100; data owners only). The scan count and whether
-    the solve certified depend on the rows: neither is released, and an uncertified last
-    iterate is released like a certified one (docs/objective_perturbation.md).
+    huber_threshold, newton_steps (the solver's public step count, default 16, 24 for huber;
+    data owners only). The solver's work depends on public numbers only; whether it certified depends on
+    the rows: not released, and an uncertified last iterate is released like a certified one
+    (docs/objective_perturbation.md).
     """
 
     epsilon: float

@@ -77,7 +77,7 @@ BEGIN
         -- (the fit's diagnostics depend on the data: they are not shown)
         RAISE WARNING 'dpsql: % released nothing: its solver did not certify the minimiser; '
                       'the budget of this call is spent', privacy
-            USING HINT = 'Raise options.max_scans, or lambda (a better conditioned objective).';
+            USING HINT = 'Raise options.newton_steps, or lambda (a better conditioned objective).';
         RETURN NULL;
     END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;

@@ -19,6 +19,7 @@
 #include "utils/builtins.h"
 
 #include "csprng.h"
+#include "erm_solver.h"
 #include "glue.h"
 #include "mechanisms.h"
 #include "objective.h"
@@ -183,6 +184,8 @@ dpsql_glm_sums_final(PG_FUNCTION_ARGS)
 	p = glm_from_state(s, len, "_glm_sums_final").p;
 	out = dpsql_new_float8_array(dpsql_glm_sums_length(p));
 	memcpy(ARR_DATA_PTR(out), s + HEADER + p, sizeof(double) * dpsql_glm_sums_length(p));
+	/* the transitions add the Hessian's upper triangle only (erm_solver.h) */
+	dpsql_glm_sums_symmetrize((double *) ARR_DATA_PTR(out), p);
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 

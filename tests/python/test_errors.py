@@ -209,16 +209,16 @@ def test_every_class_is_psycopgs_class_of_its_sqlstate() -> None:
 
 
 def test_an_uncertified_minimiser_is_released_too(owner_and_analyst) -> None:
-    """Objective perturbation that cannot certify its minimiser in max_scans (a data owner's
+    """Objective perturbation that cannot certify its minimiser in newton_steps (a data owner's
     switch) releases its last iterate like a certified one (issue 24: whether it certified
     depends on the rows); the analyst may not set the cap."""
     owner_of, analyst_of, table = owner_and_analyst
     with owner_of() as owner, analyst_of() as analyst:
         ds, name = _register(owner, table, epsilon_budget=2.0)
         _grant(owner, ds, analyst)
-        stuck = dpsql.ObjectivePerturbation(epsilon=0.5, options={"max_scans": 1})
+        stuck = dpsql.ObjectivePerturbation(epsilon=0.5, options={"newton_steps": 1})
         # the cap is a data owner's test switch: an analyst's refusal would probe the data
-        with pytest.raises(errors.PermissionDenied, match="max_scans"):
+        with pytest.raises(errors.PermissionDenied, match="newton_steps"):
             analyst.train(name, None, None, privacy=stuck, progress=False)
         stuck_model = owner.train(name, None, None, privacy=stuck, progress=False)
         assert "certified" not in stuck_model.row["params"]["privacy"]

@@ -92,5 +92,5 @@ def test_mechanisms_lists_the_servers_registry(server_uri) -> None:
         rows = db.mechanisms()
     assert {r["name"] for r in rows} == set(MECHANISMS)
     op = next(r for r in rows if r["name"] == "objective_perturbation")
-    assert op["models"] == ["logistic", "huber", "linear"] and "max_scans" in op["options"]
+    assert op["models"] == ["logistic", "huber", "linear"] and "newton_steps" in op["options"]
     assert "lambda" in op["params"] and op["needs_delta"] is False

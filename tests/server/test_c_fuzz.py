@@ -423,6 +423,36 @@ def test_fuzz_linear_states(fuzz_conn: psycopg.Connection, server_uri: str) -> N
             " 1.0, NULL)",
             (s[9:],),
         )
+    # the fixed-work solver's line-search state: [p, loss, param, y_bound, x_bound, intercept,
+    # theta, direction, n, 16 losses, gradient]
+    line = [3.0, 1.0, 0.0, 1.0, 1.0, 0.0] + [0.1] * 3 + [0.05] * 3 + [0.0] * (1 + 16 + 3)
+    line_rows = ROWS3.replace(
+        "x, y FROM",
+        "x, y, ARRAY[0.1, 0.1, 0.1]::float8[], ARRAY[0.05, 0.05, 0.05]::float8[], 1,"
+        " 0.0::float8, 1.0::float8, 1.0::float8, false FROM",
+    )
+    for s in mutants(line, 12, rng, None):
+        p.call("SELECT dpsql_internal._glm_line_final(%s::float8[])", (s,))
+        _aggregate(
+            p,
+            "dpsql_internal._glm_line_transition",
+            "float8[], float8, float8[], float8[], int, float8, float8, float8, boolean",
+            s,
+            line_rows,
+            "dpsql_internal._glm_line_final",
+        )
+        _aggregate(
+            p,
+            "dpsql_internal._glm_line_combine",
+            "float8[]",
+            s,
+            f"v FROM (VALUES ('{_literal(line)}'::float8[])) AS t(v)",
+        )
+        p.call(
+            "SELECT dpsql_internal._glm_line_choose(%s::float8[], ARRAY[0.1, 0.1, 0.1]::float8[],"
+            " ARRAY[0.05, 0.05, 0.05]::float8[], 1.0, NULL, 1.0, 1.0, -1.0, 1)",
+            (s[12:],),
+        )
     p.survived()
 
 

@@ -186,7 +186,7 @@ def test_coupling_on_adversarial_neighbours(conn, scratch_schema, loss) -> None:
         "p": 4,
         "regularizer": 5.0,
         "tolerance": 1e-10,
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     (L,) = conn.execute(
         "SELECT lipschitz FROM dpsql_internal._glm_constants(%s, %s, 2, %s, true, 4)",
@@ -242,12 +242,212 @@ def test_output_perturbation_sensitivity_agrees_with_the_bolt_on(conn, scratch_s
         "p": 3,
         "regularizer": n * lam,
         "tolerance": 1e-10,
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     a = _solve(conn, _table(conn, scratch_schema, X, y), plan, None)
     c = _solve(conn, _table(conn, scratch_schema, X2, y2), plan, None)
     gap = np.linalg.norm(np.asarray(a["theta"]) - np.asarray(c["theta"]))
     assert 0 < gap <= ours
+
+
+# ------------------------------------------------------- the fixed-work solver (issue 30)
+
+
+def _solver_plan(loss, p, n=None, **kw):
+    plan = {
+        "loss": loss,
+        "param": 0.1 if loss == 2 else (1.0 if loss == 3 else 0),
+        "y_bound": 2.0,
+        "x_bound": 1.0,
+        "intercept": True,
+        "p": p,
+        "regularizer": 3.0,
+        "tolerance": 1e-9,
+    }
+    if n is not None:
+        plan["rows"] = n  # the in-memory path (when the rows fit in dpsql.sampling_memory)
+    return {**plan, **kw}
+
+
+def _solve_logged(conn, table, plan, b, positive=None):
+    """_erm_solve's result and its DEBUG messages (which path, S, evaluations: public)."""
+    notes: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        notes.append(diag.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    conn.execute("SET client_min_messages = debug1")
+    try:
+        with conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                f"SELECT * FROM dpsql_internal._erm_solve('{table}', %s, %s, %s)",
+                (Jsonb(plan), b, positive),
+            ).fetchone()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.remove_notice_handler(keep)
+    return row, [m for m in notes if "_erm_solve" in m]
+
+
+def _awkward_rows(rng, n, loss, classes=2):
+    """Rows with every kind of zero record: NULL x, NaN, a wrong length, a bad label."""
+    X = rng.normal(size=(n, 3)) / 2
+    if loss == 3:
+        y = X @ [1.0, -0.5, 0.2] + 0.1 * rng.normal(size=n)
+    elif classes > 2:
+        y = rng.integers(0, classes, size=n).astype(float)
+    else:
+        y = np.sign(X[:, 0] + 0.3 * rng.normal(size=n))
+    rows = [(list(map(float, X[i])), float(y[i])) for i in range(n)]
+    rows[3] = (None, rows[3][1])
+    rows[5] = ([float("nan"), 0.0, 1.0], rows[5][1])
+    rows[7] = ([1.0, 2.0], rows[7][1])
+    rows[9] = (rows[9][0], 0.5 if loss < 3 and classes == 2 else None)
+    rows[11] = ([5.0, -7.0, 3.0], rows[11][1])  # clipped to x_bound
+    return rows
+
+
+def _raw_table(conn, schema, rows):
+    name = f"{schema}.tr_{uuid.uuid4().hex[:6]}"
+    conn.execute(f"CREATE TABLE {name} (x float8[], y float8)")
+    with conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO {name} VALUES (%s, %s)", rows)
+    return name
+
+
+@pytest.mark.parametrize(("loss", "classes"), [(1, 2), (2, 2), (3, 2), (1, 3)])
+def test_in_memory_solver_is_the_scanned_solver(conn, scratch_schema, loss, classes) -> None:
+    """One scan keeping the rows (and solving in its final function) gives the model of the
+    2 S + 1 scans, bit for bit: the same clipping, zero records and one-vs-rest labels, the
+    same sums in the same order. Each path says it ran (DEBUG1) and does 2 S + 1 evaluations."""
+    rng = np.random.default_rng(10 + loss)
+    rows = _awkward_rows(rng, 400, loss, classes)
+    table = _raw_table(conn, scratch_schema, rows)
+    b = list(rng.normal(size=4) * 2)
+    positive = 1.0 if classes > 2 else None
+    kept, kept_notes = _solve_logged(conn, table, _solver_plan(loss, 4, 400), b, positive)
+    scanned, scanned_notes = _solve_logged(conn, table, _solver_plan(loss, 4), b, positive)
+    steps = 24 if loss == 2 else 16
+    assert kept == scanned
+    assert kept["certified"] and kept["scans"] == 2 * steps + 1
+    assert any("kept in memory" in m for m in kept_notes)
+    assert any("by scans" in m for m in scanned_notes)
+    # dpsql.sampling_memory too small: the scanned path, the same model
+    conn.execute("SET dpsql.sampling_memory = 0")
+    try:
+        small, small_notes = _solve_logged(conn, table, _solver_plan(loss, 4, 400), b, positive)
+    finally:
+        conn.execute("RESET dpsql.sampling_memory")
+    assert small == kept and any("by scans" in m for m in small_notes)
+
+
+def test_solver_work_does_not_depend_on_the_rows(conn, scratch_schema) -> None:
+    """Replace-one neighbours on which Newton certifies after different numbers of steps (6
+    against 7 on this Huber SVM: the old solver stopped there, and its scan count, hence the
+    release's time, told them apart) do the same work: S steps and 2 S + 1 evaluations over
+    the rows, the same messages. A certified iterate is kept, so the step that certified is
+    the smallest S whose iterate equals the default S's."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3)) / 2
+    y = np.sign(X[:, 0] + 0.3 * rng.normal(size=300))
+    X2, y2 = X.copy(), y.copy()
+    X2[0], y2[0] = [1e6, -1e6, 1e6], -y[0]
+    b = list(rng.normal(size=4) * 5)
+    certified_at = []
+    for XX, yy in ((X, y), (X2, y2)):
+        rows = [(list(map(float, a)), float(c)) for a, c in zip(XX, yy, strict=True)]
+        table = _raw_table(conn, scratch_schema, rows)
+        plan = _solver_plan(2, 4, 300, regularizer=3.0)
+        full, notes = _solve_logged(conn, table, plan, b)
+        assert full["certified"] and full["scans"] == 49
+        assert notes == [
+            "dpsql: _erm_solve: 24 Newton steps over the rows kept in memory, 49 evaluations"
+        ]
+        certified_at.append(
+            next(
+                s
+                for s in range(1, 25)
+                if _solve(conn, table, {**plan, "newton_steps": s}, b)["theta"] == full["theta"]
+            )
+        )
+    assert certified_at[0] != certified_at[1]
+
+
+@pytest.mark.parametrize(
+    ("plan_change", "message"),
+    [
+        ({"newton_steps": 0}, "newton_steps"),
+        ({"newton_steps": 101}, "newton_steps"),
+        ({"regularizer": 0.0}, "reg"),
+        ({"loss": 7}, "loss"),
+    ],
+)
+def test_solver_refuses_bad_settings(conn, scratch_schema, plan_change, message) -> None:
+    rows = _awkward_rows(np.random.default_rng(1), 50, 1)
+    table = _raw_table(conn, scratch_schema, rows)
+    for n in (50, None):
+        with pytest.raises(psycopg.Error, match=message):
+            _solve(conn, table, {**_solver_plan(1, 4, n), **plan_change}, [0.0] * 4)
+
+
+def test_solver_c_functions_check_their_inputs(conn) -> None:
+    """Called by hand with nonsense (a superuser can): clear errors, no crash."""
+    calls = [
+        (
+            "SELECT dpsql_internal._glm_line_choose(ARRAY[1]::float8[], ARRAY[0.1]::float8[],"
+            " ARRAY[0.1]::float8[], 1, NULL, 1, 1, -1, 1)",
+            "different dimensions",
+        ),
+        (
+            "SELECT dpsql_internal._glm_line_choose(array_fill(0::float8, ARRAY[18]),"
+            " ARRAY[0.1]::float8[], ARRAY['NaN']::float8[], 1, NULL, 1, 1, -1, 1)",
+            "finite",
+        ),
+        (
+            "SELECT dpsql_internal._glm_line_choose(array_fill(0::float8, ARRAY[18]),"
+            " ARRAY[0.1]::float8[], ARRAY[0.1]::float8[], 1, NULL, 1, 1, -1, 9)",
+            "loss",
+        ),
+        (
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 500, 1)"
+            " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "steps",
+        ),
+        (
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1,"
+            " ARRAY[1]::float8[], 0, 5, 1) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "same length",
+        ),
+        (
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 600, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 5, 1)"
+            " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "coefficients",
+        ),
+        (
+            "SELECT dpsql_internal._glm_solve_rows(x, 1.0, 2, 1, 0, 1, 1, false, 1, NULL, 0,"
+            " 5, -1) FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "rows",
+        ),
+        (
+            "SELECT dpsql_internal._glm_line(x, 1.0, ARRAY[0.1, 0.1]::float8[],"
+            " ARRAY[0.1]::float8[], 1, 0, 1, 1, false)"
+            " FROM (VALUES (ARRAY[1, 2]::float8[])) AS t(x)",
+            "same length",
+        ),
+    ]
+    for sql, message in calls:
+        with pytest.raises(psycopg.Error, match=message):
+            conn.execute(sql)
+    # malformed rows are zero records, never errors (and more rows than announced still fit)
+    (out,) = conn.execute(
+        "SELECT dpsql_internal._glm_solve_rows(x, y, 2, 1, 0, 1, 1, false, 1, NULL, 0, 3, 1)"
+        " FROM (VALUES (NULL::float8[], 1.0::float8), (ARRAY[1]::float8[], 1.0),"
+        " (ARRAY[1, 'Infinity']::float8[], -1.0), (ARRAY[1, 2]::float8[], 7.0)) AS t(x, y)"
+    ).fetchone()
+    assert out == [0.0, 0.0, 0.0, 7.0]
 
 
 # ------------------------------------------------------------------------------ releases
@@ -281,7 +481,7 @@ def test_gaussian_variant_and_huber(conn, binary) -> None:
 
 def test_huber_newton_does_not_cycle(conn, binary) -> None:
     """Noise seed 25 made Newton cycle between two points on the Huber SVM objective (a step
-    accepted because the gradient shrank while the objective rose) until max_scans: the fit
+    accepted because the gradient shrank while the objective rose) until the scan cap: the fit
     released nothing in ~1% of calls. Descent now never raises the objective (the scan count
     is no longer released: test_solver_certifies_adversarial_neighbours checks the solver)."""
     ds, source, X, y = binary
@@ -300,12 +500,12 @@ def test_huber_regression(conn, regression) -> None:
 
 
 def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) -> None:
-    """Whether Newton certifies depends on the rows (issue 24): a data owner's tiny max_scans
+    """Whether Newton certifies depends on the rows (issue 24): a data owner's tiny newton_steps
     releases the last iterate with the same noise, and no field says it was uncertified."""
     ds, source, X, y = binary
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m = _train(conn, source, options={"max_scans": 1})
+        m = _train(conn, source, options={"newton_steps": 1})
     assert m is not None and np.all(np.isfinite(m["weights"]))
     assert "certified" not in m["params"]["privacy"] and "scans" not in m["params"]["privacy"]
     (note,) = conn.execute(
@@ -322,8 +522,8 @@ def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) ->
         (dict(model="multinomial"), "not 'multinomial'"),
         (dict(options={"bogus": 1}), "unknown options"),
         (dict(options={"radius": -1}), "radius"),
-        (dict(options={"max_scans": 2.5}), "max_scans"),
-        (dict(options={"max_scans": 0}), "max_scans"),
+        (dict(options={"newton_steps": 2.5}), "newton_steps"),
+        (dict(options={"newton_steps": 0}), "newton_steps"),
         (dict(huber_h=2.0, model="huber"), "huber_h"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(lambda_=-1.0), "lambda"),
@@ -381,7 +581,7 @@ def test_output_perturbation_release_is_minimiser_plus_calibrated_noise(
         "p": 4,
         "regularizer": info["regularizer"],
         "tolerance": info["tolerance"],
-        "max_scans": 100,
+        "newton_steps": 12,
     }
     exact = _solve(conn, _table(conn, scratch_schema, X, 2 * y - 1), plan, None)
     (noise, scale) = conn.execute(
