@@ -227,9 +227,20 @@ BEGIN
     END IF;
     -- Whether Newton certifies within S steps depends on the data: below Newton's 4-8 steps
     -- the release is an uncertified iterate, outside the proof; only data owners test that.
-    IF options ? 'newton_steps' AND NOT dpsql_internal._is_admin() THEN
-        PERFORM dpsql_internal._fail('options.newton_steps is for data owners'' tests: whether the solver '
-                                     'certifies within a few steps depends on the data', '42501');
+    IF (options ? 'newton_steps' OR options ? 'max_scans') AND NOT dpsql_internal._is_admin() THEN
+        PERFORM dpsql_internal._fail(format('options.%s is for data owners'' tests: whether the solver '
+                                            'certifies within a few steps depends on the data',
+                                            CASE WHEN options ? 'newton_steps' THEN 'newton_steps'
+                                                 ELSE 'max_scans' END), '42501');
+    END IF;
+    -- max_scans, the cap of the solver before 0.8.0 (which stopped at its certificate), is
+    -- read as newton_steps (at most 100)
+    IF options ? 'max_scans' THEN
+        IF options ? 'newton_steps' THEN
+            PERFORM dpsql_internal._fail('options.max_scans is the older name of newton_steps: give one');
+        END IF;
+        options := options - 'max_scans' || jsonb_build_object(
+            'newton_steps', least(dpsql_internal._linear_option(options, 'max_scans', 1, 1, false), 100));
     END IF;
     IF p > 512 THEN
         PERFORM dpsql_internal._fail(format('%s solves a p x p Newton system: at most 512 coefficients, got %s',

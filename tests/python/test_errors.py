@@ -220,6 +220,9 @@ def test_an_uncertified_minimiser_is_released_too(owner_and_analyst) -> None:
         # the cap is a data owner's test switch: an analyst's refusal would probe the data
         with pytest.raises(errors.PermissionDenied, match="newton_steps"):
             analyst.train(name, None, None, privacy=stuck, progress=False)
+        old_name = dpsql.ObjectivePerturbation(epsilon=0.5, options={"max_scans": 1})
+        with pytest.raises(errors.PermissionDenied, match="max_scans"):
+            analyst.train(name, None, None, privacy=old_name, progress=False)
         stuck_model = owner.train(name, None, None, privacy=stuck, progress=False)
         assert "certified" not in stuck_model.row["params"]["privacy"]
         model = analyst.train(

@@ -515,6 +515,21 @@ def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) ->
     assert note == "objective_perturbation"
 
 
+def test_max_scans_is_read_as_newton_steps(conn, binary) -> None:
+    """options.max_scans, the solver's cap before 0.8.0, still works (a data owner's option):
+    read as newton_steps, so the same seeded release (up to the rounding of the fresh row order
+    each release's training table has); both at once are refused."""
+    ds, source, X, y = binary
+    old = _train(conn, source, noise_seed=5, options={"max_scans": 3})
+    new = _train(conn, source, noise_seed=5, options={"newton_steps": 3})
+    other = _train(conn, source, noise_seed=5, options={"newton_steps": 2})
+    np.testing.assert_allclose(old["weights"], new["weights"], rtol=1e-12)
+    assert not np.allclose(other["weights"], new["weights"], rtol=1e-6)
+    with pytest.raises(psycopg.Error, match="older name of newton_steps"):
+        _train(conn, source, options={"max_scans": 3, "newton_steps": 3})
+    conn.rollback()
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
@@ -524,6 +539,7 @@ def test_uncertified_minimiser_is_released_like_a_certified_one(conn, binary) ->
         (dict(options={"radius": -1}), "radius"),
         (dict(options={"newton_steps": 2.5}), "newton_steps"),
         (dict(options={"newton_steps": 0}), "newton_steps"),
+        (dict(options={"max_scans": 0}), "max_scans"),
         (dict(huber_h=2.0, model="huber"), "huber_h"),
         (dict(epsilon=0.0), "epsilon"),
         (dict(lambda_=-1.0), "lambda"),
