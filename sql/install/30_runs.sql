@@ -331,9 +331,6 @@ BEGIN
         st := dpsql_internal._sgd_epoch_replayed(r.state, r.run_id, r.train_table::regclass,
                                                  r.spec->>'sampling', seed, r.rows, q);
         IF st IS NULL THEN
-            -- how many epochs will replay the rows this one files (public: the run's epochs)
-            PERFORM set_config('dpsql_sampling.later_epochs',
-                               ((r.spec->>'epochs')::int - r.epochs_done - 1)::text, true);
             EXECUTE format('SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, $1, $2, $3, $4, $5,'
                            '       $6, $7) FROM %s', r.train_table)
                INTO st USING r.state, r.spec->>'sampling', seed, r.rows, q, r.run_id,

@@ -275,24 +275,8 @@ advise_pages(char *area, Size bytes, int advice)
 
 /*
  * The replay reads slots at random addresses: with 4 kB pages nearly every one is a TLB miss.
- * Transparent huge pages (where the kernel offers them on request) make those hits: a later
- * epoch at 1M x 50 took 117 instead of 190 ns a row here. But the first epoch pays for them
- * (on this VM +320 ns a row when the memory was used before, about +900 on its first use), so
- * they pay off from about 5 later epochs (12 on first use). Only a run with
- * HUGE_PAGES_LATER_EPOCHS or more epochs left to replay the rows asks for them: DP-SGD's
- * 10-epoch default does (bench/RESULTS.md, issue 28). The count is the run's (public), which
- * _sampled_epoch sets in dpsql_sampling.later_epochs.
+ * Transparent huge pages (where the kernel offers them on request) make those hits.
  */
-#define HUGE_PAGES_LATER_EPOCHS 9
-
-static bool
-worth_huge_pages(void)
-{
-	const char *later = GetConfigOption("dpsql_sampling.later_epochs", true, false);
-
-	return later != NULL && strtol(later, NULL, 10) >= HUGE_PAGES_LATER_EPOCHS;
-}
-
 #if defined(MADV_HUGEPAGE)
 #define HUGE_PAGES MADV_HUGEPAGE
 #else
@@ -310,7 +294,7 @@ worth_huge_pages(void)
 #endif
 
 static void *
-slot_memory(MemoryContext aggcontext, Size bytes, bool huge_pages)
+slot_memory(MemoryContext aggcontext, Size bytes, bool random_reads)
 {
 	MemoryContextCallback *release;
 
@@ -331,7 +315,8 @@ slot_memory(MemoryContext aggcontext, Size bytes, bool huge_pages)
 		kept_size = 0;
 		kept_area = MemoryContextAllocHuge(TopTransactionContext, bytes);
 		kept_size = bytes;
-		if (huge_pages)
+		/* (only for random reads: the kernel may compact memory on the fault) */
+		if (random_reads)
 			advise_pages(kept_area, bytes, HUGE_PAGES);
 		advise_pages(kept_area, bytes, PREFAULT);
 	}
@@ -1184,7 +1169,8 @@ sampled_begin(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		 (double) sampled_bytes(e->rows, e->len) <= (double) MaxAllocHugeSize))
 	{
 		bytes = (Size) e->rows * e->slot * sizeof(double);
-		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows, worth_huge_pages());
+		e->slots = slot_memory(aggcontext, bytes + (Size) e->rows,
+							   e->kind == SAMPLING_REPLACEMENT);
 		e->kept = (char *) e->slots == kept_area;
 		e->filled = (uint8 *) (e->slots + (Size) e->rows * e->slot);
 		memset(e->filled, 0, (Size) e->rows);
