@@ -303,13 +303,7 @@ dpsql_glm_line_state_init(double *state, const DpsqlGlm *g, const double *theta,
 {
 	int			p = g->p;
 
-	memset(state, 0, sizeof(double) * dpsql_glm_line_state_length(p));
-	state[0] = p;
-	state[1] = g->loss;
-	state[2] = g->param;
-	state[3] = g->y_bound;
-	state[4] = g->x_bound;
-	state[5] = g->intercept;
+	dpsql_glm_header_write(state, dpsql_glm_line_state_length(p), g);
 	memcpy(state + DPSQL_GLM_HEADER_LEN, theta, sizeof(double) * (size_t) p);
 	memcpy(state + DPSQL_GLM_HEADER_LEN + p, direction, sizeof(double) * (size_t) p);
 }
@@ -317,38 +311,13 @@ dpsql_glm_line_state_init(double *state, const DpsqlGlm *g, const double *theta,
 DpsqlStatus
 dpsql_glm_line_state_read(const double *s, size_t len, DpsqlGlm *g)
 {
-	if (len < DPSQL_GLM_HEADER_LEN || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) ||
-		s[0] != floor(s[0]) ||
-		!(s[1] == DPSQL_GLM_LOGISTIC || s[1] == DPSQL_GLM_HUBER_SVM ||
-		  s[1] == DPSQL_GLM_HUBER_REG) || !(s[5] == 0.0 || s[5] == 1.0) ||
-		len != dpsql_glm_line_state_length((int) s[0]))
-		return DPSQL_E_STATE;
-	g->p = (int) s[0];
-	g->loss = (int) s[1];
-	g->param = s[2];
-	g->y_bound = s[3];
-	g->x_bound = s[4];
-	g->intercept = (int) s[5];
-	return dpsql_glm_check(g) == DPSQL_OK ? DPSQL_OK : DPSQL_E_STATE;
+	return dpsql_glm_header_read(s, len, dpsql_glm_line_state_length, g);
 }
 
 DpsqlStatus
 dpsql_glm_line_state_combine(double *a, const double *b, size_t len)
 {
-	DpsqlGlm	ga,
-				gb;
-	size_t		head;
-
-	if (dpsql_glm_line_state_read(a, len, &ga) != DPSQL_OK ||
-		dpsql_glm_line_state_read(b, len, &gb) != DPSQL_OK)
-		return DPSQL_E_STATE;
-	head = (size_t) DPSQL_GLM_HEADER_LEN + 2 * (size_t) ga.p;
-	for (size_t j = 0; j < head; j++)
-		if (a[j] != b[j])
-			return DPSQL_E_STATE_MISMATCH;
-	for (size_t j = head; j < len; j++)
-		a[j] += b[j];
-	return DPSQL_OK;
+	return dpsql_glm_states_add(a, b, len, dpsql_glm_line_state_length, 2);
 }
 
 DpsqlStatus

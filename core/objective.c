@@ -43,26 +43,25 @@ dpsql_glm_state_length(int p)
 }
 
 void
-dpsql_glm_state_init(double *state, const DpsqlGlm *g, const double *theta)
+dpsql_glm_header_write(double *state, size_t len, const DpsqlGlm *g)
 {
-	memset(state, 0, sizeof(double) * dpsql_glm_state_length(g->p));
+	memset(state, 0, sizeof(double) * len);
 	state[0] = g->p;
 	state[1] = g->loss;
 	state[2] = g->param;
 	state[3] = g->y_bound;
 	state[4] = g->x_bound;
 	state[5] = g->intercept;
-	memcpy(state + DPSQL_GLM_HEADER_LEN, theta, sizeof(double) * g->p);
 }
 
 DpsqlStatus
-dpsql_glm_state_read(const double *s, size_t len, DpsqlGlm *g)
+dpsql_glm_header_read(const double *s, size_t len, size_t (*length) (int p), DpsqlGlm *g)
 {
 	if (len < DPSQL_GLM_HEADER_LEN || !(s[0] >= 1 && s[0] <= DPSQL_GLM_MAX_DIM) ||
 		s[0] != floor(s[0]) ||
 		!(s[1] == DPSQL_GLM_LOGISTIC || s[1] == DPSQL_GLM_HUBER_SVM ||
 		  s[1] == DPSQL_GLM_HUBER_REG) || !(s[5] == 0.0 || s[5] == 1.0) ||
-		len != dpsql_glm_state_length((int) s[0]))
+		len != length((int) s[0]))
 		return DPSQL_E_STATE;
 	g->p = (int) s[0];
 	g->loss = (int) s[1];
@@ -74,22 +73,42 @@ dpsql_glm_state_read(const double *s, size_t len, DpsqlGlm *g)
 }
 
 DpsqlStatus
-dpsql_glm_state_combine(double *a, const double *b, size_t len)
+dpsql_glm_states_add(double *a, const double *b, size_t len, size_t (*length) (int p),
+					 size_t head_after_header)
 {
 	DpsqlGlm	ga,
 				gb;
 	size_t		head;
 
-	if (dpsql_glm_state_read(a, len, &ga) != DPSQL_OK ||
-		dpsql_glm_state_read(b, len, &gb) != DPSQL_OK)
+	if (dpsql_glm_header_read(a, len, length, &ga) != DPSQL_OK ||
+		dpsql_glm_header_read(b, len, length, &gb) != DPSQL_OK)
 		return DPSQL_E_STATE;
-	head = (size_t) DPSQL_GLM_HEADER_LEN + ga.p;
+	head = (size_t) DPSQL_GLM_HEADER_LEN + head_after_header * (size_t) ga.p;
 	for (size_t j = 0; j < head; j++)
 		if (a[j] != b[j])
 			return DPSQL_E_STATE_MISMATCH;
 	for (size_t j = head; j < len; j++)
 		a[j] += b[j];
 	return DPSQL_OK;
+}
+
+void
+dpsql_glm_state_init(double *state, const DpsqlGlm *g, const double *theta)
+{
+	dpsql_glm_header_write(state, dpsql_glm_state_length(g->p), g);
+	memcpy(state + DPSQL_GLM_HEADER_LEN, theta, sizeof(double) * g->p);
+}
+
+DpsqlStatus
+dpsql_glm_state_read(const double *s, size_t len, DpsqlGlm *g)
+{
+	return dpsql_glm_header_read(s, len, dpsql_glm_state_length, g);
+}
+
+DpsqlStatus
+dpsql_glm_state_combine(double *a, const double *b, size_t len)
+{
+	return dpsql_glm_states_add(a, b, len, dpsql_glm_state_length, 1);
 }
 
 double

@@ -55,6 +55,18 @@ DpsqlStatus dpsql_glm_state_read(const double *state, size_t len, DpsqlGlm *g);
 /* a += b for two states of the same scan (same header and theta); DPSQL_E_STATE_MISMATCH else. */
 DpsqlStatus dpsql_glm_state_combine(double *a, const double *b, size_t len);
 
+/*
+ * The header every GLM aggregate state starts with (the Newton scan's above, the line
+ * search's in erm_solver.h): written over a zeroed state of len doubles; read and checked,
+ * length(p) the state's whole length; two states added past their header and
+ * head_after_header x p more doubles that must be equal (theta, a direction).
+ */
+void		dpsql_glm_header_write(double *state, size_t len, const DpsqlGlm *g);
+DpsqlStatus dpsql_glm_header_read(const double *state, size_t len, size_t (*length) (int p),
+								  DpsqlGlm *g);
+DpsqlStatus dpsql_glm_states_add(double *a, const double *b, size_t len,
+								 size_t (*length) (int p), size_t head_after_header);
+
 /* Doubles in the sums: [n, loss, gradient (p), Hessian (p * p, row-major)]. */
 int			dpsql_glm_sums_length(int p);
 
