@@ -111,7 +111,7 @@ dpsql_glm_line_transition(PG_FUNCTION_ARGS)
 		MemoryContext old;
 
 		dpsql_no_nulls(fcinfo, 3, 5, fn);
-		theta = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(3), &p, "theta");
+		(void) dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(3), &p, "theta");	/* p */
 		g = glm_settings(fcinfo, 5, p, fn);
 		theta = finite_vector(fcinfo, 3, p, "theta", fn);
 		dir = finite_vector(fcinfo, 4, p, "direction", fn);
