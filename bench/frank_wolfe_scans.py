@@ -6,14 +6,12 @@ same model both ways (checked)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 from psycopg.types.json import Jsonb
 
 import dpsql
-from bench.bolton_accuracy import bench_server, header_lines, install_data, load_bench_data
+from bench.protein_releases import load_average, protein_session
 
 
 def _release(
@@ -45,22 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the one-scan-per-step release (and so the same-model check)",
     )
     args = parser.parse_args(argv)
-    lines = header_lines("frank_wolfe_scans")
-    lines.append(f"# command: python -m bench.frank_wolfe_scans {' '.join(sys.argv[1:])}")
-    lines.append(f"# load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("\n".join(lines), flush=True)
-    (data,), _ = load_bench_data(["protein"])
-    with bench_server(args.dsn, None) as (uri, where), dpsql.connect(uri) as db:
-        print(f"# server: {where}", flush=True)
-        db.execute("SET client_min_messages = error")
-        install_data(db, data, "")
-        t0 = time.perf_counter()
-        db.execute(
-            "SELECT dpsql.train(%s, '{x}', 'y', 'logistic', epochs => 10, row_norm => 'unit',"
-            " labels => %s, seed => 1)",
-            (data.train_table, data.labels),
-        )
-        noiseless = time.perf_counter() - t0
+    with protein_session("frank_wolfe_scans", args.dsn) as (db, data, noiseless):
         kept, info, w_kept = _release(db, data.dataset, args)
         runs = [("Frank-Wolfe, rows in memory", kept, info)]
         if not args.in_memory_only:
@@ -76,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {inf['scans']} | {seconds:.2f} | {seconds / noiseless:.2f} |")
     if not args.in_memory_only:
         print(f"# speed-up {scanned / kept:.1f}x; same model: yes")
-    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# load average after: {load_average()}")
     return 0
 
 

@@ -11,21 +11,14 @@ iterate is kept, so the iterate no longer changes once certified)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 import dpsql
-from bench.bolton_accuracy import (
-    BenchData,
-    bench_server,
-    header_lines,
-    install_data,
-    load_bench_data,
-)
+from bench.bolton_accuracy import BenchData
+from bench.protein_releases import load_average, protein_session
 
 
 def _release(
@@ -190,22 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each timing (best taken)")
     parser.add_argument("--dsn", help="server (default: a temporary embedded one)")
     args = parser.parse_args(argv)
-    lines = header_lines("objpert_solver")
-    lines.append(f"# command: python -m bench.objpert_solver {' '.join(sys.argv[1:])}")
-    lines.append(f"# load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print("\n".join(lines), flush=True)
-    (data,), _ = load_bench_data(["protein"])
-    with bench_server(args.dsn, None) as (uri, where), dpsql.connect(uri) as db:
-        print(f"# server: {where}", flush=True)
-        db.execute("SET client_min_messages = error")
-        install_data(db, data, "")
-        t0 = time.perf_counter()
-        db.execute(
-            "SELECT dpsql.train(%s, '{x}', 'y', 'logistic', epochs => 10, row_norm => 'unit',"
-            " labels => %s, seed => 1)",
-            (data.train_table, data.labels),
-        )
-        noiseless = time.perf_counter() - t0
+    with protein_session("objpert_solver", args.dsn) as (db, data, noiseless):
         kept = [_release(db, data.dataset, args) for _ in range(args.repeat)]
         db.execute("SET dpsql.sampling_memory = 0")
         scanned = [_release(db, data.dataset, args) for _ in range(args.repeat)]
@@ -243,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     needed = solver["needed"]
     print(f"# the iterate is fixed from S = {needed} on (Newton certified within {needed} steps)")
-    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# load average after: {load_average()}")
     return 0
 
 
