@@ -55,6 +55,20 @@ CREATE OR REPLACE FUNCTION dpsql_internal._sgd_add_batch(state float8[], sums fl
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_sgd_add_batch_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+-- BST14's draws with replacement on a shard (replacement_fmgr.c): the steps that draw each of
+-- the shard's rows, called once per row in (rid, row id) order; shards and counts number the
+-- rows of all shards (public: the shard of a row is the hash of its id).
+CREATE OR REPLACE FUNCTION dpsql_internal._replacement_steps(seed bigint, rows bigint, steps int, batch bigint,
+                                                            relation oid, shards text[], counts bigint[],
+                                                            rid bigint, row_id bigint)
+RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_replacement_steps'
+LANGUAGE C STABLE PARALLEL UNSAFE;
+
+-- A relation's name without its schema: a shard's, from its rows' tableoid.
+CREATE OR REPLACE FUNCTION dpsql_internal._relation_name(relation oid)
+RETURNS text AS 'MODULE_PATHNAME', 'dpsql_relation_name'
+LANGUAGE C STRICT STABLE PARALLEL SAFE;
+
 -- An INSERT ... SELECT between colocated distributed tables, run only if Citus pushes it down
 -- to the shards (one task per shard): otherwise it would pull every row to the coordinator,
 -- or repartition them, without saying so.
@@ -75,6 +89,38 @@ BEGIN
     RETURN rows;
 END $$;
 
+-- BST14's members for an epoch: b draws a step, uniform over all the rows with replacement,
+-- one node's draws (the same stream, _sampled_members) over a numbering of the shards' rows:
+-- the shards by name, each shard's rows in (rid, row id) order (replacement_fmgr.c). Each
+-- shard draws the epoch's stream and writes a copy of a row per draw of it; exactly
+-- steps x batch copies in all, or the epoch fails before any step.
+CREATE OR REPLACE FUNCTION dpsql_internal._replacement_members(r dpsql.runs, seed bigint, members text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    steps bigint := (r.spec->>'steps_per_epoch')::bigint;
+    b bigint := (r.spec->>'batch_size')::bigint;
+    shards text[];
+    counts bigint[];
+    got bigint;
+BEGIN
+    -- rows per shard: a count grouped by shard on the shards (public: the hash of the ids)
+    EXECUTE format('SELECT array_agg(shard ORDER BY shard COLLATE "C"), array_agg(n ORDER BY shard COLLATE "C")'
+                   '  FROM (SELECT dpsql_internal._relation_name(tableoid) AS shard, count(*) AS n'
+                   '          FROM %s GROUP BY 1) c', r.train_table)
+       INTO shards, counts;
+    got := dpsql_internal._insert_on_shards(format(
+        'INSERT INTO %s (row_id, step, x, y)'
+        ' SELECT o.row_id, unnest(dpsql_internal._replacement_steps(%s, %s, %s, %s, o.tableoid, %L, %L,'
+        '                                                         o.rid, o.row_id::bigint)), o.x, o.y'
+        '   FROM (SELECT tableoid, row_id, rid, x, y FROM %s ORDER BY rid, row_id) o ORDER BY 2, 1',
+        members, seed, r.rows, steps, b, shards, counts, r.train_table),
+        'an epoch''s draws with replacement');
+    IF got <> steps * b THEN
+        PERFORM dpsql_internal._fail(format('the shards drew %s rows, not %s x %s: a shard''s rows were '
+                                            'not numbered in one scan', got, steps, b), 'XX000');
+    END IF;
+END $$;
+
 -- One Poisson-sampled epoch of a run on a distributed training table. The epoch's members,
 -- one copy of a row per step it joins (about one per row an epoch), go to a colocated table
 -- ordered and indexed by step; then each step is one pushed-down aggregate over the step's
@@ -90,9 +136,9 @@ DECLARE
     sums float8[];
     t int;
 BEGIN
-    IF r.spec->>'sampling' NOT IN ('poisson', 'shuffle') THEN
-        PERFORM dpsql_internal._fail('only Poisson or shuffled batches run on a distributed training table',
-                                     '0A000');
+    IF r.spec->>'sampling' NOT IN ('poisson', 'shuffle', 'replacement') THEN
+        PERFORM dpsql_internal._fail('only Poisson, shuffled or with-replacement batches run on a '
+                                     'distributed training table', '0A000');
     END IF;
     IF to_regclass(members) IS NULL THEN
         SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
@@ -107,20 +153,24 @@ BEGIN
     ELSE
         EXECUTE format('TRUNCATE %s', members);
     END IF;
-    -- The key is the row id itself (unique, an integer: _check_distributed), so every row has
-    -- its own stream. Poisson: the steps the row joins, each with probability q. Shuffled
-    -- batches: one step, uniform (each row in exactly one step an epoch, as the shuffle's
-    -- accounting assumes; the batch sizes vary around m / T). The seed and q are literals, as
-    -- in the training table's fill.
-    PERFORM dpsql_internal._insert_on_shards(format(
-        'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, b.step, t.x, t.y FROM %s t'
-        '  CROSS JOIN LATERAL unnest(%s) AS b(step) ORDER BY 2, 1', members, r.train_table,
-        CASE WHEN r.spec->>'sampling' = 'poisson'
-             THEN format('dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)',
-                         seed, steps, quote_literal(q::text))
-             ELSE format('ARRAY[dpsql_internal._uniform_index(%s, t.row_id::bigint, %s)]', seed, steps)
-        END),
-        'an epoch''s sampled batches');
+    IF r.spec->>'sampling' = 'replacement' THEN
+        PERFORM dpsql_internal._replacement_members(r, seed, members);
+    ELSE
+        -- The key is the row id itself (unique, an integer: _check_distributed), so every row has
+        -- its own stream. Poisson: the steps the row joins, each with probability q. Shuffled
+        -- batches: one step, uniform (each row in exactly one step an epoch, as the shuffle's
+        -- accounting assumes; the batch sizes vary around m / T). The seed and q are literals, as
+        -- in the training table's fill.
+        PERFORM dpsql_internal._insert_on_shards(format(
+            'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, b.step, t.x, t.y FROM %s t'
+            '  CROSS JOIN LATERAL unnest(%s) AS b(step) ORDER BY 2, 1', members, r.train_table,
+            CASE WHEN r.spec->>'sampling' = 'poisson'
+                 THEN format('dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)',
+                             seed, steps, quote_literal(q::text))
+                 ELSE format('ARRAY[dpsql_internal._uniform_index(%s, t.row_id::bigint, %s)]', seed, steps)
+            END),
+            'an epoch''s sampled batches');
+    END IF;
     FOR t IN 1..steps LOOP
         EXECUTE format('SELECT dpsql_internal._sgd_batch_sum(x, y, $1) FROM %s WHERE step = $2', members)
            INTO sums USING dpsql_internal._sgd_probe(st), t;

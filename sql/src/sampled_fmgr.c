@@ -49,6 +49,7 @@
 
 #include "csprng.h"
 #include "glue.h"
+#include "replacement.h"
 #include "sgd.h"
 
 #if PG_VERSION_NUM < 160000
@@ -102,24 +103,12 @@ dpsql_define_sampling_gucs(void)
 							GUC_UNIT_KB, NULL, NULL, NULL);
 }
 
-/* The coins of every epoch's sampling come from this stream of the epoch's key. */
-#define SAMPLING_STREAM UINT64CONST(0xD95A4D9E5A3B1E01)
-
 typedef enum SamplingKind
 {
 	SAMPLING_POISSON,
 	SAMPLING_REPLACEMENT
 } SamplingKind;
 
-/* The draws of an epoch with replacement, in step order: (step, rid) from one secret stream. */
-typedef struct SampleIter
-{
-	DpsqlRng	rng;
-	int64		rows;
-	int64		steps;
-	int64		batch;			/* draws per step */
-	int64		at;				/* draws made */
-} SampleIter;
 
 static SamplingKind
 sampling_kind(text *name)
@@ -134,41 +123,6 @@ sampling_kind(text *name)
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("dpsql: sampling must be poisson or replacement, not \"%s\"", s)));
 	pg_unreachable();
-}
-
-static void
-sample_begin(SampleIter *it, int64 seed, int64 rows, int64 steps, int64 batch)
-{
-	if (rows < 1 || steps < 1 || steps > PG_INT32_MAX)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: a sampled epoch needs rows >= 1 and 1 <= steps <= %d", PG_INT32_MAX)));
-	if (batch < 1 || batch > PG_INT64_MAX / steps)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: sampling with replacement needs a batch size >= 1")));
-	memset(it, 0, sizeof(*it));
-	dpsql_rng_init_seed(&it->rng, seed, SAMPLING_STREAM);
-	it->rows = rows;
-	it->steps = steps;
-	it->batch = batch;
-}
-
-/* The next member: false when the epoch's last step is done. Checks for cancel now and then. */
-static bool
-sample_next(SampleIter *it, int64 *step, int64 *rid)
-{
-	int64		r;
-
-	if (it->at >= it->steps * it->batch)
-		return false;
-	if ((it->at & 0xFFFF) == 0)
-		CHECK_FOR_INTERRUPTS();
-	*step = it->at / it->batch + 1;
-	it->at++;
-	r = 1 + (int64) floor(dpsql_rng_uniform(&it->rng) * (double) it->rows);
-	*rid = r > it->rows ? it->rows : r;
-	return true;
 }
 
 /* Aggregate state: the model state and the epoch's rows in slots by rid. */
@@ -1252,7 +1206,7 @@ dpsql_sampled_transition(PG_FUNCTION_ARGS)
 static ArrayType *
 replay(SampledEpoch *e)
 {
-	SampleIter	it;
+	DpsqlDraws	it;
 	int64		steps[LOOKAHEAD],
 				rids[LOOKAHEAD];
 	int64		step,
@@ -1261,10 +1215,10 @@ replay(SampledEpoch *e)
 				k;
 	DpsqlStatus st;
 
-	sample_begin(&it, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
+	dpsql_draws_begin(&it, e->seed, e->rows, (int64) ((DpsqlSgdHeader *) e->s)->steps_per_epoch,
 				 e->batch);
 	/* members LOOKAHEAD ahead, so that their slots are on their way to the cache */
-	for (ahead = 0; ahead < LOOKAHEAD && sample_next(&it, &steps[ahead], &rids[ahead]); ahead++)
+	for (ahead = 0; ahead < LOOKAHEAD && dpsql_draws_next(&it, &steps[ahead], &rids[ahead]); ahead++)
 		prefetch_slot(e, rids[ahead]);
 	for (k = 0; k < ahead;)
 	{
@@ -1272,7 +1226,7 @@ replay(SampledEpoch *e)
 
 		step = steps[at];
 		rid = rids[at];
-		if (sample_next(&it, &steps[at], &rids[at]))
+		if (dpsql_draws_next(&it, &steps[at], &rids[at]))
 		{
 			prefetch_slot(e, rids[at]);
 			ahead++;
@@ -1449,7 +1403,7 @@ Datum
 dpsql_sampled_members(PG_FUNCTION_ARGS)
 {
 	FuncCallContext *fc;
-	SampleIter *it;
+	DpsqlDraws *it;
 	int64		step,
 				rid;
 
@@ -1465,8 +1419,8 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 											PG_GETARG_INT32(3), PG_GETARG_FLOAT8(4));
 		else
 		{
-			it = palloc(sizeof(SampleIter));
-			sample_begin(it, PG_GETARG_INT64(1), PG_GETARG_INT64(2), PG_GETARG_INT32(3),
+			it = palloc(sizeof(DpsqlDraws));
+			dpsql_draws_begin(it, PG_GETARG_INT64(1), PG_GETARG_INT64(2), PG_GETARG_INT32(3),
 						 PG_GETARG_INT64(5));
 			fc->user_fctx = it;
 		}
@@ -1492,8 +1446,8 @@ dpsql_sampled_members(PG_FUNCTION_ARGS)
 		explicit_bzero(m, sizeof(*m));
 		SRF_RETURN_DONE(fc);
 	}
-	it = (SampleIter *) fc->user_fctx;
-	if (sample_next(it, &step, &rid))
+	it = (DpsqlDraws *) fc->user_fctx;
+	if (dpsql_draws_next(it, &step, &rid))
 	{
 		Datum		values[2] = {Int32GetDatum((int32) step), Int64GetDatum(rid)};
 		bool		nulls[2] = {false, false};
