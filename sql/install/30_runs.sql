@@ -373,8 +373,8 @@ BEGIN
         PERFORM dpsql_internal._fail(format('training run %s is already done', run_id));
     END IF;
     workers := coalesce((r.spec->>'parallel_workers')::int, 0);
-    IF r.spec->'distributed' <> 'null' AND r.spec->>'sampling' IS DISTINCT FROM 'poisson'
-       AND r.spec->>'sampling' IS DISTINCT FROM 'shuffle'
+    IF r.spec->'distributed' <> 'null'
+       AND NOT coalesce(r.spec->>'sampling' IN ('poisson', 'shuffle', 'replacement'), false)
        AND NOT coalesce((r.spec->>'shard_parallel')::boolean, false) THEN
         PERFORM dpsql_internal._fail('SGD epochs on a distributed training table need shard_parallel => true',
                                      '0A000');

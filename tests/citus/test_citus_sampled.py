@@ -70,6 +70,25 @@ def _state(
     ).fetchone()[0]
 
 
+def _run(
+    table: str, init: list[float], steps: int, sampling: str, rows: int = 0, batch: int = 0
+) -> dict[str, Any]:
+    """The fields of a dpsql.runs row that a distributed epoch reads."""
+    return {
+        "train_table": table,
+        "state": init,
+        "rows": rows,
+        "spec": {
+            "sampling": sampling,
+            "steps_per_epoch": steps,
+            "dim": D,
+            "epochs": 1,
+            "batch_size": batch,
+        },
+        "epochs_done": 0,  # its only epoch: the members' table is dropped after it
+    }
+
+
 def _distributed_epoch(
     conn: psycopg.Connection,
     table: str,
@@ -78,19 +97,58 @@ def _distributed_epoch(
     q: float,
     seed: int,
     sampling: str = "poisson",
+    rows: int = 0,
+    batch: int = 0,
 ) -> np.ndarray:
-    run = {
-        "train_table": table,
-        "state": init,
-        "rows": 0,
-        "spec": {"sampling": sampling, "steps_per_epoch": steps, "dim": D, "epochs": 1},
-    }
     row = conn.execute(
         "SELECT dpsql_internal._sampled_epoch_distributed("
         "  jsonb_populate_record(NULL::dpsql.runs, %s::jsonb), %s, %s)",
-        (psycopg.types.json.Jsonb(run), seed, q),
+        (psycopg.types.json.Jsonb(_run(table, init, steps, sampling, rows, batch)), seed, q),
     ).fetchone()
     return np.asarray(row[0], dtype=np.float64)
+
+
+def _replacement_members(
+    conn: psycopg.Connection, table: str, seed: int, rows: int, steps: int, batch: int
+) -> list[tuple[int, int]]:
+    """One node's draws with replacement (step, row number), mapped to row ids through the
+    numbering the shards use: the shards by name, each shard's rows by (rid, row id)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL citus.coordinator_aggregation_strategy = 'row-gather'")
+        rows_by = conn.execute(
+            f"SELECT dpsql_internal._relation_name(tableoid), rid, row_id FROM {table}"
+        ).fetchall()
+    order = [r[2] for r in sorted(rows_by, key=lambda r: (r[0].encode(), r[1], r[2]))]
+    assert len(order) == rows
+    draws = conn.execute(
+        "SELECT step, rid FROM dpsql_internal._sampled_members('replacement', %s, %s, %s, 0.1, %s)",
+        (seed, rows, steps, batch),
+    ).fetchall()
+    return sorted((step, order[g - 1]) for step, g in draws)
+
+
+def _fill_replacement(
+    conn: psycopg.Connection,
+    table: str,
+    init: list[float],
+    steps: int,
+    seed: int,
+    rows: int,
+    batch: int,
+) -> str:
+    """An epoch's members with replacement, filled on the shards into a new colocated table."""
+    members = f"m_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE TABLE {members} (row_id bigint, step int, x float8[], y float8)")
+    conn.execute(
+        "SELECT create_distributed_table(%s, 'row_id', colocate_with => %s)", (members, table)
+    )
+    run = psycopg.types.json.Jsonb(_run(table, init, steps, "replacement", rows, batch))
+    conn.execute(
+        "SELECT dpsql_internal._replacement_members(r, %s, %s)"
+        "  FROM jsonb_populate_record(NULL::dpsql.runs, %s::jsonb) r",
+        (seed, members, run),
+    )
+    return members
 
 
 def _members_sql(table: str, sampling: str = "poisson") -> str:
@@ -143,7 +201,66 @@ def test_an_epoch_on_shards_is_the_one_node_epoch_over_the_same_members(coord, s
     assert np.linalg.norm(quiet[H : H + D] - got[H : H + D]) > 0
 
 
-def test_the_step_noise_is_present_and_scaled(coord) -> None:
+def test_draws_with_replacement_on_shards_are_one_nodes_draws(coord) -> None:
+    """BST14 on shards: each shard keeps its share of the epoch's one stream of draws, so the
+    members (step, row), duplicates included, are one node's draws mapped through the shards'
+    numbering, exactly b a step; the epoch equals the one-node batched aggregate over them and
+    the same noise stream, up to the order of additions within a step."""
+    X, y = _binary(1000, d=D, seed=21)
+    y = 2 * y - 1
+    table = _training_table(coord, X, y)
+    # shuffled rids: the numbering follows them, not the row ids
+    coord.execute(f"UPDATE {table} SET rid = dpsql_internal._shuffle_key(9, row_id)")
+    steps, batch, seed = 25, 30, 41
+    init = _state(coord, batch=batch, steps=steps)
+    got = _distributed_epoch(
+        coord, table, init, steps, 0.0, seed, "replacement", rows=1000, batch=batch
+    )
+    want_members = _replacement_members(coord, table, seed, 1000, steps, batch)
+    assert len(want_members) == steps * batch
+    assert len(set(want_members)) < len(want_members)  # some row drawn twice in a step
+    members = _fill_replacement(coord, table, init, steps, seed, 1000, batch)
+    assert sorted(coord.execute(f"SELECT step, row_id FROM {members}").fetchall()) == want_members
+    with coord.transaction():
+        coord.execute("SET LOCAL citus.coordinator_aggregation_strategy = 'row-gather'")
+        want = coord.execute(
+            f"SELECT dpsql.sgd_epoch_batches(t.x, t.y, m.step, %s ORDER BY m.step, t.row_id)"
+            f"  FROM {members} m JOIN {table} t USING (row_id)",
+            (init,),
+        ).fetchone()[0]
+        coord.execute(f"DROP TABLE {members}")
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-9, atol=1e-12)
+
+
+def test_draws_on_shards_refuse_rows_out_of_order(coord) -> None:
+    """The numbering is the scan's order: a shard's rows out of (rid, row id) order, or more
+    rows than the counts say, fail; and an epoch whose members are not steps x b fails before
+    any step."""
+    X, y = _binary(200, d=D, seed=22)
+    table = _training_table(coord, X, y)
+    steps, batch = 5, 10
+    run = psycopg.types.json.Jsonb(_run(table, _state(coord, batch=batch, steps=steps), steps,
+                                        "replacement", 200, batch))  # fmt: skip
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="order"):
+        with coord.transaction():
+            coord.execute(
+                "SELECT dpsql_internal._replacement_steps(1, 200, 5, 10, tableoid,"
+                "   ARRAY[dpsql_internal._relation_name(tableoid)], ARRAY[200::bigint], rid, row_id)"
+                f" FROM (SELECT tableoid, * FROM {table} ORDER BY rid DESC) o"
+            ).fetchall()
+    # a row count that does not match the shards' (the training table changed): nothing runs
+    coord.execute(f"INSERT INTO {table} VALUES (100000, 100000, ARRAY[1, 1, 1, 1], 1)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="add up"):
+        with coord.transaction():
+            coord.execute(
+                "SELECT dpsql_internal._sampled_epoch_distributed("
+                "  jsonb_populate_record(NULL::dpsql.runs, %s::jsonb), 3, 0)",
+                (run,),
+            )
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "replacement"])
+def test_the_step_noise_is_present_and_scaled(coord, sampling) -> None:
     """Rows with x = 0 carry no gradient, so the epoch's model is -eta/b times the sum of the
     steps' noise: each of the D weights is N(0, T (eta sigma / b)^2). Over 5 seeds x 4
     coordinates, 20 z-values: sum of squares within the chi-square(20) central 0.999 interval
@@ -160,7 +277,7 @@ def test_the_step_noise_is_present_and_scaled(coord) -> None:
             " %s, 8, 1.0, 'gaussian', %s, %s, %s, %s)",
             (D, eta, b, sigma, b, steps, 100 + seed),
         ).fetchone()[0]
-        state = _distributed_epoch(coord, table, init, steps, q, 10 + seed)
+        state = _distributed_epoch(coord, table, init, steps, q, 10 + seed, sampling, 400, b)
         w = state[H : H + D]
         zs.extend(w / (np.sqrt(steps) * eta * sigma / b))
     ss = float(np.sum(np.square(zs)))
@@ -219,6 +336,64 @@ def test_a_rows_step_contribution_is_bounded_on_every_shard(coord, shard_index) 
             assert dist <= 1e-12
 
 
+@pytest.mark.parametrize("shard_index", range(SHARDS))
+def test_a_drawn_rows_step_contribution_is_bounded_on_every_shard(coord, shard_index) -> None:
+    """BST14's replace-one neighbours on shards: the same row id in each shard in turn, with
+    adversarial contents. The draws are the same on both datasets (they depend on the ids and
+    the shards' counts only); every step keeps exactly b members; a step's summed gradient
+    changes by at most 2C times the times the row was drawn in it, and not at all in the steps
+    that did not draw it."""
+    X, y = _binary(300, d=D, seed=23)
+    y = 2 * y - 1
+    table = _training_table(coord, X, y)
+    steps, batch, seed, clip = 30, 40, 6, 0.5
+    init = _state(coord, batch=batch, steps=steps, clip=clip)
+    state = coord.execute(
+        "SELECT dpsql_internal._sgd_add_batch(dpsql_internal._sgd_epoch_start(%s), NULL, 1)",
+        (init,),
+    ).fetchone()[0]
+    probe = coord.execute("SELECT dpsql_internal._sgd_probe(%s)", (state,)).fetchone()[0]
+    in_shard = [
+        r
+        for (r,) in coord.execute(
+            f"SELECT row_id FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
+            " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
+            "    ORDER BY shardid OFFSET %s LIMIT 1)",
+            (table, table, shard_index),
+        ).fetchall()
+    ]
+
+    def draws() -> tuple[list[tuple[int, int]], dict[int, np.ndarray]]:
+        members = _fill_replacement(coord, table, init, steps, seed, 300, batch)
+        pairs = sorted(coord.execute(f"SELECT step, row_id FROM {members}").fetchall())
+        rows = coord.execute(
+            f"SELECT m.step, dpsql_internal._sgd_batch_sum(t.x, t.y, %s)"
+            f"  FROM {members} m JOIN {table} t USING (row_id) GROUP BY m.step",
+            (probe,),
+        ).fetchall()
+        return pairs, {s: np.asarray(v) for s, v in rows}
+
+    pairs, before = draws()
+    # the shard's row drawn most often (the draws depend on the ids only, so choosing by them
+    # chooses no contents)
+    target = max(in_shard, key=lambda r: sum(1 for _, m in pairs if m == r))
+    times = {t: sum(1 for s, r in pairs if s == t and r == target) for t in range(1, steps + 1)}
+    assert sum(times.values()) >= 1
+    w = np.asarray(probe[H : H + D])
+    direction = 100 * (w / np.linalg.norm(w) if np.linalg.norm(w) > 0 else np.ones(D))
+    coord.execute(f"UPDATE {table} SET x = %s, y = -y WHERE row_id = %s", (list(direction), target))
+    pairs_after, after = draws()
+    assert pairs_after == pairs
+    for step in before:
+        g, g2 = before[step][H + D :], after[step][H + D :]
+        assert before[step][IN_BATCH] == after[step][IN_BATCH] == batch
+        dist = float(np.linalg.norm(g - g2))
+        if times[step]:
+            assert 1e-9 < dist <= 2 * clip * times[step] * (1 + 1e-12)
+        else:
+            assert dist <= 1e-12
+
+
 @pytest.mark.parametrize("sampling", ["poisson", "shuffle"])
 def test_dpsgd_trains_on_shards_like_one_node(coord, sampling) -> None:
     """A private DP-SGD release on the cluster: charged once, steps on the shards, and about as
@@ -252,6 +427,34 @@ def test_dpsgd_trains_on_shards_like_one_node(coord, sampling) -> None:
     assert left == 0
 
 
+def test_bst14_trains_on_shards_like_one_node(coord) -> None:
+    """A private BST14 release on the cluster: charged once, draws and steps on the shards,
+    about as accurate as the same release on a local copy, no members' table left."""
+    X, y = _binary(4000, d=D, seed=24)
+    local = f"l_{uuid.uuid4().hex[:8]}"
+    load_numpy(coord, local, X, y)
+    src = _distributed(coord, X, y)
+    accuracies = []
+    for table in (local, src):
+        ds = _register(coord, table, labels=[0, 1], row_norm="clip")
+        before = _ledger(coord)
+        mid = _private(coord, ds, privacy="bst14", epsilon=4.0, delta=1e-5, epochs=2)
+        assert _ledger(coord) == before + 1
+        acc = coord.execute(
+            "SELECT value FROM dpsql.evaluate(%s, %s) WHERE metric = 'accuracy'", (mid, table)
+        ).fetchone()
+        accuracies.append(float(acc[0]))
+    params = coord.execute(
+        "SELECT params FROM dpsql.model_store WHERE model_id = %s", (mid,)
+    ).fetchone()[0]
+    assert params["distributed"]["shard_count"] == SHARDS
+    assert accuracies[1] > 0.75 and abs(accuracies[1] - accuracies[0]) < 0.05, accuracies
+    left = coord.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'"
+    ).fetchone()[0]
+    assert left == 0
+
+
 @pytest.mark.parametrize("privacy", ["dpsgd_f", "dpsgd_f_alg2"])
 def test_dpsgd_f_variants_train_on_shards(coord, privacy) -> None:
     X, y = _binary(3000, d=D, seed=12)
@@ -273,7 +476,7 @@ def test_refusals_on_shards_charge_nothing(coord) -> None:
     X, y = _binary(800, d=D, seed=13)
     ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
     before = _ledger(coord)
-    for privacy in ("bst14", "scs13", "dp_ftrl"):
+    for privacy in ("scs13", "dp_ftrl"):
         _refused(
             coord,
             f"SELECT dpsql.train(%s, NULL, NULL, privacy => '{privacy}', epsilon => 1,"
