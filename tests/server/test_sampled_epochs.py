@@ -520,3 +520,50 @@ def test_poisson_reads_in_place_up_to_the_threshold(conn, big_table) -> None:
     conn.execute("RESET dpsql.sampling_memory")
     conn.execute("RESET dpsql.sampling_in_place_memory")
     _only_superusers_set(conn, "dpsql.sampling_in_place_memory")
+
+
+def _shard_steps(conn, names: str, counts: str, order: str = "rid", rows: int = 300) -> list:
+    return conn.execute(
+        "SELECT rid, dpsql_internal._replacement_steps(7, %s, 20, 15, o.tableoid,"
+        f"  {names}, {counts}, o.rid, o.rid) FROM (SELECT tableoid, rid FROM t ORDER BY {order}) o",
+        (rows,),
+    ).fetchall()
+
+
+def test_a_shards_share_of_the_draws_is_the_draws_in_its_range(conn, rows_table) -> None:
+    """Citus's numbering of BST14's draws (replacement_fmgr.c), on one table standing for the
+    second of two shards: its rows get exactly one node's draws with row numbers 101..400,
+    the k-th row in rid order the draws of number 100 + k, steps in order, repeats kept."""
+    draws = conn.execute(
+        "SELECT step, rid FROM dpsql_internal._sampled_members('replacement', 7, 400, 20, 0, 15)"
+    ).fetchall()
+    got = _shard_steps(conn, "ARRAY['other', 't']", "ARRAY[100, 300]::bigint[]", rows=400)
+    assert [rid for rid, _ in got] == list(range(1, 301))
+    want = {k: [s for s, g in draws if g == 100 + k] for k in range(1, 301)}
+    assert {rid: steps for rid, steps in got} == want
+    assert sum(len(s) for _, s in got) == sum(1 for _, g in draws if g > 100)
+
+
+@pytest.mark.parametrize(
+    ("names", "counts", "order", "message"),
+    [
+        ("ARRAY['t']", "ARRAY[299]::bigint[]", "rid", "add up"),
+        ("ARRAY['t', 'u']", "ARRAY[300, 0]::bigint[]", "rid", None),  # fine: u is empty
+        ("ARRAY['u']", "ARRAY[300]::bigint[]", "rid", "not in the list"),
+        ("ARRAY['t', 't']", "ARRAY[150, 150]::bigint[]", "rid", "twice"),
+        ("ARRAY['t']", "ARRAY[300, 0]::bigint[]", "rid", "row counts"),
+        ("ARRAY['t']", "ARRAY[-1]::bigint[]", "rid", ">= 0"),
+        ("ARRAY[NULL, 't']", "ARRAY[0, 300]::bigint[]", "rid", "NULL"),
+        ("ARRAY['t']", "ARRAY[300]::bigint[]", "rid DESC", "order"),
+        ("'{}'::text[]", "'{}'::bigint[]", "rid", "row counts"),
+    ],
+)
+def test_a_shards_draws_refuse_bad_input(conn, rows_table, names, counts, order, message) -> None:
+    """Bad lists, a shard not listed, rows out of order: clear errors, no crash."""
+    if message is None:
+        assert len(_shard_steps(conn, names, counts, order)) == 300
+        return
+    with pytest.raises(psycopg.Error, match=message):
+        _shard_steps(conn, names, counts, order)
+    with pytest.raises(psycopg.Error, match="more rows than its count"):
+        _shard_steps(conn, "ARRAY['t', 'u']", "ARRAY[299, 1]::bigint[]")
