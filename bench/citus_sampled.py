@@ -1,6 +1,6 @@
 """Sampled private SGD on a local Citus cluster (coordinator + 2 workers) against one node.
 
-For each size: DP-SGD (Poisson) and DPSGD-F released on the distributed table and on the same
+For each size: DP-SGD (Poisson), DPSGD-F and BST14 (draws with replacement) released on the distributed table and on the same
 rows in a local table of the coordinator (one node), at the same epsilon, delta, epochs and
 batch (the cluster's default: at most 2,000 steps an epoch); wall time, the time per step,
 accuracy (dpsql.evaluate, pushed down on the cluster); a noiseless distributed SGD epoch
@@ -8,6 +8,7 @@ accuracy (dpsql.evaluate, pushed down on the cluster); a noiseless distributed S
 (Citus's EXPLAIN ANALYZE "Tuple data received from nodes") and so per epoch.
 
     python -m bench.citus_sampled [--rows 1000000 10000000] [--dim 50] [--shards 8] [--epochs 2]
+                                  [--mechanisms dpsgd dpsgd_f bst14]
 
 Needs Citus in the embedded PostgreSQL 18 (``make citus``). The machine's 2 cores run three
 nodes: the figures show per-step latency and bytes, not a cluster's speed-up.
@@ -26,7 +27,7 @@ import psycopg
 from bench.citus_scale import PREPARE, _fill, _timed
 from dpsql import citus
 
-MECHANISMS = ("dpsgd", "dpsgd_f")
+MECHANISMS = ("dpsgd", "dpsgd_f", "bst14")
 
 
 def _release(
@@ -148,7 +149,7 @@ def _size(cl: citus.Cluster, conn: psycopg.Connection, rows: int, args: Any) -> 
         f"{'mechanism':10} {'where':9} {'wall s':>8} {'train s':>8} {'ms/step':>8} {'accuracy':>8}"
     )
     steps = args.epochs * (rows // batch)
-    for privacy in MECHANISMS:
+    for privacy in args.mechanisms:
         for where, table in (("one node", local), ("cluster", dist)):
             r = _release(conn, names[table], table, privacy, args, batch)
             print(
@@ -167,6 +168,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--delta", type=float, default=1e-6)
+    ap.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS))
     args = ap.parse_args()
     print(
         f"# citus_sampled, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())};"
