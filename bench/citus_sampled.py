@@ -1,8 +1,9 @@
 """Sampled private SGD on a local Citus cluster (coordinator + 2 workers) against one node.
 
-For each size: DP-SGD (Poisson), DPSGD-F and BST14 (draws with replacement) released on the distributed table and on the same
-rows in a local table of the coordinator (one node), at the same epsilon, delta, epochs and
-batch (the cluster's default: at most 2,000 steps an epoch); wall time, the time per step,
+For each size: DP-SGD (Poisson), DPSGD-F and BST14 (draws with replacement) released on the
+distributed table and on the same rows in a local table of the coordinator (one node), at the
+same epsilon, delta, epochs and batch (the cluster's default: at most 2,000 steps an epoch);
+wall time, the time per step,
 accuracy (dpsql.evaluate, pushed down on the cluster); a noiseless distributed SGD epoch
 (shard-averaged, one scan) for scale; and the bytes the coordinator receives for one step
 (Citus's EXPLAIN ANALYZE "Tuple data received from nodes") and so per epoch.

@@ -241,22 +241,26 @@ def test_draws_on_shards_refuse_rows_out_of_order(coord) -> None:
     steps, batch = 5, 10
     run = psycopg.types.json.Jsonb(_run(table, _state(coord, batch=batch, steps=steps), steps,
                                         "replacement", 200, batch))  # fmt: skip
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match="order"):
-        with coord.transaction():
-            coord.execute(
-                "SELECT dpsql_internal._replacement_steps(1, 200, 5, 10, tableoid,"
-                "   ARRAY[dpsql_internal._relation_name(tableoid)], ARRAY[200::bigint], rid, row_id)"
-                f" FROM (SELECT tableoid, * FROM {table} ORDER BY rid DESC) o"
-            ).fetchall()
+    with (
+        pytest.raises(psycopg.errors.FeatureNotSupported, match="order"),
+        coord.transaction(),
+    ):
+        coord.execute(
+            "SELECT dpsql_internal._replacement_steps(1, 200, 5, 10, tableoid,"
+            "   ARRAY[dpsql_internal._relation_name(tableoid)], ARRAY[200::bigint], rid,"
+            f"  row_id) FROM (SELECT tableoid, * FROM {table} ORDER BY rid DESC) o"
+        ).fetchall()
     # a row count that does not match the shards' (the training table changed): nothing runs
     coord.execute(f"INSERT INTO {table} VALUES (100000, 100000, ARRAY[1, 1, 1, 1], 1)")
-    with pytest.raises(psycopg.errors.InvalidParameterValue, match="add up"):
-        with coord.transaction():
-            coord.execute(
-                "SELECT dpsql_internal._sampled_epoch_distributed("
-                "  jsonb_populate_record(NULL::dpsql.runs, %s::jsonb), 3, 0)",
-                (run,),
-            )
+    with (
+        pytest.raises(psycopg.errors.InvalidParameterValue, match="add up"),
+        coord.transaction(),
+    ):
+        coord.execute(
+            "SELECT dpsql_internal._sampled_epoch_distributed("
+            "  jsonb_populate_record(NULL::dpsql.runs, %s::jsonb), 3, 0)",
+            (run,),
+        )
 
 
 @pytest.mark.parametrize("sampling", ["poisson", "replacement"])
