@@ -188,7 +188,11 @@ BEGIN
             'noise_scale', scs.noise,
             'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
             'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
-            'sampling', 'shuffle', 'steps_per_epoch', 0, 'epsilon', epsilon, 'delta', delta,
+            -- on Citus each row's step a keyed uniform draw, as shuffled DP-SGD's there: every
+            -- row in exactly one step a pass (59_distributed_sampled.sql)
+            'sampling', 'shuffle',
+            'steps_per_epoch', CASE WHEN coalesce(spec->'distributed', 'null') <> 'null' THEN n ELSE 0 END,
+            'epsilon', epsilon, 'delta', delta,
             'info', jsonb_build_object(
                 'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
                 'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,

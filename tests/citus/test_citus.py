@@ -256,9 +256,11 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     ds = _register(coord, src, labels=[0, 1])
     before = _ledger(coord)
     hint = _refused(
-        coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'scs13', epsilon => 1)", (ds,)
+        coord,
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dp_ftrl', epsilon => 1, delta => 1e-6)",
+        (ds,),
     )
-    assert "sequential" in hint
+    assert "sequential" in hint and "scs13" in hint and "bst14" in hint
     _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,))
     _refused(
         coord,
