@@ -262,12 +262,7 @@ dpsql_ftrl_epoch_init(DpsqlFtrlEpoch *e, const DpsqlFtrlConfig *c, double *buf,
 	if (e->levels > DPSQL_TREE_MAX_LEVELS)
 		return DPSQL_E_LIMIT;
 	e->rows = e->leaf_rows = e->t = 0;
-	e->theta = buf;
-	e->s_prev = buf + p;
-	e->leaf = buf + 2 * (size_t) p;
-	e->theta_sum = buf + 3 * (size_t) p;
-	e->prefix = buf + 4 * (size_t) p;
-	e->tree = buf + 5 * (size_t) p;
+	dpsql_ftrl_epoch_rebase(e, buf);
 	memset(buf, 0, sizeof(double) * dpsql_ftrl_epoch_length(p, e->levels));
 	if (s_prev != NULL)
 	{
@@ -278,6 +273,19 @@ dpsql_ftrl_epoch_init(DpsqlFtrlEpoch *e, const DpsqlFtrlConfig *c, double *buf,
 	}
 	dpsql_ftrl_theta(c, e->s_prev, e->theta);
 	return DPSQL_OK;
+}
+
+void
+dpsql_ftrl_epoch_rebase(DpsqlFtrlEpoch *e, double *buf)
+{
+	size_t		p = (size_t) e->cfg.p;
+
+	e->theta = buf;
+	e->s_prev = buf + p;
+	e->leaf = buf + 2 * p;
+	e->theta_sum = buf + 3 * p;
+	e->prefix = buf + 4 * p;
+	e->tree = buf + 5 * p;
 }
 
 /* Leaf t + 1 is complete: release its tree nodes, move theta. */
@@ -315,6 +323,21 @@ dpsql_ftrl_epoch_row(DpsqlFtrlEpoch *e, const double *x, int xlen, double y, int
 	if (e->leaf_rows == e->cfg.batch)
 		return complete_leaf(e, rng);
 	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_ftrl_epoch_leaf(DpsqlFtrlEpoch *e, const double *leaf, int64_t rows, DpsqlRng *rng)
+{
+	if (rows < 0 || rows > e->cfg.n - e->rows || e->leaf_rows != 0 || e->t >= e->leaves)
+		return DPSQL_E_LIMIT;
+	for (int j = 0; j < e->cfg.p; j++)
+	{
+		if (!isfinite(leaf[j]))
+			return DPSQL_E_PARAM;
+		e->leaf[j] = leaf[j];
+	}
+	e->rows += rows;
+	return complete_leaf(e, rng);
 }
 
 DpsqlStatus

@@ -137,6 +137,18 @@ DpsqlStatus dpsql_ftrl_epoch_row(DpsqlFtrlEpoch *e, const double *x, int xlen, d
 								 int y_null, DpsqlRng *rng);
 
 /*
+ * A whole leaf summed elsewhere (Citus: the shards' sums of the leaf's rows' clipped gradients
+ * at e->theta, rows of them): completes it as dpsql_ftrl_epoch_row does after its last row.
+ * DPSQL_E_LIMIT beyond n rows or n_leaves leaves; DPSQL_E_PARAM for a non-finite sum.
+ */
+DpsqlStatus dpsql_ftrl_epoch_leaf(DpsqlFtrlEpoch *e, const double *leaf, int64_t rows,
+								  DpsqlRng *rng);
+
+/* Points e's vectors into buf, laid out as dpsql_ftrl_epoch_init lays them (after the epoch
+ * and its buffer were copied together). */
+void		dpsql_ftrl_epoch_rebase(DpsqlFtrlEpoch *e, double *buf);
+
+/*
  * Completes the last (partial) leaf. DPSQL_E_STATE unless exactly n rows were seen. Then
  * e->s_prev holds S_prev + GetSum(n_leaves) (the next epoch's S_prev), e->theta the iterate
  * after the last leaf, e->theta_sum the sum of the n_leaves iterates used.

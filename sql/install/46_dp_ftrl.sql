@@ -50,6 +50,64 @@ CREATE OR REPLACE AGGREGATE dpsql_internal._dp_ftrl_epoch(x float8[], y float8, 
     FINALFUNC_MODIFY = READ_WRITE
 );
 
+-- On Citus (docs/citus.md): a leaf's sum of clipped gradients at theta over its rows, [rows,
+-- leaf (p)], pushed down to the shards and combined on the coordinator, which keeps the epoch
+-- (_ftrl_shards_*: the tree, its noise generator and theta, in a bytea that stays there).
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_leaf_transition(sums float8[], x float8[], y float8,
+                                                                config float8[], theta float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_leaf_transition'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_leaf_combine(a float8[], b float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_leaf_combine'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE AGGREGATE dpsql_internal._ftrl_leaf_sum(x float8[], y float8, config float8[],
+                                                          theta float8[]) (
+    SFUNC = dpsql_internal._ftrl_leaf_transition,
+    STYPE = float8[],
+    COMBINEFUNC = dpsql_internal._ftrl_leaf_combine,
+    PARALLEL = SAFE
+);
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_shards_init(config float8[], s_prev float8[], seed bigint,
+                                                            stream bigint)
+RETURNS bytea AS 'MODULE_PATHNAME', 'dpsql_ftrl_shards_init'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_shards_theta(state bytea)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_shards_theta'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_shards_leaf(state bytea, sums float8[])
+RETURNS bytea AS 'MODULE_PATHNAME', 'dpsql_ftrl_shards_leaf'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ftrl_shards_final(state bytea)
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_shards_final'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+
+-- One epoch of DP-FTRL on a distributed training table: the leaves are the members' table's
+-- steps (each row in exactly one, a keyed uniform draw: _dp_ftrl_fit); each leaf one pushed-down
+-- sum at the coordinator's theta, then its tree nodes and noise on the coordinator. Returns
+-- _dp_ftrl_epoch's array.
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_epoch_distributed(members text, label text, config float8[],
+                                                                     s_prev float8[], seed bigint,
+                                                                     stream bigint, leaves bigint)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    st bytea := dpsql_internal._ftrl_shards_init(config, s_prev, seed, stream);
+    sums float8[];
+BEGIN
+    FOR t IN 1 .. leaves LOOP
+        EXECUTE format('SELECT dpsql_internal._ftrl_leaf_sum(x, %s, $1, $2) FROM %s WHERE step = $3',
+                       label, members)
+           INTO sums USING config, dpsql_internal._ftrl_shards_theta(st), t;
+        st := dpsql_internal._ftrl_shards_leaf(st, sums);
+    END LOOP;
+    RETURN dpsql_internal._ftrl_shards_final(st);
+END $$;
+
 -- The plan: every number from n, d, the registration and the analyst's parameters.
 CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
@@ -131,6 +189,8 @@ BEGIN
             EXIT WHEN sigma * sqrt(p * levels) / batch <= clip / 4 OR batch * 2 > n / 10;
             batch := batch * 2;
         END LOOP;
+        -- on Citus each leaf is a round trip to every shard: at most 2,000 leaves an epoch
+        batch := greatest(batch, dpsql_internal._distributed_min_batch(ds, n));
     ELSIF NOT (batch BETWEEN 1 AND n) THEN
         PERFORM dpsql_internal._fail(format('batch_size must be in 1..%s (the rows), got %s', n, batch));
     END IF;
@@ -208,8 +268,22 @@ DECLARE
     out float8[];
     leaves bigint;
     w float8[];
+    label text;
+    -- Citus: each row's leaf a keyed uniform draw on its shard (docs/citus.md)
+    members text;
+    per_epoch bigint := (plan->'info'->>'leaves')::bigint;
 BEGIN
     weights := '{}';
+    IF (dpsql_internal._citus_layout(train_table::regclass)).dist_column IS NOT NULL THEN
+        members := dpsql_internal._members_table(train_table, p - config[5]::int);
+        PERFORM dpsql_internal._insert_on_shards(format(
+            'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, dpsql_internal._uniform_index(%s,'
+            ' t.row_id::bigint, %s), t.x, t.y FROM %s t ORDER BY 2, 1', members,
+            -- the leaves are secret, as one node's shuffled order; an owner's noise seed fixes them
+            CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
+                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END, per_epoch, train_table),
+            'DP-FTRL''s leaves');
+    END IF;
     FOR c IN 0 .. outputs - 1 LOOP
         s_prev := NULL;
         theta_sum := array_fill(0::float8, ARRAY[p]);
@@ -217,12 +291,17 @@ BEGIN
         FOR e IN 1 .. epochs LOOP
             -- one-vs-rest: class c against the rest (a NULL label stays NULL); the streams of
             -- the noise keep the models' and epochs' draws apart
-            EXECUTE format('SELECT dpsql_internal._dp_ftrl_epoch(x, %s, $1, $2, $3, $4 ORDER BY rid) FROM %s',
-                           CASE WHEN outputs > 1
-                                THEN format('CASE WHEN y = %s THEN 1.0 WHEN y IS NOT NULL THEN -1.0 END', c)
-                                ELSE 'y' END,
-                           train_table)
-               INTO out USING config, s_prev, noise_seed, (c::bigint << 32) + e;
+            label := CASE WHEN outputs > 1
+                          THEN format('CASE WHEN y = %s THEN 1.0 WHEN y IS NOT NULL THEN -1.0 END', c)
+                          ELSE 'y' END;
+            IF members IS NOT NULL THEN
+                out := dpsql_internal._dp_ftrl_epoch_distributed(members, label, config, s_prev, noise_seed,
+                                                                 (c::bigint << 32) + e, per_epoch);
+            ELSE
+                EXECUTE format('SELECT dpsql_internal._dp_ftrl_epoch(x, %s, $1, $2, $3, $4 ORDER BY rid) FROM %s',
+                               label, train_table)
+                   INTO out USING config, s_prev, noise_seed, (c::bigint << 32) + e;
+            END IF;
             IF out IS NULL THEN
                 PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
             END IF;
@@ -238,7 +317,13 @@ BEGIN
                               ORDER BY i) END;
         weights := CASE WHEN outputs > 1 THEN weights || ARRAY[w] ELSE w END;
     END LOOP;
+    IF members IS NOT NULL THEN
+        EXECUTE format('DROP TABLE %s', members);
+    END IF;
     info := jsonb_build_object('scans', epochs * outputs, 'iterates_averaged',
-                               CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END);
+                               CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END,
+                               'leaf_assignment', CASE WHEN members IS NOT NULL
+                                              THEN 'each row''s leaf a keyed uniform draw (Citus)'
+                                              ELSE 'consecutive rows of the shuffled table' END);
     iterates := NULL;
 END $$;

@@ -89,6 +89,31 @@ BEGIN
     RETURN rows;
 END $$;
 
+-- The members' table of a distributed training table (train_table || '_members'): (row_id,
+-- step, x, y), colocated with it, indexed by step; emptied when it exists. In dpsql_work, as the
+-- training table: only the extension owner reads it.
+CREATE OR REPLACE FUNCTION dpsql_internal._members_table(train_table text, dim int)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    members text := train_table || '_members';
+    id_type text;
+BEGIN
+    IF to_regclass(members) IS NULL THEN
+        SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
+          FROM pg_attribute a WHERE a.attrelid = train_table::regclass AND a.attname = 'row_id';
+        EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, step int NOT NULL, x float8[], '
+                       'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
+                       members, id_type);
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', members,
+                       CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+        PERFORM create_distributed_table(members, 'row_id', colocate_with => train_table);
+        EXECUTE format('CREATE INDEX ON %s (step)', members);
+    ELSE
+        EXECUTE format('TRUNCATE %s', members);
+    END IF;
+    RETURN members;
+END $$;
+
 -- BST14's members for an epoch: b draws a step, uniform over all the rows with replacement,
 -- one node's draws (the same stream, _sampled_members) over a numbering of the shards' rows:
 -- the shards by name, each shard's rows in (rid, row id) order (replacement_fmgr.c). Each
@@ -131,7 +156,6 @@ RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
     steps int := (r.spec->>'steps_per_epoch')::int;
     members text := r.train_table || '_members';
-    id_type text;
     st float8[] := dpsql_internal._sgd_epoch_start(r.state);
     sums float8[];
     t int;
@@ -140,19 +164,7 @@ BEGIN
         PERFORM dpsql_internal._fail('only Poisson, shuffled or with-replacement batches run on a '
                                      'distributed training table', '0A000');
     END IF;
-    IF to_regclass(members) IS NULL THEN
-        SELECT format_type(a.atttypid, a.atttypmod) INTO id_type
-          FROM pg_attribute a WHERE a.attrelid = r.train_table::regclass AND a.attname = 'row_id';
-        EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, step int NOT NULL, x float8[], '
-                       'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
-                       members, id_type);
-        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', members,
-                       CASE WHEN (r.spec->>'dim')::int <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
-        PERFORM create_distributed_table(members, 'row_id', colocate_with => r.train_table);
-        EXECUTE format('CREATE INDEX ON %s (step)', members);
-    ELSE
-        EXECUTE format('TRUNCATE %s', members);
-    END IF;
+    PERFORM dpsql_internal._members_table(r.train_table, (r.spec->>'dim')::int);
     IF r.spec->>'sampling' = 'replacement' THEN
         PERFORM dpsql_internal._replacement_members(r, seed, members);
     ELSE

@@ -257,10 +257,11 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     before = _ledger(coord)
     hint = _refused(
         coord,
-        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dp_ftrl', epsilon => 1, delta => 1e-6)",
+        "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'dp_ssgd', epsilon => 1,"
+        " delta => 1e-6)",
         (ds,),
     )
-    assert "sequential" in hint and "scs13" in hint and "bst14" in hint
+    assert "sequential" in hint and all(m in hint for m in ("scs13", "bst14", "dp_ftrl"))
     _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,))
     _refused(
         coord,
