@@ -1,15 +1,15 @@
 """Sampled private SGD on a local Citus cluster (coordinator + 2 workers) against one node.
 
-For each size: DP-SGD (Poisson), DPSGD-F and BST14 (draws with replacement) released on the
-distributed table and on the same rows in a local table of the coordinator (one node), at the
-same epsilon, delta, epochs and batch (the cluster's default: at most 2,000 steps an epoch);
-wall time, the time per step,
-accuracy (dpsql.evaluate, pushed down on the cluster); a noiseless distributed SGD epoch
-(shard-averaged, one scan) for scale; and the bytes the coordinator receives for one step
-(Citus's EXPLAIN ANALYZE "Tuple data received from nodes") and so per epoch.
+For each size: DP-SGD (Poisson), DPSGD-F, BST14 (draws with replacement), SCS13 and DP-FTRL
+(keyed steps or leaves) released on the distributed table and on the same rows in a local table
+of the coordinator (one node), at the same epsilon, delta, epochs and batch (the cluster's
+default: at most 2,000 steps an epoch); wall time, the time per step, accuracy (dpsql.evaluate,
+pushed down on the cluster); a noiseless distributed SGD epoch (shard-averaged, one scan) for
+scale; and the bytes the coordinator receives for one step (Citus's EXPLAIN ANALYZE "Tuple data
+received from nodes") and so per epoch.
 
     python -m bench.citus_sampled [--rows 1000000 10000000] [--dim 50] [--shards 8] [--epochs 2]
-                                  [--mechanisms dpsgd dpsgd_f bst14]
+                                  [--mechanisms dpsgd dpsgd_f bst14 scs13 dp_ftrl]
 
 Needs Citus in the embedded PostgreSQL 18 (``make citus``). The machine's 2 cores run three
 nodes: the figures show per-step latency and bytes, not a cluster's speed-up.
@@ -28,7 +28,7 @@ import psycopg
 from bench.citus_scale import PREPARE, _fill, _timed
 from dpsql import citus
 
-MECHANISMS = ("dpsgd", "dpsgd_f", "bst14")
+MECHANISMS = ("dpsgd", "dpsgd_f", "bst14", "scs13", "dp_ftrl")
 
 
 def _release(

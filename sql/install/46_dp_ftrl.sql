@@ -104,6 +104,7 @@ BEGIN
                        label, members)
            INTO sums USING config, dpsql_internal._ftrl_shards_theta(st), t;
         st := dpsql_internal._ftrl_shards_leaf(st, sums);
+        PERFORM dpsql_internal._progress('leaf', t, leaves);
     END LOOP;
     RETURN dpsql_internal._ftrl_shards_final(st);
 END $$;

@@ -268,7 +268,8 @@ dpsql_ftrl_shards_leaf(PG_FUNCTION_ARGS)
 		int			len;
 		double	   *s = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &len, "a leaf's sums");
 
-		if (len != 1 + f->e.cfg.p || !(s[0] >= 0.0 && s[0] == floor(s[0])))
+		if (len != 1 + f->e.cfg.p ||
+			!(s[0] >= 0.0 && s[0] <= (double) f->e.cfg.n && s[0] == floor(s[0])))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("dpsql: a DP-FTRL leaf's sums must be [rows, %d gradient sums]",

@@ -290,14 +290,16 @@ def test_check_estimator_with_a_database_object(db, scratch_schema) -> None:
 def test_cross_validation_charges_one_dataset_and_keeps_no_rows(db, scratch_schema, binary) -> None:
     """Issue 27: the folds of cross_val_score fit overlapping rows: one registered dataset,
     one budget (each fold's release charged to it), no table of rows left behind; an analyst's
-    fit(X, y) is told to fit a registered dataset by name."""
+    fit(X, y) is told to fit a registered dataset by name. (Unseeded bolt-on noise: at epsilon
+    0.5 a fold once scored 0.495 in a run of the suite; at 2, 120 folds scored 0.775 at the
+    least.)"""
     from sklearn.model_selection import cross_val_score
 
     X, y = binary
     before = {r["name"] for r in db.budgets()}
     clf = LogisticRegression(
-        db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="clip", epochs=2,
-        epsilon_budget=1.5, table_schema=scratch_schema,
+        db, dpsql.BoltOn(epsilon=2.0), classes=[0.0, 1.0], row_norm="clip", epochs=2,
+        epsilon_budget=6.0, table_schema=scratch_schema,
     )  # fmt: skip
     scores = cross_val_score(clf, X, y, cv=3)
     assert len(scores) == 3 and np.all(scores > 0.5)
@@ -312,7 +314,7 @@ def test_cross_validation_charges_one_dataset_and_keeps_no_rows(db, scratch_sche
     new = sorted(
         (r for r in db.budgets() if r["name"] not in before), key=lambda r: r["dataset_id"]
     )
-    assert [(r["epsilon_budget"], r["epsilon_spent"]) for r in new] == [(1.5, 1.5), (1.0, 1.0)]
+    assert [(r["epsilon_budget"], r["epsilon_spent"]) for r in new] == [(6.0, 6.0), (1.0, 1.0)]
     table, _ = _tables(db, scratch_schema)
     assert db.execute(f"SELECT count(*) FROM {scratch_schema}.{table}").fetchone()[0] == 0
     with pytest.raises(dpsql.BudgetExceeded):  # a fourth fold would overspend

@@ -385,3 +385,76 @@ def test_defaults_refuse_a_noise_dominated_tree_before_charging(conn, scratch_sc
     conn.rollback()
     assert _ledger(conn) == before
     assert leftovers(conn) == rest
+
+
+# ------------------------------------------------------------------ the coordinator's side on Citus
+
+
+def _leaves_table(conn, table: str, batch: int) -> str:
+    """A members' table with one node's leaves: leaf t = rids ((t-1)B, tB], in rid order."""
+    members = f"{table}_m"
+    conn.execute(
+        f"CREATE TABLE {members} AS SELECT rid AS row_id, ((rid - 1) / {batch} + 1)::int AS step,"
+        f" x, y FROM {table} ORDER BY rid"
+    )
+    return members
+
+
+def test_leaves_summed_elsewhere_are_the_aggregate_bit_for_bit(conn, scratch_schema) -> None:
+    """The coordinator's epoch on Citus (_ftrl_shards_*, _ftrl_leaf_sum) over one node's own
+    leaves, with the same noise seed and stream, is the one-node aggregate: the same leaf sums
+    in the same order, the same tree and noise draws (malformed rows included)."""
+    rng = np.random.default_rng(4)
+    X: list = [list(r) for r in rng.normal(size=(203, 3))]
+    y: list = list(np.sign(rng.normal(size=203)))
+    X[5], y[9], X[17] = None, None, [1.0, float("nan"), 2.0]
+    table = _table(conn, scratch_schema, X, y)
+    cfg = _config("logistic", 4, 1.1, 10, 203, 2.0, 30.0, 5.0, x_bound=1.5)
+    members = _leaves_table(conn, table, 10)
+    s_prev = None
+    for e in (1, 2):
+        (want,) = conn.execute(
+            f"SELECT dpsql_internal._dp_ftrl_epoch(x, y, %s, %s, 7, %s ORDER BY rid) FROM {table}",
+            (cfg, s_prev, e),
+        ).fetchone()
+        (got,) = conn.execute(
+            "SELECT dpsql_internal._dp_ftrl_epoch_distributed(%s, 'y', %s, %s, 7, %s, 21)",
+            (members, cfg, s_prev, e),
+        ).fetchone()
+        assert got == want
+        s_prev = want[1:5]
+
+
+def test_the_coordinators_epoch_refuses_bad_input(conn, scratch_schema) -> None:
+    """More leaves or rows than the public numbers, malformed sums or a forged state: errors
+    (no crash), and an epoch whose leaves missed rows does not end."""
+    cfg = _config("logistic", 2, 1.0, 5, 10, 1.0, 10.0, 5.0)
+    (st,) = conn.execute(
+        "SELECT dpsql_internal._ftrl_shards_init(%s, NULL, 1, 1)", (cfg,)
+    ).fetchone()
+    bad_sums = [
+        [3.0, 1.0],  # wrong length
+        [-1.0, 0.0, 0.0],  # negative rows
+        [11.0, 0.0, 0.0],  # more than n
+        [2.5, 0.0, 0.0],  # not a count
+        [2.0, float("inf"), 0.0],  # a non-finite sum
+    ]
+    for sums in bad_sums:
+        with pytest.raises(psycopg.Error):
+            conn.execute("SELECT dpsql_internal._ftrl_shards_leaf(%s, %s)", (st, sums))
+    forged = bytes(st)[:-8]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not a DP-FTRL"):
+        conn.execute("SELECT dpsql_internal._ftrl_shards_theta(%s)", (forged,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not a DP-FTRL"):
+        conn.execute("SELECT dpsql_internal._ftrl_shards_theta(%s)", (b"\x00" * 64,))
+    # two leaves of 5 rows: a third is refused; ending after one (5 of 10 rows) is refused
+    (one,) = conn.execute(
+        "SELECT dpsql_internal._ftrl_shards_leaf(%s, %s)", (st, [5.0, 0.1, 0.2])
+    ).fetchone()
+    with pytest.raises(psycopg.errors.InternalError):
+        conn.execute("SELECT dpsql_internal._ftrl_shards_final(%s)", (one,))
+    (two,) = conn.execute("SELECT dpsql_internal._ftrl_shards_leaf(%s, NULL)", (one,)).fetchone()
+    with pytest.raises(psycopg.errors.InternalError):
+        conn.execute("SELECT dpsql_internal._ftrl_shards_leaf(%s, %s)", (two, [0.0, 0.0, 0.0]))
+    with pytest.raises(psycopg.errors.InternalError):  # 5 rows, not 10
+        conn.execute("SELECT dpsql_internal._ftrl_shards_final(%s)", (two,))
