@@ -31,7 +31,7 @@ INSERT INTO accepted VALUES
      'Citus''s function: called only for a distributed source'),
     ('_fill_distributed_table', 'function create_distributed_table(%) does not exist',
      'Citus''s function: called only for a distributed source'),
-    ('_sampled_epoch_distributed', 'function create_distributed_table(%) does not exist',
+    ('_members_table', 'function create_distributed_table(%) does not exist',
      'Citus''s function: called only for a distributed training table'),
     ('_train_planned', 'record "rel" is not assigned yet',
      'rel is the row of the mechanism''s fit function, which EXECUTE names at run time'),
