@@ -19,6 +19,7 @@
 
 #include "csprng.h"
 #include "ftrl.h"
+#include "ftrl_glue.h"
 #include "glue.h"
 
 PG_FUNCTION_INFO_V1(dpsql_ftrl_epoch_transition);
@@ -43,16 +44,42 @@ ftrl_raise(DpsqlStatus st, const char *what)
 			 errdetail("%s.", dpsql_status_message(st))));
 }
 
-static FtrlAggState *
-ftrl_state_new(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+void
+dpsql_ftrl_epoch_args(FunctionCallInfo fcinfo, int cfg_arg, int s_prev_arg, DpsqlFtrlConfig *cfg,
+					  double **s_prev, int *levels)
 {
-	ArrayType  *cfg_arr;
 	double	   *cfg_a;
 	int			len,
 				plen;
+
+	cfg_a = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(cfg_arg), &len, "DP-FTRL settings");
+	if (dpsql_ftrl_config_from_array(cfg_a, len, cfg) != DPSQL_OK)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: invalid DP-FTRL settings"),
+				 errdetail("[loss 1-3, huber h in (0,1), x_bound > 0, y_bound > 0, intercept 0/1, "
+						   "p 1..%d, clip > 0, batch >= 1, n >= 1, sigma >= 0, reg > 0, "
+						   "radius >= 0], all finite.", DPSQL_FTRL_MAX_DIM)));
+	*s_prev = NULL;
+	if (!PG_ARGISNULL(s_prev_arg))
+	{
+		*s_prev = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(s_prev_arg), &plen, "S_prev");
+		if (plen != cfg->p)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("dpsql: S_prev has %d entries, the model %d", plen, cfg->p)));
+	}
+	*levels = dpsql_tree_levels(dpsql_ftrl_leaves(cfg));
+	if (*levels > DPSQL_TREE_MAX_LEVELS)
+		ftrl_raise(DPSQL_E_LIMIT, "too many leaves");
+}
+
+static FtrlAggState *
+ftrl_state_new(FunctionCallInfo fcinfo, MemoryContext aggcontext)
+{
 	DpsqlFtrlConfig cfg;
 	DpsqlStatus st;
-	double	   *s_prev = NULL;
+	double	   *s_prev;
 	int			levels;
 	FtrlAggState *s;
 
@@ -60,27 +87,7 @@ ftrl_state_new(FunctionCallInfo fcinfo, MemoryContext aggcontext)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("dpsql: _dp_ftrl_epoch needs its settings and the epoch's stream")));
-	cfg_arr = PG_GETARG_ARRAYTYPE_P(3);
-	cfg_a = dpsql_float8_array(cfg_arr, &len, "DP-FTRL settings");
-	st = dpsql_ftrl_config_from_array(cfg_a, len, &cfg);
-	if (st != DPSQL_OK)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: invalid DP-FTRL settings"),
-				 errdetail("[loss 1-3, huber h in (0,1), x_bound > 0, y_bound > 0, intercept 0/1, "
-						   "p 1..%d, clip > 0, batch >= 1, n >= 1, sigma >= 0, reg > 0, "
-						   "radius >= 0], all finite.", DPSQL_FTRL_MAX_DIM)));
-	if (!PG_ARGISNULL(4))
-	{
-		s_prev = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(4), &plen, "S_prev");
-		if (plen != cfg.p)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("dpsql: S_prev has %d entries, the model %d", plen, cfg.p)));
-	}
-	levels = dpsql_tree_levels(dpsql_ftrl_leaves(&cfg));
-	if (levels > DPSQL_TREE_MAX_LEVELS)
-		ftrl_raise(DPSQL_E_LIMIT, "too many leaves");
+	dpsql_ftrl_epoch_args(fcinfo, 3, 4, &cfg, &s_prev, &levels);
 	s = (FtrlAggState *) MemoryContextAllocZero(aggcontext,
 												offsetof(FtrlAggState, buf) +
 												sizeof(double) * dpsql_ftrl_epoch_length(cfg.p, levels));

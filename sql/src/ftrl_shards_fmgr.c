@@ -18,6 +18,7 @@
 
 #include "csprng.h"
 #include "ftrl.h"
+#include "ftrl_glue.h"
 #include "glue.h"
 
 PG_FUNCTION_INFO_V1(dpsql_ftrl_leaf_transition);
@@ -197,29 +198,18 @@ shards_raise(DpsqlStatus st, const char *what)
 Datum
 dpsql_ftrl_shards_init(PG_FUNCTION_ARGS)
 {
-	DpsqlFtrlConfig cfg = config_arg(fcinfo, 0);
-	double	   *s_prev = NULL;
-	int			levels,
-				plen;
+	DpsqlFtrlConfig cfg;
+	double	   *s_prev;
+	int			levels;
 	Size		size;
 	FtrlShards *f;
 	DpsqlStatus st;
 
-	if (PG_ARGISNULL(3))
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(3))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("dpsql: a DP-FTRL epoch needs its stream")));
-	if (!PG_ARGISNULL(1))
-	{
-		s_prev = dpsql_float8_array(PG_GETARG_ARRAYTYPE_P(1), &plen, "S_prev");
-		if (plen != cfg.p)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("dpsql: S_prev has %d entries, the model %d", plen, cfg.p)));
-	}
-	levels = dpsql_tree_levels(dpsql_ftrl_leaves(&cfg));
-	if (levels > DPSQL_TREE_MAX_LEVELS)
-		shards_raise(DPSQL_E_LIMIT, "too many leaves");
+				 errmsg("dpsql: a DP-FTRL epoch needs its settings and its stream")));
+	dpsql_ftrl_epoch_args(fcinfo, 0, 1, &cfg, &s_prev, &levels);
 	size = offsetof(FtrlShards, buf) + sizeof(double) * dpsql_ftrl_epoch_length(cfg.p, levels);
 	f = (FtrlShards *) palloc0(size);
 	SET_VARSIZE(f, size);
