@@ -54,16 +54,9 @@ class Grid:
 
 
 def _expected_provenance() -> dict[str, Any]:
-    from dpsql import accounting
-    from dpsql.calibration_grid import FORMAT
+    from dpsql.calibration_grid import provenance
 
-    return {
-        "format": FORMAT,
-        "scheme": "poisson",
-        "relation": "REPLACE_ONE",
-        "discretization": accounting.PLD_DISCRETIZATION,
-        "dp_accounting": accounting._version(),
-    }
+    return provenance()
 
 
 def _axis(axis: Any) -> list[float] | None:

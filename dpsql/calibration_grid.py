@@ -39,6 +39,17 @@ FORMAT = 1
 DEFAULT_OUT = Path(__file__).parent / "data" / "calibration_poisson.json"
 
 
+def provenance() -> dict[str, Any]:
+    """What a grid was computed with; calibration_cache ignores a file that differs."""
+    return {
+        "format": FORMAT,
+        "scheme": "poisson",
+        "relation": "REPLACE_ONE",
+        "discretization": accounting.PLD_DISCRETIZATION,
+        "dp_accounting": accounting._version(),
+    }
+
+
 def _axis(lo: float, hi: float, per_decade: int) -> list[float]:
     n = round((hi - lo) * per_decade)
     return [round(lo + k / per_decade, 6) for k in range(n + 1)]
@@ -113,11 +124,7 @@ def build(jobs: int = 1) -> dict[str, Any]:
         results = list(pool.map(node, *zip(*args, strict=True)))
     cells = {f"{i},{j}": r for (i, j), r in zip(keys, results, strict=True) if r is not None}
     return {
-        "format": FORMAT,
-        "scheme": "poisson",
-        "relation": "REPLACE_ONE",
-        "discretization": accounting.PLD_DISCRETIZATION,
-        "dp_accounting": accounting._version(),
+        **provenance(),
         "generated_by": "python -m dpsql.calibration_grid",
         "generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "build_seconds": round(time.monotonic() - start),

@@ -34,14 +34,20 @@ typedef struct FtrlAggState
 	double		buf[FLEXIBLE_ARRAY_MEMBER];
 } FtrlAggState;
 
-static void
-ftrl_raise(DpsqlStatus st, const char *what)
+void
+dpsql_ftrl_raise(DpsqlStatus st, const char *where, const char *what)
 {
 	ereport(ERROR,
 			(errcode(st == DPSQL_E_STATE || st == DPSQL_E_LIMIT ? ERRCODE_INTERNAL_ERROR :
 					 ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("dpsql: _dp_ftrl_epoch: %s", what),
+			 errmsg("dpsql: %s: %s", where, what),
 			 errdetail("%s.", dpsql_status_message(st))));
+}
+
+static void
+ftrl_raise(DpsqlStatus st, const char *what)
+{
+	dpsql_ftrl_raise(st, "_dp_ftrl_epoch", what);
 }
 
 void

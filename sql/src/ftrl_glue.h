@@ -14,4 +14,8 @@
 void		dpsql_ftrl_epoch_args(FunctionCallInfo fcinfo, int cfg_arg, int s_prev_arg,
 								  DpsqlFtrlConfig *cfg, double **s_prev, int *levels);
 
+/* An ERROR for a core status: internal for DPSQL_E_STATE / DPSQL_E_LIMIT, else a bad
+ * parameter; "dpsql: <where>: <what>", the status's message as the detail. */
+void		dpsql_ftrl_raise(DpsqlStatus st, const char *where, const char *what);
+
 #endif

@@ -183,11 +183,7 @@ shards_arg(FunctionCallInfo fcinfo)
 static void
 shards_raise(DpsqlStatus st, const char *what)
 {
-	ereport(ERROR,
-			(errcode(st == DPSQL_E_STATE || st == DPSQL_E_LIMIT ? ERRCODE_INTERNAL_ERROR :
-					 ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("dpsql: DP-FTRL on shards: %s", what),
-			 errdetail("%s.", dpsql_status_message(st))));
+	dpsql_ftrl_raise(st, "DP-FTRL on shards", what);
 }
 
 /*

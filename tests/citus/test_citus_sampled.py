@@ -151,6 +151,19 @@ def _fill_replacement(
     return members
 
 
+def _rows_of_shard(conn: psycopg.Connection, table: str, shard_index: int) -> list[int]:
+    """The row ids the table's shard_index-th shard (by shard id) holds."""
+    return [
+        r
+        for (r,) in conn.execute(
+            f"SELECT row_id FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
+            " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
+            "    ORDER BY shardid OFFSET %s LIMIT 1)",
+            (table, table, shard_index),
+        ).fetchall()
+    ]
+
+
 def _members_sql(table: str, sampling: str = "poisson") -> str:
     steps = (
         "dpsql_internal._poisson_batches(%(seed)s::bigint, t.row_id, %(steps)s::int, %(q)s::float8)"
@@ -309,12 +322,7 @@ def test_a_rows_step_contribution_is_bounded_on_every_shard(coord, shard_index) 
         (_state(coord, batch=30, steps=steps, clip=clip),),
     ).fetchone()[0]
     probe = coord.execute("SELECT dpsql_internal._sgd_probe(%s)", (state,)).fetchone()[0]
-    target = coord.execute(
-        f"SELECT min(row_id) FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
-        " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
-        "    ORDER BY shardid OFFSET %s LIMIT 1)",
-        (table, table, shard_index),
-    ).fetchone()[0]
+    target = min(_rows_of_shard(coord, table, shard_index))
     joins = coord.execute(
         "SELECT dpsql_internal._poisson_batches(%s::bigint, %s, %s::int, %s::float8)",
         (seed, target, steps, q),
@@ -362,15 +370,7 @@ def test_a_drawn_rows_step_contribution_is_bounded_on_every_shard(coord, shard_i
         (init,),
     ).fetchone()[0]
     probe = coord.execute("SELECT dpsql_internal._sgd_probe(%s)", (state,)).fetchone()[0]
-    in_shard = [
-        r
-        for (r,) in coord.execute(
-            f"SELECT row_id FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
-            " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
-            "    ORDER BY shardid OFFSET %s LIMIT 1)",
-            (table, table, shard_index),
-        ).fetchall()
-    ]
+    in_shard = _rows_of_shard(coord, table, shard_index)
 
     def draws() -> tuple[list[tuple[int, int]], dict[int, np.ndarray]]:
         members = _fill_replacement(coord, table, init, steps, seed, 300, batch)
@@ -702,12 +702,7 @@ def test_a_rows_leaf_contribution_is_bounded_on_every_shard(coord, shard_index) 
     members = _ftrl_members(coord, table, 8, leaves)
     config = _ftrl_config(batch=batch, n=n, sigma=0.0, clip=clip)
     theta = [0.3, -0.2, 0.1, 0.4]
-    target = coord.execute(
-        f"SELECT min(row_id) FROM {table} WHERE get_shard_id_for_distribution_column(%s, row_id)"
-        " = (SELECT shardid FROM pg_dist_shard WHERE logicalrelid = %s::regclass"
-        "    ORDER BY shardid OFFSET %s LIMIT 1)",
-        (table, table, shard_index),
-    ).fetchone()[0]
+    target = min(_rows_of_shard(coord, table, shard_index))
     (own,) = coord.execute(f"SELECT step FROM {members} WHERE row_id = %s", (target,)).fetchone()
 
     def sums() -> dict[int, np.ndarray]:
