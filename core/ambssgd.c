@@ -362,10 +362,9 @@ typedef struct RowView
 } RowView;
 
 static void
-view_row(const Header *h, const double *w, const double *x, int x_len, double y, int is_null,
-		 RowView *v)
+view_row(int d, int intercept, double x_bound, const double *w, const double *x, int x_len,
+		 double y, int is_null, RowView *v)
 {
-	int			d = (int) h->dim;
 	double		ss,
 				xnorm,
 				xs;
@@ -386,11 +385,19 @@ view_row(const Header *h, const double *w, const double *x, int x_len, double y,
 			return;
 		xnorm = dpsql_rescaled_norm(x, d);
 	}
-	v->sc = (h->x_bound > 0.0 && xnorm > h->x_bound) ? h->x_bound / xnorm : 1.0;
+	v->sc = (x_bound > 0.0 && xnorm > x_bound) ? x_bound / xnorm : 1.0;
 	xs = v->sc * xnorm;
-	v->xn = h->intercept != 0.0 ? hypot(xs, 1.0) : xs;
-	v->res = v->sc * dpsql_dot(w, x, d) + (h->intercept != 0.0 ? w[d] : 0.0) - y;
+	v->xn = intercept ? hypot(xs, 1.0) : xs;
+	v->res = v->sc * dpsql_dot(w, x, d) + (intercept ? w[d] : 0.0) - y;
 	v->valid = 1;
+}
+
+/* The state's view of a row at its current w. */
+static void
+view_state_row(const Header *h, const double *w, const double *x, int x_len, double y,
+			   int is_null, RowView *v)
+{
+	view_row((int) h->dim, h->intercept != 0.0, h->x_bound, w, x, x_len, y, is_null, v);
 }
 
 /*
@@ -418,6 +425,28 @@ clip_coef(const RowView *v, double zeta, int *clipped)
 	return copysign(cap, v->res);
 }
 
+/* g += the clipped gradient c x~ of a viewed row (the one summation order of every path) */
+static void
+add_gradient(double *g, const RowView *v, double c, const double *x, int d, int intercept)
+{
+	double		cs = c * v->sc;
+	int			i;
+
+	if (c == 0.0)
+		return;
+	for (i = 0; i < d; i++)
+		g[i] += cs * x[i];
+	if (intercept)
+		g[d] += c;
+}
+
+/* A stat row's residual as DP-STAT counts it: |res|, NaN as +Infinity (a zero record's is 0) */
+static double
+stat_residual(const RowView *v)
+{
+	return isnan(v->res) ? INFINITY : fabs(v->res);
+}
+
 int
 dpsql_ambssgd_clipped_gradient(const double *state, const double *x, int x_len, double y,
 							   int is_null, double zeta, double *out)
@@ -431,7 +460,7 @@ dpsql_ambssgd_clipped_gradient(const double *state, const double *x, int x_len, 
 	int			clipped;
 	int			i;
 
-	view_row(h, state + DPSQL_AMBSSGD_HEADER_LEN, x, x_len, y, is_null, &v);
+	view_state_row(h, state + DPSQL_AMBSSGD_HEADER_LEN, x, x_len, y, is_null, &v);
 	c = clip_coef(&v, zeta, &clipped);
 	cs = c * v.sc;
 	for (i = 0; i < np; i++)
@@ -522,6 +551,16 @@ dpsql_ambssgd_sort(double *r, int64_t s)
 	}
 }
 
+/* One level of DP-STAT: its count plus a fresh Gaussian (V1: sigma_c = alpha sqrt(L + 1)
+ * covers all L + 1), against the threshold. */
+static int
+noisy_count_reaches(DpsqlRng *rng, double count, double sigma_c, double theta)
+{
+	if (sigma_c > 0.0)
+		count += sigma_c * dpsql_sample_normal(rng);
+	return count >= theta;
+}
+
 int
 dpsql_ambssgd_dp_stat(DpsqlRng *rng, double *resid, int64_t s, double domain, int levels,
 					  double sigma_c, double theta, int *draws)
@@ -530,18 +569,13 @@ dpsql_ambssgd_dp_stat(DpsqlRng *rng, double *resid, int64_t s, double domain, in
 
 	dpsql_ambssgd_sort(resid, s);
 	for (i = 0; i <= levels; i++)
-	{
-		double		c = (double) dpsql_ambssgd_count(resid, s, dpsql_ambssgd_level(domain, levels, i));
-
-		/* a fresh Gaussian per level (V1: sigma_c = alpha sqrt(L + 1) covers all L + 1) */
-		if (sigma_c > 0.0)
-			c += sigma_c * dpsql_sample_normal(rng);
-		if (c >= theta)
+		if (noisy_count_reaches(rng, (double) dpsql_ambssgd_count(resid, s,
+																	dpsql_ambssgd_level(domain, levels, i)),
+								sigma_c, theta))
 		{
 			*draws = i + 1;
 			return i;
 		}
-	}
 	*draws = levels + 1;
 	return levels;
 }
@@ -549,6 +583,17 @@ dpsql_ambssgd_dp_stat(DpsqlRng *rng, double *resid, int64_t s, double domain, in
 /* ---------------------------------------------------------------------------------------
  * The pass
  * --------------------------------------------------------------------------------------- */
+
+/* DP-STAT's outcome for block t: gamma_t, its draws and zeta_t = r_x gamma_t log_factor. */
+static void
+set_block_clip(Header *h, const Layout *l, int64_t t, int level, int draws)
+{
+	double		gamma = dpsql_ambssgd_level(h->domain, (int) h->levels, level);
+
+	l->gammas[t] = gamma;
+	l->draws[t] = draws;
+	h->zeta = h->r_x * gamma * h->log_factor;
+}
 
 /* End of block t's gradient batch: the noisy step, the transcript and the tail sum. */
 static void
@@ -596,21 +641,18 @@ dpsql_ambssgd_row(double *state, const double *x, int x_len, double y, int is_nu
 		return;
 	}
 	layout(state, &l);
-	view_row(h, l.w, x, x_len, y, is_null, &v);
+	view_state_row(h, l.w, x, x_len, y, is_null, &v);
 	if (j < s)
 	{
 		/* stat sample: the residual at w_t (a zero record's is 0) */
-		l.resid[j] = isnan(v.res) ? INFINITY : fabs(v.res);
+		l.resid[j] = stat_residual(&v);
 		if (j == s - 1)
 		{
 			int			draws;
 			int			level = dpsql_ambssgd_dp_stat(l.rng, l.resid, s, h->domain, (int) h->levels,
 													  h->sigma_c, h->theta, &draws);
-			double		gamma = dpsql_ambssgd_level(h->domain, (int) h->levels, level);
 
-			l.gammas[t] = gamma;
-			l.draws[t] = draws;
-			h->zeta = h->r_x * gamma * h->log_factor;
+			set_block_clip(h, &l, t, level, draws);
 		}
 	}
 	else
@@ -620,17 +662,7 @@ dpsql_ambssgd_row(double *state, const double *x, int x_len, double y, int is_nu
 
 		if (clipped)
 			h->clipped += 1.0;
-		if (c != 0.0)
-		{
-			int			d = (int) h->dim;
-			double		cs = c * v.sc;
-			int			i;
-
-			for (i = 0; i < d; i++)
-				l.g[i] += cs * x[i];
-			if (h->intercept != 0.0)
-				l.g[d] += c;
-		}
+		add_gradient(l.g, &v, c, x, (int) h->dim, h->intercept != 0.0);
 		if (j == s + b - 1)
 			take_step(h, &l, t);
 	}
@@ -677,6 +709,168 @@ dpsql_ambssgd_result(const double *state, double *w_bar, DpsqlAmbssgdResult *r)
 		if (!isfinite(w_bar[i]))
 			return DPSQL_E_DIVERGED;
 	}
+	return DPSQL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The pass on shards: a block's counts and gradient sum computed elsewhere
+ * --------------------------------------------------------------------------------------- */
+
+typedef DpsqlAmbssgdProbeHeader ProbeHeader;
+
+size_t
+dpsql_ambssgd_probe_length(const double *state)
+{
+	return (size_t) DPSQL_AMBSSGD_PROBE_HEADER_LEN + (size_t) ((const Header *) state)->p;
+}
+
+DpsqlStatus
+dpsql_ambssgd_probe(const double *state, double *probe)
+{
+	const Header *h = (const Header *) state;
+	ProbeHeader *ph = (ProbeHeader *) probe;
+
+	if (h->block >= h->blocks)
+		return DPSQL_E_STATE;
+	ph->magic = DPSQL_AMBSSGD_PROBE_MAGIC;
+	ph->dim = h->dim;
+	ph->intercept = h->intercept;
+	ph->x_bound = h->x_bound;
+	ph->domain = h->domain;
+	ph->levels = h->levels;
+	/* the block's clipping norm once DP-STAT set it (adaptive), else zeta_fixed or 0 */
+	ph->zeta = h->zeta;
+	memcpy(probe + DPSQL_AMBSSGD_PROBE_HEADER_LEN, state + DPSQL_AMBSSGD_HEADER_LEN,
+		   sizeof(double) * (size_t) h->p);
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_ambssgd_probe_check(const double *probe, size_t len)
+{
+	const ProbeHeader *ph = (const ProbeHeader *) probe;
+
+	if (probe == NULL || len < (size_t) DPSQL_AMBSSGD_PROBE_HEADER_LEN ||
+		ph->magic != DPSQL_AMBSSGD_PROBE_MAGIC || !is_count(ph->dim, DPSQL_AMBSSGD_MAX_DIM) ||
+		ph->dim < 1.0 || !is_count(ph->intercept, 1.0) ||
+		len != (size_t) DPSQL_AMBSSGD_PROBE_HEADER_LEN + (size_t) (ph->dim + ph->intercept) ||
+		!(isfinite(ph->x_bound) && ph->x_bound >= 0.0) ||
+		!(isfinite(ph->domain) && ph->domain >= 0.0) ||
+		!is_count(ph->levels, DPSQL_AMBSSGD_MAX_LEVELS) ||
+		!(isfinite(ph->zeta) && ph->zeta >= 0.0))
+		return DPSQL_E_STATE;
+	return DPSQL_OK;
+}
+
+static void
+view_probe_row(const ProbeHeader *ph, const double *x, int x_len, double y, int is_null,
+			   RowView *v)
+{
+	view_row((int) ph->dim, ph->intercept != 0.0, ph->x_bound,
+			 (const double *) ph + DPSQL_AMBSSGD_PROBE_HEADER_LEN, x, x_len, y, is_null, v);
+}
+
+int
+dpsql_ambssgd_probe_bucket(const double *probe, const double *x, int x_len, double y,
+						   int is_null)
+{
+	const ProbeHeader *ph = (const ProbeHeader *) probe;
+	int			levels = (int) ph->levels;
+	RowView		v;
+	double		r;
+	int			i;
+
+	view_probe_row(ph, x, x_len, y, is_null, &v);
+	r = stat_residual(&v);
+	/* the levels grow with i: the same comparisons as dpsql_ambssgd_count's */
+	for (i = 0; i <= levels; i++)
+		if (r <= dpsql_ambssgd_level(ph->domain, levels, i))
+			return i;
+	return levels + 1;
+}
+
+int
+dpsql_ambssgd_probe_add(const double *probe, const double *x, int x_len, double y, int is_null,
+						double *g)
+{
+	const ProbeHeader *ph = (const ProbeHeader *) probe;
+	RowView		v;
+	int			clipped;
+	double		c;
+
+	view_probe_row(ph, x, x_len, y, is_null, &v);
+	c = clip_coef(&v, ph->zeta, &clipped);
+	add_gradient(g, &v, c, x, (int) ph->dim, ph->intercept != 0.0);
+	return clipped;
+}
+
+DpsqlStatus
+dpsql_ambssgd_sums_combine(double *a, const double *b, size_t n)
+{
+	size_t		i;
+
+	if (n < 1)
+		return DPSQL_E_STATE;
+	for (i = 0; i < n; i++)
+		a[i] += b[i];
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_ambssgd_block_stat(double *state, const double *hist, size_t n)
+{
+	Header	   *h = (Header *) state;
+	int			levels = (int) h->levels;
+	double		count = 0.0;
+	Layout		l;
+	int			i;
+
+	if (h->stat == 0.0 || h->block >= h->blocks || h->pos != 0.0)
+		return DPSQL_E_STATE;
+	if (n != (size_t) levels + 3 || hist[0] != h->stat)
+		return DPSQL_E_PARAM;
+	for (i = 0; i <= levels + 1; i++)
+	{
+		if (!is_count(hist[1 + i], h->stat))
+			return DPSQL_E_PARAM;
+		count += hist[1 + i];
+	}
+	if (count != h->stat)
+		return DPSQL_E_PARAM;
+	layout(state, &l);
+	/* level i's count is #{r <= B 2^(i - L)}: the buckets up to i */
+	count = 0.0;
+	for (i = 0; i <= levels; i++)
+	{
+		count += hist[1 + i];
+		if (noisy_count_reaches(l.rng, count, h->sigma_c, h->theta))
+			break;
+	}
+	if (i > levels)
+		set_block_clip(h, &l, (int64_t) h->block, levels, levels + 1);
+	else
+		set_block_clip(h, &l, (int64_t) h->block, i, i + 1);
+	h->pos = h->stat;
+	return DPSQL_OK;
+}
+
+DpsqlStatus
+dpsql_ambssgd_block_step(double *state, const double *sums, size_t n)
+{
+	Header	   *h = (Header *) state;
+	size_t		np = (size_t) h->p;
+	Layout		l;
+
+	if (h->block >= h->blocks || h->pos != h->stat)
+		return DPSQL_E_STATE;
+	if (n != 2 + np || sums[0] != h->batch || !is_count(sums[1], h->batch))
+		return DPSQL_E_PARAM;
+	layout(state, &l);
+	memcpy(l.g, sums + 2, sizeof(double) * np);
+	h->clipped += sums[1];
+	take_step(h, &l, (int64_t) h->block);
+	h->block += 1.0;
+	h->pos = 0.0;
 	return DPSQL_OK;
 }
 

@@ -209,4 +209,65 @@ void		dpsql_ambssgd_sort(double *r, int64_t s);
 int			dpsql_ambssgd_dp_stat(DpsqlRng *rng, double *resid, int64_t s, double domain,
 								  int levels, double sigma_c, double theta, int *draws);
 
+/*
+ * The pass on shards (Citus: 41_ambssgd.sql, docs/citus.md). The coordinator keeps the state;
+ * for each block it sends the shards a probe (w_t, the block's clipping norm and the row
+ * settings: never the generator or a noiseless sum), and they return
+ *   - for the stat sample, [rows, hist_0 .. hist_{L+1}]: hist_i counts the residuals r with
+ *     level i - 1 < r <= level i (hist_{L+1}: above the top level), so that level i's count
+ *     #{r <= B 2^(i - L)} is hist_0 + .. + hist_i, exactly one node's count;
+ *   - for the gradient batch, [rows, clipped, g (p)]: the clipped gradients' sum at w_t.
+ * dpsql_ambssgd_block_stat and dpsql_ambssgd_block_step then do what the one-node pass does at
+ * the block's s-th and (s + b)-th rows, with the same draws of the same generator. A block's
+ * rows are the ones the pass would read as rows t (b + s) .. (t + 1)(b + s) - 1 of the order.
+ */
+#define DPSQL_AMBSSGD_PROBE_MAGIC 4475.0	/* "dpsql DP-AMBSSGD probe" */
+
+typedef struct DpsqlAmbssgdProbeHeader
+{
+	double		magic;
+	double		dim;
+	double		intercept;
+	double		x_bound;
+	double		domain;
+	double		levels;
+	double		zeta;			/* the block's clipping norm (0 before DP-STAT set it) */
+} DpsqlAmbssgdProbeHeader;		/* then w_t (p) */
+
+#define DPSQL_AMBSSGD_PROBE_HEADER_LEN ((int) (sizeof(DpsqlAmbssgdProbeHeader) / sizeof(double)))
+
+/* Length of a checked state's probe. */
+size_t		dpsql_ambssgd_probe_length(const double *state);
+
+/* The probe of the state's current block (DPSQL_E_STATE once every block is done). */
+DpsqlStatus dpsql_ambssgd_probe(const double *state, double *probe);
+
+/* Validate a probe handed in from outside. */
+DpsqlStatus dpsql_ambssgd_probe_check(const double *probe, size_t len);
+
+/* A stat row's bucket 0..L+1 at the probe's w (zero record rules as dpsql_ambssgd_row's). */
+int			dpsql_ambssgd_probe_bucket(const double *probe, const double *x, int x_len,
+									   double y, int is_null);
+
+/* g (p) += a gradient row's clipped gradient at the probe's w and zeta; 1 when clipped. */
+int			dpsql_ambssgd_probe_add(const double *probe, const double *x, int x_len, double y,
+									int is_null, double *g);
+
+/* a += b, n entries (the shards' partial counts or sums). */
+DpsqlStatus dpsql_ambssgd_sums_combine(double *a, const double *b, size_t n);
+
+/*
+ * DP-STAT of the current block from the shards' [rows, hist (L + 2)] (n = L + 3 entries;
+ * rows must be s and the buckets add up to it), then the block's gradient batch is next.
+ * DPSQL_E_STATE when the state is not at a block's start (or in fixed mode), DPSQL_E_PARAM
+ * for bad counts: nothing changed then.
+ */
+DpsqlStatus dpsql_ambssgd_block_stat(double *state, const double *hist, size_t n);
+
+/*
+ * The current block's noisy step from the shards' [rows, clipped, g (p)] (n = p + 2; rows
+ * must be b). DPSQL_E_STATE when the block's DP-STAT is not done, DPSQL_E_PARAM for bad sums.
+ */
+DpsqlStatus dpsql_ambssgd_block_step(double *state, const double *sums, size_t n);
+
 #endif

@@ -43,6 +43,125 @@ CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_result(state float8[], OUT we
 AS 'MODULE_PATHNAME', 'dpsql_ambssgd_result_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+-- DP-AMBSSGD on Citus (ambssgd_shards_fmgr.c, docs/citus.md): the same pass, block by block.
+-- The shards number their rows (the shards by name, each one's rows in (rid, row id) order:
+-- a data-independent order, as one node's rid order) and file the used rows of block t under
+-- step 2t + 1 (its stat sample) or 2t + 2 (its gradient batch); each block's residual counts
+-- and clipped-gradient sum are pushed-down aggregates at the coordinator's probe (w_t and the
+-- block's clipping norm), and the coordinator's state takes DP-STAT and the noisy step.
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_block_steps(blocks int, batch bigint, stat bigint,
+                                                              rows bigint, relation oid, shards text[],
+                                                              counts bigint[], rid bigint, row_id bigint)
+RETURNS int[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_block_steps'
+LANGUAGE C STABLE PARALLEL UNSAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_probe(state float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_probe_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_stat_transition(sums float8[], x float8[], y float8,
+                                                                  probe float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_stat_transition'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_gradient_transition(sums float8[], x float8[],
+                                                                      y float8, probe float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_gradient_transition'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_sums_combine(a float8[], b float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_sums_combine_sql'
+LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+
+-- A stat sample's residuals at the probe's w_t, by DP-STAT level: [rows, bucket counts].
+CREATE OR REPLACE AGGREGATE dpsql_internal._ambssgd_stat_counts(x float8[], y float8, probe float8[]) (
+    SFUNC = dpsql_internal._ambssgd_stat_transition,
+    STYPE = float8[],
+    COMBINEFUNC = dpsql_internal._ambssgd_sums_combine,
+    PARALLEL = SAFE
+);
+
+-- A gradient batch's clipped gradients at the probe's w_t and zeta_t: [rows, clipped, sum].
+CREATE OR REPLACE AGGREGATE dpsql_internal._ambssgd_gradient_sum(x float8[], y float8, probe float8[]) (
+    SFUNC = dpsql_internal._ambssgd_gradient_transition,
+    STYPE = float8[],
+    COMBINEFUNC = dpsql_internal._ambssgd_sums_combine,
+    PARALLEL = SAFE
+);
+
+-- The coordinator's state after its block's DP-STAT, then after its noisy step.
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_block_stat(state float8[], counts float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_block_stat_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL UNSAFE;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_block_step(state float8[], sums float8[])
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ambssgd_block_step_sql'
+LANGUAGE C CALLED ON NULL INPUT VOLATILE PARALLEL UNSAFE;
+
+-- The blocks of a pass from a fresh state, over a members' table (row_id, step, x, y) that
+-- files block t's stat sample under step 2t + 1 and its batch under 2t + 2, each step's rows in
+-- the pass's order: two aggregates a block (pushed down on Citus). The state, with its
+-- generator, stays here; the shards get its probes.
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_blocks(members text, blocks int, stat bigint,
+                                                         st float8[])
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    sums float8[];
+BEGIN
+    FOR t IN 0 .. blocks - 1 LOOP
+        IF stat > 0 THEN
+            EXECUTE format('SELECT dpsql_internal._ambssgd_stat_counts(x, y, $1) FROM %s WHERE step = $2', members)
+               INTO sums USING dpsql_internal._ambssgd_probe(st), 2 * t + 1;
+            st := dpsql_internal._ambssgd_block_stat(st, sums);
+        END IF;
+        EXECUTE format('SELECT dpsql_internal._ambssgd_gradient_sum(x, y, $1) FROM %s WHERE step = $2', members)
+           INTO sums USING dpsql_internal._ambssgd_probe(st), 2 * t + 2;
+        st := dpsql_internal._ambssgd_block_step(st, sums);
+        PERFORM dpsql_internal._progress('block', t + 1, blocks);
+    END LOOP;
+    RETURN st;
+END $$;
+
+-- The members' table of a pass over a distributed training table: the blocks' rows filed on
+-- the shards, exactly T (b + s) of them (or the run fails before any block).
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fill_blocks(train_table text, plan jsonb)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    blocks int := (plan->>'blocks')::int;
+    b bigint := (plan->>'batch_size')::bigint;
+    s bigint := (plan->>'stat_size')::bigint;
+    members text := dpsql_internal._members_table(train_table, (plan->>'dim')::int);
+    l record := dpsql_internal._shard_row_counts(train_table);
+    got bigint;
+BEGIN
+    got := dpsql_internal._insert_on_shards(format(
+        'INSERT INTO %s (row_id, step, x, y)'
+        ' SELECT o.row_id, unnest(dpsql_internal._ambssgd_block_steps(%s, %s, %s, %s, o.tableoid, %L, %L,'
+        '                                                           o.rid, o.row_id::bigint)), o.x, o.y'
+        '   FROM (SELECT tableoid, row_id, rid, x, y FROM %s ORDER BY rid, row_id) o'
+        '  ORDER BY 2, o.rid, o.row_id',
+        members, blocks, b, s, (plan->>'rows')::bigint, l.shards, l.counts, train_table),
+        'DP-AMBSSGD''s blocks');
+    IF got <> blocks * (b + s) THEN
+        PERFORM dpsql_internal._fail(format('the shards filed %s rows in DP-AMBSSGD''s blocks, not %s x %s: '
+                                            'a shard''s rows were not numbered in one scan', got, blocks, b + s),
+                                     'XX000');
+    END IF;
+    RETURN members;
+END $$;
+
+-- The pass over a distributed training table from a fresh state.
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_pass_on_shards(train_table text, plan jsonb,
+                                                                 st float8[])
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    members text := dpsql_internal._ambssgd_fill_blocks(train_table, plan);
+BEGIN
+    st := dpsql_internal._ambssgd_blocks(members, (plan->>'blocks')::int, (plan->>'stat_size')::bigint, st);
+    EXECUTE format('DROP TABLE %s', members);
+    RETURN st;
+END $$;
+
 -- R_x: the "expected x norm" of spec 000 (E||x||^2 x x^T <= R_x^2 H); the registered bound on
 -- ||x|| is one (plus the intercept's constant 1).
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_r_x(privacy text, options jsonb, x_bound float8,
@@ -215,7 +334,8 @@ BEGIN
             'neighbouring', 'replace-one, n public'));
 END $$;
 
--- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order.
+-- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order (on
+-- Citus, DP-AMBSSGD's blocks on the shards).
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fit(train_table text, plan jsonb, noise_seed bigint,
                                               OUT weights float8[], OUT info jsonb,
                                               OUT iterates float8[])
@@ -237,8 +357,12 @@ BEGIN
         coalesce((plan->>'stat_threshold')::float8, 0), coalesce((plan->>'clip_norm')::float8, 0),
         noise_seed);
     -- One pass in the order of the (data-independent) permutation.
-    EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1 ORDER BY rid) FROM %s', train_table)
-       INTO st USING st;
+    IF (dpsql_internal._citus_layout(train_table::regclass)).dist_column IS NOT NULL THEN
+        st := dpsql_internal._ambssgd_pass_on_shards(train_table, plan, st);
+    ELSE
+        EXECUTE format('SELECT dpsql.ambssgd_pass(x, y, $1 ORDER BY rid) FROM %s', train_table)
+           INTO st USING st;
+    END IF;
     res := dpsql_internal._ambssgd_result(st);
     weights := res.weights;
     -- The transcript (gamma_t, zeta_t) is covered by the guarantee (spec 000 s. 2.3).

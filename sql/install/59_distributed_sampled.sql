@@ -114,6 +114,19 @@ BEGIN
     RETURN members;
 END $$;
 
+-- The shards of a distributed training table by name, with their row counts: one count grouped
+-- by shard on the shards (public: a row's shard is the hash of its id). The numbering of
+-- shard_scan.h (BST14's draws, DP-AMBSSGD's blocks) lists the shards in this order.
+CREATE OR REPLACE FUNCTION dpsql_internal._shard_row_counts(train_table text, OUT shards text[],
+                                                           OUT counts bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('SELECT array_agg(shard ORDER BY shard COLLATE "C"), array_agg(n ORDER BY shard COLLATE "C")'
+                   '  FROM (SELECT dpsql_internal._relation_name(tableoid) AS shard, count(*) AS n'
+                   '          FROM %s GROUP BY 1) c', train_table)
+       INTO shards, counts;
+END $$;
+
 -- BST14's members for an epoch: b draws a step, uniform over all the rows with replacement,
 -- one node's draws (the same stream, _sampled_members) over a numbering of the shards' rows:
 -- the shards by name, each shard's rows in (rid, row id) order (replacement_fmgr.c). Each
@@ -124,21 +137,15 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     steps bigint := (r.spec->>'steps_per_epoch')::bigint;
     b bigint := (r.spec->>'batch_size')::bigint;
-    shards text[];
-    counts bigint[];
+    l record := dpsql_internal._shard_row_counts(r.train_table);
     got bigint;
 BEGIN
-    -- rows per shard: a count grouped by shard on the shards (public: the hash of the ids)
-    EXECUTE format('SELECT array_agg(shard ORDER BY shard COLLATE "C"), array_agg(n ORDER BY shard COLLATE "C")'
-                   '  FROM (SELECT dpsql_internal._relation_name(tableoid) AS shard, count(*) AS n'
-                   '          FROM %s GROUP BY 1) c', r.train_table)
-       INTO shards, counts;
     got := dpsql_internal._insert_on_shards(format(
         'INSERT INTO %s (row_id, step, x, y)'
         ' SELECT o.row_id, unnest(dpsql_internal._replacement_steps(%s, %s, %s, %s, o.tableoid, %L, %L,'
         '                                                         o.rid, o.row_id::bigint)), o.x, o.y'
         '   FROM (SELECT tableoid, row_id, rid, x, y FROM %s ORDER BY rid, row_id) o ORDER BY 2, 1',
-        members, seed, r.rows, steps, b, shards, counts, r.train_table),
+        members, seed, r.rows, steps, b, l.shards, l.counts, r.train_table),
         'an epoch''s draws with replacement');
     IF got <> steps * b THEN
         PERFORM dpsql_internal._fail(format('the shards drew %s rows, not %s x %s: a shard''s rows were '

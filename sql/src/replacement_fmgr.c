@@ -26,6 +26,7 @@
 
 #include "glue.h"
 #include "replacement.h"
+#include "shard_scan.h"
 
 PG_FUNCTION_INFO_V1(dpsql_replacement_steps);
 PG_FUNCTION_INFO_V1(dpsql_relation_name);
@@ -75,83 +76,14 @@ typedef struct ShardDraws
 	int64		rows;
 	int64		batch;
 	int32		steps;
-	Oid			relation;
-	int64		count;			/* the shard's rows */
-	int64		seen;			/* rows asked for so far */
-	int64		last_rid;
-	int64		last_id;
-	int64	   *first;			/* count + 1 */
+	DpsqlShardScan scan;		/* the shard's rows and their numbering */
+	int64	   *first;			/* scan.count + 1 */
 	int32	   *step;
 } ShardDraws;
 
-/* This shard's place in the numbering: its offset and row count, from the coordinator's list. */
+/* Every draw of the epoch, those in the shard's range kept by row: two passes of one stream. */
 static void
-shard_range(Oid relation, ArrayType *shards, ArrayType *counts, int64 rows, int64 *offset,
-			int64 *count)
-{
-	Datum	   *names;
-	Datum	   *ns;
-	bool	   *nulls;
-	int			len,
-				len2;
-	char	   *self = get_rel_name(relation);
-	int64		total = 0;
-	bool		found = false;
-
-	if (self == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("dpsql: no relation with OID %u", relation)));
-	if (ARR_NDIM(shards) > 1 || ARR_NDIM(counts) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: the shards and their row counts must be one-dimensional arrays")));
-	deconstruct_array(shards, TEXTOID, -1, false, TYPALIGN_INT, &names, &nulls, &len);
-	for (int i = 0; i < len; i++)
-		if (nulls[i])
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("dpsql: a shard's name is NULL")));
-	deconstruct_array(counts, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &ns, &nulls, &len2);
-	if (len2 != len || len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: %d shards but %d row counts", len, len2)));
-	for (int i = 0; i < len; i++)
-	{
-		int64		n = nulls[i] ? -1 : DatumGetInt64(ns[i]);
-
-		if (n < 0 || n > rows - total)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("dpsql: the shards' row counts must be >= 0 and add up to the rows (%lld)",
-							(long long) rows)));
-		if (strcmp(TextDatumGetCString(names[i]), self) == 0)
-		{
-			if (found)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("dpsql: shard %s is listed twice", self)));
-			found = true;
-			*offset = total;
-			*count = n;
-		}
-		total += n;
-	}
-	if (total != rows)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: the shards' row counts add up to %lld, not to the rows (%lld)",
-						(long long) total, (long long) rows)));
-	if (!found)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dpsql: shard %s is not in the list of shards", self)));
-}
-
-/* Every draw of the epoch, those in [offset, offset + count) kept by row: two passes of one stream. */
-static void
-shard_draws_build(ShardDraws *sd, int64 offset)
+shard_draws_build(ShardDraws *sd)
 {
 	DpsqlDraws	it;
 	int64		step,
@@ -159,30 +91,30 @@ shard_draws_build(ShardDraws *sd, int64 offset)
 	int64		kept = 0;
 	int64	   *fill;
 
-	sd->first = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * (sd->count + 1));
-	memset(sd->first, 0, sizeof(int64) * (sd->count + 1));
+	sd->first = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * (sd->scan.count + 1));
+	memset(sd->first, 0, sizeof(int64) * (sd->scan.count + 1));
 	dpsql_draws_begin(&it, sd->seed, sd->rows, sd->steps, sd->batch);
 	while (dpsql_draws_next(&it, &step, &g))
-		if (g > offset && g <= offset + sd->count)
+		if (g > sd->scan.offset && g <= sd->scan.offset + sd->scan.count)
 		{
-			sd->first[g - offset]++;
+			sd->first[g - sd->scan.offset]++;
 			kept++;
 		}
 	/* counts to offsets: row k (0-based) starts at first[k] */
-	for (int64 k = 0, at = 0; k <= sd->count; k++)
+	for (int64 k = 0, at = 0; k <= sd->scan.count; k++)
 	{
-		int64		c = k < sd->count ? sd->first[k + 1] : 0;
+		int64		c = k < sd->scan.count ? sd->first[k + 1] : 0;
 
 		sd->first[k] = at;
 		at += c;
 	}
 	sd->step = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int32) * Max(kept, 1));
-	fill = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * Max(sd->count, 1));
-	memcpy(fill, sd->first, sizeof(int64) * sd->count);
+	fill = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * Max(sd->scan.count, 1));
+	memcpy(fill, sd->first, sizeof(int64) * sd->scan.count);
 	dpsql_draws_begin(&it, sd->seed, sd->rows, sd->steps, sd->batch);
 	while (dpsql_draws_next(&it, &step, &g))
-		if (g > offset && g <= offset + sd->count)
-			sd->step[fill[g - offset - 1]++] = (int32) step;
+		if (g > sd->scan.offset && g <= sd->scan.offset + sd->scan.count)
+			sd->step[fill[g - sd->scan.offset - 1]++] = (int32) step;
 	explicit_bzero(&it, sizeof(it));
 	pfree(fill);
 }
@@ -212,38 +144,24 @@ dpsql_replacement_steps(PG_FUNCTION_ARGS)
 	if (sd == NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-		int64		offset = 0;
 
 		sd = palloc0(sizeof(ShardDraws));
 		sd->seed = PG_GETARG_INT64(0);
 		sd->rows = PG_GETARG_INT64(1);
 		sd->steps = PG_GETARG_INT32(2);
 		sd->batch = PG_GETARG_INT64(3);
-		sd->relation = PG_GETARG_OID(4);
-		shard_range(sd->relation, PG_GETARG_ARRAYTYPE_P(5), PG_GETARG_ARRAYTYPE_P(6), sd->rows,
-					&offset, &sd->count);
-		shard_draws_build(sd, offset);
+		dpsql_shard_scan_begin(&sd->scan, PG_GETARG_OID(4), PG_GETARG_ARRAYTYPE_P(5),
+							   PG_GETARG_ARRAYTYPE_P(6), sd->rows);
+		shard_draws_build(sd);
 		MemoryContextSwitchTo(old);
 		fcinfo->flinfo->fn_extra = sd;
 	}
-	else if (PG_GETARG_OID(4) != sd->relation || PG_GETARG_INT64(0) != sd->seed ||
-			 PG_GETARG_INT64(1) != sd->rows || PG_GETARG_INT32(2) != sd->steps ||
-			 PG_GETARG_INT64(3) != sd->batch)
+	else if (PG_GETARG_INT64(0) != sd->seed || PG_GETARG_INT64(1) != sd->rows ||
+			 PG_GETARG_INT32(2) != sd->steps || PG_GETARG_INT64(3) != sd->batch)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("dpsql: _replacement_steps numbers one shard's rows per scan")));
-	else if (rid < sd->last_rid || (rid == sd->last_rid && id <= sd->last_id))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("dpsql: _replacement_steps needs the shard's rows in (rid, row id) order, once each")));
-	if (sd->seen >= sd->count)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("dpsql: the shard has more rows than its count (%lld): the training table changed",
-						(long long) sd->count)));
-	sd->last_rid = rid;
-	sd->last_id = id;
-	k = sd->seen++;
+	k = dpsql_shard_scan_next(&sd->scan, PG_GETARG_OID(4), rid, id, "_replacement_steps");
 	if (sd->first[k + 1] == sd->first[k])
 		PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT4OID));
 	out = palloc(sizeof(Datum) * (sd->first[k + 1] - sd->first[k]));

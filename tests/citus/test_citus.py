@@ -261,7 +261,9 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
         " delta => 1e-6)",
         (ds,),
     )
-    assert "sequential" in hint and all(m in hint for m in ("scs13", "bst14", "dp_ftrl"))
+    assert "sequential" in hint and all(
+        m in hint for m in ("scs13", "bst14", "dp_ftrl", "dp_ambssgd")
+    )
     _refused(coord, "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (ds,))
     _refused(
         coord,

@@ -482,21 +482,6 @@ def test_dpsgd_f_variants_train_on_shards(coord, privacy) -> None:
 def test_refusals_on_shards_charge_nothing(coord) -> None:
     X, y = _binary(800, d=D, seed=13)
     before = _ledger(coord)
-    # the one-pass linear mechanisms update row by row in the table's order
-    regression = _register(
-        coord,
-        _distributed(coord, X, np.clip(X[:, 0], -1, 1)),
-        label_bound=1.0,
-        row_norm="clip",
-    )
-    for privacy in ("dp_ssgd", "dp_ambssgd"):
-        msg = _refused(
-            coord,
-            f"SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => '{privacy}', epsilon => 1,"
-            " delta => 1e-5)",
-            (regression,),
-        )
-        assert "sequential" in msg
     # a text row id cannot key the membership
     name = f"s_{uuid.uuid4().hex[:8]}"
     coord.execute(f"CREATE TABLE {name} (id text PRIMARY KEY, x float8[], y float8)")
