@@ -4,12 +4,14 @@ For each size: DP-SGD (Poisson), DPSGD-F, BST14 (draws with replacement), SCS13 
 (keyed steps or leaves) released on the distributed table and on the same rows in a local table
 of the coordinator (one node), at the same epsilon, delta, epochs and batch (the cluster's
 default: at most 2,000 steps an epoch); wall time, the time per step, accuracy (dpsql.evaluate,
-pushed down on the cluster); a noiseless distributed SGD epoch (shard-averaged, one scan) for
+pushed down on the cluster); DP-AMBSSGD (one pass in blocks, its own plan) on the 0/1 label as
+a regression target (label bound 1), with R^2 for accuracy and ms per block;
+a noiseless distributed SGD epoch (shard-averaged, one scan) for
 scale; and the bytes the coordinator receives for one step (Citus's EXPLAIN ANALYZE "Tuple data
 received from nodes") and so per epoch.
 
     python -m bench.citus_sampled [--rows 1000000 10000000] [--dim 50] [--shards 8] [--epochs 2]
-                                  [--mechanisms dpsgd dpsgd_f bst14 scs13 dp_ftrl]
+                                  [--mechanisms dpsgd dpsgd_f bst14 scs13 dp_ftrl dp_ambssgd]
 
 Needs Citus in the embedded PostgreSQL 18 (``make citus``). The machine's 2 cores run three
 nodes: the figures show per-step latency and bytes, not a cluster's speed-up.
@@ -28,27 +30,44 @@ import psycopg
 from bench.citus_scale import PREPARE, _fill, _timed
 from dpsql import citus
 
-MECHANISMS = ("dpsgd", "dpsgd_f", "bst14", "scs13", "dp_ftrl")
+MECHANISMS = ("dpsgd", "dpsgd_f", "bst14", "scs13", "dp_ftrl", "dp_ambssgd")
 
 
 def _release(
     conn: psycopg.Connection, dataset: str, table: str, privacy: str, args: Any, batch: int
 ) -> dict[str, Any]:
-    extra = ", sampling => 'poisson'" if privacy == "dpsgd" else ""
-    wall, row = _timed(
-        conn,
-        f"SELECT dpsql.train(%s, NULL, NULL, privacy => %s, epsilon => %s, delta => %s,"
-        f" epochs => %s, batch_size => %s{extra})",
-        (dataset, privacy, args.epsilon, args.delta, args.epochs, batch),
-    )
+    if privacy == "dp_ambssgd":  # one pass, its own blocks: a regression model
+        query = (
+            "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => %s, epsilon => %s,"
+            " delta => %s)"
+        )
+        params: tuple[Any, ...] = (dataset, privacy, args.epsilon, args.delta)
+        metric = "r2"
+    else:
+        extra = ", sampling => 'poisson'" if privacy == "dpsgd" else ""
+        query = (
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => %s, epsilon => %s, delta => %s,"
+            f" epochs => %s, batch_size => %s{extra})"
+        )
+        params = (dataset, privacy, args.epsilon, args.delta, args.epochs, batch)
+        metric = "accuracy"
+    wall, row = _timed(conn, query, params)
     mid = int(row[0])
-    train_s, prepare_s = conn.execute(
-        "SELECT train_seconds, prepare_seconds FROM dpsql.model_store WHERE model_id = %s", (mid,)
+    train_s, prepare_s, steps = conn.execute(
+        "SELECT train_seconds, prepare_seconds,"
+        "       jsonb_path_query_first(params, 'strict $.**.blocks')::int"
+        "  FROM dpsql.model_store WHERE model_id = %s",
+        (mid,),
     ).fetchone()
-    accuracy = conn.execute(
-        "SELECT value FROM dpsql.evaluate(%s, %s) WHERE metric = 'accuracy'", (mid, table)
+    score = conn.execute(
+        "SELECT coalesce(max(value) FILTER (WHERE metric = %s), max(metrics->>%s)::float8)"
+        "  FROM dpsql.evaluate(%s, %s)",
+        (metric, metric, mid, table),
     ).fetchone()[0]
-    return {"wall": wall, "train": train_s, "prepare": prepare_s, "accuracy": float(accuracy)}
+    if not train_s:  # a planned mechanism (DP-AMBSSGD) times no epochs: the call less prepare
+        train_s = wall - prepare_s
+    return {"wall": wall, "train": train_s, "prepare": prepare_s, "accuracy": float(score),
+            "blocks": steps}  # fmt: skip
 
 
 def _noiseless_epoch(conn: psycopg.Connection, table: str, distributed: bool) -> float:
@@ -127,15 +146,27 @@ def _size(cl: citus.Cluster, conn: psycopg.Connection, rows: int, args: Any) -> 
         f" (generated and distributed in {time.perf_counter() - t0:.0f} s)",
         flush=True,
     )
-    names = {}
+    names: dict[tuple[str, bool], str] = {}
     for table in (local, dist):
-        names[table] = f"ds_{table}"
-        conn.execute(
-            "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1000,"
-            " delta_budget => 0.5, labels => '{0,1}', row_norm => 'clip', accept => true,"
-            " name => %s)",
-            (table, names[table]),
-        )
+        # DP-AMBSSGD: the same rows in a copy (a relation has one dataset), 0/1 as a value
+        for regression in (False, True) if "dp_ambssgd" in args.mechanisms else (False,):
+            source = f"{table}_reg" if regression else table
+            if regression:
+                conn.execute(f"CREATE TABLE {source} (LIKE {table} INCLUDING ALL)")
+                if table == dist:
+                    conn.execute(
+                        "SELECT create_distributed_table(%s, 'id', colocate_with => %s)",
+                        (source, dist),
+                    )
+                conn.execute(f"INSERT INTO {source} SELECT * FROM {table}")
+                conn.execute(f"VACUUM ANALYZE {source}")
+            names[table, regression] = f"ds_{source}"
+            conn.execute(
+                "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 1000,"
+                " delta_budget => 0.5, row_norm => 'clip', accept => true, name => %s"
+                + (", label_bound => 1)" if regression else ", labels => '{0,1}')"),
+                (source, names[table, regression]),
+            )
     batch = max(50, -(-rows // 2000))
     for distributed, table in ((False, local), (True, dist)):
         epoch = _noiseless_epoch(conn, table, distributed)
@@ -152,10 +183,12 @@ def _size(cl: citus.Cluster, conn: psycopg.Connection, rows: int, args: Any) -> 
     steps = args.epochs * (rows // batch)
     for privacy in args.mechanisms:
         for where, table in (("one node", local), ("cluster", dist)):
-            r = _release(conn, names[table], table, privacy, args, batch)
+            regression = privacy == "dp_ambssgd"
+            r = _release(conn, names[table, regression], table, privacy, args, batch)
+            per = r["blocks"] if regression else steps
             print(
                 f"{privacy:10} {where:9} {r['wall']:8.2f} {r['train']:8.2f}"
-                f" {1000 * r['train'] / steps:8.2f} {r['accuracy']:8.4f}",
+                f" {1000 * r['train'] / per:8.2f} {r['accuracy']:8.4f}",
                 flush=True,
             )
     print(_step_bytes(conn, dist, rows, args.dim, batch), flush=True)

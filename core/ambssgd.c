@@ -551,8 +551,10 @@ dpsql_ambssgd_sort(double *r, int64_t s)
 	}
 }
 
-/* One level of DP-STAT: its count plus a fresh Gaussian (V1: sigma_c = alpha sqrt(L + 1)
- * covers all L + 1), against the threshold. */
+/*
+ * One level of DP-STAT: its count plus a fresh Gaussian (V1: sigma_c = alpha sqrt(L + 1)
+ * covers all L + 1), against the threshold.
+ */
 static int
 noisy_count_reaches(DpsqlRng *rng, double count, double sigma_c, double theta)
 {
@@ -569,13 +571,15 @@ dpsql_ambssgd_dp_stat(DpsqlRng *rng, double *resid, int64_t s, double domain, in
 
 	dpsql_ambssgd_sort(resid, s);
 	for (i = 0; i <= levels; i++)
-		if (noisy_count_reaches(rng, (double) dpsql_ambssgd_count(resid, s,
-																	dpsql_ambssgd_level(domain, levels, i)),
-								sigma_c, theta))
+	{
+		double		count = (double) dpsql_ambssgd_count(resid, s, dpsql_ambssgd_level(domain, levels, i));
+
+		if (noisy_count_reaches(rng, count, sigma_c, theta))
 		{
 			*draws = i + 1;
 			return i;
 		}
+	}
 	*draws = levels + 1;
 	return levels;
 }

@@ -106,20 +106,30 @@ END $$;
 -- mechanism clipped to the registered row bound, scored as they were trained (models.py does
 -- the same).
 CREATE OR REPLACE FUNCTION dpsql_internal._clip_norm(x float8[], r float8)
-RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN r IS NULL OR NOT n > r THEN x
-                ELSE ARRAY(SELECT v * (r / n) FROM unnest(x) WITH ORDINALITY u(v, i) ORDER BY i) END
-      FROM (SELECT sqrt(sum(v * v)) AS n FROM unnest(x) v) s
-$$;
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_clip_norm_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- A row, feature bounds already applied, as a model with a recorded preprocessing sees it:
--- clipped to its clip_radius, its row transform, minus its centre (one place for predict
--- and evaluate).
-CREATE OR REPLACE FUNCTION dpsql_internal._preprocessed(x float8[], pre jsonb)
-RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT dpsql_internal._preprocess(dpsql_internal._clip_norm(x, (pre->>'clip_radius')::float8), NULL,
-                                      (pre->>'row_flags')::int, dpsql_internal._jsonb_weights(pre->'centre'))
+-- clipped to its clip_radius, its row transform, minus its centre. One place for predict and
+-- evaluate: an expression over the SQL expression x with the preprocessing's numbers as
+-- literals, so that evaluate's scan calls C functions only (a SQL function has pinned
+-- settings, 85_pinned_settings.sql: it is never inlined, and would parse pre for every row).
+CREATE OR REPLACE FUNCTION dpsql_internal._preprocessed_sql(x text, pre jsonb)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT format('dpsql_internal._preprocess(dpsql_internal._clip_norm(%s, %L::float8), NULL, %L::int,'
+                  ' %L::float8[])', x, pre->>'clip_radius', pre->>'row_flags',
+                  dpsql_internal._jsonb_weights(pre->'centre'))
 $$;
+
+-- The same for one row (predict).
+CREATE OR REPLACE FUNCTION dpsql_internal._preprocessed(x float8[], pre jsonb)
+RETURNS float8[] LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    out float8[];
+BEGIN
+    EXECUTE 'SELECT ' || dpsql_internal._preprocessed_sql('$1', pre) INTO out USING x;
+    RETURN out;
+END $$;
 
 -- Probability of the positive class (logistic), score (huber, linear) or class (multinomial).
 CREATE OR REPLACE FUNCTION dpsql.predict(model_id bigint, x float8[])
@@ -274,8 +284,7 @@ BEGIN
     -- A recorded preprocessing (DPSGD-F, the private-ERM fits with an intercept): the row
     -- transform alone, then the intercept's 1 (the model's flags then have no row transform).
     IF m.params->'privacy'->'preprocessing' <> 'null' THEN
-        feat.expr := format('dpsql_internal._preprocessed(%s, %L::jsonb)', feat.expr,
-                            m.params->'privacy'->'preprocessing');
+        feat.expr := dpsql_internal._preprocessed_sql(feat.expr, m.params->'privacy'->'preprocessing');
     END IF;
     yexpr := dpsql_internal._label_sql(m.model, coalesce(label, m.label), m.classes,
                                        label_values => dpsql_internal._model_label_values(m));

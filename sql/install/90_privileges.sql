@@ -29,7 +29,7 @@ DECLARE
         '_check_labels', '_canonical_model',
         '_loss_code', '_predict',
         '_fail', '_model', '_apply_bounds', '_is_positive', '_preprocess', '_jsonb_weights',
-        '_clip_norm', '_preprocessed',
+        '_clip_norm', '_preprocessed', '_preprocessed_sql',
         -- categorical columns and text labels (issue 27)
         'predict_label', 'predict_row', '_predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
         '_encode_row', '_binary_metrics', '_multiclass_metrics', '_regression_metrics',

@@ -395,6 +395,47 @@ dpsql_preprocess_sql(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
+PG_FUNCTION_INFO_V1(dpsql_clip_norm_sql);
+
+/*
+ * dpsql_internal._clip_norm(x float8[], r float8) -> float8[]: x scaled by r / ||x|| when its
+ * norm (its squares summed in order) exceeds r, else x itself (r NULL: x). An x that is not a
+ * 1-D array without NULLs comes back as given, a null record for _preprocess; a norm that
+ * overflows clips to 0. In C: evaluate and predict clip every row of a model with a radius.
+ */
+Datum
+dpsql_clip_norm_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *x;
+	ArrayType  *out;
+	const double *v;
+	double	   *o;
+	double		ss = 0.0,
+				n,
+				r;
+	int			d;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	x = PG_GETARG_ARRAYTYPE_P(0);
+	if (PG_ARGISNULL(1) || ARR_ELEMTYPE(x) != FLOAT8OID || ARR_NDIM(x) != 1 ||
+		(ARR_HASNULL(x) && array_contains_nulls(x)))
+		PG_RETURN_ARRAYTYPE_P(x);
+	r = PG_GETARG_FLOAT8(1);
+	d = ARR_DIMS(x)[0];
+	v = (const double *) ARR_DATA_PTR(x);
+	for (int i = 0; i < d; i++)
+		ss += v[i] * v[i];
+	n = sqrt(ss);
+	if (!(n > r))
+		PG_RETURN_ARRAYTYPE_P(x);
+	out = dpsql_new_float8_array(d);
+	o = (double *) ARR_DATA_PTR(out);
+	for (int i = 0; i < d; i++)
+		o[i] = v[i] * (r / n);
+	PG_RETURN_ARRAYTYPE_P(out);
+}
+
 /* dpsql_internal._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
 Datum
 dpsql_is_positive_sql(PG_FUNCTION_ARGS)

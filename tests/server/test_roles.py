@@ -37,6 +37,7 @@ ANALYST_FUNCTIONS = {
     "_is_positive",
     "_preprocess",
     "_preprocessed",
+    "_preprocessed_sql",
     "_clip_norm",
     "_jsonb_weights",
     # tables as they come and previews (issue 27)
