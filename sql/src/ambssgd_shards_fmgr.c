@@ -11,8 +11,6 @@
  */
 #include "postgres.h"
 
-#include <math.h>
-
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "utils/array.h"

@@ -20,7 +20,15 @@ import pytest
 from scipy import stats
 
 from dpsql.loading import load_numpy
-from tests.citus.test_citus import SHARDS, _distributed, _ledger, _private, _register
+from tests.citus.test_citus import (
+    SHARDS,
+    _analyst,
+    _distributed,
+    _ledger,
+    _private,
+    _refused,
+    _register,
+)
 from tests.citus.test_citus_sampled import _rows_of_shard, _training_table
 from tests.server.test_ambssgd import INIT_SQL, _sql_args
 from tests.server.test_ambssgd import _private as _calibrated
@@ -225,5 +233,35 @@ def test_dp_ambssgd_releases_on_shards_like_one_node(coord) -> None:
     assert params["distributed"]["shard_count"] == SHARDS
     variance = float(np.var(y))
     assert mse[1] < 0.5 * variance and abs(mse[1] - mse[0]) < 0.02, (mse, variance)
+    left = coord.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'")
+    assert left.fetchone()[0] == 0
+
+
+def test_an_analysts_rolled_back_release_keeps_its_charge(cluster, coord) -> None:
+    """As an analyst with hostile settings, inside a transaction rolled back (and a savepoint
+    rolled back before it): each release is charged for good, leaves no model and no members'
+    table, and the analyst reads no row of the training table's shards."""
+    X, y = _regression(3000, seed=6)
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, label_bound=1.0, row_norm="clip")
+    login = _analyst(coord, ds)
+    before = _ledger(coord)
+    models = coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0]
+    call = (
+        "SELECT dpsql.train(%s, NULL, NULL, 'linear', privacy => 'dp_ambssgd', epsilon => 8,"
+        " delta => 1e-5, steps => 2)"
+    )
+    with login(cluster.coordinator) as a:
+        a.execute("SET extra_float_digits = -15")
+        a.execute("SET search_path = public, pg_temp")
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        a.execute(call, (ds,))
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        a.execute(call, (ds,))
+        a.execute("ROLLBACK")
+        _refused(a, f"SELECT * FROM {src} LIMIT 1", code="42501")
+    assert _ledger(coord) == before + 2
+    assert coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0] == models
     left = coord.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'")
     assert left.fetchone()[0] == 0
