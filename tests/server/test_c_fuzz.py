@@ -314,15 +314,29 @@ AMBSSGD_HEADER = 25
 def test_fuzz_ambssgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None:
     rng = random.Random(SEED + 1)
     p = Prober(fuzz_conn, server_uri)
-    for init in (AMBSSGD_INIT, AMBSSGD_FIXED_INIT):
+    for init, p_len in ((AMBSSGD_INIT, 3), (AMBSSGD_FIXED_INIT, 4)):
         base = _state(fuzz_conn, init)
         real = _literal(base)
+        probe = list(
+            fuzz_conn.execute("SELECT dpsql_internal._ambssgd_probe(%s)", (base,)).fetchone()[0]
+        )
+        counts = [5.0, 5.0] + [0.0] * 5  # s = 5 rows in bucket 0 of L + 2 = 6
+        sums = [5.0, 0.0] + [0.1] * p_len
         for s in mutants(base, AMBSSGD_HEADER, rng, len(base) - 72):
             p.call("SELECT * FROM dpsql_internal._ambssgd_result(%s::float8[])", (s,))
             rows = ROWS3.replace("x, y FROM", f"x, y, '{real}'::float8[] FROM")
             _aggregate(
                 p, "dpsql_internal._ambssgd_transition", "float8[], float8, float8[]", s, rows
             )
+            # the pass on shards: the coordinator's calls, and forged probes on the shards
+            p.call("SELECT dpsql_internal._ambssgd_probe(%s::float8[])", (s,))
+            for fn, arg in (("_ambssgd_block_stat", counts), ("_ambssgd_block_step", sums)):
+                p.call(f"SELECT dpsql_internal.{fn}(%s::float8[], %s::float8[])", (s, arg))
+                p.call(f"SELECT dpsql_internal.{fn}(%s::float8[], %s::float8[])", (base, s))
+        for forged in mutants(probe, 7, rng, None):
+            for agg in ("_ambssgd_stat_counts", "_ambssgd_gradient_sum"):
+                rows = ROWS3.replace("x, y FROM", f"x, y, '{_literal(forged)}'::float8[] FROM")
+                p.call(f"SELECT dpsql_internal.{agg}({rows})")
         p.survived()
 
 
