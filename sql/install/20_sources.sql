@@ -109,20 +109,19 @@ BEGIN
 END $$;
 
 -- One-hot coordinates of a categorical column: 1 at the position of its value among the
--- public values, zeros for a value not listed or NULL (an inline expression: no subquery per
--- row, and Citus pushes it down to the shards).
+-- public values, zeros for a value not listed or NULL (an expression of built-in and C calls:
+-- no subquery per row, and Citus pushes it down to the shards).
 CREATE OR REPLACE FUNCTION dpsql_internal._one_hot_sql(col text, vals text[])
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format('dpsql_internal._one_hot(array_position(%L::text[], %I::text), %s)',
                   vals::text, col, cardinality(vals))
 $$;
 
--- k coordinates, 1 at position p (NULL: all zero).
+-- k coordinates, 1 at position p (NULL: all zero). In C: a SQL function has pinned settings
+-- (85_pinned_settings.sql), so it is never inlined and would cost a call per row.
 CREATE OR REPLACE FUNCTION dpsql_internal._one_hot(p int, k int)
-RETURNS float8[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p IS NULL THEN array_fill(0::float8, ARRAY[k])
-                ELSE array_fill(0::float8, ARRAY[p - 1]) || 1::float8 || array_fill(0::float8, ARRAY[k - p]) END
-$$;
+RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_one_hot_sql'
+LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- SQL expression of the training label: +-1 for binary models, a class index for multinomial
 -- The error of a label outside the declared set. IMMUTABLE (it is only ever called with the

@@ -436,6 +436,37 @@ dpsql_clip_norm_sql(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(out);
 }
 
+PG_FUNCTION_INFO_V1(dpsql_one_hot_sql);
+
+/*
+ * dpsql_internal._one_hot(p int, k int) -> float8[]: k coordinates, 1 at position p (1-based),
+ * all zero for p NULL (a value not listed, or NULL). In C: every row of a categorical column
+ * calls it, in the training table's fill and in evaluate's scan.
+ */
+Datum
+dpsql_one_hot_sql(PG_FUNCTION_ARGS)
+{
+	ArrayType  *out;
+	int			k;
+
+	if (PG_ARGISNULL(1) || PG_GETARG_INT32(1) < 0 ||
+		PG_GETARG_INT32(1) > (int) ((MaxAllocSize - ARR_OVERHEAD_NONULLS(1)) / sizeof(double)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_hot needs a number of coordinates k >= 0")));
+	k = PG_GETARG_INT32(1);
+	if (!PG_ARGISNULL(0) && (PG_GETARG_INT32(0) < 1 || PG_GETARG_INT32(0) > k))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("dpsql: _one_hot's position %d is not in 1..%d", PG_GETARG_INT32(0), k)));
+	if (k == 0)
+		PG_RETURN_ARRAYTYPE_P(construct_empty_array(FLOAT8OID));
+	out = dpsql_new_float8_array(k);
+	if (!PG_ARGISNULL(0))
+		((double *) ARR_DATA_PTR(out))[PG_GETARG_INT32(0) - 1] = 1.0;
+	PG_RETURN_ARRAYTYPE_P(out);
+}
+
 /* dpsql_internal._is_positive(loss int, raw float8) -> boolean: the core's binary decision rule. */
 Datum
 dpsql_is_positive_sql(PG_FUNCTION_ARGS)

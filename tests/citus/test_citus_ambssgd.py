@@ -212,7 +212,9 @@ def test_a_replaced_row_moves_only_its_own_block_on_every_shard(coord, shard_ind
 
 def test_dp_ambssgd_releases_on_shards_like_one_node(coord) -> None:
     """dpsql.train on a distributed regression dataset and on a local copy: one charge each,
-    no members' table left, test error within 0.02 of the local release's."""
+    no members' table left, test error within 0.02 of the local release's. The noise and the
+    shuffle are seeded (an owner's reproduction); unseeded, 4 pairs differed by at most 0.004
+    (MSE about 0.063 against a label variance of 0.19)."""
     X, y = _regression(8000, seed=3)
     local = f"l_{uuid.uuid4().hex[:8]}"
     load_numpy(coord, local, X, y)
@@ -222,7 +224,7 @@ def test_dp_ambssgd_releases_on_shards_like_one_node(coord) -> None:
         ds = _register(coord, table, label_bound=1.0, row_norm="clip")
         before = _ledger(coord)
         mid = _private(coord, ds, model="linear", privacy="dp_ambssgd", epsilon=4.0,
-                       delta=1e-5, steps=8)  # fmt: skip
+                       delta=1e-5, steps=8, noise_seed=3, seed=5)  # fmt: skip
         assert _ledger(coord) == before + 1
         mse.append(float(coord.execute(
             "SELECT value FROM dpsql.evaluate(%s, %s) WHERE metric = 'mse'", (mid, table)

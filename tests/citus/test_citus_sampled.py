@@ -403,11 +403,13 @@ def test_a_drawn_rows_step_contribution_is_bounded_on_every_shard(coord, shard_i
             assert dist <= 1e-12
 
 
-def _trains_like_one_node(coord: psycopg.Connection, seed: int, floor: float, **kw: Any) -> None:
+def _trains_like_one_node(
+    coord: psycopg.Connection, data_seed: int, floor: float, **kw: Any
+) -> None:
     """The same release on a local copy and on the cluster: charged once each, the cluster's
     laid out on its shards, about as accurate (within 0.05, above floor), no members' table
     left behind."""
-    X, y = _binary(4000, d=D, seed=seed)
+    X, y = _binary(4000, d=D, seed=data_seed)
     local = f"l_{uuid.uuid4().hex[:8]}"
     load_numpy(coord, local, X, y)
     src = _distributed(coord, X, y)
@@ -434,10 +436,14 @@ def _trains_like_one_node(coord: psycopg.Connection, seed: int, floor: float, **
 
 @pytest.mark.parametrize("sampling", ["poisson", "shuffle"])
 def test_dpsgd_trains_on_shards_like_one_node(coord, sampling) -> None:
-    """DP-SGD (different coins; shuffled batches: the same accounting, batch sizes that vary)."""
+    """DP-SGD (different coins; shuffled batches: the same accounting, batch sizes that vary).
+    The step noise and the shuffle are seeded (an owner's reproduction): over 8 such pairs the
+    gap was at most 0.006 (Poisson) and 0.012 (shuffled). Unseeded, shuffled DP-SGD's accuracy
+    here spreads over 0.84-0.92 from run to run (one CI run's pair differed by 0.056)."""
     _trains_like_one_node(
-        coord, 11, 0.8, privacy="dpsgd", sampling=sampling, epsilon=2.0, delta=1e-5, epochs=3
-    )
+        coord, 11, 0.8, privacy="dpsgd", sampling=sampling, epsilon=2.0, delta=1e-5, epochs=3,
+        noise_seed=3, seed=5,
+    )  # fmt: skip
 
 
 def test_bst14_trains_on_shards_like_one_node(coord) -> None:
