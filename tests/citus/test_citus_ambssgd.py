@@ -241,7 +241,8 @@ def test_dp_ambssgd_releases_on_shards_like_one_node(coord) -> None:
 
 def test_an_analysts_rolled_back_release_keeps_its_charge(cluster, coord) -> None:
     """As an analyst with hostile settings, inside a transaction rolled back (and a savepoint
-    rolled back before it): each release is charged for good, leaves no model and no members'
+    rolled back before it), and in a DO block whose handler catches an exception raised after
+    it: each release is charged for good, leaves no model and no members'
     table, and the analyst reads no row of the training table's shards."""
     X, y = _regression(3000, seed=6)
     src = _distributed(coord, X, y)
@@ -262,8 +263,14 @@ def test_an_analysts_rolled_back_release_keeps_its_charge(cluster, coord) -> Non
         a.execute("ROLLBACK TO SAVEPOINT s")
         a.execute(call, (ds,))
         a.execute("ROLLBACK")
+        # a DO block whose exception handler undoes the release
+        a.execute(
+            "DO $$ BEGIN PERFORM "
+            + call.removeprefix("SELECT ").replace("%s", f"'{ds}'")
+            + "; RAISE EXCEPTION 'undo'; EXCEPTION WHEN raise_exception THEN NULL; END $$"
+        )
         _refused(a, f"SELECT * FROM {src} LIMIT 1", code="42501")
-    assert _ledger(coord) == before + 2
+    assert _ledger(coord) == before + 3
     assert coord.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0] == models
     left = coord.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'dpsql_work'")
     assert left.fetchone()[0] == 0
