@@ -601,15 +601,18 @@ def test_ambssgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -
 def test_ambssgd_learns_and_releases_its_transcript(conn, scratch_schema) -> None:
     """Feasible regime (N = 200k, eps = 4): close to w*; the clip norms adapt (with little
     noise, sigma = 0.1, zeta_t falls from the first block as w_t approaches w*); the
-    transcript is in the provenance. The noise is seeded, so the test is deterministic (unseeded,
-    zeta_T < zeta_1 / 4 failed once in a full-suite run)."""
+    transcript is in the provenance. The noise and the table's order are seeded, so the test is
+    deterministic on every server. gamma_t lies on a grid of powers of 2, so a fall by a factor
+    of 4 is two grid levels (an unseeded order once landed exactly on zeta_1 / 4)."""
     X, y, w = _gaussian_data(200_000, 5, sigma=0.1, seed=8)
     ds, source = _register(conn, scratch_schema, X, y, label_bound=10.0, row_bound=7.0)
-    m = _train(conn, source, "dp_ambssgd", epsilon=4.0, options={"h_norm": 1.0}, noise_seed=8)
+    m = _train(
+        conn, source, "dp_ambssgd", epsilon=4.0, options={"h_norm": 1.0}, noise_seed=8, seed=8
+    )
     priv = m["params"]["privacy"]
     assert np.linalg.norm(np.asarray(m["coef"]) - w) < 0.05
     zetas = np.asarray(priv["released_zetas"])
-    assert zetas[-1] < zetas[0] / 4
+    assert zetas[-1] <= zetas[0] / 4 * (1 + 1e-12)
     assert priv["algorithm"].startswith("DP-AMBSSGD")
     assert _spent(conn, ds) == pytest.approx(4.0)
 
