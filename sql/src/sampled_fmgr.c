@@ -304,11 +304,15 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
  * contiguous step ranges, each a few MB); the final function replays the buckets in step
  * order, each sorted by step (a counting sort, stable: rid order within a step when the scan
  * met the rows in rid order, else that step's members sorted by rid). Reads are sequential or
- * within one bucket: the cost per row does not grow with the table. Buckets live in chunks;
- * past dpsql.sampling_memory every bucket spills to a temporary file (BufFile: removed at the
- * transaction's end, whether it ends well or not) and is read back one at a time, so memory is
- * the limit plus one chunk per bucket and one bucket. Chunks are kept for the transaction's
- * later epochs (a run's epochs are one transaction), which then find their memory touched.
+ * within one bucket: the cost per row does not grow with the table. Buckets live in chunks.
+ * Past dpsql.sampling_memory the buckets spill to temporary files (BufFile: removed at the
+ * transaction's end, whether it ends well or not) from the last one down, as a hybrid hash
+ * join's partitions do: the buckets replayed first stay whole in memory, and only the members
+ * over the limit are written and read back (a table just past the limit costs little more than
+ * one within it). A spilled bucket holds one chunk and is read back when its turn comes, so
+ * memory is the limit plus one chunk per bucket and one bucket. Chunks are kept for the
+ * transaction's later epochs (a run's epochs are one transaction), which then find their
+ * memory touched.
  */
 #define BUCKET_TARGET_BYTES ((Size) 4 * 1024 * 1024)
 #define MIN_BUCKET_BYTES ((Size) 128 * 1024)
@@ -349,7 +353,7 @@ typedef struct PoissonLayout
 	Size		chunk_bytes;	/* data bytes per chunk: a whole number of entries */
 	Size		held;			/* chunk bytes held by this layout */
 	Size		limit;			/* dpsql.sampling_memory in bytes */
-	bool		spilled;
+	int			resident;		/* buckets 0 .. resident - 1 hold all their chunks; the rest spill */
 	double		expected;		/* expected bytes of the members */
 	uint64		work;			/* members filed (for cancel checks) */
 	uint8	   *seen;			/* rid bitmap: every rid once */
@@ -570,6 +574,7 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 			((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift) > max_buckets))
 		p->shift++;
 	p->nbuckets = (int) ((p->steps + (INT64CONST(1) << p->shift) - 1) >> p->shift);
+	p->resident = p->nbuckets;
 	p->buckets = palloc0(sizeof(Bucket) * p->nbuckets);
 	p->seen = MemoryContextAllocHuge(CurrentMemoryContext, (Size) (e->rows + 7) / 8);
 	memset(p->seen, 0, (Size) (e->rows + 7) / 8);
@@ -607,42 +612,40 @@ layout_file_new(PoissonLayout *p)
 	return f;
 }
 
-/* Every bucket's full chunks to its file: from now on only one chunk per bucket is held. */
+/*
+ * The last resident bucket's full chunks to its file: from now on it holds one chunk. The
+ * last is the one replayed last, so the members written are those that would wait longest.
+ */
 static void
-layout_spill(PoissonLayout *p)
+layout_spill_last(PoissonLayout *p)
 {
-	int			b;
+	Bucket	   *k = &p->buckets[--p->resident];
 
-	for (b = 0; b < p->nbuckets; b++)
+	CHECK_FOR_INTERRUPTS();
+	while (k->head != NULL && k->head != k->tail)
 	{
-		Bucket	   *k = &p->buckets[b];
+		Chunk	   *c = k->head;
 
-		CHECK_FOR_INTERRUPTS();
-		while (k->head != NULL && k->head != k->tail)
-		{
-			Chunk	   *c = k->head;
-
-			if (k->file == NULL)
-				k->file = layout_file_new(p);
-			BufFileWrite(k->file, c->data, c->used);
-			k->filed += c->used;
-			k->head = c->next;
-			chunk_free(p, c);
-			p->held -= p->chunk_bytes;
-		}
+		if (k->file == NULL)
+			k->file = layout_file_new(p);
+		BufFileWrite(k->file, c->data, c->used);
+		k->filed += c->used;
+		k->head = c->next;
+		chunk_free(p, c);
+		p->held -= p->chunk_bytes;
 	}
-	p->spilled = true;
 }
 
 static inline char *
 layout_slot(PoissonLayout *p, int64 step)
 {
-	Bucket	   *k = &p->buckets[(step - 1) >> p->shift];
+	int64		b = (step - 1) >> p->shift;
+	Bucket	   *k = &p->buckets[b];
 	Chunk	   *c = k->tail;
 
 	if (c == NULL || c->used + p->entry > p->chunk_bytes)
 	{
-		if (c != NULL && p->spilled)
+		if (c != NULL && b >= p->resident)
 		{
 			/* the bucket's one chunk to its file, then reused */
 			if (k->file == NULL)
@@ -661,8 +664,8 @@ layout_slot(PoissonLayout *p, int64 step)
 				c->next = n;
 			k->tail = n;
 			c = n;
-			if (!p->spilled && p->held > p->limit)
-				layout_spill(p);
+			while (p->held > p->limit && p->resident > 0)
+				layout_spill_last(p);
 		}
 	}
 	k->entries++;

@@ -379,6 +379,42 @@ def test_poisson_in_memory_and_out_of_core_are_the_sorted_join(conn, big_table) 
     assert conn.execute(epoch.replace("31", "32"), (init, m, q)).fetchone()[0] != reference
 
 
+@pytest.mark.parametrize("big_table", ["in_order", "shuffled"], indirect=True)
+def test_poisson_past_the_limit_writes_only_the_excess(conn, big_table) -> None:
+    """Over dpsql.sampling_memory the buckets spill from the last one down (a hybrid hash
+    join's partitions): those replayed first stay in memory. At a limit of 3/4 of the members'
+    bytes the epoch runs under a temp_file_limit of half of them, which a limit of 0 (every
+    member written) exceeds; the model is the sorted join's either way, bit for bit."""
+    m, steps, q = big_table, 150, 0.2
+    init = _state(conn, batch=600, steps=steps)
+    (members,) = conn.execute(
+        "SELECT count(*) FROM t CROSS JOIN LATERAL"
+        " unnest(dpsql_internal._poisson_batches(31, t.rid, %s, %s))",
+        (steps, q),
+    ).fetchone()
+    members_kb = members * (D + 3) * 8 // 1024  # an entry: step and kind, rid, y, x
+    assert members_kb > 4000
+    epoch = (
+        "SELECT dpsql_internal._sgd_epoch_sampled(x, y, rid, %s, 'poisson', 31, %s, %s,"
+        " NULL, NULL) FROM t"
+    )
+    reference = _poisson_sorted_join(conn, init, 31, steps, q)
+    conn.execute("SET dpsql.sampling_in_place_memory = 0")
+    conn.execute("SELECT set_config('temp_file_limit', %s, false)", (f"{members_kb // 2}kB",))
+    try:
+        conn.execute(
+            "SELECT set_config('dpsql.sampling_memory', %s, false)", (f"{members_kb * 3 // 4}kB",)
+        )
+        assert _epoch_and_path(conn, epoch, (init, m, q)) == (reference, "buckets")
+        conn.execute("SET dpsql.sampling_memory = 0")
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded):
+            conn.execute(epoch, (init, m, q))
+    finally:
+        conn.execute("RESET temp_file_limit")
+        conn.execute("RESET dpsql.sampling_memory")
+        conn.execute("RESET dpsql.sampling_in_place_memory")
+
+
 def test_poisson_members_are_those_of_poisson_batches(conn) -> None:
     """_sampled_members lists exactly the rows' _poisson_batches, by rid then step."""
     m, steps, q = 200, 30, 0.07
