@@ -501,9 +501,19 @@ dpsql_accountant(PG_FUNCTION_ARGS)
 	if (status < 0)
 		status = run_command(request, &out, deadline);
 	if (status != 0)
+	{
+		/* 126 and 127 are the shell's: the command itself could not be run */
+		bool		not_run = WIFEXITED(status) &&
+			(WEXITSTATUS(status) == 126 || WEXITSTATUS(status) == 127);
+
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
-				 errmsg("dpsql: the accountant failed (status %d)", status),
-				 errdetail("%s", out.data)));
+				 errmsg("dpsql: the accountant failed: %s", wait_result_to_str(status)),
+				 errdetail("%s", out.data),
+				 not_run ? errhint("The server runs dpsql.accountant_command (%s) as its own system "
+								   "user and group: the interpreter and every directory above it "
+								   "must be executable by them. `dpsql configure-accountant` "
+								   "checks this.", accountant_command) : 0));
+	}
 	PG_RETURN_TEXT_P(cstring_to_text(out.data));
 }

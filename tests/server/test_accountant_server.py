@@ -283,6 +283,21 @@ def test_a_malformed_answer_is_refused(conn) -> None:
     ).fetchone()[0]
 
 
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [("/nonexistent/python -m dpsql.accounting", "not found"), ("/tmp", "not executable")],
+)
+def test_an_accountant_that_cannot_be_run_says_why(conn, command, why) -> None:
+    """The shell's 127 and 126 (e.g. the server's user cannot enter the directory holding the
+    interpreter) are named, with a hint that the server's system user runs the command."""
+    conn.execute(sql.SQL("SET dpsql.accountant_command = {}").format(sql.Literal(command)))
+    with pytest.raises(errors.ExternalRoutineException) as failed:
+        conn.execute("SELECT dpsql_internal._account(%s::jsonb)", (_request(1.3),))
+    assert f"the accountant failed: command {why}" in str(failed.value)
+    assert "as its own system user and group" in (failed.value.diag.message_hint or "")
+    assert command in (failed.value.diag.message_hint or "")
+
+
 def test_only_a_superuser_sets_the_accountant(make_role) -> None:
     _, connect = make_role("acct", "dpsql_analyst")
     with connect() as c:
