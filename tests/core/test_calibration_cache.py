@@ -209,11 +209,14 @@ def test_without_a_grid_calibration_searches_as_before(monkeypatch) -> None:
         (2.0, dict(steps=5000, sampling_rate=0.05), 1e-8),
     ],
 )
-def test_tails_truncated_to_the_run_move_epsilon_by_under_1e_7(z, kw, delta) -> None:
+def test_tails_truncated_to_the_run_move_epsilon_by_under_1e_5(z, kw, delta) -> None:
     """The charged PLD truncates the Gaussian's tails to 1e-4 * delta / 2 of mass at infinity
-    (issue 30); dp-accounting's accountant truncates at e^-50. Both are pessimistic bounds."""
+    (issue 30); dp-accounting's accountant truncates at e^-50. Both are pessimistic bounds.
+    They also differ by the FFT's roundoff, which depends on the CPU's vector kernels: under
+    1e-7 relative on the Intel VMs where this was written, 1.0e-6 on an AMD EPYC one for the
+    5000-step composition at delta = 1e-8 (epsilon 25.4)."""
     mech = acc.mechanism(z, scheme="poisson", **kw)
     default = acc._pld_accountant(mech).compose(mech.event).get_epsilon(delta)
     acc._PLD_CACHE.clear()
-    assert acc._eps_pld(mech, delta) == pytest.approx(default, rel=1e-7)
+    assert acc._eps_pld(mech, delta) == pytest.approx(default, rel=1e-5)
     assert acc.poisson_log_mass_truncation(kw["steps"], delta) > -50
