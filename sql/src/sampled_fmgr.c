@@ -38,21 +38,31 @@
 
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
-#include "commands/tablespace.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "storage/fd.h"
+#include "storage/buffile.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
-#include "utils/wait_event.h"
 
 #include "csprng.h"
 #include "glue.h"
 #include "replacement.h"
 #include "sgd.h"
+
+#if PG_VERSION_NUM < 160000
+/* PostgreSQL 15 has no BufFileReadExact (16): BufFileRead returns the bytes it read. */
+static void
+BufFileReadExact(BufFile *file, void *ptr, size_t size)
+{
+	if (BufFileRead(file, ptr, size) != size)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("dpsql: could not read a sampled epoch's temporary file")));
+}
+#endif
 
 PG_FUNCTION_INFO_V1(dpsql_sampled_transition);
 PG_FUNCTION_INFO_V1(dpsql_sampled_final);
@@ -295,8 +305,8 @@ kept_rows_of(int64 run, Oid relation, int64 rows, int len)
  * order, each sorted by step (a counting sort, stable: rid order within a step when the scan
  * met the rows in rid order, else that step's members sorted by rid). Reads are sequential or
  * within one bucket: the cost per row does not grow with the table. Buckets live in chunks.
- * Past dpsql.sampling_memory the buckets spill to temporary files (removed when read back, or
- * at the query's end however it ends; under temp_file_limit) from the last one down, as a hybrid hash
+ * Past dpsql.sampling_memory the buckets spill to temporary files (BufFile: removed at the
+ * transaction's end, whether it ends well or not) from the last one down, as a hybrid hash
  * join's partitions do: the buckets replayed first stay whole in memory, and only the members
  * over the limit are written and read back (a table just past the limit costs little more than
  * one within it). A spilled bucket holds one chunk and is read back when its turn comes, so
@@ -328,7 +338,7 @@ typedef struct Bucket
 {
 	Chunk	   *head;
 	Chunk	   *tail;
-	File		file;			/* spilled entries (older than the chunks'); 0: none */
+	BufFile    *file;			/* spilled entries (older than the chunks') */
 	Size		filed;			/* bytes written to file */
 	int64		entries;
 } Bucket;
@@ -351,6 +361,7 @@ typedef struct PoissonLayout
 	int64		first_rid0;		/* first_blocks holds rows first_rid0.. (0: none) */
 	uint32		first_blocks[FIRST_LANES * 16];	/* their streams' first blocks (secret) */
 	uint64		generation;		/* chunk_generation its chunks are of */
+	MemoryContext cxt;			/* the aggregate's (its files' structs) */
 	double		log1mq;
 } PoissonLayout;
 
@@ -575,6 +586,7 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 		free_registered = true;
 	}
 	p->generation = chunk_generation;
+	p->cxt = aggcontext;
 	{
 		DpsqlRng	rng;
 
@@ -589,60 +601,15 @@ layout_begin(SampledEpoch *e, MemoryContext aggcontext)
 	e->layout = p;
 }
 
-/*
- * Append a chunk's entries to its bucket's temporary file. A virtual file written a chunk at
- * a time, not a BufFile: BufFile writes and reads in 8 kB blocks, and the system calls on
- * them cost about as much as the copies (bench/RESULTS.md, "Poisson just past the memory
- * limit"). The file is the query's (its resource owner's): removed when closed, or at the
- * query's end however it ends, and counted against temp_file_limit.
- */
-static void
-spill_write(Bucket *k, const char *data, Size len)
+/* A bucket's temporary file (removed at the end of the transaction, however it ends). */
+static BufFile *
+layout_file_new(PoissonLayout *p)
 {
-	if (k->file <= 0)
-	{
-		PrepareTempTablespaces();
-		k->file = OpenTemporaryFile(false);
-	}
-	while (len > 0)
-	{
-		int			piece = (int) Min(len, (Size) MaxAllocSize);
-		ssize_t		done = FileWrite(k->file, unconstify(char *, data), piece, (off_t) k->filed,
-									 WAIT_EVENT_BUFFILE_WRITE);
+	MemoryContext old = MemoryContextSwitchTo(p->cxt);
+	BufFile    *f = BufFileCreateTemp(false);
 
-		if (done <= 0)
-		{
-			if (done == 0)
-				errno = ENOSPC; /* no error reported: most likely out of space */
-			ereport(ERROR,
-					(errcode_for_file_access(),
-					 errmsg("dpsql: could not write a sampled epoch's temporary file: %m")));
-		}
-		data += done;
-		len -= (Size) done;
-		k->filed += (Size) done;
-	}
-}
-
-/* A bucket's spilled entries, read back into to (k->filed bytes); its file is then removed. */
-static void
-spill_read(Bucket *k, char *to)
-{
-	Size		at = 0;
-
-	while (at < k->filed)
-	{
-		int			piece = (int) Min(k->filed - at, (Size) MaxAllocSize);
-		ssize_t		done = FileRead(k->file, to + at, piece, (off_t) at, WAIT_EVENT_BUFFILE_READ);
-
-		if (done <= 0)
-			ereport(ERROR,
-					(errcode_for_file_access(),
-					 errmsg("dpsql: could not read a sampled epoch's temporary file: %m")));
-		at += (Size) done;
-	}
-	FileClose(k->file);
-	k->file = 0;
+	MemoryContextSwitchTo(old);
+	return f;
 }
 
 /*
@@ -659,7 +626,10 @@ layout_spill_last(PoissonLayout *p)
 	{
 		Chunk	   *c = k->head;
 
-		spill_write(k, c->data, c->used);
+		if (k->file == NULL)
+			k->file = layout_file_new(p);
+		BufFileWrite(k->file, c->data, c->used);
+		k->filed += c->used;
 		k->head = c->next;
 		chunk_free(p, c);
 		p->held -= p->chunk_bytes;
@@ -678,7 +648,10 @@ layout_slot(PoissonLayout *p, int64 step)
 		if (c != NULL && b >= p->resident)
 		{
 			/* the bucket's one chunk to its file, then reused */
-			spill_write(k, c->data, c->used);
+			if (k->file == NULL)
+				k->file = layout_file_new(p);
+			BufFileWrite(k->file, c->data, c->used);
+			k->filed += c->used;
 			c->used = 0;
 		}
 		else
@@ -813,11 +786,17 @@ layout_replay(SampledEpoch *e)
 		CHECK_FOR_INTERRUPTS();
 		if (k->entries == 0)
 			continue;
-		if (k->file > 0)
+		if (k->file != NULL)
 		{
 			filed_bytes = k->filed;
 			filed = MemoryContextAllocHuge(cxt, filed_bytes + 1);
-			spill_read(k, filed);
+			if (BufFileSeek(k->file, 0, 0, SEEK_SET) != 0)
+				ereport(ERROR,
+						(errcode_for_file_access(),
+						 errmsg("dpsql: could not read a sampled epoch's temporary file")));
+			BufFileReadExact(k->file, filed, filed_bytes);
+			BufFileClose(k->file);
+			k->file = NULL;
 		}
 		/* a counting sort by step, stable */
 		start = palloc0(sizeof(int64) * (Size) (nsteps + 1));
