@@ -100,7 +100,7 @@ def test_calls_share_one_long_lived_process(conn, datadir, server_pid) -> None:
 
 
 def test_bad_requests_fail_as_from_a_process_of_their_own(conn) -> None:
-    with pytest.raises(psycopg.errors.ExternalRoutineException, match=r"exited with exit code 2") as info:
+    with pytest.raises(psycopg.errors.ExternalRoutineException, match="exit code 2") as info:
         _ask(conn, '{"op": "calibrate"}')
     assert "scheme is required" in str(info.value.diag.message_detail)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="unexpected character"):
