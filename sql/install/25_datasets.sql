@@ -74,14 +74,39 @@ BEGIN
     END IF;
 END $$;
 
--- Whether the login role may train on a dataset: superuser, data owner, or member of a role
--- the dataset is granted to. False for an unknown dataset.
+-- Whether the login role owns a dataset: it registered it, or it is a superuser. A dataset
+-- belongs to its registering owner for every grant, revoke, estimate and change (issue 41: data
+-- owners granted each other's datasets to themselves and spent their budgets).
+CREATE OR REPLACE FUNCTION dpsql_internal._owns_dataset(created_by name)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT created_by = session_user
+           OR coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false)
+$$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._require_dataset_owner(d dpsql.datasets, action text)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT dpsql_internal._owns_dataset(d.created_by) THEN
+        PERFORM dpsql_internal._fail(
+            format('dataset %s was registered by %s: only they (or a superuser) can %s',
+                   quote_literal(d.name), quote_ident(d.created_by), action), '42501');
+    END IF;
+END $$;
+
+-- Whether the login role may train on a dataset: its owner (or a superuser), or a member of a
+-- role the dataset is granted to; other data owners only when granted. False for an unknown
+-- dataset.
 CREATE OR REPLACE FUNCTION dpsql_internal._can_use_dataset(dataset_id bigint)
 RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT 1 FROM dpsql.datasets d WHERE d.dataset_id = $1)
-           AND (dpsql_internal._is_admin()
+           AND (dpsql_internal._owns_dataset((SELECT d.created_by FROM dpsql.datasets d
+                                               WHERE d.dataset_id = $1))
                 OR EXISTS (SELECT 1
                              FROM dpsql.dataset_grants g
                              JOIN pg_roles r ON r.rolname = g.role  -- roles dropped since: ignored
@@ -168,7 +193,7 @@ $$;
 -- How private training reads a column (issue 27): 'scalar' and 'array' as _numeric_kind,
 -- 'boolean' (read as 0/1), 'text' for text, varchar, char and enum columns (read as text:
 -- categorical features and text labels), NULL for anything else. Domains resolve to their
--- base type; every read is a built-in cast (an enum's output function is built in).
+-- base type. How a text-kind value is read: dpsql_internal._text_of.
 CREATE OR REPLACE FUNCTION dpsql_internal._column_kind(typ oid)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -212,6 +237,22 @@ BEGIN
     END LOOP;
     RETURN t;
 END $$;
+
+-- The expression that reads column col (of type typ, a text kind) as text, in definer code.
+-- An enum is its owner's type, and so is every cast from or to it: `col::text` on an enum runs
+-- the owner's CREATE CAST (olivia.colour AS text) function, as the definer (issue 41). So an
+-- enum is read through its type's own output function, named schema-qualified and called
+-- without a cast (a domain's relabelling to its base type looks nothing up); text, varchar and
+-- char are built-in types, whose casts no role but a superuser can create.
+CREATE OR REPLACE FUNCTION dpsql_internal._text_of(col text, typ oid)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN t.typtype = 'e'
+                THEN format('pg_catalog.textin(pg_catalog.enum_out(%I::%s))', col, t.oid::regtype)
+                ELSE format('%I::%s::pg_catalog.text', col, t.oid::regtype) END
+      FROM pg_type t WHERE t.oid = dpsql_internal._base_type(typ)
+$$;
 
 -- Checks that a relation may be read by the private training path, which reads it with the
 -- extension owner's rights. Tables, partitioned tables and materialized views run no code of
@@ -433,14 +474,29 @@ BEGIN
     END IF;
     base := dpsql_internal._base_type((SELECT a.atttypid FROM pg_attribute a
                                         WHERE a.attrelid = relid AND a.attname = label));
-    BEGIN
-        EXECUTE format('SELECT array_agg(v::%s::text ORDER BY i) FROM unnest($1) WITH ORDINALITY u(v, i)', base)
-           INTO label_values USING labels;
-    EXCEPTION WHEN invalid_text_representation OR string_data_right_truncation THEN
-        PERFORM dpsql_internal._fail(
-            format('labels %s are not values of label column %s (%s)', labels, quote_ident(label), base),
-            '42804');
-    END;
+    IF (SELECT t.typtype = 'e' FROM pg_type t WHERE t.oid = base) THEN
+        -- An enum value's text is its label: compared with the catalog's labels, never cast to
+        -- the owner's type (a text -> enum cast of theirs would run here, as the definer).
+        label_values := labels;
+        IF EXISTS (SELECT 1 FROM unnest(labels) v
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_enum e
+                                       WHERE e.enumtypid = base AND e.enumlabel = v)) THEN
+            PERFORM dpsql_internal._fail(
+                format('labels %s are not values of label column %s (%s)', labels, quote_ident(label), base),
+                '42804');
+        END IF;
+    ELSE
+        -- (text, varchar or char: built-in types and casts)
+        BEGIN
+            EXECUTE format('SELECT array_agg(v::%s::pg_catalog.text ORDER BY i) FROM unnest($1) WITH ORDINALITY u(v, i)',
+                           base)
+               INTO label_values USING labels;
+        EXCEPTION WHEN invalid_text_representation OR string_data_right_truncation THEN
+            PERFORM dpsql_internal._fail(
+                format('labels %s are not values of label column %s (%s)', labels, quote_ident(label), base),
+                '42804');
+        END;
+    END IF;
     IF (SELECT count(DISTINCT v) FROM unnest(label_values) v) <> cardinality(label_values) THEN
         PERFORM dpsql_internal._fail(format('labels must be distinct, got %s', labels));
     END IF;
@@ -584,6 +640,23 @@ BEGIN
     checked_row_bound := row_bound;
 END $$;
 
+-- A dataset name: not empty, and without a dot, so that no dataset name reads as a
+-- schema-qualified relation name (_lookup_dataset resolves a qualified name as a relation).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_name(name text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF name IS NULL OR btrim(name) = '' THEN
+        PERFORM dpsql_internal._fail('the dataset name must not be empty');
+    END IF;
+    IF strpos(name, '.') > 0 THEN
+        PERFORM dpsql_internal._fail(format('dataset name %s has a dot', quote_literal(name)), '42602',
+                                     hint => 'A name with a dot reads as a schema-qualified table: '
+                                             'give name => without one.');
+    END IF;
+END $$;
+
 -- The registration itself. Admin-only; nothing is written unless every check passes.
 CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
@@ -660,9 +733,7 @@ BEGIN
     END IF;
 
     nm := coalesce(_register_dataset.name, rel.relname);
-    IF btrim(nm) = '' THEN
-        PERFORM dpsql_internal._fail('the dataset name must not be empty');
-    END IF;
+    PERFORM dpsql_internal._check_dataset_name(nm);
     SELECT ds.name INTO existing FROM dpsql.datasets ds
      WHERE ds.relid = _register_dataset.relid AND ds.dropped_at IS NULL;
     IF FOUND THEN
@@ -771,6 +842,7 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._require_admin('grant datasets');
     d := dpsql_internal._dataset_by_id(dataset_id);
+    PERFORM dpsql_internal._require_dataset_owner(d, 'grant it');
     IF role IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = grant_dataset.role) THEN
         PERFORM dpsql_internal._fail(
             format('role %s does not exist', coalesce(quote_ident(role), 'NULL')), '42704');
@@ -783,6 +855,9 @@ BEGIN
     INSERT INTO dpsql.dataset_grants (dataset_id, role)
     VALUES (d.dataset_id, grant_dataset.role)
     ON CONFLICT ON CONSTRAINT dataset_grants_pkey DO NOTHING;
+    IF FOUND THEN
+        PERFORM dpsql_internal._record_change(d.dataset_id, jsonb_build_object('granted', grant_dataset.role));
+    END IF;
 END $$;
 COMMENT ON FUNCTION dpsql.grant_dataset(bigint, name) IS
     'Allow a role (and its members) to train privately on a registered dataset';
@@ -796,8 +871,12 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._require_admin('revoke datasets');
     d := dpsql_internal._dataset_by_id(dataset_id);
+    PERFORM dpsql_internal._require_dataset_owner(d, 'revoke its grants');
     DELETE FROM dpsql.dataset_grants g
      WHERE g.dataset_id = d.dataset_id AND g.role = revoke_dataset.role;
+    IF FOUND THEN
+        PERFORM dpsql_internal._record_change(d.dataset_id, jsonb_build_object('revoked', revoke_dataset.role));
+    END IF;
 END $$;
 COMMENT ON FUNCTION dpsql.revoke_dataset(bigint, name) IS
     'Withdraw a role''s grant on a dataset (its ledger entries stay)';
@@ -819,16 +898,21 @@ DECLARE
     n int;
     rel record;
 BEGIN
-    SELECT * INTO d FROM dpsql.datasets ds
-     WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id)
-     ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC  -- the live one; else the last dropped
-     LIMIT 1;
-    IF NOT FOUND THEN
-        BEGIN
-            parts := parse_ident(_lookup_dataset.source);
-        EXCEPTION WHEN OTHERS THEN
-            parts := NULL;
-        END;
+    BEGIN
+        parts := parse_ident(_lookup_dataset.source);
+    EXCEPTION WHEN OTHERS THEN
+        parts := NULL;
+    END;
+    -- A dataset name has no dot (since 0.9.0): a qualified name is a relation's, never a
+    -- dataset's that shadows it (issue 41: a dataset named olivia.cls took analysts' training
+    -- of the table olivia.cls). Only names registered before then are looked up last.
+    IF cardinality(parts) IS DISTINCT FROM 2 THEN
+        SELECT * INTO d FROM dpsql.datasets ds
+         WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id)
+         ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC  -- the live one; else the last dropped
+         LIMIT 1;
+    END IF;
+    IF d.dataset_id IS NULL THEN
         IF cardinality(parts) = 2 THEN  -- the relation's current name
             SELECT ds.* INTO d
               FROM dpsql.datasets ds
@@ -841,6 +925,12 @@ BEGIN
             SELECT * INTO d FROM dpsql.datasets ds
              WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
+        END IF;
+        IF d.dataset_id IS NULL AND cardinality(parts) = 2 THEN  -- a name registered before 0.9.0
+            SELECT * INTO d FROM dpsql.datasets ds
+             WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id)
+             ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC
+             LIMIT 1;
         END IF;
         IF d.dataset_id IS NULL AND cardinality(parts) = 1 THEN
             SELECT count(*) INTO n

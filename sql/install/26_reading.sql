@@ -121,8 +121,9 @@ BEGIN
                     'the index or statistics object.');
     END IF;
     SELECT string_agg(
-               CASE WHEN u.col = ANY (as_text) THEN format('%1$I::%2$s::text AS %1$I', a.attname,
-                                                           dpsql_internal._base_type(a.atttypid))
+               CASE WHEN u.col = ANY (as_text) THEN format('%s AS %I',
+                                                           dpsql_internal._text_of(a.attname, a.atttypid),
+                                                           a.attname)
                     WHEN b.base IS NULL THEN  -- boolean: 0/1
                         format('%1$I::boolean::int::float8 AS %1$I', a.attname)
                     WHEN b.is_array AND b.base = 'numeric'::regtype THEN

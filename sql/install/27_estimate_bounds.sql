@@ -107,9 +107,8 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._require_admin(action);
     ds := dpsql_internal._lookup_dataset(dataset);
-    IF NOT dpsql_internal._can_use_dataset(ds.dataset_id) THEN
-        PERFORM dpsql_internal._fail(format('dataset %s is not granted to %s', ds.name, session_user), '42501');
-    END IF;
+    -- (an estimate spends the budget and changes the registration: the owner's)
+    PERFORM dpsql_internal._require_dataset_owner(ds, action);
     -- a data owner may estimate on a table they cannot read, but not with known noise
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
@@ -344,6 +343,8 @@ BEGIN
                             THEN dpsql_internal._regression_row_bound(d.row_norm, d.row_bound, d.dim)
                             ELSE d.row_bound END
      WHERE d.dataset_id = ds.dataset_id;
+    PERFORM dpsql_internal._record_change(ds.dataset_id,
+                                          jsonb_build_object('feature_bounds', jsonb_build_array(ds.feature_bounds, bounds)));
     RETURN bounds;
 END $$;
 COMMENT ON FUNCTION dpsql.estimate_bounds(text, float8, float8[], float8, float8, bigint) IS
@@ -407,6 +408,8 @@ BEGIN
         bound := (SELECT min(x) FROM unnest(g.grid) x WHERE x > 0);
     END IF;
     UPDATE dpsql.datasets d SET label_bound = bound WHERE d.dataset_id = ds.dataset_id;
+    PERFORM dpsql_internal._record_change(ds.dataset_id,
+                                          jsonb_build_object('label_bound', jsonb_build_array(ds.label_bound, bound)));
     RETURN bound;
 END $$;
 COMMENT ON FUNCTION dpsql.estimate_label_bound(text, float8, float8[], float8, bigint) IS

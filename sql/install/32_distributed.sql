@@ -113,6 +113,14 @@ BEGIN
                    'primary key or unique constraint of its own', rel, l.dist_column), '0A000',
             'The row id fixes each row''s shard and its place in the seeded order.');
     END IF;
+    IF (SELECT a.atttypid >= 16384 FROM pg_attribute a  -- FirstNormalObjectId
+         WHERE a.attrelid = rel AND a.attname = l.dist_column) THEN
+        -- (its casts, operators and hash functions would be its owner's code, run here)
+        PERFORM dpsql_internal._fail(
+            format('distributed source %s is distributed by %I of type %s, which is not built in',
+                   rel, l.dist_column, l.dist_type), '0A000',
+            'Distribute the table by a unique id of a built-in type, e.g. bigint (docs/citus.md).');
+    END IF;
     id_expr := format('src.%I', l.dist_column);
     -- 64-bit input of the shuffle key; ties (hash collisions) are broken by the id itself
     key := CASE WHEN l.dist_type IN ('bigint', 'integer', 'smallint') THEN id_expr || '::bigint'

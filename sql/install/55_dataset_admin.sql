@@ -18,6 +18,14 @@ CREATE TABLE IF NOT EXISTS dpsql.dataset_history (
 COMMENT ON TABLE dpsql.dataset_history IS
     'Every change to a registered dataset after its registration: who, when, from what to what';
 
+-- Appends one change to dpsql.dataset_history (as session_user: the login role that made it).
+CREATE OR REPLACE FUNCTION dpsql_internal._record_change(dataset_id bigint, change jsonb)
+RETURNS void LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO dpsql.dataset_history (dataset_id, change) VALUES ($1, $2)
+$$;
+
 -- A name is taken by live datasets only: a dropped one keeps its row under its old name.
 ALTER TABLE dpsql.datasets DROP CONSTRAINT IF EXISTS datasets_name_key;
 CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_name_idx ON dpsql.datasets (name) WHERE dropped_at IS NULL;
@@ -37,12 +45,7 @@ BEGIN
     IF NOT FOUND THEN  -- dropped since the lookup
         PERFORM dpsql_internal._fail(format('no dataset %s', quote_literal(dataset)), '42704');
     END IF;
-    IF d.created_by <> session_user
-       AND NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user), false) THEN
-        PERFORM dpsql_internal._fail(
-            format('dataset %s was registered by %s: only they (or a superuser) can %s',
-                   quote_literal(d.name), quote_ident(d.created_by), action), '42501');
-    END IF;
+    PERFORM dpsql_internal._require_dataset_owner(d, action);
     RETURN d;
 END $$;
 
@@ -85,9 +88,7 @@ BEGIN
         change := change || jsonb_build_object('delta_budget', jsonb_build_array(d.delta_budget, delta_budget));
     END IF;
     IF new_name IS NOT NULL THEN
-        IF btrim(new_name) = '' THEN
-            PERFORM dpsql_internal._fail('the dataset name must not be empty');
-        END IF;
+        PERFORM dpsql_internal._check_dataset_name(new_name);
         IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = new_name AND ds.dropped_at IS NULL
                                                      AND ds.dataset_id <> d.dataset_id) THEN
             PERFORM dpsql_internal._fail(format('a dataset named %s is already registered', quote_literal(new_name)),
@@ -104,7 +105,7 @@ BEGIN
            delta_budget = coalesce(alter_dataset.delta_budget, ds.delta_budget),
            name = coalesce(new_name, ds.name)
      WHERE ds.dataset_id = d.dataset_id;
-    INSERT INTO dpsql.dataset_history (dataset_id, change) VALUES (d.dataset_id, change);
+    PERFORM dpsql_internal._record_change(d.dataset_id, change);
 END $$;
 COMMENT ON FUNCTION dpsql.alter_dataset(text, float8, float8, text) IS
     'Change a dataset''s budgets (never below what is spent) or name; recorded in dpsql.dataset_history';
@@ -117,8 +118,7 @@ DECLARE
     d dpsql.datasets := dpsql_internal._owned_dataset(dataset, 'drop datasets');
 BEGIN
     UPDATE dpsql.datasets ds SET dropped_at = now() WHERE ds.dataset_id = d.dataset_id;
-    INSERT INTO dpsql.dataset_history (dataset_id, change)
-    VALUES (d.dataset_id, jsonb_build_object('dropped', d.name));
+    PERFORM dpsql_internal._record_change(d.dataset_id, jsonb_build_object('dropped', d.name));
 END $$;
 COMMENT ON FUNCTION dpsql.drop_dataset(text) IS
     'Retire a dataset: its name and relation are free for a new registration; its ledger and history stay';

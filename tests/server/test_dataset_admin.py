@@ -76,6 +76,7 @@ def test_the_owner_alters_budgets_never_below_what_is_spent(
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="changes nothing"):
             o.execute("SELECT dpsql.alter_dataset(%s)", (f"{name}_v2",))
     assert _history(conn, ds) == [
+        {"granted": analyst},
         {"epsilon_budget": [2.0, 1.1]},
         {"epsilon_budget": [1.1, 5.0], "delta_budget": [1e-5, 1e-4], "name": [name, f"{name}_v2"]},
     ]
