@@ -243,6 +243,11 @@ BEGIN
                                             'role that can read them may run it', ds.name), '42501',
                                      'The data owner audits (GRANT SELECT on the registered columns).');
     END IF;
+    IF cardinality(dpsql_internal._text_columns(ds)) > 0 THEN
+        PERFORM dpsql_internal._fail(format('dataset %s has categorical features or a text label, which audits '
+                                            'do not encode yet', quote_literal(ds.name)), '0A000',
+                                     'Audit a dataset of numeric (or boolean) columns.');
+    END IF;
     IF opts ? 'seed' THEN
         PERFORM setseed(((opts->>'seed')::bigint % 1000003) / 1000003.0);
     END IF;

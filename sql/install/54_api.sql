@@ -12,7 +12,9 @@ CREATE OR REPLACE FUNCTION dpsql_internal._private_params(
     label text, tuning_lambdas float8[], tuning_epochs int[], clip_norm float8, sampling text,
     noise_multiplier float8, bst14_noise text, steps int, ci text, ci_draws int, burn_in int,
     options jsonb, shard_parallel boolean, labels float8[], row_norm text)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp  -- (called in the caller's session: no operator of theirs)
+AS $$
     SELECT jsonb_build_object(
         'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
         'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
@@ -50,7 +52,9 @@ DECLARE
     run bigint;
     e record;
 BEGIN
-    IF privacy IS DISTINCT FROM 'none' THEN
+    -- (the caller's search_path is in force here: an operator of theirs, or of a data owner's
+    -- on it, must not decide; the private path pins its own)
+    IF NOT coalesce(pg_catalog.texteq(privacy, 'none'), false) THEN
         -- Registered datasets only, with their owner's columns, labels and bounds (features
         -- and label may be NULL, or must match the registration).
         RETURN dpsql_internal._train_private(source, model, dpsql_internal._private_params(

@@ -94,7 +94,9 @@ CREATE OR REPLACE FUNCTION dpsql.preview(
     bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
     ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL,
     shard_parallel boolean DEFAULT false)
-RETURNS jsonb LANGUAGE sql VOLATILE AS $$
+RETURNS jsonb LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
     SELECT dpsql_internal._preview_private(source, model, dpsql_internal._private_params(
         privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
         radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
