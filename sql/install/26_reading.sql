@@ -55,9 +55,14 @@ DECLARE
     numeric_float8 text := 'CASE WHEN abs(%1$s) <= 1.7976931348623157e308 THEN'
                            ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
 BEGIN
-    -- (SHARE UPDATE EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE STATISTICS until the
-    -- transaction ends; reads and writes go on. A view's lock is its relations', a table's its
-    -- children's; a materialized view cannot be locked.)
+    -- (ROW EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE TRIGGER until the transaction
+    -- ends; reads and writes go on, and so do other releases: the mode does not conflict with
+    -- itself. Before 0.9.0 it was SHARE UPDATE EXCLUSIVE, which does, and an analyst's open
+    -- transaction after a release blocked every other release on the dataset (issue 41). The
+    -- price: CREATE STATISTICS (SHARE UPDATE EXCLUSIVE) is not blocked, so one committed between
+    -- the check below and the read's planning would be folded as the reader; every mode that
+    -- blocks it either conflicts with itself or blocks the owner's writes. A view's lock is its
+    -- relations', a table's its children's; a materialized view cannot be locked.)
     IF (SELECT c.relkind IN ('r', 'p', 'v') FROM pg_class c WHERE c.oid = relid) THEN
         -- On Citus the coordinator's lock is the one DDL takes: not sent to the workers (a
         -- LOCK propagated there fails on a worker that restarted since its last connection).
@@ -65,7 +70,7 @@ BEGIN
         IF citus_ddl IS NOT NULL THEN
             PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
         END IF;
-        EXECUTE format('LOCK TABLE %s IN SHARE UPDATE EXCLUSIVE MODE', relid);
+        EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', relid);
         IF citus_ddl IS NOT NULL THEN
             PERFORM set_config('citus.enable_ddl_propagation', citus_ddl, true);
         END IF;

@@ -104,6 +104,59 @@ $$;
 -- transaction, with the dataset: both commit or neither exists. Every path that creates a
 -- dataset first checks that the caller can read its rows (registration, dpsql.audit), so a
 -- rollback gives them nothing the rows do not already tell them.
+-- Refusals of the caller's transaction, before any row is read (issue 41): a release writes its
+-- model and ledger entry, and its charge commits in a READ COMMITTED transaction of its own,
+-- which a REPEATABLE READ or SERIALIZABLE caller's snapshot cannot see afterwards (the charge
+-- would stand and nothing be released). A preview charges nothing and is not refused.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_release_transaction()
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF dpsql_internal._previewing() THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_read_only') = 'on' THEN
+        PERFORM dpsql_internal._fail('a release cannot run in a read-only transaction', '25006',
+                                     hint => 'A release writes its model and its ledger entry: use a '
+                                             'read-write transaction. Nothing was charged.');
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM dpsql_internal._fail(
+            format('a release runs in a READ COMMITTED transaction, not %s',
+                   upper(current_setting('transaction_isolation'))), '25001',
+            hint => 'Its charge commits in a transaction of its own, which a '
+                    'REPEATABLE READ or SERIALIZABLE snapshot cannot see: release outside that '
+                    'transaction (or SET default_transaction_isolation = ''read committed''). '
+                    'Nothing was charged.');
+    END IF;
+END $$;
+
+-- Waits until the dataset's row can be locked as a charge locks it (or until give_up), and
+-- lets it go: the lock is taken in a subtransaction that is then rolled back.
+CREATE OR REPLACE FUNCTION dpsql_internal._await_dataset_row(dataset_id bigint, give_up timestamptz)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    wait_ms bigint := greatest(1, ceil(extract(epoch FROM give_up - clock_timestamp()) * 1000));
+BEGIN
+    BEGIN
+        PERFORM set_config('lock_timeout', wait_ms || 'ms', true);  -- (undone with the block)
+        PERFORM 1 FROM dpsql.datasets ds WHERE ds.dataset_id = _await_dataset_row.dataset_id
+           FOR NO KEY UPDATE;
+        RAISE EXCEPTION USING ERRCODE = 'DPLCK';  -- releases the lock (and the setting)
+    EXCEPTION
+        WHEN SQLSTATE 'DPLCK' THEN
+            NULL;
+        WHEN lock_not_available THEN
+            PERFORM dpsql_internal._fail(
+                'the dataset''s registration is held by another transaction: waited a minute to charge',
+                '55P03', hint => 'Nothing was charged. A data owner''s open transaction that changed the '
+                                 'dataset (alter_dataset, an estimate, a charge) holds it: retry once it ends.');
+    END;
+END $$;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
                               dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL)
@@ -114,6 +167,7 @@ DECLARE
     d dpsql.datasets;
     request jsonb;
     spent record;
+    give_up timestamptz;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
@@ -152,15 +206,31 @@ BEGIN
                     'delta_budget', d.delta_budget, 'epsilon_spent', coalesce(spent.epsilon_spent, 0),
                     'delta_spent', coalesce(spent.delta_spent, 0)))::text;
     END IF;
+    PERFORM dpsql_internal._check_release_transaction();
     request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
                                   'mechanism', mechanism, 'model_id', model_id, 'note', note,
                                   'dp_event', dp_event, 'role', session_user,
                                   'xact', pg_current_xact_id()::text);
-    BEGIN
-        RETURN dpsql_internal._charge_durably(request::text);
-    EXCEPTION WHEN SQLSTATE 'DP002' THEN
-        NULL;  -- the worker cannot see the dataset this caller sees: this transaction made it
-    END;
+    -- The charge worker holds a slot of a pool every role shares (max_worker_processes): it
+    -- must not wait there for the dataset's row lock, which any data owner can hold in an open
+    -- transaction (issue 41). So the row lock is waited for here first, without a worker, for
+    -- at most a minute, and let go; the worker waits at most 2 s, and if another transaction
+    -- took the lock in between, the wait starts again here.
+    give_up := clock_timestamp() + interval '60 seconds';
+    LOOP
+        PERFORM dpsql_internal._await_dataset_row(d.dataset_id, give_up);
+        BEGIN
+            RETURN dpsql_internal._charge_durably(request::text);
+        EXCEPTION
+            WHEN SQLSTATE 'DP002' THEN
+                EXIT;  -- the worker cannot see the dataset this caller sees: this transaction made it
+            WHEN lock_not_available THEN
+                -- (the worker waited on this very transaction: charge_fmgr.c says so)
+                IF clock_timestamp() >= give_up OR SQLERRM LIKE '%your own transaction%' THEN
+                    RAISE;
+                END IF;
+        END;
+    END LOOP;
     RETURN dpsql_internal._charge_committed(request);
 END $$;
 

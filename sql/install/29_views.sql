@@ -11,16 +11,36 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- What analysts see of the models: private releases on datasets granted to them. Data owners
--- see everything (their non-private models too).
-CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS
-    SELECT * FROM dpsql.model_store m
-     WHERE dpsql_internal._is_admin()
+-- see everything (their non-private models too). (The models view's filter.)
+CREATE OR REPLACE FUNCTION dpsql_internal._models_visible(m dpsql.model_store)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dpsql_internal._is_admin()
         OR (m.privacy <> 'none' AND m.dataset_id IS NOT NULL
             -- a release with a known noise seed would give its noiseless model away
             AND m.params->'privacy'->>'noise_seed' = 'pg_strong_random'
             -- BST14 as printed is add/remove-calibrated: a reproduction, not a release
             AND coalesce(m.params->'privacy'->>'bst14_noise', 'strict') = 'strict'
-            AND dpsql_internal._can_use_dataset(m.dataset_id));
+            AND dpsql_internal._can_use_dataset(m.dataset_id))
+$$;
+
+-- A private release's timings are the data owner's only (issue 41): the time to prepare and
+-- train depends on the rows (null records, the solver's work), and a released field is an
+-- output. Others read NULL there. (Columns listed from the table: every other one as stored.)
+DO $$
+BEGIN
+    EXECUTE format(
+        'CREATE OR REPLACE VIEW dpsql.models WITH (security_barrier) AS SELECT %s FROM dpsql.model_store m',
+        (SELECT string_agg(CASE WHEN a.attname IN ('prepare_seconds', 'train_seconds')
+                                THEN format('CASE WHEN m.privacy = ''none'' OR (SELECT dpsql_internal._owns_dataset(d.created_by) '
+                                            'FROM dpsql.datasets d WHERE d.dataset_id = m.dataset_id) THEN m.%1$I END AS %1$I',
+                                            a.attname)
+                                ELSE format('m.%I', a.attname) END, ', ' ORDER BY a.attnum)
+           FROM pg_catalog.pg_attribute a
+          WHERE a.attrelid = 'dpsql.model_store'::regclass AND a.attnum > 0 AND NOT a.attisdropped))
+        || ' WHERE dpsql_internal._models_visible(m)';
+END $$;
 COMMENT ON VIEW dpsql.models IS
     'Trained models with their hyperparameters and provenance (analysts: released private models of their datasets)';
 

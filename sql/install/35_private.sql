@@ -434,6 +434,7 @@ DECLARE
     message text;
     hint text;
 BEGIN
+    PERFORM dpsql_internal._check_release_transaction();  -- before anything is read
     RETURN dpsql_internal._train_release(source, model, params);
 EXCEPTION
     WHEN invalid_parameter_value THEN

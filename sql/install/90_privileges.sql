@@ -36,6 +36,7 @@ DECLARE
         -- previews (57_preview.sql); _previewing is read by the owners' _prepare too
         'preview', '_preview_private', '_private_params', '_previewing',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
+        '_owns_dataset', '_models_visible',  -- the models view
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
         'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows
     -- Entry points created by later releases' files; granted when present.

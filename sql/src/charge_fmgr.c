@@ -39,6 +39,7 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
@@ -107,6 +108,13 @@ dpsql_charge_worker_main(Datum arg)
 	/* The charge's own isolation, whatever the role's or database's defaults say. */
 	DefaultXactIsoLevel = XACT_READ_COMMITTED;
 	DefaultXactReadOnly = false;
+
+	/*
+	 * A worker slot is scarce and shared: it never waits long for the dataset's row lock (the
+	 * caller waited for it before starting this worker, without a slot; another transaction
+	 * took it since). 55P03 sends the caller back to waiting without a slot (28_ledger.sql).
+	 */
+	SetConfigOption("lock_timeout", "2s", PGC_SUSET, PGC_S_OVERRIDE);
 	workctx = AllocSetContextCreate(TopMemoryContext, "dpsql charge", ALLOCSET_DEFAULT_SIZES);
 
 	SetCurrentStatementStartTimestamp();
