@@ -1,0 +1,244 @@
+"""Issue 41's routes, each replayed by the role that found it (route 1, the enum cast, and the
+rule behind it: test_owner_code_never_runs.py). Each fails on 0.8.0 (59df5fe)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+ROWS = 300
+
+
+@pytest.fixture
+def two_owners(conn, make_role):
+    """Two data owners with a table and a dataset each, and an analyst granted both:
+    ({"olivia"|"oscar": (role, connect, schema, dataset name)}, analyst, connect_analyst)."""
+    analyst, connect_analyst = make_role("alice", "dpsql_analyst")
+    owners = {}
+    schemas = []
+    for who in ("olivia", "oscar"):
+        role, connect = make_role(who, "dpsql_admin")
+        schema = f"r4_{uuid.uuid4().hex[:8]}"
+        schemas.append(schema)
+        conn.execute(
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(schema), sql.Identifier(role)
+            )
+        )
+        name = f"{who}_{schema}"
+        with connect() as o:
+            o.execute(
+                f"CREATE TABLE {schema}.cls AS SELECT (g % 10) / 10.0::float8 AS a,"
+                f" -(g % 7) / 7.0::float8 AS b, CASE WHEN g % 2 = 0 THEN 1 ELSE -1 END AS y"
+                f" FROM generate_series(1, {ROWS}) g"
+            )
+            o.execute(
+                "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 5.0, 1e-5, name => %s)",
+                (f"{schema}.cls", name),
+            )
+            o.execute("SELECT dpsql.grant_dataset(%s, %s)", (name, analyst))
+        owners[who] = (role, connect, schema, name)
+    yield owners, analyst, connect_analyst
+    for schema in schemas:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _release(c: psycopg.Connection, name: str, epsilon: float = 0.01) -> int:
+    return c.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => %s)", (name, epsilon)
+    ).fetchone()[0]
+
+
+def _spent(conn, name: str) -> float:
+    return conn.execute(
+        "SELECT coalesce(sum(e.epsilon), 0) FROM dpsql.ledger_entries e"
+        " JOIN dpsql.datasets d USING (dataset_id) WHERE d.name = %s",
+        (name,),
+    ).fetchone()[0]
+
+
+# ------------------------------------------------------------------------------------ 3, 4
+
+
+def test_an_analysts_open_transaction_blocks_no_other_release(conn, two_owners, make_role):
+    owners, analyst, connect_analyst = two_owners
+    name = owners["olivia"][3]
+    other, connect_other = make_role("bob", "dpsql_analyst")
+    with owners["olivia"][1]() as o:
+        o.execute("SELECT dpsql.grant_dataset(%s, %s)", (name, other))
+    with connect_analyst() as a, connect_other() as b:
+        a.autocommit = False
+        _release(a, name, 1e-300)  # and the transaction stays open
+        b.execute("SET statement_timeout = '20s'")
+        start = time.monotonic()
+        _release(b, name)
+        assert time.monotonic() - start < 15
+        a.rollback()
+
+
+def test_an_owners_open_transaction_delays_no_release_elsewhere(conn, two_owners) -> None:
+    """Olivia holds her dataset's row in an open transaction and starts more releases on it than
+    the server has worker slots; another analyst's release on Oscar's dataset goes through, and
+    each of hers is refused with a clear message once its wait (bounded) ends."""
+    owners, analyst, connect_analyst = two_owners
+    _, connect_olivia, _, olivia_ds = owners["olivia"]
+    oscar_ds = owners["oscar"][3]
+    slots = int(conn.execute("SHOW max_worker_processes").fetchone()[0])
+    errors_seen: list[BaseException] = []
+
+    def blocked_release() -> None:
+        with connect_olivia() as c:
+            c.execute("SET statement_timeout = '90s'")
+            try:
+                _release(c, olivia_ds)
+            except psycopg.Error as err:
+                errors_seen.append(err)
+
+    with connect_olivia() as holder:
+        holder.autocommit = False
+        holder.execute("SELECT dpsql.alter_dataset(%s, epsilon_budget => 6)", (olivia_ds,))
+        threads = [threading.Thread(target=blocked_release) for _ in range(slots + 2)]
+        for t in threads:
+            t.start()
+        time.sleep(2)  # they all wait now
+        with connect_analyst() as a:
+            a.execute("SET statement_timeout = '20s'")
+            start = time.monotonic()
+            _release(a, oscar_ds)
+            assert time.monotonic() - start < 15
+        holder.rollback()
+        for t in threads:
+            t.join(timeout=120)
+    # (the holder let go before their minute was up: they were charged and released)
+    assert errors_seen == []
+
+
+# ------------------------------------------------------------------------------------ 5
+
+
+def test_owners_cannot_manage_each_others_datasets(conn, two_owners) -> None:
+    owners, analyst, _ = two_owners
+    oscar, connect_oscar, _, oscar_ds = owners["oscar"]
+    olivia_ds = owners["olivia"][3]
+    before = _spent(conn, olivia_ds)
+    with connect_oscar() as x:
+        for call, args in [
+            ("SELECT dpsql.grant_dataset(%s, %s)", (olivia_ds, oscar)),
+            ("SELECT dpsql.revoke_dataset(%s, %s)", (olivia_ds, analyst)),
+            ("SELECT dpsql.alter_dataset(%s, epsilon_budget => 100)", (olivia_ds,)),
+            ("SELECT dpsql.estimate_bounds(%s, 1, '{-10,10}')", (olivia_ds,)),
+            ("SELECT dpsql.estimate_label_bound(%s, 1, '{0,10}')", (olivia_ds,)),
+        ]:
+            with pytest.raises(psycopg.Error) as err:
+                x.execute(call, args)
+            assert err.value.sqlstate in ("42501", "42704"), str(err.value)
+        # nor train on it ungranted
+        with pytest.raises(psycopg.Error) as err:
+            _release(x, olivia_ds)
+        assert err.value.sqlstate == "42704"
+    assert _spent(conn, olivia_ds) == before
+    granted = conn.execute(
+        "SELECT array_agg(g.role) FROM dpsql.dataset_grants g JOIN dpsql.datasets d"
+        " USING (dataset_id) WHERE d.name = %s",
+        (olivia_ds,),
+    ).fetchone()[0]
+    assert granted == [analyst]
+    # Her own grants and revokes are in the history.
+    olivia, connect_olivia = owners["olivia"][:2]
+    with connect_olivia() as o:
+        o.execute("SELECT dpsql.revoke_dataset(%s, %s)", (olivia_ds, analyst))
+    changes = [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT h.changed_by, h.change FROM dpsql.dataset_history h JOIN dpsql.datasets d"
+            " USING (dataset_id) WHERE d.name = %s ORDER BY h.change_id",
+            (olivia_ds,),
+        )
+    ]
+    assert changes == [(olivia, {"granted": analyst}), (olivia, {"revoked": analyst})]
+
+
+# ------------------------------------------------------------------------------------ 6
+
+
+def test_a_dataset_name_never_shadows_a_table(conn, two_owners) -> None:
+    owners, analyst, connect_analyst = two_owners
+    _, connect_olivia, olivia_schema, _ = owners["olivia"]
+    oscar_schema = owners["oscar"][2]
+    with connect_olivia() as o:
+        o.execute(f"CREATE TABLE {olivia_schema}.o2 AS SELECT * FROM {olivia_schema}.cls")
+        with pytest.raises(psycopg.Error) as err:
+            o.execute(
+                "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 5.0, name => %s)",
+                (f"{olivia_schema}.o2", f"{oscar_schema}.cls"),
+            )
+        assert "has a dot" in str(err.value)
+        with pytest.raises(psycopg.Error, match="has a dot"):
+            o.execute(
+                "SELECT dpsql.alter_dataset(%s, new_name => %s)",
+                (owners["olivia"][3], f"{oscar_schema}.cls"),
+            )
+    # A qualified name is the relation's.
+    with connect_analyst() as a:
+        model = _release(a, f"{oscar_schema}.cls")
+    trained_on = conn.execute(
+        "SELECT d.name FROM dpsql.model_store m JOIN dpsql.datasets d USING (dataset_id)"
+        " WHERE m.model_id = %s",
+        (model,),
+    ).fetchone()[0]
+    assert trained_on == owners["oscar"][3]
+
+
+# ------------------------------------------------------------------------------------ 7
+
+
+def test_released_rows_carry_no_timings(conn, two_owners) -> None:
+    owners, _, connect_analyst = two_owners
+    _, connect_olivia, _, name = owners["olivia"]
+    with connect_analyst() as a:
+        model = _release(a, name)
+        seen = a.execute(
+            "SELECT prepare_seconds, train_seconds FROM dpsql.models WHERE model_id = %s", (model,)
+        ).fetchone()
+    assert seen == (None, None)
+    with connect_olivia() as o:
+        mine = o.execute(
+            "SELECT prepare_seconds, train_seconds FROM dpsql.models WHERE model_id = %s", (model,)
+        ).fetchone()
+    assert mine[0] is not None and mine[1] is not None
+
+
+# ------------------------------------------------------------------------------------ 8, 9
+
+
+@pytest.mark.parametrize(
+    "begin",
+    [
+        "BEGIN ISOLATION LEVEL REPEATABLE READ",
+        "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        "SET default_transaction_isolation = 'repeatable read'; BEGIN",
+        "BEGIN READ ONLY",
+    ],
+)
+def test_transactions_that_cannot_release_are_refused_before_the_charge(
+    conn, two_owners, begin
+) -> None:
+    owners, _, connect_analyst = two_owners
+    name = owners["olivia"][3]
+    before = _spent(conn, name)
+    with connect_analyst() as a:
+        for stmt in begin.split("; "):
+            a.execute(stmt)
+        with pytest.raises(psycopg.Error) as err:
+            _release(a, name)
+        a.execute("ROLLBACK")
+    message = str(err.value)
+    assert message.startswith("dpsql: ") and "Nothing was charged" in message
+    assert err.value.sqlstate == ("25006" if "READ ONLY" in begin else "25001")
+    assert _spent(conn, name) == before
+
