@@ -903,7 +903,7 @@ BEGIN
     EXCEPTION WHEN OTHERS THEN
         parts := NULL;
     END;
-    -- A dataset name has no dot (since 0.9.0): a qualified name is a relation's, never a
+    -- A dataset name has no dot (since 0.8.0): a qualified name is a relation's, never a
     -- dataset's that shadows it (issue 41: a dataset named olivia.cls took analysts' training
     -- of the table olivia.cls). Only names registered before then are looked up last.
     IF cardinality(parts) IS DISTINCT FROM 2 THEN
@@ -926,7 +926,7 @@ BEGIN
              WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
-        IF d.dataset_id IS NULL AND cardinality(parts) = 2 THEN  -- a name registered before 0.9.0
+        IF d.dataset_id IS NULL AND cardinality(parts) = 2 THEN  -- a name registered before 0.8.0
             SELECT * INTO d FROM dpsql.datasets ds
              WHERE ds.name = _lookup_dataset.source AND dpsql_internal._can_use_dataset(ds.dataset_id)
              ORDER BY ds.dropped_at IS NOT NULL, ds.dataset_id DESC

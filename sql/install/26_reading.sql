@@ -57,7 +57,7 @@ DECLARE
 BEGIN
     -- (ROW EXCLUSIVE: no ALTER TABLE, CREATE INDEX or CREATE TRIGGER until the transaction
     -- ends; reads and writes go on, and so do other releases: the mode does not conflict with
-    -- itself. Before 0.9.0 it was SHARE UPDATE EXCLUSIVE, which does, and an analyst's open
+    -- itself. Before 0.8.0 it was SHARE UPDATE EXCLUSIVE, which does, and an analyst's open
     -- transaction after a release blocked every other release on the dataset (issue 41). The
     -- price: CREATE STATISTICS (SHARE UPDATE EXCLUSIVE) is not blocked, so one committed between
     -- the check below and the read's planning would be folded as the reader; every mode that

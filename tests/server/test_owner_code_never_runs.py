@@ -56,15 +56,22 @@ def _arm(s: str) -> list[str]:
     stmts += [
         f"CREATE FUNCTION {s}.to_text_array(v {s}.colour[]) RETURNS text[] LANGUAGE plpgsql"
         f" AS $$ BEGIN PERFORM {s}.flag('cast colour[] -> text[]');"
-        f" RETURN ARRAY(SELECT pg_catalog.textin(pg_catalog.enum_out(e)) FROM pg_catalog.unnest(v) e); END $$",
+        f" RETURN ARRAY(SELECT pg_catalog.textin(pg_catalog.enum_out(e))"
+        f" FROM pg_catalog.unnest(v) e); END $$",
         f"CREATE CAST ({s}.colour[] AS text[]) WITH FUNCTION {s}.to_text_array({s}.colour[])",
     ]
     # Operators on the owner's type and on built-in ones, and functions named like the
     # built-ins dpsql calls, all in a schema first on the search path.
     for i, (op, left, right) in enumerate(
-        [("=", "colour", "colour"), ("<>", "colour", "colour"), ("=", "colour", "text"),
-         ("=", "text", "text"), ("<>", "text", "text"), ("=", "float8", "float8"),
-         ("<", "colour", "colour")]  # fmt: skip
+        [
+            ("=", "colour", "colour"),
+            ("<>", "colour", "colour"),
+            ("=", "colour", "text"),
+            ("=", "text", "text"),
+            ("<>", "text", "text"),
+            ("=", "float8", "float8"),
+            ("<", "colour", "colour"),
+        ]  # fmt: skip
     ):
         lt = f"{s}.{left}" if left == "colour" else left
         rt = f"{s}.{right}" if right == "colour" else right
@@ -134,7 +141,9 @@ def trapped(conn, make_role):
     analyst, connect_analyst = make_role("alice", "dpsql_analyst")
     s = f"oc_{uuid.uuid4().hex[:8]}"
     conn.execute(
-        sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(s), sql.Identifier(owner))
+        sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+            sql.Identifier(s), sql.Identifier(owner)
+        )
     )
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(sql.Identifier(s)))
     for role in (owner, analyst):

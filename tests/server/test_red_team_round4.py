@@ -241,4 +241,3 @@ def test_transactions_that_cannot_release_are_refused_before_the_charge(
     assert message.startswith("dpsql: ") and "Nothing was charged" in message
     assert err.value.sqlstate == ("25006" if "READ ONLY" in begin else "25001")
     assert _spent(conn, name) == before
-
