@@ -171,6 +171,8 @@ def test_only_data_owners_audit_and_only_superusers_mutate(conn, zeros, make_rol
     analyst, connect_analyst = make_role("analyst", "dpsql_analyst")
     owner, connect_owner = make_role("owner", "dpsql_admin")
     conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    # (another data owner's dataset is theirs only when granted, issue 41)
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, owner))
     with connect_analyst() as a:
         with pytest.raises(pg.InsufficientPrivilege):
             a.execute("SELECT * FROM dpsql.audit(%s, 'bolton', 1)", (source,))
