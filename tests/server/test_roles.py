@@ -32,6 +32,8 @@ ANALYST_FUNCTIONS = {
     "_model",
     "_is_admin",
     "_can_use_dataset",
+    "_owns_dataset",  # the models view (issue 41)
+    "_models_visible",
     "_ledger_outcome",
     "_apply_bounds",
     "_is_positive",
