@@ -106,7 +106,6 @@ DECLARE
     ds dpsql.datasets;
 BEGIN
     PERFORM dpsql_internal._require_admin(action);
-    PERFORM dpsql_internal._check_release_transaction();
     ds := dpsql_internal._lookup_dataset(dataset);
     -- (an estimate spends the budget and changes the registration: the owner's)
     PERFORM dpsql_internal._require_dataset_owner(ds, action);
