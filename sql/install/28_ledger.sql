@@ -145,7 +145,9 @@ BEGIN
         PERFORM set_config('lock_timeout', wait_ms || 'ms', true);  -- (undone with the block)
         PERFORM 1 FROM dpsql.datasets ds WHERE ds.dataset_id = _await_dataset_row.dataset_id
            FOR NO KEY UPDATE;
-        RAISE EXCEPTION USING ERRCODE = 'DPLCK';  -- releases the lock (and the setting)
+        -- not _fail: this is no refusal, only the way to roll the block back (releasing the
+        -- lock and the setting); it is caught just below.
+        RAISE EXCEPTION USING ERRCODE = 'DPLCK';
     EXCEPTION
         WHEN SQLSTATE 'DPLCK' THEN
             NULL;
