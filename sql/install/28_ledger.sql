@@ -159,6 +159,55 @@ BEGIN
     END;
 END $$;
 
+-- The budget rule of a dataset composed by sums (the default): spent plus this release within
+-- the budget, with a relative slack for float sums of many charges. The one place it is
+-- written: the charge applies it under the dataset's row lock, and releases apply it before
+-- reading a row (dpsql_internal._check_budget_left).
+CREATE OR REPLACE FUNCTION dpsql_internal._refuse_over_sums(d dpsql.datasets, eps_spent float8,
+                                                            delta_spent float8, epsilon float8,
+                                                            delta float8)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slack constant float8 := 1e-12;
+BEGIN
+    IF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
+       OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
+        PERFORM dpsql_internal._fail(
+            format('privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
+                   'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
+                   quote_literal(d.name), dpsql_internal._round(eps_spent),
+                   dpsql_internal._round(delta_spent), d.epsilon_budget, d.delta_budget,
+                   dpsql_internal._round(epsilon), dpsql_internal._round(delta)),
+            'DP001',
+            hint => 'Nothing was charged. Ask the data owner for a larger budget, or release with '
+                    'a smaller epsilon/delta.');
+    END IF;
+END $$;
+
+-- Decide before reading (issue 41, route 7): a release that the budget refuses is refused
+-- before its first row is read, so neither its time nor its error depends on the rows. The
+-- charge checks again, atomically. A 'pld' dataset's total needs the release's DpEvent,
+-- known only once it is planned: there the charge decides (docs/privacy.md says so).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_budget_left(d dpsql.datasets, epsilon float8,
+                                                             delta float8)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    spent record;
+BEGIN
+    IF d.composition = 'pld' OR epsilon IS NULL OR dpsql_internal._previewing() THEN
+        RETURN;
+    END IF;
+    SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
+     WHERE s.dataset_id = d.dataset_id;
+    PERFORM dpsql_internal._refuse_over_sums(d, coalesce(spent.epsilon_spent, 0),
+                                             coalesce(spent.delta_spent, 0), epsilon,
+                                             coalesce(delta, 0));
+END $$;
+
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
                               dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL)
@@ -292,17 +341,8 @@ BEGIN
                 hint => 'Nothing was charged. Ask the data owner for a larger budget, or release '
                         'with a smaller epsilon/delta.');
         END IF;
-    ELSIF eps_spent + epsilon > d.epsilon_budget * (1 + slack)
-       OR delta_spent + delta > d.delta_budget * (1 + slack) THEN
-        PERFORM dpsql_internal._fail(
-            format('privacy budget of dataset %s exceeded: spent ε=%s, δ=%s; '
-                   'budget ε=%s, δ=%s; this release needs ε=%s, δ=%s',
-                   quote_literal(d.name), dpsql_internal._round(eps_spent),
-                   dpsql_internal._round(delta_spent), d.epsilon_budget, d.delta_budget,
-                   dpsql_internal._round(epsilon), dpsql_internal._round(delta)),
-            'DP001',
-            hint => 'Nothing was charged. Ask the data owner for a larger budget, or release with '
-                    'a smaller epsilon/delta.');
+    ELSE
+        PERFORM dpsql_internal._refuse_over_sums(d, eps_spent, delta_spent, epsilon, delta);
     END IF;
     INSERT INTO dpsql.ledger_entries (dataset_id, model_id, mechanism, epsilon, delta, charged_at,
                                       role, note, dp_event, xact)

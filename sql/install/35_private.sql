@@ -323,6 +323,7 @@ BEGIN
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
+    PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);  -- before any row is read
     -- The registered columns' types, now (an owner may have changed them): before any charge.
     PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label, dpsql_internal._text_columns(ds));
     PERFORM dpsql_internal._check_distributed(mech, ds, params);

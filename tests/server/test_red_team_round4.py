@@ -241,3 +241,43 @@ def test_transactions_that_cannot_release_are_refused_before_the_charge(
     assert message.startswith("dpsql: ") and "Nothing was charged" in message
     assert err.value.sqlstate == ("25006" if "READ ONLY" in begin else "25001")
     assert _spent(conn, name) == before
+
+
+def _scans(conn, table: str) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute(
+        "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables"
+        " WHERE relid = %s::regclass",
+        (table,),
+    ).fetchone()[0]
+
+
+@pytest.mark.parametrize("privacy", ["bolton", "dpsgd", "objective_perturbation", "output_perturbation", "scs13", "auto"])
+def test_a_budget_refusal_reads_no_row(conn, two_owners, privacy) -> None:
+    """Route 7: a release that would overspend is refused before the first row is read (on
+    59df5fe every train function filled its training table first). The table's scan counters,
+    which a backend flushes as it exits, show whether it was read."""
+    owners, _, connect_analyst = two_owners
+    _, _, schema, name = owners["olivia"]
+    table = f"{schema}.cls"
+    before = _scans(conn, table)
+    with connect_analyst() as a:
+        pid = a.info.backend_pid
+        with pytest.raises(psycopg.Error) as err:
+            a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => %s, epsilon => 6, delta => 1e-6)",
+                (name, privacy),
+            )
+    assert err.value.sqlstate == "DP001", err.value
+    deadline = time.monotonic() + 30
+    while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _scans(conn, table) == before
+    # and the counters do count a release's read (the test can fail)
+    with connect_analyst() as a:
+        pid = a.info.backend_pid
+        _release(a, name)
+    while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+        time.sleep(0.05)
+    assert _scans(conn, table) > before
