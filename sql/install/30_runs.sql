@@ -82,10 +82,24 @@ AS $$
                 ELSE 'dpsql_owner_work' END::name
 $$;
 
--- The training table train_<run> of a run: the source's rows as (rid, x, y) in the order of
--- a seeded, data-independent permutation (the source's own order without shuffle), feature
--- arrays kept inline. *seed receives the seed used (a random one when NULL). In dpsql_work
--- for the extension owner (private runs), else dpsql_owner_work; created here, never found.
+-- A run's training table's name: train_<run> in dpsql_work, where only the definer creates;
+-- in dpsql_owner_work, where every data owner creates, train_<run>_<random>, so that no owner
+-- can create another owner's table before it (issue 41, route 9).
+CREATE OR REPLACE FUNCTION dpsql_internal._training_table_name(run bigint)
+RETURNS text LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('%I.%I', w, 'train_' || run
+                              || CASE WHEN w = 'dpsql_owner_work'
+                                      THEN '_' || left(replace(gen_random_uuid()::text, '-', ''), 16)
+                                      ELSE '' END)
+      FROM dpsql_internal._work_schema() w
+$$;
+
+-- A run's training table (named by dpsql_internal._training_table_name): the source's rows
+-- as (rid, x, y) in the order of a seeded, data-independent permutation (the source's own
+-- order without shuffle), feature arrays kept inline. *seed receives the seed used (a random
+-- one when NULL). Created here, never found.
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
@@ -95,7 +109,7 @@ DECLARE
     tbl text;
 BEGIN
     seed_policy := 'none';
-    tbl := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
+    tbl := dpsql_internal._training_table_name(run);
     PERFORM dpsql_internal._load_module();  -- its files go only after the WAL says so
     EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
                    'WITH (autovacuum_enabled = false%s)', tbl,

@@ -133,7 +133,7 @@ BEGIN
     ELSE
         seed := NULL;
     END IF;
-    train_table := format('%I.%I', dpsql_internal._work_schema(), 'train_' || run);
+    train_table := dpsql_internal._training_table_name(run);
     PERFORM dpsql_internal._load_module();  -- workers: session_preload_libraries (docs/citus.md)
     -- parallel_workers = 0: a shard is scanned by one process, in its stored order
     EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '

@@ -50,7 +50,7 @@ DECLARE
                           '_prepare', '_check_run_settings', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
-                          '_random_seed', '_flag', '_work_schema',
+                          '_random_seed', '_flag', '_work_schema', '_training_table_name',
                           '_load_module',  -- before a training table (durable_drops.c)
                           -- Citus sources (32_distributed.sql)
                           '_refuse_on_worker', '_citus_installed',

@@ -252,7 +252,9 @@ def _scans(conn, table: str) -> int:
     ).fetchone()[0]
 
 
-@pytest.mark.parametrize("privacy", ["bolton", "dpsgd", "objective_perturbation", "output_perturbation", "scs13", "auto"])
+@pytest.mark.parametrize(
+    "privacy", ["bolton", "dpsgd", "objective_perturbation", "output_perturbation", "scs13", "auto"]
+)
 def test_a_budget_refusal_reads_no_row(conn, two_owners, privacy) -> None:
     """Route 7: a release that would overspend is refused before the first row is read (on
     59df5fe every train function filled its training table first). The table's scan counters,
@@ -281,3 +283,33 @@ def test_a_budget_refusal_reads_no_row(conn, two_owners, privacy) -> None:
     while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
         time.sleep(0.05)
     assert _scans(conn, table) > before
+
+
+def test_owners_cannot_plant_each_others_non_private_run_tables(conn, two_owners) -> None:
+    """Route 9: Oscar creates dpsql_owner_work.train_<id> for the next run ids; Olivia's
+    non-private training (which ran into them on 59df5fe) works, in a table named unguessably."""
+    owners, _, _ = two_owners
+    _, connect_olivia, olivia_schema, _ = owners["olivia"]
+    _, connect_oscar, _, _ = owners["oscar"]
+    with connect_oscar() as o:
+        (last,) = o.execute(
+            "SELECT nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'))"
+        ).fetchone()
+        planted = [f"train_{run}" for run in range(last + 1, last + 21)]
+        for name in planted:
+            o.execute(
+                sql.SQL("CREATE TABLE dpsql_owner_work.{} (rid bigint)").format(
+                    sql.Identifier(name)
+                )
+            )
+    try:
+        with connect_olivia() as c:
+            model = c.execute(
+                "SELECT dpsql.train(%s, '{a,b}', 'y', privacy => 'none', epochs => 1)",
+                (f"{olivia_schema}.cls",),
+            ).fetchone()[0]
+        assert model is not None
+    finally:
+        with connect_oscar() as o:
+            for name in planted:
+                o.execute(sql.SQL("DROP TABLE dpsql_owner_work.{}").format(sql.Identifier(name)))
