@@ -174,6 +174,7 @@ def _init_node(cluster: Cluster, name: str, password: str, settings: dict[str, s
         "max_connections": "100",
         "jit": "off",
         "fsync": "off",  # throw-away test and benchmark clusters
+        **server.WORKER_RESERVE,  # slots parallel query cannot take (charges)
         # DP-SGD's calibration on the coordinator (the embedded server sets the same)
         "dpsql.accountant_command": f"'{server.accountant_command()}'",
         **settings,

@@ -48,6 +48,17 @@ TUNING: dict[str, str] = {
     "jit": "off",  # JIT compile time dominates the short queries of the controller
 }
 
+# Background worker slots that parallel query can never take (issue 41, route 2): every
+# release commits its charge in a background worker of its own, from the pool that parallel
+# query shares (max_worker_processes); any role can hold max_parallel_workers of it with
+# parallel queries, and no more. The rest stays for dpsql's charge and accountant workers
+# and PostgreSQL's own (docs/install.md). Citus nodes and the Docker image use the same.
+WORKER_RESERVE: dict[str, str] = {
+    "max_worker_processes": "24",
+    "max_parallel_workers": "8",
+}
+TUNING.update(WORKER_RESERVE)
+
 
 def _version_from_env() -> int:
     raw = os.environ.get("DPSQL_PG_VERSION", "18")

@@ -387,3 +387,19 @@ BEGIN
             format('no ledger entry %s', coalesce(entry_id::text, 'NULL')), '42704');
     END IF;
 END $$;
+
+-- A charge needs a background worker slot, from the pool parallel query shares: with no slots
+-- that parallel query cannot take, any role can hold up every release (issue 41, route 2).
+DO $$
+BEGIN
+    IF current_setting('max_worker_processes')::int
+       - current_setting('max_parallel_workers')::int < 4 THEN
+        RAISE WARNING 'dpsql: parallel query can take every background worker slot, and every release needs one'
+            USING DETAIL = format('max_worker_processes = %s, max_parallel_workers = %s: any role running '
+                                  'parallel queries can hold up every other role''s release.',
+                                  current_setting('max_worker_processes'),
+                                  current_setting('max_parallel_workers')),
+                  HINT = 'Set max_worker_processes = 24 and max_parallel_workers = 8 (or keep at least '
+                         '4 slots apart otherwise) and restart the server: docs/install.md.';
+    END IF;
+END $$;

@@ -227,8 +227,9 @@ start_worker(dsm_segment *seg)
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 					 errmsg("dpsql: no background worker slot is free to charge the release"),
 					 errdetail("Nothing was charged and nothing was released."),
-					 errhint("A charge commits in a background worker of its own: raise "
-							 "max_worker_processes, or retry.")));
+					 errhint("A charge commits in a background worker of its own: keep "
+							 "max_worker_processes well above max_parallel_workers "
+							 "(docs/install.md), or retry.")));
 		wait_a_moment(20L);
 	}
 	return handle;

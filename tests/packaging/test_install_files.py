@@ -32,3 +32,13 @@ def test_refusals_go_through_fail() -> None:
                 if "not _fail" not in above:
                     unexplained.append(f"{path.name}:{i + 1}: {line.strip()}")
     assert not unexplained, "\n".join(unexplained)
+
+
+def test_the_docker_image_keeps_the_worker_reserve() -> None:
+    # One rule (dpsql/server.py WORKER_RESERVE), written out in the Dockerfile's shell: the two
+    # must say the same (issue 41, route 2).
+    from dpsql.server import WORKER_RESERVE
+
+    dockerfile = (INSTALL.parents[1] / "docker" / "Dockerfile").read_text(encoding="utf-8")
+    for name, value in WORKER_RESERVE.items():
+        assert f"{name} = {value}" in dockerfile, name

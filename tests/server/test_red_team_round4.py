@@ -313,3 +313,49 @@ def test_owners_cannot_plant_each_others_non_private_run_tables(conn, two_owners
         with connect_oscar() as o:
             for name in planted:
                 o.execute(sql.SQL("DROP TABLE dpsql_owner_work.{}").format(sql.Identifier(name)))
+
+
+# ------------------------------------------------------------------------------------ 2
+
+
+def test_parallel_queries_cannot_take_the_slots_a_charge_needs(conn, two_owners, make_role):
+    """Route 2: more sessions than max_parallel_workers run parallel queries (each holds a
+    worker slot while it sleeps); another analyst's release on another owner's dataset still
+    goes through in normal time (on 59df5fe: 53400 after 60 s). The server keeps slots that
+    parallel query cannot take (dpsql/server.py WORKER_RESERVE)."""
+    owners, _, connect_analyst = two_owners
+    oscar_ds = owners["oscar"][3]
+    hog, connect_hog = make_role("mallory", "dpsql_analyst")
+    parallel = int(conn.execute("SHOW max_parallel_workers").fetchone()[0])
+    slots = int(conn.execute("SHOW max_worker_processes").fetchone()[0])
+    assert slots - parallel >= 4
+
+    def hold() -> None:
+        with connect_hog() as c:
+            c.execute("SET debug_parallel_query = on")
+            c.execute("SELECT pg_sleep(20)")
+
+    threads = [threading.Thread(target=hold) for _ in range(parallel + 4)]
+    for t in threads:
+        t.start()
+    try:
+        # until the parallel workers stop multiplying (as many as the server lets them)
+        deadline = time.monotonic() + 15
+        seen, stable_since = -1, time.monotonic()
+        while time.monotonic() - stable_since < 1.5:
+            assert time.monotonic() < deadline, "the parallel queries did not settle"
+            now = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'parallel worker'"
+            ).fetchone()[0]
+            if now != seen or now == 0:
+                seen, stable_since = now, time.monotonic()
+            time.sleep(0.1)
+        assert seen >= min(parallel, 4)
+        with connect_analyst() as a:
+            a.execute("SET statement_timeout = '15s'")
+            start = time.monotonic()
+            _release(a, oscar_ds)
+            assert time.monotonic() - start < 10
+    finally:
+        for t in threads:
+            t.join()
