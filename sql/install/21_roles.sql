@@ -29,3 +29,34 @@ BEGIN
         END;
     END IF;
 END $$;
+
+-- The role dpsql's definer code runs as (DESIGN.md §3, rule 9; docs/privacy.md, "The definer
+-- role"): every SECURITY DEFINER function and the charge worker. Not a superuser, no login, no
+-- CREATEROLE or CREATEDB: what it may do is granted in 90_privileges.sql (dpsql's own schemas,
+-- tables and functions) and by registration (dpsql_reader's SELECT on registered columns), so
+-- that a route into definer code that nobody has found yields this role at most. BYPASSRLS, as
+-- dpsql_reader: a private read counts every row whatever the owner's policies, and the run and
+-- model tables' own policies are for data owners. Its attributes are set on every install and
+-- upgrade, whatever a superuser changed.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'dpsql_definer') THEN
+        BEGIN
+            CREATE ROLE dpsql_definer NOLOGIN BYPASSRLS;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    ALTER ROLE dpsql_definer NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOLOGIN
+        BYPASSRLS INHERIT;
+    -- registered columns (granted to dpsql_reader at registration) and _read_source; and no
+    -- other role's rights (pg_read_server_files, say)
+    FOR r IN SELECT g.rolname FROM pg_catalog.pg_auth_members m
+               JOIN pg_catalog.pg_roles g ON g.oid = m.roleid
+              WHERE m.member = 'dpsql_definer'::regrole AND g.rolname <> 'dpsql_reader' LOOP
+        EXECUTE format('REVOKE %I FROM dpsql_definer', r.rolname);
+    END LOOP;
+    GRANT dpsql_reader TO dpsql_definer;
+END $$;

@@ -11,14 +11,26 @@
 -- that could capture names. A plain table or materialized view runs nobody's code when read.
 ------------------------------------------------------------------------------------------
 
--- SELECT on a registered relation's columns for dpsql_reader (and USAGE on its schema).
+-- SELECT on a registered relation's columns for dpsql_reader (and USAGE on its schema). The
+-- definer role cannot grant on data owners' tables, so this one statement runs as the
+-- extension owner (90_privileges.sql leaves it theirs; only the definer role may call it),
+-- and only for what the session's own role may read: a route into definer code that calls
+-- it gains nothing that role could not already read. A GRANT runs no user code (event
+-- triggers are superusers').
 CREATE OR REPLACE FUNCTION dpsql_internal._grant_reader(relid regclass, columns text[])
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     nsp oid := (SELECT c.relnamespace FROM pg_class c WHERE c.oid = relid);
 BEGIN
+    IF nsp IS NULL OR EXISTS (SELECT 1 FROM unnest(columns) c
+                               WHERE c IS NULL
+                                  OR NOT has_column_privilege(session_user, relid, c, 'SELECT')) THEN
+        -- (a RAISE, not _fail: an internal misuse, not a refusal an entry point gives)
+        RAISE EXCEPTION 'dpsql: % cannot read every column of % to grant', session_user, relid
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     -- Two registrations at once in one schema would both update its ACL ("tuple concurrently
     -- updated"): the grants are serialised, and a grant already there is not made again.
     PERFORM pg_advisory_xact_lock(hashtext('dpsql_internal._grant_reader ' || nsp::text));
@@ -31,6 +43,31 @@ BEGIN
     EXECUTE format('GRANT SELECT (%s) ON %s TO dpsql_reader',
                    (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
 END $$;
+
+-- The relations a read of relid reads: itself, its inheritance children and partitions, and
+-- the relations a view's rules read, recursively.
+CREATE OR REPLACE FUNCTION dpsql_internal._read_tree(relid regclass)
+RETURNS TABLE (oid oid) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH RECURSIVE tree(oid) AS (
+        SELECT relid::oid
+        UNION
+        SELECT n.oid FROM tree t,
+               LATERAL (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = t.oid
+                        UNION ALL
+                        SELECT d.refobjid FROM pg_rewrite r
+                          JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass
+                                          AND d.objid = r.oid
+                                          AND d.refclassid = 'pg_class'::regclass
+                         WHERE r.ev_class = t.oid) AS n(oid))
+    SELECT tree.oid FROM tree
+$$;
+
+-- A private read's lock on one relation (read_lock_fmgr.c): ROW EXCLUSIVE, no privilege check.
+CREATE OR REPLACE FUNCTION dpsql_internal._lock_for_read(relid oid)
+RETURNS void AS 'MODULE_PATHNAME', 'dpsql_lock_for_read'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 
 -- The select list that reads registered columns as float8 (scalars and booleans as 0/1),
 -- float8[] (an array column) or text (the columns as_text: categorical features and a text
@@ -50,7 +87,6 @@ DECLARE
     list text;
     found_columns int;
     bad record;
-    citus_ddl text;
     -- numeric to float8 without an error: v is a numeric expression
     numeric_float8 text := 'CASE WHEN abs(%1$s) <= 1.7976931348623157e308 THEN'
                            ' (CASE WHEN abs(%1$s) >= 1e-300 THEN %1$s ELSE 0 END)::float8 END';
@@ -62,19 +98,12 @@ BEGIN
     -- price: CREATE STATISTICS (SHARE UPDATE EXCLUSIVE) is not blocked, so one committed between
     -- the check below and the read's planning would be folded as the reader; every mode that
     -- blocks it either conflicts with itself or blocks the owner's writes. A view's lock is its
-    -- relations', a table's its children's; a materialized view cannot be locked.)
-    IF (SELECT c.relkind IN ('r', 'p', 'v') FROM pg_class c WHERE c.oid = relid) THEN
-        -- On Citus the coordinator's lock is the one DDL takes: not sent to the workers (a
-        -- LOCK propagated there fails on a worker that restarted since its last connection).
-        citus_ddl := current_setting('citus.enable_ddl_propagation', true);
-        IF citus_ddl IS NOT NULL THEN
-            PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
-        END IF;
-        EXECUTE format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', relid);
-        IF citus_ddl IS NOT NULL THEN
-            PERFORM set_config('citus.enable_ddl_propagation', citus_ddl, true);
-        END IF;
-    END IF;
+    -- relations', a table's its children's, as LOCK TABLE walks them, but without its privilege
+    -- check (read_lock_fmgr.c): the definer role may only read the relation. On Citus the
+    -- coordinator's lock is the one DDL takes; it is not sent to the workers.)
+    PERFORM dpsql_internal._lock_for_read(t.oid)
+       FROM dpsql_internal._read_tree(relid) t JOIN pg_class c ON c.oid = t.oid
+      WHERE c.relkind IN ('r', 'p', 'v');
     SELECT u.col, format_type(a.atttypid, a.atttypmod) AS type, kind INTO bad
       FROM unnest(columns) WITH ORDINALITY AS u(col, k)
       JOIN pg_attribute a ON a.attrelid = relid AND a.attname = u.col AND a.attnum > 0
@@ -97,17 +126,7 @@ BEGIN
     -- predicate, or in extended statistics, into a constant as the reader: in the relation, its
     -- inheritance children and the relations a view reads, those may use built-in functions,
     -- operators and types only.
-    IF EXISTS (WITH RECURSIVE tree(oid) AS (
-                   SELECT relid::oid
-                   UNION
-                   SELECT n.oid FROM tree t,
-                          LATERAL (SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = t.oid
-                                   UNION ALL
-                                   SELECT d.refobjid FROM pg_rewrite r
-                                     JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass
-                                                     AND d.objid = r.oid
-                                                     AND d.refclassid = 'pg_class'::regclass
-                                    WHERE r.ev_class = t.oid) AS n(oid))
+    IF EXISTS (WITH tree(oid) AS (SELECT t.oid FROM dpsql_internal._read_tree(relid) t)
                SELECT 1 FROM pg_depend d
                 WHERE d.refobjid >= 16384  -- FirstNormalObjectId: not built in
                   AND d.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass,

@@ -136,8 +136,7 @@ BEGIN
     VALUES (name, format('dpsql_audit.%I', name)::regclass, format('dpsql_audit.%I', name),
             '{x}', 'y', ds.labels, ds.feature_bounds, ds.row_norm, epsilon * 2.001,
             least(delta * 2.001, 0.999), ds.label_bound, ds.row_bound, ds.dim)
-    RETURNING * INTO copy;
-    PERFORM dpsql_internal._grant_reader(copy.relid, '{x,y}');
+    RETURNING * INTO copy;  -- (the definer role's own table: read as its owner)
     RETURN copy;
 END $$;
 

@@ -6,15 +6,38 @@
 ------------------------------------------------------------------------------------------
 
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
-REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_work FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM PUBLIC;  -- aggregates included
 -- From scratch on every install and upgrade: a grant that a release withdraws goes away.
-REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work FROM dpsql_analyst, dpsql_admin;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin;
+REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work
+    FROM dpsql_analyst, dpsql_admin, dpsql_definer;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin, dpsql_definer;
 REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work, dpsql_owner_work FROM PUBLIC;
--- Only the extension owner creates in dpsql_work: private runs never meet a table they did
--- not create (data owners had CREATE there before 0.8.0).
+-- Only the definer role creates in dpsql_work: private runs never meet a table they did not
+-- create (data owners had CREATE there before 0.8.0).
 REVOKE ALL ON SCHEMA dpsql_work FROM dpsql_analyst, dpsql_admin;
+
+-- The definer role (21_roles.sql): dpsql's definer code and charge worker run as it, with
+-- dpsql's own schemas, tables, sequences and functions, and nothing else of the server's.
+-- Its training tables and audit copies are its own. Every SECURITY DEFINER function is its,
+-- except dpsql_internal._read_source (dpsql_reader's) and dpsql_internal._grant_reader (the
+-- extension owner's, callable by the definer role only; 26_reading.sql says why).
+GRANT USAGE ON SCHEMA dpsql, dpsql_internal, dpsql_work, dpsql_audit TO dpsql_definer;
+GRANT CREATE ON SCHEMA dpsql_work, dpsql_audit TO dpsql_definer;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
+GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
+DO $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
+                AND p.prosecdef AND p.proowner <> 'dpsql_reader'::regrole
+                AND p.proname <> '_grant_reader' LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO dpsql_definer', f.sig);
+    END LOOP;
+END $$;
 
 -- dpsql_internal: the granted helpers below are called by the entry points as the caller.
 GRANT USAGE ON SCHEMA dpsql, dpsql_internal TO dpsql_analyst, dpsql_admin;

@@ -5,8 +5,8 @@
  * ROLLBACK, a savepoint, a PL/pgSQL exception block, a client-side transaction. PostgreSQL has
  * no autonomous transactions, so the charge runs in a dynamic background worker: the caller
  * (dpsql_internal._charge, under definer rights) hands the request over in a DSM segment; the
- * worker connects to the same database as the same role (the current user, so it can do
- * nothing the caller could not), runs dpsql_internal._charge_committed(request) in a READ
+ * worker connects to the same database and takes the same role (the current user: dpsql's
+ * definer role, so it can do nothing the caller could not), runs dpsql_internal._charge_committed(request) in a READ
  * COMMITTED transaction, commits, and writes back the ledger entry or the error. The caller
  * waits, interruptibly, and returns the entry or re-raises the error. So the charge is durable
  * before the caller computes anything from the rows.
@@ -97,13 +97,13 @@ dpsql_charge_worker_main(Datum arg)
 	if (seg == NULL)
 		proc_exit(1);			/* the caller is gone: nothing to charge for */
 	slot = (ChargeSlot *) dsm_segment_address(seg);
-	/* the extension owner may be a NOLOGIN role (PostgreSQL 17 and later let it connect) */
-#if PG_VERSION_NUM >= 170000
-	BackgroundWorkerInitializeConnectionByOid(slot->database, slot->role,
-											  BGWORKER_BYPASS_ROLELOGINCHECK);
-#else
-	BackgroundWorkerInitializeConnectionByOid(slot->database, slot->role, 0);
-#endif
+	/*
+	 * The caller's role is dpsql's definer role, which cannot log in (before PostgreSQL 17 a
+	 * worker cannot connect as such a role): the worker connects as no role and then takes
+	 * the caller's, as a SECURITY DEFINER call does, for the whole of its short life.
+	 */
+	BackgroundWorkerInitializeConnectionByOid(slot->database, InvalidOid, 0);
+	SetUserIdAndSecContext(slot->role, SECURITY_LOCAL_USERID_CHANGE);
 
 	/* The charge's own isolation, whatever the role's or database's defaults say. */
 	DefaultXactIsoLevel = XACT_READ_COMMITTED;

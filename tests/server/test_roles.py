@@ -75,6 +75,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "estimate_label_bound",
     # non-private runs, as the data owner
     "_prepare",
+    "_training_table_name",
     "_check_run_settings",
     "_fill_training_table",
     "_run_epoch",
