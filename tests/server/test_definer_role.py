@@ -44,7 +44,8 @@ def test_releases_run_and_charge_as_the_definer_role(conn, make_role) -> None:
                 " (g % 2)::float8 AS y FROM generate_series(1, 200) g"
             )
             o.execute(
-                "SELECT dpsql.register_dataset(%s, '{a}', 'y', 5.0, 1e-4, labels => '{0,1}', name => %s)",
+                "SELECT dpsql.register_dataset(%s, '{a}', 'y', 5.0, 1e-4, labels => '{0,1}',"
+                " name => %s)",
                 (f"{schema}.t", schema),
             )
             o.execute("SELECT dpsql.grant_dataset(%s, %s)", (schema, analyst))
