@@ -45,7 +45,7 @@ def check_role_attributes(conn: psycopg.Connection) -> None:
 
 def check_definer_functions_owned(conn: psycopg.Connection) -> None:
     """Every SECURITY DEFINER function is dpsql_definer's, but the two documented ones."""
-    owners = dict(
+    owners: dict[str, str] = dict(
         conn.execute(
             "SELECT p.oid::regprocedure::text, pg_get_userbyid(p.proowner) FROM pg_proc p"
             " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)"
@@ -86,12 +86,12 @@ def check_refusals(conn: psycopg.Connection) -> None:
             " feature_bounds => '{{0,20}}', name => %s)",
             (f"{schema}.secret", schema),
         )
-        reads = [
+        reads: list[sql.SQL | sql.Composed] = [
             sql.SQL("SELECT v FROM {}.other").format(sql.Identifier(schema)),
             sql.SQL("SELECT private FROM {}.secret").format(sql.Identifier(schema)),
             sql.SQL("SELECT * FROM dpsql.datasets JOIN pg_authid ON true"),
         ]
-        attempts = [(what, sql.SQL(stmt)) for what, stmt in ATTEMPTS]
+        attempts: list[tuple[str, sql.SQL | sql.Composed]] = [(w, sql.SQL(s)) for w, s in ATTEMPTS]
         attempts += [(f"read {r.as_string(conn)}", r) for r in reads]
         done = []
         for what, stmt in attempts:

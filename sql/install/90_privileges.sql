@@ -27,10 +27,19 @@ GRANT CREATE ON SCHEMA dpsql_work, dpsql_audit TO dpsql_definer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
+-- Not on a Citus coordinator (yet): Citus runs a distributed statement on the workers over
+-- connections as the current user, and dpsql_definer cannot log in there (it would need a
+-- login and a password of its own in pg_dist_authinfo on every node). There the definer code
+-- runs as the extension owner, as before 0.8.0 (docs/citus.md).
 DO $$
 DECLARE
     f record;
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE NOTICE 'dpsql: on Citus the definer code runs as the extension owner, not dpsql_definer'
+            USING DETAIL = 'Citus connects to the workers as the current user, and dpsql_definer cannot log in.';
+        RETURN;
+    END IF;
     FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
               WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
                 AND p.prosecdef AND p.proowner <> 'dpsql_reader'::regrole

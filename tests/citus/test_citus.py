@@ -18,6 +18,7 @@ import pytest
 
 from dpsql import citus
 from dpsql.loading import load_numpy
+from tests import definer_role
 from tests.pg_helpers import prepare
 
 SHARDS = 4
@@ -119,6 +120,28 @@ def _refused(conn: psycopg.Connection, query: str, params: Any = None, code: str
 
 def _ledger(conn: psycopg.Connection) -> int:
     return int(conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()[0])
+
+
+# -- the definer role ---------------------------------------------------------------------
+
+
+def test_the_definer_role_on_a_cluster(coord) -> None:
+    """The role exists with its attributes and cannot escalate (tests/definer_role.py); the
+    definer code itself runs as the extension owner here (docs/citus.md says why)."""
+    definer_role.check_role_attributes(coord)
+    definer_role.check_refusals(coord)
+    owners = {
+        who
+        for (who,) in coord.execute(
+            "SELECT DISTINCT pg_get_userbyid(p.proowner) FROM pg_proc p"
+            " WHERE p.pronamespace = 'dpsql_internal'::regnamespace AND p.prosecdef"
+            " AND p.proname NOT IN ('_read_source', '_grant_reader')"
+        ).fetchall()
+    }
+    extension_owner = coord.execute(
+        "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'dpsql'"
+    ).fetchone()[0]
+    assert owners == {extension_owner}
 
 
 # -- the training table ------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 
 from dpsql import server
+from tests import definer_role
 from tests.packaging import debian15
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,3 +38,23 @@ def test_install_into_15_right_after_the_embedded_build(tmp_path: Path) -> None:
         conn.execute("SELECT dpsql_internal._load_module()")
         version = conn.execute("SHOW server_version_num").fetchone()[0]
         assert version.startswith("15")
+
+
+def test_the_definer_role_on_15() -> None:
+    """On PostgreSQL 15 (installed by `make pg15`, or by the test above): dpsql_definer is what
+    tests/definer_role.py says, and a release's charge worker, which cannot connect as a role
+    without login before PostgreSQL 17, takes it after connecting."""
+    debian15.require(headers=True)
+    with debian15.cluster() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION dpsql")
+        definer_role.check_all(conn)
+        conn.execute(
+            "CREATE TABLE pts AS SELECT (g % 10) / 10.0::float8 AS a, (g % 2)::float8 AS y"
+            " FROM generate_series(1, 200) g"
+        )
+        conn.execute(
+            "SELECT dpsql.register_dataset('pts', '{a}', 'y', 5.0, labels => '{0,1}', name => 'p')"
+        )
+        conn.execute("SELECT dpsql.train('p', NULL, NULL, privacy => 'bolton', epsilon => 0.5)")
+        (spent,) = conn.execute("SELECT sum(epsilon) FROM dpsql.ledger_entries").fetchone()
+        assert spent == 0.5

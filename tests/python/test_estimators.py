@@ -325,3 +325,52 @@ def test_cross_validation_charges_one_dataset_and_keeps_no_rows(db, scratch_sche
             db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="unit",
             table_schema=scratch_schema,
         ).fit(X, y)  # fmt: skip
+
+
+_OTHER_PROCESS_FIT = """
+import sys
+import numpy as np
+import dpsql
+from dpsql.estimators import LogisticRegression
+
+uri, schema = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(5)
+X = rng.normal(size=(600, 3)) * 0.4
+y = (X @ [2.0, -1.0, 1.0] > 0).astype(float)
+with dpsql.connect(uri) as db:
+    clf = LogisticRegression(db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="clip",
+                             epsilon_budget=1.0, table_schema=schema).fit(X, y)
+    print(clf.dataset_)
+"""
+
+
+def test_the_same_rows_are_one_budget_across_processes(db, server_uri, scratch_schema, binary):
+    """Issue 41, route 9: a fit in another process, then a new estimator here on rows it shares
+    with that fit: one dataset, one budget (on 59df5fe each process registered its own)."""
+    import subprocess
+    import sys
+
+    X, y = binary
+    other = subprocess.run(
+        [sys.executable, "-c", _OTHER_PROCESS_FIT, server_uri, scratch_schema],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    first = other.stdout.strip().splitlines()[-1]
+    here = LogisticRegression(
+        db, dpsql.BoltOn(epsilon=0.5), classes=[0.0, 1.0], row_norm="clip",
+        epsilon_budget=50.0, table_schema=scratch_schema,
+    ).fit(X[:100], y[:100])  # fmt: skip
+    assert here.dataset_ == first
+    row = db.execute(
+        "SELECT epsilon_budget, epsilon_spent FROM dpsql.my_datasets WHERE name = %s", (first,)
+    ).fetchone()
+    assert row == (1.0, 1.0)
+    with pytest.raises(dpsql.BudgetExceeded):
+        clone(here).fit(X[50:150], y[50:150])
+    # the fingerprints are the owner's, and hold no row
+    keys = db.execute(
+        sql.SQL("SELECT count(*), max(octet_length(key)) FROM {}.dpsql_row_keys").format(
+            sql.Identifier(scratch_schema)
+        )
+    ).fetchone()
+    assert keys == (600, 16)
