@@ -703,9 +703,8 @@ BEGIN
     bounds := dpsql_internal._register_feature_bounds(
         dpsql_internal._categorical_bounds(feature_bounds, features, categories), cols.d);
     PERFORM dpsql_internal._check_estimate_option(estimate);
-    IF categories IS NOT NULL AND estimate ? 'feature_bounds' THEN
-        PERFORM dpsql_internal._fail('estimate feature bounds of numeric features only: not with categories',
-                                     hint => 'Declare feature_bounds for the numeric features instead.');
+    IF estimate ? 'feature_bounds' THEN
+        PERFORM dpsql_internal._refuse_categorical_estimate(categories);
     END IF;
     lab := dpsql_internal._register_labels(relid, label, cols.label_kind, labels);
     IF lab.label_values IS NOT NULL AND (regression OR label_bound IS NOT NULL) THEN

@@ -262,6 +262,21 @@ AS $$
     SELECT format('$1 + round((least(greatest(%s, $1), $2) - $1) / $3) * $3', value_sql)
 $$;
 
+-- Feature bounds are estimated for numeric features only: a dataset with categorical
+-- features is refused, at registration and before an estimate's charge (the estimate read them
+-- as numbers, failed after the charge and kept it: issue 42).
+CREATE OR REPLACE FUNCTION dpsql_internal._refuse_categorical_estimate(categories jsonb)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF categories IS NOT NULL AND categories <> '{}' THEN
+        PERFORM dpsql_internal._fail('estimate feature bounds of numeric features only: not with categories',
+                                     hint => 'Declare feature_bounds for the numeric features instead '
+                                             '(categorical features need none). Nothing was charged.');
+    END IF;
+END $$;
+
 -- search_range is the owner's public statement of where the quantiles surely lie; NULL is
 -- {-2^40, 2^40}. Its width costs little (the header): 2 * 64 grid points per octave.
 CREATE OR REPLACE FUNCTION dpsql.estimate_bounds(dataset text, epsilon float8, search_range float8[] DEFAULT NULL,
@@ -292,6 +307,7 @@ BEGIN
     IF ds.dim IS NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name));
     END IF;
+    PERFORM dpsql_internal._refuse_categorical_estimate(ds.categories);
     IF lower_quantile IS NULL OR upper_quantile IS NULL
        OR NOT (0 <= lower_quantile AND lower_quantile < upper_quantile AND upper_quantile <= 1) THEN
         PERFORM dpsql_internal._fail('quantiles must satisfy 0 <= lower_quantile < upper_quantile <= 1');

@@ -186,10 +186,10 @@ BEGIN
     END IF;
 END $$;
 
--- Decide before reading (issue 41, route 7): a release that the budget refuses is refused
--- before its first row is read, so neither its time nor its error depends on the rows. The
--- charge checks again, atomically. A 'pld' dataset's total needs the release's DpEvent,
--- known only once it is planned: there the charge decides (docs/privacy.md says so).
+-- Refuses a release that the budget of a dataset composed by sums cannot pay for (DP001), from
+-- the ledger as it stands; the charge checks again, atomically. A 'pld' dataset's total needs
+-- the release's DpEvent, and a release given a noise multiplier has no epsilon yet: there only
+-- the charge decides. dpsql_internal._train_release calls it before any row is read.
 CREATE OR REPLACE FUNCTION dpsql_internal._check_budget_left(d dpsql.datasets, epsilon float8,
                                                              delta float8)
 RETURNS void LANGUAGE plpgsql STABLE
@@ -198,7 +198,7 @@ AS $$
 DECLARE
     spent record;
 BEGIN
-    IF d.composition = 'pld' OR epsilon IS NULL OR dpsql_internal._previewing() THEN
+    IF d.composition = 'pld' OR epsilon IS NULL THEN
         RETURN;
     END IF;
     SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s

@@ -323,7 +323,28 @@ BEGIN
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
-    PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);  -- before any row is read
+    -- Decide before reading (issue 41, route 7): a release the budget refuses reads no row.
+    -- It is refused after the same parameter checks the release would make (a bad argument is
+    -- named as such, on an exhausted dataset too): its preview (57_preview.sql), which reads
+    -- no row, runs them first.
+    IF NOT dpsql_internal._previewing() THEN
+        BEGIN
+            PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);
+        EXCEPTION WHEN SQLSTATE 'DP001' THEN
+            PERFORM set_config('dpsql_preview.on', 'on', true);
+            BEGIN
+                PERFORM dpsql_internal._train_release(source, model, params);
+            EXCEPTION
+                WHEN SQLSTATE 'DPPRV' THEN
+                    NULL;  -- every check passed: the budget refuses
+                WHEN OTHERS THEN
+                    PERFORM set_config('dpsql_preview.on', 'off', true);
+                    RAISE;
+            END;
+            PERFORM set_config('dpsql_preview.on', 'off', true);
+            PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);
+        END;
+    END IF;
     -- The registered columns' types, now (an owner may have changed them): before any charge.
     PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label, dpsql_internal._text_columns(ds));
     PERFORM dpsql_internal._check_distributed(mech, ds, params);

@@ -418,3 +418,29 @@ def test_extreme_epsilons(conn, scratch_schema) -> None:
     assert bounds == [[3.0, 300.0]]
     (bounds,) = conn.execute("SELECT dpsql.estimate_bounds(%s, 2e-9)", (name,)).fetchone()
     assert len(bounds) == 1
+
+
+def test_a_dataset_with_categorical_features_is_refused_before_the_charge(
+    conn, scratch_schema
+) -> None:
+    """Issue 42: estimate_bounds on a dataset with a text (categorical) column read it as a
+    number after the charge, failed with an internal error and kept the charge."""
+    table = f"{scratch_schema}.cat_{uuid.uuid4().hex[:6]}"
+    conn.execute(
+        f"CREATE TABLE {table} AS SELECT g::float8 AS a,"
+        " (ARRAY['red', 'blue'])[1 + g % 2] AS colour, (g % 2)::float8 AS y"
+        " FROM generate_series(1, 500) g"
+    )
+    name = f"cat_{uuid.uuid4().hex[:6]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,colour}', 'y', 2.0, labels => '{0,1}',"
+        """ categories => '{"colour": ["red", "blue"]}', name => %s)""",
+        (table, name),
+    )
+    with pytest.raises(psycopg.Error, match="numeric features only") as err:
+        conn.execute("SELECT dpsql.estimate_bounds(%s, epsilon => 0.2)", (name,))
+    assert "Nothing was charged" in str(err.value)
+    (spent,) = conn.execute(
+        "SELECT epsilon_spent FROM dpsql.budgets WHERE name = %s", (name,)
+    ).fetchone()
+    assert spent == 0
