@@ -141,6 +141,7 @@ citus: $(VENV_STAMP)
 # builds them and tests them as they are installed (tests/packaging/test_dist.py).
 dist: $(VENV_STAMP)
 	rm -rf build/wheel dist/dpsql-*
+	mkdir -p build  # (a fresh clone has none: the log below goes there)
 	$(VENV_PY) -m build --no-isolation --outdir build/wheel . > build/wheel.log 2>&1 || \
 		{ tail -30 build/wheel.log; exit 1; }
 	mkdir -p dist && cp build/wheel/dpsql-*.tar.gz dist/

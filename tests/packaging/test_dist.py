@@ -28,6 +28,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from dpsql import extension, server
+from tests import definer_role
 from tests.packaging import debian15
 
 VERSION = extension.control_default_version()
@@ -136,6 +137,7 @@ def test_the_deb_on_debian_15_trains_privately_with_the_wheel(fresh_venv: Path) 
                 conn.execute("CREATE EXTENSION dpsql")
                 where = conn.execute("SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")
                 assert where.fetchone()[0] == "/usr/lib/postgresql/15/lib"
+                definer_role.check_all(conn)  # on a server installed by the .deb (issue 41)
             dpsql = fresh_venv / "bin" / "dpsql"
             wrong = subprocess.run(
                 [dpsql, "configure-accountant", "--dsn", dsn,
