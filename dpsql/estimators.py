@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ from sklearn.utils.multiclass import check_classification_targets  # type: ignor
 from sklearn.utils.validation import check_is_fitted, validate_data  # type: ignore[import-untyped]
 
 from dpsql.encoding import has_columns
+from dpsql.errors import BudgetExceeded
 from dpsql.models import Model
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
             "row_bound": self.row_bound,
             "label_bound": getattr(self, "label_bound", None),
         }
+        budget = self._budget(db)
         entry = fit_dataset(
             db,
             X,
@@ -183,13 +186,24 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
             group=self._fit_group(),
             schema=schema,
             declarations=declarations,
-            budget=self._budget(db),
+            budget=budget,
         )
+        if entry.reused and self.epsilon_budget is not None:
+            _warn_budget_kept(db, entry.name, budget)
         try:
             model = db.train(
                 entry.name, None, None, model=self._model, privacy=self.privacy,
                 **self._train_kwargs(),
             )  # fmt: skip
+        except BudgetExceeded as err:
+            # the rows' own dataset: the owner is the one to ask, and these are the ways
+            raise BudgetExceeded(
+                f"{str(err).splitlines()[0]}\nHINT: Nothing was charged. These rows are dataset "
+                f"{entry.name!r}, registered by your earlier fits (one budget per rows): raise "
+                f"its budget with db.alter_dataset({entry.name!r}, epsilon_budget=...), or "
+                f"db.drop_dataset({entry.name!r}) to fit them under a new budget (its ledger "
+                "stays)."
+            ) from err
         finally:
             empty(db, entry)
         return entry.name, model
@@ -557,4 +571,20 @@ def _require_owner(db: Database) -> None:
             "dpsql: fit(X, y) is for data owners (it loads the rows into a new table); analysts "
             "fit a registered dataset by name: est.fit('dataset_name') (dpsql datasets lists "
             "yours)"
+        )
+
+
+def _warn_budget_kept(db: Database, name: str, budget: tuple[float, float]) -> None:
+    """A fit of rows an earlier fit registered keeps that dataset's budget: say so when the
+    estimator asked for another."""
+    row = db.execute(
+        "SELECT epsilon_budget, delta_budget FROM dpsql.my_datasets WHERE name = %s", (name,)
+    ).fetchone()
+    if row is not None and (float(row[0]), float(row[1])) != budget:
+        warnings.warn(
+            f"dpsql: these rows are dataset {name!r}, registered by an earlier fit with budget "
+            f"epsilon={row[0]:g}, delta={row[1]:g}; epsilon_budget={budget[0]:g} does not apply "
+            f"(one budget per rows): db.alter_dataset({name!r}, epsilon_budget=...) changes it",
+            UserWarning,
+            stacklevel=4,
         )

@@ -39,6 +39,7 @@ class FitDataset:
     name: str
     schema: str
     declarations: dict[str, Any]
+    reused: bool = False  # registered by an earlier fit (of this process or another)
 
     @property
     def table(self) -> sql.Identifier:
@@ -82,7 +83,7 @@ def _existing(
                 break
     if found is None:
         return None
-    entry = FitDataset(found[0], found[1], declarations)
+    entry = FitDataset(found[0], found[1], declarations, reused=True)
     _check(entry, found[2] or "")
     return entry
 
