@@ -280,8 +280,10 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
 
     def _rows(self, X: Any) -> Any:
         check_is_fitted(self, "model_")
-        if getattr(self, "dataset_", None) is not None and has_columns(X):
+        if has_columns(X) and hasattr(self.model_, "feature_names_in_"):
             return X  # a registered dataset's columns, found by name (categories encoded)
+        # Arrays, and what fit(X, y) took (a DataFrame: its columns checked by name as
+        # scikit-learn checks them; issue 42: predict refused the DataFrame fit took).
         rows: np.ndarray = validate_data(self, X, reset=False, dtype=np.float64)
         return rows
 

@@ -378,3 +378,26 @@ def test_the_same_rows_are_one_budget_across_processes(db, server_uri, scratch_s
         )
     ).fetchone()
     assert keys == (600, 16)
+
+
+def test_what_fit_took_predict_and_score_take(db, scratch_schema, binary) -> None:
+    """Issue 42: fit(DataFrame, y) worked and predict/score on the same DataFrame refused it
+    ("give X as an array"), so cross_val_score spent its epsilon and returned NaN."""
+    import pandas as pd
+    from sklearn.model_selection import cross_val_score
+
+    X, y = binary
+    frame = pd.DataFrame(X, columns=["a", "b", "c"])
+    clf = LogisticRegression(
+        db, dpsql.BoltOn(epsilon=2.0), classes=[0.0, 1.0], row_norm="clip", epochs=2,
+        epsilon_budget=8.0, table_schema=scratch_schema,
+    ).fit(frame, y)  # fmt: skip
+    assert list(clf.feature_names_in_) == ["a", "b", "c"]
+    with pytest.warns(UserWarning, match="valid feature names"):  # scikit-learn's own
+        by_position = clf.predict(X)
+    assert np.array_equal(clf.predict(frame), by_position)
+    assert clf.score(frame, y) > 0.5
+    with pytest.raises(ValueError, match="feature names"):
+        clf.predict(frame.rename(columns={"c": "d"}))
+    scores = cross_val_score(clone(clf), frame, y, cv=3, error_score="raise")
+    assert not np.isnan(scores).any()
