@@ -87,9 +87,10 @@ def _reported(err: Exception) -> bool:
     return psycopg is not None and isinstance(err, psycopg.Error)
 
 
-def _version_text() -> str:
+def _version_text(dsn: str | None = None) -> str:
     """Versions of the package, of the extension this install can build and of the extension in
-    the server it would talk to: what a bug report needs, and whether an upgrade is pending."""
+    the server it would talk to (``--dsn``, else as every command finds it): what a bug report
+    needs, and whether an upgrade is pending."""
     import dpsql
     from dpsql import extension
 
@@ -102,7 +103,7 @@ def _version_text() -> str:
     except (OSError, RuntimeError):
         lines.append("extension: no sources to build (not a source checkout or sdist)")
     try:
-        dsn = _server_dsn(None)
+        dsn = _server_dsn(dsn)
     except (_NoServer, RuntimeError, OSError):
         lines.append("server: not running (`dpsql server start`, or set DPSQL_DSN)")
         return "\n".join(lines)
@@ -142,6 +143,8 @@ class _VersionAction(argparse.Action):
     """``--version``: argparse's own action prints a fixed string; this one asks the server."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        # the whole command line: `dpsql --version --dsn URI` asks that server (issue 42)
+        self.argv: list[str] = list(kwargs.pop("argv", ()))
         kwargs.update(nargs=0, default=argparse.SUPPRESS)
         super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
 
@@ -152,7 +155,13 @@ class _VersionAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        print(_version_text())
+        dsn = None
+        for i, arg in enumerate(self.argv):
+            if arg == "--dsn" and i + 1 < len(self.argv):
+                dsn = self.argv[i + 1]
+            elif arg.startswith("--dsn="):
+                dsn = arg.removeprefix("--dsn=")
+        print(_version_text(dsn))
         parser.exit()
 
 
@@ -169,14 +178,16 @@ def _pg_version(text: str) -> int:
     return version
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpsql", description="Differentially private machine learning inside PostgreSQL."
     )
     parser.add_argument(
         "--version",
         action=_VersionAction,
-        help="print the versions of dpsql, of the extension it builds and of the server's",
+        argv=argv,
+        help="print the versions of dpsql, of the extension it builds and of the server's "
+        "(the server of --dsn URI when given)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -804,7 +815,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         # The demo owns its options (including --help), so it bypasses this parser.
         if argv[:1] == ["demo"]:
             return _demo_command(argv[1:])
-        parser = _parser()
+        parser = _parser(argv)
         try:
             args = parser.parse_args(argv)
             if args.command == "train":  # its checks across options are usage errors too

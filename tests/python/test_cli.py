@@ -401,3 +401,10 @@ def test_plot_writes_an_image(
     assert "1200" in assert_one_line_error(dpsql_cli(*args.split(), "--dsn", server_uri))
     (after,) = as_json(dpsql_cli("budgets", "--json", "--dataset", name, "--dsn", server_uri))
     assert after["epsilon_spent"] == budget["epsilon_spent"]
+
+
+def test_version_asks_the_server_of_dsn(server_uri) -> None:
+    """Issue 42: `dpsql --version --dsn URI` ignored --dsn (and said "not running")."""
+    result = dpsql_cli("--version", "--dsn", server_uri)  # (no DPSQL_DSN, no embedded server)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].startswith("server: dpsql extension")
