@@ -12,6 +12,10 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM PUBLIC;  -- agg
 REVOKE ALL ON ALL TABLES IN SCHEMA dpsql, dpsql_internal, dpsql_work
     FROM dpsql_analyst, dpsql_admin, dpsql_definer;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal FROM dpsql_analyst, dpsql_admin, dpsql_definer;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_internal, dpsql_work
+    FROM dpsql_analyst, dpsql_admin, dpsql_definer;
+REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work, dpsql_owner_work, dpsql_audit
+    FROM dpsql_analyst, dpsql_admin, dpsql_definer;
 REVOKE ALL ON SCHEMA dpsql, dpsql_internal, dpsql_work, dpsql_owner_work FROM PUBLIC;
 -- Only the definer role creates in dpsql_work: private runs never meet a table they did not
 -- create (data owners had CREATE there before 0.8.0).
