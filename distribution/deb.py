@@ -26,7 +26,7 @@ Description: differentially private machine learning inside PostgreSQL {major}
  aggregates, private SGD (bolt-on and white-box), DP linear regression, private
  ERM, and a privacy budget enforced by the database. This package holds the
  extension for PostgreSQL {major}; its accountant runs from the Python package
- (pip install dpsql; dpsql configure-accountant).
+ (the dpsql wheel, installed with pip; then dpsql configure-accountant).
 """
 
 
@@ -66,9 +66,21 @@ def _install_tree(pg_config: Path, major: int, work: Path) -> Path:
     return root
 
 
+def _require_headers(pg_config: Path, major: int) -> None:
+    """A clear refusal before any compiler runs (issue 42: a traceback and a gcc error)."""
+    headers = Path(_run([str(pg_config), "--includedir-server"]).strip())
+    if not (headers / "postgres.h").exists():
+        raise SystemExit(
+            f"make deb: PostgreSQL {major}'s server headers are missing ({headers}/postgres.h):"
+            f" install them first, e.g. `sudo apt-get install postgresql-server-dev-{major}`"
+            " (docs/install.md)"
+        )
+
+
 def build(pg_config: Path, out_dir: Path) -> Path:
     """Build ``postgresql-<major>-dpsql_<version>-1_<arch>.deb`` into ``out_dir``; its path."""
     major = major_of(pg_config)
+    _require_headers(pg_config, major)
     version = f"{control_default_version()}-1"
     package = f"postgresql-{major}-dpsql"
     arch = _run(["dpkg", "--print-architecture"]).strip()

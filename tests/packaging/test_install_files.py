@@ -42,3 +42,25 @@ def test_the_docker_image_keeps_the_worker_reserve() -> None:
     dockerfile = (INSTALL.parents[1] / "docker" / "Dockerfile").read_text(encoding="utf-8")
     for name, value in WORKER_RESERVE.items():
         assert f"{name} = {value}" in dockerfile, name
+
+
+def test_make_deb_without_server_headers_says_which_package(tmp_path) -> None:
+    # Issue 42: a traceback and a gcc error. A pg_config whose headers are missing.
+    import stat
+    import subprocess
+    import sys
+
+    fake = tmp_path / "pg_config"
+    fake.write_text(
+        "#!/bin/sh\ncase \"$1\" in --version) echo 'PostgreSQL 15.9';;"
+        f" --includedir-server) echo '{tmp_path}/none';; esac\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = subprocess.run(
+        [sys.executable, "-m", "distribution.deb", "--pg-config", str(fake), "--out",
+         str(tmp_path / "dist")],
+        capture_output=True, text=True, check=False, cwd=INSTALL.parents[1], timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "postgresql-server-dev-15" in out.stderr
