@@ -70,7 +70,8 @@ LISTINGS: dict[str, Listing] = {
         help="stored models you may see (analysts: private releases of their datasets)",
         # dpsql.budgets names the dataset: analysts may not read the dpsql.datasets table, and
         # the budgets view also keeps datasets whose table was dropped.
-        query="SELECT m.*, b.name AS dataset FROM dpsql.models m"
+        query="SELECT m.*, b.name AS dataset, CASE WHEN m.dataset_id IS NULL THEN m.source"
+        " ELSE b.name END AS source FROM dpsql.models m"
         " LEFT JOIN dpsql.budgets b ON b.dataset_id = m.dataset_id {where} ORDER BY m.model_id",
         columns=(
             "model_id",
@@ -82,7 +83,7 @@ LISTINGS: dict[str, Listing] = {
             "epochs_run",
             "created_by",
             "created_at",
-            "source",  # last: a private model's source is its dataset's query
+            "source",  # last; a private model's is its dataset's name (its query is internal)
         ),
         dataset_column="b.name",
     ),

@@ -106,8 +106,11 @@ class Model:
     def load(cls, db: Database, model_id: int) -> Model:
         """The stored model with this id; :class:`dpsql.errors.NoSuchModel` if there is none."""
         with db.conn.cursor(row_factory=dict_row) as cur:
+            # (with its dataset's name: dpsql.budgets, which every role may read, names it)
             row = cur.execute(
-                "SELECT * FROM dpsql.models WHERE model_id = %s", (model_id,)
+                "SELECT m.*, b.name AS dataset FROM dpsql.models m"
+                " LEFT JOIN dpsql.budgets b ON b.dataset_id = m.dataset_id WHERE m.model_id = %s",
+                (model_id,),
             ).fetchone()
         if row is None:
             raise NoSuchModel(f"dpsql: no model {model_id}")

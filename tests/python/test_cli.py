@@ -203,6 +203,9 @@ def test_train_private_charges_the_ledger(dataset, server_uri) -> None:
     assert (budget["epsilon_spent"], budget["epsilon_remaining"]) == (1, 999)
     (model,) = as_json(dpsql_cli("models", "--json", "--dataset", name, "--dsn", server_uri))
     assert (model["model_id"], model["privacy"], model["dataset"]) == (model_id, "bolton", name)
+    assert model["source"] == name  # (issue 42: it showed the internal query that reads it)
+    with dpsql.connect(server_uri, install=False) as db:
+        assert f"dataset={name!r}" in repr(db.model(model_id))
     ledger = dpsql_cli("ledger", "--dataset", name, "--dsn", server_uri)
     assert_aligned(ledger.stdout)
     assert re.search(rf"^\s+\d+\s+{name}\s+{model_id}\s+bolton\s+1\s+0\s", ledger.stdout, re.M)
