@@ -35,14 +35,20 @@ class Listing:
 LISTINGS: dict[str, Listing] = {
     "datasets": Listing(
         help="datasets you may train on: public schema and remaining budget",
-        query="SELECT * FROM dpsql.my_datasets {where} ORDER BY dataset_id",
+        # a text label's values as the label (its classes are trained as 0, 1, ...), and the
+        # categorical features with their category counts (issue 42)
+        query="SELECT *, coalesce(label_values::text[], labels::text[]) AS label_set,"
+        " (SELECT string_agg(format('%%s(%%s)', k, jsonb_array_length(v)), ',' ORDER BY k)"
+        "    FROM jsonb_each(categories) AS c(k, v)) AS categorical"
+        " FROM dpsql.my_datasets {where} ORDER BY dataset_id",
         columns=(
             "dataset_id",
             "name",
             "source",
             "features",
             "label",
-            "labels",
+            "label_set",
+            "categorical",
             "epsilon_budget",
             "epsilon_remaining",
             "delta_budget",

@@ -411,3 +411,25 @@ def test_version_asks_the_server_of_dsn(server_uri) -> None:
     result = dpsql_cli("--version", "--dsn", server_uri)  # (no DPSQL_DSN, no embedded server)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1].startswith("server: dpsql extension")
+
+
+def test_datasets_shows_text_labels_and_categories(conn, scratch_schema, server_uri) -> None:
+    """Issue 42: `dpsql datasets` showed a text label as 0,1 and no categorical features."""
+    table = f"{scratch_schema}.cats_{uuid.uuid4().hex[:6]}"
+    conn.execute(
+        f"CREATE TABLE {table} AS SELECT g::float8 / 100 AS a,"
+        " (ARRAY['red', 'blue', 'green'])[1 + g % 3] AS colour,"
+        " (ARRAY['<=50K', '>50K'])[1 + g % 2] AS income FROM generate_series(1, 200) g"
+    )
+    name = f"cats_{uuid.uuid4().hex[:6]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,colour}', 'income', 1.0,"
+        " labels => '{<=50K,>50K}'::text[],"
+        """ categories => '{"colour": ["red", "blue", "green"]}',"""
+        " feature_bounds => '{{0,2}}', name => %s)",
+        (table, name),
+    )
+    (row,) = as_json(dpsql_cli("datasets", "--json", "--dataset", name, "--dsn", server_uri))
+    assert row["label_set"] == ["<=50K", ">50K"] and row["categorical"] == "colour(3)"
+    text = dpsql_cli("datasets", "--dataset", name, "--dsn", server_uri).stdout
+    assert "<=50K,>50K" in text and "colour(3)" in text
