@@ -747,7 +747,8 @@ def _preview_command(args: argparse.Namespace, source: str, privacy: Any) -> int
             f"left {budget['epsilon_remaining']:g} of {budget['epsilon_budget']:g} epsilon, "
             f"{budget['delta_remaining']:g} of {budget['delta_budget']:g} delta"
         )
-        for key in ("defaults", "auto", "plan"):
+        for key in ("defaults", "auto", "plan") if refused is None else ():
+            # (a refused run's details would bury its refusal: issue 42; --json has them)
             if plan.get(key):
                 print(f"{key}: {render_json(plan[key])}")
         for warning in plan.get("warnings", []):

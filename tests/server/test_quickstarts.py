@@ -142,6 +142,7 @@ def _analyst_quickstart(conn, analyst_uri: str, test_table: str, name: str) -> N
     too_much = dpsql_cli("train", name, "--privacy", "auto", "--epsilon", "5", "--dry-run",
                          dsn=analyst_uri)  # fmt: skip
     assert too_much.returncode == 1 and "exceeded" in too_much.stderr
+    assert len(too_much.stdout.splitlines()) == 1  # the summary only (issue 42: 60 lines of JSON)
     trained = json.loads(
         ok(dpsql_cli("train", name, "--privacy", "auto", "--epsilon", "1", "--json",
                      "--no-progress", dsn=analyst_uri))
