@@ -852,7 +852,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
     except Exception as err:
         if not _reported(err):
             raise
-        print("\n".join(_error_lines(err)), file=sys.stderr)
+        lines = _error_lines(err)
+        if argv[:1] == ["dataset"]:  # the hints in this command's own flags
+            from dpsql.cli_datasets import cli_spelling
+
+            lines = [cli_spelling(line) for line in lines]
+        print("\n".join(lines), file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_parser", "command"]
+__all__ = ["add_parser", "cli_spelling", "command"]
 
 _DSN_HELP = "server (default: $DPSQL_DSN or the running embedded one)"
 
@@ -139,3 +140,19 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
                 f"{args.role}"
             )
     return 0
+
+
+def cli_spelling(text: str) -> str:
+    """The server's SQL spellings in a message or hint, as this command's flags (issue 42: the
+    CLI printed "pass accept => true" and "labels => ARRAY['no', 'yes']")."""
+
+    def flag(match: re.Match[str]) -> str:
+        return "--" + match.group(1).replace("_", "-") + " "
+
+    text = re.sub(
+        r"labels => ARRAY\[([^\]]*)\]",
+        lambda m: "--labels " + ",".join(v.strip().strip("'") for v in m.group(1).split(",")),
+        text,
+    )
+    text = re.sub(r"\baccept => true\b", "--accept", text)
+    return re.sub(r"\b([a-z_]+) => ", flag, text)

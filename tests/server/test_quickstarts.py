@@ -6,7 +6,6 @@ the owner: registration (refused with its findings, then accepted), grant, previ
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -21,10 +20,8 @@ from psycopg import sql
 
 import dpsql
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "hi_sample.csv.gz"
-COLUMNS = """whrswk float8, hhi text, whi text, hhi2 text, education text, race text,
-             hispanic text, experience float8, kidslt6 int, kids618 int, husby float8,
-             region text"""
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data" / "hi_sample.csv.gz"
 FEATURES = ["whrswk", "hhi", "hhi2", "education", "race", "hispanic", "experience", "kidslt6",
             "kids618", "husby", "region"]  # fmt: skip
 CATEGORIES = {
@@ -53,15 +50,6 @@ def dpsql_cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def _load(conn: psycopg.Connection, table: str, lines: list[str]) -> None:
-    """The owner's \\copy of the raw CSV rows into an unqualified table."""
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(table), sql.SQL(COLUMNS)))
-    with conn.cursor().copy(
-        sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(sql.Identifier(table))
-    ) as copy:
-        copy.write("".join(lines))
 
 
 def _charges(conn: psycopg.Connection, name: str) -> int:
@@ -102,13 +90,29 @@ def test_owner_and_analyst_quickstarts_on_a_raw_public_table(conn, server_uri, r
     assert _charges(conn, name) == 1
 
 
+def _doc_block(path: Path, heading: str, language: str) -> str:
+    """The first ``language`` code block under ``heading`` in a docs page, as written."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index(heading) :]
+    start = section.index(f"```{language}\n") + len(language) + 4
+    return section[start : section.index("```", start)]
+
+
 def _owner_quickstart(conn, owner_uri: str, analyst: str, name: str) -> None:
     """Load, register (findings first), grant, and give the analyst a held-out test table."""
-    with gzip.open(DATA, "rt") as f:
-        _, *lines = f.readlines()
+    # step 2 exactly as docs/quickstart-owner.md writes it, through psql, from the checkout
+    load = _doc_block(REPO / "docs" / "quickstart-owner.md", "## 2. Load", "sql")
+    from dpsql import server
+
+    psql = server.bin_dir(server.DEFAULT_PG_VERSION) / "psql"
+    loaded = subprocess.run(
+        [str(psql), owner_uri, "-v", "ON_ERROR_STOP=1", "-X", "-q"], input=load, cwd=REPO,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
     with psycopg.connect(owner_uri, autocommit=True) as owner:
-        _load(owner, "hi", lines[:3200])  # unqualified: the owner's own schema
-        _load(owner, "hi_test", lines[3200:])
+        counts = owner.execute("SELECT (SELECT count(*) FROM hi), (SELECT count(*) FROM hi_test)")
+        assert counts.fetchone() == (3200, 800)
         (schema,) = owner.execute("SELECT current_schema()").fetchone()
         for grant in ("GRANT USAGE ON SCHEMA {} TO {}", "GRANT SELECT ON hi_test TO {}"):
             args = [sql.Identifier(schema)] if "SCHEMA" in grant else []
@@ -121,7 +125,10 @@ def _owner_quickstart(conn, owner_uri: str, analyst: str, name: str) -> None:
     refused = dpsql_cli(*register, dsn=owner_uri)
     assert refused.returncode == 1
     assert "with a feature outside feature_bounds" in refused.stderr  # husby beyond 150
-    assert "accept" in refused.stderr
+    assert "pass --accept" in refused.stderr and "=>" not in refused.stderr  # the CLI's flags
+    # what docs/quickstart-owner.md shows it prints (its owner's schema is olivia)
+    shown = _doc_block(REPO / "docs" / "quickstart-owner.md", "Here it refuses", "")
+    assert refused.stderr.replace(f"{schema}.hi", "olivia.hi").strip() == shown.strip()
     assert not conn.execute("SELECT 1 FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()
     ok(dpsql_cli(*register, "--accept", dsn=owner_uri))
     ok(dpsql_cli("dataset", "grant", name, analyst, dsn=owner_uri))
