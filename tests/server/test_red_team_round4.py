@@ -350,9 +350,12 @@ def test_parallel_queries_cannot_take_the_slots_a_charge_needs(conn, two_owners,
     slots = int(conn.execute("SHOW max_worker_processes").fetchone()[0])
     assert slots - parallel >= 4
 
+    version = int(conn.execute("SHOW server_version_num").fetchone()[0])
+    force = "debug_parallel_query" if version >= 160000 else "force_parallel_mode"  # (15's name)
+
     def hold() -> None:
         with connect_hog() as c:
-            c.execute("SET debug_parallel_query = on")
+            c.execute(f"SET {force} = on")
             c.execute("SELECT pg_sleep(20)")
 
     threads = [threading.Thread(target=hold) for _ in range(parallel + 4)]
