@@ -116,8 +116,9 @@ class Cluster:
 
     def install_dpsql(self) -> None:
         """Install dpsql (the nodes share one PostgreSQL install), create it on the coordinator
-        (Citus propagates it) and load it in every session of every node: a worker's backend
-        then flushes the WAL before an abandoned training table's files go
+        (Citus propagates it), give its definer role a login on every node
+        (``dpsql.citus_setup_definer()``) and load it in every session of every node: a
+        worker's backend then flushes the WAL before an abandoned training table's files go
         (sql/src/durable_drops.c, docs/citus.md)."""
         from dpsql import extension
 
@@ -128,6 +129,8 @@ class Cluster:
                 conn.execute("SELECT pg_reload_conf()")
         with psycopg.connect(self.coordinator.uri, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS dpsql")
+            # the definer code runs as dpsql_definer, which needs a login here (docs/citus.md)
+            conn.execute("SELECT dpsql.citus_setup_definer()")
 
     def kill_node(self, node: Node) -> None:
         """Kill one node as a machine or container dies: SIGKILL to its postmaster and every

@@ -27,12 +27,13 @@ ATTEMPTS: list[tuple[str, str]] = [
 ]
 
 
-def check_role_attributes(conn: psycopg.Connection) -> None:
+def check_role_attributes(conn: psycopg.Connection, login: bool = False) -> None:
+    """``login``: on Citus the role logs in (with a password only Citus knows)."""
     row = conn.execute(
         "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolcanlogin, rolbypassrls"
         " FROM pg_roles WHERE rolname = 'dpsql_definer'"
     ).fetchone()
-    assert row == (False, False, False, False, False, True), row
+    assert row == (False, False, False, False, login, True), row
     groups = {
         g
         for (g,) in conn.execute(
@@ -116,7 +117,7 @@ def check_refusals(conn: psycopg.Connection) -> None:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-def check_all(conn: psycopg.Connection) -> None:
-    check_role_attributes(conn)
+def check_all(conn: psycopg.Connection, login: bool = False) -> None:
+    check_role_attributes(conn, login)
     check_definer_functions_owned(conn)
     check_refusals(conn)

@@ -37,5 +37,11 @@ role() {  # role NAME PASSWORD GROUP
 if [ "${CITUS_ROLE:-}" = worker ]; then exit 0; fi
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
 	-c 'CREATE EXTENSION IF NOT EXISTS dpsql'
+# On a Citus coordinator (its workers are added by 05-citus.sh): the definer code's role logs in
+# to the workers with a password of its own (docs/citus.md).
+if [ "${CITUS_ROLE:-}" = coordinator ]; then
+	psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
+		-c 'SELECT dpsql.citus_setup_definer()'
+fi
 role "${DPSQL_OWNER:-}" "$(password DPSQL_OWNER_PASSWORD)" dpsql_admin
 role "${DPSQL_ANALYST:-}" "$(password DPSQL_ANALYST_PASSWORD)" dpsql_analyst

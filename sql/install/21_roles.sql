@@ -49,8 +49,12 @@ BEGIN
             NULL;
         END;
     END IF;
-    ALTER ROLE dpsql_definer NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOLOGIN
-        BYPASSRLS INHERIT;
+    ALTER ROLE dpsql_definer NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION BYPASSRLS INHERIT;
+    -- No login, except on Citus after dpsql.citus_setup_definer(): Citus runs a distributed
+    -- statement over connections made as the current user (32_distributed.sql).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        ALTER ROLE dpsql_definer NOLOGIN PASSWORD NULL;
+    END IF;
     -- registered columns (granted to dpsql_reader at registration) and _read_source; and no
     -- other role's rights (pg_read_server_files, say)
     FOR r IN SELECT g.rolname FROM pg_catalog.pg_auth_members m
@@ -59,4 +63,23 @@ BEGIN
         EXECUTE format('REVOKE %I FROM dpsql_definer', r.rolname);
     END LOOP;
     GRANT dpsql_reader TO dpsql_definer;
+END $$;
+
+-- Hands every SECURITY DEFINER function to dpsql_definer, except dpsql_internal._read_source
+-- (dpsql_reader's) and dpsql_internal._grant_reader (the extension owner's; 26_reading.sql).
+-- Called by 90_privileges.sql on every install and upgrade, and by dpsql.citus_setup_definer().
+CREATE OR REPLACE FUNCTION dpsql_internal._give_definer_functions()
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
+                AND p.prosecdef AND p.proowner <> 'dpsql_reader'::regrole
+                AND p.proowner <> 'dpsql_definer'::regrole
+                AND p.proname <> '_grant_reader' LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO dpsql_definer', f.sig);
+    END LOOP;
 END $$;

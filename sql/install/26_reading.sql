@@ -23,6 +23,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     nsp oid := (SELECT c.relnamespace FROM pg_class c WHERE c.oid = relid);
+    statement text;
+    distributed boolean := false;
+    dist_column text;
+    failed text;
 BEGIN
     IF nsp IS NULL OR EXISTS (SELECT 1 FROM unnest(columns) c
                                WHERE c IS NULL
@@ -40,8 +44,51 @@ BEGIN
     IF NOT has_schema_privilege('dpsql_reader', nsp, 'USAGE') THEN
         EXECUTE format('GRANT USAGE ON SCHEMA %s TO dpsql_reader', nsp::regnamespace);
     END IF;
-    EXECUTE format('GRANT SELECT (%s) ON %s TO dpsql_reader',
-                   (SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), relid);
+    IF dpsql_internal._citus_installed() THEN
+        -- and its distribution column, the row id a distributed run is filled and shuffled by
+        -- (public like the row count, docs/citus.md)
+        EXECUTE $q$SELECT true, column_to_column_name(logicalrelid, partkey)
+                     FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1$q$
+           INTO distributed, dist_column USING relid;
+        distributed := coalesce(distributed, false);
+        IF dist_column IS NOT NULL AND NOT dist_column = ANY (columns) THEN
+            IF NOT has_column_privilege(session_user, relid, dist_column, 'SELECT') THEN
+                RAISE EXCEPTION 'dpsql: % cannot read the distribution column of % to grant', session_user, relid
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            columns := columns || dist_column;
+        END IF;
+    END IF;
+    -- (a statement with %s for the table, as run_command_on_placements takes it)
+    statement := format('GRANT SELECT (%s) ON %%s TO dpsql_reader',
+                        replace((SELECT string_agg(quote_ident(c), ', ') FROM unnest(columns) c), '%', '%%'));
+    IF NOT distributed THEN
+        EXECUTE format(statement, relid);
+        RETURN;
+    END IF;
+    -- A Citus table. Citus refuses to read placements as one user in a transaction where
+    -- another changed them ("modified in this transaction by a different user"), and its
+    -- GRANT changes them as this function's owner; the definer role reads them next (the
+    -- registration findings). So the shards (and the workers' copies of the table) get the
+    -- grant over Citus's own connections, committed at once: a registration that fails after
+    -- this leaves dpsql_reader that grant on the shards, which reach no one but the definer code.
+    failed := current_setting('citus.enable_ddl_propagation');
+    PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
+    EXECUTE format(statement, relid);
+    PERFORM set_config('citus.enable_ddl_propagation', failed, true);
+    failed := NULL;
+    EXECUTE $q$SELECT string_agg(result, '; ') FILTER (WHERE NOT success)
+                 FROM pg_catalog.run_command_on_placements($1, $2)$q$
+       INTO failed USING relid, statement;
+    IF failed IS NULL THEN
+        EXECUTE $q$SELECT string_agg(result, '; ') FILTER (WHERE NOT success)
+                     FROM pg_catalog.run_command_on_workers($1)$q$
+           INTO failed USING 'SET citus.enable_ddl_propagation TO off; ' || format(statement, relid);
+    END IF;
+    IF failed IS NOT NULL THEN
+        RAISE EXCEPTION 'dpsql: could not grant dpsql_reader the registered columns on the shards of %', relid
+            USING ERRCODE = 'insufficient_privilege', DETAIL = failed;
+    END IF;
 END $$;
 
 -- The relations a read of relid reads: itself, its inheritance children and partitions, and

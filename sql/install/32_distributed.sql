@@ -25,6 +25,53 @@ BEGIN
     END IF;
 END $$;
 
+-- Gives dpsql_definer a login on every node, so that definer code runs as it on Citus as on a
+-- single server: Citus runs a distributed statement over connections made as the current user
+-- (citusdata/citus#7719), and a role without login cannot make them. The password is random,
+-- never shown, and kept where Citus reads it (pg_dist_authinfo, superuser-only); Citus
+-- propagates the role's new password to the workers. Superuser, on the coordinator, after the
+-- workers are added; run again after adding a node (a new password each time).
+CREATE OR REPLACE FUNCTION dpsql.citus_setup_definer()
+RETURNS text LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    secret text := encode(sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text,
+                                            'UTF8')), 'hex');
+    coordinator boolean;
+    failed text;
+    workers bigint;
+BEGIN
+    IF NOT dpsql_internal._citus_installed() THEN
+        PERFORM dpsql_internal._fail('Citus is not installed here: dpsql_definer needs no login', '55000',
+                                     'On a single server the definer code runs as dpsql_definer already.');
+    END IF;
+    IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        PERFORM dpsql_internal._fail('only a superuser sets up the definer role on Citus', '42501');
+    END IF;
+    EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+    IF NOT coordinator THEN
+        PERFORM dpsql_internal._fail('this is a Citus worker: run dpsql.citus_setup_definer() on the coordinator',
+                                     '55000');
+    END IF;
+    EXECUTE format('ALTER ROLE dpsql_definer LOGIN PASSWORD %L', secret);
+    EXECUTE 'DELETE FROM pg_catalog.pg_dist_authinfo WHERE rolename = $1' USING 'dpsql_definer';
+    EXECUTE 'INSERT INTO pg_catalog.pg_dist_authinfo (nodeid, rolename, authinfo) VALUES (0, $1, $2)'
+      USING 'dpsql_definer', 'password=' || secret;
+    PERFORM dpsql_internal._give_definer_functions();
+    -- the workers' copies of the definer code too (refused there, but refused as this role)
+    EXECUTE $q$SELECT count(*),
+                      string_agg(format('%s:%s: %s', nodename, nodeport, result), '; ')
+                          FILTER (WHERE NOT success)
+                 FROM pg_catalog.run_command_on_workers('SELECT dpsql_internal._give_definer_functions()')$q$
+       INTO workers, failed;
+    IF failed IS NOT NULL THEN
+        PERFORM dpsql_internal._fail('dpsql_definer could not take over the definer code on a worker', '55000',
+                                     failed);
+    END IF;
+    RETURN format('dpsql_definer runs the definer code on the coordinator and %s workers', workers);
+END $$;
+
 -- The layout of a hash-distributed table: its distribution column (and type), shard count,
 -- colocation group and the number of nodes holding its shards. NULL fields: not a
 -- hash-distributed table (Citus absent, a local, reference or Citus-local table).

@@ -31,25 +31,19 @@ GRANT CREATE ON SCHEMA dpsql_work, dpsql_audit TO dpsql_definer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
 GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA dpsql, dpsql_internal TO dpsql_definer;
--- Not on a Citus coordinator (yet): Citus runs a distributed statement on the workers over
--- connections as the current user, and dpsql_definer cannot log in there (it would need a
--- login and a password of its own in pg_dist_authinfo on every node). There the definer code
--- runs as the extension owner, as before 0.8.0 (docs/citus.md).
+-- On Citus only once dpsql.citus_setup_definer() has given the role a login (32_distributed.sql):
+-- Citus runs a distributed statement on the workers over connections as the current user.
+-- Until then the definer code runs as the extension owner, as before 0.8.0 (docs/citus.md).
 DO $$
-DECLARE
-    f record;
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
-        RAISE NOTICE 'dpsql: on Citus the definer code runs as the extension owner, not dpsql_definer'
-            USING DETAIL = 'Citus connects to the workers as the current user, and dpsql_definer cannot log in.';
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
+       AND NOT (SELECT rolcanlogin FROM pg_catalog.pg_roles WHERE rolname = 'dpsql_definer') THEN
+        RAISE NOTICE 'dpsql: on Citus the definer code runs as the extension owner until dpsql.citus_setup_definer() runs'
+            USING DETAIL = 'Citus connects to the workers as the current user, and dpsql_definer cannot log in yet.',
+                  HINT = 'As a superuser on the coordinator, once every worker is added: SELECT dpsql.citus_setup_definer();';
         RETURN;
     END IF;
-    FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace)
-                AND p.prosecdef AND p.proowner <> 'dpsql_reader'::regrole
-                AND p.proname <> '_grant_reader' LOOP
-        EXECUTE format('ALTER FUNCTION %s OWNER TO dpsql_definer', f.sig);
-    END LOOP;
+    PERFORM dpsql_internal._give_definer_functions();
 END $$;
 
 -- dpsql_internal: the granted helpers below are called by the entry points as the caller.

@@ -125,23 +125,51 @@ def _ledger(conn: psycopg.Connection) -> int:
 # -- the definer role ---------------------------------------------------------------------
 
 
-def test_the_definer_role_on_a_cluster(coord) -> None:
-    """The role exists with its attributes and cannot escalate (tests/definer_role.py); the
-    definer code itself runs as the extension owner here (docs/citus.md says why)."""
-    definer_role.check_role_attributes(coord)
-    definer_role.check_refusals(coord)
-    owners = {
-        who
-        for (who,) in coord.execute(
-            "SELECT DISTINCT pg_get_userbyid(p.proowner) FROM pg_proc p"
-            " WHERE p.pronamespace = 'dpsql_internal'::regnamespace AND p.prosecdef"
-            " AND p.proname NOT IN ('_read_source', '_grant_reader')"
-        ).fetchall()
-    }
-    extension_owner = coord.execute(
-        "SELECT pg_get_userbyid(extowner) FROM pg_extension WHERE extname = 'dpsql'"
-    ).fetchone()[0]
-    assert owners == {extension_owner}
+def test_the_definer_role_on_a_cluster(cluster, coord) -> None:
+    """The definer code runs as dpsql_definer on every node, as on a single server: the role
+    logs in (Citus connects to the workers as the current user) with a password only
+    pg_dist_authinfo holds, and otherwise is what tests/definer_role.py checks everywhere."""
+    definer_role.check_all(coord, login=True)
+    for node in cluster.workers:
+        with psycopg.connect(node.uri, autocommit=True) as conn:
+            definer_role.check_role_attributes(conn, login=True)
+            definer_role.check_definer_functions_owned(conn)
+    (authinfo,) = coord.execute(
+        "SELECT authinfo FROM pg_dist_authinfo WHERE rolename = 'dpsql_definer' AND nodeid = 0"
+    ).fetchone()
+    assert authinfo.startswith("password=") and len(authinfo) > 60
+    # nobody logs in as it without that password
+    worker = cluster.workers[0].uri
+    for password in ("", "dpsql_definer", "postgres"):
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(
+                psycopg.conninfo.make_conninfo(worker, user="dpsql_definer", password=password)
+            ).close()
+
+
+def test_a_distributed_table_is_read_as_the_definer_role(coord) -> None:
+    """As dpsql_definer, a registered distributed table's registered columns are readable on
+    the shards (the column grant reached them) and its other columns are not."""
+    coord.execute("CREATE TABLE definer_dist (id bigint PRIMARY KEY, a float8, y float8, s text)")
+    try:
+        coord.execute("SELECT create_distributed_table('definer_dist', 'id', shard_count => 4)")
+        coord.execute(
+            "INSERT INTO definer_dist SELECT g, g, g % 2, 'secret' || g"
+            " FROM generate_series(1, 40) g"
+        )
+        coord.execute(
+            "SELECT dpsql.register_dataset('definer_dist', '{a}', 'y', 1.0, labels => '{0,1}',"
+            " feature_bounds => '{{0,40}}')"
+        )
+        with coord.transaction():
+            coord.execute("SET LOCAL ROLE dpsql_definer")
+            assert coord.execute("SELECT count(a), sum(y) FROM definer_dist").fetchone() == (40, 20)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), coord.transaction():
+            coord.execute("SET LOCAL ROLE dpsql_definer")
+            coord.execute("SELECT s FROM definer_dist")
+    finally:
+        coord.execute("SELECT dpsql.drop_dataset('definer_dist')")
+        coord.execute("DROP TABLE definer_dist")
 
 
 # -- the training table ------------------------------------------------------------------
@@ -547,7 +575,7 @@ def test_erm_toolbox_sums_match_the_local_table(coord, mechanism, model, regress
 
 def test_analyst_sees_no_worker_query_and_no_training_shard(cluster, coord) -> None:
     """The epoch queries carry the previous epoch's noiseless state as a constant. They run on
-    the workers as the extension owner (the definer), so an analyst's pg_stat_activity shows
+    the workers as the definer role (dpsql_definer), so an analyst's pg_stat_activity shows
     their text to nobody but the owner; the training table's shards refuse the analyst."""
     X, y = _binary(40000, d=8, seed=3)
     src = _distributed(coord, X, y)
@@ -585,7 +613,7 @@ def test_analyst_sees_no_worker_query_and_no_training_shard(cluster, coord) -> N
             ).fetchone()[0]
             time.sleep(0.01)
     thread.join()
-    assert users == {"postgres"}
+    assert users == {"dpsql_definer"}
     assert seen_by_analyst == 0
     # a run in progress: its training table's shards refuse the analyst on the coordinator
     # and on the workers

@@ -552,8 +552,8 @@ def test_an_analyst_sees_no_sampling_seed_and_no_probe_on_the_workers(
     cluster, coord, privacy, pattern
 ) -> None:
     """The members' fill carries the epoch's sampling seed (DP-FTRL's: the leaves'), each step
-    the current model: they run on the workers as the extension owner (dpsql.train is the
-    definer), so an analyst who is training at that moment sees neither query's text on any
+    the current model: they run on the workers as dpsql_definer (dpsql.train's definer
+    role), so an analyst who is training at that moment sees neither query's text on any
     node."""
     X, y = _binary(20000, d=D, seed=16)
     ds = _register(coord, _distributed(coord, X, y), labels=[0, 1], row_norm="clip")
@@ -595,7 +595,7 @@ def test_an_analyst_sees_no_sampling_seed_and_no_probe_on_the_workers(
             ).fetchone()[0]
             time.sleep(0.005)
     thread.join()
-    assert users == {"postgres"}
+    assert users == {"dpsql_definer"}
     assert seen_by_analyst == 0
 
 

@@ -87,3 +87,14 @@ def test_the_definer_role_cannot_be_set_by_others(conn, make_role) -> None:
         _, connect = make_role("r", group)
         with connect() as c, pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("SET ROLE dpsql_definer")
+
+
+def test_citus_setup_definer_refuses_without_citus(conn, make_role) -> None:
+    """On a single server the role needs no login: the Citus setup refuses and changes nothing;
+    data owners cannot call it at all."""
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="Citus is not installed"):
+        conn.execute("SELECT dpsql.citus_setup_definer()")
+    definer_role.check_role_attributes(conn)
+    _, connect_owner = make_role("olivia", "dpsql_admin")
+    with connect_owner() as o, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        o.execute("SELECT dpsql.citus_setup_definer()")
