@@ -138,6 +138,17 @@ def test_the_definer_role_on_a_cluster(cluster, coord) -> None:
         "SELECT authinfo FROM pg_dist_authinfo WHERE rolename = 'dpsql_definer' AND nodeid = 0"
     ).fetchone()
     assert authinfo.startswith("password=") and len(authinfo) > 60
+    # a data owner can neither read that password nor set a new one
+    role, password = f"own_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    coord.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE dpsql_admin")
+    owner = psycopg.conninfo.make_conninfo(cluster.coordinator.uri, user=role, password=password)
+    with psycopg.connect(owner, autocommit=True) as o:
+        for attempt in (
+            "SELECT authinfo FROM pg_dist_authinfo",
+            "SELECT dpsql.citus_setup_definer()",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                o.execute(attempt)
     # nobody logs in as it without that password
     worker = cluster.workers[0].uri
     for password in ("", "dpsql_definer", "postgres"):
