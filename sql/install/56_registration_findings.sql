@@ -33,6 +33,9 @@ DECLARE
     i int;
     lbl text;
     outside text;
+    declared text[];
+    spaced boolean;
+    padded boolean := false;
     bounds_given boolean;
 BEGIN
     SELECT * INTO ds FROM dpsql.datasets d WHERE d.dataset_id = _registration_findings.dataset_id;
@@ -104,23 +107,31 @@ BEGIN
 
     FOR i IN 1..cardinality(names) LOOP
         CONTINUE WHEN counts[i] = 0;
-        IF names[i] = 'label' THEN
-            EXECUTE format('SELECT string_agg(format(''%%s (%%s rows)'', v, c), '', '') FROM '
-                           '(SELECT %s::text AS v, count(*) AS c FROM %s WHERE %s GROUP BY 1 ORDER BY 2 DESC LIMIT 5) s',
-                           lbl, dpsql_internal._private_from(ds), checks[i]) INTO outside;
+        IF names[i] = 'label' OR names[i] LIKE 'category %' THEN
+            -- the values found, text quoted (a leading space shows), the commonest first; and
+            -- whether some differ from a declared value only by surrounding white space
+            declared := CASE WHEN names[i] = 'label' THEN coalesce(ds.label_values, ds.labels::text[])
+                             ELSE dpsql_internal._category_values(ds.categories, substr(names[i], 10)) END;
+            EXECUTE format('SELECT string_agg(format(''%%s (%%s rows)'', coalesce(%s, ''NULL''), c), '', ''),'
+                           ' coalesce(bool_or(btrim(v) = ANY (%L::text[])), false) FROM '
+                           '(SELECT %s::text AS v, count(*) AS c FROM %s WHERE %s GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 5) s',
+                           CASE WHEN names[i] = 'label' AND ds.label_values IS NULL THEN 'v' ELSE 'quote_literal(v)' END,
+                           declared, CASE WHEN names[i] = 'label' THEN lbl ELSE quote_ident(substr(names[i], 10)) END,
+                           dpsql_internal._private_from(ds), checks[i]) INTO outside, spaced;
+            padded := padded OR spaced;
         END IF;
         refused := refused OR names[i] <> 'norm';
         lines := lines || CASE
             WHEN names[i] = 'missing' THEN format('%s rows with a NULL or non-finite number (training drops them)', counts[i])
-            WHEN names[i] = 'label' THEN format('%s rows with a label outside %s: %s (training drops them)',
+            WHEN names[i] = 'label' THEN format('%s rows with a label outside %s (training drops them): %s',
                                                 counts[i], coalesce(ds.label_values::text, ds.labels::text), outside)
             WHEN names[i] = 'label_bound' THEN format('%s rows with |label| > label_bound %s (training clips them)',
                                                       counts[i], ds.label_bound)
             WHEN names[i] = 'bounds' THEN format('%s rows with a feature outside feature_bounds (training clips them)', counts[i])
             WHEN names[i] = 'norm' THEN format('%s rows with norm > 1, which row_norm %s scales down: without feature_bounds, '
                                                'features on large scales dominate', counts[i], ds.row_norm)
-            ELSE format('%s rows with %s outside its categories or NULL (encoded as zeros)',
-                        counts[i], substr(names[i], 10)) END;
+            ELSE format('%s rows with %s outside its categories or NULL (encoded as zeros): %s',
+                        counts[i], substr(names[i], 10), outside) END;
     END LOOP;
     IF refused AND NOT accept THEN
         PERFORM dpsql_internal._fail(
@@ -128,6 +139,10 @@ BEGIN
             hint => CASE WHEN 'label' = ANY (names) AND counts[array_position(names, 'label')] > 0
                          THEN 'Declare the label column''s values: labels => ARRAY[...] (binary: the negative class first). '
                          ELSE '' END
+                    || CASE WHEN padded
+                            THEN 'Some values differ from the declared ones only by the spaces around them (shown quoted): '
+                                 'trim the column (UPDATE ... SET c = btrim(c)). '
+                            ELSE '' END
                     || 'Fix the rows or the declarations, or pass accept => true to register them as they are. '
                     || 'Nothing was registered.');
     END IF;

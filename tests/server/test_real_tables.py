@@ -4,6 +4,8 @@ user's real mistake. Every refusal charges nothing."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import psycopg
 import pytest
@@ -104,6 +106,21 @@ def test_text_label_categorical_and_boolean_columns_train_evaluate_and_predict(
     assert p_unknown == pytest.approx(p_zero, abs=1e-12)
 
 
+def test_registration_shows_values_that_differ_only_by_spaces(conn, census, scratch_schema) -> None:
+    """Issue 42: a CSV read as it comes keeps the space after each comma (UCI Adult: ' <=50K');
+    the refusal quotes the values it found, so the space shows, and says to trim."""
+    conn.execute("UPDATE census SET income = ' ' || income WHERE id % 2 = 0")
+    conn.execute("UPDATE census SET work = work || ' ' WHERE id % 3 = 0")
+    with pytest.raises(psycopg.errors.DataException) as err:
+        _register(conn, census, f"spaced_{scratch_schema}")
+    message, hint = str(err.value), err.value.diag.message_hint or ""
+    assert "' no' (" in message and "' yes' (" in message
+    assert re.search(
+        r"work outside its categories or NULL \(encoded as zeros\): '[a-z-]+ ' \(", message
+    )
+    assert "only by the spaces around them" in hint and "btrim" in hint
+
+
 def test_registration_counts_what_training_would_drop_and_refuses_unless_accepted(
     conn, census, scratch_schema
 ) -> None:
@@ -115,8 +132,11 @@ def test_registration_counts_what_training_would_drop_and_refuses_unless_accepte
         _register(conn, census, name)
     message = str(err.value)
     assert "3 rows with a NULL" in message
-    assert "6 rows with a label outside {no,yes}: maybe (6 rows)" in message
-    assert "5 rows with work outside its categories" in message
+    assert "6 rows with a label outside {no,yes} (training drops them): 'maybe' (6 rows)" in message
+    assert (
+        "5 rows with work outside its categories or NULL (encoded as zeros): 'army' (5 rows)"
+        in (message)
+    )
     assert "accept => true" in (err.value.diag.message_hint or "")
     assert (
         conn.execute("SELECT count(*) FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()[0]
@@ -135,7 +155,7 @@ def test_a_zero_one_label_registered_without_labels_is_caught_at_registration(
     )
     with pytest.raises(psycopg.errors.DataException) as err:
         conn.execute(f"SELECT dpsql.register_dataset('{scratch_schema}.t', '{{a}}', 'y', 1)")
-    assert "outside {-1,1}: 0 (50 rows)" in str(err.value)
+    assert "outside {-1,1} (training drops them): 0 (50 rows)" in str(err.value)
     assert "labels => ARRAY[" in err.value.diag.message_hint
     # in the column's own type
     conn.execute(
