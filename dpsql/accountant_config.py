@@ -8,8 +8,11 @@ once: ``dpsql configure-accountant --dsn ...`` from the Python environment that 
 
 from __future__ import annotations
 
+import getpass
 import json
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -47,7 +50,7 @@ def configure(dsn: str, command: str | None = None) -> dict[str, object]:
         setting is then reset to what it was).
     """
     command = command or server.accountant_command()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with _connect(dsn) as conn:
         row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
         if not (row and row[0]):
             raise RuntimeError(
@@ -72,6 +75,27 @@ def configure(dsn: str, command: str | None = None) -> dict[str, object]:
             "unchanged."
         ) from err
     return {"command": command, "answer": json.loads(answer[0]) if answer else None}
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    """The superuser's connection; a peer-authentication refusal says how to run as that user
+    (Debian's clusters trust the operating-system user on the local socket, and root is not
+    ``postgres``)."""
+    try:
+        return psycopg.connect(dsn, autocommit=True)
+    except psycopg.OperationalError as err:
+        if "Peer authentication failed" not in str(err):
+            raise
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        user = str(params.pop("user", None) or "postgres")
+        as_user = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+        dpsql = Path(sys.executable).with_name("dpsql")
+        raise RuntimeError(
+            f"dpsql: the server lets only the operating-system user {user!r} log in as {user!r} "
+            f"on its local socket (peer authentication), and this command runs as "
+            f"{getpass.getuser()!r}: run it as that user, e.g. `sudo -u {user} {dpsql} "
+            f"configure-accountant --dsn '{as_user}'` (or `runuser -u {user} -- ...` as root)"
+        ) from err
 
 
 def _wait_for_reload(conn: psycopg.Connection, command: str, seconds: float = 10) -> None:

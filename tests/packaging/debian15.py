@@ -44,8 +44,9 @@ def _as_postgres(*command: str) -> None:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[str]:
-    """Yield the superuser's DSN of a new running cluster."""
+def cluster(local_auth: str = "scram-sha-256") -> Iterator[str]:
+    """Yield the superuser's DSN of a new running cluster (unix socket only; ``local_auth``:
+    ``peer`` as Debian's own clusters, where the DSN's password does not help)."""
     home = Path(tempfile.mkdtemp(prefix="dpsql-pg15-"))
     data = home / "data"
     password = secrets.token_urlsafe(16)
@@ -55,7 +56,8 @@ def cluster() -> Iterator[str]:
         pwfile.write_text(password + "\n")
         shutil.chown(pwfile, "postgres")
         _as_postgres(str(BIN / "initdb"), "-D", str(data), "-U", "postgres",
-                     "--auth=scram-sha-256", f"--pwfile={pwfile}")  # fmt: skip
+                     f"--auth-local={local_auth}", "--auth-host=scram-sha-256",
+                     f"--pwfile={pwfile}")  # fmt: skip
         pwfile.unlink()
         _as_postgres(str(BIN / "pg_ctl"), "-D", str(data), "-l", str(home / "log"), "-w",
                      "-o", f"-c listen_addresses='' -k {home}", "start")  # fmt: skip

@@ -151,6 +151,7 @@ def test_the_deb_on_debian_15_trains_privately_with_the_wheel(fresh_venv: Path) 
                 assert conn.execute(unchanged).fetchone()[0] == ""
             said = _run(dpsql, "configure-accountant", "--dsn", dsn)
             assert str(fresh_venv / "bin" / "python") in said
+            _peer_authentication(dpsql)
             roles = {}
             for name, kind in (("olivia", "--owner"), ("alice", "--analyst")):
                 roles[name] = _run(dpsql, "role", "create", name, kind, "--dsn", dsn).split()[-1]
@@ -167,6 +168,26 @@ def test_the_deb_on_debian_15_trains_privately_with_the_wheel(fresh_venv: Path) 
             assert model_id > 0 and accuracy > 0.75 and spent == pytest.approx(1.0)
     finally:
         _run("dpkg", "--purge", "postgresql-15-dpsql")
+
+
+def _peer_authentication(dpsql: Path) -> None:
+    """Debian's clusters trust the operating-system user on the local socket (peer): as root,
+    configure-accountant says to run it as the server's user, which then works (issue 42)."""
+    with debian15.cluster(local_auth="peer") as dsn:
+        socket_dir = psycopg.conninfo.conninfo_to_dict(dsn)["host"]
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+        _run(*as_postgres, debian15.BIN / "psql", "-h", socket_dir, "-c", "CREATE EXTENSION dpsql")
+        as_root = subprocess.run(
+            [dpsql, "configure-accountant", "--dsn", f"host={socket_dir} user=postgres"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert as_root.returncode == 1 and "Traceback" not in as_root.stderr, as_root.stderr
+        assert "peer authentication" in as_root.stderr
+        assert f"sudo -u postgres {dpsql} configure-accountant --dsn 'host={socket_dir}'" in (
+            as_root.stderr
+        )
+        said = _run(*as_postgres, dpsql, "configure-accountant", "--dsn", f"host={socket_dir}")
+        assert "the server ran it" in said
 
 
 def test_the_pgxn_zip_builds_installs_and_works(tmp_path: Path) -> None:
