@@ -1,6 +1,7 @@
 """Command line interface: ``dpsql server ...``, ``dpsql role create``, ``dpsql install-extension``,
 ``dpsql demo``, the listings (``datasets``, ``budgets``, ``models``, ``ledger``, ``mechanisms``;
-see dpsql.cli_tables), ``dpsql train``, ``dpsql plot`` and ``dpsql --version``.
+see dpsql.cli_tables), ``dpsql train``, ``dpsql plot``, ``dpsql load`` (dpsql.cli_load),
+``dpsql evaluate|predict`` (dpsql.cli_models) and ``dpsql --version``.
 
 Commands that talk to a server take ``--dsn``, else ``$DPSQL_DSN``, else the running embedded
 server: the CLI never starts one on its own (``dpsql server start`` does), so a listing cannot
@@ -280,9 +281,11 @@ def _parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     drop.add_argument("--force", action="store_true", help="drop what the role owns first")
     drop.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
 
-    from dpsql import cli_datasets
+    from dpsql import cli_datasets, cli_load, cli_models
 
     cli_datasets.add_parser(commands)
+    cli_load.add_parser(commands)
+    cli_models.add_parsers(commands)
 
     install = commands.add_parser(
         "install-extension",
@@ -831,6 +834,15 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             from dpsql import cli_datasets
 
             return cli_datasets.command(args, _connect)
+        if args.command == "load":
+            from dpsql import cli_load
+
+            return cli_load.command(args, _connect)
+        if args.command in ("evaluate", "predict"):
+            from dpsql import cli_models
+
+            run = cli_models.evaluate_command if args.command == "evaluate" else None
+            return (run or cli_models.predict_command)(args, _connect)
         if args.command == "install-extension":
             return _install_command(args)
         if args.command == "configure-accountant":
@@ -853,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         if not _reported(err):
             raise
         lines = _error_lines(err)
-        if argv[:1] == ["dataset"]:  # the hints in this command's own flags
+        if argv[:1] in (["dataset"], ["load"], ["evaluate"], ["predict"]):  # the CLI's flags
             from dpsql.cli_datasets import cli_spelling
 
             lines = [cli_spelling(line) for line in lines]

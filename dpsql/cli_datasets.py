@@ -1,5 +1,5 @@
-"""``dpsql dataset register|alter|drop|grant|revoke``: a data owner's registrations from the
-shell (the SQL functions of the same names; docs/registration.md)."""
+"""``dpsql dataset register|alter|drop|grant|revoke|estimate-bounds``: a data owner's
+registrations from the shell (the SQL functions of the same names; docs/registration.md)."""
 
 from __future__ import annotations
 
@@ -99,15 +99,87 @@ def add_parser(commands: Any) -> None:
         grant = actions.add_parser(verb, help=text)
         grant.add_argument("dataset", help="dataset name or id")
         grant.add_argument("role", help="the role")
+    _add_estimate_bounds(actions)
     for action in (register, alter, drop, *actions.choices.values()):
         if not any(a.dest == "dsn" for a in action._actions):
             action.add_argument("--dsn", help=_DSN_HELP)
 
 
+def _range(text: str) -> list[float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO,HI") from None
+    return [lo, hi]
+
+
+def _add_estimate_bounds(actions: Any) -> None:
+    estimate = actions.add_parser(
+        "estimate-bounds",
+        help="private feature bounds of a dataset registered without them (charges epsilon)",
+        description="Estimate each feature's lower and upper quantiles privately "
+        "(dpsql.estimate_bounds) and register them as the dataset's feature bounds: for a "
+        "dataset of numeric features registered without --feature-bounds. Charges EPS to the "
+        "dataset's budget (delta 0), once; prints the bounds and what is left.",
+    )
+    estimate.add_argument("dataset", help="dataset name or id")
+    estimate.add_argument(
+        "--epsilon", type=float, required=True, metavar="EPS", help="epsilon to spend"
+    )
+    estimate.add_argument(
+        "--search-range",
+        type=_range,
+        metavar="LO,HI",
+        help="a public range that surely holds the quantiles (default -2^40,2^40; a wide "
+        "range costs little)",
+    )
+    estimate.add_argument(
+        "--lower-quantile", type=float, metavar="Q", help="lower quantile (default 0.01)"
+    )
+    estimate.add_argument(
+        "--upper-quantile", type=float, metavar="Q", help="upper quantile (default 0.99)"
+    )
+
+
+def _estimate_bounds(db: Any, args: argparse.Namespace) -> None:
+    """``dataset estimate-bounds``: the bounds, the charge and the budget left."""
+    from dpsql.cli_tables import LISTINGS, fetch, render_table
+
+    bounds = db.estimate_bounds(
+        args.dataset,
+        args.epsilon,
+        args.search_range,
+        lower_quantile=args.lower_quantile,
+        upper_quantile=args.upper_quantile,
+    )
+    named = [
+        r
+        for r in fetch(db.conn, LISTINGS["datasets"])
+        if args.dataset in (r["name"], str(r["dataset_id"]))
+    ]
+    row = named[0] if named else {"name": args.dataset, "features": []}
+    features = row["features"] if len(row["features"]) == len(bounds) else range(1, len(bounds) + 1)
+    table = [
+        {"feature": f, "lower": lo, "upper": hi}
+        for f, (lo, hi) in zip(features, bounds, strict=True)
+    ]
+    print(f"registered feature bounds of {row['name']}:")
+    print(render_table(table, ["feature", "lower", "upper"]))
+    charged = f"charged epsilon {args.epsilon:g} (delta 0)"
+    if "epsilon_remaining" in row:
+        charged += (
+            f"; left on {row['name']}: epsilon {row['epsilon_remaining']:g} of "
+            f"{row['epsilon_budget']:g}"
+        )
+    print(charged)
+
+
 def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> int:
     """Run ``dpsql dataset ACTION``; prints what was done."""
     with connect(args.dsn) as db:
-        if args.action == "register":
+        if args.action == "estimate-bounds":
+            _estimate_bounds(db, args)
+        elif args.action == "register":
             dataset_id = db.register_dataset(
                 args.table,
                 args.features,

@@ -25,6 +25,7 @@ from dpsql.errors import (
     PermissionDenied,
     translate,
 )
+from dpsql.load_table import IfExists, LoadReport
 from dpsql.models import Model
 from dpsql.training import TrainingRun, server_progress, train_args
 
@@ -600,6 +601,44 @@ class Database:
         from dpsql.loading import load_numpy
 
         return load_numpy(self.conn, table, X, y, **kwargs)
+
+    @translate()
+    def load_file(
+        self,
+        path: str | os.PathLike[str],
+        table: str,
+        *,
+        if_exists: IfExists = "fail",
+        null: Sequence[str] = (),
+        header: bool = True,
+        columns: Sequence[str] | None = None,
+        delimiter: str | None = None,
+    ) -> LoadReport:
+        """Load a CSV (optionally gzip-compressed) or Parquet file into a new table of the
+        caller (the current schema: a data owner's own), with column types inferred and text
+        trimmed; the report says what was changed (:func:`dpsql.load_table.load_file`)."""
+        from dpsql.load_table import load_file
+
+        return load_file(
+            self.conn,
+            path,
+            table,
+            if_exists=if_exists,
+            null=null,
+            header=header,
+            columns=columns,
+            delimiter=delimiter,
+        )
+
+    @translate()
+    def load_dataframe(
+        self, frame: Any, table: str, *, if_exists: IfExists = "fail", null: Sequence[str] = ()
+    ) -> LoadReport:
+        """Load a pandas DataFrame into a new table by the rule of :meth:`load_file`
+        (:func:`dpsql.load_table.load_dataframe`)."""
+        from dpsql.load_table import load_dataframe
+
+        return load_dataframe(self.conn, frame, table, if_exists=if_exists, null=null)
 
     @translate()
     def execute(self, query: Statement, params: Any = None) -> psycopg.Cursor[Any]:
