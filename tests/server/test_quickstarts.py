@@ -181,3 +181,52 @@ def _analyst_quickstart(conn, analyst_uri: str, test_table: str, name: str) -> N
                       f"SELECT dpsql.alter_dataset('{name}', epsilon_budget => 100)"):  # fmt: skip
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 db.conn.execute(query)
+
+
+def _drop_roles(conn, *names: str) -> None:
+    for name in names:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
+        )
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_the_quickstarts_run_as_written(conn, server_uri) -> None:
+    """Issue 42: every command of docs/quickstart-owner.md and docs/quickstart-analyst.md,
+    extracted from the pages (tests/doc_session.py), run in a reader's order as the roles they
+    name: the owner's sections 1-4, the analyst's page, the owner's section 5. The refusal the
+    owner's page shows is the one printed; the analyst's three releases are the ledger's."""
+    from dpsql import server
+    from tests import doc_session
+
+    live = "SELECT 1 FROM dpsql.datasets WHERE name = 'hi' AND dropped_at IS NULL"
+    if conn.execute(live).fetchone():
+        conn.execute("SELECT dpsql.drop_dataset('hi')")  # an interrupted run's
+    _drop_roles(conn, "olivia", "alice")
+    before = conn.execute("SELECT coalesce(max(entry_id), 0) FROM dpsql.ledger").fetchone()[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSQL_", "PG"))}
+    env["DPSQL_DSN"] = server_uri  # the page's superuser commands (no --dsn): this server
+    env["PATH"] = f"{server.bin_dir(server.DEFAULT_PG_VERSION)}{os.pathsep}{env['PATH']}"
+    env["DPSQL_PGDATA"] = str(Path(tempfile.gettempdir()) / f"dpsql-none-{uuid.uuid4().hex}")
+    psql = server.bin_dir(server.DEFAULT_PG_VERSION) / "psql"
+    owner = doc_session.blocks(REPO / "docs" / "quickstart-owner.md")
+    analyst = doc_session.blocks(REPO / "docs" / "quickstart-analyst.md")
+    late = next(i for i, b in enumerate(owner) if b.section.startswith("## 5."))
+    session = doc_session.Session(REPO, env, psql, yours={"URI": "ALICE"})
+    try:
+        session.run(owner[:late], sql_as="OLIVIA")
+        session.run(analyst, sql_as="URI")
+        session.run(owner[late:], sql_as="OLIVIA")
+        charges = conn.execute(
+            "SELECT role, epsilon FROM dpsql.ledger WHERE dataset = 'hi' AND entry_id > %s",
+            (before,),
+        ).fetchall()
+        assert charges == [("alice", 1.0)] * 3  # the CLI's, SQL's and Python's releases
+        assert not conn.execute(live).fetchone()  # the owner's last command dropped it
+    finally:
+        session.close()
+        if conn.execute(live).fetchone():
+            conn.execute("SELECT dpsql.drop_dataset('hi')")
+        _drop_roles(conn, "olivia", "alice")
