@@ -108,7 +108,7 @@ class Session:
         marker = f"-- done {uuid.uuid4().hex}"
         psql.stdin.write(f"{text}\n\\echo '{marker}'\n")
         psql.stdin.flush()
-        lines = []
+        lines: list[str] = []
         for line in psql.stdout:
             if line.rstrip("\n") == marker:
                 return "".join(lines)

@@ -174,7 +174,7 @@ def _peer_authentication(dpsql: Path) -> None:
     """Debian's clusters trust the operating-system user on the local socket (peer): as root,
     configure-accountant says to run it as the server's user, which then works (issue 42)."""
     with debian15.cluster(local_auth="peer") as dsn:
-        socket_dir = psycopg.conninfo.conninfo_to_dict(dsn)["host"]
+        socket_dir = str(psycopg.conninfo.conninfo_to_dict(dsn)["host"])
         as_postgres = ["runuser", "-u", "postgres", "--"]
         _run(*as_postgres, debian15.BIN / "psql", "-h", socket_dir, "-c", "CREATE EXTENSION dpsql")
         as_root = subprocess.run(
