@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from dpsql import extension, server
-from tests import definer_role
+from tests import definer_role, doc_session
 from tests.packaging import debian15
 
 VERSION = extension.control_default_version()
@@ -60,15 +59,23 @@ def fresh_venv() -> Iterator[Path]:
     """A new virtualenv with the wheel and its dependencies (from the index), installed with no
     compiler at hand; readable by the database's system user (it runs the accountant)."""
     wheel = _dist_file(f"dpsql-{VERSION}-*manylinux*.whl")
-    home = Path(tempfile.mkdtemp(prefix="dpsql-venv-"))
-    home.chmod(0o755)
+    where = Path(tempfile.mkdtemp(prefix="dpsql-venv-"))
+    where.chmod(0o755)
     try:
-        _run(sys.executable, "-m", "venv", home)
+        # docs/install.md's lines as written, beside the `dist` that make dist filled
+        (where / "dist").symlink_to(wheel.parent)
+        lines = doc_session.blocks(Path(__file__).resolve().parents[2] / "docs" / "install.md")
+        block = next(b.text for b in lines if "venv/bin/pip install" in b.text)
         no_compiler = {**os.environ, **dict.fromkeys(("CC", "CXX", "LDSHARED"), "/bin/false")}
-        _run(home / "bin" / "pip", "install", "--quiet", f"{wheel}[sklearn]", env=no_compiler)
-        yield home
+        done = subprocess.run(
+            ["bash", "-ec", block], cwd=where, env=no_compiler, capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == VERSION
+        yield where / "venv"
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def test_sdist_and_wheel_are_built_and_the_wheel_is_manylinux() -> None:
@@ -174,7 +181,7 @@ def _peer_authentication(dpsql: Path) -> None:
     """Debian's clusters trust the operating-system user on the local socket (peer): as root,
     configure-accountant says to run it as the server's user, which then works (issue 42)."""
     with debian15.cluster(local_auth="peer") as dsn:
-        socket_dir = str(psycopg.conninfo.conninfo_to_dict(dsn)["host"])
+        socket_dir = str(conninfo_to_dict(dsn)["host"])
         as_postgres = ["runuser", "-u", "postgres", "--"]
         _run(*as_postgres, debian15.BIN / "psql", "-h", socket_dir, "-c", "CREATE EXTENSION dpsql")
         as_root = subprocess.run(
