@@ -436,33 +436,46 @@ def _column_stats(
 ) -> list[dict[str, Any]]:
     """Per raw column, in one scan: rows, values (not NULL after the rule), trimmed, integers,
     numbers, booleans, the longest integer and the count of each null mark."""
-    marks = sql.Literal(list(null))
+    # Each value's kind, once (the regular expressions are most of the work): NULL (missing
+    # or empty), m (a null mark), i (integer), f (other number), b (boolean), t (text).
+    kinds: list[sql.Composable] = []
     parts: list[sql.Composable] = []
     for k, c in enumerate(raw):
-        v = sql.Identifier(f"v{k}")
-        value = sql.SQL("{} IS NOT NULL AND NOT ({} = ANY({}))").format(v, v, marks)
+        v, kind, trim = (sql.Identifier(f"{p}{k}") for p in ("v", "k", "t"))
+        kinds.append(
+            sql.SQL(
+                "{v}, CASE WHEN {v} IS NULL THEN NULL {mark} WHEN {v} ~ {i} THEN 'i'"
+                " WHEN {v} ~ {f} THEN 'f' WHEN lower({v}) IN ('true', 'false') THEN 'b'"
+                " ELSE 't' END AS {kind}, length({c}) <> coalesce(length({v}), 0) AS {trim}"
+            ).format(
+                v=v,
+                c=c,
+                kind=kind,
+                trim=trim,
+                i=sql.Literal(_INTEGER),
+                f=sql.Literal(_NUMBER),
+                mark=sql.SQL("WHEN {} = ANY({}) THEN 'm'").format(v, sql.Literal(list(null)))
+                if null
+                else sql.SQL(""),
+            )
+        )
         parts += [
-            sql.SQL("count(*) FILTER (WHERE {})").format(value),
-            sql.SQL("count(*) FILTER (WHERE {} <> btrim({}, {}))").format(
-                c, c, sql.Literal(_WHITESPACE)
-            ),
-            sql.SQL("count(*) FILTER (WHERE {} AND {} ~ {})").format(
-                value, v, sql.Literal(_INTEGER)
-            ),
-            sql.SQL("count(*) FILTER (WHERE {} AND {} ~ {})").format(
-                value, v, sql.Literal(_NUMBER)
-            ),
-            sql.SQL("count(*) FILTER (WHERE {} AND lower({}) IN ('true', 'false'))").format(
-                value, v
-            ),
-            sql.SQL("coalesce(max(length(ltrim({}, '+-'))) FILTER (WHERE {} ~ {}), 0)").format(
-                v, v, sql.Literal(_INTEGER)
+            sql.SQL("count(*) FILTER (WHERE {} <> 'm')").format(kind),
+            sql.SQL("count(*) FILTER (WHERE {})").format(trim),
+            sql.SQL("count(*) FILTER (WHERE {} = 'i')").format(kind),
+            sql.SQL("count(*) FILTER (WHERE {} IN ('i', 'f'))").format(kind),
+            sql.SQL("count(*) FILTER (WHERE {} = 'b')").format(kind),
+            sql.SQL("coalesce(max(length(ltrim({}, '+-'))) FILTER (WHERE {} = 'i'), 0)").format(
+                v, kind
             ),
             *(sql.SQL("count(*) FILTER (WHERE {} = {})").format(v, sql.Literal(m)) for m in null),
         ]
-    # OFFSET 0: the trimmed values are computed once per row, not in every aggregate
-    query = sql.SQL("SELECT count(*), {} FROM (SELECT {}, {} FROM {} OFFSET 0) s").format(
+    # OFFSET 0: each trimmed value and kind is computed once per row, not in every aggregate
+    query = sql.SQL(
+        "SELECT count(*), {} FROM (SELECT {} FROM (SELECT {}, {} FROM {} OFFSET 0) a OFFSET 0) s"
+    ).format(
         sql.SQL(", ").join(parts),
+        sql.SQL(", ").join(kinds),
         sql.SQL(", ").join(raw),
         sql.SQL(", ").join(
             sql.SQL("{} AS {}").format(_trimmed(c), sql.Identifier(f"v{k}"))

@@ -5,6 +5,8 @@ text and a report of what changed; run as the owner, against the test server."""
 from __future__ import annotations
 
 import gzip
+import importlib
+import shlex
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,8 +102,10 @@ def test_a_loaded_table_registers_without_whitespace_surprises(conn, owner, tmp_
     assert conn.execute(f"SELECT count(capital) FROM {name}.adult").fetchone() == (3,)
     assert _columns(conn, f"{name}.adult")["capital"] == "bigint"
     registered = dpsql_cli(
-        *"dataset register adult --features age,education_num --label income".split(),
-        *"--labels <=50K,>50K --epsilon-budget 1 --feature-bounds [[0,100],[0,20]]".split(),
+        *shlex.split(
+            "dataset register adult --features age,education_num --label income"
+            " --labels '<=50K,>50K' --epsilon-budget 1 --feature-bounds '[[0,100],[0,20]]'"
+        ),
         "--dsn",
         uri,
     )
@@ -203,9 +207,9 @@ def test_load_dataframe_follows_the_same_rule(conn, owner, tmp_path) -> None:
 def test_parquet(conn, owner, tmp_path) -> None:
     name, uri = owner
     path = tmp_path / "t.parquet"
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    try:  # (by name: pyarrow is no dependency, and has no stubs)
+        pa = importlib.import_module("pyarrow")
+        pq = importlib.import_module("pyarrow.parquet")
     except ModuleNotFoundError:
         path.write_bytes(b"PAR1" + b"\0" * 16 + b"PAR1")
         message = assert_one_line_error(dpsql_cli("load", str(path), "p", "--dsn", uri))
