@@ -131,7 +131,7 @@ def _add_estimate_bounds(actions: Any) -> None:
         type=_range,
         metavar="LO,HI",
         help="a public range that surely holds the quantiles (default -2^40,2^40; a wide "
-        "range costs little)",
+        "range costs little); a negative LO needs the =: --search-range=-100,100",
     )
     estimate.add_argument(
         "--lower-quantile", type=float, metavar="Q", help="lower quantile (default 0.01)"
