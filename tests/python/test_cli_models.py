@@ -71,7 +71,8 @@ def test_evaluate_and_predict(conn, owner, tmp_path, make_role) -> None:
     table = list(csv.DictReader(io.StringIO(printed.stdout)))
     assert len(table) == 300 and list(table[0]) == ["row", "a", "y", "predicted", "probability"]
     human = dpsql_cli("predict", str(model_id), "test", "--limit", "3", "--dsn", uri).stdout
-    assert_aligned(human) and len(human.splitlines()) == 5
+    assert_aligned(human)
+    assert len(human.splitlines()) == 5
 
     # An analyst granted the dataset: their model evaluates on a test table granted to them,
     # and is refused (one line, with the hint) on one that is not.
