@@ -2,7 +2,8 @@
 (docs/registration.md): numbers as they are, booleans as 0/1, each categorical column one-hot
 over its public categories, a value not among them (or missing) as all zeros. The server's
 ``dpsql_internal._feature_sql`` and ``_encode_row`` are the reference; a test holds the two
-equal."""
+equal. The estimators' ``fit(X, y)`` encodes its rows with the same functions (by column name,
+or by position for arrays), so that an estimator and its ``model_`` predict alike."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_columns", "has_columns"]
+__all__ = ["categorical_bounds", "encode_columns", "encode_rows", "has_columns"]
 
 
 def has_columns(X: Any) -> bool:
@@ -44,6 +45,43 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _numbers(values: np.ndarray, name: str | int) -> np.ndarray:
+    """A numeric column as float64: booleans 0/1, None and NaN as NaN (the server drops such
+    rows in training and predicts NULL). Text is refused naming its column: it is encoded only
+    over public categories, which must be declared (never read from the rows)."""
+    if values.dtype.kind in "biuf":
+        return values.astype(np.float64)
+    out = np.empty(len(values))
+    for i, v in enumerate(values):
+        if v is None:
+            out[i] = np.nan
+            continue
+        try:
+            out[i] = float(v)  # a dict or a list: float()'s own TypeError
+        except ValueError:
+            raise ValueError(
+                f"dpsql: column {name!r} holds text ({v!r}): a text column is encoded one-hot "
+                f"over its public values; give the estimator categories={{{name!r}: [...]}} "
+                "(register_dataset's meaning: a value not listed becomes all zeros)"
+            ) from None
+    return out
+
+
+def encode_rows(
+    rows: np.ndarray, names: Sequence[str | int], categories: Mapping[int, Sequence[Any]]
+) -> np.ndarray:
+    """The (n, d') feature matrix of a 2-D array of rows (numbers, or objects with text):
+    column ``j`` one-hot over ``categories[j]`` when given, else a number. ``names`` name the
+    columns in errors (a DataFrame's names, or the positions)."""
+    blocks = [
+        _one_hot(rows[:, j], categories[j])
+        if j in categories
+        else _numbers(rows[:, j], name)[:, None]
+        for j, name in enumerate(names)
+    ]
+    return np.hstack(blocks) if blocks else np.empty((len(rows), 0))
+
+
 def encode_columns(
     X: Any, features: Sequence[str], categories: Mapping[str, Sequence[Any]] | None
 ) -> np.ndarray:
@@ -55,10 +93,22 @@ def encode_columns(
         if name in categories:
             blocks.append(_one_hot(values, categories[name]))
         else:
-            # booleans become 0/1; None and NaN stay NaN (the server drops such rows in
-            # training and predicts NULL: here NaN)
-            numbers = np.array(
-                [np.nan if v is None else float(v) for v in values], dtype=np.float64
-            )
-            blocks.append(numbers[:, None])
+            blocks.append(_numbers(values, name)[:, None])
     return np.hstack(blocks) if blocks else np.empty((0, 0))
+
+
+def categorical_bounds(
+    bounds: Sequence[Sequence[float]], columns: int, categories: Mapping[int, Sequence[Any]]
+) -> list[list[float]]:
+    """Feature bounds of the encoded columns, as ``dpsql_internal._categorical_bounds``
+    completes a registration's: bounds given for the non-categorical columns only get (-1, 1)
+    for each one-hot coordinate (the identity on [-1, 1]: a 0/1 coordinate is kept as is);
+    bounds of another length are returned as given (the server checks their number)."""
+    given = [list(map(float, b)) for b in bounds]
+    if not categories or len(given) != columns - len(categories):
+        return given
+    numeric = iter(given)
+    out: list[list[float]] = []
+    for j in range(columns):
+        out.extend([[-1.0, 1.0]] * len(categories[j]) if j in categories else [next(numeric)])
+    return out

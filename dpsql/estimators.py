@@ -44,7 +44,7 @@ import contextlib
 import copy
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,9 +56,13 @@ from sklearn.base import (  # type: ignore[import-untyped]
     clone,
 )
 from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
-from sklearn.utils.validation import check_is_fitted, validate_data  # type: ignore[import-untyped]
+from sklearn.utils.validation import (  # type: ignore[import-untyped]
+    check_array,
+    check_is_fitted,
+    validate_data,
+)
 
-from dpsql.encoding import has_columns
+from dpsql.encoding import categorical_bounds, encode_rows, has_columns
 from dpsql.errors import BudgetExceeded
 from dpsql.models import Model
 
@@ -102,6 +106,9 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
     epsilon_budget: float | None
     delta_budget: float | None
     table_schema: str | None
+    categories: Mapping[Any, Sequence[Any]] | None
+    # fit(X, y): column position -> public categories (fit(name): None)
+    _categorical: dict[int, list[Any]] | None
 
     # -- fitting ----------------------------------------------------------------------------
 
@@ -125,6 +132,7 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                     X, None, None, model=self._model, privacy=self.privacy, **self._train_kwargs()
                 )
                 self._set_fitted(model, None)
+                self._categorical = None  # predict reads the registered columns by name
                 self.dataset_ = X
                 self.n_features_in_ = model.n_features_in_
                 if hasattr(model, "feature_names_in_"):  # the registered columns
@@ -133,7 +141,10 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                     del self.feature_names_in_
                 return self
             _require_owner(db)
-            X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=self._model == "linear")
+            # Everything predict and score do with rows of the kind fit takes is done here,
+            # before any charge: the same encoding (_encoded) reads both (issue 42:
+            # cross_val_score spent its epsilon on folds it could not score).
+            X, y = self._encoded(X, y, reset=True)
             y_train, classes, labels = self._encode(y, private)
             schema = self.table_schema or _current_schema(db)
             if not private:
@@ -151,7 +162,7 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
                         privacy="none",
                         labels=labels,
                         row_norm=self.row_norm or "none",
-                        **self._train_kwargs(),
+                        **{**self._train_kwargs(), "step_size": self._owner_step(db, X)},
                     )
                 finally:
                     # The model holds its coefficients; the copy of the rows is not needed.
@@ -162,7 +173,99 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
             else:
                 self.dataset_, model = self._fit_private(db, X, y_train, labels, schema)
             self._set_fitted(model, classes)
+            names = getattr(self, "feature_names_in_", None)
+            model._fitted_on_rows(
+                None if names is None else list(names),
+                None if names is None else self._categories_by_name(),
+                classes,
+            )
         return self
+
+    def _encoded(self, X: Any, y: Any = None, *, reset: bool) -> tuple[np.ndarray, Any]:
+        """Rows as the model reads them: numbers as float64, each column of ``categories``
+        one-hot over its public values (dpsql.encoding, as a registered dataset's columns are),
+        checked as scikit-learn checks them (``reset``: fit, which records the columns;
+        otherwise their number and names must be fit's). A text column without categories is
+        refused naming it."""
+        if reset:
+            rows, y = validate_data(
+                self, X, y, dtype=None, ensure_all_finite=False, y_numeric=self._model == "linear"
+            )
+        else:
+            rows = validate_data(self, X, reset=False, dtype=None, ensure_all_finite=False)
+        if reset:
+            self._categorical = self._category_positions(rows.shape[1])
+        names = getattr(self, "feature_names_in_", None)
+        encoded = encode_rows(
+            rows,
+            list(range(rows.shape[1])) if names is None else list(names),
+            self._categorical or {},
+        )
+        # NaN and infinities after the encoding (a categorical column's missing value is all
+        # zeros, as in the server), with scikit-learn's messages
+        checked: np.ndarray = check_array(encoded, dtype=np.float64, input_name="X")
+        return checked, y
+
+    def _category_positions(self, width: int) -> dict[int, list[Any]]:
+        """``categories`` by column position: keys are the columns' names when X names them
+        (a DataFrame), else positions 0, 1, ...; values are public and declared, never read
+        from the rows (register_dataset's rules: 1 to 1024 distinct values)."""
+        if self.categories is None:
+            return {}
+        if not isinstance(self.categories, Mapping):
+            raise ValueError(
+                "dpsql: categories must be a dict {column: [value, ...]}, got "
+                f"{type(self.categories).__name__}"
+            )
+        names = getattr(self, "feature_names_in_", None)
+        columns: list[Any] = list(range(width)) if names is None else [str(n) for n in names]
+        positions: dict[int, list[Any]] = {}
+        for key, values in self.categories.items():
+            if key not in columns or isinstance(key, bool):
+                where = (
+                    f"its columns are {columns}"
+                    if names is not None
+                    else f"X names no column: keys are positions 0 to {width - 1}"
+                )
+                raise ValueError(
+                    f"dpsql: categories name {key!r}, which is not a column of X ({where})"
+                )
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+                raise ValueError(f"dpsql: categories of {key!r} must be a list of values")
+            texts = [str(v) for v in values]
+            if not 1 <= len(texts) <= 1024 or len(set(texts)) != len(texts):
+                raise ValueError(
+                    f"dpsql: categories of {key!r} must be 1 to 1024 distinct values, got "
+                    f"{list(values)}"
+                )
+            positions[columns.index(key)] = list(values)
+        return positions
+
+    def _categories_by_name(self) -> dict[str, list[Any]]:
+        names = self.feature_names_in_
+        return {str(names[j]): values for j, values in (self._categorical or {}).items()}
+
+    def _owner_step(self, db: Database, rows: np.ndarray) -> float | None:
+        """A non-private fit's default step, from the owner's rows (the fit is not private):
+        the server's constant 1/sqrt(n), at most 1/L, L the loss's smoothness over these rows
+        (beta ||x||^2 + lambda, beta the server's for ||x|| <= 1; the intercept's coordinate
+        counts). SGD with steps up to 1/L cannot diverge, whatever the features' scale; steps
+        of 1/sqrt(n) diverge on unscaled rows (features of mean 100: ||x||^2 = 20,000)."""
+        if self.step_size is not None or self.schedule not in (None, "constant"):
+            return None if self.step_size is None else float(self.step_size)
+        if len(rows) == 0:
+            return None  # (the server says the source has no rows)
+        norms = np.einsum("ij,ij->i", rows, rows)
+        if self.row_norm in ("clip", "unit"):
+            norms = np.minimum(norms, 1.0)
+        largest = float(norms.max()) + (0.0 if self.intercept is False else 1.0)
+        row = db.execute(
+            "SELECT smoothness FROM dpsql.loss_constants(%s, 0, 0, %s)",
+            (self._model, float(self.huber_h)),
+        ).fetchone()
+        assert row is not None
+        smoothness = float(row[0]) * largest + float(self.lambda_)
+        return float(min(1.0 / np.sqrt(len(rows)), 1.0 / smoothness))
 
     def _fit_private(
         self, db: Database, X: np.ndarray, y: np.ndarray, labels: list[float] | None, schema: str
@@ -171,10 +274,14 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         whose table is emptied after the release."""
         from dpsql.fit_datasets import empty, fit_dataset
 
+        bounds = self.feature_bounds
+        if bounds is not None and self._categorical:
+            # given for the numeric columns only, as register_dataset takes them
+            bounds = categorical_bounds(bounds, self.n_features_in_, self._categorical)
         declarations = {
             "labels": labels,
             "row_norm": self.row_norm,
-            "feature_bounds": self.feature_bounds,
+            "feature_bounds": bounds,
             "row_bound": self.row_bound,
             "label_bound": getattr(self, "label_bound", None),
         }
@@ -187,6 +294,7 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
             schema=schema,
             declarations=declarations,
             budget=budget,
+            categories=self._public_categories(),
         )
         if entry.reused and self.epsilon_budget is not None:
             _warn_budget_kept(db, entry.name, budget)
@@ -207,6 +315,15 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         finally:
             empty(db, entry)
         return entry.name, model
+
+    def _public_categories(self) -> dict[str, list[Any]] | None:
+        if not self._categorical:
+            return None
+        names = getattr(self, "feature_names_in_", None)
+        return {
+            str(j if names is None else names[j]): [str(v) for v in values]
+            for j, values in sorted(self._categorical.items())
+        }
 
     def _fit_group(self) -> str:
         """The estimator's fit group: kept by its clones (one dataset and budget for them)."""
@@ -280,11 +397,14 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
 
     def _rows(self, X: Any) -> Any:
         check_is_fitted(self, "model_")
-        if has_columns(X) and hasattr(self.model_, "feature_names_in_"):
-            return X  # a registered dataset's columns, found by name (categories encoded)
-        # Arrays, and what fit(X, y) took (a DataFrame: its columns checked by name as
-        # scikit-learn checks them; issue 42: predict refused the DataFrame fit took).
-        rows: np.ndarray = validate_data(self, X, reset=False, dtype=np.float64)
+        if getattr(self, "_categorical", None) is None:  # fit(name)
+            if has_columns(X) and hasattr(self.model_, "feature_names_in_"):
+                return X  # a registered dataset's columns, found by name (categories encoded)
+            registered: np.ndarray = validate_data(self, X, reset=False, dtype=np.float64)
+            return registered
+        # What fit(X, y) took, encoded as fit encoded it (issue 42: predict refused the
+        # DataFrame fit took; text columns failed inside numpy).
+        rows, _ = self._encoded(X, reset=False)
         return rows
 
     def predict(self, X: Any) -> np.ndarray:
@@ -358,17 +478,14 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
     def _set_fitted(self, model: Model, classes: np.ndarray | None) -> None:
         super()._set_fitted(model, classes)
         assert model.classes_ is not None
-        # The model's labels (numbers, in the registered order) and what predict returns.
-        self._model_labels = model.classes_
+        # fit(X, y) records its classes in model_ (fit: which predict then returns, labels
+        # rather than their index in the server)
         self.classes_ = model.classes_ if classes is None else classes
 
     def predict(self, X: Any) -> np.ndarray:
         """Predicted classes (from ``classes_``), by the C core as the server predicts."""
         rows = self._rows(X)
-        labels = self.model_.predict(rows)
-        order = np.argsort(self._model_labels)
-        index = order[np.searchsorted(self._model_labels, labels, sorter=order)]
-        predicted: np.ndarray = self.classes_[index]
+        predicted: np.ndarray = self.model_.predict(rows)
         return predicted
 
     def predict_proba(self, X: Any) -> np.ndarray:
@@ -411,6 +528,7 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
         shard_parallel: bool = False,
         progress: bool = False,
         classes: Sequence[Any] | None = None,
+        categories: Mapping[Any, Sequence[Any]] | None = None,
         row_norm: str | None = None,
         feature_bounds: Sequence[Sequence[float]] | None = None,
         row_bound: float | None = None,
@@ -436,6 +554,7 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
         self.shard_parallel = shard_parallel
         self.progress = progress
         self.classes = classes
+        self.categories = categories
         self.row_norm = row_norm
         self.feature_bounds = feature_bounds
         self.row_bound = row_bound
@@ -460,6 +579,12 @@ class LogisticRegression(_DpsqlClassifier):
     classes : sequence, optional
         The public label set; needed by a private ``fit(X, y)``. Default: the values of y
         (non-private fits) or the dataset's labels (``fit(name)``).
+    categories : dict, optional
+        ``fit(X, y)``'s text (or integer-coded) columns: column -> its public values, as in
+        ``register_dataset``: one-hot in the given order, a value not listed (or missing) all
+        zeros. Keys are X's column names (a DataFrame), else positions. A text column without
+        categories is refused. ``predict`` and ``score`` encode X the same way, and so does
+        ``model_.predict`` for a DataFrame.
     row_norm, feature_bounds, row_bound : optional
         Public row transform and bounds of a ``fit(X, y)`` (``register_dataset``'s meaning;
         ``row_norm`` also applies to non-private fits).
@@ -510,6 +635,7 @@ class LinearRegression(RegressorMixin, _DpsqlEstimator):  # type: ignore[misc]
         shard_parallel: bool = False,
         progress: bool = False,
         label_bound: float | None = None,
+        categories: Mapping[Any, Sequence[Any]] | None = None,
         row_norm: str | None = None,
         feature_bounds: Sequence[Sequence[float]] | None = None,
         row_bound: float | None = None,
@@ -535,6 +661,7 @@ class LinearRegression(RegressorMixin, _DpsqlEstimator):  # type: ignore[misc]
         self.shard_parallel = shard_parallel
         self.progress = progress
         self.label_bound = label_bound
+        self.categories = categories
         self.row_norm = row_norm
         self.feature_bounds = feature_bounds
         self.row_bound = row_bound

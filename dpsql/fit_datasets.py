@@ -122,10 +122,20 @@ def fit_dataset(
     schema: str,
     declarations: dict[str, Any],
     budget: tuple[float, float],
+    categories: dict[str, list[Any]] | None = None,
 ) -> FitDataset:
-    """The registered dataset this fit's rows belong to, its table holding them now."""
+    """The registered dataset this fit's rows belong to, its table holding them now.
+
+    ``X`` is already encoded (one array column); ``categories`` says how its text columns
+    were (column name or position -> public values): part of the rows' public declarations,
+    compared with an earlier fit's like the others, but not registered (the table has no text
+    column left).
+    """
     from dpsql.loading import load_numpy
 
+    registered = declarations
+    if categories:
+        declarations = {**declarations, "categories": categories}
     keys = _row_keys(X, y)
     name = f"dpsql_fit_{group}"
     # One fit at a time per role decides which dataset the rows are (two processes fitting
@@ -158,7 +168,7 @@ def fit_dataset(
             epsilon_budget=epsilon_budget,
             delta_budget=delta_budget,
             accept=True,  # the estimator's declarations: rows outside them are clipped or dropped
-            **declarations,
+            **registered,
         )
         _keep_keys(db, entry, keys)
         return entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,26 @@ class Model:
         if row is None:
             raise NoSuchModel(f"dpsql: no model {model_id}")
         return cls(db, row)
+
+    def _fitted_on_rows(
+        self,
+        feature_names: Sequence[str] | None,
+        categories: Mapping[str, Sequence[Any]] | None,
+        classes: np.ndarray | None,
+    ) -> None:
+        """What an estimator's ``fit(X, y)`` knows and the stored model does not: it trains
+        on one array column of encoded rows and numeric labels (text labels as their index),
+        so its row in ``dpsql.models`` names neither the columns, nor the categories, nor the
+        labels. Recorded here, ``predict`` takes the rows ``fit`` took (a DataFrame by column
+        name, text columns one-hot as the estimator encoded them) and returns the labels, not
+        their indices. ``Model.load`` of the same id returns the stored model without them."""
+        if feature_names is not None:
+            self.feature_names_in_ = np.asarray(list(feature_names), dtype=object)
+            self._categories = (
+                None if not categories else {k: list(v) for k, v in categories.items()}
+            )
+        if classes is not None:
+            self.classes_ = np.asarray(classes)
 
     def __repr__(self) -> str:
         row = self.row
