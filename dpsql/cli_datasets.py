@@ -29,7 +29,8 @@ def add_parser(commands: Any) -> None:
     """The ``dataset`` command and its actions."""
     dataset = commands.add_parser(
         "dataset",
-        help="register, alter, drop, grant and revoke datasets (data owners)",
+        help="register, alter, drop, grant and revoke datasets; estimate their bounds (data "
+        "owners)",
         description="A data owner's registrations: `dpsql dataset register TABLE --features "
         "a,b --label y --epsilon-budget 5`, then grant it to analysts.",
     )
