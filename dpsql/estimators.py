@@ -21,17 +21,28 @@ with the C core, exactly as the server predicts (``model_`` is the :class:`dpsql
 such an estimator can be pickled, deep-copied and cloned into joblib workers). A pickled
 estimator keeps its fitted model, not its connection.
 
-scikit-learn's ``check_estimator`` runs for real for ``privacy="none"`` with a fixed ``seed``
-(tests/python/test_estimators.py; docs/estimators.md). What does not apply, and why:
+``fit(X, y)`` takes arrays and DataFrames; text (or integer-coded) columns are encoded one-hot
+over public ``categories`` (dpsql.encoding, as the server encodes a registered dataset's), and
+``predict``, ``predict_proba``, ``decision_function`` and ``score`` take rows of the same kind,
+encoded the same way, by column name for a DataFrame. ``model_`` records the columns, the
+categories and the labels, so ``model_.predict`` takes the same DataFrame and returns labels.
+Whatever predict and score do with such rows, fit does first, before any charge: model
+selection on rows it could not score (a text column without categories) fails before the first
+fold is charged.
 
-- :class:`LinearRegression`: ``check_fit_check_is_fitted``, ``check_fit_idempotent`` and
-  ``check_n_features_in`` fit features of mean 100, neither scaled nor clipped; constant-step
-  SGD diverges there and the server refuses the diverged model (scale or clip the rows, or
-  lower ``step_size``).
+A non-private ``fit(X, y)`` takes its default step from the owner's rows: the server's
+1/sqrt(n), at most 1/L (L the loss's smoothness over these rows), so SGD cannot diverge on
+unscaled features; it still converges slowly there (scale them: a ``StandardScaler`` in a
+``Pipeline`` is fine without privacy). Private fits are untouched.
+
+scikit-learn's ``check_estimator`` runs in full for every estimator with ``privacy="none"``
+and a fixed ``seed`` (tests/python/test_estimators.py; docs/estimators.md): every check passes,
+none expected to fail. What is outside it, and why:
+
 - With a :class:`dpsql.Database` as ``db`` (not a DSN): ``check_estimators_overwrite_params``
   and ``check_set_params`` deep-copy and hash the parameters; a live connection can be neither.
 - Sample-weight checks are not generated: ``fit`` takes no ``sample_weight`` (nor does
-  ``dpsql.train``). The pandas checks skip when pandas is not installed.
+  ``dpsql.train``).
 - Private estimators (a mechanism as ``privacy``) are not run through the suite: results are
   random by design (fresh noise; tag ``non_deterministic``), a private fit on arrays needs the
   public ``classes``/``label_bound`` declared before the checks draw their own labels, and each

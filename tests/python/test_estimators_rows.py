@@ -161,3 +161,21 @@ def test_unscaled_least_squares_do_not_diverge(db, scratch_schema) -> None:
     # an explicit step is the owner's: it still diverges, and the server says so
     with pytest.raises(psycopg.errors.NumericValueOutOfRange, match="diverged"):
         LinearRegression(db, "none", seed=0, step_size=0.1, table_schema=scratch_schema).fit(X, y)
+
+
+def test_the_sklearn_extra_brings_pandas() -> None:
+    """Issue 42: `pip install dpsql[sklearn]` lacked pandas, which DataFrames with text columns
+    (and scikit-learn's checks of them) need."""
+    import sys
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert {Requirement(r).name for r in extras["sklearn"]} == {"scikit-learn", "pandas"}
