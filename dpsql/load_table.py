@@ -304,6 +304,8 @@ def _load(
         target, existing = _target(conn, table)
         if existing is not None and if_exists == "fail":
             raise TableExists(_qualified(conn, target), existing)
+        if existing is not None:
+            _refuse_registered(conn, target)
         staging = sql.Identifier(f"dpsql_load_{uuid.uuid4().hex[:12]}")
         raw = [sql.Identifier(f"c{k}") for k in range(1, len(names) + 1)]
         conn.execute(
@@ -380,6 +382,24 @@ def _target(conn: psycopg.Connection[Any], table: str) -> tuple[sql.Identifier, 
     count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()
     assert count is not None
     return target, int(count[0])
+
+
+def _refuse_registered(conn: psycopg.Connection[Any], target: sql.Identifier) -> None:
+    """Replacing or appending to a registered dataset's table would change the rows under its
+    budget, past registration's checks: refused (the owner retires the dataset first)."""
+    if conn.execute("SELECT to_regclass('dpsql.my_datasets')").fetchone() == (None,):
+        return  # no dpsql extension here: no datasets
+    row = conn.execute(
+        "SELECT name FROM dpsql.my_datasets WHERE to_regclass(source) = %s::regclass",
+        (target.as_string(conn),),
+    ).fetchone()
+    if row is not None:
+        raise ValueError(
+            f"dpsql: table {_qualified(conn, target)} is registered as dataset {row[0]}: "
+            "replacing it or appending to it would change the rows under its budget; nothing "
+            f"loaded. Load into another table, or retire the dataset first (`dpsql dataset "
+            f"drop {row[0]}`, db.drop_dataset({row[0]!r}))"
+        )
 
 
 def _qualified(conn: psycopg.Connection[Any], target: sql.Identifier) -> str:

@@ -110,6 +110,14 @@ def test_a_loaded_table_registers_without_whitespace_surprises(conn, owner, tmp_
         uri,
     )
     assert registered.returncode == 0, registered.stderr
+    # A registered table's rows are not replaced or appended to under its budget.
+    for how in ("replace", "append"):
+        refused = dpsql_cli("load", str(path), "adult", "--if-exists", how, "--dsn", uri)
+        message = assert_one_line_error(refused)
+        assert (
+            "is registered as dataset adult" in message and "dpsql dataset drop adult" in message
+        )
+    assert conn.execute(f"SELECT count(*) FROM {name}.adult").fetchone() == (4,)
 
 
 def test_an_existing_table_is_refused_replaced_or_appended(conn, owner, tmp_path) -> None:
