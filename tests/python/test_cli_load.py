@@ -114,9 +114,7 @@ def test_a_loaded_table_registers_without_whitespace_surprises(conn, owner, tmp_
     for how in ("replace", "append"):
         refused = dpsql_cli("load", str(path), "adult", "--if-exists", how, "--dsn", uri)
         message = assert_one_line_error(refused)
-        assert (
-            "is registered as dataset adult" in message and "dpsql dataset drop adult" in message
-        )
+        assert "is registered as dataset adult" in message and "dpsql dataset drop adult" in message
     assert conn.execute(f"SELECT count(*) FROM {name}.adult").fetchone() == (4,)
 
 
