@@ -31,6 +31,7 @@ from dpsql.errors import (
     UnsuitableRelation,
     WrongType,
 )
+from dpsql.load_table import ColumnReport, LoadReport, TableExists
 from dpsql.models import Model
 from dpsql.privacy import (
     BST14,
@@ -90,5 +91,8 @@ __all__ = [
     "Database",
     "Model",
     "connect",
+    "ColumnReport",
+    "LoadReport",
+    "TableExists",
 ]
 __version__ = "0.8.0"

@@ -37,6 +37,9 @@ COMMANDS = [
     "mechanisms",
     "train",
     "plot",
+    "load",
+    "evaluate",
+    "predict",
 ]
 
 

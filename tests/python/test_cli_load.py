@@ -213,17 +213,9 @@ def test_load_dataframe_follows_the_same_rule(conn, owner, tmp_path) -> None:
 def test_parquet(conn, owner, tmp_path) -> None:
     name, uri = owner
     path = tmp_path / "t.parquet"
-    try:  # (by name: pyarrow is no dependency, and has no stubs)
-        pa = importlib.import_module("pyarrow")
-        pq = importlib.import_module("pyarrow.parquet")
-    except ModuleNotFoundError:
-        path.write_bytes(b"PAR1" + b"\0" * 16 + b"PAR1")
-        message = assert_one_line_error(dpsql_cli("load", str(path), "p", "--dsn", uri))
-        assert (
-            message
-            == f"dpsql: {path} is a Parquet file: reading it needs pyarrow (pip install pyarrow)"
-        )
-        return
+    # (by name: pyarrow has no stubs; it is in the test extra)
+    pa = importlib.import_module("pyarrow")
+    pq = importlib.import_module("pyarrow.parquet")
     pq.write_table(
         pa.table({"a": [1, 2, None], "b": [" x", "y", None], "c": [0.5, 1.5, 2.5]}), path
     )
