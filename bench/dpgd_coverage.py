@@ -2,7 +2,8 @@
 
 The registration of ``bench.linear_cal_housing`` (features rescaled onto [-1, 1] by public
 bounds, |y| <= 5.00001, ||x|| <= sqrt(8)), intercept on, delta 1e-6, DP-GD at its defaults.
-Per run, the released 95% intervals of the 9 coefficients are checked against:
+Per run, the released 95% intervals of the 9 coefficients (withheld ones, NULL, left out;
+"intervals given" is their share) are checked against, pooled over runs and coefficients:
 
 * OLS: the training rows' least-squares solution;
 * the clipped target: the minimiser of the clipped (Huberised) loss with the run's released
@@ -13,6 +14,9 @@ Per run, the released 95% intervals of the 9 coefficients are checked against:
 
 Also per run: the fraction of rows clipped at the clipped target (non-private, evaluation
 only), the model's released estimate of it, and the ``mixed`` diagnostic.
+
+``--data ill_conditioned``: a synthetic set scaled by its features' full range (issue 42,
+item 10): four heavy-tailed features and two highly correlated pairs, n 16,000.
 
 ``--data heavy_tails``: a synthetic set where the public rule clips most gradients (n 4000,
 rows uniform in [-1, 1]^3, row bound sqrt 3, y = 1 + x.(2, -1, 0.5) + 12 t_3 clipped to
@@ -78,9 +82,11 @@ def representation(
     return np.linalg.solve(L, A.T).T, np.linalg.inv(L).T
 
 
-def _inside(ci: np.ndarray, target: np.ndarray) -> float:
-    """The fraction of the coefficients whose interval contains the target's."""
-    return float(np.mean((ci[:, 0] <= target) & (target <= ci[:, 1])))
+def _inside(ci: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Per coefficient: 1 if its interval contains the target's, 0 if not, NaN if withheld
+    (NULL bounds). The table pools these over runs and coefficients."""
+    covered = ((ci[:, 0] <= target) & (target <= ci[:, 1])).astype(float)
+    return np.where(np.isnan(ci[:, 0]), np.nan, covered)
 
 
 def _heavy_tails(n: int = 4000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
@@ -90,19 +96,41 @@ def _heavy_tails(n: int = 4000, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
     return X, np.clip(y, -100, 100)
 
 
+def _ill_conditioned(n: int = 16000, seed: int = 11) -> tuple[np.ndarray, np.ndarray]:
+    """Eight features as raw tables have them (four log-normal, heavy tailed; two pairs
+    correlated 0.95), mapped onto [-1, 1] by each feature's full range (the "public bounds"
+    an owner reads off a code book's extremes), so that most rows crowd into a corner and
+    X'X is ill-conditioned; y linear in them plus noise, |y| <= 5."""
+    rng = np.random.default_rng(seed)
+    cov = np.eye(8)
+    for i, j in ((4, 5), (6, 7)):
+        cov[i, j] = cov[j, i] = 0.95
+    Z = rng.multivariate_normal(np.zeros(8), cov, size=n)
+    raw = np.column_stack([np.exp(1.2 * Z[:, :4]), Z[:, 4:]])
+    lo, hi = raw.min(axis=0), raw.max(axis=0)
+    X = 2 * (raw - lo) / (hi - lo) - 1
+    y = X @ rng.normal(size=8) + 0.5 * rng.normal(size=n)
+    return X, np.clip(y, -5, 5)
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     parser.add_argument("--options", default="{}", help="DP-GD options (JSON)")
     parser.add_argument("--params", default="{}", help="other dpsql.train arguments (JSON)")
-    parser.add_argument("--data", choices=("cal_housing", "heavy_tails"), default="cal_housing")
+    parser.add_argument(
+        "--data", choices=("cal_housing", "heavy_tails", "ill_conditioned"), default="cal_housing"
+    )
     args = parser.parse_args(argv)
     print("\n".join(header_lines("dpgd_coverage")))
     print(f"# command: .venv/bin/python -m bench.dpgd_coverage {' '.join(argv or sys.argv[1:])}")
     if args.data == "heavy_tails":
         Xtr, ytr = _heavy_tails()
         label_bound = 100.0
+    elif args.data == "ill_conditioned":
+        Xtr, ytr = _ill_conditioned()
+        label_bound = LABEL_BOUND
     else:
         raw, value = dsets.load_cal_housing()
         X = dsets.cal_housing_features(raw)
@@ -124,15 +152,25 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
         print(
             "| eps | runs | cover OLS | cover clipped target | cover named target | named"
             " 'ols' | rows clipped at clipped target | released clipped-fraction estimate"
-            " | mixed | median CI width | median clip_norm | sec/run |"
+            " | mixed | median CI width | median clip_norm | sec/run | intervals given |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for eps in args.eps:
             rows: dict[str, list[float]] = {
                 k: []
-                for k in ("ols", "huber", "named", "is_ols", "frac", "est", "mixed", "w", "g", "t")
+                for k in (
+                    "is_ols",
+                    "frac",
+                    "est",
+                    "mixed",
+                    "w",
+                    "g",
+                    "t",
+                    "given",
+                )
             }
             per_coef: list[np.ndarray] = []
+            pooled: dict[str, list[float]] = {"ols": [], "huber": [], "named": []}
             for seed in range(1, args.runs + 1):
                 t0 = time.perf_counter()
                 names = "".join(f", {k} => %({k})s" for k in extra)
@@ -150,35 +188,37 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915
                     db.execute(
                         "SELECT lower, upper FROM dpsql.confint(%s, 0.05) ORDER BY coef_index",
                         (mid,),
-                    ).fetchall()
-                )
+                    ).fetchall(),
+                    dtype=float,
+                )  # a withheld interval's NULLs become NaN
+                rows["given"].append(float(np.mean(~np.isnan(ci[:, 0]))))
                 A, back = representation(Xtr, privacy, x_bound)
                 gamma = float(privacy["clip_norm"])  # the one the steps after the pilot used
                 w = clipped_target(A, ytr, gamma)
                 huber = back @ w if back is not None else w
                 frac = float(np.mean(np.linalg.norm(A, axis=1) * np.abs(ytr - A @ w) > gamma))
                 named = privacy["ci"].get("target", "clipped")
-                rows["ols"].append(_inside(ci, ols))
-                rows["huber"].append(_inside(ci, huber))
-                rows["named"].append(_inside(ci, ols if named == "ols" else huber))
-                t = ols if named == "ols" else huber
-                per_coef.append((ci[:, 0] <= t) & (t <= ci[:, 1]))
+                pooled["ols"].extend(_inside(ci, ols))
+                pooled["huber"].extend(_inside(ci, huber))
+                per_coef.append(_inside(ci, ols if named == "ols" else huber))
+                pooled["named"].extend(per_coef[-1])
                 rows["is_ols"].append(float(named == "ols"))
                 rows["frac"].append(frac)
                 est = privacy["ci"].get("clipped_fraction")
                 rows["est"].append(float("nan") if est is None else float(est))
                 rows["mixed"].append(float(bool(privacy["ci"].get("mixed"))))
-                rows["w"].append(float(np.mean(ci[:, 1] - ci[:, 0])))
+                rows["w"].append(float(np.nanmean(ci[:, 1] - ci[:, 0])))
                 rows["g"].append(gamma)
-            m = {k: float(np.mean(v)) for k, v in rows.items()}
-            m["w"], m["g"] = float(np.median(rows["w"])), float(np.median(rows["g"]))
+            m = {k: float(np.nanmean(v)) for k, v in rows.items() if v}
+            m.update({k: float(np.nanmean(v)) for k, v in pooled.items()})
+            m["w"], m["g"] = float(np.nanmedian(rows["w"])), float(np.median(rows["g"]))
             print(
                 f"| {eps:g} | {args.runs} | {m['ols']:.3f} | {m['huber']:.3f} | {m['named']:.3f}"
                 f" | {m['is_ols']:.2f} | {m['frac']:.4f} | {m['est']:.4f} | {m['mixed']:.2f}"
-                f" | {m['w']:.4f} | {m['g']:.3g} | {m['t']:.1f} |",
+                f" | {m['w']:.4f} | {m['g']:.3g} | {m['t']:.1f} | {m['given']:.2f} |",
                 flush=True,
             )
-            by_coef = ", ".join(f"{v:.2f}" for v in np.mean(per_coef, axis=0))
+            by_coef = ", ".join(f"{v:.2f}" for v in np.nanmean(per_coef, axis=0))
             print(f"#   eps {eps:g}: coverage of the named target by coefficient: {by_coef}")
     return 0
 

@@ -35,9 +35,10 @@ class ConfidenceIntervals:
     without the count). ``method``, ``draws`` and ``burn_in`` say how the draws came from the
     released iterates. ``mixed`` is
     False when the draws are correlated (``draw_autocorrelation`` >= 0.03, the correlation
-    implied by the iterates' lag-1 autocorrelation): the run had not mixed, and the intervals
-    are biased. ``epsilon`` and ``delta`` are what the model spent (the intervals are
-    post-processing: no more).
+    implied by the iterates' lag-1 autocorrelation): the run had not mixed. The intervals are
+    widened for that correlation (docs/linear.md), and NaN (withheld) when the draws are worth
+    fewer than two independent ones. ``epsilon`` and ``delta`` are what the model spent (the
+    intervals are post-processing: no more).
     """
 
     estimate: np.ndarray

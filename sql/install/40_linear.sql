@@ -137,6 +137,7 @@ DECLARE
     m record;
     its float8[];
     ci jsonb;
+    worth float8;
 BEGIN
     IF alpha IS NULL OR NOT (alpha > 0 AND alpha < 1) THEN
         PERFORM dpsql_internal._fail(format('alpha must be in (0, 1), got %s', coalesce(alpha::text, 'NULL')));
@@ -152,15 +153,20 @@ BEGIN
         PERFORM dpsql_internal._fail(format('model %s has no confidence intervals', model_id),
                             hint => 'Train with privacy => ''dpgd'' and ci => batch_means, checkpoints or independent_runs.');
     END IF;
-    IF (ci->>'mixed')::boolean IS FALSE THEN
-        RAISE WARNING 'dpsql: model %''s run had not mixed (autocorrelation % between draws): its intervals are biased',
-                      model_id, round((ci->>'draw_autocorrelation')::numeric, 2)
+    -- widened for the draws' correlation, withheld below 2 effective draws (42_dpgd.sql)
+    SELECT min(t.effective_draws) INTO worth
+      FROM dpsql_internal._confint_rows(its, ci->>'method', (ci->>'draws')::int, (ci->>'burn_in')::int, alpha) t;
+    IF worth < 2 THEN
+        RAISE WARNING 'dpsql: model %''s draws correlate so much (% between draws) that they are worth % independent ones: its intervals are withheld (NULL)',
+                      model_id, round((ci->>'draw_autocorrelation')::numeric, 2), round(worth::numeric, 1)
             USING HINT = 'Scale the features to be close to isotropic, or use a larger step_size and more steps (docs/linear.md).';
+    ELSIF (ci->>'mixed')::boolean IS FALSE THEN
+        RAISE NOTICE 'dpsql: model %''s run had not mixed (% between draws): its intervals are widened to % effective draws',
+                     model_id, round((ci->>'draw_autocorrelation')::numeric, 2), round(worth::numeric, 1);
     END IF;
     RETURN QUERY SELECT t.coef_index, t.estimate, t.lower, t.upper
-                   FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(its, ci->>'method',
-                                                               (ci->>'draws')::int,
-                                                               (ci->>'burn_in')::int), alpha) t;
+                   FROM dpsql_internal._confint_rows(its, ci->>'method', (ci->>'draws')::int,
+                                                     (ci->>'burn_in')::int, alpha) t;
 END $$;
 COMMENT ON FUNCTION dpsql.confint(bigint, float8) IS
     'Student-t confidence intervals of a DP-GD model''s coefficients (from its released iterates)';

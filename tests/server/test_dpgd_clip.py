@@ -182,7 +182,8 @@ def test_heavy_tails_clip_rarely_and_cover_the_named_target(conn, scratch_schema
     """Heavy-tailed labels: the old public rule (options.clip_quantile = false) clips most
     gradients, releases a large clipped fraction and names the clipped least-squares target;
     the private clip quantile (0.995) clips about 0.2% (its released estimate says so) and the
-    95% intervals cover the target the model names (measured: 0.925 over these seeds; the old
+    95% intervals cover the target the model names (measured: 0.983 over these seeds, widened
+    for the draws' correlation, none withheld; the plain t-intervals covered 0.925; the old
     rule clips 60%, never mixes, and covers 0.21 of OLS and 0.79 of its clipped target). 30
     seeded runs x 4 coefficients at epsilon 2; nominal coverage 0.95, accepted >= 0.85 (with
     the runs' 4 coefficients counted as one, a binomial(30, 0.95) falls below 0.85 with
@@ -206,6 +207,7 @@ def test_heavy_tails_clip_rarely_and_cover_the_named_target(conn, scratch_schema
     assert np.mean(np.linalg.norm(A, axis=1) * np.abs(y - A @ ols) > gamma0) > 0.3
     assert ci_old["clipped_fraction"] > 0.2 and ci_old["target"] == "clipped least squares"
     covered, named, fractions = [], [], []
+    withheld = 0
     for seed in range(30):
         m = _train(
             conn,
@@ -223,12 +225,17 @@ def test_heavy_tails_clip_rarely_and_cover_the_named_target(conn, scratch_schema
             conn.execute(
                 "SELECT lower, upper FROM dpsql.confint(%s, 0.05) ORDER BY coef_index",
                 (m["model_id"],),
-            ).fetchall()
+            ).fetchall(),
+            dtype=float,
         )
+        if np.isnan(ci).any():  # draws worth fewer than 2 independent ones: withheld
+            withheld += 1
+            continue
         covered.append(np.mean((ci[:, 0] <= target) & (target <= ci[:, 1])))
         named.append(priv["ci"]["target"])
         assert priv["clip"]["clipped_fraction_at_reference"] < 0.03
     assert np.median(fractions) < 0.02
+    assert withheld <= 5, f"{withheld} of 30 runs' intervals withheld"
     assert np.mean(covered) >= 0.85, (np.mean(covered), named)
 
 

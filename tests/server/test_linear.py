@@ -446,10 +446,11 @@ def test_dpgd_model_and_confint_are_the_iterates_post_processed(conn, regression
             "SELECT * FROM dpsql.confint(%s, 0.1) ORDER BY coef_index", (m["model_id"],)
         ).fetchall()
         assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
-        np.testing.assert_allclose(
-            [r[1:] for r in rows], np.column_stack([est, lo, hi]), rtol=1e-12
-        )
+        np.testing.assert_allclose([r[1] for r in rows], est, rtol=1e-12)
         np.testing.assert_allclose(np.append(m["coef"], m["intercept"]), est, rtol=1e-12)
+        # the t-interval, widened for the draws' correlation (none between independent runs)
+        assert all(r[2] <= a and b <= r[3] for r, a, b in zip(rows, lo, hi, strict=True))
+        _check_widening(conn, m["model_id"], m["params"]["privacy"]["ci"], alpha=0.1)
         assert m["params"]["privacy"]["ci"]["method"] == ci
         if ci == "batch_means":
             # Clean data (|residuals| ~ 1 << gamma/||x||): the noisy count (sd 19) says OLS.
@@ -787,10 +788,69 @@ def test_unmixed_runs_are_flagged(conn, scratch_schema) -> None:
     notices = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary))
     conn.execute("SELECT * FROM dpsql.confint(%s, 0.05)", (m["model_id"],)).fetchall()
-    assert any("had not mixed" in (n or "") for n in notices)
+    assert any("had not mixed" in (n or "") and "widened" in (n or "") for n in notices)
+    # widened, not merely flagged (issue 42, item 10)
+    _check_widening(conn, m["model_id"], ci)
     X, y, _ = _gaussian_data(3000, 3, seed=12)
     ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0, table="iso")
     for ci_method, steps in (("batch_means", None), ("independent_runs", 600)):
         m = _train(conn, source, "dpgd", epsilon=2.0, ci=ci_method, steps=steps, noise_seed=2)
         ci = m["params"]["privacy"]["ci"]
         assert ci["mixed"] is True and ci["draw_autocorrelation"] < 0.01, ci
+        _check_widening(conn, m["model_id"], ci)
+
+
+def test_draws_worth_fewer_than_two_give_no_interval(conn) -> None:
+    """Iterates of a random walk (every lag-1 autocorrelation near 1): the draws carry almost
+    no independent information, so the bounds are withheld rather than made up; white noise
+    gives intervals close to the plain t-interval's (issue 42, item 10)."""
+    rng = np.random.default_rng(3)
+    query = (
+        "SELECT lower, upper, effective_draws FROM dpsql_internal._confint_rows(%s, 'batch_means',"
+        " 10, 0, 0.05) ORDER BY coef_index"
+    )
+    walk = np.cumsum(rng.normal(size=(1000, 2)), axis=0)
+    rows = conn.execute(query, (walk.tolist(),)).fetchall()
+    assert all(lo is None and hi is None and eff < 2 for lo, hi, eff in rows), rows
+    noise = rng.normal(size=(1000, 2))
+    rows = conn.execute(query, (noise.tolist(),)).fetchall()
+    assert all(lo < hi and eff > 9 for lo, hi, eff in rows), rows
+
+
+def _check_widening(conn, model_id: int, ci: dict, alpha: float = 0.05) -> None:
+    """A run's intervals are its draws' t-intervals widened for their correlation
+    (42_dpgd.sql, _confint_rows), recomputed here from the released iterates: r the largest
+    lag-1 autocorrelation after the burn-in, rho the draws' correlation under an AR(1)."""
+    from scipy import stats
+
+    (its,) = conn.execute(
+        "SELECT iterates FROM dpsql.model_iterates WHERE model_id = %s", (model_id,)
+    ).fetchone()
+    rows = np.array(
+        conn.execute(
+            "SELECT estimate, lower, upper FROM dpsql.confint(%s, %s) ORDER BY coef_index",
+            (model_id, alpha),
+        ).fetchall()
+    )
+    its, m, b = np.asarray(its), int(ci["draws"]), int(ci["burn_in"])
+    draws = _core.confint_draws(its, ci["method"], m, b)
+    c = g = 1.0
+    if ci["method"] != "independent_runs":
+        post = its[b:]
+        B = len(post) // m
+        v = post - post.mean(axis=0)
+        r = min(float(np.max(np.maximum(np.sum(v[:-1] * v[1:], 0) / np.sum(v**2, 0), 0))), 1 - 1e-9)
+        rho = (
+            r * (1 - r**B) ** 2 / ((1 - r) ** 2 * B + 2 * r * (B * (1 - r) - 1 + r**B))
+            if ci["method"] == "batch_means"
+            else r**B
+        )
+        k = np.arange(1, m)
+        S = float(np.sum((1 - k / m) * rho**k))
+        c, g = 1 + 2 * S, 1 - 2 * S / (m - 1)
+        assert c > 1  # the widening is there
+    q = stats.t.ppf(1 - alpha / 2, max(m / c - 1, 1))
+    half = q * draws.std(axis=0, ddof=1) * np.sqrt(c / (g * m))
+    np.testing.assert_allclose(rows[:, 0], draws.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(rows[:, 2] - rows[:, 0], half, rtol=1e-6)
+    np.testing.assert_allclose(rows[:, 0] - rows[:, 1], half, rtol=1e-6)
