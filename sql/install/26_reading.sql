@@ -53,6 +53,7 @@ BEGIN
         distributed := coalesce(distributed, false);
         IF dist_column IS NOT NULL AND NOT dist_column = ANY (columns) THEN
             IF NOT has_column_privilege(session_user, relid, dist_column, 'SELECT') THEN
+                -- (a RAISE, not _fail: as above)
                 RAISE EXCEPTION 'dpsql: % cannot read the distribution column of % to grant', session_user, relid
                     USING ERRCODE = 'insufficient_privilege';
             END IF;
@@ -86,6 +87,7 @@ BEGIN
            INTO failed USING 'SET citus.enable_ddl_propagation TO off; ' || format(statement, relid);
     END IF;
     IF failed IS NOT NULL THEN
+        -- (a RAISE, not _fail: a node refused a grant, not a refusal an entry point gives)
         RAISE EXCEPTION 'dpsql: could not grant dpsql_reader the registered columns on the shards of %', relid
             USING ERRCODE = 'insufficient_privilege', DETAIL = failed;
     END IF;
