@@ -130,6 +130,52 @@ def _table(
 
 # (dataset title, metric, method -> eps -> values) of every section, for the plot.
 PANELS: list[tuple[str, str, dict[str, dict[float, list[float]]]]] = []
+# (dataset title -> method -> eps -> the mechanisms `auto` chose): the plot's legend names them
+CHOSEN: dict[str, dict[str, dict[float, list[str]]]] = defaultdict(
+    lambda: defaultdict(lambda: defaultdict(list))
+)
+
+
+def _chosen(db: dpsql.Database, model_id: int) -> str | None:
+    """The mechanism ``auto`` chose for this model (``params->'privacy'->'auto'->'chosen'``)."""
+    from dpsql.plot import chosen_mechanism
+
+    (params,) = db.execute(
+        "SELECT params FROM dpsql.models WHERE model_id = %s", (model_id,)
+    ).fetchone()
+    return chosen_mechanism(params)
+
+
+def save_numbers(path: Path, eps_grid: Sequence[float]) -> None:
+    """PANELS and CHOSEN as JSON: ``--replot`` draws the figure again without training."""
+    import json
+
+    panels = [
+        {
+            "title": title,
+            "metric": metric,
+            "rows": {k: {str(e): v for e, v in r.items()} for k, r in rows.items()},
+            "chosen": {
+                k: {str(e): v for e, v in c.items()} for k, c in CHOSEN.get(title, {}).items()
+            },
+        }
+        for title, metric, rows in PANELS
+    ]
+    path.write_text(json.dumps({"epsilons": list(eps_grid), "panels": panels}, indent=1))
+
+
+def load_numbers(path: Path) -> list[float]:
+    """Fill PANELS and CHOSEN from :func:`save_numbers`'s file; the epsilon grid."""
+    import json
+
+    saved = json.loads(path.read_text())
+    for panel in saved["panels"]:
+        rows = {k: {float(e): v for e, v in r.items()} for k, r in panel["rows"].items()}
+        PANELS.append((panel["title"], panel["metric"], rows))
+        for label, by_eps in panel["chosen"].items():
+            for e, names in by_eps.items():
+                CHOSEN[panel["title"]][label][float(e)] = names
+    return [float(e) for e in saved["epsilons"]]
 
 
 def _plot(path: Path, eps_grid: Sequence[float]) -> None:
@@ -213,6 +259,8 @@ def classification(
                     "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, data.test_table)
                 ).fetchone()
                 rows[label][eps].append(acc)
+                if kw["privacy"] == "auto":
+                    CHOSEN[data.name][label][eps].append(_chosen(db, mid) or "?")
         print(f"#   {data.name}: eps {eps:g} done", flush=True)
     X, y = fetch_numpy(db.conn, data.train_table, ordered=True)
     Xt, yt = fetch_numpy(db.conn, data.test_table, ordered=True)
@@ -295,6 +343,8 @@ def regression(
                     "SELECT value FROM dpsql.evaluate(%s, %s)", (mid, f"{schema}.{name}_test")
                 ).fetchone()
                 rows[label][eps].append(mse)
+                if kw["privacy"] == "auto":
+                    CHOSEN[name][label][eps].append(_chosen(db, mid) or "?")
         print(f"#   {name}: eps {eps:g} done", flush=True)
     dpl = _diffprivlib("LinearRegression")
     if dpl is not None:
@@ -342,7 +392,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     parser.add_argument(
         "--plot", type=Path, default=Path(__file__).parent / "figures" / "auto_defaults.png"
     )
+    parser.add_argument("--numbers", type=Path, help="also save the numbers here (JSON)")
+    parser.add_argument(
+        "--replot", type=Path, metavar="JSON", help="only draw --plot from saved --numbers"
+    )
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        _plot(args.plot, load_numbers(args.replot))
+        print(f"# plot: {args.plot}")
+        return 0
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
     eps_grid = QUICK_EPS if args.quick else EPS_GRID
     wanted = args.datasets.split(",")
@@ -382,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
                 )
             for section in sections:
                 print("\n".join(["", *section()]), flush=True)
+    if PANELS and args.numbers is not None:
+        save_numbers(args.numbers, eps_grid)
     if PANELS:
         _plot(args.plot, eps_grid)
         print(f"# plot: {args.plot}")

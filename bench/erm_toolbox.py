@@ -257,7 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plot", type=Path, default=Path(__file__).parent / "figures" / "erm_toolbox.png"
     )
+    parser.add_argument("--numbers", type=Path, help="also save the numbers here (JSON)")
+    parser.add_argument(
+        "--replot", type=Path, metavar="JSON", help="only draw --plot from saved --numbers"
+    )
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        ad._plot(args.plot, ad.load_numbers(args.replot))
+        print(f"# plot: {args.plot}")
+        return 0
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
     eps_grid = ad.QUICK_EPS if args.quick else ad.EPS_GRID
     sections = set(args.sections.split(","))
@@ -290,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("\n".join(["", *small_p(db, seeds, eps_grid)]), flush=True)
             if datasets and "runtime" in sections:
                 print("\n".join(["", *runtime(db, datasets[0])]), flush=True)
+    if ad.PANELS and args.numbers is not None:
+        ad.save_numbers(args.numbers, eps_grid)
     if ad.PANELS and sections == set(SECTIONS) and args.only is None:
         ad._plot(args.plot, eps_grid)
         print(f"# plot: {args.plot}")

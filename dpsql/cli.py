@@ -465,9 +465,10 @@ def _add_plot_parser(commands: Any) -> None:
     plot = commands.add_parser(
         "plot",
         help="plot test accuracy against epsilon for some mechanisms (spends budget)",
-        description="Train one private model per (mechanism, epsilon) on DATASET, evaluate each "
-        "on the TEST table and plot utility against epsilon. Every run is charged to the "
-        "dataset's budget: the total is the sum of the epsilons times the mechanisms.",
+        description="Train --runs private models per (mechanism, epsilon) on DATASET, evaluate "
+        "each on the TEST table, print the numbers and plot utility against epsilon. Every run "
+        "is charged to the dataset's budget: the total is the sum of the epsilons times the "
+        "mechanisms times the runs.",
     )
     plot.add_argument("dataset", help="registered dataset")
     plot.add_argument(
@@ -482,7 +483,13 @@ def _add_plot_parser(commands: Any) -> None:
     )
     plot.add_argument("--delta", type=float, help="delta of every run (default: each mechanism's)")
     plot.add_argument("--epochs", type=int, metavar="N", help="epochs of every run")
-    plot.add_argument("--seed", type=int, metavar="S", help="shuffle seed of every run")
+    plot.add_argument("--seed", type=int, metavar="S", help="shuffle seed of the first run")
+    plot.add_argument(
+        "--runs", type=int, metavar="N", help="models per point: error bars over N runs"
+    )
+    plot.add_argument(
+        "--metric", choices=("accuracy", "mse", "r2"), help="default: accuracy, or mse"
+    )
     plot.add_argument(
         "--out", type=Path, help="image file to write (default: DATASET_privacy_utility.png)"
     )
@@ -777,7 +784,8 @@ def _plot_command(args: argparse.Namespace) -> int:
         raise RuntimeError(f"dpsql plot needs {err.name}: pip install 'dpsql[plot]'") from None
     out = args.out or Path(f"{args.dataset}_privacy_utility.png")
     options: dict[str, Any] = {"mechanisms": args.mechanisms, "epsilons": args.epsilons}
-    for key in ("model", "delta", "epochs", "seed"):  # left out: the plot's own defaults
+    options["report"] = sys.stdout  # the numbers and the epsilon spent, then the file
+    for key in ("model", "delta", "epochs", "seed", "runs", "metric"):  # else: the plot's own
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     with _connect(args.dsn) as db:
