@@ -30,7 +30,11 @@
 #
 # DPSQL_PG_VERSION=16|18 selects the embedded PostgreSQL (default 18).
 
+SHELL := /bin/bash
 PYTHON ?= python3
+# The suite in parallel (pytest-xdist): one embedded server per worker; the Citus and the
+# packaging tests stay on one worker each (tests/conftest.py). PYTEST_PARALLEL= runs it serially.
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup
 VENV := .venv
 VENV_PY := $(VENV)/bin/python
 DPSQL := $(VENV)/bin/dpsql
@@ -83,10 +87,12 @@ ifeq ($(DPSQL_WITH_DIST),1)
 	$(MAKE) dist
 	$(MAKE) deb
 endif
+	@mkdir -p build/ci
 	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 \
 	$(if $(filter 1,$(DPSQL_WITH_PG15)),DPSQL_REQUIRE_PG15=1) \
 	$(if $(filter 1,$(DPSQL_WITH_DIST)),DPSQL_REQUIRE_DIST=1 DPSQL_DIST_DIR=$(CURDIR)/dist) \
-	$(VENV_PY) -m pytest -q
+	$(VENV_PY) -m pytest -q $(PYTEST_PARALLEL) --durations=50 --junitxml=build/ci/junit.xml \
+		| tee build/ci/pytest.log; test "$${PIPESTATUS[0]}" -eq 0
 
 test-citus: $(VENV_STAMP) citus
 	$(DPSQL) install-extension --pg-config $(PG18_CONFIG)

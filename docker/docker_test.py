@@ -5,35 +5,29 @@
 2. The base images when missing: ``debian:bookworm`` by debootstrap (with this machine's CA
    certificates, for HTTPS through its proxy), and ``postgres:15-bookworm`` from the stand-in in
    ``../shared/containers/postgres-standin`` (no registry is reachable here).
-3. The image (``docker/Dockerfile``, PG_MAJOR=15), a container on a named volume with host
-   networking on a free port, the role variables of ``docker/initdb/10-dpsql.sh`` set; then
-   ``tests/container`` (wrong password, the analyst's route, restart persistence) and the
-   server test suite through ``DPSQL_TEST_DSN``.
-4. ``docker/compose.yml`` up, checked, down.
-5. The ``citus`` target for PostgreSQL 18 (its base ``postgres:18-bookworm`` from the embedded
-   wheel's PostgreSQL where no registry has it, ``docker/standin``), ``docker/compose.citus.yml``
-   up, ``tests/citus`` against it (``DPSQL_CITUS_EXTERNAL``), down.
+3. The images: ``docker/Dockerfile``'s ``dpsql`` target (PG_MAJOR=15) and its ``citus`` target
+   for PostgreSQL 18 (its base ``postgres:18-bookworm`` from the embedded wheel's PostgreSQL
+   where no registry has it, ``docker/standin``).
+4. ``tests/container`` with pytest: testcontainers fixtures start the image (conftest.py), the
+   tests check what only a container shows (TCP passwords, no trust rule, the environment's
+   roles, a restart), run the server suite's smoke subset and pg_regress against it, and bring
+   up ``compose.yml`` and ``compose.citus.yml`` (the Citus suite's smoke subset).
 
-Everything started here (containers, volumes, the compose project, dockerd) is removed at the
-end by its id or pid, also on failure.
+Everything started here (containers, volumes, compose projects, dockerd) is removed at the end
+by its label, id or pid, also on failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import psycopg
 
 from dpsql import server
 
@@ -45,8 +39,6 @@ CITUS_IMAGE = "dpsql-citus:test"
 CITUS_PG_MAJOR = "18"  # Citus 14 supports PostgreSQL 16-18
 CITUS_TARBALL = SHARED / "citus" / "citus-14.0.1.tar.gz"
 PG_MAJOR = os.environ.get("DPSQL_DOCKER_PG_MAJOR", "15")
-# the server tests, run against the container (tests/container runs its own checks first)
-SUITE = os.environ.get("DPSQL_DOCKER_SUITE", "tests/container tests/server").split()
 
 
 def log(msg: str) -> None:
@@ -160,113 +152,12 @@ def base_images() -> None:
             shutil.rmtree(context, ignore_errors=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def container_checks() -> None:
-    tag = secrets.token_hex(4)
-    volume, name = f"dpsql-test-{tag}", f"dpsql-test-{tag}"
-    port, password = free_port(), secrets.token_urlsafe(16)
-    analyst, analyst_pw = "alice", secrets.token_urlsafe(16)
-    owner, owner_pw = "olivia", secrets.token_urlsafe(16)
-    cid = ""
-    try:
-        cid = docker(
-            "run", "-d", "--name", name, "--network=host",
-            "-v", f"{volume}:/var/lib/postgresql/data",
-            "-e", f"POSTGRES_PASSWORD={password}", "-e", f"DPSQL_OWNER={owner}",
-            "-e", f"DPSQL_OWNER_PASSWORD={owner_pw}", "-e", f"DPSQL_ANALYST={analyst}",
-            "-e", f"DPSQL_ANALYST_PASSWORD={analyst_pw}",
-            IMAGE, "postgres", "-c", f"port={port}", "-c", "listen_addresses=127.0.0.1",
-            capture=True,
-        )  # fmt: skip
-        dsn = f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"
-        server.wait_until_ready(dsn)
-        log(f"container {cid[:12]} ready on 127.0.0.1:{port}")
-        env = {
-            **os.environ,
-            "DPSQL_TEST_DSN": dsn,
-            "DPSQL_CONTAINER_ID": cid,
-            "DPSQL_CONTAINER_ANALYST": f"postgresql://{analyst}:{analyst_pw}@127.0.0.1:{port}/postgres",
-            "DPSQL_CONTAINER_OWNER": f"postgresql://{owner}:{owner_pw}@127.0.0.1:{port}/postgres",
-        }
-        tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITE,
-                    env=env, check=False)  # fmt: skip
-        if tests.returncode != 0:
-            log("the tests failed; the server's log ends with:")
-            docker("logs", "--tail", "60", cid, check=False)
-            raise SystemExit(tests.returncode)
-        # pg_regress of the SQL surface against the container (PG_CONFIG: any, for PGXS)
-        libpq = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "PGUSER": "postgres",
-                 "PGPASSWORD": password}  # fmt: skip
-        run("make", "-s", "installcheck", f"PG_CONFIG={server.pg_config_path()}", env=libpq,
-            cwd=ROOT)  # fmt: skip
-    finally:
-        if cid:
-            docker("rm", "-f", cid, check=False, capture=True)
-        docker("volume", "rm", "-f", volume, check=False, capture=True)
-
-
-def compose_checks() -> None:
-    project = f"dpsql-compose-{secrets.token_hex(4)}"
-    port, password = free_port(), secrets.token_urlsafe(16)
-    env = {**os.environ, "POSTGRES_PASSWORD": password, "DPSQL_PORT": str(port),
-           "DPSQL_IMAGE": IMAGE, "PG_MAJOR": PG_MAJOR}  # fmt: skip
-    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker" / "compose.yml")]
-    try:
-        run(*compose, "up", "-d", env=env, capture_output=True)
-        dsn = f"postgresql://postgres:{password}@127.0.0.1:{port}/postgres"
-        server.wait_until_ready(dsn)
-        with psycopg.connect(dsn) as conn:
-            version = conn.execute(
-                "SELECT extversion FROM pg_extension WHERE extname = 'dpsql'"
-            ).fetchone()
-        assert version is not None, "compose: the extension was not created on first start"
-        log(f"compose.yml: dpsql {version[0]} on 127.0.0.1:{port}")
-    finally:
-        run(*compose, "down", "-v", env=env, check=False, capture_output=True)
-
-
-def citus_compose_checks() -> None:
-    """compose.citus.yml up; tests/citus against it (DPSQL_CITUS_EXTERNAL); down."""
-    project = f"dpsql-citus-{secrets.token_hex(4)}"
-    password = secrets.token_urlsafe(16)
-    ports = {name: free_port() for name in ("coordinator", "worker1", "worker2")}
-    env = {
-        **os.environ,
-        "POSTGRES_PASSWORD": password,
-        "DPSQL_CITUS_IMAGE": CITUS_IMAGE,
-        "DPSQL_COORDINATOR_PORT": str(ports["coordinator"]),
-        "DPSQL_WORKER1_PORT": str(ports["worker1"]),
-        "DPSQL_WORKER2_PORT": str(ports["worker2"]),
-    }
-    compose = ["docker-compose", "-p", project, "-f", str(ROOT / "docker" / "compose.citus.yml")]
-    try:
-        run(*compose, "up", "-d", env=env, capture_output=True)
-        dsn = f"postgresql://postgres:{password}@127.0.0.1:{ports['coordinator']}/postgres"
-        server.wait_until_ready(dsn, 180)
-        nodes = {
-            name: {
-                "port": port,
-                "container": run(
-                    *compose, "ps", "-q", name, env=env, capture_output=True
-                ).stdout.strip(),
-            }
-            for name, port in ports.items()
-        }
-        log(f"compose.citus.yml: coordinator on 127.0.0.1:{ports['coordinator']}")
-        external = json.dumps({"password": password, "nodes": nodes})
-        test_env = {**os.environ, "DPSQL_CITUS_EXTERNAL": external, "DPSQL_REQUIRE_CITUS": "1"}
-        tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/citus",
-                    env=test_env, check=False, cwd=ROOT)  # fmt: skip
-        if tests.returncode != 0:
-            run(*compose, "logs", "--tail", "40", env=env, check=False)
-            raise SystemExit(tests.returncode)
-    finally:
-        run(*compose, "down", "-v", env=env, check=False, capture_output=True)
+def _remove_labelled() -> None:
+    """Containers and volumes a failed test left (tests/container/conftest.py labels them)."""
+    for kind in ("container", "volume"):
+        ids = docker(kind, "ls", "-q", "--filter", "label=dpsql.test", capture=True, check=False)
+        if ids:
+            docker(kind, "rm", "-f", *ids.split(), check=False, capture=True)
 
 
 def main() -> None:
@@ -276,15 +167,30 @@ def main() -> None:
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={PG_MAJOR}",
                "--target", "dpsql", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", IMAGE,
                str(ROOT))  # fmt: skip
-        container_checks()
-        compose_checks()
         log(f"building {CITUS_IMAGE} (PG_MAJOR={CITUS_PG_MAJOR}, Citus from {CITUS_TARBALL})")
         (ROOT / "build" / "citus").mkdir(parents=True, exist_ok=True)
         shutil.copy(CITUS_TARBALL, ROOT / "build" / "citus" / CITUS_TARBALL.name)
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
                "--target", "citus", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", CITUS_IMAGE,
                str(ROOT))  # fmt: skip
-        citus_compose_checks()
+        env = {
+            **os.environ,
+            "DPSQL_IMAGE": IMAGE,
+            "DPSQL_CITUS_IMAGE": CITUS_IMAGE,
+            # no registry here for testcontainers' reaper image; the fixtures remove their own
+            "TESTCONTAINERS_RYUK_DISABLED": "true",
+            # this machine looks like a container (/.dockerenv): talk to DOCKER_HOST as it is
+            "TESTCONTAINERS_CONNECTION_MODE": "docker_host",
+        }
+        try:
+            tests = run(
+                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=20",
+                "tests/container", env=env, check=False, cwd=ROOT,
+            )  # fmt: skip
+        finally:
+            _remove_labelled()
+        if tests.returncode != 0:
+            raise SystemExit(tests.returncode)
     log("passed")
 
 

@@ -27,6 +27,24 @@ from dpsql import extension, server
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# Markers by directory (pyproject.toml lists them all), and the groups pytest-xdist keeps on one
+# worker (make test runs `-n 2 --dist loadgroup`): the Citus tests share one cluster, and the
+# packaging tests install and purge packages of the one Debian PostgreSQL 15.
+_BY_DIRECTORY = {"packaging": "packaging", "citus": "citus", "container": "container"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in _BY_DIRECTORY:
+            item.add_marker(getattr(pytest.mark, _BY_DIRECTORY[folder]))
+            item.add_marker(pytest.mark.xdist_group(folder))
+        doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+        if "false-failure" in doc or "false failure" in doc:
+            item.add_marker(pytest.mark.statistical)
+
+
 def _prepare_extension(uri: str, pg_config: Path | None) -> None:
     # A broken extension build must not stop the tests that do not need the extension; the
     # warning (in pytest's summary) says why those that do fail.
@@ -51,9 +69,31 @@ def server_uri() -> Iterator[str]:
 
 
 @pytest.fixture
+def own_server_uri() -> Iterator[str]:
+    """A throw-away embedded server of the test's own, for tests that crash or restart a
+    server: the shared one stays up for every other test (issue 43)."""
+    version = server.DEFAULT_PG_VERSION
+    with server.temporary_server(version) as uri:
+        _prepare_extension(uri, server.pg_config_path(version))
+        with psycopg.connect(uri, autocommit=True) as connection:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS dpsql")
+        yield uri
+
+
+def _connect(uri: str) -> psycopg.Connection:
+    """A connection; a server that is starting or recovering (a loaded machine, a container
+    that restarted) is waited for, up to two minutes, instead of failing the test."""
+    try:
+        return psycopg.connect(uri, autocommit=True)
+    except psycopg.OperationalError:
+        server.wait_until_ready(uri, 120)
+        return psycopg.connect(uri, autocommit=True)
+
+
+@pytest.fixture
 def conn(server_uri: str) -> Iterator[psycopg.Connection]:
     """A fresh autocommit connection, with the dpsql extension created when it can be."""
-    with psycopg.connect(server_uri, autocommit=True) as connection:
+    with _connect(server_uri) as connection:
         # Not installable (yet): the tests that need it fail on their own.
         with contextlib.suppress(psycopg.Error):
             connection.execute("CREATE EXTENSION IF NOT EXISTS dpsql")

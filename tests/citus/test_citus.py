@@ -21,6 +21,9 @@ from dpsql.loading import load_numpy
 from tests import definer_role
 from tests.pg_helpers import prepare
 
+# The container stage runs this module on compose.citus.yml (tests/container).
+pytestmark = pytest.mark.smoke
+
 SHARDS = 4
 
 

@@ -1,16 +1,9 @@
-"""The dpsql Docker image, in a running container (``make docker-test`` starts it and sets the
-variables below; without them these tests skip).
-
-``DPSQL_TEST_DSN`` is the superuser's URI over TCP; ``DPSQL_CONTAINER_ANALYST`` and
-``DPSQL_CONTAINER_OWNER`` the roles the image created on first start from ``DPSQL_ANALYST`` /
-``DPSQL_OWNER`` (docker/initdb/10-dpsql.sh); ``DPSQL_CONTAINER_ID`` the container.
+"""The dpsql Docker image, in a running container (the ``running`` fixture, conftest.py): what
+only a container can show. The roles are those the image creates on first start from
+``DPSQL_ANALYST`` / ``DPSQL_OWNER`` (docker/initdb/10-dpsql.sh).
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import time
 
 import numpy as np
 import psycopg
@@ -19,36 +12,29 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from dpsql.loading import load_numpy
 
-CONTAINER = os.environ.get("DPSQL_CONTAINER_ID")
-pytestmark = pytest.mark.skipif(not CONTAINER, reason="make docker-test runs these")
 
-
-def _dsn(name: str) -> str:
-    return os.environ[name]
-
-
-def test_a_wrong_password_is_refused_over_tcp() -> None:
-    for name in ("DPSQL_TEST_DSN", "DPSQL_CONTAINER_ANALYST", "DPSQL_CONTAINER_OWNER"):
-        info = conninfo_to_dict(_dsn(name))
+def test_a_wrong_password_is_refused_over_tcp(running) -> None:
+    for dsn in (running.dsn, running.analyst, running.owner):
+        info = conninfo_to_dict(dsn)
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-            psycopg.connect(make_conninfo(_dsn(name), password=f"{info['password']}x"))
+            psycopg.connect(make_conninfo(dsn, password=f"{info['password']}x"))
 
 
-def test_no_trust_in_pg_hba() -> None:
-    with psycopg.connect(_dsn("DPSQL_TEST_DSN")) as conn:
+def test_no_trust_in_pg_hba(running) -> None:
+    with psycopg.connect(running.dsn) as conn:
         methods = {
             r[0] for r in conn.execute("SELECT auth_method FROM pg_hba_file_rules").fetchall()
         }
     assert methods <= {"scram-sha-256", "reject"}, methods
 
 
-def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows() -> None:
+def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(running) -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2000, 3)) / 2
     y = (X @ np.array([1.0, -1.0, 0.5]) > 0).astype(float)
-    analyst = conninfo_to_dict(_dsn("DPSQL_CONTAINER_ANALYST"))["user"]
-    owner_role = conninfo_to_dict(_dsn("DPSQL_CONTAINER_OWNER"))["user"]
-    with psycopg.connect(_dsn("DPSQL_CONTAINER_OWNER"), autocommit=True) as owner:
+    analyst = conninfo_to_dict(running.analyst)["user"]
+    owner_role = conninfo_to_dict(running.owner)["user"]
+    with psycopg.connect(running.owner, autocommit=True) as owner:
         # the first start gave the owner a schema of their own, first on their search_path
         # (PostgreSQL 15+ grants no CREATE in public): an unqualified table lands there
         owner.execute("CREATE TABLE probe (a int)")
@@ -64,7 +50,7 @@ def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(
             " labels => '{0,1}', row_norm => 'clip', name => 'points')"
         ).fetchone()[0]
         owner.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
-    with psycopg.connect(_dsn("DPSQL_CONTAINER_ANALYST"), autocommit=True) as a:
+    with psycopg.connect(running.analyst, autocommit=True) as a:
         model = a.execute(
             "SELECT dpsql.train('points', NULL, NULL, privacy => 'bolton', epsilon => 1)"
         ).fetchone()[0]
@@ -86,8 +72,8 @@ def test_the_analyst_of_the_documented_route_trains_privately_and_reads_no_rows(
             a.execute("SELECT dpsql.train('points', '{x}', 'y')")  # noiseless: owners only
 
 
-def _counts() -> tuple[int, int, int]:
-    with psycopg.connect(_dsn("DPSQL_TEST_DSN")) as conn:
+def _counts(dsn: str) -> tuple[int, int, int]:
+    with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT (SELECT count(*) FROM dpsql.ledger), (SELECT count(*) FROM dpsql.datasets),"
             " (SELECT count(*) FROM dpsql.model_store)"
@@ -96,17 +82,8 @@ def _counts() -> tuple[int, int, int]:
     return row
 
 
-def test_a_restart_keeps_the_ledger_datasets_and_models() -> None:
-    before = _counts()
+def test_a_restart_keeps_the_ledger_datasets_and_models(running) -> None:
+    before = _counts(running.dsn)
     assert before[0] > 0 and before[1] > 0 and before[2] > 0  # the analyst test ran first
-    subprocess.run(["docker", "restart", CONTAINER or ""], check=True, capture_output=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            after = _counts()
-            break
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-    assert after == before
+    running.restart()
+    assert _counts(running.dsn) == before

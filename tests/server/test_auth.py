@@ -17,6 +17,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from dpsql import cli, roles, server
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 
 @pytest.fixture(scope="module")
 def fresh_server() -> Iterator[tuple[str, Path]]:

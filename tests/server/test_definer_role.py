@@ -13,6 +13,9 @@ from psycopg import sql
 
 from tests import definer_role
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 
 def test_the_definer_role_is_no_superuser(conn) -> None:
     definer_role.check_role_attributes(conn)

@@ -10,6 +10,9 @@ import psycopg
 import pytest
 from psycopg import errors
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 BUDGET_EXCEEDED = "DP001"
 
 

@@ -32,6 +32,9 @@ FIT_SIGNATURE = (
     "OUT info jsonb, OUT iterates double precision[]"
 )
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 
 def _catalog(conn) -> list[tuple]:
     return conn.execute(

@@ -11,6 +11,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 ROWS = 300
 
 

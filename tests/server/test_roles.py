@@ -9,6 +9,9 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 # What an analyst may execute in schema dpsql: the entry points, the SECURITY INVOKER helpers
 # that evaluate/predict run as the caller, and the checks the views and train call.
 ANALYST_FUNCTIONS = {

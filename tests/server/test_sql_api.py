@@ -10,6 +10,9 @@ from psycopg.rows import dict_row
 from dpsql import _core
 from tests.pg_helpers import leftovers, load
 
+# The container stage runs this module against the image (tests/container).
+pytestmark = pytest.mark.smoke
+
 
 @pytest.fixture
 def binary(conn, scratch_schema):
