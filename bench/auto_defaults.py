@@ -178,44 +178,138 @@ def load_numbers(path: Path) -> list[float]:
     return [float(e) for e in saved["epsilons"]]
 
 
-def _plot(path: Path, eps_grid: Sequence[float]) -> None:
-    import matplotlib
+# The figure's panels: `auto` in each, the other methods by family, at most ~8 lines a panel
+# (issue 42). A method in no group gets a panel of its dataset's leftovers.
+Groups = dict[str, tuple[tuple[str, tuple[str, ...]], ...]]
+PLOT_GROUPS: Groups = {
+    "test accuracy": (
+        (
+            "bolt-on, epsilon-DP",
+            (
+                "auto",
+                "auto (delta = 0)",
+                "bolt-on Alg. 1",
+                "bolt-on Alg. 2 (lambda 1e-4)",
+                "diffprivlib LogisticRegression (eps-DP)",
+            ),
+        ),
+        (
+            "noisy SGD",
+            (
+                "auto",
+                "DP-SGD shuffle",
+                "DP-SGD Poisson",
+                "DPSGD-F",
+                "DPSGD-F Alg. 2",
+                "SCS13",
+                "BST14",
+            ),
+        ),
+        (
+            "private ERM",
+            (
+                "auto",
+                "objective perturbation",
+                "output perturbation",
+                "DP-FTRL",
+                "Frank-Wolfe",
+                "exponential mechanism",
+            ),
+        ),
+    ),
+    "test MSE": (
+        (
+            "linear regression",
+            (
+                "auto",
+                "auto (delta = 0)",
+                "DP-GD",
+                "AdaSSP",
+                "DP-AMBSSGD",
+                "DP-SSGD",
+                "diffprivlib LinearRegression (eps-DP)",
+            ),
+        ),
+        ("noisy SGD", ("auto", "DP-SGD", "DPSGD-F", "DP-FTRL")),
+        (
+            "private ERM",
+            (
+                "auto",
+                "objective perturbation",
+                "output perturbation",
+                "Frank-Wolfe (LASSO)",
+                "exponential mechanism",
+            ),
+        ),
+    ),
+}
+PER_PANEL = 8
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    cols = min(3, len(PANELS))
-    grid_rows = -(-len(PANELS) // cols)
-    fig, axes = plt.subplots(grid_rows, cols, figsize=(6 * cols, 4.8 * grid_rows), squeeze=False)
-    for ax in axes.flat[len(PANELS) :]:
-        ax.set_visible(False)
-    for ax, (title, metric, rows) in zip(axes.flat, PANELS, strict=False):
-        for label, by_eps in rows.items():
-            xs = [e for e in eps_grid if by_eps.get(e)]
-            ys = [statistics.mean(by_eps[e]) for e in xs]
-            if not xs:
-                continue
-            style = "k--" if "non-private" in label else ("o-" if label == "auto" else ".-")
-            if "scikit-learn" in label:
-                style = "k:"
-            ax.plot(xs, ys, style, label=label, linewidth=2.5 if label == "auto" else 1.2)
-        ax.set_xscale("log")
-        ax.set_xlabel("epsilon")
-        ax.set_ylabel(metric)
-        if metric == "test MSE":
-            ax.set_yscale("log")
-            floor = min(statistics.mean(v) for r in rows.values() for v in r.values() if v)
-            trivial = next(v for k, r in rows.items() if "mean" in k for v in r.values())
-            ax.set_ylim(0.8 * floor, 10 * statistics.mean(trivial))
-        else:
-            # the majority class near the bottom: Protein's differences are in the third digit
-            majority = statistics.mean(next(iter(rows["majority class (non-private)"].values())))
-            ax.set_ylim(bottom=max(0.0, majority - 3 * (1 - majority)))
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _panels(
+    rows: dict[str, dict[float, list[float]]], groups: Sequence[tuple[str, Sequence[str]]]
+) -> list[tuple[str, list[str]]]:
+    """(family, methods) of one dataset's panels: the groups that hold a method of ``rows``
+    beyond ``auto``, then the methods no group holds, ``PER_PANEL - 1`` to a panel."""
+    private = [k for k in rows if "non-private" not in k]
+    out: list[tuple[str, list[str]]] = []
+    placed: set[str] = set()
+    for family, members in groups:
+        present = [m for m in members if m in rows]
+        if any(not m.startswith("auto") for m in present):
+            out.append((family, present))
+            placed.update(present)
+    rest = [m for m in private if m not in placed]
+    autos = [m for m in private if m == "auto"]
+    for start in range(0, len(rest), PER_PANEL - 1):
+        out.append(("others", autos + rest[start : start + PER_PANEL - 1]))
+    return out
+
+
+def _plot(
+    path: Path,
+    eps_grid: Sequence[float],
+    groups: Groups = PLOT_GROUPS,
+) -> None:
+    """One row of panels per dataset (dpsql.plot.draw_utility's rules: y from the trivial model
+    up, error bars over the seeds, `auto` named with its choice, the legend outside)."""
+    from matplotlib.figure import Figure
+
+    from dpsql.plot import draw_utility, series_label
+
+    layout = [(panel, _panels(panel[2], groups.get(panel[1], ()))) for panel in PANELS]
+    cols = max(len(p) for _, p in layout)
+    fig = Figure(figsize=(7.4 * cols, 3.5 * len(layout)), layout="constrained")
+    axes = fig.subplots(len(layout), cols, squeeze=False)
+    seeds = 1
+    for row_axes, ((title, metric, rows), panels) in zip(axes, layout, strict=True):
+        for ax in row_axes[len(panels) :]:
+            ax.set_visible(False)
+        refs = {
+            k: statistics.mean(next(iter(v.values())))
+            for k, v in rows.items()
+            if "non-private" in k
+        }
+        trivial = next(k for k in refs if k.startswith(("majority", "training mean")))
+        baseline = refs.pop(trivial)
+        for ax, (family, methods) in zip(row_axes, panels, strict=False):
+            series = {m: rows[m] for m in methods}
+            seeds = max([seeds, *(len(v) for r in series.values() for v in r.values())])
+            refused = [m for m in methods if not any(rows[m].values())]
+            draw_utility(
+                ax,
+                eps_grid,
+                series,
+                metric="mse" if metric == "test MSE" else "accuracy",
+                baseline=baseline,
+                baseline_label=trivial.removesuffix(" (non-private)"),
+                references=refs,
+                labels={m: series_label(m, CHOSEN.get(title, {}).get(m, {})) for m in methods},
+            )
+            note = f"\nrefused at every epsilon: {', '.join(refused)}" if refused else ""
+            ax.set_title(f"{title}: {family}{note}", fontsize=10)
+    fig.suptitle(f"mean ± sd over {seeds} seeds per point", fontsize=11)
+    fig.savefig(path, dpi=80)
 
 
 def _diffprivlib(kind: str) -> Any:
@@ -390,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     )
     parser.add_argument("--dsn", help="server (default: a temporary embedded one)")
     parser.add_argument(
+        "--eps", help=f"comma-separated epsilons (default {','.join(f'{e:g}' for e in EPS_GRID)})"
+    )
+    parser.add_argument(
         "--plot", type=Path, default=Path(__file__).parent / "figures" / "auto_defaults.png"
     )
     parser.add_argument("--numbers", type=Path, help="also save the numbers here (JSON)")
@@ -398,11 +495,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     )
     args = parser.parse_args(argv)
     if args.replot is not None:
-        _plot(args.plot, load_numbers(args.replot))
-        print(f"# plot: {args.plot}")
-        return 0
+        return _replot(args.plot, args.replot)
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
-    eps_grid = QUICK_EPS if args.quick else EPS_GRID
+    eps_grid: tuple[float, ...] = QUICK_EPS if args.quick else EPS_GRID
+    eps_grid = tuple(float(e) for e in args.eps.split(",")) if args.eps else eps_grid
     wanted = args.datasets.split(",")
     lines = header_lines("auto_defaults")
     lines.append(
@@ -423,10 +519,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     with bench_server(args.dsn, None) as (uri, where):
         print(f"# server: {where}", flush=True)
         with dpsql.connect(uri) as db:
-            sections: list[Callable[[], list[str]]] = []
+            # (position in --datasets, section): run in the order asked
+            sections: list[tuple[int, Callable[[], list[str]]]] = []
             for data in datasets:
                 install_data(db, data, "")
-                sections.append(functools.partial(classification, db, data, seeds, eps_grid))
+                run = functools.partial(classification, db, data, seeds, eps_grid)
+                sections.append((wanted.index(data.name), run))
             for name, load in loaders.items():
                 if name not in wanted:
                     continue
@@ -435,18 +533,23 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
                 except FileNotFoundError as err:
                     skipped.append(f"{name}: skipped ({err})")
                     continue
-                sections.append(
-                    functools.partial(regression, db, name, X, y, note, lower, seeds, eps_grid)
-                )
-            for section in sections:
+                run = functools.partial(regression, db, name, X, y, note, lower, seeds, eps_grid)
+                sections.append((wanted.index(name), run))
+            for _, section in sorted(sections, key=lambda s: s[0]):
                 print("\n".join(["", *section()]), flush=True)
-    if PANELS and args.numbers is not None:
-        save_numbers(args.numbers, eps_grid)
+                if args.numbers is not None:  # after each section: a stopped run keeps them
+                    save_numbers(args.numbers, eps_grid)
     if PANELS:
         _plot(args.plot, eps_grid)
         print(f"# plot: {args.plot}")
     for note in skipped:
         print(f"# {note}")
+    return 0
+
+
+def _replot(path: Path, numbers: Path) -> int:
+    _plot(path, load_numbers(numbers))
+    print(f"# plot: {path}")
     return 0
 
 

@@ -71,6 +71,17 @@ BASE_REGRESSORS: dict[str, dict[str, Any]] = {
     "DP-GD": {"privacy": "dpgd"},
     "AdaSSP": {"privacy": "adassp"},
 }
+# The figure's panels (at most ~8 lines each, issue 42): the toolbox, then what dpsql had.
+PLOT_GROUPS: ad.Groups = {
+    "test accuracy": (
+        ("private ERM", tuple(NEW_CLASSIFIERS)),
+        ("before", (*BASE_CLASSIFIERS, "diffprivlib LogisticRegression (eps-DP)")),
+    ),
+    "test MSE": (
+        ("private ERM", tuple(NEW_REGRESSORS)),
+        ("before", (*BASE_REGRESSORS, "diffprivlib LinearRegression (eps-DP)")),
+    ),
+}
 
 
 def lasso_support(db: dpsql.Database, seeds: list[int], eps_grid: tuple[float, ...]) -> list[str]:
@@ -263,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.replot is not None:
-        ad._plot(args.plot, ad.load_numbers(args.replot))
+        ad._plot(args.plot, ad.load_numbers(args.replot), PLOT_GROUPS)
         print(f"# plot: {args.plot}")
         return 0
     seeds = [1] if args.quick else list(range(1, args.seeds + 1))
@@ -301,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if ad.PANELS and args.numbers is not None:
         ad.save_numbers(args.numbers, eps_grid)
     if ad.PANELS and sections == set(SECTIONS) and args.only is None:
-        ad._plot(args.plot, eps_grid)
+        ad._plot(args.plot, eps_grid, PLOT_GROUPS)
         print(f"# plot: {args.plot}")
     for note in skipped:
         print(f"# {note}")
