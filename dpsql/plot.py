@@ -82,6 +82,8 @@ _YLABELS = {"accuracy": "test accuracy", "mse": "test MSE", "r2": "test R²"}
 # Ten markers and twenty colours (tab10, then tab20's light shades): a panel of up to twenty
 # series repeats neither a colour nor a (colour, marker) pair.
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+# the error bars' offset from their epsilon, per series, in decades of the log axis
+_DODGE = 0.01
 _REFERENCE_STYLES = ((":", "black"), ("-.", "dimgrey"), ((0, (1, 3)), "black"))
 
 
@@ -198,7 +200,8 @@ def draw_utility(
     """Draw utility against epsilon on ``ax`` by the module's rules.
 
     ``series[name][epsilon]`` holds the runs' values of one point (several give an error bar of
-    one standard deviation around their mean; none leaves a gap); ``labels[name]`` replaces the
+    one standard deviation around their mean, the series' bars set a little apart around each
+    epsilon; none leaves a gap); ``labels[name]`` replaces the
     name in the legend (:func:`series_label`); ``references`` are horizontal lines such as a
     non-private model's; ``baseline`` is the trivial model's value, the bottom of the axis
     (``metric`` ``"accuracy"`` or ``"r2"``) or near its top (``"mse"``).
@@ -216,8 +219,18 @@ def draw_utility(
         style = {"color": colours[i], "marker": _MARKERS[i % len(_MARKERS)], "label": label}
         if several:
             sds = [statistics.stdev(v) if len(v := _finite(by_eps[e])) > 1 else 0.0 for e in xs]
+            # side by side around each epsilon (a few percent on the log axis): bars stay apart
+            shift = 10 ** (_DODGE * (i - (len(series) - 1) / 2))
             handles.append(
-                ax.errorbar(xs, means, yerr=sds, capsize=3, markersize=5, linewidth=1.4, **style)
+                ax.errorbar(
+                    [x * shift for x in xs],
+                    means,
+                    yerr=sds,
+                    capsize=3,
+                    markersize=5,
+                    linewidth=1.4,
+                    **style,
+                )
             )
         else:
             handles += ax.plot(xs, means, markersize=5, linewidth=1.4, **style)
