@@ -248,21 +248,22 @@ PER_PANEL = 8
 
 def _panels(
     rows: dict[str, dict[float, list[float]]], groups: Sequence[tuple[str, Sequence[str]]]
-) -> list[tuple[str, list[str]]]:
-    """(family, methods) of one dataset's panels: the groups that hold a method of ``rows``
-    beyond ``auto``, then the methods no group holds, ``PER_PANEL - 1`` to a panel."""
+) -> list[tuple[str, list[str], list[str]]]:
+    """(family, methods, methods without a release) of one dataset's panels: the groups, then
+    the methods no group holds, ``PER_PANEL - 1`` to a panel. A group's method missing from
+    ``rows`` refused at every epsilon (diffprivlib: not installed)."""
     private = [k for k in rows if "non-private" not in k]
-    out: list[tuple[str, list[str]]] = []
+    out: list[tuple[str, list[str], list[str]]] = []
     placed: set[str] = set()
     for family, members in groups:
         present = [m for m in members if m in rows]
-        if any(not m.startswith("auto") for m in present):
-            out.append((family, present))
-            placed.update(present)
+        refused = [m for m in members if m not in rows and not m.startswith("diffprivlib")]
+        out.append((family, present, refused))
+        placed.update(present)
     rest = [m for m in private if m not in placed]
     autos = [m for m in private if m == "auto"]
     for start in range(0, len(rest), PER_PANEL - 1):
-        out.append(("others", autos + rest[start : start + PER_PANEL - 1]))
+        out.append(("others", autos + rest[start : start + PER_PANEL - 1], []))
     return out
 
 
@@ -292,10 +293,10 @@ def _plot(
         }
         trivial = next(k for k in refs if k.startswith(("majority", "training mean")))
         baseline = refs.pop(trivial)
-        for ax, (family, methods) in zip(row_axes, panels, strict=False):
+        for ax, (family, methods, refused) in zip(row_axes, panels, strict=False):
             series = {m: rows[m] for m in methods}
             seeds = max([seeds, *(len(v) for r in series.values() for v in r.values())])
-            refused = [m for m in methods if not any(rows[m].values())]
+            refused = refused + [m for m in methods if not any(rows[m].values())]
             draw_utility(
                 ax,
                 eps_grid,

@@ -216,15 +216,18 @@ def draw_utility(
         if not xs:
             continue  # nothing released at any epsilon: said in the caller's table
         means = [statistics.mean(_finite(by_eps[e])) for e in xs]
+        # a mean beyond the axis is a triangle on its edge, not a line or a bar through the data
+        shown = [m if low <= m <= high else math.nan for m in means]
         style = {"color": colours[i], "marker": _MARKERS[i % len(_MARKERS)], "label": label}
         if several:
             sds = [statistics.stdev(v) if len(v := _finite(by_eps[e])) > 1 else 0.0 for e in xs]
+            sds = [sd if math.isfinite(m) else math.nan for sd, m in zip(sds, shown, strict=True)]
             # side by side around each epsilon (a few percent on the log axis): bars stay apart
             shift = 10 ** (_DODGE * (i - (len(series) - 1) / 2))
             handles.append(
                 ax.errorbar(
                     [x * shift for x in xs],
-                    means,
+                    shown,
                     yerr=sds,
                     capsize=3,
                     markersize=5,
@@ -233,7 +236,7 @@ def draw_utility(
                 )
             )
         else:
-            handles += ax.plot(xs, means, markersize=5, linewidth=1.4, **style)
+            handles += ax.plot(xs, shown, markersize=5, linewidth=1.4, **style)
         _mark_outside(ax, xs, means, (low, high), colours[i])
     for j, (name, value) in enumerate((references or {}).items()):
         linestyle, colour = _REFERENCE_STYLES[j % len(_REFERENCE_STYLES)]

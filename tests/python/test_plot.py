@@ -261,6 +261,9 @@ def test_draw_utility_marks_points_off_the_axis_and_repeats_no_colour() -> None:
     assert [(float(line.get_xdata()[0]), float(line.get_ydata()[0])) for line in edge] == [
         (0.1, pytest.approx(0.58))
     ]
+    # ... and no line or error bar reaches into the data from it
+    m0 = np.asarray(bars[0][0].get_ydata(), dtype=float)
+    assert np.isnan(m0[0]) and m0[1] == pytest.approx(0.805)
     assert series_label("auto", {}) == "auto"
     assert series_label("auto", {0.5: ["bolton"], 1.0: ["bolton"]}) == "auto → bolton"
 
