@@ -36,6 +36,7 @@ import contextlib
 import functools
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from collections import defaultdict
@@ -307,7 +308,8 @@ def _plot(
                 references=refs,
                 labels={m: series_label(m, CHOSEN.get(title, {}).get(m, {})) for m in methods},
             )
-            note = f"\nrefused at every epsilon: {', '.join(refused)}" if refused else ""
+            note = "refused at every epsilon: " + ", ".join(refused) if refused else ""
+            note = "\n" + textwrap.fill(note, 60) if note else ""
             ax.set_title(f"{title}: {family}{note}", fontsize=10)
     fig.suptitle(f"mean ± sd over {seeds} seeds per point", fontsize=11)
     fig.savefig(path, dpi=80)

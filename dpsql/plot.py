@@ -83,7 +83,7 @@ _YLABELS = {"accuracy": "test accuracy", "mse": "test MSE", "r2": "test R²"}
 # series repeats neither a colour nor a (colour, marker) pair.
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
 # the error bars' offset from their epsilon, per series, in decades of the log axis
-_DODGE = 0.01
+_DODGE = 0.02
 _REFERENCE_STYLES = ((":", "black"), ("-.", "dimgrey"), ((0, (1, 3)), "black"))
 
 
@@ -219,11 +219,11 @@ def draw_utility(
         # a mean beyond the axis is a triangle on its edge, not a line or a bar through the data
         shown = [m if low <= m <= high else math.nan for m in means]
         style = {"color": colours[i], "marker": _MARKERS[i % len(_MARKERS)], "label": label}
+        # side by side around each epsilon (a few percent on the log axis): bars stay apart
+        shift = 10 ** (_DODGE * (i - (len(series) - 1) / 2)) if several else 1.0
         if several:
             sds = [statistics.stdev(v) if len(v := _finite(by_eps[e])) > 1 else 0.0 for e in xs]
             sds = [sd if math.isfinite(m) else math.nan for sd, m in zip(sds, shown, strict=True)]
-            # side by side around each epsilon (a few percent on the log axis): bars stay apart
-            shift = 10 ** (_DODGE * (i - (len(series) - 1) / 2))
             handles.append(
                 ax.errorbar(
                     [x * shift for x in xs],
@@ -237,7 +237,7 @@ def draw_utility(
             )
         else:
             handles += ax.plot(xs, shown, markersize=5, linewidth=1.4, **style)
-        _mark_outside(ax, xs, means, (low, high), colours[i])
+        _mark_outside(ax, [x * shift for x in xs], means, (low, high), colours[i])
     for j, (name, value) in enumerate((references or {}).items()):
         linestyle, colour = _REFERENCE_STYLES[j % len(_REFERENCE_STYLES)]
         handles.append(
@@ -289,8 +289,10 @@ def _mark_outside(
                 marker=mark,
                 color=colour,
                 markersize=9,
+                markeredgecolor="white",
                 linestyle="none",
                 clip_on=False,
+                zorder=5,  # above the spine it sits on
             )
 
 
