@@ -397,7 +397,11 @@ def test_plot_writes_an_image(
     args = f"plot {name} --mechanisms bolton,dpsgd --epsilons 0.5,1 --test {test} --out {out}"
     result = dpsql_cli(*args.split(), "--epochs", "1", "--seed", "1", "--dsn", server_uri)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"wrote {out}"
+    # the numbers behind the figure and the epsilon they spent, then where it went (issue 42)
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"wrote {out}"
+    assert lines[0].split()[:2] == ["epsilon", "mechanism"]
+    assert any(line.split()[:2] == ["1", "dpsgd"] for line in lines)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (budget,) = as_json(dpsql_cli("budgets", "--json", "--dataset", name, "--dsn", server_uri))
     assert budget["epsilon_spent"] == pytest.approx(3)  # two mechanisms at 0.5 and 1
