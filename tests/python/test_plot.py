@@ -72,7 +72,7 @@ def test_privacy_utility_draws_one_line_per_mechanism(db, scratch_schema, tmp_pa
     (ax,) = fig.axes
     assert ax.get_xscale() == "log"
     assert ax.get_xlabel() == "epsilon" and ax.get_ylabel() == "test accuracy"
-    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    lines = [line for line in ax.get_lines() if not str(line.get_label()).startswith("_")]
     *curves, baseline = lines
     assert [line.get_label() for line in curves] == ["bolton", "objective_perturbation"]
     assert _legend_texts(ax) == ["bolton", "objective_perturbation", "baseline (majority class)"]
@@ -259,7 +259,8 @@ def test_draw_utility_marks_points_off_the_axis_and_repeats_no_colour() -> None:
         if line.get_marker() == "v" and line.get_linestyle() == "None" and not line.get_clip_on()
     ]
     # (at its series' place beside epsilon 0.1)
-    assert [(float(line.get_xdata()[0]), float(line.get_ydata()[0])) for line in edge] == [
+    points = [(np.asarray(line.get_xdata()), np.asarray(line.get_ydata())) for line in edge]
+    assert [(float(x[0]), float(y[0])) for x, y in points] == [
         (pytest.approx(0.1, rel=0.3), pytest.approx(0.58))
     ]
     # ... and no line or error bar reaches into the data from it
