@@ -87,6 +87,7 @@ def _connect(dsn: str) -> psycopg.Connection:
         if "Peer authentication failed" not in str(err):
             raise
         params = psycopg.conninfo.conninfo_to_dict(dsn)
+        params.pop("password", None)  # peer needs none; never echoed
         user = str(params.pop("user", None) or "postgres")
         as_user = psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
         dpsql = Path(sys.executable).with_name("dpsql")
