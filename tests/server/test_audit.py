@@ -78,25 +78,31 @@ def test_broken_mechanisms_are_caught(conn, zeros, privacy, delta, mutation, tra
     """The audit's lower bound exceeds the claimed epsilon (measured: half_noise 1.4-2.0 in 8
     audits of 1000 runs, paper_minibatch ~2.4, no_clipping ~3.3, against 1). The seed picks the
     canaries, not the mechanism's noise: the bound is random. At 1000 runs half_noise once fell
-    to 0.996 (a CI run on 2026-11-27), so it gets 2000: the bound's spread shrinks about as
-    1/sqrt(runs)."""
+    to 0.996 (a CI run on 2026-11-27), so it gets 2000; at 2000 it once fell to 0.91 (a CI run on
+    2026-11-29): a mutation counts as caught when one of two audits catches it. About 1 audit in
+    12 has missed half_noise, so the test fails wrongly with probability about 1/150."""
     ds, source = zeros
     runs = 2000 if mutation == "half_noise" else 500  # half noise is the subtlest
-    (claimed, lower, *_), details = _audit(
-        conn,
-        source,
-        privacy,
-        1.0,
-        delta,
-        runs,
-        "distinguish",
-        train=train,
-        model="huber",
-        mutation=mutation,
-        seed=2,
-    )
-    assert lower > claimed, details
-    assert details["mutation"] == mutation
+    bounds = []
+    for seed in (2, 3):
+        (claimed, lower, *_), details = _audit(
+            conn,
+            source,
+            privacy,
+            1.0,
+            delta,
+            runs,
+            "distinguish",
+            train=train,
+            model="huber",
+            mutation=mutation,
+            seed=seed,
+        )
+        assert details["mutation"] == mutation
+        bounds.append(lower)
+        if lower > claimed:
+            return
+    raise AssertionError(f"{mutation}: lower bounds {bounds}, none above {claimed}")
 
 
 def test_one_run_audit(conn, scratch_schema) -> None:
