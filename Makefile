@@ -56,7 +56,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate dist deb clean distclean
+.PHONY: all setup .venv test test-citus citus docker-tools docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate dist deb clean distclean
 
 all: test
 
@@ -119,12 +119,15 @@ else
 		pg_regress_installcheck="$(PG_REGRESS) --inputdir=./ --bindir=$$($(PG_CONFIG) --bindir)"
 endif
 
-docker-test: $(VENV_STAMP)
+docker-tools:
 	@command -v dockerd >/dev/null && command -v docker-compose >/dev/null && \
 		command -v debootstrap >/dev/null || { $(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			docker.io docker-compose debootstrap; }
-	$(SUDO) $(VENV_PY) docker/docker_test.py
+
+# DOCKER_TEST_ARGS=--images: the engine and the images only (.ci/run builds them early).
+docker-test: $(VENV_STAMP) docker-tools
+	$(SUDO) $(VENV_PY) docker/docker_test.py $(DOCKER_TEST_ARGS)
 
 # Nothing to do when the embedded PostgreSQL 18 already has Citus.
 citus: $(VENV_STAMP)

@@ -161,6 +161,9 @@ def _remove_labelled() -> None:
 
 
 def main() -> None:
+    """``--images``: the engine and the images only (.ci/run builds them while `make test` runs;
+    the images stay in build/docker, so the full run after finds them built)."""
+    images_only = "--images" in sys.argv[1:]
     with engine():
         base_images()
         log(f"building {IMAGE} (PG_MAJOR={PG_MAJOR})")
@@ -173,6 +176,9 @@ def main() -> None:
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
                "--target", "citus", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", CITUS_IMAGE,
                str(ROOT))  # fmt: skip
+        if images_only:
+            log("images built")
+            return
         env = {
             **os.environ,
             "DPSQL_IMAGE": IMAGE,
