@@ -26,6 +26,7 @@ DECLARE
     statement text;
     distributed boolean := false;
     dist_column text;
+    propagation text;
     failed text;
 BEGIN
     IF nsp IS NULL OR EXISTS (SELECT 1 FROM unnest(columns) c
@@ -73,11 +74,10 @@ BEGIN
     -- registration findings). So the shards (and the workers' copies of the table) get the
     -- grant over Citus's own connections, committed at once: a registration that fails after
     -- this leaves dpsql_reader that grant on the shards, which reach no one but the definer code.
-    failed := current_setting('citus.enable_ddl_propagation');
+    propagation := current_setting('citus.enable_ddl_propagation');
     PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
     EXECUTE format(statement, relid);
-    PERFORM set_config('citus.enable_ddl_propagation', failed, true);
-    failed := NULL;
+    PERFORM set_config('citus.enable_ddl_propagation', propagation, true);
     EXECUTE $q$SELECT string_agg(result, '; ') FILTER (WHERE NOT success)
                  FROM pg_catalog.run_command_on_placements($1, $2)$q$
        INTO failed USING relid, statement;

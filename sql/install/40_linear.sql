@@ -137,6 +137,10 @@ DECLARE
     m record;
     its float8[];
     ci jsonb;
+    idx int[];
+    est float8[];
+    lo float8[];
+    hi float8[];
     worth float8;
 BEGIN
     IF alpha IS NULL OR NOT (alpha > 0 AND alpha < 1) THEN
@@ -154,7 +158,10 @@ BEGIN
                             hint => 'Train with privacy => ''dpgd'' and ci => batch_means, checkpoints or independent_runs.');
     END IF;
     -- widened for the draws' correlation, withheld below 2 effective draws (42_dpgd.sql)
-    SELECT min(t.effective_draws) INTO worth
+    SELECT array_agg(t.coef_index ORDER BY t.coef_index), array_agg(t.estimate ORDER BY t.coef_index),
+           array_agg(t.lower ORDER BY t.coef_index), array_agg(t.upper ORDER BY t.coef_index),
+           min(t.effective_draws)
+      INTO idx, est, lo, hi, worth
       FROM dpsql_internal._confint_rows(its, ci->>'method', (ci->>'draws')::int, (ci->>'burn_in')::int, alpha) t;
     IF worth < 2 THEN
         RAISE WARNING 'dpsql: model %''s draws correlate so much (% between draws) that they are worth % independent ones: its intervals are withheld (NULL)',
@@ -164,9 +171,7 @@ BEGIN
         RAISE NOTICE 'dpsql: model %''s run had not mixed (% between draws): its intervals are widened to % effective draws',
                      model_id, round((ci->>'draw_autocorrelation')::numeric, 2), round(worth::numeric, 1);
     END IF;
-    RETURN QUERY SELECT t.coef_index, t.estimate, t.lower, t.upper
-                   FROM dpsql_internal._confint_rows(its, ci->>'method', (ci->>'draws')::int,
-                                                     (ci->>'burn_in')::int, alpha) t;
+    RETURN QUERY SELECT * FROM unnest(idx, est, lo, hi);
 END $$;
 COMMENT ON FUNCTION dpsql.confint(bigint, float8) IS
     'Student-t confidence intervals of a DP-GD model''s coefficients (from its released iterates)';
