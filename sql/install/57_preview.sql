@@ -24,9 +24,12 @@ BEGIN
     END IF;
 END $$;
 
--- The preview of a release, as the extension owner (like _train_private, whose checks it runs).
-CREATE OR REPLACE FUNCTION dpsql_internal._preview_private(source text, model text, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER
+-- The preview of any release: runs statement (one call of a release function, built by the
+-- preview function from literals) with the preview flag set, in a subtransaction that is
+-- undone, and returns what its charge would be. As the caller: the statement's release
+-- function does its own checks (as every release, it charges before it reads a value).
+CREATE OR REPLACE FUNCTION dpsql_internal._preview_statement(statement text)
+RETURNS jsonb LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -40,7 +43,7 @@ BEGIN
     PERFORM set_config('dpsql_preview.on', 'on', true);
     PERFORM set_config('dpsql_preview.context', '{}', true);
     BEGIN
-        PERFORM dpsql_internal._train_private(source, model, params);
+        EXECUTE statement;
         -- (every release charges before it releases: reaching here is a bug)
         -- A RAISE, not _fail: an internal signal, caught just below.
         RAISE EXCEPTION 'dpsql: the preview reached no charge' USING ERRCODE = 'XX000';
@@ -67,15 +70,26 @@ BEGIN
                               OR (budget->>'delta_spent')::float8 + (charge->>'delta')::float8
                                   > (budget->>'delta_budget')::float8 * (1 + 1e-12) END);
     RETURN jsonb_strip_nulls(jsonb_build_object(
-        'dataset', context->'dataset', 'mechanism', context->'mechanism', 'model', context->'model',
+        'dataset', context->'dataset', 'mechanism', coalesce(context->'mechanism', charge->'mechanism'),
+        'model', context->'model',
         'epsilon', charge->'epsilon', 'delta', charge->'delta', 'note', charge->'note',
         'rows', context->'run'->'rows', 'dim', context->'run'->'dim', 'run', context->'run',
-        'plan', charge->'plan', 'defaults', context->'defaults', 'auto', context->'auto',
-        'budget', budget, 'warnings', coalesce(context->'warnings', '[]'),
+        'plan', charge->'plan', 'dp_event', charge->'dp_event', 'defaults', context->'defaults',
+        'auto', context->'auto', 'budget', budget, 'warnings', coalesce(context->'warnings', '[]'),
         'refused', CASE WHEN (budget->>'exceeded')::boolean THEN jsonb_build_object(
             'message', format('dpsql: privacy budget of dataset %s would be exceeded', context->>'dataset'),
             'sqlstate', 'DP001') END));
 END $$;
+
+-- The preview of a training release, as the extension owner (like _train_private, whose
+-- checks it runs).
+CREATE OR REPLACE FUNCTION dpsql_internal._preview_private(source text, model text, params jsonb)
+RETURNS jsonb LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dpsql_internal._preview_statement(
+        format('SELECT dpsql_internal._train_private(%L, %L, %L::jsonb)', source, model, params))
+$$;
 
 CREATE OR REPLACE FUNCTION dpsql.preview(
 

@@ -64,13 +64,15 @@ DECLARE
         'predict_label', 'predict_row', '_predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
         '_encode_row', '_binary_metrics', '_multiclass_metrics', '_regression_metrics',
         -- previews (57_preview.sql); _previewing is read by the owners' _prepare too
-        'preview', '_preview_private', '_private_params', '_previewing',
+        'preview', '_preview_private', '_preview_statement', '_private_params', '_previewing',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
         '_owns_dataset', '_models_visible',  -- the models view
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',
         'budget_report'];  -- SECURITY DEFINER; shows what dpsql.budgets shows
     -- Entry points created by later releases' files; granted when present.
-    analyst_optional text[] := ARRAY['_train_private', 'bolton_sensitivity'];
+    analyst_optional text[] := ARRAY['_train_private', 'bolton_sensitivity',
+        -- the analyst's private releases beside training (issue 44)
+        'describe', 'preview_describe', 'preview_evaluate', 'tune', 'preview_tune'];
     -- Data owners: registration (the INVOKER wrapper calls the DEFINER _register_dataset).
     -- and the non-private run machinery: data owners train noiseless models as themselves
     -- (SECURITY INVOKER, reading only what they can read).
