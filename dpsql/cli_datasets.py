@@ -74,6 +74,18 @@ def add_parser(commands: Any) -> None:
     )
     register.add_argument("--label-bound", type=float, help="regression: public bound on |y|")
     register.add_argument(
+        "--holdout",
+        type=float,
+        metavar="FRACTION",
+        help="also register this share of the rows as DATASET_holdout (validation and test: "
+        "private evaluation and tuning), by a secret-keyed hash of --key",
+    )
+    register.add_argument(
+        "--key",
+        metavar="COLUMN",
+        help="the holdout's row id column (integer, text or uuid; default: the primary key)",
+    )
+    register.add_argument(
         "--accept",
         action="store_true",
         help="register even if rows would be dropped, zero-encoded or clipped",
@@ -193,8 +205,13 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
                 label_bound=args.label_bound,
                 categories=args.categories,
                 accept=args.accept,
+                holdout=args.holdout,
+                key=args.key,
             )
             print(f"registered dataset {args.name or args.table} (id {dataset_id})")
+            if args.holdout is not None:
+                held = f"{args.name or args.table.split('.')[-1]}_holdout"
+                print(f"registered dataset {held}: {args.holdout:g} of the rows, its own budget")
         elif args.action == "alter":
             db.alter_dataset(
                 args.dataset,

@@ -366,6 +366,8 @@ class Database:
         composition: str = "sum",
         categories: dict[str, Sequence[Any]] | None = None,
         accept: bool = False,
+        holdout: float | None = None,
+        key: str | None = None,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -396,6 +398,11 @@ class Database:
         features are read as 0/1. Registration counts the rows that training would drop
         (NULLs, labels outside ``labels``), encode as zeros or clip, and refuses unless
         ``accept=True``.
+
+        ``holdout=0.2`` also registers that share of the rows, chosen by a secret-keyed hash of
+        the ``key`` column (default: the one-column primary key), as ``<name>_holdout`` with the
+        same declarations and budget of its own (validation and test sets: private evaluation,
+        ``tune``); the training dataset excludes them (docs/privacy.md, "Holdout splits").
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
@@ -403,9 +410,8 @@ class Database:
             "SELECT dpsql.register_dataset(%s, %s, %s, epsilon_budget => %s,"
             " delta_budget => %s, feature_bounds => %s, row_norm => %s,"
             " name => %s, label_bound => %s, row_bound => %s, dim => %s, regression => %s,"
-            " estimate => %s, composition => %s, categories => %s, accept => %s"
-            + ("" if labels is None else ", labels => %s")
-            + ")",
+            " estimate => %s, composition => %s, categories => %s, accept => %s,"
+            " holdout => %s, key => %s" + ("" if labels is None else ", labels => %s") + ")",
             (
                 source,
                 feats,
@@ -423,6 +429,8 @@ class Database:
                 composition,
                 None if categories is None else Jsonb({k: list(v) for k, v in categories.items()}),
                 accept,
+                holdout,
+                key,
                 *([] if labels is None else [_label_array(labels)]),
             ),
         ).fetchone()

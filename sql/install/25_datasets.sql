@@ -35,7 +35,16 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
     dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
                                                 -- before 0.3.0 from an empty array column)
 );
-CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_relid_idx ON dpsql.datasets (relid) WHERE dropped_at IS NULL;
+-- A holdout split (register_dataset's holdout => f, 62_holdout.sql): the relation's rows are
+-- two datasets, 'train' and 'holdout', chosen by a secret-keyed hash of the key column.
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_side text CHECK (split_side IN ('train', 'holdout'));
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_key text;       -- the key column
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_fraction float8; -- the holdout's share
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_of bigint;      -- holdout: its training dataset
+-- One live dataset (budget) per relation, or one per side of its split.
+DROP INDEX IF EXISTS dpsql.datasets_live_relid_idx;
+CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_split_idx ON dpsql.datasets (relid, coalesce(split_side, 'all'))
+    WHERE dropped_at IS NULL;
 COMMENT ON TABLE dpsql.datasets IS
     'Registered datasets: public declarations of the data owner and the (epsilon, delta) budget';
 
@@ -658,13 +667,18 @@ BEGIN
 END $$;
 
 -- The registration itself. Admin-only; nothing is written unless every check passes.
+-- (0.8.0: holdout and key added)
+DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, text[],
+                                                         float8[], text, text, text, float8, float8, int,
+                                                         boolean, jsonb, text, jsonb, boolean);
 CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels text[] DEFAULT NULL,
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
     dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL,
-    composition text DEFAULT NULL, categories jsonb DEFAULT NULL, accept boolean DEFAULT false)
+    composition text DEFAULT NULL, categories jsonb DEFAULT NULL, accept boolean DEFAULT false,
+    holdout float8 DEFAULT NULL, key text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -679,6 +693,7 @@ DECLARE
     target record;
     existing text;
     id bigint;
+    split_key text;
 BEGIN
     PERFORM dpsql_internal._require_admin('register datasets');
     IF relid IS NULL THEN
@@ -747,21 +762,32 @@ BEGIN
             hint => 'Choose another name => ...');
     END IF;
 
+    split_key := dpsql_internal._check_holdout(relid, holdout, key, nm, features, label);
+
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
-                                dim, composition, categories, label_values)
+                                dim, composition, categories, label_values,
+                                split_side, split_key, split_fraction)
     VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
             target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
             target.checked_row_bound, cols.d, coalesce(_register_dataset.composition, 'sum'),
-            categories, lab.label_values)
+            categories, lab.label_values,
+            CASE WHEN split_key IS NOT NULL THEN 'train' END, split_key,
+            CASE WHEN split_key IS NOT NULL THEN holdout END)
     RETURNING dataset_id INTO id;
-    PERFORM dpsql_internal._grant_reader(relid, features || label);
+    PERFORM dpsql_internal._grant_reader(relid, features || label || array_remove(ARRAY[split_key], NULL));
+    IF split_key IS NOT NULL THEN  -- '<name>_holdout' (62_holdout.sql)
+        PERFORM dpsql_internal._registration_findings(dpsql_internal._register_holdout(id), accept, NULL);
+    END IF;
     -- What the rows hold against the declarations, told to the data owner (who may read them),
     -- and refused unless accepted: nothing is registered then (30_registration_findings.sql).
     PERFORM dpsql_internal._registration_findings(id, accept, estimate);
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
     -- undoes the registration, and with it every charge (27_estimate_bounds.sql).
     PERFORM dpsql_internal._estimate_at_registration(nm, estimate);
+    IF split_key IS NOT NULL THEN
+        PERFORM dpsql_internal._holdout_takes_bounds(id);
+    END IF;
     RETURN id;
 END $$;
 
@@ -779,13 +805,17 @@ $$;
 -- Admin entry point. SECURITY INVOKER: it resolves source with the caller's search_path and
 -- rights (nothing else runs under the caller's search_path: everything is schema-qualified),
 -- then hands the resolved relation to the SECURITY DEFINER _register_dataset.
+DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
+                                                float8[], text, text, float8, float8, int, boolean, jsonb,
+                                                text, jsonb, boolean);
 CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels anycompatiblearray DEFAULT NULL::float8[],
     feature_bounds float8[] DEFAULT NULL, row_norm text DEFAULT NULL, name text DEFAULT NULL,
     label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL,
     regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL, composition text DEFAULT NULL,
-    categories jsonb DEFAULT NULL, accept boolean DEFAULT false)
+    categories jsonb DEFAULT NULL, accept boolean DEFAULT false, holdout float8 DEFAULT NULL,
+    key text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -810,11 +840,11 @@ BEGIN
     RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget,
                                    labels::text[], feature_bounds, row_norm, name, source,
                                    label_bound, row_bound, dim, regression, estimate, composition,
-                                   categories, coalesce(accept, false));
+                                   categories, coalesce(accept, false), holdout, key);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
                                            float8[], text, text, float8, float8, int, boolean, jsonb,
-                                           text, jsonb, boolean) IS
+                                           text, jsonb, boolean, float8, text) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)
@@ -918,11 +948,13 @@ BEGIN
               JOIN pg_class c ON c.oid = ds.relid
               JOIN pg_namespace ns ON ns.oid = c.relnamespace
              WHERE ds.dropped_at IS NULL AND ns.nspname = parts[1] AND c.relname = parts[2]
+               AND ds.split_side IS DISTINCT FROM 'holdout'  -- a holdout is named by its name
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
         IF d.dataset_id IS NULL THEN  -- the name it was registered under
             SELECT * INTO d FROM dpsql.datasets ds
              WHERE ds.dropped_at IS NULL AND ds.source = _lookup_dataset.source
+               AND ds.split_side IS DISTINCT FROM 'holdout'
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
         IF d.dataset_id IS NULL AND cardinality(parts) = 2 THEN  -- a name registered before 0.8.0
@@ -935,6 +967,7 @@ BEGIN
             SELECT count(*) INTO n
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
              WHERE ds.dropped_at IS NULL AND c.relname = parts[1]
+               AND ds.split_side IS DISTINCT FROM 'holdout'
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
             IF n > 1 THEN
                 PERFORM dpsql_internal._fail(
@@ -945,6 +978,7 @@ BEGIN
             SELECT ds.* INTO d
               FROM dpsql.datasets ds JOIN pg_class c ON c.oid = ds.relid
              WHERE ds.dropped_at IS NULL AND c.relname = parts[1]
+               AND ds.split_side IS DISTINCT FROM 'holdout'
                AND dpsql_internal._can_use_dataset(ds.dataset_id);
         END IF;
     END IF;

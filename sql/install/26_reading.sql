@@ -286,7 +286,8 @@ END $$;
 
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
--- dpsql_internal._read_source (as dpsql_reader).
+-- dpsql_internal._read_source (as dpsql_reader). One side of a holdout split: that side's rows
+-- only, chosen by the key column (read with them, never exposed).
 CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets)
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -295,17 +296,31 @@ DECLARE
     columns text[] := ds.features || ds.label;
     as_text text[] := dpsql_internal._text_columns(ds);
     list text := dpsql_internal._read_list(ds.relid, columns, as_text);
+    names text := (SELECT string_agg(format('s.%I', c), ', ' ORDER BY k)
+                     FROM unnest(columns) WITH ORDINALITY AS u(c, k));
+    alias text := CASE WHEN ds.split_side IS NULL THEN 'src' ELSE 's' END;
+    inner_from text;
 BEGIN
-    IF dpsql_internal._runs_no_code(ds.relid) THEN
-        RETURN format('(SELECT %s FROM %s) AS src', list, ds.relid);
+    IF ds.split_side IS NOT NULL THEN  -- one side of a holdout split (62_holdout.sql)
+        list := list || ', ' || dpsql_internal._split_key_sql(ds.relid, ds.split_key) || ' AS "dpsql split key"';
     END IF;
-    RETURN format('dpsql_internal._read_source(%s::regclass, %L) AS src(%s)', ds.relid::oid, list,
-                  (SELECT string_agg(format('%I %s', c,
-                                            CASE WHEN c = ANY (as_text) THEN 'text'
-                                                 WHEN k = 1 AND dpsql_internal._array_feature(ds)
-                                                 THEN 'double precision[]' ELSE 'double precision' END),
-                                     ', ' ORDER BY k)
-                     FROM unnest(columns) WITH ORDINALITY AS u(c, k)));
+    IF dpsql_internal._runs_no_code(ds.relid) THEN
+        inner_from := format('(SELECT %s FROM %s) AS %s', list, ds.relid, alias);
+    ELSE
+        inner_from := format('dpsql_internal._read_source(%s::regclass, %L) AS %s(%s)', ds.relid::oid, list, alias,
+                      (SELECT string_agg(format('%I %s', c,
+                                                CASE WHEN c = ANY (as_text) THEN 'text'
+                                                     WHEN k = 1 AND dpsql_internal._array_feature(ds)
+                                                     THEN 'double precision[]' ELSE 'double precision' END),
+                                         ', ' ORDER BY k)
+                         FROM unnest(columns) WITH ORDINALITY AS u(c, k))
+                      || CASE WHEN ds.split_side IS NOT NULL THEN ', "dpsql split key" text' ELSE '' END);
+    END IF;
+    IF ds.split_side IS NULL THEN
+        RETURN inner_from;
+    END IF;
+    RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from,
+                  dpsql_internal._split_condition(ds, 's."dpsql split key"'));
 END $$;
 
 -- The row count, public (replace-one neighbours): counting reads no value.

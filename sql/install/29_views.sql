@@ -89,7 +89,10 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
        greatest(d.epsilon_budget - s.epsilon_spent, 0) AS epsilon_remaining,
        greatest(d.delta_budget - s.delta_spent, 0) AS delta_remaining,
        d.label_bound, d.row_bound,
-       d.dim, d.categories, d.label_values  -- issue 27: how the columns are encoded (public)
+       d.dim, d.categories, d.label_values,  -- issue 27: how the columns are encoded (public)
+       -- issue 44: a holdout split's side ('train', 'holdout'), its key column and the holdout's
+       -- share of the rows (62_holdout.sql)
+       d.split_side, d.split_key, d.split_fraction
   FROM dpsql.datasets d
  JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE d.dropped_at IS NULL AND dpsql_internal._can_use_dataset(d.dataset_id);

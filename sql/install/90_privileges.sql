@@ -175,7 +175,8 @@ DO $$
 DECLARE
     ds record;
 BEGIN
-    FOR ds IN SELECT d.relid, d.features || d.label AS columns FROM dpsql.datasets d
+    FOR ds IN SELECT d.relid, d.features || d.label || array_remove(ARRAY[d.split_key], NULL) AS columns
+                FROM dpsql.datasets d
                WHERE d.dropped_at IS NULL LOOP
         PERFORM dpsql_internal._grant_reader(ds.relid, ds.columns);
     END LOOP;
