@@ -53,9 +53,11 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
                                                'delta', e.delta)) AS dp_event,
        -- 'released', 'in progress', or the charge stands without output (28_ledger.sql). An
        -- estimate's output is its dataset's declaration, estimated once: the last committed
-       -- estimate of a declaration that is set is the one kept.
+       -- estimate of a declaration that is set is the one kept. A describe's output is the
+       -- rows it returned: kept when its transaction commits.
        dpsql_internal._ledger_outcome(
            CASE e.mechanism
+               WHEN 'describe' THEN true
                WHEN 'estimate_bounds' THEN d.feature_bounds IS NOT NULL
                WHEN 'estimate_label_bound' THEN d.label_bound IS NOT NULL
                ELSE e.model_id IS NOT NULL END
