@@ -44,7 +44,8 @@
 -- no tighter event holds (dp-accounting's LaplaceDpEvent is the continuous one).
 -- noise_sd: the standard deviation of each value's noise (mean, histogram, frequency: exact;
 -- stddev: the delta method at the released values; quantile: NULL, the scan's error is not a
--- noise added to the value).
+-- noise added to the value). A scale below 0.01 reports the sd of 0.01 (< 1e-21): exp's
+-- underflow is an error, and no error may follow the charge.
 ------------------------------------------------------------------------------------------
 
 -- The public constants: H (the sums' integer grid), G (the quantiles' grid), B (histogram
@@ -60,18 +61,18 @@ AS $$
            0.08::float8
 $$;
 
--- The standard deviation of discrete Laplace noise of the given scale (P(k) ~ exp(-|k| /
--- scale)): sqrt(2p) / (1 - p), p = exp(-1 / scale), with 1 - p by its series where
--- exp(-1/scale) rounds to 1.
-CREATE OR REPLACE FUNCTION dpsql_internal._discrete_laplace_sd(scale float8)
+-- The standard deviation of discrete Laplace noise of scale t (P(k) ~ exp(-|k| / t)):
+-- sqrt(2 q) / (1 - q), q = exp(-1/t); 1 - q by its series when 1/t is small (no cancellation).
+-- (One definition for describe and the private evaluate, 61_private_evaluate.sql.)
+CREATE OR REPLACE FUNCTION dpsql_internal._discrete_laplace_sd(t float8)
 RETURNS float8 LANGUAGE sql IMMUTABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN 1 / scale > 700 THEN 0::float8
-                ELSE sqrt(2 * exp(-1 / scale))
-                     / CASE WHEN 1 / scale < 1e-4
-                            THEN (1 / scale) * (1 - (1 / scale) / 2 + (1 / scale) ^ 2 / 6)
-                            ELSE 1 - exp(-1 / scale) END END
+    -- (exp underflows to an error below -745: the sd is 0 to float8 long before)
+    SELECT CASE WHEN x > 700 THEN 0::float8
+                ELSE sqrt(2 * exp(-x)) / CASE WHEN x < 1e-4 THEN x * (1 - x / 2 + x * x / 6)
+                                              ELSE 1 - exp(-x) END END
+      FROM (SELECT 1 / greatest(t, 1e-200) AS x) s
 $$;
 
 -- The columns a describe reads, public and checked (before any charge): the dataset's features
@@ -400,11 +401,11 @@ BEGIN
                 scale := greatest((plan->'mean'->>'scale')::float8, 1e-200);
                 n1 := dpsql_internal._discrete_laplace(seed # (64 * j + 1), 0, scale);
                 mean_a := (r.s1 + n1)::float8 / (c.sum_grid::float8 * m);
-                sd_mean_a := dpsql_internal._discrete_laplace_sd(scale) / (c.sum_grid::float8 * m);
+                sd_mean_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 * m);
                 scale := greatest((plan->'stddev'->>'scale')::float8, 1e-200);
                 n2 := dpsql_internal._discrete_laplace(seed # (64 * j + 2), 0, scale);
                 square_a := (r.s2 + n2)::float8 / (c.sum_grid::float8 ^ 2 * m);
-                sd_square_a := dpsql_internal._discrete_laplace_sd(scale) / (c.sum_grid::float8 ^ 2 * m);
+                sd_square_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 ^ 2 * m);
             ELSE
                 sd := (plan->'sums'->>'sigma')::float8;
                 g := dpsql_internal._add_gaussian(ARRAY[r.g1::float8, r.g2::float8], sd, noise_seed, j);
@@ -445,7 +446,7 @@ BEGIN
             -- the histogram over B public bins of [lo, hi] (keys: their edges, exact decimals)
             scale := greatest((plan->'histogram'->>'scale')::float8, 1e-200);
             statistic := 'histogram';
-            noise_sd := dpsql_internal._discrete_laplace_sd(scale);
+            noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
             FOR k IN 1..c.bins LOOP
                 key := format('[%s,%s%s',
                               ((lo[j]::numeric * (c.bins - k + 1) + hi[j]::numeric * (k - 1)) / c.bins)::float8,
@@ -478,7 +479,7 @@ BEGIN
         END IF;
         feature := col.feature;
         statistic := 'frequency';
-        noise_sd := dpsql_internal._discrete_laplace_sd(scale);
+        noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
         FOR k IN 1..cardinality(col.keys) LOOP
             key := col.keys[k];
             value := counts[k] + dpsql_internal._discrete_laplace(seed # (64 * (j + 1024) + 4), k, scale);
