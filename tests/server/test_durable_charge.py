@@ -473,6 +473,18 @@ def test_no_variant_takes_an_analysts_charge_back(conn, analyst, variant, call) 
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_no_variant_takes_a_describe_charge_back(conn, analyst, variant) -> None:
+    """dpsql.describe (issue 44): the charge stays; its output is the rows it returned, so a
+    committed transaction says released (the classification label: no bounds needed)."""
+    _, connect, datasets = analyst
+    ds, name = datasets["cls"]
+    with connect() as a:
+        _undo(a, variant, "SELECT count(*) FROM dpsql.describe(%s, 1, features => '{y}')", (name,))
+    assert [(e[2], e[3]) for e in _ledger(conn, ds)] == [("describe", 1.0)]
+    assert _outcomes(conn, ds)[0] in ("released", "charged, output rolled back")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     "call",
     [
