@@ -60,6 +60,8 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
                WHEN 'describe' THEN true
                WHEN 'estimate_bounds' THEN d.feature_bounds IS NOT NULL
                WHEN 'estimate_label_bound' THEN d.label_bound IS NOT NULL
+               -- a private evaluation's output is its answer: released once committed
+               WHEN 'evaluate' THEN true
                ELSE e.model_id IS NOT NULL END
            AND NOT EXISTS (SELECT 1 FROM dpsql.ledger_entries later
                             WHERE e.mechanism LIKE 'estimate%'

@@ -253,33 +253,65 @@ COMMENT ON FUNCTION dpsql.predict_label(bigint, jsonb) IS
 -- (linear) as metric and value, the same metric of the baseline predictor (majority class,
 -- or mean) on the same rows, and every standard metric with its baseline in metrics
 -- (58_metrics.sql). rows counts the rows read.
+-- With epsilon (and delta), source names a registered dataset and the metrics are private:
+-- noisy statistics charged to that dataset (61_private_evaluate.sql), for analysts who cannot
+-- read its rows. Without, the rows are read with the caller's rights (a table they can read);
+-- epsilon on a plain table is refused (a private evaluation is charged to a dataset's budget).
+-- (0.x before issue 44 had no epsilon, delta, noise_seed: that signature goes, no overload stays)
+DROP FUNCTION IF EXISTS dpsql.evaluate(bigint, text, text[], text);
 CREATE OR REPLACE FUNCTION dpsql.evaluate(model_id bigint, source text, features text[] DEFAULT NULL,
-                               label text DEFAULT NULL,
+                               label text DEFAULT NULL, epsilon float8 DEFAULT NULL,
+                               delta float8 DEFAULT NULL, noise_seed bigint DEFAULT NULL,
                                OUT metric text, OUT value float8, OUT rows bigint,
                                OUT baseline float8, OUT metrics jsonb)
 LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 AS $$
 DECLARE
-    m dpsql.models := dpsql_internal._model(model_id);
-    src text := dpsql_internal._source_sql(source);
+    m dpsql.models;
+    src text;
     feat record;
     yexpr text;
     pexpr text;
     pairs text;
 BEGIN
-    -- The rows are read with the caller's rights: an analyst evaluates on a test table the
-    -- data owner granted, never on a registered dataset (its accuracy is not private).
+    IF epsilon IS NOT NULL OR delta IS NOT NULL OR noise_seed IS NOT NULL THEN
+        SELECT * INTO metric, value, rows, baseline, metrics
+          FROM dpsql_internal._evaluate_private(model_id, source, features, label, epsilon, delta, noise_seed);
+        IF (metric = 'mse' AND value >= baseline) OR (metric = 'accuracy' AND value <= baseline) THEN
+            RAISE WARNING 'dpsql: model % looks no better than predicting the % on these rows (noisy % %, baseline %)',
+                          model_id, metrics->'baseline'->>'predictor', metric, round(value::numeric, 4),
+                          round(baseline::numeric, 4)
+                USING HINT = format('Both are noisy (sd %s and %s, metrics->''noise_sd'').',
+                                    round((metrics->'noise_sd'->>metric)::numeric, 4),
+                                    round((metrics->'noise_sd'->'baseline'->>metric)::numeric, 4));
+        END IF;
+        RETURN;
+    END IF;
+    m := dpsql_internal._model(model_id);
+    -- The rows are read with the caller's rights: a table the caller can read. A registered
+    -- dataset's rows are read only privately (with epsilon), never noiselessly for an analyst.
     BEGIN
+        src := dpsql_internal._source_sql(source);
         -- The same public feature bounds as in training (registered datasets).
         feat := dpsql_internal._feature_sql(src, coalesce(features, m.features),
                                    dpsql_internal._jsonb_weights(nullif(m.params->'feature_bounds', 'null')),
                                    categories => nullif(m.params->'categories', 'null'));
-    EXCEPTION WHEN insufficient_privilege THEN
-        PERFORM dpsql_internal._fail(format('evaluate reads the rows of %s as %s, who may not: %s',
-                                            source, current_user, SQLERRM), '42501',
-            'dpsql.evaluate needs SELECT on the test rows (GRANT SELECT ON ... TO the role): '
-            'a held-out test table, not a registered dataset, whose rows analysts never read.');
+    EXCEPTION WHEN insufficient_privilege OR undefined_table THEN
+        IF dpsql_internal._names_usable_dataset(source) THEN
+            PERFORM dpsql_internal._fail(
+                format('%s is a registered dataset: without epsilon evaluate reads only a table or query '
+                       '%s can read itself; a dataset is evaluated privately, with epsilon',
+                       quote_literal(source), session_user), '42501',
+                format('dpsql.evaluate(%s, %L, epsilon => 0.1) returns noisy metrics charged to its budget '
+                       '(dpsql.preview_evaluate says what it costs).', model_id, source));
+        ELSIF SQLSTATE = '42501' THEN
+            PERFORM dpsql_internal._fail(format('evaluate reads the rows of %s as %s, who may not: %s',
+                                                source, current_user, SQLERRM), '42501',
+                'dpsql.evaluate without epsilon needs SELECT on the test rows (GRANT SELECT ON ... TO the '
+                'role); on a registered dataset, give epsilon for a private evaluation.');
+        END IF;
+        RAISE;
     END;
     IF feat.dim <> m.n_features THEN
         PERFORM dpsql_internal._fail(format('model %s has %s features, the source gives %s',
