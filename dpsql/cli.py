@@ -1,7 +1,8 @@
 """Command line interface: ``dpsql server ...``, ``dpsql role create``, ``dpsql install-extension``,
 ``dpsql demo``, the listings (``datasets``, ``budgets``, ``models``, ``ledger``, ``mechanisms``;
 see dpsql.cli_tables), ``dpsql train``, ``dpsql plot``, ``dpsql load`` (dpsql.cli_load),
-``dpsql evaluate|predict`` (dpsql.cli_models) and ``dpsql --version``.
+``dpsql evaluate|predict`` (dpsql.cli_models), ``dpsql describe`` (dpsql.cli_describe) and
+``dpsql --version``.
 
 Commands that talk to a server take ``--dsn``, else ``$DPSQL_DSN``, else the running embedded
 server: the CLI never starts one on its own (``dpsql server start`` does), so a listing cannot
@@ -281,11 +282,12 @@ def _parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     drop.add_argument("--force", action="store_true", help="drop what the role owns first")
     drop.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
 
-    from dpsql import cli_datasets, cli_load, cli_models
+    from dpsql import cli_datasets, cli_describe, cli_load, cli_models
 
     cli_datasets.add_parser(commands)
     cli_load.add_parser(commands)
     cli_models.add_parsers(commands)
+    cli_describe.add_parser(commands)
 
     install = commands.add_parser(
         "install-extension",
@@ -846,6 +848,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             from dpsql import cli_load
 
             return cli_load.command(args, _connect)
+        if args.command == "describe":
+            from dpsql import cli_describe
+
+            return cli_describe.command(args, _connect)
         if args.command in ("evaluate", "predict"):
             from dpsql import cli_models
 
@@ -873,7 +879,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
         if not _reported(err):
             raise
         lines = _error_lines(err)
-        if argv[:1] in (["dataset"], ["load"], ["evaluate"], ["predict"]):  # the CLI's flags
+        # the CLI's flags
+        if argv[:1] in (["dataset"], ["load"], ["evaluate"], ["predict"], ["describe"]):
             from dpsql.cli_datasets import cli_spelling
 
             lines = [cli_spelling(line) for line in lines]

@@ -505,6 +505,42 @@ class Database:
         assert row is not None
         return float(row[0])
 
+    @translate(not_found=NotRegistered)
+    def describe(
+        self,
+        dataset: str,
+        epsilon: float,
+        delta: float = 0.0,
+        features: Sequence[str] | str | None = None,
+    ) -> Any:
+        """Private exploratory statistics of a registered dataset (``dpsql.describe``,
+        docs/describe.md) as a pandas DataFrame with the columns ``feature, statistic, key,
+        value, noise_sd``: each numeric column's mean, stddev, quantiles and histogram, each
+        categorical column's and a classification label's frequencies, and the public row
+        count. One charge of ``(epsilon, delta)`` to the dataset's ledger; an analyst needs no
+        SELECT on its table. Needs pandas (:func:`dpsql.describe.describe_records` gives the
+        rows as dicts without it)."""
+        from dpsql import describe
+
+        return describe.to_frame(
+            describe.describe_records(self.conn, dataset, epsilon, delta, features)
+        )
+
+    @translate(not_found=NotRegistered)
+    def preview_describe(
+        self,
+        dataset: str,
+        epsilon: float,
+        delta: float = 0.0,
+        features: Sequence[str] | str | None = None,
+    ) -> dict[str, Any]:
+        """What :meth:`describe` would charge, without charging or reading a value
+        (``dpsql.preview_describe``): the epsilon split under ``"plan"``, the ``dp_event``, the
+        budget, and under ``"refused"`` the refusal it would meet."""
+        from dpsql import describe
+
+        return describe.preview_describe(self.conn, dataset, epsilon, delta, features)
+
     @translate()  # 42704: the dataset or the role
     def grant_dataset(self, dataset: str | int, role: str) -> None:
         """Let ``role`` (e.g. a member of ``dpsql_analyst``) train private models on the
@@ -580,28 +616,37 @@ class Database:
         source: str,
         features: Sequence[str] | str | None = None,
         label: str | None = None,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        noise_seed: int | None = None,
     ) -> dict[str, Any]:
-        """A model's metrics over a table or query, computed in the server (``dpsql.evaluate``):
-        ``accuracy`` (classifiers) or ``mse`` (linear), ``rows``, ``baseline`` (the same metric
-        of the majority class or the mean on the same rows) and every standard metric
+        """A model's metrics, computed in the server (``dpsql.evaluate``): ``accuracy``
+        (classifiers) or ``mse`` (linear), ``rows``, ``baseline`` (the same metric of the
+        majority class or the mean on the same rows) and every standard metric
         (``balanced_accuracy``, ``roc_auc``, ``log_loss``, ``f1``; ``mae``, ``r2``) with the
-        baseline's under ``"baselines"``."""
+        baseline's under ``"baselines"``. ``source``: a table or query you can read, or, with
+        ``epsilon`` (and ``delta``), a registered dataset's name: private metrics charged to
+        its budget, each with its noise sd under ``"noise_sd"`` (:mod:`dpsql.evaluation`)."""
+        from dpsql import evaluation
+
         model_id = model.model_id if isinstance(model, Model) else int(model)
-        feats = [features] if isinstance(features, str) else features
-        row = self.conn.execute(
-            "SELECT metric, value, rows, baseline, metrics FROM dpsql.evaluate(%s, %s, %s, %s)",
-            (model_id, source, None if feats is None else list(feats), label),
-        ).fetchone()
-        assert row is not None
-        metrics = dict(row[4] or {})
-        baselines = metrics.pop("baseline", {})
-        return {
-            **metrics,
-            row[0]: row[1],
-            "rows": row[2],
-            "baseline": row[3],
-            "baselines": baselines,
-        }
+        return evaluation.evaluate(
+            self.conn, model_id, source, features, label,
+            epsilon=epsilon, delta=delta, noise_seed=noise_seed,
+        )  # fmt: skip
+
+    @translate(not_found=NoSuchModel)
+    def preview_evaluate(
+        self, model: Model | int, dataset: str, epsilon: float, delta: float = 0.0
+    ) -> dict[str, Any]:
+        """What ``evaluate(model, dataset, epsilon=..., delta=...)`` would charge, without
+        charging or reading a row (``dpsql.preview_evaluate``): ``epsilon``, ``delta``,
+        ``dp_event``, the budget before and after, and under ``"refused"`` its refusal."""
+        from dpsql import evaluation
+
+        model_id = model.model_id if isinstance(model, Model) else int(model)
+        return evaluation.preview_evaluate(self.conn, model_id, dataset, epsilon, delta)
 
     @translate()
     def load_numpy(self, table: str, X: Any, y: Any, **kwargs: Any) -> int:
