@@ -632,9 +632,15 @@ class Database:
 
         model_id = model.model_id if isinstance(model, Model) else int(model)
         return evaluation.evaluate(
-            self.conn, model_id, source, features, label,
-            epsilon=epsilon, delta=delta, noise_seed=noise_seed,
-        )  # fmt: skip
+            self.conn,
+            model_id,
+            source,
+            features,
+            label,
+            epsilon=epsilon,
+            delta=delta,
+            noise_seed=noise_seed,
+        )
 
     @translate(not_found=NoSuchModel)
     def preview_evaluate(
