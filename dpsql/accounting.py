@@ -1081,6 +1081,7 @@ def _json_number(value: float) -> float | None:
 _MODULE_OPS = {
     "audit_bound": "dpsql.audit_stats:run",
     "compose": "dpsql.ledger_events:run",
+    "select": "dpsql.selection:run",
 }
 
 

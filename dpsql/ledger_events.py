@@ -319,13 +319,14 @@ def _pld(
     return total
 
 
-def _rdp_epsilon(leaves: _Leaves, delta: float) -> float | None:
-    """Replace-one RDP epsilon of the leaves, or None if an event has no RDP curve here."""
-    if leaves.epsilon_delta or delta <= 0:
+def rdp_curve(leaves: _Leaves) -> np.ndarray | None:
+    """Replace-one RDP curve of the leaves at the accountant's orders (``inf`` without noise),
+    or None if an event has no RDP curve here."""
+    orders = np.asarray(_REPLACE_ONE_ORDERS, dtype=np.float64)
+    if leaves.epsilon_delta:
         return None
     if leaves.non_private:
-        return math.inf
-    orders = np.asarray(_REPLACE_ONE_ORDERS, dtype=np.float64)
+        return np.full_like(orders, math.inf)
     exact = RdpAccountant(list(orders), NeighboringRelation.ADD_OR_REMOVE_ONE)
     z = leaves.gaussian_noise_multiplier()
     if z is not None:
@@ -340,9 +341,21 @@ def _rdp_epsilon(leaves: _Leaves, delta: float) -> float | None:
                 dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(zq)), count
             )
         curve = curve + bound.rdp
+    return curve
+
+
+def _rdp_epsilon(leaves: _Leaves, delta: float) -> float | None:
+    """Replace-one RDP epsilon of the leaves, or None if an event has no RDP curve here."""
+    if delta <= 0:
+        return None
+    curve = rdp_curve(leaves)
+    if curve is None:
+        return None
+    if leaves.non_private:
+        return math.inf
     if not np.any(curve > 0):
         return 0.0
-    eps, _ = compute_epsilon(orders, curve, delta)
+    eps, _ = compute_epsilon(np.asarray(_REPLACE_ONE_ORDERS, dtype=np.float64), curve, delta)
     return float(eps)
 
 

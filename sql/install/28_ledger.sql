@@ -219,6 +219,7 @@ DECLARE
     request jsonb;
     spent record;
     give_up timestamptz;
+    entry bigint;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
@@ -256,6 +257,11 @@ BEGIN
                     'composition', d.composition, 'epsilon_budget', d.epsilon_budget,
                     'delta_budget', d.delta_budget, 'epsilon_spent', coalesce(spent.epsilon_spent, 0),
                     'delta_spent', coalesce(spent.delta_spent, 0)))::text;
+    END IF;
+    -- a run of this transaction's dpsql.tune: paid by the selection's one charge (63_tune.sql)
+    entry := dpsql_internal._tune_prepaid_entry(d.dataset_id, epsilon, delta);
+    IF entry IS NOT NULL THEN
+        RETURN entry;
     END IF;
     PERFORM dpsql_internal._check_release_transaction();
     request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
@@ -377,6 +383,12 @@ AS $$
 BEGIN
     IF model_id IS NULL THEN
         PERFORM dpsql_internal._fail('model_id must not be NULL');
+    END IF;
+    -- a run of this transaction's dpsql.tune: tune records its one released model itself
+    IF EXISTS (SELECT 1 FROM dpsql_internal.tune_prepaid p
+                WHERE p.entry_id = _set_ledger_model.entry_id AND p.backend = pg_backend_pid()
+                  AND p.xact = pg_current_xact_id_if_assigned()) THEN
+        RETURN;
     END IF;
     -- charged_at: when the model was released (clock time, not the transaction's start)
     UPDATE dpsql.ledger_entries e SET model_id = _set_ledger_model.model_id,
