@@ -1,8 +1,8 @@
 """Command line interface: ``dpsql server ...``, ``dpsql role create``, ``dpsql install-extension``,
 ``dpsql demo``, the listings (``datasets``, ``budgets``, ``models``, ``ledger``, ``mechanisms``;
 see dpsql.cli_tables), ``dpsql train``, ``dpsql plot``, ``dpsql load`` (dpsql.cli_load),
-``dpsql evaluate|predict`` (dpsql.cli_models), ``dpsql describe`` (dpsql.cli_describe) and
-``dpsql --version``.
+``dpsql evaluate|predict`` (dpsql.cli_models), ``dpsql describe`` (dpsql.cli_describe),
+``dpsql tune`` (dpsql.cli_tune) and ``dpsql --version``.
 
 Commands that talk to a server take ``--dsn``, else ``$DPSQL_DSN``, else the running embedded
 server: the CLI never starts one on its own (``dpsql server start`` does), so a listing cannot
@@ -282,12 +282,13 @@ def _parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     drop.add_argument("--force", action="store_true", help="drop what the role owns first")
     drop.add_argument("--dsn", help="server (default: $DPSQL_DSN or embedded)")
 
-    from dpsql import cli_datasets, cli_describe, cli_load, cli_models
+    from dpsql import cli_datasets, cli_describe, cli_load, cli_models, cli_tune
 
     cli_datasets.add_parser(commands)
     cli_load.add_parser(commands)
     cli_models.add_parsers(commands)
-    cli_describe.add_parser(commands)
+    for module in (cli_describe, cli_tune):
+        module.add_parser(commands)
 
     install = commands.add_parser(
         "install-extension",
@@ -852,6 +853,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901
             from dpsql import cli_describe
 
             return cli_describe.command(args, _connect)
+        if args.command == "tune":
+            from dpsql import cli_tune
+
+            return cli_tune.command(args, _connect)
         if args.command in ("evaluate", "predict"):
             from dpsql import cli_models
 

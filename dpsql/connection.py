@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, TypedDict
 
 import psycopg
@@ -653,6 +653,50 @@ class Database:
 
         model_id = model.model_id if isinstance(model, Model) else int(model)
         return evaluation.preview_evaluate(self.conn, model_id, dataset, epsilon, delta)
+
+    @translate(not_found=NotRegistered)
+    def tune(
+        self,
+        dataset: str,
+        validation: str,
+        epsilon: float,
+        delta: float | None = None,
+        *,
+        candidates: Sequence[Mapping[str, Any]] | None = None,
+        metric: str | None = None,
+        noise_seed: int | None = None,
+    ) -> Model:
+        """Private model selection (``dpsql.tune``, :mod:`dpsql.tuning`): trains the
+        ``candidates`` (``train`` keywords without epsilon and delta, e.g. ``{"privacy":
+        "dpsgd", "sampling": "poisson"}``; None: ``auto``'s own set) on ``dataset``, scores each
+        privately on ``validation`` by ``metric`` (accuracy or mse by default), and returns only
+        the best model. Each dataset is charged once, at most ``epsilon`` (and ``delta``; None:
+        ``auto``'s rule), before any row is read. The winner's noisy score and the selection
+        are in ``model.row["params"]["tune"]``."""
+        from dpsql import tuning
+
+        model_id = tuning.tune(
+            self.conn, dataset, validation, epsilon, delta, candidates, metric, noise_seed
+        )
+        return self.model(model_id)
+
+    @translate(not_found=NotRegistered)
+    def preview_tune(
+        self,
+        dataset: str,
+        validation: str,
+        epsilon: float,
+        delta: float | None = None,
+        *,
+        candidates: Sequence[Mapping[str, Any]] | None = None,
+        metric: str | None = None,
+    ) -> dict[str, Any]:
+        """What :meth:`tune` would do and charge (``dpsql.preview_tune``), charging nothing."""
+        from dpsql import tuning
+
+        return tuning.preview_tune(
+            self.conn, dataset, validation, epsilon, delta, candidates, metric
+        )
 
     @translate()
     def load_numpy(self, table: str, X: Any, y: Any, **kwargs: Any) -> int:
