@@ -92,7 +92,6 @@ DECLARE
     names text[] := '{}';
     row_of int[] := '{}';  -- each name's row of feature_bounds (NULL: categorical or label)
     f text;
-    i int;
     r int := 0;
     wanted text[];
     unknown text;
@@ -290,7 +289,6 @@ DECLARE
     r record;
     col record;
     j int;
-    k int;
     eps_q float8;
     scale float8;
     sd float8;
