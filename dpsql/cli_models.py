@@ -3,7 +3,9 @@ metrics on a table and its predictions row by row, from the shell (the SQL funct
 ``dpsql.evaluate``, ``dpsql.predict_label`` and ``dpsql.predict_row``).
 
 Both read the rows with the caller's rights, as the SQL functions do: an analyst evaluates and
-predicts on a table granted to them (a held-out test table), never on a registered dataset.
+predicts on a table granted to them (a held-out test table). ``dpsql evaluate MODEL_ID DATASET
+--epsilon E`` evaluates privately on a registered dataset instead: noisy metrics charged to its
+budget, no SELECT needed (``--dry-run``: what it would charge, nothing charged).
 """
 
 from __future__ import annotations
@@ -37,11 +39,34 @@ def add_parsers(commands: Any) -> None:
         description="Compute a stored model's metrics over the rows of a table or view "
         "(dpsql.evaluate, in the server): accuracy, balanced accuracy, ROC AUC, log loss and "
         "F1 for classifiers, MSE, MAE and R2 for regression, each next to the baseline's "
-        "(predicting the majority class, or the mean, on the same rows). The rows are read "
-        "with your rights: a test table, not a registered dataset.",
+        "(predicting the majority class, or the mean, on the same rows). Without --epsilon "
+        "the rows are read with your rights (a test table); with --epsilon TABLE names a "
+        "registered dataset, evaluated privately: noisy metrics, each with its noise sd, "
+        "charged to the dataset's budget (docs/privacy.md, 'Private evaluation').",
     )
     evaluate.add_argument("model_id", type=int, metavar="MODEL_ID", help="the model's id")
-    evaluate.add_argument("table", help="the table or view of test rows ([schema.]table)")
+    evaluate.add_argument(
+        "table",
+        help="the table or view of test rows ([schema.]table), or with --epsilon a registered "
+        "dataset's name",
+    )
+    evaluate.add_argument(
+        "--epsilon",
+        type=float,
+        metavar="E",
+        help="evaluate the registered dataset TABLE privately, charging E to its budget",
+    )
+    evaluate.add_argument(
+        "--delta",
+        type=float,
+        metavar="D",
+        help="with --epsilon: > 0 for Gaussian noise (default 0: discrete Laplace)",
+    )
+    evaluate.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --epsilon: show what the evaluation would charge; nothing is charged",
+    )
     evaluate.add_argument(
         "--features",
         type=_list,
@@ -92,16 +117,35 @@ def evaluate_command(args: argparse.Namespace, connect: Callable[[str | None], A
     """Run ``dpsql evaluate``: a table of metrics (model, baseline), or JSON."""
     from dpsql.cli_tables import render_json, render_table
 
+    if args.epsilon is None and (args.delta is not None or args.dry_run):
+        print(
+            "error: --delta and --dry-run go with --epsilon (a private evaluation)", file=sys.stderr
+        )
+        return 2
     with connect(args.dsn) as db, _warnings_to_stderr(db.conn):
+        if args.dry_run:
+            preview = db.preview_evaluate(
+                args.model_id, args.table, args.epsilon, args.delta or 0.0
+            )
+            print(render_json({"model_id": args.model_id, "dataset": args.table, **preview}))
+            return 1 if "refused" in preview else 0
         model = db.model(args.model_id)
-        result = db.evaluate(model, args.table, args.features, args.label)
+        result = db.evaluate(
+            model, args.table, args.features, args.label, epsilon=args.epsilon, delta=args.delta
+        )
     if args.json:
         print(render_json({"model_id": args.model_id, "source": args.table, **result}))
         return 0
     baselines = result.get("baselines") or {}
+    noise = result.get("noise_sd") or {}
     main = "accuracy" if "accuracy" in result else "mse"
     rows = [
-        {"metric": name, "model": value, "baseline": baselines.get(name)}
+        {
+            "metric": name,
+            "model": value,
+            "baseline": baselines.get(name),
+            **({"noise_sd": noise.get(name)} if noise else {}),
+        }
         for name, value in sorted(result.items(), key=lambda kv: (kv[0] != main, kv[0]))
         if isinstance(value, int | float)
         and not isinstance(value, bool)
@@ -109,10 +153,16 @@ def evaluate_command(args: argparse.Namespace, connect: Callable[[str | None], A
         and name != "baseline"
     ]
     print(f"model {model.model_id} ({model.model}) on {args.table}: {result['rows']} rows")
-    print(render_table(rows, ["metric", "model", "baseline"]))
+    print(render_table(rows, ["metric", "model", "baseline", *(["noise_sd"] if noise else [])]))
     predictor = baselines.get("predictor")
     if predictor:
         print(f"baseline: predicting the {predictor}")
+    if noise:
+        private = result.get("private") or {}
+        print(
+            f"private: epsilon {private.get('epsilon')}, delta {private.get('delta')}, "
+            f"{private.get('mechanism')} noise (model and baseline both noisy)"
+        )
     return 0
 
 

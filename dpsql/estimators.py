@@ -424,6 +424,35 @@ class _DpsqlEstimator(BaseEstimator):  # type: ignore[misc]
         predicted: np.ndarray = self.model_.predict(rows)
         return predicted
 
+    def _private_score(
+        self, dataset: str, y: Any, sample_weight: Any, epsilon: Any, delta: Any, metric: str
+    ) -> float:
+        """score(dataset_name, epsilon=...): the metric of a private evaluation on a registered
+        dataset (``dpsql.evaluate`` with epsilon: one charge to that dataset's budget)."""
+        if y is not None or sample_weight is not None:
+            raise ValueError(
+                "dpsql: score(dataset_name, epsilon=...) takes no y or sample_weight: the labels "
+                "are the dataset's"
+            )
+        if epsilon is None:
+            raise ValueError(
+                "dpsql: score(dataset_name) needs epsilon: a registered dataset is evaluated "
+                "privately, charged to its budget"
+            )
+        check_is_fitted(self, "model_")
+        with self._database() as db:
+            result = db.evaluate(self.model_.model_id, dataset, epsilon=epsilon, delta=delta)
+        value = result.get(metric)  # (R² is left out when the noisy label variance is not > 0)
+        return float("nan") if value is None else float(value)
+
+    @staticmethod
+    def _no_epsilon_for_rows(epsilon: Any, delta: Any) -> None:
+        if epsilon is not None or delta is not None:
+            raise ValueError(
+                "dpsql: epsilon and delta are for score(dataset_name, epsilon=...), a private "
+                "evaluation of a registered dataset; score(X, y) scores rows you hold"
+            )
+
     # -- scikit-learn plumbing -------------------------------------------------------------
 
     def __sklearn_tags__(self) -> Any:
@@ -498,6 +527,23 @@ class _DpsqlClassifier(ClassifierMixin, _DpsqlEstimator):  # type: ignore[misc]
         rows = self._rows(X)
         predicted: np.ndarray = self.model_.predict(rows)
         return predicted
+
+    def score(
+        self,
+        X: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> float:
+        """Accuracy: on rows ``X, y`` (scikit-learn's), or ``score("dataset", epsilon=e)``, a
+        private evaluation on a registered dataset, charged to its budget (no SELECT needed)."""
+        if isinstance(X, str):
+            return self._private_score(X, y, sample_weight, epsilon, delta, "accuracy")
+        self._no_epsilon_for_rows(epsilon, delta)
+        result: float = super().score(X, y, sample_weight=sample_weight)
+        return result
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Probabilities of ``classes_`` (binary; softmax for multinomial; one-vs-rest
@@ -624,6 +670,23 @@ class LinearRegression(RegressorMixin, _DpsqlEstimator):  # type: ignore[misc]
     """
 
     _model = "linear"
+
+    def score(
+        self,
+        X: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> float:
+        """R²: on rows ``X, y`` (scikit-learn's), or ``score("dataset", epsilon=e)``, a private
+        evaluation on a registered dataset, charged to its budget (no SELECT needed)."""
+        if isinstance(X, str):
+            return self._private_score(X, y, sample_weight, epsilon, delta, "r2")
+        self._no_epsilon_for_rows(epsilon, delta)
+        result: float = super().score(X, y, sample_weight=sample_weight)
+        return result
 
     def __init__(
         self,

@@ -14,7 +14,6 @@ import uuid
 import numpy as np
 import psycopg
 import pytest
-from psycopg import sql
 
 from tests.server.test_durable_charge import VARIANTS, _undo
 
@@ -104,8 +103,9 @@ def test_an_analyst_evaluates_privately_and_is_charged_once(conn, setup) -> None
     _, connect, ds, models = setup
     test_id, test_name = ds["cls_test"]
     with connect() as a:
+        schema = conn.execute("SELECT current_schema").fetchone()[0]
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            a.execute(f"SELECT count(*) FROM {conn.execute('SELECT current_schema').fetchone()[0]}.cls_test")
+            a.execute(f"SELECT count(*) FROM {schema}.cls_test")
         metric, value, rows, baseline, m = _evaluate(a, models["cls"], test_name, ", epsilon => 1")
     assert (metric, rows) == ("accuracy", ROWS)
     assert 0.6 < value <= 1 and value == m["accuracy"] and baseline == m["baseline"]["accuracy"]
@@ -137,7 +137,7 @@ def test_regression_and_several_classes(conn, setup) -> None:
         )
         assert (metric, rows) == ("mse", ROWS)
         # (sum r^2's sensitivity is (2 B)^2 = 9 at 0.3 epsilon: an sd of 0.014 over 3,000 rows)
-        assert 0 <= value and m["noise_sd"]["mse"] < 0.03 and m["noise_sd"]["r2"] < 0.2
+        assert value >= 0 and m["noise_sd"]["mse"] < 0.03 and m["noise_sd"]["r2"] < 0.2
         assert m["baseline"]["predictor"] == "mean" and "mae" in m["baseline"]
         metric, value, rows, baseline, m = _evaluate(
             a, models["multi"], ds["multi_test"][1], ", epsilon => 1, delta => 1e-6"
@@ -207,8 +207,12 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("what, model, dataset, extra, state", REFUSALS, ids=[r[0] for r in REFUSALS])
-def test_public_refusals_come_before_the_charge(conn, setup, what, model, dataset, extra, state) -> None:
+@pytest.mark.parametrize(
+    "what, model, dataset, extra, state", REFUSALS, ids=[r[0] for r in REFUSALS]
+)
+def test_public_refusals_come_before_the_charge(
+    conn, setup, what, model, dataset, extra, state
+) -> None:
     _, connect, ds, models = setup
     mid = models[model] if model in models else int(model)
     with connect() as a, pytest.raises(psycopg.Error) as err:
@@ -233,21 +237,26 @@ def test_models_and_datasets_the_analyst_cannot_see(conn, setup, make_role, scra
                 _evaluate(a, mid, ds["cls_test"][1], ", epsilon => 1")
         with pytest.raises(psycopg.errors.UndefinedObject):  # not granted: unknown
             _evaluate(a, models["cls"], secret, ", epsilon => 1")
-    with connect_other() as o:  # the model's dataset is granted, the test set is not
-        with pytest.raises(psycopg.errors.UndefinedObject):
-            _evaluate(o, models["cls"], ds["cls_test"][1], ", epsilon => 1")
+    # the model's dataset is granted to the other analyst, the test set is not
+    with connect_other() as o, pytest.raises(psycopg.errors.UndefinedObject):
+        _evaluate(o, models["cls"], ds["cls_test"][1], ", epsilon => 1")
     assert _entries(conn, ds["cls_test"][0]) == [] and _entries(conn, secret_id) == []
 
 
 def test_a_model_of_other_features_is_refused(conn, setup, scratch_schema) -> None:
     _, connect, ds, _ = setup
-    conn.execute(f"CREATE TABLE {scratch_schema}.wide AS SELECT *, a * b AS c FROM {scratch_schema}.cls_train")
+    conn.execute(
+        f"CREATE TABLE {scratch_schema}.wide AS"
+        f" SELECT *, a * b AS c FROM {scratch_schema}.cls_train"
+    )
     (wide_id,) = conn.execute(
         "SELECT dpsql.register_dataset(%s, '{a,b,c}', 'y', 100, 1e-3, name => %s,"
         " feature_bounds => '{{-1,1},{-1,1},{-1,1}}')",
         (f"{scratch_schema}.wide", f"pe_{uuid.uuid4().hex[:8]}"),
     ).fetchone()
-    (name,) = conn.execute("SELECT name FROM dpsql.datasets WHERE dataset_id = %s", (wide_id,)).fetchone()
+    (name,) = conn.execute(
+        "SELECT name FROM dpsql.datasets WHERE dataset_id = %s", (wide_id,)
+    ).fetchone()
     (analyst,) = conn.execute(
         "SELECT role FROM dpsql.dataset_grants WHERE dataset_id = %s", (ds["cls_test"][0],)
     ).fetchone()
@@ -342,9 +351,17 @@ def _blocks(plan: dict, stats: np.ndarray) -> list[tuple[dict, np.ndarray]]:
 
 # One row replaced by each of these (a, b, y): extremes, malformed values, labels outside the set.
 ADVERSARIAL = [
-    ("1", "1", "1"), ("-1", "-1", "-1"), ("1e300", "-1e300", "1"), ("'NaN'", "0", "1"),
-    ("0", "0", "'NaN'"), ("NULL", "0", "-1"), ("0", "0", "NULL"), ("0", "0", "7"),
-    ("'Infinity'", "0", "-1"), ("0.01", "-0.01", "-1e300"), ("0", "0", "1e300"),
+    ("1", "1", "1"),
+    ("-1", "-1", "-1"),
+    ("1e300", "-1e300", "1"),
+    ("'NaN'", "0", "1"),
+    ("0", "0", "'NaN'"),
+    ("NULL", "0", "-1"),
+    ("0", "0", "NULL"),
+    ("0", "0", "7"),
+    ("'Infinity'", "0", "-1"),
+    ("0.01", "-0.01", "-1e300"),
+    ("0", "0", "1e300"),
 ]
 
 
@@ -355,18 +372,26 @@ def test_each_statistic_moves_by_at_most_its_sensitivity(conn, setup, scratch_sc
     with extreme, malformed and out-of-set values."""
     _, _, ds, models = setup
     table = f"{scratch_schema}.{kind}_test"
-    conn.execute(f"ALTER TABLE {table} ALTER a TYPE float8, ALTER b TYPE float8, ALTER y TYPE float8")
+    conn.execute(
+        f"ALTER TABLE {table} ALTER a TYPE float8, ALTER b TYPE float8, ALTER y TYPE float8"
+    )
     test_id = ds[f"{kind}_test"][0]
     rows = [1, 2, 3]
     for delta in (0.0, 1e-6):
         for rid in rows:
             for a, b, y in ADVERSARIAL:
-                base = conn.execute(f"SELECT a, b, y FROM {table} WHERE rid = %s", (rid,)).fetchone()
+                base = conn.execute(
+                    f"SELECT a, b, y FROM {table} WHERE rid = %s", (rid,)
+                ).fetchone()
                 plan, before = _plan_and_stats(conn, models[kind], test_id, delta)
                 conn.execute(f"UPDATE {table} SET a = {a}, b = {b}, y = {y} WHERE rid = %s", (rid,))
                 _, after = _plan_and_stats(conn, models[kind], test_id, delta)
-                conn.execute(f"UPDATE {table} SET a = %s, b = %s, y = %s WHERE rid = %s", (*base, rid))
-                for (blk, x0), (_, x1) in zip(_blocks(plan, before), _blocks(plan, after), strict=True):
+                conn.execute(
+                    f"UPDATE {table} SET a = %s, b = %s, y = %s WHERE rid = %s", (*base, rid)
+                )
+                for (blk, x0), (_, x1) in zip(
+                    _blocks(plan, before), _blocks(plan, after), strict=True
+                ):
                     d = np.abs(x1 - x0)
                     if plan["mechanism"] == "discrete_laplace":
                         assert d.sum() <= blk["l1"] / blk["unit"] * (1 + 1e-12), (blk, a, b, y)
@@ -389,11 +414,17 @@ def test_the_noise_has_its_stated_scale(conn, setup) -> None:
         z = []
         for seed in range(60):
             m = _evaluate(
-                conn, models["cls"], test_name, ", epsilon => 1, delta => %s, noise_seed => %s",
+                conn,
+                models["cls"],
+                test_name,
+                ", epsilon => 1, delta => %s, noise_seed => %s",
                 (delta, seed),
             )[4]
             released = np.concatenate(
-                [np.asarray(m["private"]["statistics"][b["name"]], dtype=float) for b in plan["blocks"]]
+                [
+                    np.asarray(m["private"]["statistics"][b["name"]], dtype=float)
+                    for b in plan["blocks"]
+                ]
             )
             z.append((released - exact) / sd)
         z = np.concatenate(z)
@@ -408,7 +439,9 @@ def test_the_metrics_noise_sd_is_their_spread(conn, setup) -> None:
     test_id, test_name = ds["cls_test"]
     values, sds = [], []
     for seed in range(150):
-        m = _evaluate(conn, models["cls"], test_name, ", epsilon => 0.2, noise_seed => %s", (seed,))[4]
+        m = _evaluate(
+            conn, models["cls"], test_name, ", epsilon => 0.2, noise_seed => %s", (seed,)
+        )[4]
         values.append(m["accuracy"])
         sds.append(m["noise_sd"]["accuracy"])
     ratio = np.std(values) / np.mean(sds)
