@@ -31,6 +31,12 @@ AS $$
     || jsonb_build_object('labels', labels, 'row_norm', nullif(row_norm, 'none'))
 $$;
 
+-- (0.8.0: validation added)
+DROP FUNCTION IF EXISTS dpsql.train(text, text[], text, text, int, bigint, float8, float8, text, float8,
+                                    boolean, bigint, text, float8[], boolean, text, float8, float8,
+                                    float8, int, float8, float8, text, text, boolean, bigint, float8[],
+                                    int[], float8, text, float8, text, int, text, int, int, jsonb,
+                                    boolean);
 CREATE OR REPLACE FUNCTION dpsql.train(
     source text, features text[], label text, model text DEFAULT 'logistic',
     epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
@@ -46,7 +52,7 @@ CREATE OR REPLACE FUNCTION dpsql.train(
     sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
     bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
     ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL,
-    shard_parallel boolean DEFAULT false)
+    shard_parallel boolean DEFAULT false, validation text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
@@ -54,6 +60,14 @@ DECLARE
 BEGIN
     -- (the caller's search_path is in force here: an operator of theirs, or of a data owner's
     -- on it, must not decide; the private path pins its own)
+    IF validation IS NOT NULL THEN  -- auto's choice made by private selection (63_tune.sql)
+        RETURN dpsql_internal._train_validated(source, model, validation, dpsql_internal._private_params(
+            privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
+            radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
+            permutation, paper_minibatch_formula, noise_seed, features, label, tuning_lambdas,
+            tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci,
+            ci_draws, burn_in, options, shard_parallel, labels, row_norm));
+    END IF;
     IF NOT coalesce(pg_catalog.texteq(privacy, 'none'), false) THEN
         -- Registered datasets only, with their owner's columns, labels and bounds (features
         -- and label may be NULL, or must match the registration).

@@ -388,6 +388,37 @@ COMMENT ON FUNCTION dpsql.tune(text, text, float8, float8, jsonb, text, bigint) 
     'Private model selection: trains candidates on dataset, scores them privately on validation, '
     'releases only the best model; at most epsilon (and delta) on each dataset (noise_seed: tests only)';
 
+-- dpsql.train(..., privacy => 'auto', validation => '<name>'): auto's candidates (with the
+-- call's model on a classification dataset) through dpsql.tune at the call's epsilon, delta
+-- and noise seed; auto's other refusals stand (it chooses every other setting itself).
+CREATE OR REPLACE FUNCTION dpsql_internal._train_validated(source text, model text, validation text, params jsonb)
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ds dpsql.datasets := dpsql_internal._dataset_for_source(source);
+    cands jsonb;
+BEGIN
+    IF params->>'privacy' IS DISTINCT FROM 'auto' THEN
+        PERFORM dpsql_internal._fail(format('validation => chooses among auto''s candidates privately: privacy '
+                                            '=> ''auto'' only, got %s', coalesce(quote_literal(params->>'privacy'), 'NULL')),
+                                     hint => 'To choose among mechanisms of your own: dpsql.tune(dataset, validation, '
+                                             'epsilon, delta, candidates => ...).');
+    END IF;
+    PERFORM dpsql_internal._auto_refuse_overrides(params);
+    IF (params->'features' <> 'null' AND params->'features' <> to_jsonb(ds.features))
+       OR (params->'label' <> 'null' AND params->>'label' IS DISTINCT FROM ds.label) THEN
+        PERFORM dpsql_internal._fail(format('features and label are dataset %s''s registration''s', quote_literal(ds.name)),
+                                     hint => 'Leave them NULL.');
+    END IF;
+    cands := dpsql_internal._tune_default_candidates(ds, coalesce((params->>'delta')::float8, dpsql_internal._auto_delta(ds)));
+    IF ds.labels IS NOT NULL AND coalesce(model, 'logistic') <> 'logistic' THEN
+        cands := (SELECT jsonb_agg(c || jsonb_build_object('model', model)) FROM jsonb_array_elements(cands) c);
+    END IF;
+    RETURN dpsql.tune(source, validation, (params->>'epsilon')::float8, (params->>'delta')::float8,
+                      cands, NULL, (params->>'noise_seed')::bigint);
+END $$;
+
 -- What dpsql.tune would do and charge, without charging or reading rows.
 CREATE OR REPLACE FUNCTION dpsql.preview_tune(dataset text, validation text, epsilon float8, delta float8 DEFAULT NULL,
                                               candidates jsonb DEFAULT NULL, metric text DEFAULT NULL)

@@ -72,7 +72,7 @@ DECLARE
     -- Entry points created by later releases' files; granted when present.
     analyst_optional text[] := ARRAY['_train_private', 'bolton_sensitivity',
         -- the analyst's private releases beside training (issue 44)
-        'describe', 'preview_describe', 'preview_evaluate', 'tune', 'preview_tune',
+        'describe', 'preview_describe', 'preview_evaluate', 'tune', 'preview_tune', '_train_validated',
         -- private evaluation's entry (SECURITY DEFINER, its own checks) and evaluate's hint
         '_evaluate_private', '_names_usable_dataset'];
     -- Data owners: registration (the INVOKER wrapper calls the DEFINER _register_dataset).

@@ -193,3 +193,32 @@ def test_a_forged_prepaid_row_is_out_of_reach(split, analyst) -> None:
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             a.execute("SELECT dpsql_internal._tune_prepaid_entry(1, 1, 0)")
+
+
+def test_train_auto_with_validation_runs_the_selection(conn, split, analyst) -> None:
+    """privacy => 'auto', validation => the holdout: auto's candidates through tune."""
+    ds, name, hold, hname = split
+    _, connect = analyst
+    with connect() as a:
+        (m,) = a.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'auto', epsilon => 1.5, delta => 0,"
+            " validation => %s)",
+            (name, hname),
+        ).fetchone()
+        tune = a.execute(
+            "SELECT params->'tune' FROM dpsql.models WHERE model_id = %s", (m,)
+        ).fetchone()[0]
+        with pytest.raises(psycopg.Error, match="privacy => 'auto' only"):
+            a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1,"
+                " validation => %s)",
+                (name, hname),
+            )
+        with pytest.raises(psycopg.Error, match="chooses epochs itself"):
+            a.execute(
+                "SELECT dpsql.train(%s, NULL, NULL, privacy => 'auto', epsilon => 1, epochs => 3,"
+                " validation => %s)",
+                (name, hname),
+            )
+    assert [c["privacy"] for c in tune["candidates"]][:2] == ["bolton", "objective_perturbation"]
+    assert [e[:3] for e in _entries(conn, ds)] == [("tune", pytest.approx(1.5), 0.0)]
