@@ -149,6 +149,7 @@ class Database:
         tolerance: float | None = None,
         parallel_workers: int = 0,
         shard_parallel: bool = False,
+        validation: str | None = None,
         progress: bool = True,
     ) -> Model:
         """Train a model inside the server, one aggregate scan per epoch.
@@ -159,7 +160,9 @@ class Database:
         ``label`` are None. Otherwise ``features`` is a list of numeric columns or the name of
         one ``float8[]`` column, ``label`` a column and ``source`` a table, view or SELECT
         query. ``shard_parallel=True`` accepts model averaging over the shards of a Citus
-        distributed table (docs/citus.md). The run happens in one transaction: on any error
+        distributed table (docs/citus.md). ``validation`` (with ``privacy=dpsql.Auto(...)``)
+        names a validation dataset (a holdout): ``auto``'s candidates are then chosen among by
+        private selection (:meth:`tune`). The run happens in one transaction: on any error
         (or Ctrl-C) nothing is left behind. ``epochs``, ``batch_size`` and ``schedule`` left
         at ``None`` mean 10, 1 and ``"constant"`` without privacy; a private run chooses them
         from public quantities (docs/defaults.md).
@@ -182,6 +185,7 @@ class Database:
             output perturbation release their last iterate since 0.8.0); the charge stands.
         """
         if not isinstance(privacy, str):
+            extra = {} if validation is None else {"validation": validation}
             return self._train_private(
                 source,
                 model,
@@ -205,7 +209,10 @@ class Database:
                 tolerance=tolerance,
                 parallel_workers=parallel_workers,
                 shard_parallel=shard_parallel,
+                **extra,
             )
+        if validation is not None:
+            raise ValueError("dpsql: validation= is for privacy=dpsql.Auto(...)")
         if privacy != "none":
             raise ValueError(
                 f"dpsql: privacy={privacy!r}: pass a mechanism object such as "

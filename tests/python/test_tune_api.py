@@ -50,10 +50,14 @@ def test_python_registers_a_holdout_and_tunes_on_it(conn, table, make_role) -> N
         model = db.tune(name, name + "_holdout", 1.5, 0, candidates=CANDIDATES)
         assert model.row["params"]["tune"]["validation"] == name + "_holdout"
         assert model.predict([[0.5, -0.5]]).shape == (1,)
+        auto = db.train(
+            name, None, None, privacy=dpsql.Auto(epsilon=1.5, delta=0), validation=name + "_holdout"
+        )
+        assert auto.row["params"]["tune"]["runs"] >= 1
         with pytest.raises(DpsqlError, match="validation dataset other than"):
             db.tune(name, name, 1.0, 0, candidates=CANDIDATES)
         budgets = {b["name"]: b["epsilon_spent"] for b in db.budgets()}
-    assert budgets == {name: pytest.approx(1.5), name + "_holdout": pytest.approx(1.5)}
+    assert budgets == {name: pytest.approx(3.0), name + "_holdout": pytest.approx(3.0)}
 
 
 def test_the_cli_registers_a_holdout_and_tunes(conn, table, server_uri) -> None:
