@@ -47,7 +47,7 @@
 -- 1/2 histograms; several classes all to the matrix; regression count 0.1, sum y 0.15,
 -- sum y^2 0.2, sum r^2 0.3, sum |r| 0.15, sum |y - c| 0.1.
 --
--- Metrics (post-processing; negative noisy counts and sums are clamped to 0 first):
+-- Metrics (post-processing of the statistics as released, each clamped to its range after):
 -- accuracy, balanced accuracy, F1 and the majority-class baseline from the confusion matrix;
 -- ROC AUC from the two histograms (Mann-Whitney, ties within a bin counted half); MSE, MAE,
 -- R^2 and the mean baseline from the sums, over the noisy count. Each metric's noise standard
@@ -412,13 +412,14 @@ BEGIN
 END $$;
 
 -- The metrics of released statistics (post-processing; the header's definitions), with the
--- baseline's. Negative noisy counts and sums count as 0.
+-- baseline's. The statistics are used as released, negative ones included (clamping a noisy
+-- count at 0 biases every ratio of it: an empty bin's noise would always add mass), and each
+-- metric is then clamped to its range ([0, 1]; MSE, MAE and the variance >= 0; R^2 <= 1).
 CREATE OR REPLACE FUNCTION dpsql_internal._metrics_of_statistics(kind text, s float8[])
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v float8[];
     tp float8; fp float8; fn float8; tn float8;
     n float8;
     prior float8;
@@ -435,26 +436,27 @@ DECLARE
     majority float8 := 0;
     mse float8; mae float8; mean float8; var float8;
 BEGIN
-    v := ARRAY(SELECT greatest(x, 0) FROM unnest(s) WITH ORDINALITY AS u(x, i) ORDER BY i);
     IF kind = 'binary' THEN
-        tp := v[1]; fp := v[2]; fn := v[3]; tn := v[4];
+        tp := s[1]; fp := s[2]; fn := s[3]; tn := s[4];
         n := tp + fp + fn + tn;
         IF n <= 0 THEN
             RETURN NULL;
         END IF;
-        prior := (tp + fn) / n;
-        npos := (SELECT sum(x) FROM unnest(v[21:36]) x);
-        nneg := (SELECT sum(x) FROM unnest(v[5:20]) x);
+        prior := dpsql_internal._unit_clamp((tp + fn) / n);
+        npos := (SELECT sum(x) FROM unnest(s[21:36]) x);
+        nneg := (SELECT sum(x) FROM unnest(s[5:20]) x);
         FOR i IN 1..16 LOOP
-            area := area + v[20 + i] * (below + v[4 + i] / 2);
-            below := below + v[4 + i];
+            area := area + s[20 + i] * (below + s[4 + i] / 2);
+            below := below + s[4 + i];
         END LOOP;
         RETURN jsonb_strip_nulls(jsonb_build_object(
-            'accuracy', (tp + tn) / n,
-            'balanced_accuracy', (CASE WHEN tp + fn > 0 THEN tp / (tp + fn) END
-                                  + CASE WHEN tn + fp > 0 THEN tn / (tn + fp) END) / 2,
-            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN area / (npos * nneg) END,
-            'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN 2 * tp / (2 * tp + fp + fn) ELSE 0 END,
+            'accuracy', dpsql_internal._unit_clamp((tp + tn) / n),
+            'balanced_accuracy', dpsql_internal._unit_clamp(
+                (CASE WHEN tp + fn > 0 THEN dpsql_internal._unit_clamp(tp / (tp + fn)) END
+                 + CASE WHEN tn + fp > 0 THEN dpsql_internal._unit_clamp(tn / (tn + fp)) END) / 2),
+            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN dpsql_internal._unit_clamp(area / (npos * nneg)) END,
+            'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN dpsql_internal._unit_clamp(2 * tp / (2 * tp + fp + fn))
+                       ELSE 0 END,
             'baseline', jsonb_strip_nulls(jsonb_build_object(
                 'predictor', 'majority class',
                 'accuracy', greatest(prior, 1 - prior),
@@ -462,28 +464,29 @@ BEGIN
                 'roc_auc', CASE WHEN prior > 0 AND prior < 1 THEN 0.5 END,
                 'f1', CASE WHEN prior > 0.5 THEN 2 * prior / (prior + 1) ELSE 0 END))));
     ELSIF kind = 'multiclass' THEN
-        k := round(sqrt(cardinality(v)))::int;
-        n := (SELECT sum(x) FROM unnest(v) x);
+        k := round(sqrt(cardinality(s)))::int;
+        n := (SELECT sum(x) FROM unnest(s) x);
         IF n <= 0 THEN
             RETURN NULL;
         END IF;
         FOR c IN 0..k - 1 LOOP
-            support := (SELECT sum(v[c * k + j + 1]) FROM generate_series(0, k - 1) j);
-            predicted := (SELECT sum(v[i * k + c + 1]) FROM generate_series(0, k - 1) i);
-            diag := v[c * k + c + 1];
+            support := (SELECT sum(s[c * k + j + 1]) FROM generate_series(0, k - 1) j);
+            predicted := (SELECT sum(s[i * k + c + 1]) FROM generate_series(0, k - 1) i);
+            diag := s[c * k + c + 1];
             correct := correct + diag;
             IF support > 0 THEN
-                balanced := balanced + diag / support;
+                balanced := balanced + dpsql_internal._unit_clamp(diag / support);
                 present := present + 1;
             END IF;
             IF support + predicted > 0 THEN
-                f1 := f1 + 2 * diag / (support + predicted);
+                f1 := f1 + dpsql_internal._unit_clamp(2 * diag / (support + predicted));
                 listed := listed + 1;
             END IF;
             majority := greatest(majority, support);
         END LOOP;
+        majority := least(majority, n);
         RETURN jsonb_build_object(
-            'accuracy', correct / n,
+            'accuracy', dpsql_internal._unit_clamp(correct / n),
             'balanced_accuracy', balanced / greatest(present, 1),
             'f1', f1 / greatest(listed, 1),
             'baseline', jsonb_build_object(
@@ -492,20 +495,27 @@ BEGIN
                 'balanced_accuracy', 1.0 / greatest(present, 1),
                 'f1', (2 * majority / (majority + n)) / greatest(present, 1)));
     END IF;
-    -- regression: count, sum y, sum y^2, sum r^2, sum |r|, sum |y - c| (the mean's own sum
-    -- may be negative: not clamped)
-    n := greatest(v[1], 1);
-    mse := v[4] / n;
-    mae := v[5] / n;
+    -- regression: count, sum y, sum y^2, sum r^2, sum |r|, sum |y - c|
+    n := greatest(s[1], 1);
+    mse := greatest(s[4] / n, 0);
+    mae := greatest(s[5] / n, 0);
     mean := s[2] / n;
-    var := greatest(v[3] / n - mean * mean, 0);
+    var := greatest(s[3] / n - mean * mean, 0);
     RETURN jsonb_strip_nulls(jsonb_build_object(
         'mse', mse, 'mae', mae,
-        'r2', CASE WHEN var > 0 THEN 1 - mse / var END,
+        'r2', CASE WHEN var > 0 THEN least(1 - mse / var, 1) END,
         'baseline', jsonb_strip_nulls(jsonb_build_object(
-            'predictor', 'mean', 'mse', var, 'mae', v[6] / n,
+            'predictor', 'mean', 'mse', var, 'mae', greatest(s[6] / n, 0),
             'r2', CASE WHEN var > 0 THEN 0 END))));
 END $$;
+
+-- x clamped to [0, 1] (a rate computed from noisy counts).
+CREATE OR REPLACE FUNCTION dpsql_internal._unit_clamp(x float8)
+RETURNS float8 LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT least(greatest(x, 0), 1)
+$$;
 
 -- Each metric's noise standard deviation (and its baseline's): the statistics' noise sds
 -- propagated to first order, by central differences one sd wide at the released values.
