@@ -299,7 +299,8 @@ class ObjectivePerturbation(_Mechanism):
     found by Newton's method and certified (||grad|| <= tolerance, covered by extra noise from
     1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
     GLM variant. Models: logistic, huber (one-vs-rest for 3+ classes), linear (Huber regression,
-    threshold the label bound). ``options``: radius (public bound on ||theta*||, default 10),
+    threshold the label bound). ``options``: radius (public bound on ||theta*||; default for
+    classifiers the largest whose excess-loss bound is below the zero model's loss, at least 10),
     huber_threshold, newton_steps (the solver's public step count, default 16, 24 for huber;
     data owners only). The solver's work depends on public numbers only; whether it certified depends on
     the rows: not released, and an uncertified last iterate is released like a certified one

@@ -79,6 +79,8 @@ _RULES = {
     "step_size": {"half_inverse_smoothness", "bolton_noise_target"},
     "radius": {"ten_without_lambda"},
     "batch_size": {"fifty", "quiet_steps"},
+    # an intercept unless the registration centres every feature (feature_bounds): 35_private.sql
+    "intercept": {"uncentred"},
 }
 # Every mechanism takes these; they are not listed in its spec.
 COMMON = ("epsilon", "delta", "noise_seed")

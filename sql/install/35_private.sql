@@ -362,7 +362,7 @@ BEGIN
     END IF;
     IF params->>'intercept' IS NULL THEN
         filled := filled || jsonb_build_object('intercept', dpsql_internal._intercept_default(
-                                                                canonical, mech.intercept_default));
+                                        canonical, dpsql_internal._classifier_intercept(mech, ds)));
     END IF;
     params := params || filled;
     delta := (params->>'delta')::float8;

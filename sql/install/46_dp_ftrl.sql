@@ -220,6 +220,30 @@ BEGIN
             hint => 'Use privacy => ''auto'' or ''objective_perturbation'' (one noise draw, not one '
                     'per tree node), a larger epsilon, more rows or fewer features.');
     END IF;
+    -- Issue 42: a binary classifier at the default leaves and regulariser is refused when it
+    -- would take fewer than 200 steps (epochs x leaves). theta_{t+1} = -S_t / Delta is gradient
+    -- descent with the constant step 1/Delta on leaf sums: the first leaves' gradients point
+    -- along what every row shares (the class balance), and a step that moves the model there
+    -- in a few leaves overshoots into the majority class, while a step that does not cannot
+    -- reach the margin in few leaves. Measured without noise (epsilon 1000) on one-hot and
+    -- numeric rows (bench default_learning): 12 to 47 leaves of 512-2048 rows stayed at the
+    -- majority class at every regulariser from 0.05 to 10^4; 480 leaves of 50 rows learned
+    -- (0.78-0.79 at Delta = 5). The noise rule's leaves are that large because the prefix sums'
+    -- noise sigma sqrt(p m) does not shrink with the leaf (at 50 rows: 6-16 times the gradient
+    -- bound at epsilon 1 on 24,000 rows), so 200 steps need about 100,000 rows per unit of
+    -- epsilon. One-vs-rest models are not refused: the argmax over ten noisy scores beat the
+    -- majority class on MNIST-50 at these leaves (0.55 at epsilon 1), nor is least squares.
+    -- A batch_size or options.regularizer given runs it anyway.
+    IF loss IN (1, 2) AND outputs = 1 AND steps < 200 AND params->>'batch_size' IS NULL
+       AND NOT coalesce(options ? 'regularizer', false) THEN
+        PERFORM dpsql_internal._fail(
+            format('%s at its defaults does not learn a binary classifier here: at epsilon %s its '
+                   'noise needs leaves of %s rows, %s steps in all, and its constant-step lazy '
+                   'updates need more than 200 to leave the majority class (measured even '
+                   'without noise)', privacy, epsilon, batch, steps),
+            hint => 'Use privacy => ''objective_perturbation'' (no sampling either) or ''auto''; '
+                    'batch_size => ... or options => {"regularizer": ...} runs it anyway.');
+    END IF;
     g := batch * clip;
     b_noise := sigma * sqrt(noisy_nodes) * (sqrt(p) + sqrt(2 * ln(steps / 0.05)));
     -- Delta: the derived regret bound's sqrt(2 T (g^2 + g B)) / R (spec 004 A5) assumes every

@@ -18,7 +18,8 @@ RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_sq_norm_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- The plan: reg = n lambda if the analyst gave lambda > 0, else the utility choice below
--- (radius a public bound on ||theta*||, default 10; regression max(10, 2Y)).
+-- (radius a public bound on ||theta*||: options.radius; default for classifiers
+-- _erm_default_radius, for regression max(10, 2Y)).
 CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)
@@ -51,6 +52,14 @@ BEGIN
     -- by 1.2-2.5x at n = 400-70000: on one-hot rows (entries 1/sqrt(k) after clipping) the
     -- model then predicted the majority class at every epsilon.
     k := dpsql_internal._noise_sq_norm(p, epsilon, delta, outputs);
+    IF (glm->>'radius_default')::boolean THEN
+        -- the largest radius whose excess-loss bound at the reg below, (3/4) (8 n beta L^2
+        -- k)^(1/3) R^(4/3), stays below the zero model's loss (45_erm_solver.sql)
+        radius := dpsql_internal._erm_default_radius(
+            dpsql_internal._erm_zero_loss((glm->>'loss')::int, n, (glm->>'y_bound')::float8),
+            0.75 * cbrt(8 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k), 4.0 / 3);
+        glm := glm || jsonb_build_object('radius', radius);
+    END IF;
     reg := CASE WHEN lambda > 0 THEN n * lambda
                 ELSE cbrt(8 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / radius ^ 2) END;
     -- the same refusal as objective perturbation's, with the second-order excess above
@@ -58,6 +67,9 @@ BEGIN
         privacy, (glm->>'loss')::int, n, lambda,
         2 * n * (glm->>'curvature')::float8 * lipschitz ^ 2 * k / reg ^ 2 + reg * radius ^ 2 / 2,
         epsilon, outputs, (glm->>'y_bound')::float8);
+    PERFORM dpsql_internal._erm_refuse_shrunk(privacy, n, p, reg, (glm->>'curvature')::float8,
+                                              (glm->>'radius_default')::boolean, outputs,
+                                              epsilon);
     sensitivity := dpsql_internal._output_perturbation_sensitivity(lipschitz, reg, tolerance);
     RETURN glm || jsonb_build_object(
         'outputs', outputs, 'regularizer', reg, 'sensitivity', sensitivity,

@@ -28,7 +28,8 @@ LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
 -- The plan: the GLM, the calibration and the regulariser
 -- reg = max(Delta_priv, n lambda if the analyst gave lambda > 0, else the utility choice
--- 2 sqrt(E ||b||^2) / radius, radius a public bound on ||theta*|| (options.radius, default 10)).
+-- 2 sqrt(E ||b||^2) / radius, radius a public bound on ||theta*|| (options.radius; default
+-- for classifiers _erm_default_radius, for regression max(10, 2Y))).
 CREATE OR REPLACE FUNCTION dpsql_internal._objpert_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)
@@ -49,6 +50,14 @@ BEGIN
     cal := dpsql_internal._objpert_calibrate(ovr.model_epsilon, ovr.model_delta, (glm->>'p')::int,
                                              (glm->>'lipschitz')::float8,
                                              (glm->>'curvature')::float8, n);
+    IF (glm->>'radius_default')::boolean THEN
+        -- the largest radius whose excess-loss bound 2 sqrt(E||b||^2) R (the bound below at
+        -- reg = 2 sqrt(E||b||^2) / R) stays below the zero model's loss (45_erm_solver.sql)
+        radius := dpsql_internal._erm_default_radius(
+            dpsql_internal._erm_zero_loss((glm->>'loss')::int, n, (glm->>'y_bound')::float8),
+            2 * sqrt(cal.noise_sq_norm), 1);
+        glm := glm || jsonb_build_object('radius', radius);
+    END IF;
     reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
                                       ELSE 2 * sqrt(cal.noise_sq_norm) / radius END);
     -- At the default regulariser: refused before any charge when the expected excess-loss
@@ -58,6 +67,9 @@ BEGIN
     PERFORM dpsql_internal._erm_refuse_useless(
         privacy, (glm->>'loss')::int, n, lambda,
         2 * cal.noise_sq_norm / reg + reg * radius ^ 2 / 2, epsilon, outputs, (glm->>'y_bound')::float8);
+    PERFORM dpsql_internal._erm_refuse_shrunk(privacy, n, (glm->>'p')::int, reg,
+                                              (glm->>'curvature')::float8,
+                                              (glm->>'radius_default')::boolean, outputs, epsilon);
     RETURN glm || jsonb_build_object(
         'outputs', outputs,
         'regularizer', reg, 'tolerance', cal.tolerance, 'noise_scale', cal.noise_scale,
