@@ -693,7 +693,7 @@ DECLARE
     target record;
     existing text;
     id bigint;
-    split_key text;
+    holdout_key text;  -- the holdout's key column (62_holdout.sql)
 BEGIN
     PERFORM dpsql_internal._require_admin('register datasets');
     IF relid IS NULL THEN
@@ -762,30 +762,31 @@ BEGIN
             hint => 'Choose another name => ...');
     END IF;
 
-    split_key := dpsql_internal._check_holdout(relid, holdout, key, nm, features, label);
+    holdout_key := dpsql_internal._check_holdout(relid, holdout, key, nm, features, label);
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
-                                dim, composition, categories, label_values,
-                                split_side, split_key, split_fraction)
+                                dim, composition, categories, label_values)
     VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
             target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
             target.checked_row_bound, cols.d, coalesce(_register_dataset.composition, 'sum'),
-            categories, lab.label_values,
-            CASE WHEN split_key IS NOT NULL THEN 'train' END, split_key,
-            CASE WHEN split_key IS NOT NULL THEN holdout END)
+            categories, lab.label_values)
     RETURNING dataset_id INTO id;
-    PERFORM dpsql_internal._grant_reader(relid, features || label || array_remove(ARRAY[split_key], NULL));
-    IF split_key IS NOT NULL THEN  -- '<name>_holdout' (62_holdout.sql)
-        PERFORM dpsql_internal._registration_findings(dpsql_internal._register_holdout(id), accept, NULL);
-    END IF;
+    PERFORM dpsql_internal._grant_reader(relid, features || label || array_remove(ARRAY[holdout_key], NULL));
     -- What the rows hold against the declarations, told to the data owner (who may read them),
     -- and refused unless accepted: nothing is registered then (30_registration_findings.sql).
+    -- Of the whole relation, before a holdout splits it (the owner's rows, either side).
     PERFORM dpsql_internal._registration_findings(id, accept, estimate);
+    IF holdout_key IS NOT NULL THEN  -- the training side and '<name>_holdout' (62_holdout.sql)
+        UPDATE dpsql.datasets d SET split_side = 'train', split_key = holdout_key,
+                                    split_fraction = holdout
+         WHERE d.dataset_id = id;
+        PERFORM dpsql_internal._register_holdout(id);
+    END IF;
     -- Private bounds in the same transaction: an estimate that fails (budget, range, no rows)
     -- undoes the registration, and with it every charge (27_estimate_bounds.sql).
     PERFORM dpsql_internal._estimate_at_registration(nm, estimate);
-    IF split_key IS NOT NULL THEN
+    IF holdout_key IS NOT NULL THEN
         PERFORM dpsql_internal._holdout_takes_bounds(id);
     END IF;
     RETURN id;

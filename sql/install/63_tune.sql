@@ -179,7 +179,6 @@ DECLARE
     cands jsonb := '[]';
     c jsonb;
     i int := 0;
-    k int;
     met record;
     e float8;
     best_e float8;

@@ -178,3 +178,13 @@ def test_a_view_is_split_through_the_reader(conn, table) -> None:
     ).fetchone()[0]
     assert _side_rows(conn, name + "_holdout") == held
     assert _side_rows(conn, name) == 5000 - held
+
+
+def test_registration_findings_count_the_whole_table(conn, table) -> None:
+    """The owner's findings are of the relation, both sides: a count that does not depend on
+    the secret (the quickstart prints it)."""
+    conn.execute("UPDATE t SET y = NULL WHERE id <= 7")
+    with pytest.raises(psycopg.Error, match="of 5000 rows, 7 rows"):
+        _register(conn, table, holdout=0.2)
+    ds, name = _register(conn, table, holdout=0.2, accept=True)
+    assert _side_rows(conn, name) + _side_rows(conn, name + "_holdout") == 5000
