@@ -453,6 +453,12 @@ def _add_train_parser(commands: Any) -> None:
         help="fit an intercept (default: yes, but for dpsgd_f_alg2, which learns its bias itself)",
     )
     train.add_argument(
+        "--validation",
+        metavar="DATASET",
+        help="with --privacy auto: choose among auto's candidates by private selection, scored "
+        "on this validation dataset (e.g. NAME_holdout; see `dpsql tune`)",
+    )
+    train.add_argument(
         "--dry-run",
         action="store_true",
         help="preview a private run (dpsql.preview): the plan, what it would charge, warnings "
@@ -684,6 +690,12 @@ def _train_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def _train_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     private = args.privacy != "none"
     source, privacy = _train_target(args, parser)
+    if args.validation is not None:
+        if args.privacy != "auto":
+            parser.error("--validation chooses among auto's candidates: --privacy auto")
+        from dpsql import cli_tune
+
+        return cli_tune.validated(args, source, privacy.epsilon, privacy.delta, _connect)
     if args.dry_run:
         if not private:
             parser.error("--dry-run previews private runs")

@@ -94,13 +94,49 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
             args.candidates,
             args.metric,
         )
-        model = db.model(model_id)
+        print(summary(db.model(model_id), args.dataset))
+    return 0
+
+
+def validated(
+    args: argparse.Namespace,
+    dataset: str,
+    epsilon: float,
+    delta: float | None,
+    connect: Callable[[str | None], Any],
+) -> int:
+    """``dpsql train DATASET --privacy auto --validation V``: auto's candidates through
+    ``dpsql.train(..., validation => V)`` (``--dry-run``: dpsql.preview_tune's plan)."""
+    import dpsql
+    from dpsql import tuning
+    from dpsql.cli_tables import render_json
+    from dpsql.errors import translated
+
+    with connect(args.dsn) as db, translated():
+        if args.dry_run:
+            plan = tuning.preview_tune(db.conn, dataset, args.validation, epsilon, delta)
+            print(render_json(plan))
+            return 1 if plan.get("refused") else 0
+        model = db.train(
+            dataset,
+            None,
+            None,
+            args.model,
+            privacy=dpsql.Auto(epsilon=epsilon, delta=delta),
+            validation=args.validation,
+            progress=not args.no_progress,
+        )
+        print(summary(model, dataset))
+    return 0
+
+
+def summary(model: Any, dataset: str) -> str:
+    """One line: the released model, the winning candidate, its noisy score and the charges."""
     t = model.row["params"]["tune"]
-    print(
-        f"model {model_id}: {model.row['privacy']} (candidate {t['candidate']} of "
+    return (
+        f"model {model.model_id}: {model.row['privacy']} (candidate {t['candidate']} of "
         f"{len(t['candidates'])}: {json.dumps(t['candidates'][t['candidate'] - 1])}), "
         f"{t['metric']} {t['score']:.4g} on {t['validation']} (noisy, {t['score_noise']}); "
         f"{t['runs']} runs; charged epsilon {t['epsilon']:.4g} (delta {t['delta']:g}) to "
-        f"{args.dataset} and {t['validation_epsilon']:.4g} to {t['validation']}"
+        f"{dataset} and {t['validation_epsilon']:.4g} to {t['validation']}"
     )
-    return 0

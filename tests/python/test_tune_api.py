@@ -114,6 +114,33 @@ def test_the_cli_registers_a_holdout_and_tunes(conn, table, server_uri) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "charged epsilon 1.5 (delta 0)" in run.stdout and "runs" in run.stdout
+    auto = dpsql_cli(
+        "train",
+        name,
+        "--privacy",
+        "auto",
+        "--epsilon",
+        "1",
+        "--delta",
+        "0",
+        "--validation",
+        name + "_holdout",
+        dsn=server_uri,
+    )
+    assert auto.returncode == 0, auto.stderr
+    assert f"charged epsilon 1 (delta 0) to {name} and 1 to {name}_holdout" in auto.stdout
+    wrong = dpsql_cli(
+        "train",
+        name,
+        "--privacy",
+        "bolton",
+        "--epsilon",
+        "1",
+        "--validation",
+        "x",
+        dsn=server_uri,
+    )
+    assert wrong.returncode == 2 and "--privacy auto" in wrong.stderr
     bad = dpsql_cli(
         "tune", name, name + "_holdout", "--epsilon", "1", "--candidates", "{", dsn=server_uri
     )
