@@ -58,6 +58,10 @@ ANALYST_FUNCTIONS = {
     "_preview_private",
     "_private_params",
     "_previewing",
+    # private evaluation (issue 44): SECURITY DEFINER with its own checks, and evaluate's hint
+    "preview_evaluate",
+    "_evaluate_private",
+    "_names_usable_dataset",
     "_binary_metrics",
     "_multiclass_metrics",
     "_regression_metrics",
