@@ -16,13 +16,14 @@ import psycopg
 import pytest
 
 from tests.server.test_durable_charge import VARIANTS, _undo
+from tests.server.test_pinned_settings import _set_hostile
 
 ROWS = 3000
 EVALUATE = "SELECT metric, value, rows, baseline, metrics FROM dpsql.evaluate(%s, %s{extra})"
 
 
-def _evaluate(c: psycopg.Connection, mid: int, name: str, extra: str = "", args: tuple = ()):
-    return c.execute(EVALUATE.format(extra=extra), (mid, name, *args)).fetchone()
+def _evaluate(c: psycopg.Connection, mid: int, name: str, extra: str = "", args: tuple = (), **kw):
+    return c.execute(EVALUATE.format(extra=extra), (mid, name, *args), **kw).fetchone()
 
 
 def _register(conn, source: str, *, budget: float = 1000.0, **kw) -> tuple[int, str]:
@@ -270,30 +271,30 @@ def test_a_model_of_other_features_is_refused(conn, setup, scratch_schema) -> No
     assert _entries(conn, ds["cls_test"][0]) == []
 
 
-def test_hostile_session_settings_change_nothing(conn, setup) -> None:
-    """The same seeded release under hostile settings and search_path: the same statistics."""
+@pytest.mark.parametrize("kind", ["cls", "reg", "multi"])
+@pytest.mark.parametrize("delta", [0.0, 1e-6])
+def test_hostile_session_settings_change_nothing(conn, setup, kind, delta) -> None:
+    """The same seeded release under test_pinned_settings' hostile settings and a search_path
+    that shadows the built-ins it calls: the same released statistics and metrics."""
     _, _, ds, models = setup
-    call = ", epsilon => 1, noise_seed => 11"
-    plain = _evaluate(conn, models["cls"], ds["cls_test"][1], call)[4]
+    call = ", epsilon => 1, delta => %s, noise_seed => 11"
+    # (binary: a float8 as text would follow the client's extra_float_digits)
+    plain = _evaluate(conn, models[kind], ds[f"{kind}_test"][1], call, (delta,), binary=True)
     conn.execute("CREATE SCHEMA IF NOT EXISTS hostile_pe")
-    conn.execute(
-        "CREATE OR REPLACE FUNCTION hostile_pe.width_bucket(float8, float8[]) RETURNS int"
-        " LANGUAGE sql AS 'SELECT 1'"
-    )
-    for setting in (
-        "SET extra_float_digits = -15",
-        "SET search_path = hostile_pe, pg_catalog, public",
-        "SET lc_numeric = 'de_DE.UTF-8'" if False else "SET DateStyle = 'German'",
-        "SET array_nulls = off",
-    ):
-        conn.execute(setting)
+    for f in ("width_bucket(float8, float8[])", "abs(float8)", "round(float8)"):
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION hostile_pe.{f} RETURNS int LANGUAGE sql AS 'SELECT 1'"
+        )
+    _set_hostile(conn)
+    conn.execute("SET search_path = hostile_pe, pg_catalog, public")
     try:
-        hostile = _evaluate(conn, models["cls"], ds["cls_test"][1], call)[4]
+        hostile = _evaluate(conn, models[kind], ds[f"{kind}_test"][1], call, (delta,), binary=True)
     finally:
         conn.execute("RESET ALL")
         conn.execute("DROP SCHEMA hostile_pe CASCADE")
-    assert hostile["private"]["statistics"] == plain["private"]["statistics"]
-    assert hostile["accuracy"] == plain["accuracy"]
+    assert hostile[:4] == plain[:4]
+    assert hostile[4]["private"] == plain[4]["private"]
+    assert hostile[4]["noise_sd"] == plain[4]["noise_sd"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
