@@ -110,9 +110,9 @@ DECLARE
     blocks jsonb;
     gaussian boolean;
     sigma1 float8;
-    out jsonb := '[]';
+    out jsonb := '[]'::jsonb;
     blk jsonb;
-    events jsonb := '[]';
+    events jsonb := '[]'::jsonb;
 BEGIN
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s',
@@ -293,13 +293,15 @@ DECLARE
     units float8[];
     quantize boolean := plan->>'mechanism' = 'discrete_laplace';
     stats float8[];
-    r record;
+    cell int;
+    bin int;
+    n bigint;
     yc text;
     res text;
 BEGIN
     IF kind = 'binary' THEN
         stats := array_fill(0::float8, ARRAY[36]);
-        FOR r IN EXECUTE format(
+        FOR cell, bin, n IN EXECUTE format(
             'SELECT CASE WHEN pos THEN CASE WHEN y > 0 THEN 1 ELSE 2 END'
             '            ELSE CASE WHEN y > 0 THEN 3 ELSE 4 END END AS cell,'
             '       4 + CASE WHEN y > 0 THEN 16 ELSE 0 END + width_bucket(p, $1) + 1 AS bin, count(*) AS n'
@@ -308,18 +310,18 @@ BEGIN
             dpsql_internal._loss_code(m.model), pairs)
             USING dpsql_internal._evaluation_thresholds(dpsql_internal._loss_code(m.model))
         LOOP
-            stats[r.cell] := stats[r.cell] + r.n;
-            stats[r.bin] := stats[r.bin] + r.n;
+            stats[cell] := stats[cell] + n;
+            stats[bin] := stats[bin] + n;
         END LOOP;
         RETURN stats;
     ELSIF kind = 'multiclass' THEN
         stats := array_fill(0::float8, ARRAY[k * k]);
-        FOR r IN EXECUTE format(
+        FOR cell, n IN EXECUTE format(
             'SELECT (y::int * $1 + p::int + 1) AS cell, count(*) AS n FROM (%s) e'
             ' WHERE p IS NOT NULL AND y IS NOT NULL AND p >= 0 AND p < $1 AND y >= 0 AND y < $1'
             ' GROUP BY 1', pairs) USING k
         LOOP
-            stats[r.cell] := r.n;
+            stats[cell] := n;
         END LOOP;
         RETURN stats;
     END IF;
@@ -381,7 +383,7 @@ RETURNS float8[] LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    out float8[] := '{}';
+    out float8[] := '{}'::float8[];
     blk jsonb;
     pos int := 0;   -- 0-based position of the block's first statistic in the plan
     size int;
@@ -526,8 +528,8 @@ AS $$
 DECLARE
     up jsonb;
     down jsonb;
-    sq jsonb := '{}';
-    sq_base jsonb := '{}';
+    sq jsonb := '{}'::jsonb;
+    sq_base jsonb := '{}'::jsonb;
     key text;
     d float8;
 BEGIN
