@@ -290,16 +290,10 @@ DECLARE
     pairs text;
 BEGIN
     IF epsilon IS NOT NULL OR delta IS NOT NULL OR noise_seed IS NOT NULL THEN
+        -- (no operator here: the caller's search_path is in force, and an operator of a data
+        -- owner's on it would run as the caller; the private path pins its own)
         SELECT * INTO metric, value, rows, baseline, metrics
           FROM dpsql_internal._evaluate_private(model_id, source, features, label, epsilon, delta, noise_seed);
-        IF (metric = 'mse' AND value >= baseline) OR (metric = 'accuracy' AND value <= baseline) THEN
-            RAISE WARNING 'dpsql: model % looks no better than predicting the % on these rows (noisy % %, baseline %)',
-                          model_id, metrics->'baseline'->>'predictor', metric, round(value::numeric, 4),
-                          round(baseline::numeric, 4)
-                USING HINT = format('Both are noisy (sd %s and %s, metrics->''noise_sd'').',
-                                    round((metrics->'noise_sd'->>metric)::numeric, 4),
-                                    round((metrics->'noise_sd'->'baseline'->>metric)::numeric, 4));
-        END IF;
         RETURN;
     END IF;
     m := dpsql_internal._model(model_id);
@@ -319,7 +313,7 @@ BEGIN
                        quote_literal(source), session_user), '42501',
                 format('dpsql.evaluate(%s, %L, epsilon => 0.1) returns noisy metrics charged to its budget '
                        '(dpsql.preview_evaluate says what it costs).', model_id, source));
-        ELSIF SQLSTATE = '42501' THEN
+        ELSIF pg_catalog.texteq(SQLSTATE, '42501') THEN
             PERFORM dpsql_internal._fail(format('evaluate reads the rows of %s as %s, who may not: %s',
                                                 source, current_user, SQLERRM), '42501',
                 'dpsql.evaluate without epsilon needs SELECT on the test rows (GRANT SELECT ON ... TO the '

@@ -655,6 +655,14 @@ BEGIN
     metric := CASE WHEN plan->>'kind' = 'regression' THEN 'mse' ELSE 'accuracy' END;
     value := (metrics->>metric)::float8;
     baseline := (metrics->'baseline'->>metric)::float8;
+    IF (metric = 'mse' AND value >= baseline) OR (metric = 'accuracy' AND value <= baseline) THEN
+        RAISE WARNING 'dpsql: model % looks no better than predicting the % on these rows (noisy % %, baseline %)',
+                      m.model_id, metrics->'baseline'->>'predictor', metric, round(value::numeric, 4),
+                      round(baseline::numeric, 4)
+            USING HINT = format('Both are noisy (noise sd %s and %s: metrics->''noise_sd'').',
+                                round((metrics->'noise_sd'->>metric)::numeric, 4),
+                                round((metrics->'noise_sd'->'baseline'->>metric)::numeric, 4));
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION dpsql.preview_evaluate(model_id bigint, dataset text, epsilon float8,

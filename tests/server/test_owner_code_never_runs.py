@@ -223,14 +223,26 @@ def test_no_owner_code_runs_as_anyone_else(conn, trapped) -> None:
             (names["ye"],),
         )
         for label, _ in LABELS[1:]:
-            a.execute(
+            (mid,) = a.execute(
                 "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)",
                 (names[label],),
-            )
+            ).fetchone()
+            # private evaluation (issue 44) reads the rows as training does
+            a.execute("SELECT * FROM dpsql.evaluate(%s, %s, epsilon => 1)", (mid, names[label]))
         (model_id,) = a.execute(
             "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1, delta => 1e-6)",
             (f"arr_{s}",),
         ).fetchone()
+        a.execute(
+            "SELECT * FROM dpsql.evaluate(%s, %s, epsilon => 1, delta => 1e-6)",
+            (model_id, f"arr_{s}"),
+        )
+        (mid,) = a.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, model => 'linear', privacy => 'adassp',"
+            " epsilon => 1, delta => 1e-6)",
+            (f"reg_{s}",),
+        ).fetchone()
+        a.execute("SELECT * FROM dpsql.evaluate(%s, %s, epsilon => 1)", (mid, f"reg_{s}"))
     assert _ran_elsewhere(conn, s, owner) == [], "an analyst's training ran the owner's code"
 
     with connect_owner() as o:
