@@ -412,7 +412,7 @@ def test_the_noise_has_its_stated_scale(conn, setup) -> None:
     for delta in (0.0, 1e-6):
         plan, exact = _plan_and_stats(conn, models["cls"], test_id, delta)
         sd = np.concatenate([np.full(b["size"], b["noise_sd"]) for b in plan["blocks"]])
-        z = []
+        draws = []
         for seed in range(60):
             m = _evaluate(
                 conn,
@@ -427,8 +427,8 @@ def test_the_noise_has_its_stated_scale(conn, setup) -> None:
                     for b in plan["blocks"]
                 ]
             )
-            z.append((released - exact) / sd)
-        z = np.concatenate(z)
+            draws.append((released - exact) / sd)
+        z = np.concatenate(draws)
         assert 0.7 < z.var() < 1.4, (delta, z.var())
         assert abs(z.mean()) < 0.2, (delta, z.mean())
 
