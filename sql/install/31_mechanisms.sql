@@ -203,7 +203,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._classifier_intercept(m dpsql.mechanis
                                                                 ds dpsql.datasets)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT m.intercept_default
-        OR (m.parameters->'intercept'->>'rule' = 'uncentred' AND ds.feature_bounds IS NULL)
+        OR coalesce(m.parameters->'intercept'->>'rule' = 'uncentred' AND ds.feature_bounds IS NULL,
+                    false)
 $$;
 
 -- The models a registered mechanism trains.

@@ -211,7 +211,9 @@ def test_malformed_rows_count_and_add_nothing(conn, scratch_schema) -> None:
 def test_release_is_charged_and_recorded(conn, binary) -> None:
     ds, source, X, y = binary
     before = _ledger(conn)
-    m = _train(conn, source, intercept=True, noise_seed=5)
+    # (a binary classifier at the default leaves of these 4,000 rows takes 16 steps: refused
+    # at its defaults since issue 42, test_defaults_refuse_a_binary_classifier_with_few_steps)
+    m = _train(conn, source, intercept=True, noise_seed=5, batch_size=256)
     assert _ledger(conn) == before + 1
     (eps, delta, mech) = conn.execute(
         "SELECT epsilon, delta, mechanism FROM dpsql.ledger WHERE model_id = %s", (m["model_id"],)
@@ -244,8 +246,8 @@ def _find(obj, key):
 
 def test_noise_seeds_and_huge_epsilon(conn, binary) -> None:
     ds, source, X, y = binary
-    a = _weights(_train(conn, source, noise_seed=1))
-    b = _weights(_train(conn, source, noise_seed=2))
+    a = _weights(_train(conn, source, noise_seed=1, batch_size=256))
+    b = _weights(_train(conn, source, noise_seed=2, batch_size=256))
     assert not np.allclose(a, b)
     # epsilon 400 with batch 1: close to the noiseless FTRL on the same data (in its own
     # order: the average of 4000 lazy-FTRL iterates barely depends on the order)
@@ -260,11 +262,15 @@ def test_noise_seeds_and_huge_epsilon(conn, binary) -> None:
 
 
 def test_accuracy_at_epsilon_one(conn, binary) -> None:
-    """Separable-ish synthetic data (4000 rows, 4 features): far above the majority rate."""
+    """Separable-ish synthetic data (4000 rows, 4 features), at the leaves the default rule
+    chose before issue 42 (256 rows; now given: 16 steps are refused at the defaults): far
+    above the majority rate."""
     ds, source, X, y = binary
     majority = max(y.mean(), 1 - y.mean())
     accs = [
-        _accuracy(_weights(_train(conn, source, intercept=True, noise_seed=s)), X, y, True)
+        _accuracy(
+            _weights(_train(conn, source, intercept=True, noise_seed=s, batch_size=256)), X, y, True
+        )
         for s in range(3)
     ]
     assert min(accs) > majority + 0.25, (accs, majority)
@@ -353,23 +359,58 @@ def test_python_object(conn, binary) -> None:
 # ---------------------------------------------------------------- defaults (issue 25, item 3)
 
 
-def test_defaults_beat_the_majority_class_on_one_hot_rows(conn, scratch_schema) -> None:
-    """Epsilon 1, nothing else given. The regret bound's Delta (the old default) kept
-    ||theta|| near 1 and predicted the majority class (0.784) on every seed; Delta / 10
-    measured 0.802-0.809 on noise seeds 1-3. The mean of three seeds must clear the majority
-    by 0.01: its spread (sd ~0.004 per seed) makes a false failure about a 3-sigma event
-    for the mean (< 0.5%)."""
+def test_default_delta_beats_the_majority_class_on_one_hot_rows(conn, scratch_schema) -> None:
+    """Epsilon 1, the leaves of the default rule (512 rows; given, since 16 steps are refused
+    at the defaults: issue 42) and the default Delta. The regret bound's Delta (the old
+    default) kept ||theta|| near 1 and predicted the majority class (0.784) on every seed;
+    Delta / 10 measured 0.802-0.809 on noise seeds 1-3. The mean of three seeds must clear the
+    majority by 0.01: its spread (sd ~0.004 per seed) makes a false failure about a 3-sigma
+    event for the mean (< 0.5%)."""
     X, y = one_hot_design()
     ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1])
     majority = max(y.mean(), 1 - y.mean())
     accs = []
     for s in (1, 2, 3):
-        m = _train(conn, source, noise_seed=s)
+        m = _train(conn, source, noise_seed=s, batch_size=512)
         (acc,) = conn.execute(
             "SELECT value FROM dpsql.evaluate(%s, %s)", (m["model_id"], source)
         ).fetchone()
         accs.append(acc)
     assert np.mean(accs) > majority + 0.01, (accs, majority)
+
+
+def test_defaults_refuse_a_binary_classifier_with_few_steps(conn, scratch_schema) -> None:
+    """Issue 42: a binary classifier whose default leaves leave fewer than 200 steps is refused
+    before any charge (constant-step lazy updates on a few large leaves stayed at the majority
+    class on one-hot and numeric rows even without noise: bench default_learning), naming what
+    to use; a batch_size or options.regularizer given runs it, and so do one-vs-rest models and
+    least squares at their defaults. Before the rule this release was charged: it would fail
+    on the old default."""
+    X, y = one_hot_design()
+    ds, source = _register(conn, scratch_schema, X, y, labels=[0, 1])
+    before, rest = _ledger(conn), leftovers(conn)
+    with pytest.raises(psycopg.Error, match="fewer|more than 200") as err:
+        _train(conn, source)
+    assert "16 steps" in err.value.diag.message_primary
+    assert "objective_perturbation" in (err.value.diag.message_hint or "")
+    assert "batch_size" in (err.value.diag.message_hint or "")
+    conn.rollback()
+    assert _ledger(conn) == before
+    assert leftovers(conn) == rest
+    # the preview says so, charging nothing
+    (preview,) = conn.execute(
+        "SELECT dpsql.preview(%s, NULL, NULL, 'logistic', privacy => 'dp_ftrl', epsilon => 1,"
+        " delta => 1e-6, intercept => false)",
+        (source,),
+    ).fetchone()
+    assert "more than 200" in preview["refused"]["message"]
+    assert _ledger(conn) == before
+    assert _train(conn, source, options={"regularizer": 50.0}, noise_seed=1)["model_id"]
+    assert _train(conn, source, batch_size=512, noise_seed=1)["model_id"]
+    # three classes: one-vs-rest, not refused
+    y3 = np.minimum(X[:, 0] + 2 * X[:, 5], 2.0)
+    _, src3 = _register(conn, scratch_schema, X, y3, labels=[0, 1, 2])
+    assert _train(conn, src3, noise_seed=1)["model_id"]
 
 
 def test_defaults_refuse_a_noise_dominated_tree_before_charging(conn, scratch_schema) -> None:
