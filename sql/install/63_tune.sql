@@ -165,9 +165,10 @@ END $$;
 -- The whole public plan of a selection, before anything is charged or read: the datasets,
 -- the candidates (each previewed at the run's budget: its refusal is the selection's), the
 -- per-run budgets, what each dataset is charged, the metric. Every refusal that needs no row.
+-- defaults: candidates is a default set (its refused candidates are left out), not the caller's.
 CREATE OR REPLACE FUNCTION dpsql_internal._tune_plan(dataset text, validation text, epsilon float8,
                                                     delta float8, candidates jsonb, metric text,
-                                                    noise_seed bigint)
+                                                    noise_seed bigint, defaults boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -175,7 +176,7 @@ DECLARE
     ds dpsql.datasets := dpsql_internal._dataset_for_source(dataset);
     vs dpsql.datasets := dpsql_internal._lookup_dataset(validation);
     d float8;
-    given boolean := candidates IS NOT NULL;
+    given boolean := candidates IS NOT NULL AND NOT defaults;
     cands jsonb := '[]';
     c jsonb;
     i int := 0;
@@ -211,7 +212,7 @@ BEGIN
     END IF;
     d := coalesce(delta, dpsql_internal._auto_delta(ds));
     met := dpsql_internal._tune_metric(ds, metric);
-    IF given AND (jsonb_typeof(candidates) IS DISTINCT FROM 'array' OR jsonb_array_length(candidates) = 0
+    IF candidates IS NOT NULL AND (jsonb_typeof(candidates) IS DISTINCT FROM 'array' OR jsonb_array_length(candidates) = 0
                   OR jsonb_array_length(candidates) > 100) THEN
         PERFORM dpsql_internal._fail('candidates must be a JSON array of 1 to 100 dpsql.train argument objects',
                                      hint => 'e.g. ''[{"privacy": "dpsgd", "sampling": "poisson"}, {"privacy": "bolton"}]''');
@@ -299,14 +300,16 @@ BEGIN
     RETURN (metrics->>metric)::float8;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql.tune(dataset text, validation text, epsilon float8, delta float8 DEFAULT NULL,
-                                      candidates jsonb DEFAULT NULL, metric text DEFAULT NULL,
-                                      noise_seed bigint DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- The selection (the header); defaults as in _tune_plan.
+CREATE OR REPLACE FUNCTION dpsql_internal._tune(dataset text, validation text, epsilon float8, delta float8,
+                                               candidates jsonb, metric text, noise_seed bigint,
+                                               defaults boolean)
+RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    plan jsonb := dpsql_internal._tune_plan(dataset, validation, epsilon, delta, candidates, metric, noise_seed);
+    plan jsonb := dpsql_internal._tune_plan(dataset, validation, epsilon, delta, candidates, metric, noise_seed,
+                                            defaults);
     ds dpsql.datasets := dpsql_internal._dataset_by_id((plan->>'dataset_id')::bigint);
     vs dpsql.datasets := dpsql_internal._dataset_by_id((plan->>'validation_id')::bigint);
     cands jsonb := plan->'candidates';
@@ -383,6 +386,15 @@ BEGIN
     PERFORM dpsql_internal._set_ledger_model(v_entry, best);
     RETURN best;
 END $$;
+
+CREATE OR REPLACE FUNCTION dpsql.tune(dataset text, validation text, epsilon float8, delta float8 DEFAULT NULL,
+                                      candidates jsonb DEFAULT NULL, metric text DEFAULT NULL,
+                                      noise_seed bigint DEFAULT NULL)
+RETURNS bigint LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dpsql_internal._tune(dataset, validation, epsilon, delta, candidates, metric, noise_seed, false)
+$$;
 COMMENT ON FUNCTION dpsql.tune(text, text, float8, float8, jsonb, text, bigint) IS
     'Private model selection: trains candidates on dataset, scores them privately on validation, '
     'releases only the best model; at most epsilon (and delta) on each dataset (noise_seed: tests only)';
@@ -414,8 +426,8 @@ BEGIN
     IF ds.labels IS NOT NULL AND coalesce(model, 'logistic') <> 'logistic' THEN
         cands := (SELECT jsonb_agg(c || jsonb_build_object('model', model)) FROM jsonb_array_elements(cands) c);
     END IF;
-    RETURN dpsql.tune(source, validation, (params->>'epsilon')::float8, (params->>'delta')::float8,
-                      cands, NULL, (params->>'noise_seed')::bigint);
+    RETURN dpsql_internal._tune(source, validation, (params->>'epsilon')::float8, (params->>'delta')::float8,
+                                cands, NULL, (params->>'noise_seed')::bigint, true);
 END $$;
 
 -- What dpsql.tune would do and charge, without charging or reading rows.

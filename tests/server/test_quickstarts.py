@@ -1,8 +1,9 @@
 """Issue 27's done-means: the owner and analyst quickstarts (docs/quickstart-owner.md,
 docs/quickstart-analyst.md), walked as login roles made by `dpsql role create`, on a raw public
 table with text categorical columns and a text label (tests/data/hi_sample.csv.gz) loaded by
-the owner: registration (refused with its findings, then accepted), grant, preview, a private
-`auto` release, evaluate with baselines, predict, and the CLI. Every refusal charges nothing."""
+the owner: registration with a holdout (refused with its findings, then accepted), grants,
+preview, a private `auto` release, private evaluation on the holdout, predict, and the CLI. No
+table is ever granted to the analyst. Every refusal charges nothing."""
 
 from __future__ import annotations
 
@@ -82,12 +83,15 @@ def test_owner_and_analyst_quickstarts_on_a_raw_public_table(conn, server_uri, r
     owner_uri, analyst_uri = roles(owner, "--owner"), roles(analyst)
     name = f"hi_{tag}"
     _owner_quickstart(conn, owner_uri, analyst, name)
-    _analyst_quickstart(conn, analyst_uri, f"{owner}.hi_test", name)
-    # the owner raises the budget; the analyst sees it, and the one charge
-    ok(dpsql_cli("dataset", "alter", name, "--epsilon-budget", "4", dsn=owner_uri))
-    (budget,) = json.loads(ok(dpsql_cli("budgets", "--json", dsn=analyst_uri)))
-    assert (budget["epsilon_budget"], budget["epsilon_spent"]) == (4, 1)
-    assert _charges(conn, name) == 1
+    _analyst_quickstart(conn, analyst_uri, f"{owner}.hi", name)
+    # the owner raises the budget; the analyst sees it, and the charges
+    ok(dpsql_cli("dataset", "alter", name, "--epsilon-budget", "5", dsn=owner_uri))
+    budgets = {
+        b["name"]: b for b in json.loads(ok(dpsql_cli("budgets", "--json", dsn=analyst_uri)))
+    }
+    assert (budgets[name]["epsilon_budget"], budgets[name]["epsilon_spent"]) == (5, 1)
+    assert budgets[name + "_holdout"]["epsilon_spent"] == pytest.approx(0.25)
+    assert _charges(conn, name) == 1 and _charges(conn, name + "_holdout") == 1
 
 
 def _doc_block(path: Path, heading: str, language: str) -> str:
@@ -99,7 +103,7 @@ def _doc_block(path: Path, heading: str, language: str) -> str:
 
 
 def _owner_quickstart(conn, owner_uri: str, analyst: str, name: str) -> None:
-    """Load, register (findings first), grant, and give the analyst a held-out test table."""
+    """Load, register with a holdout (findings first), grant both datasets; no table grant."""
     # step 2 exactly as docs/quickstart-owner.md writes it, through psql, from the checkout
     load = _doc_block(REPO / "docs" / "quickstart-owner.md", "## 2. Load", "sql")
     from dpsql import server
@@ -111,16 +115,14 @@ def _owner_quickstart(conn, owner_uri: str, analyst: str, name: str) -> None:
     )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr
     with psycopg.connect(owner_uri, autocommit=True) as owner:
-        counts = owner.execute("SELECT (SELECT count(*) FROM hi), (SELECT count(*) FROM hi_test)")
-        assert counts.fetchone() == (3200, 800)
+        counts = owner.execute("SELECT count(*), count(DISTINCT id) FROM hi").fetchone()
+        assert counts == (4000, 4000)
         (schema,) = owner.execute("SELECT current_schema()").fetchone()
-        for grant in ("GRANT USAGE ON SCHEMA {} TO {}", "GRANT SELECT ON hi_test TO {}"):
-            args = [sql.Identifier(schema)] if "SCHEMA" in grant else []
-            owner.execute(sql.SQL(grant).format(*args, sql.Identifier(analyst)))
     register = [
         "dataset", "register", "hi", "--name", name, "--features", ",".join(FEATURES),
-        "--label", "whi", "--labels", "no,yes", "--epsilon-budget", "3", "--delta-budget",
+        "--label", "whi", "--labels", "no,yes", "--epsilon-budget", "4", "--delta-budget",
         "1e-5", "--categories", json.dumps(CATEGORIES), "--feature-bounds", json.dumps(BOUNDS),
+        "--holdout", "0.2",
     ]  # fmt: skip
     refused = dpsql_cli(*register, dsn=owner_uri)
     assert refused.returncode == 1
@@ -131,20 +133,30 @@ def _owner_quickstart(conn, owner_uri: str, analyst: str, name: str) -> None:
     assert refused.stderr.replace(f"{schema}.hi", "olivia.hi").strip() == shown.strip()
     assert not conn.execute("SELECT 1 FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()
     ok(dpsql_cli(*register, "--accept", dsn=owner_uri))
-    ok(dpsql_cli("dataset", "grant", name, analyst, dsn=owner_uri))
-    (dim,) = conn.execute("SELECT dim FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()
-    assert dim == 5 + 6 + 3 + 4 + 3  # numbers, education, race, region, three yes/no
+    for dataset in (name, name + "_holdout"):
+        ok(dpsql_cli("dataset", "grant", dataset, analyst, dsn=owner_uri))
+    dims = conn.execute(
+        "SELECT dim, split_side FROM dpsql.datasets WHERE name IN (%s, %s) ORDER BY name",
+        (name, name + "_holdout"),
+    ).fetchall()
+    assert dims == [(21, "train"), (21, "holdout")]  # numbers, education, race, region, yes/no
 
 
-def _analyst_quickstart(conn, analyst_uri: str, test_table: str, name: str) -> None:
-    """What is there, a preview, a release, its quality against the baseline, predictions."""
-    (listed,) = json.loads(ok(dpsql_cli("datasets", "--json", dsn=analyst_uri)))
-    assert listed["name"] == name
+def _analyst_quickstart(conn, analyst_uri: str, table: str, name: str) -> None:
+    """What is there, a preview, a release, its private score on the holdout, predictions;
+    never a row."""
+    listed = {d["name"] for d in json.loads(ok(dpsql_cli("datasets", "--json", dsn=analyst_uri)))}
+    assert listed == {name, name + "_holdout"}
     dry = json.loads(
         ok(dpsql_cli("train", name, "--privacy", "auto", "--epsilon", "1", "--dry-run", "--json",
                      dsn=analyst_uri))
     )  # fmt: skip
-    assert dry["rows"] == 3200 and dry["dim"] == 21 and "refused" not in dry
+    held = conn.execute(
+        "SELECT dpsql_internal._public_row_count(dpsql_internal._lookup_dataset(%s))",
+        (name + "_holdout",),
+    ).fetchone()[0]
+    assert dry["rows"] + held == 4000 and 600 < held < 1000  # about a fifth held out
+    assert dry["dim"] == 21 and "refused" not in dry
     assert _charges(conn, name) == 0
     too_much = dpsql_cli("train", name, "--privacy", "auto", "--epsilon", "5", "--dry-run",
                          dsn=analyst_uri)  # fmt: skip
@@ -158,26 +170,28 @@ def _analyst_quickstart(conn, analyst_uri: str, test_table: str, name: str) -> N
     assert _charges(conn, name) == 1
     mid = trained["model_id"]
     pd = pytest.importorskip("pandas")
-    frame = pd.read_csv(DATA, skiprows=range(1, 3201))  # the test rows
     with dpsql.connect(analyst_uri) as db:
-        scored = db.evaluate(mid, test_table)
-        assert scored["rows"] == len(frame)
-        majority = max((frame["whi"] == "yes").mean(), (frame["whi"] == "no").mean())
-        assert scored["baseline"] == pytest.approx(majority)
-        assert {"accuracy", "balanced_accuracy", "roc_auc", "f1"} <= set(scored)
-        # predictions: by row in SQL, from a DataFrame in Python, the same labels
-        rows = db.conn.execute(
-            f"SELECT dpsql.predict_label(%s, to_jsonb(t)) FROM {test_table} t", (mid,)
-        ).fetchall()
+        scored = db.evaluate(mid, name + "_holdout", epsilon=0.25)
+        assert scored["rows"] == held
+        assert {"accuracy", "balanced_accuracy", "roc_auc", "f1", "noise_sd"} <= set(scored)
+        assert 0 < scored["noise_sd"]["accuracy"] < 0.05
+        # predictions of a row given by its columns: SQL and Python agree
+        row = {"whrswk": 40, "hhi": "yes", "hhi2": "no", "education": "16years", "race": "white",
+               "hispanic": "no", "experience": 12, "kidslt6": 0, "kids618": 1, "husby": 50,
+               "region": "west"}  # fmt: skip
+        (label,) = db.conn.execute(
+            "SELECT dpsql.predict_label(%s, %s)", (mid, json.dumps(row))
+        ).fetchone()
         model = db.model(mid)
-        predicted = model.predict(frame[list(reversed(FEATURES))])  # columns found by name
-        assert list(predicted) == [r[0] for r in rows]
-        assert model.score(frame[FEATURES], frame["whi"]) == pytest.approx(scored["accuracy"])
+        frame = pd.DataFrame([row])[list(reversed(FEATURES))]  # columns found by name
+        assert list(model.predict(frame)) == [label]
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="features"):
             db.conn.execute("SELECT dpsql.predict(%s, '{1,2,3}')", (mid,))
+        # without epsilon, a registered dataset is refused with a hint, never scored noiselessly
+        with pytest.raises(dpsql.DpsqlError, match="epsilon"):
+            db.evaluate(mid, name + "_holdout")
         # the analyst reads no registered row and cannot change the registration
-        registered = test_table.removesuffix("_test")
-        for query in (f"SELECT * FROM {registered}",
+        for query in (f"SELECT * FROM {table}",
                       f"SELECT dpsql.alter_dataset('{name}', epsilon_budget => 100)"):  # fmt: skip
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 db.conn.execute(query)
@@ -201,9 +215,11 @@ def test_the_quickstarts_run_as_written(conn, server_uri) -> None:
     from dpsql import server
     from tests import doc_session
 
-    live = "SELECT 1 FROM dpsql.datasets WHERE name = 'hi' AND dropped_at IS NULL"
-    if conn.execute(live).fetchone():
-        conn.execute("SELECT dpsql.drop_dataset('hi')")  # an interrupted run's
+    live = (
+        "SELECT name FROM dpsql.datasets WHERE name IN ('hi', 'hi_holdout') AND dropped_at IS NULL"
+    )
+    for (name,) in conn.execute(live).fetchall():
+        conn.execute("SELECT dpsql.drop_dataset(%s)", (name,))  # an interrupted run's
     _drop_roles(conn, "olivia", "alice")
     before = conn.execute("SELECT coalesce(max(entry_id), 0) FROM dpsql.ledger").fetchone()[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPSQL_", "PG"))}
@@ -220,13 +236,26 @@ def test_the_quickstarts_run_as_written(conn, server_uri) -> None:
         session.run(analyst, sql_as="URI")
         session.run(owner[late:], sql_as="OLIVIA")
         charges = conn.execute(
-            "SELECT role, epsilon FROM dpsql.ledger WHERE dataset = 'hi' AND entry_id > %s",
+            "SELECT dataset, role, mechanism, epsilon FROM dpsql.ledger"
+            " WHERE dataset IN ('hi', 'hi_holdout') AND entry_id > %s ORDER BY entry_id",
             (before,),
         ).fetchall()
-        assert charges == [("alice", 1.0)] * 3  # the CLI's, SQL's and Python's releases
-        assert not conn.execute(live).fetchone()  # the owner's last command dropped it
+        # describe; the CLI's selection (both datasets, the training side's Papernot-Steinke
+        # bound just under 1); SQL's and Python's auto (its choice); Python's and SQL's
+        # evaluate on the holdout. No SELECT on any table was ever granted.
+        chosen = charges[3][2] if len(charges) > 3 else None
+        assert charges == [
+            ("hi", "alice", "describe", 0.25),
+            ("hi_holdout", "alice", "tune", 1.0),
+            ("hi", "alice", "tune", pytest.approx(1.0, abs=0.03)),
+            ("hi", "alice", chosen, 1.0),
+            ("hi", "alice", chosen, 1.0),
+            ("hi_holdout", "alice", "evaluate", 0.25),
+            ("hi_holdout", "alice", "evaluate", 0.25),
+        ], charges
+        assert not conn.execute(live).fetchone()  # the owner's last commands dropped them
     finally:
         session.close()
-        if conn.execute(live).fetchone():
-            conn.execute("SELECT dpsql.drop_dataset('hi')")
+        for (name,) in conn.execute(live).fetchall():
+            conn.execute("SELECT dpsql.drop_dataset(%s)", (name,))
         _drop_roles(conn, "olivia", "alice")
