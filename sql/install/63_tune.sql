@@ -348,6 +348,9 @@ BEGIN
         run := run + 1;
         pick := dpsql_internal._uniform_index(s, 2 * run, k)::int;
         c := cands->(pick - 1)->'candidate';
+        IF noise_seed IS NOT NULL AND NOT c ? 'seed' THEN  -- a seeded selection replays exactly
+            c := c || jsonb_build_object('seed', noise_seed # (1000 * run + 2));
+        END IF;
         needs_delta := (cands->(pick - 1)->>'delta')::float8 > 0;
         UPDATE dpsql_internal.tune_prepaid t SET used_epsilon = 0, used_delta = 0
          WHERE t.backend = pg_backend_pid() AND t.xact = pg_current_xact_id() AND t.dataset_id = ds.dataset_id;

@@ -15,6 +15,13 @@ pytestmark = pytest.mark.smoke
 # What an analyst may execute in schema dpsql: the entry points, the SECURITY INVOKER helpers
 # that evaluate/predict run as the caller, and the checks the views and train call.
 ANALYST_FUNCTIONS = {
+    # issue 44: the private releases beside training, and their previews
+    "describe",
+    "preview_describe",
+    "tune",
+    "preview_tune",
+    "_train_validated",  # train(..., validation => ...): SECURITY DEFINER, its own checks
+    "_preview_statement",  # SECURITY INVOKER: runs a release call with the preview flag
     "train",
     "mechanisms",
     "predict",

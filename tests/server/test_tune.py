@@ -222,3 +222,57 @@ def test_train_auto_with_validation_runs_the_selection(conn, split, analyst) -> 
             )
     assert [c["privacy"] for c in tune["candidates"]][:2] == ["bolton", "objective_perturbation"]
     assert [e[:3] for e in _entries(conn, ds)] == [("tune", pytest.approx(1.5), 0.0)]
+
+
+@pytest.mark.parametrize("variant", ["savepoint", "exception_block", "python"])
+def test_no_variant_takes_the_selections_charges_back(conn, split, analyst, variant) -> None:
+    """As tests/server/test_durable_charge.py does for every release: a savepoint rolled back,
+    a PL/pgSQL exception block, a Python transaction block that raises."""
+    from tests.server.test_durable_charge import _undo
+
+    ds, name, hold, hname = split
+    _, connect = analyst
+    with connect() as a:
+        _undo(a, variant, "SELECT dpsql.tune(%s, %s, 1.5, 0, candidates => %s)",
+              (name, hname, CANDIDATES))  # fmt: skip
+    assert [e[:3] for e in _entries(conn, ds)] == [("tune", pytest.approx(1.5), 0.0)]
+    assert [e[:3] for e in _entries(conn, hold)] == [("tune", pytest.approx(1.5), 0.0)]
+    assert (
+        conn.execute(
+            "SELECT count(*) FROM dpsql.model_store WHERE dataset_id = %s", (ds,)
+        ).fetchone()[0]
+        == 0
+    )
+    outcomes = conn.execute(
+        "SELECT outcome FROM dpsql.ledger WHERE dataset_id IN (%s, %s)", (ds, hold)
+    ).fetchall()
+    assert {o for (o,) in outcomes} <= {"charged, output rolled back", "charged, output not kept"}
+
+
+def test_hostile_session_settings_change_nothing(conn, server_uri, split) -> None:
+    """The same seeded selection, bit for bit (the winner, its score, its weights), in a calm
+    session and under test_pinned_settings' hostile settings."""
+    from psycopg.rows import dict_row
+
+    from tests.server.test_pinned_settings import _set_hostile
+
+    ds, name, hold, hname = split
+    for d in (name, hname):
+        conn.execute("SELECT dpsql.alter_dataset(%s, epsilon_budget => 100)", (d,))
+    results = []
+    for hostile in (False, True):
+        with psycopg.connect(server_uri, autocommit=True) as c:
+            if hostile:
+                _set_hostile(c)
+            (m,) = c.execute(
+                "SELECT dpsql.tune(%s, %s, 3, 0, candidates => %s, noise_seed => 7)",
+                (name, hname, CANDIDATES),
+            ).fetchone()
+            with c.cursor(row_factory=dict_row, binary=True) as cur:
+                row = cur.execute(
+                    "SELECT weights, params->'tune' AS tune FROM dpsql.model_store"
+                    " WHERE model_id = %s",
+                    (m,),
+                ).fetchone()
+            results.append(row)
+    assert results[0] == results[1]
