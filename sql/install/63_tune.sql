@@ -92,6 +92,15 @@ BEGIN
                                      hint => 'e.g. [{"privacy": "dpsgd", "sampling": "poisson"}, '
                                              '{"privacy": "bolton", "lambda": 0.001}]');
     END IF;
+    -- a private mechanism only: privacy => 'none' would train noiselessly, here as the
+    -- extension owner
+    IF jsonb_typeof(candidate->'privacy') IS DISTINCT FROM 'string'
+       OR NOT (candidate->>'privacy' = 'auto'
+               OR EXISTS (SELECT 1 FROM dpsql.mechanism_catalog m WHERE m.name = candidate->>'privacy')) THEN
+        PERFORM dpsql_internal._fail(format('candidate %s: privacy must be auto or a mechanism of dpsql.mechanisms(), got %s',
+                                            i, candidate->'privacy'),
+                                     hint => 'SELECT name FROM dpsql.mechanisms() lists them.');
+    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(candidate) ORDER BY 1 LOOP
         SELECT format_type(p.proargtypes[a.n - 1], NULL) INTO typ
           FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY AS a(name, n)
@@ -334,8 +343,12 @@ BEGIN
                    '(delta %s) on %s, score epsilon %s on %s', k, k, plan->>'metric',
                    round((plan->>'run_epsilon')::numeric, 6), plan->>'run_delta', ds.name,
                    round((plan->>'score_epsilon')::numeric, 6), vs.name);
-    -- both charges before any row is read (the validation first: its budget refusal then
-    -- leaves the training dataset uncharged)
+    -- both charges before any row is read: both budgets checked first, then the validation
+    -- charged (a budget refusal then leaves both uncharged but for a race, which the charge
+    -- itself settles)
+    PERFORM dpsql_internal._check_budget_left(vs, (plan->'charges'->0->>'epsilon')::float8, 0);
+    PERFORM dpsql_internal._check_budget_left(ds, (plan->'charges'->1->>'epsilon')::float8,
+                                              (plan->'charges'->1->>'delta')::float8);
     v_entry := dpsql_internal._charge(vs.dataset_id, (plan->'charges'->0->>'epsilon')::float8, 0, 'tune',
                                       note => note || '; ' || (plan->'charges'->0->>'bound'));
     d_entry := dpsql_internal._charge(ds.dataset_id, (plan->'charges'->1->>'epsilon')::float8,

@@ -109,9 +109,15 @@ def test_refusals_come_before_any_charge(conn, split, analyst) -> None:
         ((name, hname, 1.0, 0, '[{"privacy": "bolton", "source": "x"}]'), "may set"),
         ((name, hname, 1.0, 0, '[{"privacy": "bolton", "nope\\"; --": 1}]'), "may set"),
         ((name, hname, 1.0, 0, '[{"privacy": "dpsgd"}]'), "needs delta > 0"),
-        ((name, hname, 1.0, 0, '[{"privacy": "nonesuch"}]'), "is refused"),
+        ((name, hname, 1.0, 0, '[{"privacy": "nonesuch"}]'), "privacy must be auto or a mechanism"),
+        ((name, hname, 1.0, 0, '[{"privacy": "none"}]'), "privacy must be auto or a mechanism"),
+        ((name, hname, 1.0, 0, '[{"privacy": ["bolton"]}]'), "privacy must be auto or a mechanism"),
+        ((name, hname, 1.0, 0, '[{"privacy": "bolton", "epochs": "x"}]'), "is refused|invalid"),
         ((name, hname, 100.0, 0, CANDIDATES), "budget"),
     ]
+    # the training dataset's budget too, before the validation's charge
+    conn.execute("SELECT dpsql.alter_dataset(%s, epsilon_budget => 200)", (hname,))
+    cases.append(((name, hname, 100.0, 0, CANDIDATES), f"budget of dataset '{name}' exceeded"))
     with connect() as a:
         for args, message in cases:
             with pytest.raises(psycopg.Error, match=message):
