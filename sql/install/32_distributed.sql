@@ -252,6 +252,12 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    IF ds.split_side IS NOT NULL THEN  -- distributed after registration: the runs read shards
+        PERFORM dpsql_internal._fail(
+            format('dataset %s is one side of a holdout split of a table distributed since; its '
+                   'distributed runs would read both sides', ds.name), '0A000',
+            'Split the table into two tables and register each (docs/tune.md).');
+    END IF;
     IF mech.distributed IS NULL THEN
         PERFORM dpsql_internal._fail(
             format('%s is sequential: it does not run on the distributed dataset %s (its rows would '

@@ -108,6 +108,10 @@ def test_training_and_charges_stay_on_their_side(conn, table, make_role) -> None
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             a.execute("SELECT secret FROM dpsql_internal.split_secrets")
     assert spent == {name: 1.0, name + "_holdout": 2.0}
+    # nor does a data owner read the secret (not even of their own split)
+    _, connect_owner = make_role("owner", "dpsql_admin")
+    with connect_owner() as o, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        o.execute("SELECT secret FROM dpsql_internal.split_secrets")
     # a release's public row count is its side's
     (preview,) = conn.execute(
         "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'bolton', epsilon => 1)", (name,)
