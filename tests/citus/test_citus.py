@@ -745,3 +745,20 @@ def test_categorical_columns_and_a_text_label_on_shards(coord) -> None:
     assert on_shards[1] == on_local[1] == 1500
     assert on_shards[0] == pytest.approx(on_local[0], abs=1e-12)
     assert on_shards[0] > 0.9  # colour determines the answer
+
+
+def test_a_holdout_of_a_distributed_table_is_refused(coord) -> None:
+    """Issue 44: a split reads one side through the coordinator's filter, which the shard runs
+    would bypass: refused at registration, nothing registered."""
+    X, y = _binary(200)
+    table = _distributed(coord, X, y)
+    with pytest.raises(
+        psycopg.errors.FeatureNotSupported, match="holdout of the Citus distributed"
+    ):
+        _register(coord, table, holdout=0.2)
+    assert (
+        coord.execute(
+            "SELECT count(*) FROM dpsql.datasets WHERE source LIKE %s", (f"%{table}",)
+        ).fetchone()[0]
+        == 0
+    )
