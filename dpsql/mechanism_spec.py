@@ -195,7 +195,8 @@ class Spec:
             "plan_function": self.plan_function,
             "fit_function": self.fit_function,
             "models": list(self.models) or None,
-            "params": [p for p in self.parameters if p not in COMMON],
+            # (intercept is every mechanism's, like COMMON: a spec lists it for its rule only)
+            "params": [p for p in self.parameters if p not in (*COMMON, "intercept")],
             "distributed": self.distributed,
             "intercept_default": self.intercept_default,
             "recommended": self.recommended,

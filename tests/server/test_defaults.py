@@ -443,6 +443,11 @@ def test_erm_defaults_learn_on_uncentred_rows(conn, uncentred) -> None:
     priv = m["params"]["privacy"]
     assert priv["defaults"]["intercept"] is True and m["fit_intercept"] is True
     assert priv["radius"] > 100  # the bound's radius here (about 195), not 10
+    preview = _preview(
+        conn, name, "logistic", privacy="objective_perturbation", epsilon=1.0, delta=0.0
+    )
+    assert preview["defaults"]["intercept"] is True
+    assert preview["plan"]["radius"] == pytest.approx(priv["radius"])
     assert _score(conn, m["model_id"], test) > majority + 0.03
     m = _train(
         conn,
@@ -507,6 +512,17 @@ def test_erm_default_radius_is_what_the_bound_affords(conn, binary) -> None:
     ).fetchone()
     assert priv["radius"] == pytest.approx(max(10.0, n * math.log(2) / (2 * math.sqrt(sq))))
     assert priv["radius"] > 10
+    # the preview shows the plan's radius before any charge
+    preview = _preview(
+        conn,
+        binary,
+        "logistic",
+        privacy="objective_perturbation",
+        epsilon=1.0,
+        delta=0.0,
+        intercept=False,
+    )
+    assert preview["plan"]["radius"] == pytest.approx(priv["radius"])
     assert priv["regularizer"] == pytest.approx(
         max(priv["min_regularizer"], 2 * math.sqrt(sq) / priv["radius"])
     )

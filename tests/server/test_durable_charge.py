@@ -86,6 +86,9 @@ EXTRA = {
     "dp_ssgd": ", options => '{\"baseline\": true}'",
     # its defaults refuse a table this small (near-uniform vertex draws): an analyst's K runs
     "frank_wolfe": ", options => '{\"steps\": 5}'",
+    # their defaults refuse binary classifiers on so few steps (issue 42): a batch given runs
+    "scs13": ", batch_size => 50",
+    "dp_ftrl": ", batch_size => 50",
 }
 
 

@@ -228,7 +228,7 @@ def test_a_parameter_the_mechanism_does_not_take_is_refused(
     [
         ("objective_perturbation", "logistic", {}),
         ("output_perturbation", "logistic", {"delta": 1e-6}),
-        ("dp_ftrl", "logistic", {"delta": 1e-6}),
+        ("dp_ftrl", "logistic", {"delta": 1e-6, "batch_size": 50}),  # (issue 42: few steps)
         ("frank_wolfe", "logistic", {"options": {"steps": 5}}),
         ("exponential_mechanism", "logistic", {"options": {"grid_points": 64}}),
     ],
@@ -384,7 +384,8 @@ def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri)
                 assert _record(conn, py.model_id) == _record(conn, sql_id), (name, model, kind)
                 released += 1
     # most cases release (a refusal on both sides would also agree): the comparison has teeth
-    assert released >= 0.7 * len(cases), (released, len(cases))
+    # (most release; since issue 42 SCS13's and DP-FTRL's binary defaults refuse: 36 of 52)
+    assert released >= 0.65 * len(cases), (released, len(cases))
 
 
 def test_the_registry_is_the_specs(conn) -> None:

@@ -132,6 +132,9 @@ EXTRA = {
     "dp_ambssgd": ", steps => 2",
     "dp_ssgd": ", options => '{\"baseline\": true}'",
     "frank_wolfe": ", options => '{\"steps\": 5}'",
+    # their defaults refuse binary classifiers on so few steps (issue 42): a batch given runs
+    "scs13": ", batch_size => 50",
+    "dp_ftrl": ", batch_size => 50",
 }
 
 

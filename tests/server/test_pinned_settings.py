@@ -56,14 +56,15 @@ CLASSIFIERS = [
     ("dpsgd_f_alg2", {"epsilon": 3.0, "delta": 1e-5, "batch_size": 10}),
     ("auto", {"epsilon": 1.0, "delta": 1e-5}),
     ("auto", {"epsilon": 1.0}),
-    ("scs13", {"epsilon": 1.0}),
+    # (issue 42: SCS13's and DP-FTRL's binary defaults refuse; a batch given runs them)
+    ("scs13", {"epsilon": 1.0, "batch_size": 50}),
     ("bst14", {"epsilon": 1.0, "delta": 1e-5, "lambda": 0.01, "batch_size": 10}),
     ("objective_perturbation", {"epsilon": 1.0}),
     ("objective_perturbation", {"epsilon": 1.0, "delta": 1e-6}),
     ("output_perturbation", {"epsilon": 1.0, "lambda": 0.01}),
     ("frank_wolfe", {"epsilon": 1.0, "delta": 1e-6, "options": {"steps": 5}}),
     ("exponential_mechanism", {"epsilon": 1.0, "delta": 0.0, "options": {"grid_points": 300}}),
-    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6}),
+    ("dp_ftrl", {"epsilon": 1.0, "delta": 1e-6, "batch_size": 50}),
 ]
 REGRESSORS = [
     ("dp_ambssgd", {"epsilon": 20.0, "delta": 1e-6, "steps": 10}),
