@@ -1,0 +1,63 @@
+"""Issue 45: no tracked file looks like a credential (a development cluster's superuser
+password file was tracked once): password files, private keys, and passwords written into a
+DSN. Placeholders (``<password>``, ``...``, ``$VAR``, ``{...}``) are not credentials."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# a literal password in a connection URI or a libpq keyword string
+_URI = re.compile(r"postgres(?:ql)?(?:\+\w+)?://[^:/@\s'\"]+:([^@/\s'\"]+)@")
+# inside a string literal (a libpq keyword string), not a Python keyword argument
+_KEYWORD = re.compile(r"""["'][^"'\n]*\bpassword=([^\s'";,)]+)""")
+_PLACEHOLDER = re.compile(
+    r"^(?:<[^>]*>|\.\.\.|…|password|\*+|\$\w+|\$\{[^}]*\}|\{[^}]*\}|%\(?\w*\)?s|x+|secret|pw)$"
+)
+
+
+def _tracked() -> list[Path]:
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    return [REPO / p for p in out.split("\0") if p]
+
+
+def test_no_password_file_or_private_key_is_tracked() -> None:
+    bad = [
+        p.relative_to(REPO)
+        for p in _tracked()
+        if p.name.endswith(".pgpass")
+        or p.name in {".pgpass", "id_rsa", "id_ed25519", "id_ecdsa"}
+        or (p.suffix in {".pem", ".key"} and b"PRIVATE KEY" in p.read_bytes())
+    ]
+    assert bad == []
+
+
+def test_no_password_is_written_into_a_dsn() -> None:
+    found = []
+    for path in _tracked():
+        if path.suffix not in {".py", ".md", ".sql", ".sh", ".toml", ".yml", ".yaml", ".cfg",
+                               ".ini", ".txt", ""} or not path.is_file():  # fmt: skip
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for pattern in (_URI, _KEYWORD):
+            for match in pattern.finditer(text):
+                value = match.group(1)
+                if not _PLACEHOLDER.match(value) and not any(c in value for c in "{}$<>%("):
+                    found.append(f"{path.relative_to(REPO)}: {match.group(0)}")
+    assert found == []
+
+
+def test_the_scanner_finds_what_it_should() -> None:
+    assert _URI.search("postgresql://olivia:hunter2@db/postgres").group(1) == "hunter2"
+    assert _KEYWORD.search("'host=db password=hunter2 user=x'").group(1) == "hunter2"
+    assert _KEYWORD.search("connect(password=password)") is None
+    assert _PLACEHOLDER.match("<password>") and not _PLACEHOLDER.match("hunter2")
