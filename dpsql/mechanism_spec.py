@@ -71,6 +71,7 @@ _PARAMETER_KEYS = {
     "rule",
     "alternative",
     "keys",
+    "max_features",
 }
 # The server's default rules (sql/install/34_defaults.sql) a spec may name, by parameter.
 _RULES = {
@@ -110,6 +111,8 @@ class Parameter:
     max: float | None = None
     choices: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()  # options => {...}: the keys it accepts
+    # (intercept rule uncentred) the most features at which the rule adds the intercept
+    max_features: int | None = None
 
     @property
     def attribute(self) -> str:
@@ -134,7 +137,16 @@ class Parameter:
     def server_json(self) -> dict[str, Any]:
         """What the server's registry keeps: the checks and the docs of ``dpsql.mechanisms()``."""
         out: dict[str, Any] = {"type": self.sql, "who": self.who, "doc": self.doc}
-        for key in ("sql_default", "default", "rule", "alternative", "min", "exclusive_min", "max"):
+        for key in (
+            "sql_default",
+            "default",
+            "rule",
+            "alternative",
+            "min",
+            "exclusive_min",
+            "max",
+            "max_features",
+        ):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value

@@ -466,7 +466,8 @@ def test_erm_defaults_learn_on_uncentred_rows(conn, uncentred) -> None:
 def test_erm_intercept_follows_the_feature_bounds(conn, scratch_schema) -> None:
     """The spec rule 'uncentred': with feature_bounds (every feature's public range mapped onto
     [-1, 1]) objective and output perturbation and the exponential mechanism keep no
-    intercept; without them they fit one; a value given is kept."""
+    intercept; without them they fit one (the exponential mechanism only up to 4 features: its
+    5 coefficients); a value given is kept."""
     rng = np.random.default_rng(8)
     X = rng.uniform(0, 1, size=(3000, 3))
     y = (X @ np.array([2.0, -1.0, 1.0]) + 0.3 * rng.normal(size=3000) > 1.0).astype(float)
@@ -488,6 +489,11 @@ def test_erm_intercept_follows_the_feature_bounds(conn, scratch_schema) -> None:
             conn, unbounded, "logistic", privacy=privacy, epsilon=2.0, delta=0.0, intercept=False
         )
         assert m["fit_intercept"] is False
+    # five uncentred features: the exponential mechanism's 5 coefficients leave no room
+    X5 = rng.uniform(0, 1, size=(3000, 5))
+    five = _register(conn, load(conn, scratch_schema, "f5", X5, y), labels="{0,1}", row_norm="clip")
+    m = _train(conn, five, "logistic", privacy="exponential_mechanism", epsilon=2.0, delta=0.0)
+    assert m["params"]["privacy"]["defaults"]["intercept"] is False
 
 
 def test_erm_default_radius_is_what_the_bound_affords(conn, binary) -> None:
