@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -594,7 +595,7 @@ def test_binary_defaults_that_learn_nothing_refuse_before_charging(conn, scratch
     name = _register(
         conn, load(conn, scratch_schema, "oh", X, y), labels="{0,1}", feature_bounds=bounds
     )
-    cases = [
+    cases: list[tuple[str, float, str, dict[str, Any]]] = [
         ("output_perturbation", 0.0, "regulariser", {"options": Jsonb({"radius": 30})}),
         ("scs13", 0.0, "1/sqrt(t)", {"batch_size": 400}),
         ("dp_ftrl", DELTA, "more than 200", {"batch_size": 256}),
