@@ -18,17 +18,18 @@ CREATE TABLE IF NOT EXISTS dpsql.model_store (
     intercept       float8[],               -- one per output when fit_intercept
     weights         float8[] NOT NULL,      -- coef with the intercept column, as trained
     flags           int NOT NULL,           -- row transform flags of the C core
-    epochs          int NOT NULL,           -- requested
-    epochs_run      int NOT NULL,           -- fewer when the tolerance stopped training
-    batch_size      bigint NOT NULL,
+    -- the SGD run's (NULL for plan-and-fit mechanisms, which run no SGD: 33_planned.sql)
+    epochs          int,                    -- requested
+    epochs_run      int,                    -- fewer when the tolerance stopped training
+    batch_size      bigint,
     lambda          float8 NOT NULL,
-    schedule        text NOT NULL,
+    schedule        text,
     step_size       float8,
-    step_offset     float8 NOT NULL,
+    step_offset     float8,
     radius          float8,
     huber_h         float8,
     row_norm        text NOT NULL,
-    shuffle         boolean NOT NULL,
+    shuffle         boolean,
     seed            bigint,
     seed_policy     text,                   -- user | random (pg_strong_random) | none
     rows            bigint NOT NULL,
@@ -47,6 +48,10 @@ CREATE TABLE IF NOT EXISTS dpsql.model_store (
     noise_scale     float8,                 -- Gamma scale sensitivity/epsilon, or Gaussian sigma
     params          jsonb NOT NULL          -- every argument of the run, for reproduction
 );
+-- (0.8.0: the SGD fields are NULL for plan-and-fit mechanisms; installed tables follow)
+ALTER TABLE dpsql.model_store ALTER COLUMN epochs DROP NOT NULL, ALTER COLUMN epochs_run DROP NOT NULL,
+    ALTER COLUMN batch_size DROP NOT NULL, ALTER COLUMN schedule DROP NOT NULL,
+    ALTER COLUMN step_offset DROP NOT NULL, ALTER COLUMN shuffle DROP NOT NULL;
 COMMENT ON TABLE dpsql.model_store IS 'Trained models with their hyperparameters and provenance';
 
 -- Runs in progress: their noiseless state never leaves this table.

@@ -115,6 +115,12 @@ BEGIN
     IF rel.iterates IS NOT NULL THEN
         INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);
     END IF;
+    -- (issue 45) no SGD ran: the SGD fields the run's table carried are not the model's (its
+    -- own steps, scans or draws are in params->'privacy')
+    UPDATE dpsql.model_store m
+       SET epochs = NULL, epochs_run = NULL, batch_size = NULL, schedule = NULL, step_size = NULL,
+           step_offset = NULL, shuffle = NULL
+     WHERE m.model_id = mid;
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

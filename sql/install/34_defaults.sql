@@ -164,9 +164,11 @@ BEGIN
         filled := filled || jsonb_build_object('batch_size', b);
     END IF;
     all_params := params || filled;
-    IF params->>'step_size' IS NULL AND params->>'schedule' IS NULL AND lambda = 0 THEN
-        -- Constant step; SCS13 and BST14 keep their papers' 1/sqrt(t) schedules, lambda > 0
-        -- the strongly convex decreasing one.
+    IF params->>'step_size' IS NULL AND coalesce(params->>'schedule', 'constant') = 'constant'
+       AND lambda = 0 THEN
+        -- Constant step, the default schedule, given or not (issue 45: 'constant' spelled out
+        -- fell back to another step); SCS13 and BST14 keep their papers' 1/sqrt(t) schedules,
+        -- lambda > 0 the strongly convex decreasing one.
         step := dpsql_internal._default_step(canonical, huber_h, r);
         IF rules->>'step_size' = 'bolton_noise_target' THEN
             -- Algorithm 1 (convex, constant step): the sensitivity is linear in eta (2 k L eta
