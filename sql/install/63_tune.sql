@@ -123,21 +123,22 @@ BEGIN
                   epsilon, delta, coalesce(noise_seed::text, 'NULL'));
 END $$;
 
--- The default candidates: auto's choice and the mechanisms it weighs (docs/auto.md), by task
--- and by whether delta > 0 (candidates a preview refuses are left out of a default set).
+-- The default candidates: auto's choice (first) and the mechanisms it weighs (docs/auto.md),
+-- by task and by whether delta > 0 (candidates a preview refuses are left out of a default set).
 CREATE OR REPLACE FUNCTION dpsql_internal._tune_default_candidates(ds dpsql.datasets, delta float8)
 RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN ds.labels IS NULL AND delta > 0 THEN
-                    '[{"privacy": "dpgd"}, {"privacy": "dpsgd_f", "model": "linear"}, {"privacy": "adassp"},
+                    '[{"privacy": "auto", "model": "linear"}, {"privacy": "dpsgd_f", "model": "linear"},
+                      {"privacy": "adassp", "model": "linear"},
                       {"privacy": "objective_perturbation", "model": "linear", "intercept": true}]'
                 WHEN ds.labels IS NULL THEN
-                    '[{"privacy": "objective_perturbation", "model": "linear", "intercept": true},
+                    '[{"privacy": "auto", "model": "linear"},
                       {"privacy": "output_perturbation", "model": "linear", "intercept": true}]'
                 WHEN delta > 0 THEN
-                    '[{"privacy": "dpsgd", "sampling": "poisson", "intercept": true}, {"privacy": "dpsgd_f"},
+                    '[{"privacy": "auto"}, {"privacy": "dpsgd_f"},
                       {"privacy": "bolton"}, {"privacy": "objective_perturbation", "intercept": true}]'
                 ELSE
-                    '[{"privacy": "bolton"}, {"privacy": "objective_perturbation", "intercept": true},
+                    '[{"privacy": "auto"}, {"privacy": "objective_perturbation", "intercept": true},
                       {"privacy": "bolton", "lambda": 0.001}]' END::jsonb
 $$;
 
@@ -198,6 +199,10 @@ DECLARE
     p jsonb;
     events jsonb;
     needs_delta boolean;
+    todo jsonb;
+    feasible boolean;
+    lo float8;
+    hi float8;
 BEGIN
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
@@ -228,56 +233,105 @@ BEGIN
     END IF;
     -- The per-run budget on the training dataset: pure, Liu-Talwar (epsilon / 3); else the
     -- largest e whose Papernot-Steinke selection over the candidates' curves is <= epsilon.
+    -- The candidates: those that run at epsilon / 3 (a default set leaves out the ones their
+    -- previews refuse there; a caller's candidate refused is the selection's refusal). The set
+    -- is then fixed, so that the selection's epsilon grows with e (the search below).
+    todo := (SELECT jsonb_agg(jsonb_build_object('candidate', x, 'index', n) ORDER BY n)
+               FROM jsonb_array_elements(coalesce(candidates, dpsql_internal._tune_default_candidates(ds, d)))
+                    WITH ORDINALITY AS t(x, n));
     e := epsilon / 3;
-    FOR k IN 1 .. CASE WHEN d > 0 THEN 6 ELSE 1 END LOOP
+    FOR k IN 1 .. CASE WHEN d > 0 THEN 10 ELSE 1 END LOOP
         previews := '[]';
         events := '[]';
-        i := 0;
-        FOR c IN SELECT x FROM jsonb_array_elements(coalesce(candidates, dpsql_internal._tune_default_candidates(ds, d))) x LOOP
-            i := i + 1;
+        feasible := true;
+        FOR c IN SELECT x FROM jsonb_array_elements(todo) x LOOP
+            i := (c->>'index')::int;
+            -- (auto takes the selection's delta: its choice with delta > 0, as train's auto)
             needs_delta := coalesce((SELECT m.needs_delta FROM dpsql.mechanism_catalog m
-                                      WHERE m.name = c->>'privacy'), false);
+                                      WHERE m.name = c->'candidate'->>'privacy'),
+                                    c->'candidate'->>'privacy' = 'auto' AND d > 0);
             IF d = 0 AND needs_delta THEN
-                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)', i, c),
+                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
+                                                    i, c->'candidate'),
                                              hint => 'Give tune a delta, or only pure candidates.');
             END IF;
-            EXECUTE dpsql_internal._tune_call('dpsql.preview', ds.name, c, e,
+            EXECUTE dpsql_internal._tune_call('dpsql.preview', ds.name, c->'candidate', e,
                                               CASE WHEN needs_delta THEN d ELSE 0 END, noise_seed, i) INTO p;
             -- (a budget it would exceed is the selection's question, answered by its charges)
             IF p ? 'refused' AND p->'refused'->>'sqlstate' IS DISTINCT FROM 'DP001' THEN
-                IF given THEN
-                    PERFORM dpsql_internal._fail(format('candidate %s (%s) is refused: %s', i, c, p->'refused'->>'message'),
+                IF given AND k = 1 THEN
+                    PERFORM dpsql_internal._fail(format('candidate %s (%s) is refused: %s', i, c->'candidate',
+                                                        p->'refused'->>'message'),
                                                  hint => p->'refused'->>'hint');
+                END IF;
+                IF k > 1 THEN  -- a member of the set refused at this e: e does not work
+                    feasible := false;
+                    EXIT;
                 END IF;
                 CONTINUE;
             END IF;
             IF d = 0 AND (p->>'delta')::float8 > 0 THEN
-                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)', i, c),
+                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
+                                                    i, c->'candidate'),
                                              hint => 'Give tune a delta, or only pure candidates.');
             END IF;
+            -- Papernot-Steinke needs each run's Renyi curve: a release known only as
+            -- (epsilon, delta > 0)-DP has none (dpsql/selection.py)
+            IF d > 0 AND jsonb_path_exists(coalesce(p->'dp_event',
+                                                    dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8,
+                                                                                        (p->>'delta')::float8)),
+                                           '$.** ? (@.type == "EpsilonDelta" && @.delta > 0)') THEN
+                IF given THEN
+                    PERFORM dpsql_internal._fail(
+                        format('candidate %s (%s) is known only as (epsilon, delta)-DP: the selection''s '
+                               'Renyi bound needs its curve', i, c->'candidate'),
+                        hint => 'Leave it out; Gaussian-noise mechanisms (dpsgd, dpsgd_f, dpgd) and pure ones qualify.');
+                END IF;
+                CONTINUE;
+            END IF;
             previews := previews || jsonb_build_array(jsonb_build_object(
-                'candidate', c, 'index', i, 'mechanism', p->'mechanism', 'epsilon', p->'epsilon',
+                'candidate', c->'candidate', 'index', i, 'mechanism', p->'mechanism', 'epsilon', p->'epsilon',
                 'delta', p->'delta', 'dp_event', p->'dp_event', 'warnings', p->'warnings'));
             events := events || jsonb_build_array(coalesce(p->'dp_event',
                 dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8, (p->>'delta')::float8)));
         END LOOP;
-        IF jsonb_array_length(previews) = 0 THEN
-            PERFORM dpsql_internal._fail(format('no candidate can run on %s at epsilon %s per run', ds.name, round(e::numeric, 6)),
-                                         hint => 'dpsql.preview says why for each; more epsilon, or other candidates.');
+        IF k = 1 THEN
+            IF jsonb_array_length(previews) = 0 THEN
+                PERFORM dpsql_internal._fail(format('no candidate can run on %s at epsilon %s per run', ds.name,
+                                                    round(e::numeric, 6)),
+                                             hint => 'dpsql.preview says why for each; more epsilon, or other candidates.');
+            END IF;
+            todo := (SELECT jsonb_agg(jsonb_build_object('candidate', x->'candidate', 'index', x->'index'))
+                       FROM jsonb_array_elements(previews) x);
         END IF;
-        IF d = 0 THEN
+        total := NULL;
+        IF feasible AND d = 0 THEN
             total := (dpsql_internal._tune_accountant(jsonb_build_object('op', 'select', 'pure_epsilon', e))->>'epsilon')::float8;
-        ELSE
+        ELSIF feasible THEN
             total := (dpsql_internal._tune_accountant(jsonb_build_object(
-                          'op', 'select', 'events', events, 'mean', jsonb_array_length(previews), 'delta', d))->>'epsilon')::float8;
+                          'op', 'select', 'events', events, 'mean', jsonb_array_length(todo), 'delta', d))->>'epsilon')::float8;
         END IF;
-        IF total <= epsilon * (1 + 1e-12) AND (best_e IS NULL OR e > best_e) THEN
-            best_e := e;
-            best_total := total;
-            cands := previews;
+        IF total <= epsilon * (1 + 1e-12) THEN
+            IF best_e IS NULL OR e > best_e THEN
+                best_e := e;
+                best_total := total;
+                cands := previews;
+            END IF;
+            lo := greatest(lo, e);
+        ELSIF total IS NOT NULL THEN
+            hi := least(hi, e);
+        ELSE
+            lo := NULL;  -- refused here: smaller e is not known to work either; search below
+            hi := least(hi, e);
         END IF;
         EXIT WHEN total <= epsilon AND total >= 0.97 * epsilon;
-        e := e * epsilon / total * 0.99;  -- the selection grows about linearly in e
+        -- the next e: the secant (the selection grows about linearly in e) kept inside the
+        -- bracket found so far, else its geometric middle
+        e := CASE WHEN total IS NOT NULL THEN e * epsilon / total * 0.99 ELSE e / 2 END;
+        IF (lo IS NOT NULL AND e <= lo) OR (hi IS NOT NULL AND e >= hi) THEN
+            e := CASE WHEN lo IS NOT NULL AND hi IS NOT NULL THEN sqrt(lo * hi)
+                      WHEN lo IS NOT NULL THEN lo * 1.5 ELSE hi / 1.5 END;
+        END IF;
     END LOOP;
     IF best_e IS NULL THEN
         PERFORM dpsql_internal._fail(format('a selection among these candidates costs more than epsilon %s at delta %s', epsilon, d),
