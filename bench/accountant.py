@@ -35,7 +35,7 @@ import psutil
 import psycopg
 
 import dpsql
-from dpsql import accounting, datasets, server
+from dpsql import accountant_requests, accounting, datasets, server
 
 # (label, request without op/target) at new configurations; the brief's hard case last.
 CONFIGS = [
@@ -52,9 +52,9 @@ CONFIGS = [
 # The previous search (Brent's method from the RDP calibration), for the "before" column: no
 # cache (issue 30), no secant search (issue 17).
 _OLD = (
-    "import sys, dpsql.accounting as a; "
+    "import sys, dpsql.accounting as a, dpsql.accountant_requests as r; "
     "a._calibrate_from_cache = a._calibrate_pld_fast = lambda *args: None; "
-    "sys.exit(a.main(sys.argv[1:]))"
+    "sys.exit(r.main(sys.argv[1:]))"
 )
 
 
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0915
             print(f"{label:40s}{before:10.2f}{per_call:10.2f}{warm:10.2f}")
 
         # 1b. in this process: issue 17's search against issue 30's cache
-        accounting.quiet()
+        accountant_requests.quiet()
         accounting.calibrate(1.5, 1e-6, scheme="poisson", steps=10, sampling_rate=0.5)  # imports
         print(f"\n{'in-process calibrate() (s, charged PLDs)':40s}{'search':>10s}{'cache':>10s}")
         for label, config in configs:

@@ -1,11 +1,12 @@
 """The server's long-lived accountant: ``python -m dpsql.accounting --serve <socket>``.
 
-PostgreSQL cannot import Python, so DP-SGD's accountant (:mod:`dpsql.accounting`) runs outside
-it. Starting a process per call cost about a second of imports and one process per concurrent
-analyst (issue 17). Instead a background worker of the extension (sql/src/accountant_worker.c)
-starts this process as its child, and the backends connect to it on a Unix socket in the data
-directory (a directory only the server's user can enter: nobody else can connect, or bind the
-name first and answer with made-up noise).
+PostgreSQL cannot import Python, so DP-SGD's accountant (:mod:`dpsql.accounting`, its requests
+and answers in :mod:`dpsql.accountant_requests`) runs outside it. Starting a process per call cost
+about a second of imports and one process per concurrent analyst (issue 17). Instead a
+background worker of the extension (sql/src/accountant_worker.c) starts this process as its
+child, and the backends connect to it on a Unix socket in the data directory (a directory only the
+server's user can enter: nobody else can connect, or bind the name first and answer with made-up
+noise).
 
 Protocol: a backend sends one request line (the JSON object ``python -m dpsql.accounting`` takes
 as its argument) and reads one answer line, ``<exit status> <json>``: the status and the line the
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from dpsql import accounting
+from dpsql import accountant_requests, calibration_cache
 
 __all__ = ["main", "serve"]
 
@@ -84,7 +85,7 @@ def _reply(conn: socket.socket, status: int, obj: dict[str, Any]) -> None:
     with conn:
         try:
             conn.settimeout(READ_TIMEOUT_SECONDS)
-            conn.sendall(f"{status} {accounting.dumps(obj)}\n".encode())
+            conn.sendall(f"{status} {accountant_requests.dumps(obj)}\n".encode())
         except OSError:
             pass  # the backend gave up (cancel, timeout): nothing to do
 
@@ -113,8 +114,8 @@ def _compute(line: str, slot: int, out: int, cpu_seconds: int) -> None:
         if cpu_seconds > 0:
             # the deadline holds even if this server dies: the kernel stops the child
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-        status, obj = accounting.answer(line)
-        os.write(out, f"{status} {accounting.dumps(obj)}\n".encode())
+        status, obj = accountant_requests.answer(line)
+        os.write(out, f"{status} {accountant_requests.dumps(obj)}\n".encode())
     finally:
         os._exit(0)
 
@@ -281,7 +282,7 @@ def serve(
     request_timeout: int = REQUEST_TIMEOUT_SECONDS,
 ) -> int:
     """Answer requests on the Unix socket ``path`` until idle or orphaned; the exit status."""
-    accounting.quiet()
+    accountant_requests.quiet()
     _warm_up()
     parent = os.getppid()
     stop = False
@@ -319,21 +320,20 @@ def _warm_up() -> None:
     """Import what requests need once, here, rather than in every child."""
     import importlib
 
-    for target in accounting._MODULE_OPS.values():
+    for target in accountant_requests.MODULE_OPS.values():
         with contextlib.suppress(Exception):
             importlib.import_module(target.split(":")[0])
-    accounting.answer(
+    accountant_requests.answer(
         '{"op": "epsilon", "scheme": "poisson", "noise_multiplier": 1, "delta": 1e-6, '
         '"steps": 2, "sampling_rate": 0.5}'
     )
     # read the calibration grid here: the forked children share it instead of each parsing it
-    from dpsql import calibration_cache
-
     calibration_cache.load()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dpsql.accounting --serve <socket> [--idle-exit S] [--request-timeout S]``."""
+    """``python -m dpsql.accounting --serve <socket> [--idle-exit S] [--request-timeout S]``
+    (started by the block at the end of dpsql/accounting.py)."""
     parser = argparse.ArgumentParser(prog="python -m dpsql.accounting --serve")
     parser.add_argument("socket", help="path of the Unix socket (relative: the data directory)")
     parser.add_argument("--idle-exit", type=float, default=IDLE_EXIT_SECONDS)

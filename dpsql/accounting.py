@@ -59,21 +59,19 @@ Accountants
     The add/remove RDP epsilon of the same mechanism (``GaussianDpEvent(z)`` without the factor 2
     for ``"shuffle"``). A reference figure, **not** the replace-one guarantee: never charge it.
 
-Command line (used by the PostgreSQL server, which cannot import Python)
--------------------------------------------------------------------------
-``python -m dpsql.accounting '<json>'`` where the JSON object has ``"op"`` (``"calibrate"``,
-``"epsilon"`` or ``"report"``) and the keyword arguments of the functions below (``null`` means
-absent). It prints one line of JSON ``{"noise_multiplier", "epsilon", "epsilon_pld", "epsilon_rdp",
-"accountant", "dp_accounting", "ledger_event", ...}`` (``ledger_event``: the run as the ledger
-records it, which the server charges) and exits 0, or prints ``{"error": "..."}`` and exits 2 on bad
-input (1 on an unexpected failure). Nothing is written to stderr (the server reads ``2>&1``).
-``python -m dpsql.accounting --serve <socket>`` answers the same requests, one line each, on a
-Unix socket: the server's long-lived accountant (:mod:`dpsql.accountant_server`).
+Modules
+-------
+This module is the math: it imports, of dpsql's, only the PLD's settings
+(:mod:`dpsql.pld_settings`) and the calibration grid's reader (:mod:`dpsql.calibration_cache`).
+On top of it: the ledger's events and their composition (:mod:`dpsql.ledger_events`), the grid's
+generator (:mod:`dpsql.calibration_grid`), the accountant's requests and answers
+(:mod:`dpsql.accountant_requests`) and the long-lived accountant (:mod:`dpsql.accountant_server`).
+``python -m dpsql.accounting '<json>'`` and ``python -m dpsql.accounting --serve <socket>``, the
+command lines the PostgreSQL server runs, are the last two (the block at the end of this file).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import sys
@@ -89,6 +87,15 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
+from dpsql import calibration_cache
+from dpsql.pld_settings import (
+    PLD_DISCRETIZATION,
+    PLD_FULL_PRECISION_UP_TO,
+    PLD_LOG_MASS_TRUNCATION_RANGE,
+    PLD_TAIL_SHARE,
+    dp_accounting_version,
+)
+
 __all__ = [
     "ACCOUNTANTS",
     "SCHEMES",
@@ -96,7 +103,6 @@ __all__ = [
     "ReplaceOneRdpBound",
     "calibrate",
     "epsilon",
-    "main",
     "mechanism",
     "report",
 ]
@@ -106,21 +112,6 @@ NeighboringRelation = dp_accounting.NeighboringRelation
 SCHEMES = ("shuffle", "poisson")
 ACCOUNTANTS = ("pld", "rdp", "rdp_add_remove")
 
-#: PLD discretisation of the privacy loss (dp-accounting's default). The PLD accountant rounds
-#: pessimistically, so any interval gives an upper bound; finer is tighter and slower.
-PLD_DISCRETIZATION = 1e-4
-#: Above this epsilon (estimated by the fast RDP bound) the PLD interval grows in proportion to
-#: epsilon, so that a tiny noise multiplier costs seconds rather than minutes. Such guarantees are
-#: meaningless anyway; the value stays a pessimistic (sound) PLD bound.
-PLD_FULL_PRECISION_UP_TO = 64.0
-#: Share of delta the Poisson steps' PLD may place at infinity when dp-accounting truncates the
-#: Gaussian's tails (its ``log_mass_truncation_bound``, -50 by default whatever the run). The
-#: truncated mass is counted as privacy loss infinity, so every bound stays pessimistic; a bound
-#: sized to the run (see :func:`poisson_log_mass_truncation`) halves the cost of a charged
-#: evaluation and moves epsilon by under 1e-7 relative (bench/RESULTS.md, issue 30).
-PLD_TAIL_SHARE = 1e-4
-#: Clamp of that bound: never finer than dp-accounting's default, never coarser than e^-25.
-PLD_LOG_MASS_TRUNCATION_RANGE = (-50.0, -25.0)
 #: Relative tolerance of :func:`calibrate` on the noise multiplier.
 CALIBRATION_RTOL = 1e-4
 #: Range searched by :func:`calibrate`.
@@ -835,8 +826,6 @@ def _calibrate_from_cache(
     if probe.gaussian_only or probe.prefix_noise_multiplier is not None:
         return None
     assert probe.steps is not None and probe.sampling_rate is not None
-    from dpsql import calibration_cache
-
     guess = calibration_cache.candidate(target, delta, probe.steps, probe.sampling_rate)
     if guess is None or not MIN_NOISE_MULTIPLIER <= guess.noise_multiplier <= MAX_NOISE_MULTIPLIER:
         return None
@@ -970,15 +959,6 @@ def calibrate(
 # Report
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dp-accounting")
-    except PackageNotFoundError:  # pragma: no cover
-        return "unknown"
-
-
 def report(
     noise_multiplier: float,
     *,
@@ -1004,11 +984,9 @@ def report(
         ``scheme``, ``epochs``, ``steps``, ``sampling_rate``, ``noise_multiplier``,
         ``unit_sensitivity_noise_multiplier`` (``z / 2`` when the record's view is plain
         Gaussians), ``delta``, ``dp_event`` and ``dp_event_relation`` (what was accounted),
-        ``ledger_event`` (the same run as the ledger records it, :attr:`Mechanism.ledger_event`
-        in :func:`dpsql.ledger_events.to_jsonb_json`), ``accountant_versions``.
+        ``accountant_versions``. The accountant's answer adds the same run as the ledger records
+        it (:func:`dpsql.accountant_requests.report`).
     """
-    from dpsql import ledger_events  # it imports this module
-
     mech = mechanism(
         noise_multiplier,
         scheme=scheme,
@@ -1048,158 +1026,18 @@ def report(
         "relation_rdp_add_remove": "add/remove (reference, not the replace-one guarantee)",
         "dp_event": str(mech.event),
         "dp_event_relation": mech.relation.name,
-        "ledger_event": ledger_events.to_jsonb_json(mech.ledger_event),
-        "accountant_versions": {"dp_accounting": _version()},
+        "accountant_versions": {"dp_accounting": dp_accounting_version()},
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-_OPS = ("calibrate", "epsilon", "report")
-_KEYS = {
-    "op",
-    "noise_multiplier",
-    "target_epsilon",
-    "delta",
-    "scheme",
-    "epochs",
-    "steps",
-    "sampling_rate",
-    "accountant",
-    "prefix_noise_multiplier",
-}
-
-
-def _json_number(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-# Other requests the server sends through the same command, each answered by its own module
-# (op -> "module:function", imported on demand; the function takes the request dict and returns
-# the answer dict).
-_MODULE_OPS = {
-    "audit_bound": "dpsql.audit_stats:run",
-    "compose": "dpsql.ledger_events:run",
-    "select": "dpsql.selection:run",
-}
-
-
-def _run(request: Any) -> dict[str, Any]:  # noqa: C901
-    if not isinstance(request, dict):
-        raise ValueError("the request must be a JSON object")
-    if request.get("op") in _MODULE_OPS:
-        import importlib
-
-        module, function = _MODULE_OPS[request["op"]].split(":")
-        answer: dict[str, Any] = getattr(importlib.import_module(module), function)(request)
-        return answer
-    unknown = sorted(set(request) - _KEYS)
-    if unknown:
-        raise ValueError(f"unknown keys: {', '.join(unknown)}")
-    args = {k: v for k, v in request.items() if v is not None}  # null means absent
-    op = args.pop("op", None)
-    if op not in _OPS:
-        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
-    accountant = _accountant(args.pop("accountant", "pld"))
-    for key in ("scheme", "delta"):
-        if key not in args:
-            raise ValueError(f"{key} is required")
-    if op == "calibrate":
-        if "noise_multiplier" in args:
-            raise ValueError("calibrate takes target_epsilon, not noise_multiplier")
-        if "target_epsilon" not in args:
-            raise ValueError("calibrate needs target_epsilon")
-        target = args.pop("target_epsilon")
-        z = calibrate(target, accountant=accountant, **args)
-    else:
-        if "target_epsilon" in args:
-            raise ValueError(f"{op} takes noise_multiplier, not target_epsilon")
-        if "noise_multiplier" not in args:
-            raise ValueError(f"{op} needs noise_multiplier")
-        z = args.pop("noise_multiplier")
-    rep = report(z, **args)
-    primary = {
-        "pld": rep["epsilon_pld"],
-        "rdp": rep["epsilon_rdp"],
-        "rdp_add_remove": rep["epsilon_rdp_add_remove"],
-    }[accountant]
-    if not math.isfinite(primary):
-        raise ValueError(f"the {accountant} epsilon is not finite: no privacy at this noise")
-    out: dict[str, Any] = {
-        "op": op,
-        "noise_multiplier": float(rep["noise_multiplier"]),
-        "epsilon": primary,
-        "epsilon_pld": _json_number(rep["epsilon_pld"]),
-        "epsilon_rdp": _json_number(rep["epsilon_rdp"]),
-        "accountant": accountant,
-        "dp_accounting": rep["accountant_versions"]["dp_accounting"],
-        "scheme": rep["scheme"],
-        "delta": rep["delta"],
-        # what the release charges (the ledger's dp_event): the event accounted here
-        "ledger_event": rep["ledger_event"],
-    }
-    if op == "calibrate":
-        out["target_epsilon"] = float(request["target_epsilon"])
-    if op == "report":
-        for key, value in rep.items():
-            out.setdefault(key, _json_number(value) if isinstance(value, float) else value)
-    return out
-
-
-def quiet() -> None:
-    """Keep absl's and Python's warnings off the answer (the server reads stdout and stderr)."""
-    import logging
-    import warnings
-
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    warnings.simplefilter("ignore")
-
-
-def answer(request_json: str) -> tuple[int, dict[str, Any]]:
-    """The exit status and the JSON object of one request (see the module's docstring)."""
-    try:
-        try:
-            request = json.loads(request_json)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"invalid JSON: {exc}") from None
-        return 0, _run(request)
-    except (ValueError, TypeError) as exc:
-        return 2, {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - the server needs a JSON line whatever happens
-        return 1, {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def dumps(obj: dict[str, Any]) -> str:
-    """One line of strict JSON (no NaN or Infinity)."""
-    return json.dumps(obj, allow_nan=False, separators=(",", ":"))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dpsql.accounting '<json>'``: print one JSON line.
-
-    ``python -m dpsql.accounting --serve <socket>`` serves requests on a Unix socket instead
-    (the server's long-lived accountant, :mod:`dpsql.accountant_server`).
-
-    Returns the exit status: 0 on success, 2 on bad input, 1 on an unexpected failure.
-    """
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--serve"]:
-        from dpsql import accountant_server
-
-        return accountant_server.main(argv[1:])
-    quiet()
-    if len(argv) != 1:
-        status, obj = 2, {"error": "usage: python -m dpsql.accounting '<json object>'"}
-    else:
-        status, obj = answer(argv[0])
-    sys.stdout.write(dumps(obj) + "\n")
-    sys.stdout.flush()
-    return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The program ``python -m dpsql.accounting`` (the command line the server runs): this block
+    # runs as the module ``__main__``, not as dpsql.accounting, so the modules on top of this one
+    # are imported from here without a circle (tests/python/test_module_graph.py).
+    if sys.argv[1:2] == ["--serve"]:
+        from dpsql import accountant_server
+
+        sys.exit(accountant_server.main(sys.argv[2:]))
+    from dpsql import accountant_requests
+
+    sys.exit(accountant_requests.main())

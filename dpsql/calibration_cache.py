@@ -12,7 +12,10 @@ charged PLD.
 Soundness never depends on this module: a missing, corrupted or stale file, or a wrong value in
 it, gives no candidate or a poor one, and the charged evaluation (or the search it falls back to)
 decides. The file is ignored when it was computed by another dp-accounting version than the one
-installed, another PLD interval or another layout (:data:`dpsql.calibration_grid.FORMAT`).
+installed, another PLD interval or another layout (:data:`FORMAT`): its :func:`provenance`.
+
+This module imports, of dpsql's, only :mod:`dpsql.pld_settings`: the accounting math
+(:mod:`dpsql.accounting`) reads the grid, and the generator is on top of both.
 """
 
 from __future__ import annotations
@@ -24,9 +27,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Candidate", "Grid", "candidate", "load", "path"]
+from dpsql.pld_settings import PLD_DISCRETIZATION, dp_accounting_version
+
+__all__ = ["FORMAT", "Candidate", "Grid", "candidate", "load", "path", "provenance"]
+
+#: Bumped when the file's layout or meaning changes; the cache ignores other formats.
+FORMAT = 1
 
 _DEFAULT = Path(__file__).parent / "data" / "calibration_poisson.json"
+
+
+def provenance() -> dict[str, Any]:
+    """What a grid is computed with (:mod:`dpsql.calibration_grid` records it in the file); a
+    file that differs is ignored."""
+    return {
+        "format": FORMAT,
+        "scheme": "poisson",
+        "relation": "REPLACE_ONE",
+        "discretization": PLD_DISCRETIZATION,
+        "dp_accounting": dp_accounting_version(),
+    }
 
 
 def path() -> Path:
@@ -53,12 +73,6 @@ class Grid:
     log_eps: dict[tuple[int, int], list[list[float]]]
 
 
-def _expected_provenance() -> dict[str, Any]:
-    from dpsql.calibration_grid import provenance
-
-    return provenance()
-
-
 def _axis(axis: Any) -> list[float] | None:
     """An increasing list of at least two numbers, or None."""
     if not isinstance(axis, list) or len(axis) < 2:
@@ -75,7 +89,7 @@ def _parse(obj: Any) -> Grid | None:
     """The grid, or None if its provenance differs from this installation or it is malformed."""
     if not isinstance(obj, dict):
         return None
-    if any(obj.get(k) != v for k, v in _expected_provenance().items()):
+    if any(obj.get(k) != v for k, v in provenance().items()):
         return None
     grid, cells = obj.get("grid"), obj.get("cells")
     if not isinstance(grid, dict) or not isinstance(cells, dict):

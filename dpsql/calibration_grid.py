@@ -10,9 +10,10 @@ for each, the epsilon at every grid delta. Nothing here is charged: the cache on
 candidate ``z`` where :func:`dpsql.accounting.calibrate` starts its search, and every ``z`` it
 returns passed the charged evaluation.
 
-The file records the dp-accounting version that computed it; a different installed version
-makes the cache ignore the file (regenerate it with the command above, about 20 minutes on one
-core; ``--jobs`` runs nodes in parallel processes).
+The file records what computed it (:func:`dpsql.calibration_cache.provenance`: the layout, the
+PLD's interval, the dp-accounting version); a different installed dp-accounting makes the cache
+ignore the file (regenerate it with the command above, about 20 minutes on one core; ``--jobs``
+runs nodes in parallel processes).
 """
 
 from __future__ import annotations
@@ -29,25 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from dpsql import accounting
+from dpsql import accounting, calibration_cache
+from dpsql.accountant_requests import quiet
 
-__all__ = ["FORMAT", "GRID", "build", "main"]
+__all__ = ["GRID", "build", "main"]
 
-#: Bumped when the file's layout or meaning changes; the cache ignores other formats.
-FORMAT = 1
-
-DEFAULT_OUT = Path(__file__).parent / "data" / "calibration_poisson.json"
-
-
-def provenance() -> dict[str, Any]:
-    """What a grid was computed with; calibration_cache ignores a file that differs."""
-    return {
-        "format": FORMAT,
-        "scheme": "poisson",
-        "relation": "REPLACE_ONE",
-        "discretization": accounting.PLD_DISCRETIZATION,
-        "dp_accounting": accounting._version(),
-    }
+DEFAULT_OUT = calibration_cache.path()
 
 
 def _axis(lo: float, hi: float, per_decade: int) -> list[float]:
@@ -86,7 +74,7 @@ def _z_range(steps: int, q: float) -> tuple[float, float] | None:
 
 def node(log10_steps: float, log10_q: float) -> dict[str, Any] | None:
     """One node's curve: log z and log epsilon at each grid delta (None: out of range)."""
-    accounting.quiet()
+    quiet()
     steps = round(10.0**log10_steps)
     q = 10.0**log10_q
     span = _z_range(steps, q)
@@ -124,7 +112,7 @@ def build(jobs: int = 1) -> dict[str, Any]:
         results = list(pool.map(node, *zip(*args, strict=True)))
     cells = {f"{i},{j}": r for (i, j), r in zip(keys, results, strict=True) if r is not None}
     return {
-        **provenance(),
+        **calibration_cache.provenance(),
         "generated_by": "python -m dpsql.calibration_grid",
         "generated_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "build_seconds": round(time.monotonic() - start),

@@ -44,8 +44,8 @@ RDP (a second, looser guarantee), only when no event is an (epsilon, delta) even
     ``REPLACE_ONE``); Poisson-subsampled ones by :class:`dpsql.accounting.ReplaceOneRdpBound`
     (remove, then add). The summed curve is converted by dp-accounting's ``compute_epsilon``.
 
-Request (``python -m dpsql.accounting '<json>'``; the server checks its characters, so the JSON
-stays plain)::
+Request (``python -m dpsql.accounting '<json>'``, :mod:`dpsql.accountant_requests`; the server
+checks its characters, so the JSON stays plain)::
 
     {"op": "compose", "events": [<event>, ...], "delta": 1e-05, "epsilon": 2.0}
 
@@ -71,12 +71,11 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import RdpAccountant, compute_epsilon
 
-from dpsql.accounting import (
-    _REPLACE_ONE_ORDERS,
+from dpsql.accounting import _REPLACE_ONE_ORDERS, ReplaceOneRdpBound, poisson_gaussian_pld
+from dpsql.pld_settings import (
     PLD_DISCRETIZATION,
     PLD_FULL_PRECISION_UP_TO,
-    ReplaceOneRdpBound,
-    poisson_gaussian_pld,
+    dp_accounting_version,
 )
 
 __all__ = [
@@ -436,8 +435,6 @@ def _json_number(value: float | None) -> float | None:
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Answer ``{"op": "compose", "events": [...], "delta": d, "epsilon": e (optional)}``."""
-    from dpsql.accounting import _version
-
     unknown = sorted(set(request) - _KEYS)
     if unknown:
         raise ValueError(f"unknown keys: {', '.join(unknown)}")
@@ -454,5 +451,5 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         **answer,
         "epsilon_pld": _json_number(answer["epsilon_pld"]),
         "epsilon_rdp": _json_number(answer["epsilon_rdp"]),
-        "dp_accounting": _version(),
+        "dp_accounting": dp_accounting_version(),
     }

@@ -47,8 +47,9 @@ import numpy as np
 from dp_accounting.rdp import compute_epsilon
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from dpsql.accounting import _REPLACE_ONE_ORDERS, _version
+from dpsql.accounting import _REPLACE_ONE_ORDERS
 from dpsql.ledger_events import EpsilonDeltaDpEvent, _Leaves, _number, from_json, rdp_curve
+from dpsql.pld_settings import dp_accounting_version
 
 #: The geometric distribution of the number of runs (dp-accounting's shape parameter).
 GEOMETRIC = 1.0
@@ -152,5 +153,5 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         "op": "select",
         "epsilon": eps if math.isfinite(eps) else None,
         "order": order if math.isfinite(order) else None,
-        "dp_accounting": _version(),
+        "dp_accounting": dp_accounting_version(),
     }

@@ -19,6 +19,7 @@ dpa = pytest.importorskip("dp_accounting")
 from dp_accounting.pld import PLDAccountant  # noqa: E402
 from dp_accounting.rdp import RdpAccountant  # noqa: E402
 
+from dpsql import accountant_requests  # noqa: E402
 from dpsql import accounting as acc  # noqa: E402
 
 NR = dpa.NeighboringRelation
@@ -410,7 +411,8 @@ def test_cli_subprocess():
 
 
 def _main(capsys, request) -> tuple[int, dict]:
-    status = acc.main([request if isinstance(request, str) else json.dumps(request)])
+    line = request if isinstance(request, str) else json.dumps(request)
+    status = accountant_requests.main([line])
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     return status, json.loads(out)
@@ -567,5 +569,5 @@ def test_cli_refuses_bad_input(capsys, request_):
 
 
 def test_cli_needs_exactly_one_argument(capsys):
-    assert acc.main([]) == 2
+    assert accountant_requests.main([]) == 2
     assert "usage" in json.loads(capsys.readouterr().out)["error"]

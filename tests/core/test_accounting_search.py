@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dpsql import accountant_requests
 from dpsql import accounting as acc
 
 pytest.importorskip("dp_accounting")
@@ -91,7 +92,7 @@ def test_out_of_range_targets_are_refused_as_before(target, kw) -> None:
 
 def test_the_report_charges_the_value_the_calibration_verified() -> None:
     acc._PLD_CACHE.clear()
-    status, answer = acc.answer(
+    status, answer = accountant_requests.answer(
         json.dumps(
             {
                 "op": "calibrate",
@@ -163,7 +164,7 @@ def test_the_server_answers_like_the_command_line(serving) -> None:
     )
     status, _, body = _ask(path, request).rstrip("\n").partition(" ")
     assert status == "0"
-    assert json.loads(body) == acc.answer(request)[1]
+    assert json.loads(body) == accountant_requests.answer(request)[1]
     # bad input: the command line's exit status and error line
     status, _, body = _ask(path, '{"op": "calibrate"}').partition(" ")
     assert status == "2" and "scheme is required" in json.loads(body)["error"]
@@ -225,7 +226,7 @@ def test_a_repeated_request_is_answered_from_memory(monkeypatch, tmp_path) -> No
             out.write(line + "\n")
         return (0, {"n": len(log.read_text().split())}) if "good" in line else (2, {"error": "bad"})
 
-    monkeypatch.setattr(acc, "answer", answer)  # the module srv imports
+    monkeypatch.setattr(accountant_requests, "answer", answer)  # the module srv imports
     monkeypatch.setattr(srv, "_ANSWERS", {})
     listener = srv._bind(str(tmp_path / "s.sock"))
     listener.setblocking(False)

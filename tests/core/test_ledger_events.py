@@ -15,7 +15,7 @@ from dp_accounting.pld import common as pld_common  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as pld_lib  # noqa: E402
 from dp_accounting.rdp import RdpAccountant  # noqa: E402
 
-from dpsql import accounting, ledger_events  # noqa: E402
+from dpsql import accountant_requests, accounting, ledger_events  # noqa: E402
 from dpsql.ledger_events import EpsilonDeltaDpEvent  # noqa: E402
 
 NR = dpa.NeighboringRelation
@@ -223,7 +223,7 @@ def test_delta_at_epsilon_and_edge_cases() -> None:
 
 
 def _command(request: dict, capsys) -> tuple[int, dict]:
-    status = accounting.main([json.dumps(request)])
+    status = accountant_requests.main([json.dumps(request)])
     return status, json.loads(capsys.readouterr().out)
 
 

@@ -93,9 +93,9 @@ def test_calls_share_one_long_lived_process(conn, datadir, server_pid) -> None:
     parent = psutil.Process(server_pid).parent()
     assert parent is not None and "dpsql accountant" in " ".join(parent.cmdline())
     # the same answers as the command line
-    from dpsql import accounting
+    from dpsql import accountant_requests
 
-    status, direct = accounting.answer(_request(2.5))
+    status, direct = accountant_requests.answer(_request(2.5))
     assert status == 0 and direct["noise_multiplier"] == answer["noise_multiplier"]
 
 
