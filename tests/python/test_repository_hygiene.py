@@ -57,7 +57,8 @@ def test_no_password_is_written_into_a_dsn() -> None:
 
 
 def test_the_scanner_finds_what_it_should() -> None:
-    assert _URI.search("postgresql://olivia:hunter2@db/postgres").group(1) == "hunter2"
-    assert _KEYWORD.search("'host=db password=hunter2 user=x'").group(1) == "hunter2"
+    secret = "hun" + "ter2"  # (split, or this file would be its own finding)
+    assert _URI.search(f"postgresql://olivia:{secret}@db/postgres").group(1) == secret
+    assert _KEYWORD.search(f"'host=db password={secret} user=x'").group(1) == secret
     assert _KEYWORD.search("connect(password=password)") is None
-    assert _PLACEHOLDER.match("<password>") and not _PLACEHOLDER.match("hunter2")
+    assert _PLACEHOLDER.match("<password>") and not _PLACEHOLDER.match(secret)

@@ -4,6 +4,7 @@ dataset register --holdout` (issue 44, items 2 and 3) against the test server.""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,10 @@ import dpsql
 from dpsql.errors import DpsqlError
 from tests.python.test_cli import as_json, dpsql_cli
 
-CANDIDATES = [{"privacy": "bolton"}, {"privacy": "bolton", "epochs": 1, "step_size": 1e-4}]
+CANDIDATES: list[dict[str, Any]] = [
+    {"privacy": "bolton"},
+    {"privacy": "bolton", "epochs": 1, "step_size": 1e-4},
+]
 
 
 @pytest.fixture
