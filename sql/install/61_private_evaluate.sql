@@ -416,8 +416,11 @@ END $$;
 -- The metrics of released statistics (post-processing; the header's definitions), with the
 -- baseline's. The statistics are used as released, negative ones included (clamping a noisy
 -- count at 0 biases every ratio of it: an empty bin's noise would always add mass), and each
--- metric is then clamped to its range ([0, 1]; MSE, MAE and the variance >= 0; R^2 <= 1).
-CREATE OR REPLACE FUNCTION dpsql_internal._metrics_of_statistics(kind text, s float8[])
+-- metric is then clamped to its range ([0, 1]; MSE, MAE and the variance >= 0; R^2 <= 1);
+-- clamped false: not (the noise sds' differences, which a clamp would flatten to 0).
+DROP FUNCTION IF EXISTS dpsql_internal._metrics_of_statistics(text, float8[]);
+DROP FUNCTION IF EXISTS dpsql_internal._unit_clamp(float8);
+CREATE OR REPLACE FUNCTION dpsql_internal._metrics_of_statistics(kind text, s float8[], clamped boolean DEFAULT true)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -444,7 +447,7 @@ BEGIN
         IF n <= 0 THEN
             RETURN NULL;
         END IF;
-        prior := dpsql_internal._unit_clamp((tp + fn) / n);
+        prior := dpsql_internal._unit_clamp((tp + fn) / n, clamped);
         npos := (SELECT sum(x) FROM unnest(s[21:36]) x);
         nneg := (SELECT sum(x) FROM unnest(s[5:20]) x);
         FOR i IN 1..16 LOOP
@@ -452,12 +455,12 @@ BEGIN
             below := below + s[4 + i];
         END LOOP;
         RETURN jsonb_strip_nulls(jsonb_build_object(
-            'accuracy', dpsql_internal._unit_clamp((tp + tn) / n),
+            'accuracy', dpsql_internal._unit_clamp((tp + tn) / n, clamped),
             'balanced_accuracy', dpsql_internal._unit_clamp(
-                (CASE WHEN tp + fn > 0 THEN dpsql_internal._unit_clamp(tp / (tp + fn)) END
-                 + CASE WHEN tn + fp > 0 THEN dpsql_internal._unit_clamp(tn / (tn + fp)) END) / 2),
-            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN dpsql_internal._unit_clamp(area / (npos * nneg)) END,
-            'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN dpsql_internal._unit_clamp(2 * tp / (2 * tp + fp + fn))
+                (CASE WHEN tp + fn > 0 THEN dpsql_internal._unit_clamp(tp / (tp + fn), clamped) END
+                 + CASE WHEN tn + fp > 0 THEN dpsql_internal._unit_clamp(tn / (tn + fp), clamped) END) / 2, clamped),
+            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN dpsql_internal._unit_clamp(area / (npos * nneg), clamped) END,
+            'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN dpsql_internal._unit_clamp(2 * tp / (2 * tp + fp + fn), clamped)
                        ELSE 0 END,
             'baseline', jsonb_strip_nulls(jsonb_build_object(
                 'predictor', 'majority class',
@@ -477,18 +480,18 @@ BEGIN
             diag := s[c * k + c + 1];
             correct := correct + diag;
             IF support > 0 THEN
-                balanced := balanced + dpsql_internal._unit_clamp(diag / support);
+                balanced := balanced + dpsql_internal._unit_clamp(diag / support, clamped);
                 present := present + 1;
             END IF;
             IF support + predicted > 0 THEN
-                f1 := f1 + dpsql_internal._unit_clamp(2 * diag / (support + predicted));
+                f1 := f1 + dpsql_internal._unit_clamp(2 * diag / (support + predicted), clamped);
                 listed := listed + 1;
             END IF;
             majority := greatest(majority, support);
         END LOOP;
         majority := least(majority, n);
         RETURN jsonb_build_object(
-            'accuracy', dpsql_internal._unit_clamp(correct / n),
+            'accuracy', dpsql_internal._unit_clamp(correct / n, clamped),
             'balanced_accuracy', balanced / greatest(present, 1),
             'f1', f1 / greatest(listed, 1),
             'baseline', jsonb_build_object(
@@ -499,28 +502,30 @@ BEGIN
     END IF;
     -- regression: count, sum y, sum y^2, sum r^2, sum |r|, sum |y - c|
     n := greatest(s[1], 1);
-    mse := greatest(s[4] / n, 0);
-    mae := greatest(s[5] / n, 0);
+    mse := CASE WHEN clamped THEN greatest(s[4] / n, 0) ELSE s[4] / n END;
+    mae := CASE WHEN clamped THEN greatest(s[5] / n, 0) ELSE s[5] / n END;
     mean := s[2] / n;
-    var := greatest(s[3] / n - mean * mean, 0);
+    var := CASE WHEN clamped THEN greatest(s[3] / n - mean * mean, 0) ELSE s[3] / n - mean * mean END;
     RETURN jsonb_strip_nulls(jsonb_build_object(
         'mse', mse, 'mae', mae,
-        'r2', CASE WHEN var > 0 THEN least(1 - mse / var, 1) END,
+        'r2', CASE WHEN var > 0 THEN CASE WHEN clamped THEN least(1 - mse / var, 1) ELSE 1 - mse / var END END,
         'baseline', jsonb_strip_nulls(jsonb_build_object(
-            'predictor', 'mean', 'mse', var, 'mae', greatest(s[6] / n, 0),
+            'predictor', 'mean', 'mse', var,
+            'mae', CASE WHEN clamped THEN greatest(s[6] / n, 0) ELSE s[6] / n END,
             'r2', CASE WHEN var > 0 THEN 0 END))));
 END $$;
 
--- x clamped to [0, 1] (a rate computed from noisy counts).
-CREATE OR REPLACE FUNCTION dpsql_internal._unit_clamp(x float8)
+-- x clamped to [0, 1] (a rate computed from noisy counts), unless clamped is false.
+CREATE OR REPLACE FUNCTION dpsql_internal._unit_clamp(x float8, clamped boolean)
 RETURNS float8 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT least(greatest(x, 0), 1)
+    SELECT CASE WHEN clamped THEN least(greatest(x, 0), 1) ELSE x END
 $$;
 
 -- Each metric's noise standard deviation (and its baseline's): the statistics' noise sds
--- propagated to first order, by central differences one sd wide at the released values.
+-- propagated to first order, by central differences one sd wide at the released values, of
+-- the metrics before their clamps.
 CREATE OR REPLACE FUNCTION dpsql_internal._metrics_noise_sd(kind text, s float8[], sd float8[])
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -534,8 +539,9 @@ DECLARE
     d float8;
 BEGIN
     FOR i IN 1..cardinality(s) LOOP
-        up := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] + sd[i]) || s[i + 1:]);
-        down := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] - sd[i]) || s[i + 1:]);
+        -- (unclamped: at a clamp the difference would be 0, "0 +- 0" for a metric at its bound)
+        up := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] + sd[i]) || s[i + 1:], false);
+        down := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] - sd[i]) || s[i + 1:], false);
         CONTINUE WHEN up IS NULL OR down IS NULL;
         FOR key IN SELECT jsonb_object_keys(up) LOOP
             IF jsonb_typeof(up->key) = 'number' AND jsonb_typeof(down->key) = 'number' THEN
