@@ -123,20 +123,23 @@ BEGIN
                   epsilon, delta, coalesce(noise_seed::text, 'NULL'));
 END $$;
 
--- The default candidates: auto's choice (first) and the mechanisms it weighs (docs/auto.md),
--- by task and by whether delta > 0 (candidates a preview refuses are left out of a default set).
+-- The default candidates: auto's choice (first) and alternatives of the same kind, by task
+-- and by whether delta > 0 (candidates a preview refuses are left out of a default set). With
+-- delta > 0 only Gaussian mechanisms: the selection's Renyi bound takes the largest of the
+-- candidates' curves, and a pure candidate's (flat at epsilon for large orders) would halve
+-- every run's epsilon (bench/RESULTS.md, tune_selection: 0.26-0.29 epsilon per run with the
+-- bolt-on in the set, against about 0.6 without).
 CREATE OR REPLACE FUNCTION dpsql_internal._tune_default_candidates(ds dpsql.datasets, delta float8)
 RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN ds.labels IS NULL AND delta > 0 THEN
                     '[{"privacy": "auto", "model": "linear"}, {"privacy": "dpsgd_f", "model": "linear"},
-                      {"privacy": "adassp", "model": "linear"},
-                      {"privacy": "objective_perturbation", "model": "linear", "intercept": true}]'
+                      {"privacy": "dpsgd", "sampling": "poisson", "model": "linear", "intercept": true}]'
                 WHEN ds.labels IS NULL THEN
                     '[{"privacy": "auto", "model": "linear"},
                       {"privacy": "output_perturbation", "model": "linear", "intercept": true}]'
                 WHEN delta > 0 THEN
                     '[{"privacy": "auto"}, {"privacy": "dpsgd_f"},
-                      {"privacy": "bolton"}, {"privacy": "objective_perturbation", "intercept": true}]'
+                      {"privacy": "dpsgd", "sampling": "poisson", "intercept": true, "lambda": 0.001}]'
                 ELSE
                     '[{"privacy": "auto"}, {"privacy": "objective_perturbation", "intercept": true},
                       {"privacy": "bolton", "lambda": 0.001}]' END::jsonb
