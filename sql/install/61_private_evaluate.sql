@@ -43,12 +43,18 @@
 --   sensitivity 1 and noise sigma_1, recorded as GaussianDpEvent(2 sigma_1) (the ledger's
 --   replace-one convention, dpsql/ledger_events.py: sensitivity 2 per unit multiplier).
 --
--- The split of epsilon (public, the same for every call): two classes 1/2 confusion matrix,
--- 1/2 histograms; several classes all to the matrix; regression count 0.1, sum y 0.15,
--- sum y^2 0.2, sum r^2 0.3, sum |r| 0.15, sum |y - c| 0.1.
+--   Classifiers also release the count of correct predictions (replace-one sensitivity 1):
+--     accuracy, the main metric, is that count over the public row count (DESIGN's target:
+--     within 0.005 at epsilon 0.1 on 10k rows; the matrix's tp + tn carries two cells' noise
+--     of a sensitivity-2 block, 2.8 times the sd at the same share).
+--
+-- The split of epsilon (public, the same for every call): two classes 1/2 correct count, 1/4
+-- confusion matrix, 1/4 histograms; several classes 1/2 correct count, 1/2 matrix; regression
+-- count 0.1, sum y 0.15, sum y^2 0.2, sum r^2 0.3, sum |r| 0.15, sum |y - c| 0.1.
 --
 -- Metrics (post-processing of the statistics as released, each clamped to its range after):
--- accuracy, balanced accuracy, F1 and the majority-class baseline from the confusion matrix;
+-- accuracy from the correct count over the rows (a row the model cannot score counts as a
+-- miss); balanced accuracy, F1 and the majority-class baseline from the confusion matrix;
 -- ROC AUC from the two histograms (Mann-Whitney, ties within a bin counted half); MSE, MAE,
 -- R^2 and the mean baseline from the sums, over the noisy count. Each metric's noise standard
 -- deviation (metrics->'noise_sd'): every statistic's noise sd propagated to first order, by
@@ -158,12 +164,19 @@ BEGIN
         IF k IS NULL OR k < 2 THEN
             PERFORM dpsql_internal._fail(format('model %s has no classes', m.model_id));
         END IF;
+        -- the correct count last: accuracy, the main metric, from one count of sensitivity 1
+        -- (a confusion matrix's tp + tn carries two cells' noise of a block of sensitivity 2)
         blocks := CASE kind
             WHEN 'binary' THEN jsonb_build_array(
-                jsonb_build_object('name', 'confusion', 'size', 4, 'share', 0.5),
-                jsonb_build_object('name', 'histogram', 'size', 32, 'share', 0.5))
-            ELSE jsonb_build_array(jsonb_build_object('name', 'confusion', 'size', k * k, 'share', 1)) END;
-        SELECT jsonb_agg(e || jsonb_build_object('l1', 2, 'l2', sqrt(2::float8), 'unit', 1) ORDER BY i)
+                jsonb_build_object('name', 'confusion', 'size', 4, 'share', 0.25),
+                jsonb_build_object('name', 'histogram', 'size', 32, 'share', 0.25),
+                jsonb_build_object('name', 'correct', 'size', 1, 'share', 0.5))
+            ELSE jsonb_build_array(jsonb_build_object('name', 'confusion', 'size', k * k, 'share', 0.5),
+                                   jsonb_build_object('name', 'correct', 'size', 1, 'share', 0.5)) END;
+        SELECT jsonb_agg(e || CASE WHEN e->>'name' = 'correct'
+                                   THEN jsonb_build_object('l1', 1, 'l2', 1, 'unit', 1)
+                                   ELSE jsonb_build_object('l1', 2, 'l2', sqrt(2::float8), 'unit', 1) END
+                         ORDER BY i)
           INTO blocks FROM jsonb_array_elements(blocks) WITH ORDINALITY AS t(e, i);
     END IF;
     IF gaussian THEN
@@ -300,7 +313,7 @@ DECLARE
     res text;
 BEGIN
     IF kind = 'binary' THEN
-        stats := array_fill(0::float8, ARRAY[36]);
+        stats := array_fill(0::float8, ARRAY[36]);  -- then the correct count (37)
         FOR cell, bin, n IN EXECUTE format(
             'SELECT CASE WHEN pos THEN CASE WHEN y > 0 THEN 1 ELSE 2 END'
             '            ELSE CASE WHEN y > 0 THEN 3 ELSE 4 END END AS cell,'
@@ -313,7 +326,7 @@ BEGIN
             stats[cell] := stats[cell] + n;
             stats[bin] := stats[bin] + n;
         END LOOP;
-        RETURN stats;
+        RETURN stats || (stats[1] + stats[4]);  -- the correct count
     ELSIF kind = 'multiclass' THEN
         stats := array_fill(0::float8, ARRAY[k * k]);
         FOR cell, n IN EXECUTE format(
@@ -323,7 +336,7 @@ BEGIN
         LOOP
             stats[cell] := n;
         END LOOP;
-        RETURN stats;
+        RETURN stats || (SELECT sum(stats[j * k + j + 1]) FROM generate_series(0, k - 1) g(j));  -- correct
     END IF;
     SELECT array_agg((e->>'unit')::float8 ORDER BY i) INTO units
       FROM jsonb_array_elements(plan->'blocks') WITH ORDINALITY AS t(e, i);
@@ -418,9 +431,14 @@ END $$;
 -- count at 0 biases every ratio of it: an empty bin's noise would always add mass), and each
 -- metric is then clamped to its range ([0, 1]; MSE, MAE and the variance >= 0; R^2 <= 1);
 -- clamped false: not (the noise sds' differences, which a clamp would flatten to 0).
+-- rows: the public row count, over which accuracy is the noisy correct count's share (a row
+-- the model cannot score, or whose label is outside the set, counts as a miss); NULL: over
+-- the confusion matrix's noisy total.
 DROP FUNCTION IF EXISTS dpsql_internal._metrics_of_statistics(text, float8[]);
+DROP FUNCTION IF EXISTS dpsql_internal._metrics_of_statistics(text, float8[], boolean);
 DROP FUNCTION IF EXISTS dpsql_internal._unit_clamp(float8);
-CREATE OR REPLACE FUNCTION dpsql_internal._metrics_of_statistics(kind text, s float8[], clamped boolean DEFAULT true)
+CREATE OR REPLACE FUNCTION dpsql_internal._metrics_of_statistics(kind text, s float8[], clamped boolean DEFAULT true,
+                                                                 rows float8 DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -440,8 +458,10 @@ DECLARE
     listed int := 0;
     majority float8 := 0;
     mse float8; mae float8; mean float8; var float8;
+    hits float8;
 BEGIN
     IF kind = 'binary' THEN
+        hits := s[37];
         tp := s[1]; fp := s[2]; fn := s[3]; tn := s[4];
         n := tp + fp + fn + tn;
         IF n <= 0 THEN
@@ -455,7 +475,8 @@ BEGIN
             below := below + s[4 + i];
         END LOOP;
         RETURN jsonb_strip_nulls(jsonb_build_object(
-            'accuracy', dpsql_internal._unit_clamp((tp + tn) / n, clamped),
+            'accuracy', dpsql_internal._unit_clamp(CASE WHEN rows > 0 AND hits IS NOT NULL THEN hits / rows
+                                                        ELSE (tp + tn) / n END, clamped),
             'balanced_accuracy', dpsql_internal._unit_clamp(
                 (CASE WHEN tp + fn > 0 THEN dpsql_internal._unit_clamp(tp / (tp + fn), clamped) END
                  + CASE WHEN tn + fp > 0 THEN dpsql_internal._unit_clamp(tn / (tn + fp), clamped) END) / 2, clamped),
@@ -469,7 +490,11 @@ BEGIN
                 'roc_auc', CASE WHEN prior > 0 AND prior < 1 THEN 0.5 END,
                 'f1', CASE WHEN prior > 0.5 THEN 2 * prior / (prior + 1) ELSE 0 END))));
     ELSIF kind = 'multiclass' THEN
-        k := round(sqrt(cardinality(s)))::int;
+        k := floor(sqrt(cardinality(s)))::int;  -- k x k cells, then the correct count
+        IF cardinality(s) = k * k + 1 THEN
+            hits := s[k * k + 1];
+            s := s[1 : k * k];
+        END IF;
         n := (SELECT sum(x) FROM unnest(s) x);
         IF n <= 0 THEN
             RETURN NULL;
@@ -491,7 +516,8 @@ BEGIN
         END LOOP;
         majority := least(majority, n);
         RETURN jsonb_build_object(
-            'accuracy', dpsql_internal._unit_clamp(correct / n, clamped),
+            'accuracy', dpsql_internal._unit_clamp(CASE WHEN rows > 0 AND hits IS NOT NULL THEN hits / rows
+                                                        ELSE correct / n END, clamped),
             'balanced_accuracy', balanced / greatest(present, 1),
             'f1', f1 / greatest(listed, 1),
             'baseline', jsonb_build_object(
@@ -526,7 +552,9 @@ $$;
 -- Each metric's noise standard deviation (and its baseline's): the statistics' noise sds
 -- propagated to first order, by central differences one sd wide at the released values, of
 -- the metrics before their clamps.
-CREATE OR REPLACE FUNCTION dpsql_internal._metrics_noise_sd(kind text, s float8[], sd float8[])
+DROP FUNCTION IF EXISTS dpsql_internal._metrics_noise_sd(text, float8[], float8[]);
+CREATE OR REPLACE FUNCTION dpsql_internal._metrics_noise_sd(kind text, s float8[], sd float8[],
+                                                            rows float8 DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -540,8 +568,8 @@ DECLARE
 BEGIN
     FOR i IN 1..cardinality(s) LOOP
         -- (unclamped: at a clamp the difference would be 0, "0 +- 0" for a metric at its bound)
-        up := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] + sd[i]) || s[i + 1:], false);
-        down := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] - sd[i]) || s[i + 1:], false);
+        up := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] + sd[i]) || s[i + 1:], false, rows);
+        down := dpsql_internal._metrics_of_statistics(kind, s[:i - 1] || (s[i] - sd[i]) || s[i + 1:], false, rows);
         CONTINUE WHEN up IS NULL OR down IS NULL;
         FOR key IN SELECT jsonb_object_keys(up) LOOP
             IF jsonb_typeof(up->key) = 'number' AND jsonb_typeof(down->key) = 'number' THEN
@@ -592,6 +620,7 @@ DECLARE
     c float8;
     released jsonb;
     metrics jsonb;
+    rows float8;
 BEGIN
     noisy := dpsql_internal._noised_statistics(plan, dpsql_internal._evaluation_statistics(m, ds, plan), 0, seed);
     IF kind = 'regression' THEN
@@ -606,12 +635,13 @@ BEGIN
       FROM (SELECT e, coalesce(sum((e->>'size')::int) OVER (ORDER BY i ROWS BETWEEN UNBOUNDED PRECEDING
                                                                        AND 1 PRECEDING), 0)::int AS o
               FROM jsonb_array_elements(plan->'blocks') WITH ORDINALITY AS t(e, i)) b;
-    metrics := dpsql_internal._metrics_of_statistics(kind, noisy);
+    rows := dpsql_internal._public_row_count(ds);
+    metrics := dpsql_internal._metrics_of_statistics(kind, noisy, true, rows);
     IF metrics IS NULL THEN  -- no row counted, after noise: nothing to divide by
         metrics := '{}';
     END IF;
     RETURN metrics || jsonb_build_object(
-        'noise_sd', dpsql_internal._metrics_noise_sd(kind, noisy, dpsql_internal._statistics_noise_sd(plan)),
+        'noise_sd', dpsql_internal._metrics_noise_sd(kind, noisy, dpsql_internal._statistics_noise_sd(plan), rows),
         'private', jsonb_strip_nulls(jsonb_build_object(
             'epsilon', epsilon, 'delta', coalesce(delta, 0), 'mechanism', plan->'mechanism',
             'statistics', released, 'mean', c,

@@ -120,10 +120,11 @@ def test_an_analyst_evaluates_privately_and_is_charged_once(conn, setup) -> None
     [(mechanism, eps, delta, note, event)] = _entries(conn, test_id)
     assert (mechanism, eps, delta) == ("evaluate", 1.0, 0.0)
     assert f"model {models['cls']}" in note
-    assert event == {
+    assert event == {  # confusion, histograms, the correct count
         "type": "Composed",
-        "events": [{"type": "EpsilonDelta", "epsilon": 0.5, "delta": 0}] * 2,
+        "events": [{"type": "EpsilonDelta", "epsilon": e, "delta": 0} for e in (0.25, 0.25, 0.5)],
     }
+    assert isinstance(m["private"]["statistics"]["correct"], (int, float))
     outcome = conn.execute(
         "SELECT outcome FROM dpsql.ledger WHERE dataset_id = %s", (test_id,)
     ).fetchone()[0]
@@ -423,7 +424,7 @@ def test_the_noise_has_its_stated_scale(conn, setup) -> None:
             )[4]
             released = np.concatenate(
                 [
-                    np.asarray(m["private"]["statistics"][b["name"]], dtype=float)
+                    np.atleast_1d(np.asarray(m["private"]["statistics"][b["name"]], dtype=float))
                     for b in plan["blocks"]
                 ]
             )
