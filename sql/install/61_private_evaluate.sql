@@ -44,7 +44,7 @@
 --   replace-one convention, dpsql/ledger_events.py: sensitivity 2 per unit multiplier).
 --
 --   Classifiers also release the count of correct predictions (replace-one sensitivity 1):
---     accuracy, the main metric, is that count over the public row count (DESIGN's target:
+--     accuracy, the main metric, is that count over the public row count (the target:
 --     within 0.005 at epsilon 0.1 on 10k rows; the matrix's tp + tn carries two cells' noise
 --     of a sensitivity-2 block, 2.8 times the sd at the same share).
 --
