@@ -310,3 +310,59 @@ def test_regression_defaults_reach_every_candidate(conn, scratch_schema) -> None
     assert 0.97 <= p["charges"][1]["epsilon"] <= 1.0
     # Gaussian candidates only (no flat pure curve in the maximum): each run gets about half
     assert p["run_epsilon"] > 0.45, p["run_epsilon"]
+
+
+@pytest.mark.crash
+def test_kill_9_mid_selection_leaves_both_charges(own_server_uri) -> None:
+    """A backend killed while tune trains its candidates, after both charges committed: the
+    server restarts, both charges stand, the ledger says the output was lost, no model exists
+    and no prepaid row survives. On a server of its own (as test_durable_charge's kill test)."""
+    import threading
+    import time
+
+    from tests.server.test_durable_charge import _local_pid, _outcomes, _reconnect
+
+    conn = psycopg.connect(own_server_uri, autocommit=True)
+    conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, a float8, b float8, y int)")
+    conn.execute(
+        "INSERT INTO big SELECT g, (g % 10) / 10.0, -(g % 7) / 7.0,"
+        " CASE WHEN g % 3 = 0 THEN 1 ELSE -1 END FROM generate_series(1, 50000) g"
+    )
+    conn.execute(
+        "SELECT dpsql.register_dataset('public.big', '{a,b}', 'y', 100, 0, name => 'big',"
+        " feature_bounds => '{{0,1},{-1,0}}', holdout => 0.2)"
+    )
+    conn.execute("CHECKPOINT")  # a short recovery after the kill, loaded machine or not
+    ids = dict(conn.execute("SELECT name, dataset_id FROM dpsql.datasets").fetchall())
+    victim = psycopg.connect(own_server_uri, autocommit=True)
+    process = _local_pid(conn, victim.execute("SELECT pg_backend_pid()").fetchone()[0])
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            victim.execute(
+                "SELECT dpsql.tune('big', 'big_holdout', 3, 0, candidates =>"
+                ' \'[{"privacy": "bolton", "epochs": 200}, {"privacy": "bolton", "epochs": 150}]\')'
+            )
+        except psycopg.Error as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    for _ in range(600):
+        if len(_entries(conn, ids["big"])) == 1:
+            break
+        time.sleep(0.05)
+    assert _entries(conn, ids["big"]), "no charge committed while the selection ran"
+    process.kill()  # SIGKILL: the postmaster restarts the whole server
+    thread.join(60)
+    assert errors, "the selection finished before the kill: make it longer"
+    conn.close()
+    with _reconnect(own_server_uri) as after:
+        for name in ("big", "big_holdout"):
+            assert [e[:3] for e in _entries(after, ids[name])] == [
+                ("tune", pytest.approx(3.0), 0.0)
+            ]
+            assert _outcomes(after, ids[name]) == ["charged, output rolled back"]
+        assert after.execute("SELECT count(*) FROM dpsql.model_store").fetchone()[0] == 0
+        assert after.execute("SELECT count(*) FROM dpsql_internal.tune_prepaid").fetchone()[0] == 0
