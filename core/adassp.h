@@ -1,6 +1,6 @@
 /*
  * adassp.h - AdaSSP (Wang 2018, Algorithm 2): linear regression by sufficient-statistics
- * perturbation with an adaptive ridge (spec 002 section 6.4).
+ * perturbation with an adaptive ridge (Wang, UAI 2018; the baseline of Brown et al. 2024, §4.1).
  *
  * Two steps, both in the server:
  *

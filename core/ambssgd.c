@@ -1,5 +1,6 @@
 /*
- * ambssgd.c - DP-AMBSSGD / DP-SSGD as one pass over the rows (spec 000, Algorithms 1-3).
+ * ambssgd.c - DP-AMBSSGD / DP-SSGD as one pass over the rows (Varshney et al. 2022,
+ * "Private linear regression via adaptive clipping", Algorithms 1-3).
  *
  * ambssgd.h describes the algorithm and the state. The loops have a fixed summation order and
  * no -ffast-math, so the PostgreSQL aggregate and the Cython engine give the same bits.

@@ -1,6 +1,7 @@
 /*
- * ambssgd.h - DP-AMBSSGD (spec 000, Algorithm 2, with DP-STAT, Algorithm 3) and DP-SSGD
- * (Algorithm 1) as ONE pass over the rows of a shuffled training table.
+ * ambssgd.h - DP-AMBSSGD (Varshney et al. 2022, "Private linear regression via adaptive
+ * clipping", Algorithm 2, with DP-STAT, Algorithm 3) and DP-SSGD (Algorithm 1) as ONE pass
+ * over the rows of a shuffled training table.
  *
  * The rows arrive in the table's (data-independent, already shuffled) order. Row k (0-based)
  * belongs to block t = k / (b + s) at position j = k % (b + s); rows k >= T (b + s) are never

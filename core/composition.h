@@ -2,7 +2,8 @@
  * composition.h - closed-form conversions between privacy notions, the one place for them:
  * zero-concentrated DP and (epsilon, delta) (Bun-Steinke 2016), the Gaussian noise of a
  * rho-zCDP release, and the per-step epsilon of advanced composition (Dwork-Rothblum-Vadhan;
- * BST14's line 5 with the spec 003 ERRATA).
+ * BST14's line 5 as Wu et al. 2017, Appendix F, Algorithm 4 means it: the paper prints
+ * (e_1^eps - 1) for (e^{epsilon_1} - 1)).
  * Accountants for sampled mechanisms are dp-accounting's (dpsql/accounting.py), never here.
  */
 #ifndef DPSQL_COMPOSITION_H

@@ -1,6 +1,7 @@
 /*
  * dpgd.c - DP-GD for least-squares linear regression: clipped gradient sums and the noisy
- * step (spec 002 section 2). See dpgd.h for the layout and the conventions.
+ * step (Brown et al. 2024, "Private GD for linear regression", §2.1, Algorithm 1). See dpgd.h
+ * for the layout and the conventions.
  */
 #include "dpgd.h"
 
@@ -294,7 +295,10 @@ dpsql_dpgd_step(DpsqlRng *rng, const double *theta, const double *grad_sum, int 
 		return DPSQL_E_PARAM;
 	if (!(eta > 0.0) || !isfinite(eta) || !(noise_std >= 0.0) || !isfinite(noise_std))
 		return DPSQL_E_PARAM;
-	/* the noise is added to the mean gradient, then scaled by eta (spec 002 section 8.1) */
+	/*
+	 * the noise is added to the mean gradient, then scaled by eta (Brown et al. 2024,
+	 * Algorithm 1 line 4): the step's noise std is eta * noise_std, not noise_std
+	 */
 	sigma = eta * noise_std;
 	for (j = 0; j < p; j++)
 	{

@@ -1,6 +1,7 @@
 /*
- * dpgd.h - DP-GD for least-squares linear regression (spec 002, Algorithm 1): the clipped
- * gradient sum of one full-batch step, accumulated row by row, and the noisy update.
+ * dpgd.h - DP-GD for least-squares linear regression (Brown et al. 2024, "Private GD for
+ * linear regression", Algorithm 1): the clipped gradient sum of one full-batch step,
+ * accumulated row by row, and the noisy update.
  *
  * One step is one scan: the accumulator starts from the public iterate theta, every row
  * adds its per-example gradient g_i = x_i (<x_i, theta> - y_i) clipped to norm gamma, and
@@ -98,9 +99,9 @@ DpsqlStatus dpsql_dpgd_step(DpsqlRng *rng, const double *theta, const double *gr
 							double n, double eta, double noise_std, double *out);
 
 /*
- * The noise std of each of `steps` noisy steps (spec 002, Lemma 2.1): replace-one sensitivity
- * 2 gamma / n of the mean gradient, each step (rho / steps)-zCDP, i.e. the zCDP Gaussian
- * dpsql_zcdp_sigma(2 gamma / n, rho, steps) (composition.h), written
+ * The noise std of each of `steps` noisy steps (Brown et al. 2024, Lemma 2.1): replace-one
+ * sensitivity 2 gamma / n of the mean gradient, each step (rho / steps)-zCDP, i.e. the zCDP
+ * Gaussian dpsql_zcdp_sigma(2 gamma / n, rho, steps) (composition.h), written
  * sqrt(2 steps) gamma / (sqrt(rho) n): the form every DP-GD release has used, which rounds
  * differently from the general one in about half the cases (kept, so that a seeded release
  * stays bit-identical). NaN unless gamma and rho are finite and > 0, steps >= 1 and n >= 1.

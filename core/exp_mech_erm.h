@@ -1,5 +1,6 @@
 /*
- * exp_mech_erm.h - exponential-mechanism ERM on a public grid (spec 004 card A1, pure eps-DP).
+ * exp_mech_erm.h - exponential-mechanism ERM on a public grid (Thakurta, "Private
+ * Optimization", §6.2.1, Algorithm 1; pure eps-DP).
  *
  * C = L2 ball of radius R_C in p <= 5 dimensions (intercept included); G = the points of the
  * k^p grid with k points per axis on [-R_C, R_C] that lie in the ball, k the largest giving at

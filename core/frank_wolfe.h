@@ -1,5 +1,6 @@
 /*
- * frank_wolfe.h - private Frank-Wolfe over the L1 ball (spec 004 cards A6, A7, A8).
+ * frank_wolfe.h - private Frank-Wolfe over the L1 ball (Thakurta, "Private Optimization", §6.4,
+ * Algorithms 5 and 6, Corollary 6.24).
  *
  * C = {theta : ||theta||_1 <= s}, vertices +-s e_j over p coordinates (2p candidates),
  * theta_0 = 0 (data-independent), Jaggi's step mu_k = 2/(k+2) for k = 0..K-1, so every
@@ -22,7 +23,8 @@
  *    |x_j| <= R) and y to [-Y, Y] in the sufficient statistics (dpsql.adassp_gram), and the
  *    iterates stay in C: the bound holds for every row, R_inf = R.
  *  - logistic: |dl/dz| <= 1, so L_1 = R_inf; each per-example gradient is also clamped
- *    coordinate-wise to [-L_1, L_1] (spec 004 trap 12), so the bound holds unconditionally.
+ *    coordinate-wise to [-L_1, L_1] (privacy needs the L_1 bound, which
+ *    clipping the L2 norm would not enforce), so the bound holds unconditionally.
  */
 #ifndef DPSQL_FRANK_WOLFE_H
 #define DPSQL_FRANK_WOLFE_H

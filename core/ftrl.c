@@ -1,5 +1,6 @@
 /*
- * ftrl.c - DP-FTRL with tree aggregation (ftrl.h; spec 004 cards A4 and A5).
+ * ftrl.c - DP-FTRL with tree aggregation (ftrl.h; Thakurta, "Private Optimization", §6.3.2,
+ * Algorithm 4).
  */
 #include "ftrl.h"
 

@@ -1,5 +1,6 @@
 /*
- * ftrl.h - DP-FTRL with tree aggregation (spec 004 cards A4 and A5; Kairouz et al. 2021):
+ * ftrl.h - DP-FTRL with tree aggregation (Thakurta, "Private Optimization", §6.3.2, Algorithm 4;
+ * Kairouz et al. 2021):
  * the streaming binary tree of noisy prefix sums, the calibration of its node noise, and one
  * epoch of DP-FTRL over minibatch leaves (the one place for every formula of the mechanism).
  *

@@ -1,5 +1,6 @@
 /*
- * losses.c - per-example losses (spec 003 section 3) and their constants.
+ * losses.c - per-example losses (Wu et al. 2017, "Bolt-on DP", eq. (1) and Appendix B) and
+ * their constants.
  */
 #include <math.h>
 

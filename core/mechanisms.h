@@ -1,6 +1,7 @@
 /*
  * mechanisms.h - the privacy mechanisms applied to released values: output perturbation of a
- * model (bolt-on, spec 003 section 7) and the exponential mechanism (private tuning, Alg. 3);
+ * model (bolt-on: Wu et al. 2017, "Bolt-on DP", §3.1, Algorithms 1
+ * and 2) and the exponential mechanism (private tuning, §4.1, Algorithm 3);
  * the one-vs-rest budget split; the size of a release's noise; the per-step noise of SCS13
  * and BST14 (the white-box SGD of 36_whitebox.sql and its defaults, 34_defaults.sql).
  */
@@ -19,7 +20,7 @@ typedef enum DpsqlGaussianCalibration
 } DpsqlGaussianCalibration;
 
 /*
- * One-vs-rest (spec 003 s. 8): a binary loss (logistic, Huber) over C >= 3 classes trains C
+ * One-vs-rest (Wu et al. 2017, §4.3): a binary loss (logistic, Huber) over C >= 3 classes trains C
  * binary models, each on all the rows, so basic composition splits the release's budget
  * evenly. The number of models: C for a loss other than least squares and multinomial over
  * more than 2 classes, else 1 (no split). The one place of this rule (the SGD state's
@@ -43,7 +44,7 @@ double		dpsql_noise_size(double sensitivity, double epsilon, double delta, int d
 							 int calibration);
 
 /*
- * SCS13's per-step noise, as the bolt-on paper ran it (spec 003 s. 10.1): `passes` passes
+ * SCS13's per-step noise, as the bolt-on paper ran it (Wu et al. 2017, §4.1): `passes` passes
  * over the data compose basically, (epsilon, delta) / passes each (*epsilon_pass,
  * *delta_pass); a row is in one batch per pass, so the noise on a step's gradient sum is
  * dpsql_noise_size at the pass's budget and the gradient sum's sensitivity (2 L
@@ -55,7 +56,8 @@ double		dpsql_scs13_step_noise(double sensitivity, double epsilon, double delta,
 								   double *delta_pass);
 
 /*
- * BST14's per-step noise (Algorithms 4 and 5, spec 003 s. 10.2, with the ERRATA): T =
+ * BST14's per-step noise (Wu et al. 2017, Appendix F, Algorithms 4 and 5; line 5's
+ * printed (e_1^eps - 1) read as e^{epsilon_1} - 1): T =
  * passes * floor(rows / batch) steps of `batch` draws with replacement; delta_1 = delta / T;
  * epsilon_1 the per-step epsilon of advanced composition over T steps
  * (dpsql_advanced_composition_step); epsilon_2 = min(1, rows epsilon_1 / (2 batch)) by

@@ -1,5 +1,7 @@
 /*
- * noise.h - noise samplers and calibrations for the privacy mechanisms (spec 003 section 6).
+ * noise.h - noise samplers and calibrations for the privacy mechanisms (Wu et al. 2017,
+ * "Bolt-on DP", eqs. (3) and (4); Appendix E's sampler with the direction uniform on the unit
+ * sphere: the paper says "in the unit ball", which shrinks the norm by a Beta(d, 1) factor).
  */
 #ifndef DPSQL_NOISE_H
 #define DPSQL_NOISE_H

@@ -1,6 +1,7 @@
 /*
  * objective.c - the GLM sums, the Newton direction and the calibrations of objective and
- * output perturbation (objective.h; spec 004 cards A2 and A10).
+ * output perturbation (objective.h; Thakurta, "Private Optimization", §6.2.2,
+ * Algorithm 2; Chaudhuri et al. 2011).
  */
 #include <math.h>
 #include <string.h>
@@ -323,7 +324,8 @@ dpsql_objpert_calibrate(double epsilon, double delta, int p, double lipschitz, d
 		!(curvature > 0.0 && isfinite(curvature)) || !(n >= 1.0 && isfinite(n)))
 		return DPSQL_E_PARAM;
 	/* 1% of the budget certifies the approximate minimiser; the rest is split evenly between
-	 * the noise term and the Jacobian term of the density ratio (spec 004 A2). */
+	 * the noise term and the Jacobian term of the density ratio (Thakurta, "Private Optimization",
+	 * Theorem 6.7). */
 	out->eps_extra = 0.01 * epsilon;
 	eps_main = epsilon - out->eps_extra;
 	out->eps_noise = 0.5 * eps_main;

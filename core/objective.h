@@ -1,13 +1,14 @@
 /*
- * objective.h - private ERM through an exact minimiser (spec 004 cards A2 and A10): objective
- * perturbation (Chaudhuri-Monteleoni-Sarwate 2011, Kifer-Smith-Thakurta 2012) and output
- * perturbation of the regularised minimiser. The pieces: the second-order sums of a GLM loss
- * over the rows (one aggregate scan per Newton iterate), the Newton direction, and every
+ * objective.h - private ERM through an exact minimiser (Thakurta, "Private Optimization", §6.2.2,
+ * Algorithm 2; output perturbation, Chaudhuri et al. 2011): objective perturbation
+ * (Chaudhuri-Monteleoni-Sarwate 2011, Kifer-Smith-Thakurta 2012) and output perturbation of the
+ * regularised minimiser. The pieces: the second-order sums of a GLM loss over the rows (one
+ * aggregate scan per Newton iterate), the Newton direction, and every
  * calibration of the two mechanisms (the one place for their formulas).
  *
  * Objective: J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>, the SUM
- * loss (spec 004 s. 0), x_i the row clipped to x_bound with a constant 1 appended when there
- * is an intercept. Neighbours are replace-one with n public.
+ * loss (the chapter's convention), x_i the row clipped to x_bound with a constant 1 appended
+ * when there is an intercept. Neighbours are replace-one with n public.
  */
 #ifndef DPSQL_OBJECTIVE_H
 #define DPSQL_OBJECTIVE_H
@@ -121,7 +122,7 @@ typedef struct DpsqlObjPert
 DpsqlStatus dpsql_objpert_calibrate(double epsilon, double delta, int p, double lipschitz,
 									double curvature, double n, DpsqlObjPert *out);
 
-/* Delta_priv = rank lambda_max / (1 - e^{-eps_det}) (spec 004 A2, Claim 6.8). */
+/* Delta_priv = rank lambda_max / (1 - e^{-eps_det}) (Thakurta, "Private Optimization", Claim 6.8). */
 double		dpsql_objpert_min_regularizer(double rank, double curvature, double eps_det);
 
 /*
@@ -137,8 +138,8 @@ double		dpsql_erm_tolerance(double lipschitz, double n);
 
 /*
  * Replace-one L2 sensitivity of a certified minimiser of sum l + (reg/2)||theta||^2
- * (spec 004 A10): the exact minimisers differ by <= 2L/reg, each certified point is within
- * tolerance/reg of its minimiser.
+ * (Chaudhuri et al. 2011; replace-one doubles the add/remove L/reg): the exact minimisers
+ * differ by <= 2L/reg, each certified point is within tolerance/reg of its minimiser.
  */
 double		dpsql_output_perturbation_sensitivity(double lipschitz, double reg, double tolerance);
 

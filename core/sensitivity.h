@@ -1,6 +1,7 @@
 /*
- * sensitivity.h - L2 sensitivity of the PSGD output (spec 003 section 5): the closed forms the
- * bolt-on releases use, and the exact growth-recursion calculator that checks them.
+ * sensitivity.h - L2 sensitivity of the PSGD output (Wu et al. 2017, "Bolt-on DP", §3.2): the
+ * closed forms the bolt-on releases use, and the exact growth-recursion calculator that checks
+ * them.
  *
  * Neighbouring datasets are replace-one and m is public. n = floor(m/b) updates per pass (the
  * partial batch is dropped), so m_eff = n b replaces m. The same permutation is used for S and
@@ -27,7 +28,9 @@ typedef struct DpsqlSensitivityParams
 } DpsqlSensitivityParams;
 
 /*
- * Closed forms of spec 003 section 5.9:
+ * Closed forms (Wu et al. 2017, Corollaries 1-3, Lemmas 7 and 8; Corollary 2 as the exact sum,
+ * since its printed ln k form is below the true bound at small k; strongly convex mini-batch
+ * without the paper's division by b, which fails with decreasing steps, §3.2.3):
  *   convex constant eta <= 2/beta:      2 k L eta / b
  *   convex inverse / sqrt schedules:    (2L/b) sum_{j<k} eta_{1 + j n}     (Cor. 2/3, exact sums)
  *   SC decreasing min(1/beta, 1/(gamma t)): 2L / (gamma m_eff)            (independent of b, k)
@@ -47,7 +50,8 @@ DpsqlStatus dpsql_bolton_sensitivity(const DpsqlSensitivityParams *p, double *de
 #define DPSQL_SENSITIVITY_MAX_POSITIONS (1L << 24)
 
 /*
- * The growth recursion of spec 003 section 5.2, O(k n): always <= the closed form.
+ * The growth recursion (Wu et al. 2017, Lemma 4, unrolled over the worst position per pass),
+ * O(k n): always <= the closed form.
  * DPSQL_E_LIMIT beyond the limits above, DPSQL_E_MEMORY when its work area is not available.
  */
 DpsqlStatus dpsql_exact_sensitivity(const DpsqlSensitivityParams *p, double *delta2);

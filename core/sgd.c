@@ -1,11 +1,11 @@
 /*
  * sgd.c - one epoch of (mini-batch, projected, L2-regularised) SGD over a stream of rows.
  *
- * Follows spec 003 section 4.1: the mini-batch gradient is the AVERAGE of per-example
- * gradients (lambda*w included once per example, hence once per batch), the step counter s
- * is global across epochs, the model is projected after every update, and a partial final
- * batch is dropped (drop_last). Loops are written with explicit, fixed summation order and
- * no -ffast-math so the PostgreSQL and Python builds give identical bits.
+ * Follows Wu et al. 2017, "Bolt-on DP", §3.2.3: the mini-batch gradient is the AVERAGE of
+ * per-example gradients (lambda*w included once per example, hence once per batch), the step
+ * counter s is global across epochs, the model is projected after every update, and a partial final
+ * batch is dropped (drop_last). Loops are written with explicit, fixed summation order and no
+ * -ffast-math so the PostgreSQL and Python builds give identical bits.
  */
 #include <math.h>
 #include <string.h>

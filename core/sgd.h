@@ -206,7 +206,10 @@ DpsqlStatus dpsql_sgd_probe_row(double *probe, const double *x, int xlen, double
 DpsqlStatus dpsql_sgd_probe_combine(double *a, const double *b, size_t len);
 DpsqlStatus dpsql_sgd_add_batch(double *state, const double *sums, size_t slen, long batch);
 
-/* End of the epoch: drop the partial mini-batch (drop_last, spec 003 section 4.3). */
+/*
+ * End of the epoch: drop the partial mini-batch (drop_last: Wu et al. 2017 assume b divides m;
+ * dropping the last m mod b positions is data-independent).
+ */
 DpsqlStatus dpsql_sgd_epoch_end(double *state);
 
 /*

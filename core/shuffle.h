@@ -2,8 +2,8 @@
  * shuffle.h - a data-independent permutation of row positions from a seed.
  *
  * Sorting rows by dpsql_shuffle_key(seed, position) permutes them by a function of the seed
- * alone (spec 003 section 16 item 6: the permutation must not depend on data values). Both
- * engines use it, so the in-memory engine can reproduce the database's order.
+ * alone (Wu et al. 2017, Definition 7 and Lemma 5: the permutation must not depend on data
+ * values). Both engines use it, so the in-memory engine can reproduce the database's order.
  */
 #ifndef DPSQL_SHUFFLE_H
 #define DPSQL_SHUFFLE_H

@@ -1,5 +1,6 @@
 /*
- * stats.c - Student-t distribution and the DP-GD confidence intervals (spec 002 section 5).
+ * stats.c - Student-t distribution and the DP-GD confidence intervals (Brown et al. 2024,
+ * "Private GD for linear regression", §3).
  *
  * Student's t through the regularized incomplete beta function: with r = |t| / sqrt(df),
  * a = df / 2, x = 1 / (1 + r^2) and y = 1 - x = r^2 / (1 + r^2),

@@ -1,8 +1,9 @@
 /*
- * stats.h - Student-t quantiles and the confidence intervals of DP-GD (spec 002 section 5).
+ * stats.h - Student-t quantiles and the confidence intervals of DP-GD (Brown et al. 2024,
+ * "Private GD for linear regression", §3).
  *
  * The intervals are post-processing of released private iterates: from a run's iterates
- * the three estimators of section 5.2 build m draws of the iterate law, and the t-interval
+ * the three estimators of §3.1 build m draws of the iterate law, and the t-interval
  * of eq. (12) turns them into per-coordinate intervals for theta-hat (not theta*):
  *     mean_j -/+ t_{m-1, 1-alpha/2} sd_j / sqrt(m),   sd with ddof = 1.
  */
@@ -30,7 +31,10 @@ double		dpsql_t_quantile(double p, double df);
 DpsqlStatus dpsql_t_interval(const double *draws, int m, int p, double alpha, double *estimate,
 							 double *sd, double *lower, double *upper);
 
-/* How the m draws are taken from the iterates (spec 002 section 5.2, the indexing [X]). */
+/*
+ * How the m draws are taken from the iterates (Brown et al. 2024, §3.1; the exact indexing is
+ * ours: the paper leaves it open).
+ */
 typedef enum DpsqlConfintMethod
 {
 	DPSQL_CONFINT_INDEPENDENT_RUNS = 1, /* m runs of L = N/m steps: mean of theta_{b+1..L} */

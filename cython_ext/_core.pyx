@@ -495,7 +495,7 @@ def bolton_sensitivity(str schedule, *, double eta=0.0, double offset=0.0, doubl
 def exact_sensitivity(str schedule, *, double eta=0.0, double offset=0.0, double lipschitz,
                       double smoothness, double strong_convexity=0.0, long rows,
                       long batch_size=1, long epochs=1, bint fresh=False):
-    """The growth recursion of spec 003 section 5.2 (for checking the closed forms)."""
+    """The growth recursion of Wu et al. 2017, Lemma 4 (for checking the closed forms)."""
     cdef DpsqlSensitivityParams p = _sens_params(schedule, eta, offset, lipschitz, smoothness,
                                                  strong_convexity, rows, batch_size, epochs,
                                                  fresh, False)
@@ -543,7 +543,7 @@ include "ambssgd.pxi"
 include "dpgd.pxi"
 include "adassp.pxi"
 
-# Private ERM toolbox (spec 004).
+# Private ERM toolbox (Thakurta, "Private Optimization").
 include "frank_wolfe.pxi"
 include "exp_mech_erm.pxi"
 include "ftrl.pxi"

@@ -1,4 +1,5 @@
-# DP-GD for linear regression and its confidence intervals (spec 002): included from _core.pyx.
+# DP-GD for linear regression and its confidence intervals (Brown et al. 2024, "Private GD for
+# linear regression", Algorithm 1 and §3): included from _core.pyx.
 #
 # The same C functions run in the server: dpsql.dpgd_gradient (one aggregate scan per step),
 # dpsql_internal._dpgd_step, dpsql_internal._confint_draws, dpsql_internal._t_interval and dpsql.t_quantile.
@@ -230,7 +231,8 @@ def t_quantile(double p, double df):
 
 
 def confint_draws(iterates, str method, int draws, long burn_in):
-    """The m = draws estimates (draws, p) of a confidence-interval method (spec 002 s. 5.2).
+    """The m = draws estimates (draws, p) of a confidence-interval method (Brown et al. 2024,
+    §3.1).
 
     iterates is (N, p), row k - 1 holding theta_k. 'independent_runs': the m runs' iterates
     concatenated (N = m L), draw l = mean of run l's theta_{b+1..L}; 'checkpoints': theta_{b+lB};

@@ -1,5 +1,5 @@
 # ftrl bindings: included from _core.pyx.
-# DP-FTRL with tree aggregation (core/ftrl.h; spec 004 cards A4 and A5): the
+# DP-FTRL with tree aggregation (core/ftrl.h; Thakurta, §6.3.2): the
 # streaming tree, the node-noise calibration and whole DP-FTRL runs on numpy arrays (the same
 # C code as the aggregate dpsql_internal._dp_ftrl_epoch).
 

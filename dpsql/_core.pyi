@@ -169,7 +169,7 @@ def exact_sensitivity(
     epochs: int = 1,
     fresh: bool = False,
 ) -> float:
-    """The growth recursion of spec 003 section 5.2 (for checking the closed forms)."""
+    """The growth recursion of Wu et al. 2017, Lemma 4 (for checking the closed forms)."""
 
 def output_perturbation(
     weights: ArrayLike,
@@ -350,8 +350,8 @@ def confint_draws(
     draws: int,
     burn_in: int,
 ) -> _Floats:
-    """The m = draws estimates (draws, p) of a confidence-interval method (spec 002 s. 5.2), one
-    of CONFINT_METHODS."""
+    """The m = draws estimates (draws, p) of a confidence-interval method (Brown et al. 2024,
+    §3.1), one of CONFINT_METHODS."""
 
 def t_interval(draws: ArrayLike, alpha: float) -> tuple[_Floats, _Floats, _Floats]:
     """(estimate, lower, upper), each (p,): mean -/+ t_{m-1,1-alpha/2} sd / sqrt(m), ddof = 1."""

@@ -5,8 +5,8 @@ The mechanism
 Every step releases ``sum_i clip_C(g_i) + N(0, (z C)^2 I)``: the sum of the per-example
 gradients of the step's records, each clipped to L2 norm ``C``, plus Gaussian noise with *noise
 multiplier* ``z`` (standard deviation ``z C`` per coordinate). Neighbouring datasets are
-**replace-one** and the number of rows ``m`` is public (DESIGN.md section 3, rules 6 and 7).
-Replacing one record moves one step's sum by at most ``2 C``: the L2 sensitivity of a step is
+**replace-one** and the number of rows ``m`` is public (docs/architecture.md, privacy rules 6 and
+7). Replacing one record moves one step's sum by at most ``2 C``: the L2 sensitivity of a step is
 ``2 C`` and its unit-sensitivity noise multiplier is ``z / 2``.
 
 Schemes (the accountant must match the sampling actually implemented)
@@ -27,7 +27,7 @@ Schemes (the accountant must match the sampling actually implemented)
     as for ``"shuffle"``.
 
 A run may also release one **prefix Gaussian** before its steps (DPSGD-F's private mean of the
-rows, spec 001 section 4): a sum of per-record vectors of norm at most ``C`` plus
+rows, Sun et al. 2024, Algorithm 3): a sum of per-record vectors of norm at most ``C`` plus
 ``N(0, (p C)^2 I)`` (``prefix_noise_multiplier = p``; replace-one sensitivity ``2 C``, like a
 step). It is composed with the steps in the same accountant, which is much tighter than
 splitting epsilon.
@@ -356,7 +356,7 @@ class ReplaceOneRdpBound(dp_accounting.PrivacyAccountant):  # type: ignore[misc]
     directions (for the Poisson-subsampled Gaussian: Mironov, Talwar and Zhang 2019). The bound
     is converted to (epsilon, delta) by dp-accounting's ``compute_epsilon``. It is sound but looser
     than the PLD accountant (1.2 to 1.7 times the PLD epsilon in our checks, 1.33 and 1.37 on the
-    spec's two vectors): a cross-check; the PLD value is the one to charge.
+    TF-Privacy MNIST tutorial's two settings): a cross-check; the PLD value is the one to charge.
 
     Parameters
     ----------

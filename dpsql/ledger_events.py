@@ -8,9 +8,9 @@ total spend: ``dpsql.budget_report`` sends the events here (through the accounta
 
 What an event means (one convention for the whole ledger)
 ----------------------------------------------------------
-Neighbouring datasets are **replace-one** (DESIGN.md section 3, rules 6 and 7), and an event
-means what dp-accounting's ``PLDAccountant(REPLACE_ONE)`` makes of it: ``GaussianDpEvent(z)`` is a
-sum of per-record vectors of norm at most ``C`` plus ``N(0, (z C)^2 I)``, whose replace-one
+Neighbouring datasets are **replace-one** (docs/architecture.md, privacy rules 6 and 7), and an
+event means what dp-accounting's ``PLDAccountant(REPLACE_ONE)`` makes of it: ``GaussianDpEvent(z)``
+is a sum of per-record vectors of norm at most ``C`` plus ``N(0, (z C)^2 I)``, whose replace-one
 sensitivity is ``2 C`` (the PLD accountant doubles it itself); ``PoissonSampledDpEvent(q,
 GaussianDpEvent(z))`` is its Poisson-subsampled version (dp-accounting's replace-one subsampled
 Gaussian). A DP-SGD run is therefore ``SelfComposedDpEvent(GaussianDpEvent(z), epochs)``

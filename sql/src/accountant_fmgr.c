@@ -1,10 +1,11 @@
 /*
  * accountant_fmgr.c - the DP-SGD accountant, run outside the server.
  *
- * Composition and amplification come from Google's dp-accounting library (DESIGN.md rule 6),
- * which is Python: the server runs the command in dpsql.accountant_command (set by a superuser;
- * the embedded server sets it to this package's `python -m dpsql.accounting`) and reads one
- * JSON line back. The request is built by dpsql's own SQL from checked numbers; its characters
+ * Composition and amplification come from Google's dp-accounting library (docs/architecture.md,
+ * privacy rule 6), which is Python: the server runs the command in dpsql.accountant_command (set by
+ * a superuser; the embedded server sets it to this package's `python -m dpsql.accounting`) and
+ * reads one JSON line back. The request is built by dpsql's own SQL from checked numbers; its
+ * characters
  * are still checked here before they reach the shell or the socket.
  *
  * Two ways to run it (issue 17: a process per call cost ~1 s of imports, and one per analyst):

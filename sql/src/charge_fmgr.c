@@ -1,5 +1,6 @@
 /*
- * charge_fmgr.c - the ledger charge, committed in a transaction of its own (DESIGN.md §3).
+ * charge_fmgr.c - the ledger charge, committed in a transaction of its own (docs/architecture.md,
+ * privacy rule 3).
  *
  * A release's charge must outlive whatever the caller's transaction does afterwards: a
  * ROLLBACK, a savepoint, a PL/pgSQL exception block, a client-side transaction. PostgreSQL has

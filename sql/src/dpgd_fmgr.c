@@ -1,6 +1,6 @@
 /*
- * dpgd_fmgr.c - DP-GD for linear regression in the server (spec 002): the clipped-gradient
- * aggregate of one step, the noisy step, and the confidence-interval helpers.
+ * dpgd_fmgr.c - DP-GD for linear regression in the server (Brown et al. 2024, Algorithm 1): the
+ * clipped-gradient aggregate of one step, the noisy step, and the confidence-interval helpers.
  *
  *   dpsql.dpgd_gradient(x, y, theta, gamma, intercept, x_bound)   aggregate, one scan per step
  *       -> float8[] [sum_1 .. sum_p, n, clipped]: the sum of the per-example gradients
