@@ -125,8 +125,8 @@ class DPAMBSSGD(_Mechanism):
     the last half of the iterates. One aggregate scan in the server.
 
     ``steps`` is the number of blocks T (default 2 ceil(8 kappa ln N / 2)); ``options`` takes
-    the public constants of spec 000: ``r_x``, ``h_norm``, ``condition_number``, ``c1``,
-    ``step_scale``, ``domain_bound``, ``beta_stat``, ``tight_accounting``, ``log_exponent``.
+    the public constants of Varshney et al. 2022's analysis: ``r_x``, ``h_norm``, ``condition_number``,
+    ``c1``, ``step_scale``, ``domain_bound``, ``beta_stat``, ``tight_accounting``, ``log_exponent``.
     """
 
     epsilon: float
@@ -141,8 +141,8 @@ class DPAMBSSGD(_Mechanism):
 
 @dataclass(frozen=True)
 class DPFTRL(_Mechanism):
-    """DP-FTRL with tree aggregation (Kairouz et al. 2021; spec 004 A4/A5): one ordered scan
-    per epoch over minibatch leaves of the shuffled rows, noisy prefix sums of clipped
+    """DP-FTRL with tree aggregation (Kairouz et al. 2021; Thakurta, "Private Optimization", Algorithm 4):
+    one ordered scan per epoch over minibatch leaves of the shuffled rows, noisy prefix sums of clipped
     gradients, no sampling. Classifiers (one-vs-rest for 3+ classes) and linear regression;
     Gaussian noise, so delta > 0. Options: radius, regularizer, output ("average" or
     "last").
@@ -181,8 +181,9 @@ class DPGD(_Mechanism):
     post-processing. ``ci`` is ``"batch_means"`` (default), ``"checkpoints"``,
     ``"independent_runs"`` or ``"none"`` (then 20 steps and the final iterate); ``steps`` counts
     every step (default ``burn_in + 40 ci_draws``, ``burn_in + 120 ci_draws`` preconditioned).
-    Defaults follow spec 002: step 1/5, theta_0 = 0; the clip norm is a private quantile of the
-    gradient norms chosen within the burn-in (default 40; 20 with a fixed ``clip_norm`` or
+    Defaults follow Brown et al. 2024's experiments: step 1/5, theta_0 = 0; the clip norm is a private
+    quantile of the gradient norms chosen within the burn-in (default 40; 20 with a fixed ``clip_norm``
+    or
     ``options={"clip_quantile": False}``, which use 5 sqrt(p) max(noise_level, 1)).
     """
 
@@ -225,7 +226,7 @@ class DPSGD(_Mechanism):
 
 @dataclass(frozen=True)
 class DPSGDF(_Mechanism):
-    """DPSGD-F* (spec 001 section 4): a private mean of the rows, the rows centred on it, then
+    """DPSGD-F* (Sun et al. 2024, Algorithm 3): a private mean of the rows, the rows centred on it, then
     DP-SGD with Poisson sampling, clipping ``clip_norm`` and a bias. The mean's Gaussian and
     the steps are composed by the PLD accountant to (epsilon, delta); the mean is released
     with the model and folded into its intercept (``coef_`` and ``intercept_`` score the rows
@@ -243,7 +244,7 @@ class DPSGDF(_Mechanism):
 
 @dataclass(frozen=True)
 class DPSGDFAlg2(_Mechanism):
-    """DPSGD-F, the theoretical version (spec 001 section 3, Algorithm 2): a diameter-adaptive
+    """DPSGD-F, the theoretical version (Sun et al. 2024, §5, Algorithm 2): a diameter-adaptive
     private mean, a private quantile tau of the distances to it, DP-SGD on the features
     ``(x - mean, tau)`` clipped to sqrt(2) tau (no gradient is clipped), then the map back to
     ``(w, b)``. Mean, tau and DP-SGD get (epsilon/3, delta/3) each (basic composition).
@@ -261,8 +262,9 @@ class DPSGDFAlg2(_Mechanism):
 
 @dataclass(frozen=True)
 class ExponentialMechanism(_Mechanism):
-    """Exponential-mechanism ERM on a public grid in an L2 ball (spec 004 A1): pure
-    epsilon-DP, at most 5 coefficients. Options: ``radius`` (default 1), ``grid_points``
+    """Exponential-mechanism ERM on a public grid in an L2 ball (Thakurta, "Private Optimization",
+    Algorithm 1): pure epsilon-DP, at most 5 coefficients. Options: ``radius`` (default 1),
+    ``grid_points``
     (default 4096) (docs/exponential_mechanism.md).
     """
 
@@ -277,8 +279,9 @@ class ExponentialMechanism(_Mechanism):
 
 @dataclass(frozen=True)
 class FrankWolfe(_Mechanism):
-    """Private Frank-Wolfe over an L1 ball (spec 004 A7/A8): sparse LASSO (``model="lasso"``,
-    one scan of sufficient statistics) or binary logistic regression, each step's vertex drawn
+    """Private Frank-Wolfe over an L1 ball (Thakurta, "Private Optimization", Algorithm 6, Corollary 6.24):
+    sparse LASSO (``model="lasso"``, one scan of sufficient statistics) or binary logistic regression,
+    each step's vertex drawn
     by the exponential mechanism. Options: ``l1_radius`` (default 1), ``steps`` (default from
     Thm 6.22). delta = 0 gives pure epsilon-DP (docs/frank_wolfe.md).
     """
@@ -294,8 +297,9 @@ class FrankWolfe(_Mechanism):
 
 @dataclass(frozen=True)
 class ObjectivePerturbation(_Mechanism):
-    """Objective perturbation (Chaudhuri et al. 2011; spec 004 A2): the server draws a secret
-    linear term b and releases the exact minimiser of the regularised SUM loss plus <b, theta>,
+    """Objective perturbation (Chaudhuri et al. 2011; Thakurta, "Private Optimization", Algorithm 2): the
+    server draws a secret linear term b and releases the exact minimiser of the regularised SUM loss
+    plus <b, theta>,
     found by Newton's method and certified (||grad|| <= tolerance, covered by extra noise from
     1% of the budget). ``delta=0`` gives epsilon-DP (Gamma-norm b); ``delta>0`` the Gaussian
     GLM variant. Models: logistic, huber (one-vs-rest for 3+ classes), linear (Huber regression,
@@ -318,7 +322,7 @@ class ObjectivePerturbation(_Mechanism):
 
 @dataclass(frozen=True)
 class OutputPerturbation(_Mechanism):
-    """Output perturbation of the exact regularised minimiser (spec 004 A10): Newton's method
+    """Output perturbation of the exact regularised minimiser (Chaudhuri et al. 2011): Newton's method
     to a certified minimiser, then noise for the replace-one sensitivity 2 (L + tolerance) /
     (n lambda) — the bolt-on's strongly convex sensitivity for the exact minimiser. Give
     ``lambda_`` to ``Database.train``, or let the server choose the regulariser from

@@ -203,9 +203,9 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION dpsql.gaussian_sigma(float8, float8, float8, text) IS
     'Gaussian noise for (epsilon, delta): analytic (Balle-Wang) or classic (eq. 4, epsilon < 1)';
 
--- One-vs-rest (spec 003 s. 8): a logistic or Huber model over 3 or more classes is that many
--- binary models, each on all the rows, each with (epsilon, delta) / models (basic
--- composition); otherwise models = 1 and the budget is the release's. The bolt-on, the
+-- One-vs-rest (Wu et al. 2017, "Bolt-on DP", §4.3): a logistic or Huber model over 3 or more
+-- classes is that many binary models, each on all the rows, each with (epsilon, delta) / models
+-- (basic composition); otherwise models = 1 and the budget is the release's. The bolt-on, the
 -- private-ERM toolbox, DP-FTRL and the defaults all split through this (C core:
 -- dpsql_one_vs_rest_models and dpsql_one_vs_rest_share, mechanisms.h). A NULL budget gives
 -- a NULL share.

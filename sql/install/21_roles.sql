@@ -30,9 +30,10 @@ BEGIN
     END IF;
 END $$;
 
--- The role dpsql's definer code runs as (DESIGN.md §3, rule 9; docs/privacy.md, "The definer
--- role"): every SECURITY DEFINER function and the charge worker. Not a superuser, no login, no
--- CREATEROLE or CREATEDB: what it may do is granted in 90_privileges.sql (dpsql's own schemas,
+-- The role dpsql's definer code runs as (docs/architecture.md, privacy rule 9; docs/privacy.md,
+-- "The definer role"): every SECURITY DEFINER function and the charge worker. Not a superuser, no
+-- login, no CREATEROLE or CREATEDB: what it may do is granted in 90_privileges.sql (dpsql's own
+-- schemas,
 -- tables and functions) and by registration (dpsql_reader's SELECT on registered columns), so
 -- that a route into definer code that nobody has found yields this role at most. BYPASSRLS, as
 -- dpsql_reader: a private read counts every row whatever the owner's policies, and the run and

@@ -1,7 +1,7 @@
 ------------------------------------------------------------------------------------------
--- Private bounds (issues 10 and 25; spec 001 s. 3.3): for a dataset registered without
--- feature bounds, each feature's lower and upper quantiles; for a regression dataset
--- registered without a label bound, an upper quantile of |y|. Each is a private scan of a
+-- Private bounds (issues 10 and 25; PrivQuantile, Sun et al. 2024, Lemma 4): for a dataset
+-- registered without feature bounds, each feature's lower and upper quantiles; for a regression
+-- dataset registered without a label bound, an upper quantile of |y|. Each is a private scan of a
 -- public grid of magnitudes (below), charged to the dataset's ledger, then registered as its
 -- declaration.
 --

@@ -81,8 +81,8 @@ BEGIN
         RETURN NULL;
     END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
-    -- Issue 25 (DESIGN.md s. 3 rule 10): a fit that appends the intercept's 1 AFTER the row
-    -- transform (plan key intercept_after_row_transform: the private-ERM fits, which clip x
+    -- Issue 25 (privacy rule 10, docs/architecture.md): a fit that appends the intercept's 1 AFTER
+    -- the row transform (plan key intercept_after_row_transform: the private-ERM fits, which clip x
     -- and then append 1, ||(x, 1)|| <= sqrt(x_bound^2 + 1) in their constants) records that
     -- representation, so that predict, evaluate and Python score what it trained: the row
     -- transform moves from the model's flags (which append 1 before it) to its preprocessing

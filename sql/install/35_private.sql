@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- Private training: bolt-on output perturbation (spec 003), released by the server
+-- Private training: bolt-on output perturbation (Wu et al. 2017, "Bolt-on differential privacy for
+-- scalable SGD-based analytics", SIGMOD 2017), released by the server
 ------------------------------------------------------------------------------------------
 
 -- Algorithm 1 or 2 of the bolt-on paper for the run's loss and schedule, its sensitivity
@@ -40,7 +41,8 @@ BEGIN
     algorithm := CASE WHEN lambda > 0 AND schedule = 'decreasing' THEN 'Algorithm 2 (strongly convex)'
                       WHEN lambda > 0 THEN 'strongly convex, ' || schedule || ' step'
                       ELSE 'Algorithm 1 (convex), ' || schedule || ' step' END;
-    -- One-vs-rest: C binary models, each on all the data: split the budget evenly (spec 003 s. 8).
+    -- One-vs-rest: C binary models, each on all the data: split the budget evenly (Wu et al. 2017,
+    -- §4.3).
     per_output := ovr.models > 1;
     model_epsilon := ovr.model_epsilon;
     model_delta := ovr.model_delta;
@@ -221,7 +223,7 @@ END $$;
 --            the SGD family's hyperparameters (34_defaults.sql);
 --   release  the mechanism's train function: plan, charge (durably, before any output), fit,
 --            finish; then the model records what was chosen for the caller.
--- With tuning grids the bolt-on is Algorithm 3 (private tuning, spec 003 s. 9).
+-- With tuning grids the bolt-on is Algorithm 3 (private tuning, Wu et al. 2017, §4.1).
 -- Runs inside dpsql_internal._train_private (below), with its rights.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql
@@ -291,7 +293,8 @@ BEGIN
     PERFORM dpsql_internal._check_params(mech, params);  -- what the caller (or auto) set
     IF coalesce((params->>'paper_minibatch_formula')::boolean, false) THEN
         PERFORM dpsql_internal._fail('paper_minibatch_formula is refused for real releases: it underestimates '
-                            'the strongly convex mini-batch sensitivity (spec 003 section 5.5)',
+                            'the strongly convex mini-batch sensitivity by the batch size (the division by b of Wu et al. 2017, '
+                            '§3.2.3, fails with decreasing steps)',
                             hint => 'Use dpsql.bolton_sensitivity(..., paper_minibatch => true) to compare.');
     END IF;
     -- epsilon may be left NULL only where the spec names an alternative (DP-SGD's noise
@@ -486,8 +489,8 @@ EXCEPTION
                     'radius, clip_norm, step_size and noise_multiplier not huge.');
 END $$;
 
--- The bolt-on (spec 003): Algorithms 1 and 2, or Algorithm 3 with tuning grids. Noiseless
--- epochs, then output perturbation once.
+-- The bolt-on (Wu et al. 2017, §3.1): Algorithms 1 and 2, or Algorithm 3 with tuning grids.
+-- Noiseless epochs, then output perturbation once.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
                                     epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$

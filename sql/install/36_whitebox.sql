@@ -2,8 +2,9 @@
 -- White-box private SGD: noise inside every step of the aggregate (SCS13, BST14, DP-SGD)
 ------------------------------------------------------------------------------------------
 
--- BST14's per-step epsilon_1 (spec 003 s. 10.2, line 5, with the ERRATA e^{epsilon_1}):
--- the root of epsilon = T e1 (e^{e1} - 1) + sqrt(2 T ln(1/delta1)) e1 (C core:
+-- BST14's per-step epsilon_1 (Wu et al. 2017, Appendix F, Algorithm 4 line 5, read with
+-- e^{epsilon_1} where the paper prints (e_1^eps - 1)): the root of epsilon = T e1 (e^{e1} - 1) +
+-- sqrt(2 T ln(1/delta1)) e1 (C core:
 -- dpsql_advanced_composition_step, core/composition.h).
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_epsilon1(epsilon float8, delta1 float8, steps bigint)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_advanced_composition_step_sql'

@@ -1,9 +1,11 @@
 ------------------------------------------------------------------------------------------
--- DPSGD-F* (spec 001 section 4): private feature preprocessing for DP linear classification.
+-- DPSGD-F* (Sun et al. 2024, "The importance of feature preprocessing for differentially private
+-- linear optimization", Appendix C, Algorithm 3): private feature preprocessing for DP linear
+-- classification.
 -- A private mean of the rows (Gaussian mechanism on their sum), the rows centred on it, then
 -- DP-SGD with Poisson sampling and an ordinary bias. The mean's Gaussian and the steps are
--- composed in the same PLD accountant (spec 001 s. 5.3: not an epsilon split). The mean is
--- released with the model (preprocessing.mean) and folded into its intercept: coef and
+-- composed in the same PLD accountant (as the paper's Lemma 9 does: not an epsilon split). The mean
+-- is released with the model (preprocessing.mean) and folded into its intercept: coef and
 -- intercept score the registered features after the row transform, as x . coef + intercept.
 ------------------------------------------------------------------------------------------
 
@@ -70,8 +72,9 @@ BEGIN
         PERFORM dpsql_internal._fail('dpsgd_f centres the rows on a private mean: its model always has an intercept',
                                      hint => 'Leave intercept NULL (or true); the centring is folded into it at release.');
     END IF;
-    -- Always Poisson sampling, the sampling the composed accountant assumes (spec 001 s. 4
-    -- [R]); 'shuffle' is dpsql.train's default for sampling, so it cannot mean a choice here.
+    -- Always Poisson sampling, the sampling the composed accountant assumes (the paper
+    -- leaves the sampling open); 'shuffle' is dpsql.train's default for sampling, so it cannot mean
+    -- a choice here.
     IF params->>'noise_multiplier' IS NOT NULL THEN
         PERFORM dpsql_internal._fail('dpsgd_f calibrates its noise from epsilon: give epsilon, not noise_multiplier');
     END IF;
@@ -113,7 +116,7 @@ BEGIN
                                              'intercept', true)
      WHERE runs.run_id = run;
     theta := dpsql_internal._run_armed(run, plan, noise_seed);
-    -- Released in the space of the registered features (DESIGN.md s. 3 rule 10, issue 25):
+    -- Released in the space of the registered features (privacy rule 10, issue 25):
     -- the centring folded into the bias, w . (t(x) - mean) + b = w . t(x) + (b - w . mean),
     -- t the row transform (the mean is taken after it). Post-processing of (theta, mean).
     mid := dpsql_internal._finish(run, dpsql_internal._alg2_map_back(theta, centre, 1),

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------
--- DPSGD-F, the theoretical version (spec 001 s. 3, Algorithm 2): three private steps at
+-- DPSGD-F, the theoretical version (Sun et al. 2024, §5, Algorithm 2): three private steps at
 -- (epsilon/3, delta/3) each, composed basically to (epsilon, delta):
 --   1. a diameter-adaptive private mean mu (the s. 3.2 substitute: coordinate-wise EM medians
 --      c, an EM radius r of ||x - c||, then c + (sum Clip(x - c, r) + N(0, s^2)) / m);
@@ -59,7 +59,8 @@ BEGIN
     RETURN dpsql_internal._private_quantile(grid_values, counts, rank, lo, hi, step, epsilon, seed);
 END $$;
 
--- Step 1, PrivMean (spec 001 s. 3.2 substitute) at (epsilon_m, delta_m), R = 1: the mean,
+-- Step 1, PrivMean (a substitute for Sun et al. 2024, Lemma 3, whose mean estimator is Huang,
+-- Liang and Yi 2021's) at (epsilon_m, delta_m), R = 1: the mean,
 -- and what it is made of (public: derived from released values only).
 CREATE OR REPLACE FUNCTION dpsql_internal._alg2_private_mean(rows_sql text, dim int, m bigint,
                                                     epsilon_m float8, delta_m float8,

@@ -1,13 +1,15 @@
 ------------------------------------------------------------------------------------------
--- DP linear regression (docs/linear.md): DP-AMBSSGD and DP-SSGD (spec 000), DP-GD with
--- confidence intervals (spec 002) and AdaSSP. All are compositions of Gaussian mechanisms,
--- calibrated in zero-concentrated DP (rho-zCDP) under replace-one neighbours with public n.
+-- DP linear regression (docs/linear.md): DP-AMBSSGD and DP-SSGD (Varshney et al. 2022),
+-- DP-GD with confidence intervals (Brown et al. 2024) and AdaSSP. All are compositions of Gaussian
+-- mechanisms, calibrated in zero-concentrated DP (rho-zCDP) under replace-one neighbours with
+-- public n.
 -- This file holds what they share; each mechanism's plan and fit are in its own file
 -- (41_ambssgd.sql, 42_dpgd.sql, 43_adassp.sql), found through the registry.
 ------------------------------------------------------------------------------------------
 
 -- The largest rho whose zCDP -> (epsilon, delta) conversion rho + 2 sqrt(rho ln(1/delta)) is at
--- most epsilon (Bun-Steinke Prop. 1.3; spec 000 s. 3.3, spec 002 s. 2.2), and back. C core:
+-- most epsilon (Bun-Steinke Prop. 1.3; Varshney et al. 2022,
+-- Theorem 9; Brown et al. 2024, Claim A.6), and back. C core:
 -- core/composition.h.
 CREATE OR REPLACE FUNCTION dpsql.zcdp_rho(epsilon float8, delta float8)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_zcdp_rho_sql'

@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- DP-AMBSSGD and DP-SSGD (spec 000): one pass over a shuffled training table, in one
+-- DP-AMBSSGD and DP-SSGD (Varshney et al. 2022, "(Nearly) optimal private linear regression via
+-- adaptive clipping", COLT 2022, Algorithms 1-3): one pass over a shuffled training table, in one
 -- aggregate call (core/ambssgd.h). The state holds noiseless intermediate values
 -- (residuals, gradient sums): it stays inside the server; _ambssgd_result releases the
 -- private transcript only. Not granted to anyone here (the entry points call these). Then
@@ -162,8 +163,8 @@ BEGIN
     RETURN st;
 END $$;
 
--- R_x: the "expected x norm" of spec 000 (E||x||^2 x x^T <= R_x^2 H); the registered bound on
--- ||x|| is one (plus the intercept's constant 1).
+-- R_x: the "expected x norm" of Varshney et al. 2022, §2 (E||x||^2 x x^T <= R_x^2 H); the
+-- registered bound on ||x|| is one (plus the intercept's constant 1).
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_r_x(privacy text, options jsonb, x_bound float8,
                                               intercept boolean)
 RETURNS float8 LANGUAGE plpgsql AS $$
@@ -205,10 +206,13 @@ BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
     r_x := dpsql_internal._ambssgd_r_x(privacy, options, x_bound, intercept);
-    -- Spec 000 s. 2.3 / 5.3: T = c1 kappa ln N blocks (even), blocks of b + s rows with
-    -- s = floor(m / 11); eta = b / (R_x^2 + (b - 1) ||H||) (Lemma 22); the robust DP-STAT
-    -- (V1: n_q = L + 1 counts of std alpha sqrt(n_q); V2: threshold s - Gamma_hat;
-    -- V3: refuse s < 2 Gamma_hat; Delta = B 2^-L with L = ceil(log2 N)).
+    -- Varshney et al. 2022, Algorithm 2, with constants the paper leaves to O(.): T = c1 kappa
+    -- ln N blocks (even), blocks of b + s rows with s = floor(m / 11); eta = b / (R_x^2 + (b - 1)
+    -- ||H||) (Lemma 22); DP-STAT (Algorithm 3) made robust: n_q = L + 1 counts of std
+    -- alpha sqrt(n_q) (the paper calibrates for L counts but its loop can run L + 1), threshold
+    -- s - Gamma_hat instead of s (which overshoots geometrically), a refusal when s < 2 Gamma_hat
+    -- (below that DP-STAT returns a tiny level), and Delta = B 2^-L with L = ceil(log2 N) (the
+    -- paper's B / N^100 underflows).
     h_norm := dpsql_internal._linear_option(options, 'h_norm', r_x ^ 2);  -- ||H|| <= E||x||^2 <= R_x^2
     blocks := coalesce((params->>'steps')::bigint,
                        2 * ceil(dpsql_internal._linear_option(options, 'c1', 8)
@@ -241,7 +245,7 @@ BEGIN
     gamma_hat := sigma_c * sqrt(2 * ln(2 * (levels + 1) / beta_s));
     IF s < 2 * gamma_hat THEN
         PERFORM dpsql_internal._fail(format('DP-STAT is infeasible: stat samples of %s rows < 2 Gamma = %s '
-                                   '(it would return a tiny clip norm and learn nothing, spec 000 V3)',
+                                   '(it would return a tiny clip norm and learn nothing)',
                                    s, round(2 * gamma_hat)),
                             hint => format('Needs about %s rows at this epsilon and %s blocks; use more rows, '
                                            'a larger epsilon or fewer blocks (steps), or privacy => ''dpgd'' '
@@ -295,8 +299,8 @@ BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
     r_x := dpsql_internal._ambssgd_r_x(privacy, options, x_bound, intercept);
-    -- Spec 000 Algorithm 1: batch 1, one pass, fixed clip zeta, noise 2 zeta alpha on each
-    -- step's gradient; each record is in one Gaussian step (parallel composition; no
+    -- Varshney et al. 2022, Algorithm 1: batch 1, one pass, fixed clip zeta, noise 2 zeta alpha on
+    -- each step's gradient; each record is in one Gaussian step (parallel composition; no
     -- amplification by shuffling is claimed: rho = 1/(2 alpha^2)).
     blocks := (n / 2) * 2;
     zeta := coalesce((params->>'clip_norm')::float8, r_x * ds.label_bound);
@@ -365,7 +369,8 @@ BEGIN
     END IF;
     res := dpsql_internal._ambssgd_result(st);
     weights := res.weights;
-    -- The transcript (gamma_t, zeta_t) is covered by the guarantee (spec 000 s. 2.3).
+    -- The transcript (gamma_t, zeta_t) is covered by the guarantee (Varshney et al. 2022, Theorem
+    -- 9).
     info := CASE WHEN (plan->>'stat_size')::bigint > 0
                  THEN jsonb_build_object('released_gammas', res.gammas, 'released_zetas', res.zetas)
                  ELSE '{}' END;

@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- DP-GD for linear regression (spec 002): one aggregate scan per gradient step, the noisy
+-- DP-GD for linear regression (Brown et al. 2024, "Private gradient descent for linear regression",
+-- ICML 2024, Algorithm 1 and §3): one aggregate scan per gradient step, the noisy
 -- step in the server, and the confidence intervals built from released iterates. Then its
 -- plan and fit.
 ------------------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ DECLARE
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
-    -- Spec 002: eta = 1/5, gamma = 5 sqrt(p) max(sigma_prior, 1), theta_0 = 0, and
+    -- Brown et al. 2024, §4: eta = 1/5, gamma = 5 sqrt(p) max(sigma_prior, 1), theta_0 = 0, and
     -- lambda^2 = 2 N gamma^2 / (rho n^2) over all N released steps (Lemma 2.1).
     ci := coalesce(params->>'ci', 'batch_means');  -- its choices and ci_draws' range: the spec's
     -- Issue 25: unless the analyst fixes clip_norm (or options.clip_quantile = false), gamma is
@@ -195,9 +196,10 @@ BEGIN
             USING HINT = 'privacy => ''auto'' or ''dpsgd_f'' (Poisson sampling amplifies privacy) is more '
                          'accurate there; a larger epsilon or more rows help DP-GD.';
     END IF;
-    -- Draws 40 steps apart (spec 002); whitened, 120: the directions the private
-    -- preconditioner cannot resolve (eigenvalues under its noise floor) keep whitened
-    -- eigenvalues near 0.03, and (1 - 0.03)^120 < 0.03, the `mixed` threshold.
+    -- Draws 40 steps apart (ours: Brown et al. 2024, §3.1, want draws many mixing times apart);
+    -- whitened, 120: the directions the private preconditioner cannot resolve (eigenvalues under
+    -- its noise floor) keep whitened eigenvalues near 0.03, and (1 - 0.03)^120 < 0.03, the `mixed`
+    -- threshold.
     steps := coalesce((params->>'steps')::bigint,
                       CASE WHEN ci = 'none' THEN 20
                            WHEN ci = 'independent_runs' THEN draws * (burn_in + 40)
@@ -404,7 +406,7 @@ BEGIN
         END LOOP;
     END LOOP;
     IF ci = 'none' THEN
-        weights := theta;  -- the final iterate (spec 002 s. 2.1)
+        weights := theta;  -- the final iterate (Brown et al. 2024, Theorem 2.7)
     ELSE
         SELECT array_agg(estimate ORDER BY coef_index) INTO weights
           FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(iterates, ci, (plan->>'ci_draws')::int,
@@ -427,7 +429,7 @@ BEGIN
         'estimate', CASE WHEN ci = 'none' THEN 'final iterate' ELSE 'mean of the draws' END,
         'covers', 'the OLS solution of the training rows if (almost) no gradient is clipped near it; '
                   'otherwise the minimiser of the clipped least-squares (Huberised) loss with '
-                  'B_i = clip_norm/||x_i||, x_i the row as the steps saw it (spec 002 s. 3.5)'));
+                  'B_i = clip_norm/||x_i||, x_i the row as the steps saw it (Brown et al. 2024, section 2.5)'));
     IF clip_info IS NOT NULL THEN
         info := info || jsonb_build_object('clip', clip_info);
     END IF;
@@ -448,8 +450,9 @@ END $$;
 -- autocorrelation r after the burn-in (r^lag, the AR(1) the unclipped run is along each
 -- eigen-direction), the largest over the coordinates: a free check (post-processing of released
 -- iterates) that the draws are nearly independent. A run that has not mixed (a slow direction,
--- spec 002 traps 8-9) has r near 1. (r^lag is far more stable than the lag-`lag` sample
--- autocorrelation, which is biased low for slow series.) C core: stats.h; a tiny r^lag is 0,
+-- consecutive iterates correlated at lag 1 about 1 - eta mu_min) has r near 1. (r^lag is far more
+-- stable than the lag-`lag` sample autocorrelation, which is biased low for slow series.) C core:
+-- stats.h; a tiny r^lag is 0,
 -- never an underflow error (an error after the noise would be an uncharged answer).
 CREATE OR REPLACE FUNCTION dpsql_internal._iterate_autocorrelation(iterates float8[], burn_in int, lag int)
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_iterate_autocorrelation_sql'

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------
--- AdaSSP (Wang 2018, Algorithm 2; spec 002 section 6.4): DP linear regression by
+-- AdaSSP (Wang 2018, Algorithm 2; Brown et al. 2024's baseline, §4.1): DP linear regression by
 -- sufficient-statistics perturbation with an adaptive ridge. C core: core/adassp.h
 -- (the mechanism, the sensitivities and their proofs); glue: sql/src/adassp_fmgr.c. Then its
 -- plan and fit.

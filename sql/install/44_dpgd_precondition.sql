@@ -1,7 +1,8 @@
 ------------------------------------------------------------------------------------------
--- DP-GD with a private preconditioner (issue 10; spec 002's conditioning): on ill-conditioned
--- features DP-GD's iterates barely move along the small eigen-directions and its intervals do
--- not cover. A noisy second-moment matrix of the rows (x clipped, 1 appended) is released
+-- DP-GD with a private preconditioner (issue 10; Brown et al. 2024 assume 1/2 I <= Sigma <= 2 I,
+-- Condition 2.4): on ill-conditioned features DP-GD's iterates barely move along the small
+-- eigen-directions and its intervals do not cover. A noisy second-moment matrix of the rows (x
+-- clipped, 1 appended) is released
 -- (Gaussian, zCDP, a tenth of rho), floored to be positive definite, G = L L^T; DP-GD runs on
 -- the whitened rows L^{-1} (x, 1) and every iterate maps back by L^{-T} (the batch means and
 -- intervals commute with that linear map). On by default when the rows have a public norm

@@ -1,6 +1,7 @@
 ------------------------------------------------------------------------------------------
 -- The exact-minimiser toolbox shared by objective perturbation (50_objective_perturbation.sql)
--- and output perturbation (49_output_perturbation.sql), spec 004 cards A2 and A10. C core:
+-- and output perturbation (49_output_perturbation.sql), Thakurta, "Private Optimization",
+-- §6.2.2 and Chaudhuri et al. 2011. C core:
 -- core/objective.h (the GLM losses, the Newton direction and every calibration) and
 -- core/erm_solver.h (the fixed-work solver); glue: sql/src/objective_fmgr.c and
 -- sql/src/erm_solver_fmgr.c.

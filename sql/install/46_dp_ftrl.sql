@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- DP-FTRL with tree aggregation (spec 004 cards A4 and A5; Kairouz et al. 2021), the
+-- DP-FTRL with tree aggregation (Thakurta, "Private Optimization", §6.3.2,
+-- Algorithm 4; Kairouz et al. 2021), the
 -- streaming private optimiser: one ordered scan per epoch, no sampling. Leaves are minibatches
 -- of B consecutive rids of the secretly shuffled training table (leaf t = rids ((t-1)B, tB]);
 -- a leaf is the SUM of its rows' per-example gradients at the current iterate, clipped to
@@ -249,8 +250,9 @@ BEGIN
     END IF;
     g := batch * clip;
     b_noise := sigma * sqrt(noisy_nodes) * (sqrt(p) + sqrt(2 * ln(steps / 0.05)));
-    -- Delta: the derived regret bound's sqrt(2 T (g^2 + g B)) / R (spec 004 A5) assumes every
-    -- leaf's gradient has norm g and all point one way; on real data they mostly cancel, and
+    -- Delta: the derived regret bound's sqrt(2 T (g^2 + g B)) / R (from Thakurta's Theorem 6.15
+    -- proof) assumes every leaf's gradient has norm g and all point one way; on real data they
+    -- mostly cancel, and
     -- that Delta keeps ||theta|| near 1, where a logistic model predicts the majority class
     -- (bench/RESULTS.md, "ERM toolbox defaults"). So the default divides it by 10 for the
     -- classifiers and by 2 for least squares, whose gradients grow with the residual instead of
@@ -265,7 +267,8 @@ BEGIN
                                     y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
         'p', p, 'epochs', epochs, 'output', output, 'outputs', outputs,
         'info', jsonb_build_object(
-            'algorithm', 'DP-FTRL with tree aggregation (spec 004 A4/A5; Kairouz et al. 2021): '
+            'algorithm', 'DP-FTRL with tree aggregation (Thakurta, Private Optimization, Algorithm 4; '
+                         'Kairouz et al. 2021): '
                          'minibatch leaves of consecutive shuffled rows, one ordered scan per '
                          'epoch, a fresh tree per epoch',
             'accounting', format('Gaussian: the node releases of %s epochs x %s levels, L2 '

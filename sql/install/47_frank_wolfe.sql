@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- Private Frank-Wolfe over the L1 ball (spec 004 cards A6-A8): LASSO from one scan of
+-- Private Frank-Wolfe over the L1 ball (Thakurta, "Private Optimization",
+-- §6.4, Algorithms 5-6, Corollary 6.24): LASSO from one scan of
 -- sufficient statistics, logistic regression with one SUM gradient per step (from rows kept in
 -- memory by 20 scans when they fit, else one gradient scan per step). The vertex of
 -- each step is drawn by the exponential mechanism in C; C core and proofs:
@@ -172,10 +173,11 @@ BEGIN
         rho := dpsql.zcdp_rho(epsilon, delta);
     END IF;
     IF steps_opt IS NULL THEN
-        -- Default K: the minimiser of the derived high-probability bound (spec 004 A7, clean
-        -- form) 2 n Gamma / (K + 2) + 4 b ln(2p K / 0.05), b = 2 Delta_u / eps_step the
-        -- selection noise, over K = 2..2000 (x1.25 steps). Thm 6.22's K (K^(3/2) ~ n eps)
-        -- drops that log and the zCDP split: it gave 50-2000 steps of near-uniform vertex draws.
+        -- Default K: the minimiser of the derived high-probability bound (Thakurta, Theorem 6.22,
+        -- with mu_k = 2/(k+2) and the noise on the SUM gradient) 2 n Gamma / (K + 2) + 4 b ln(2p K
+        -- / 0.05), b = 2 Delta_u / eps_step the selection noise, over K = 2..2000 (x1.25 steps).
+        -- Thm 6.22's K (K^(3/2) ~ n eps) drops that log and the zCDP split: it gave 50-2000 steps
+        -- of near-uniform vertex draws.
         k := 2;
         WHILE k <= 2000 LOOP
             num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, k);
@@ -220,7 +222,8 @@ BEGIN
         'y_bound', y_bound, 'l1_radius', s, 'l1', num.l1, 'steps', num.steps,
         'eps_step', num.eps_step, 'delta_u', num.delta_u,
         'info', jsonb_build_object(
-            'algorithm', format('private Frank-Wolfe over the L1 ball of radius %s (spec 004 A7/A8): '
+            'algorithm', format('private Frank-Wolfe over the L1 ball of radius %s (Thakurta, Private Optimization, '
+                                'Algorithm 6): '
                                 'theta_0 = 0, mu_k = 2/(k+2), vertex by the exponential mechanism on '
                                 'the SUM-gradient scores%s', s,
                                 CASE WHEN model = 'lasso' THEN ', one scan of sufficient statistics'

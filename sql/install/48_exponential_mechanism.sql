@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- Exponential-mechanism ERM on a public grid (spec 004 card A1), pure epsilon-DP, p <= 5:
+-- Exponential-mechanism ERM on a public grid (Thakurta, "Private Optimization", §6.2.1,
+-- Algorithm 1), pure epsilon-DP, p <= 5:
 -- one scan sums the loss at every grid point, the draw is made in C. C core and proofs:
 -- core/exp_mech_erm.h; glue: sql/src/exp_mech_erm_fmgr.c;
 -- docs/exponential_mechanism.md.
@@ -112,7 +113,8 @@ BEGIN
         'y_bound', y_bound, 'radius', radius, 'grid_points', points::int, 'huber_h', huber_h,
         'epsilon', epsilon, 'delta_u', 2 * lip * radius,
         'info', jsonb_build_object(
-            'algorithm', format('exponential-mechanism ERM (spec 004 A1) on a public grid of at most %s '
+            'algorithm', format('exponential-mechanism ERM (Thakurta, Private Optimization, Algorithm 1) '
+                                'on a public grid of at most %s '
                                 'points in the L2 ball of radius %s, anchored at 0, one scan', points::int, radius),
             'accounting', 'pure epsilon-DP: one exponential mechanism',
             'lipschitz', lip, 'radius', radius, 'delta_u', 2 * lip * radius, 'r_x', r_x,

@@ -1,5 +1,5 @@
 ------------------------------------------------------------------------------------------
--- Output perturbation of the exact regularised minimiser (spec 004 card A10; Chaudhuri,
+-- Output perturbation of the exact regularised minimiser (Chaudhuri,
 -- Monteleoni and Sarwate 2011): minimise sum_i l + (reg/2) ||theta||^2 by the certified Newton
 -- solver (45_erm_solver.sql), then add noise for the replace-one sensitivity
 -- 2 (L + tolerance) / reg (dpsql_output_perturbation_sensitivity, objective.h): Gamma-norm for
@@ -75,7 +75,7 @@ BEGIN
         'outputs', outputs, 'regularizer', reg, 'sensitivity', sensitivity,
         'epsilon', ovr.model_epsilon, 'delta', ovr.model_delta,
         'info', jsonb_build_object(
-            'algorithm', 'output perturbation (spec 004 A10) of the regularised minimiser, '
+            'algorithm', 'output perturbation (Chaudhuri et al. 2011) of the regularised minimiser, '
                          'certified by Newton''s method',
             'noise', CASE WHEN delta > 0 THEN 'gaussian (analytic)' ELSE 'gamma-norm' END,
             'sensitivity', sensitivity, 'regularizer', reg, 'lipschitz', lipschitz,

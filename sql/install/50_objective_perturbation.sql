@@ -1,5 +1,6 @@
 ------------------------------------------------------------------------------------------
--- Objective perturbation (spec 004 card A2; Chaudhuri, Monteleoni and Sarwate 2011; the
+-- Objective perturbation (Thakurta, "Private Optimization", §6.2.2, Algorithm 2;
+-- Chaudhuri, Monteleoni and Sarwate 2011; the
 -- Gaussian variant after Kifer, Smith and Thakurta 2012): release the minimiser of
 --   J(theta) = sum_i l(<x_i, theta>, y_i) + (reg/2) ||theta||^2 + <b, theta>
 -- for a secret noise vector b, for GLM losses that are convex with a bounded rank-1 Hessian
@@ -77,7 +78,7 @@ BEGIN
         'gaussian', delta > 0,
         'extra_sensitivity', 2 * cal.tolerance / reg,
         'info', jsonb_build_object(
-            'algorithm', 'objective perturbation (spec 004 A2): exact minimiser of the perturbed, '
+            'algorithm', 'objective perturbation (Thakurta, Private Optimization, Algorithm 2): exact minimiser of the perturbed, '
                          'regularised SUM loss by Newton''s method, certified ||grad J|| <= tolerance',
             'loss', CASE (glm->>'loss')::int WHEN 1 THEN 'logistic' WHEN 2 THEN 'huber svm'
                                               ELSE 'huber regression' END,

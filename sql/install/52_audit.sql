@@ -63,7 +63,8 @@ BEGIN
 END $$;
 
 -- The bolt-on's sensitivity as a mutation breaks it: halved (half the noise), or the paper's
--- mini-batch formula for strongly convex runs (too small by the batch size, spec 003 s. 5.5).
+-- mini-batch formula for strongly convex runs (too small by the batch size: Wu et al. 2017,
+-- §3.2.3's division by b).
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_sensitivity(spec jsonb, rows bigint, sensitivity float8)
 RETURNS float8 LANGUAGE plpgsql STABLE AS $$
 DECLARE

@@ -1,7 +1,8 @@
 ------------------------------------------------------------------------------------------
--- Privileges (runs last: covers every object created above). Least privilege, DESIGN.md §3:
--- PUBLIC gets nothing; dpsql_analyst gets the entry points only; dpsql_admin (data owners)
--- gets those plus dataset registration and grants. No role but the extension owner reads the
+-- Privileges (runs last: covers every object created above). Least privilege (docs/architecture.md,
+-- privacy rule 2): PUBLIC gets nothing; dpsql_analyst gets the entry points only; dpsql_admin (data
+-- owners) gets those plus dataset registration and grants. No role but the extension owner reads
+-- the
 -- tables (raw states, training tables, ledger) or runs the non-private aggregate.
 ------------------------------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ BEGIN
     END LOOP;
 END $$;
 
--- Issue 25 (DESIGN.md s. 3 rule 10): a released model's coef and intercept score the
+-- Issue 25 (privacy rule 10, docs/architecture.md): a released model's coef and intercept score the
 -- registered features. DPSGD-F models of 0.7.0 were released for rows centred on their
 -- private mean: the centre is folded into the intercept (b - w . centre), kept as 'mean'.
 -- And the private-ERM fits and DP-GD with an intercept (rows clipped, then the 1 appended) record that
