@@ -1,4 +1,5 @@
-"""The DP-SGD accountant's cost at new configurations (issue 17, DESIGN.md section 5).
+"""The DP-SGD accountant's cost at new configurations (issue 17; target 0.5 s,
+docs/architecture.md, "Performance and utility targets").
 
 Prints, in one run:
 

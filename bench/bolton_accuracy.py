@@ -19,7 +19,8 @@ models of eps/10 (and delta/10); the multinomial model spends the whole budget o
 draw, and is run for the four tests too.
 
 Tests 3-4 also get the curve of the *paper's* mini-batch formula Delta = 2L/(gamma m b), which
-the server refuses (it is 50x too small at b = 50; spec 003 section 5.5): the same noiseless
+the server refuses (it is 50x too small at b = 50: Wu et al. 2017, §3.2.3, divide by
+b, which fails with decreasing steps): the same noiseless
 model is trained in memory with ``dpsql._core`` (the C core of the server, on the server's
 permutation; the script checks that the weights are identical) and perturbed in memory with
 that sensitivity. It carries no DP guarantee and is labelled so.

@@ -51,7 +51,7 @@ def clipped_target(A: np.ndarray, y: np.ndarray, gamma: float, iters: int = 500)
     """The minimiser of sum_i huber_{B_i}(y_i - a_i w), B_i = gamma / ||a_i|| (IRLS).
 
     Clipping the squared loss's gradient a_i r_i at norm gamma is exactly the Huber loss's
-    gradient with that B_i (spec 002 s. 3.5), so this is DP-GD's noiseless fixed point.
+    gradient with that B_i (Brown et al. 2024, §2.5), so this is DP-GD's noiseless fixed point.
     """
     norms = np.linalg.norm(A, axis=1)
     bound = np.where(norms > 0, gamma / np.maximum(norms, 1e-300), np.inf)

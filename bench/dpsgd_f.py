@@ -1,4 +1,4 @@
-"""DPSGD-F* against DP-SGD at equal (epsilon, delta) (spec 001 s. 4; issue 10).
+"""DPSGD-F* against DP-SGD at equal (epsilon, delta) (Sun et al. 2024, Algorithm 3; issue 10).
 
 Both run the same DP-SGD (Poisson sampling, expected batch 50, 10 epochs, clip 1, constant
 step 1/(2 beta): 1 for MNIST's multinomial model, 2 for Protein's logistic one, the ``auto``

@@ -1,6 +1,6 @@
-"""DPSGD-F* against DP-SGD on full 784-pixel MNIST at eps = 1 (spec 001 s. 8; issue 10).
+"""DPSGD-F* against DP-SGD on full 784-pixel MNIST at eps = 1 (Sun et al. 2024, §7; issue 10).
 
-The spec's headline (Sun, Suresh, Menon 2024, Table 1): on MNIST at (eps, delta) = (1, 1e-5)
+The paper's headline (Sun, Suresh, Menon 2024, Table 1): on MNIST at (eps, delta) = (1, 1e-5)
 a linear classifier trained by DP-SGD gets 87.4% and by DPSGD-F* 92.0% (non-private 92.9%).
 This bench runs both in the server on the raw images: 60,000 x 784 pixels scaled by the public
 constant 1/255 (``dpsql.datasets.load_mnist``), no projection, registered with
@@ -51,9 +51,9 @@ from dpsql import datasets as dsets
 from dpsql import extension, server
 
 EPSILON = 1.0
-DELTA = 1e-5  # spec 001 s. 5.2 / 8.2
+DELTA = 1e-5  # the paper's experiments (§7)
 CLIP = 1.0  # the paper's C_G
-PAPER = {"dpsgd": 0.874, "dpsgd_f": 0.920}  # spec 001 s. 8.3, Table 1, eps = 1
+PAPER = {"dpsgd": 0.874, "dpsgd_f": 0.920}  # Sun et al. 2024, Table 1, eps = 1
 PAPER_NONPRIVATE = 0.929
 LABELS = {"dpsgd": "DP-SGD", "dpsgd_f": "DPSGD-F"}
 

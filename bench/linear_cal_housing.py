@@ -8,7 +8,7 @@ row_bound sqrt(8)) and every private model is trained and released by the server
 intercept:
 
 * AdaSSP (one scan), DP-GD (ci => batch_means: 420 steps, the mean of the draws; the 20-step
-  final iterate; and batch means with step 1 instead of the spec's 1/5, a public constant
+  final iterate; and batch means with step 1 instead of the paper's 1/5, a public constant
   picked by hand: these features' second moments are far below 1, so 1/5 converges slowly),
   DP-AMBSSGD (20 blocks: the default 78 blocks leave stat samples too small for DP-STAT at
   n = 16,512, which the server refuses; with the safe default ||H|| <= R_x^2 = 9 and with

@@ -1,7 +1,8 @@
 """DP linear regression on synthetic data, trained by the server: error vs n, error vs d, and
-DP-GD confidence intervals (spec 000 section 5.4 E1/E2, spec 002 section 6 Figs 1, 2, 5, 6, 8).
+DP-GD confidence intervals (Varshney et al. 2022 has no experiments: error vs n and vs d check the
+rates of its Theorem 10; Brown et al. 2024, §4, Figs. 1, 2, 5, 6 and 8).
 
-Data (specs 000 section 5.2 and 002 section 6.1): x ~ N(0, I_d), w* uniform on the unit sphere,
+Data (as Brown et al. 2024, §4): x ~ N(0, I_d), w* uniform on the unit sphere,
 y = <x, w*> + N(0, sigma^2) with sigma = 1; a fresh data set per seed. Public bounds, declared at
 registration: ``row_bound = sqrt(d) + 4`` (||x|| concentrates at sqrt(d) with sd ~0.7;
 P(||x|| > bound) = 1.5e-7 a row at d = 10: rows are practically never clipped) and
@@ -12,9 +13,9 @@ Every private model is trained *by the server* through SQL (``dpsql.train`` on a
 regression dataset, charged to its ledger; ``dpsql.confint`` for the intervals), at delta = 1e-6:
 
 * DP-AMBSSGD (``dp_ambssgd``) with ``options => {"h_norm": 1}`` (H = I is the known public
-  second moment here) and its default blocks; when the server refuses the plan (DP-STAT V3:
+  second moment here) and its default blocks; when the server refuses the plan (DP-STAT's
   stat samples too small for the epsilon) the table says "infeasible" and the rows it needs;
-  also with ``r_x = sqrt(d + 2)`` (spec 000 section 5.3: R_x^2 = Tr(H) + 2||H||, exact for
+  also with ``r_x = sqrt(d + 2)`` (Varshney et al. 2022, §2: R_x^2 = Tr(H) + 2||H||, exact for
   Gaussian x) instead of the server's default R_x = the registered row bound sqrt(d) + 4: R_x
   sets the clip norms zeta_t = R_x gamma_t sqrt(ln N) and the step, not the privacy;
 * DP-SSGD (``dp_ssgd``), the server's defaults (clip R_x label_bound, eta = 1/(2 R_x^2), no
@@ -30,10 +31,10 @@ the training rows).
 Experiments:
 
 1. error vs n: d = 10, eps in {1, 4}, n = 2^13 .. 2^20;
-2. error vs d: n = 2^18, d in {5, 10, 20, 40}, eps in {1, 4}; and spec 002 Fig. 1's setting
+2. error vs d: n = 2^18, d in {5, 10, 20, 40}, eps in {1, 4}; and Brown et al. 2024 Fig. 1's setting
    n = 100 p, p in {5, .., 160}, rho = 0.05 (eps = dpsql.zcdp_epsilon(0.05, 1e-6) = 1.71);
-3. DP-GD confidence intervals (spec 002 Figs 5-6 as a function of eps): one data set (p = 10,
-   n = 10,000), eps in {0.5, 1, 2, 4}, the three constructions at the same N = 400 steps
+3. DP-GD confidence intervals (Brown et al. 2024, Figs. 5-6, as a function of eps): one data set
+   (p = 10, n = 10,000), eps in {0.5, 1, 2, 4}, the three constructions at the same N = 400 steps
    (m = 10 draws, burn-in 20), R runs each: coverage of theta_hat (mean over coordinates,
    standard error sqrt(cov (1 - cov) / (R p))) and mean width, against the non-private OLS
    interval t_{n-p} s sqrt((X^T X)^-1_jj).
@@ -96,7 +97,7 @@ LABEL_BOUND = 6.0 * math.sqrt(W_NORM**2 + SIGMA**2)
 # key -> (label, privacy, extra dpsql.train arguments)
 METHODS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "ambssgd": ("DP-AMBSSGD", "dp_ambssgd", {"options": {"h_norm": 1}}),
-    # The same with spec 000's R_x^2 = Tr(H) + 2||H|| = d + 2 (E||x||^2 x x^T = (d + 2) I for
+    # The same with the exact R_x^2 = Tr(H) + 2||H|| = d + 2 (E||x||^2 x x^T = (d + 2) I for
     # Gaussian x) instead of the registered row bound: options added in run_point.
     "ambssgd_rx": ("DP-AMBSSGD r_x=sqrt(d+2)", "dp_ambssgd", {}),
     "ssgd": ("DP-SSGD", "dp_ssgd", {"options": {"baseline": True}}),
@@ -625,7 +626,7 @@ def plot_vs_d(points: Sequence[Point], pts_b: Sequence[Point], cfg: Config, eps_
     for k in ("ols", *METHODS):
         _series(ax, pts_b, k, eps_b, grid_b, "d", "w")
     ax.set_title(
-        f"E2b (spec 002 Fig. 1): n = 100 p, rho = {cfg.e2b_rho:g} (eps = {eps_b:.3g})",
+        f"E2b (Brown et al. 2024, Fig. 1): n = 100 p, rho = {cfg.e2b_rho:g} (eps = {eps_b:.3g})",
         fontsize=10,
     )
     for j, ax in enumerate(axes[0]):
@@ -910,8 +911,8 @@ def experiment_2(workers: Workers, tag: str, cfg: Config, eps_b: float, figures:
         out.append("")
     out += ambssgd_plans(points, cfg.e2_eps, grid)
     out += [
-        f"### E2b (spec 002 Fig. 1): n = 100 p, rho = {cfg.e2b_rho:g} zCDP "
-        f"(eps = {eps_b:.4g} at delta = 1e-6), DP-GD 20 steps (the spec's figure uses 10)",
+        f"### E2b (Brown et al. 2024, Fig. 1): n = 100 p, rho = {cfg.e2b_rho:g} zCDP "
+        f"(eps = {eps_b:.4g} at delta = 1e-6), DP-GD 20 steps (the paper's figure uses 10)",
         "",
     ]
     out += table_vs(pts_b, eps_b, "d", grid_b, [k for k in keys if k != "ambssgd_rx"])
