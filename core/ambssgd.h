@@ -7,7 +7,7 @@
  * belongs to block t = k / (b + s) at position j = k % (b + s); rows k >= T (b + s) are never
  * read (counted as unused). In block t:
  *   - adaptive mode (s > 0): rows j < s are the stat sample. Each stores its residual
- *     |<x, w_t> - y|; after the s-th, DP-STAT (robust variant, spec 2.2 V1/V2/V4/V5) picks
+ *     |<x, w_t> - y|; after the s-th, DP-STAT (Algorithm 3, made robust as 41_ambssgd.sql says) picks
  *     gamma_t among the levels B 2^(i - L), i = 0..L: the residuals are sorted once, and
  *     level i's count c_i = #{r <= B 2^(i - L)} plus a fresh N(0, sigma_c^2) is compared
  *     with theta; the first level reaching theta wins (none: gamma_t = B). Then

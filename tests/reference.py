@@ -1,5 +1,5 @@
-"""A plain numpy re-implementation of spec 003 section 4.1 PSGD, written independently of the
-C core, to check it (and the PostgreSQL aggregate) against."""
+"""A plain numpy re-implementation of PSGD (Wu et al. 2017, "Bolt-on DP", §3.2.3), written
+independently of the C core, to check it (and the PostgreSQL aggregate) against."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The DP-SGD privacy accountant (dpsql/accounting.py), a thin layer over dp-accounting.
 
-Spec 004 section 5.1 items 4 and 11 (test vectors of section 1.3 items 1 and 4), the replace-one
+Test vectors (the Gaussian composition rule of Thakurta, "Private Optimization", §6.3.1, and the
+RDP of the Poisson-subsampled Gaussian, Mironov, Talwar and Zhang 2019), the replace-one
 trap of dp-accounting, shuffle vs Poisson, calibration, and the command line used by the server.
 No database needed.
 """
@@ -25,8 +26,8 @@ from dpsql import accounting as acc  # noqa: E402
 NR = dpa.NeighboringRelation
 DELTA = 1e-5
 
-# Spec 004 section 1.3 item 4: (q, z, T) -> epsilon, add/remove, integer orders 2..256, standard
-# conversion, delta = 1e-5, and the best order.
+# RDP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019): (q, z, T) -> epsilon,
+# add/remove, integer orders 2..256, standard conversion, delta = 1e-5, and the best order.
 SPEC_VECTORS = [
     (250 / 60000, 1.3, 3600, 1.180, 17),
     (256 / 60000, 1.1, 14062, 3.009, 9),
@@ -34,7 +35,7 @@ SPEC_VECTORS = [
 
 
 def _standard_conversion(orders, rdp, delta):
-    """epsilon = min_a [rdp_a + ln(1/delta) / (a - 1)] (spec 004 section 1.3 item 4)."""
+    """epsilon = min_a [rdp_a + ln(1/delta) / (a - 1)] (Mironov 2017, Proposition 3)."""
     eps = [r + math.log(1 / delta) / (a - 1) for a, r in zip(orders, rdp, strict=True)]
     i = int(np.argmin(eps))
     return eps[i], orders[i]
@@ -44,13 +45,13 @@ def _strictly(op, values):
     return all(op(a, b) for a, b in zip(values, values[1:], strict=False))
 
 
-# ---------------------------------------------------------------- spec 004 section 5.1 item 11
+# ---------------------------------------------------------------- RDP vectors
 
 
 @pytest.mark.parametrize(("q", "z", "steps", "expected", "order"), SPEC_VECTORS)
 def test_spec_rdp_vectors_integer_orders_standard_conversion(q, z, steps, expected, order):
     mech = acc.mechanism(z, scheme="poisson", steps=steps, sampling_rate=q)
-    # The add/remove view of the run is the spec's Poisson-subsampled Gaussian.
+    # The add/remove view of the run is the vectors' Poisson-subsampled Gaussian.
     assert mech.add_remove_event == dpa.SelfComposedDpEvent(
         dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps
     )
@@ -74,7 +75,7 @@ def test_spec_rdp_vectors_integer_orders_standard_conversion(q, z, steps, expect
     ],
 )
 def test_spec_vectors_through_the_module(q, z, steps, add_remove, pld, rdp):
-    """The add/remove reference (improved conversion, fractional orders) is below the spec's
+    """The add/remove reference (improved conversion, fractional orders) is below the
     integer-order figure; the replace-one guarantees are larger."""
     kw = dict(scheme="poisson", steps=steps, sampling_rate=q, delta=DELTA)
     eps_ar = acc.epsilon(z, accountant="rdp_add_remove", **kw)
@@ -118,7 +119,7 @@ def test_q_one_is_plain_gaussian_composition():
     )
 
 
-# ---------------------------------------------------------------- spec 004 section 5.1 item 4
+# ---------------------------------------------------------------- Gaussian composition rule
 
 
 @pytest.mark.parametrize("steps", [1, 100])
@@ -214,7 +215,7 @@ def test_replace_one_rdp_bound_is_above_pld(q, z, steps):
 
 
 def test_shuffle_is_accounted_without_amplification():
-    """m = 60000, b = 250, 15 epochs, z = 1.3: the same training as the spec's first vector, once
+    """m = 60000, b = 250, 15 epochs, z = 1.3: the same training as the first RDP vector, once
     with shuffled disjoint batches and once with Poisson sampling at q = b/m."""
     m, b, k, z = 60000, 250, 15, 1.3
     shuffle = acc.epsilon(z, scheme="shuffle", epochs=k, delta=DELTA)

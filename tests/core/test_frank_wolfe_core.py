@@ -51,8 +51,9 @@ def test_accounting_formulas() -> None:
     # Corollary 6.24's constants: L_1 = 2 for ||x||_inf <= 1, |y| <= 1, s = 1
     assert _core.fw_l1_bound("lasso", 1.0, 1.0, 1.0) == 2.0
     assert _core.fw_l1_bound("logistic", 1.5, 3.0) == 1.5
-    # spec 5.1.9 test vector (report-noisy-max reference): T = 100, eps = 1, delta = 1e-5,
-    # L_1 = 2, ||C||_1 = 1 give b_FW = L_1 ||C||_1 sqrt(8 T ln(1/delta)) / eps = 191.941
+    # Test vector with the noise on the SUM gradient (the chapter's /n assumes a mean):
+    # T = 100, eps = 1, delta = 1e-5, L_1 = 2, ||C||_1 = 1 give
+    # b_FW = L_1 ||C||_1 sqrt(8 T ln(1/delta)) / eps = 191.941
     assert 2 * 1 * math.sqrt(8 * 100 * math.log(1e5)) / 1 == pytest.approx(191.941, abs=1e-3)
     # default K: round((Gamma n eps)^(2/3) / (L_1 s)^(2/3)), Gamma = (2 s R)^2, clamped
     g = (2 * 1 * 1) ** 2

@@ -1,4 +1,4 @@
-"""DP-FTRL's C core (core/ftrl.h, spec 004 cards A4 and A5): the streaming tree's
+"""DP-FTRL's C core (core/ftrl.h; Thakurta, "Private Optimization", §6.3.2): the streaming tree's
 exact prefix sums and node count, the depth m, the node noise (variance popcount(t) sigma^2,
 fails at 10% mis-scale or missing noise), the calibration against dp-accounting, the clipped
 leaf sums on adversarial neighbours and the noiseless run against a numpy reference."""
@@ -18,7 +18,8 @@ from dpsql import _core
 
 @pytest.mark.parametrize(("n", "m"), [(1, 1), (2, 2), (3, 2), (1000, 10), (1024, 11), (1025, 11)])
 def test_levels_vectors(n: int, m: int) -> None:
-    # spec 004 s. 5.1 item 5: m = floor(lg n) + 1, never ceil(lg n) (0 at n = 1)
+    # m = floor(lg n) + 1, never the chapter's ceil(lg n) (Theorem 6.13: one level short at n = 2^h,
+    # 0 at n = 1)
     assert _core.tree_levels(n) == m
     assert _core.tree_levels(n) == math.floor(math.log2(n)) + 1
 
@@ -191,7 +192,7 @@ def _numpy_ftrl(X, y, model, clip, batch, epochs, reg, radius, x_bound, y_bound,
     ("model", "batch", "epochs"), [("logistic", 7, 1), ("huber", 16, 3), ("linear", 1, 2)]
 )
 def test_noiseless_run_is_lazy_ftrl(model: str, batch: int, epochs: int) -> None:
-    # spec 004 s. 5.1 item 8: with sigma = 0 DP-FTRL is lazy-projection FTRL / dual averaging
+    # with sigma = 0 DP-FTRL is lazy-projection FTRL / dual averaging
     rng = np.random.default_rng(5)
     X = rng.normal(size=(101, 3))
     y = np.sign(X @ [1.0, -1.0, 0.5] + 0.1)

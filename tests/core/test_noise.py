@@ -1,6 +1,6 @@
-"""Noise of the bolt-on releases (spec 003 sections 6 and 15.1-15.8): the C samplers, the
-output perturbation of eq. (3)/(4), the Gaussian calibrations and the exponential mechanism,
-through dpsql._core.
+"""Noise of the bolt-on releases (Wu et al. 2017, "Bolt-on DP", eqs. (3)-(4), Appendix E): the C
+samplers, the output perturbation of eq. (3)/(4), the Gaussian calibrations and the exponential
+mechanism, through dpsql._core.
 
 Statistical tests are seeded, so every run draws the same numbers and the outcome is
 deterministic. Each states its false-failure probability: the chance that a correct sampler
@@ -155,7 +155,7 @@ def test_gamma_sampler_matches_scipy(shape: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Eq. (3): the eps-DP noise (spec 15.1-15.4)
+# Eq. (3): the eps-DP noise
 # ---------------------------------------------------------------------------------------------
 
 RADIUS_GRID = list(itertools.product([1, 2, 10, 50], [1e-3, 1.0], [0.1, 1.0]))
@@ -163,7 +163,7 @@ RADIUS_GRID = list(itertools.product([1, 2, 10, 50], [1e-3, 1.0], [0.1, 1.0]))
 
 @pytest.mark.parametrize("d,sens,eps", RADIUS_GRID)
 def test_laplace_l2_radius_is_gamma(d: int, sens: float, eps: float) -> None:
-    """Spec 15.1: ||kappa|| ~ Gamma(shape d, scale sens/eps), mean d sens/eps."""
+    """||kappa|| ~ Gamma(shape d, scale sens/eps), mean d sens/eps."""
     # Per combination: KS at alpha=1e-3 (false failure 1e-3) and a 3-SE mean check (false
     # failure 2.7e-3, normal approximation): 3.7e-3 per combination, ~6% over the 16; seeds
     # fixed (disjoint per combination), so deterministic.
@@ -187,8 +187,8 @@ def test_output_perturbation_reports_the_laplace_scale_and_copies() -> None:
 
 @pytest.mark.parametrize("d", [2, 3, 10, 50])
 def test_directions_are_uniform_on_the_sphere(d: int) -> None:
-    """Spec 15.2 for the direction sampler and for the direction of eq. (3) noise."""
-    # Per d: each coordinate's |mean| < 4/sqrt(N) (spec threshold; sd of the mean is
+    """Uniform directions: the direction sampler and for the direction of eq. (3) noise."""
+    # Per d: each coordinate's |mean| < 4/sqrt(N) (threshold; sd of the mean is
     # 1/sqrt(dN), so this is >= 5.6 SE: false failure < 1e-6); E[u_i^2] within 5 SE of 1/d
     # (false failure < 6e-7 per coordinate); KS at alpha=1e-3 of the first coordinate against
     # its exact law ((u_1 + 1)/2 ~ Beta((d-1)/2, (d-1)/2)) and, for d = 2, of the angle against
@@ -220,9 +220,9 @@ def test_directions_in_one_dimension_are_signs() -> None:
 
 
 def test_ball_instead_of_sphere_is_detected() -> None:
-    """Spec 15.3: the radius test of 15.1 rejects Appendix E's literal "uniform in the ball"."""
+    """The radius test above rejects Appendix E's literal "uniform in the ball"."""
     # Ours: KS at alpha=1e-3, false failure probability 1e-3 (seeds fixed, deterministic).
-    # The mis-implementation: p ~ 1e-56 expected (spec 17.3), asserted < 1e-10.
+    # The mis-implementation: p ~ 1e-56 expected at d = 50, N = 20000, asserted < 1e-10.
     n, d, sens, eps = 20000, 50, 0.01, 0.5
     law = stats.gamma(d, scale=sens / eps)
     rng = np.random.default_rng(42)
@@ -240,7 +240,7 @@ def test_ball_instead_of_sphere_is_detected() -> None:
 
 @pytest.mark.parametrize("sens,eps", [(1.0, 1.0), (1e-3, 0.1)])
 def test_one_dimensional_noise_is_laplace(sens: float, eps: float) -> None:
-    """Spec 15.4: d = 1 gives Laplace(0, sens/eps)."""
+    """d = 1 gives Laplace(0, sens/eps)."""
     # Per case: KS at alpha=1e-3 (1e-3), E|kappa| within 3 SE (2.7e-3, normal approx.) and a
     # binomial sign test at alpha=1e-3 (1e-3): ~5e-3 per case; seeds fixed, deterministic.
     n = 20000
@@ -252,14 +252,14 @@ def test_one_dimensional_noise_is_laplace(sens: float, eps: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Eq. (4) and the analytic Gaussian mechanism (spec 15.5)
+# Eq. (4) and the analytic Gaussian mechanism
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("calibration", ["classic", "analytic"])
 def test_gaussian_noise_is_iid_with_the_calibrated_sigma(calibration: str) -> None:
     # N*d = 1e6. Pooled: sum of squares / sigma^2 ~ chi2(1e6), two-sided test at alpha=1e-3
-    # (false failure 1e-3); per-coordinate std within 2% (spec): 4 SE at N = 20000, false
+    # (false failure 1e-3); per-coordinate std within 2%: 4 SE at N = 20000, false
     # failure ~6e-5 per coordinate, 3e-3 for the 50; KS of the pooled standardized values at
     # alpha=1e-3 (1e-3); uncorrelated coordinates, chi2 test at alpha=1e-3 (1e-3). Seeds
     # fixed, so deterministic.
@@ -288,7 +288,7 @@ def test_classic_gaussian_sigma_is_eq_4() -> None:
         assert _core.gaussian_sigma(sens, eps, delta, "classic") == pytest.approx(
             expected, rel=1e-14
         )
-    # Spec 17.1: c = sqrt(2 ln(1.25 m^2)) = 6.66743 for delta = 1/m^2, m = 60000.
+    # The paper's MNIST setting: c = sqrt(2 ln(1.25 m^2)) = 6.66743 for delta = 1/m^2, m = 60000.
     c = _core.gaussian_sigma(1.0, 0.5, 1 / 60000**2, "classic") * 0.5
     assert c == pytest.approx(6.66743, abs=5e-6)
 
@@ -367,7 +367,7 @@ def test_gaussian_delta_decreases_in_sigma() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Noise present and correctly scaled (spec 15.6, 15.8)
+# Noise present and correctly scaled
 # ---------------------------------------------------------------------------------------------
 
 
@@ -381,7 +381,7 @@ def test_noise_scale_is_exactly_proportional_for_a_fixed_seed() -> None:
 
 
 def test_mean_noise_norm_scales_as_sensitivity_over_epsilon() -> None:
-    """Spec 15.8, independent seeds: halving eps doubles E||kappa||; tripling sens triples it."""
+    """Independent seeds: halving eps doubles E||kappa||; tripling sens triples it."""
     # Each mean has relative SE 1/sqrt(dN) = 0.45% (d = 10, N = 5000); ratios within 5 combined
     # SE (false failure < 1e-6 each); seeds fixed, so deterministic.
     n, d = 5000, 10
@@ -423,7 +423,7 @@ def test_per_output_blocks_are_independent_gamma_draws() -> None:
 
 
 def test_released_model_minus_trained_model_is_the_eq3_noise() -> None:
-    """Spec 15.6: fixed training, varied noise seed; the release differs from PSGD(S) by eq. (3)."""
+    """Fixed training, varied noise seed; the release differs from PSGD(S) by eq. (3)."""
     # KS at alpha=1e-3 (false failure 1e-3) and the 3-SE mean check (2.7e-3); seeds fixed.
     rng = np.random.default_rng(3)
     m, d, k, b = 400, 6, 3, 10
@@ -449,7 +449,7 @@ def test_released_model_minus_trained_model_is_the_eq3_noise() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exponential mechanism (spec 15.21)
+# Exponential mechanism (private tuning, Wu et al. 2017, Algorithm 3)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -495,7 +495,7 @@ def test_exponential_mechanism_log_sum_exp_is_stable() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Seeds: reproducible when given, fresh OS entropy when not (spec 6.3)
+# Seeds: reproducible when given, fresh OS entropy when not
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""L2 sensitivity of bolt-on PSGD (spec 003 sections 5, 15.9-15.14 and 17): the closed forms
+"""L2 sensitivity of bolt-on PSGD (Wu et al. 2017, "Bolt-on DP", §3.2): the closed forms
 and the exact growth recursion of the C core, and the empirical distance between models trained
 by the in-memory engine (the same C as the PostgreSQL aggregate) on neighbouring datasets.
 
@@ -30,7 +30,7 @@ def _exact(schedule: str, **kw) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Closed forms: spec 15.9-15.12
+# Closed forms (Corollaries 1-3, Lemmas 7 and 8)
 # ---------------------------------------------------------------------------------------------
 
 M_MNIST = 60000
@@ -42,7 +42,7 @@ ETA_MNIST = 1 / math.sqrt(M_MNIST)
     [(10, 50, 1.632993e-3), (5, 50, 8.164966e-4), (20, 1, 0.1632993)],
 )
 def test_convex_constant_step_worked_values(epochs: int, batch_size: int, expected: float):
-    """Spec 15.9 / 17.1: 2kL eta / b with m = 60000, L = 1, eta = 1/sqrt(m)."""
+    """The paper's MNIST setting: 2kL eta / b with m = 60000, L = 1, eta = 1/sqrt(m)."""
     kw = dict(
         eta=ETA_MNIST,
         lipschitz=1.0,
@@ -63,7 +63,8 @@ def test_convex_constant_step_worked_values(epochs: int, batch_size: int, expect
     [(1e-4, 0.6666667, 0.0133333), (1e-3, 0.0666667, 1.33333e-3), (1e-2, 6.666667e-3, 1.33333e-4)],
 )
 def test_strongly_convex_decreasing_worked_values(lam: float, sound: float, paper: float):
-    """Spec 15.9 / 17.1: 2L/(gamma m) sound, 2L/(gamma m b) in the paper's (unsound) mode."""
+    """The paper's MNIST setting: 2L/(gamma m) sound, 2L/(gamma m b) in the paper's (unsound)
+    mode."""
     c = _core.loss_constants("logistic", lam, 1 / lam)
     assert c["lipschitz"] == pytest.approx(2.0, rel=1e-15)
     assert c["smoothness"] == 1 + lam and c["strong_convexity"] == lam
@@ -81,7 +82,7 @@ def test_strongly_convex_decreasing_worked_values(lam: float, sound: float, pape
 
 
 def test_strongly_convex_decreasing_uses_the_rows_actually_processed():
-    """Partial batches are dropped (spec 4.3a): m_eff = floor(m/b) b replaces m."""
+    """Partial batches are dropped (drop_last): m_eff = floor(m/b) b replaces m."""
     kw = dict(lipschitz=2.0, smoothness=1.01, strong_convexity=0.01, epochs=5)
     assert _closed("decreasing", rows=1037, batch_size=50, **kw) == pytest.approx(
         2 * 2.0 / (0.01 * 1000), rel=1e-14
@@ -92,7 +93,8 @@ def test_strongly_convex_decreasing_uses_the_rows_actually_processed():
 
 
 def test_strongly_convex_decreasing_does_not_depend_on_epochs_or_batches():
-    """Spec 15.10: identical for k = 5, 10, 50 (and any b dividing m, once or fresh)."""
+    """Strongly convex, decreasing steps: identical for k = 5, 10, 50 (and any b dividing m, once or
+    fresh)."""
     base = dict(lipschitz=2.0, smoothness=1.001, strong_convexity=1e-3, rows=60000)
     values = {
         _closed("decreasing", **base, epochs=k, batch_size=b, fresh=fresh)
@@ -102,7 +104,7 @@ def test_strongly_convex_decreasing_does_not_depend_on_epochs_or_batches():
 
 
 def test_convex_constant_step_is_linear_in_epochs_and_inverse_in_batch_size():
-    """Spec 15.10."""
+    """Convex constant steps: linear in k, proportional to 1/b."""
     base = dict(eta=0.01, lipschitz=1.0, smoothness=1.0, rows=6000)
     ref = _closed("constant", **base, epochs=1, batch_size=1)
     for k, b in itertools.product([1, 2, 5, 20, 100], [1, 2, 10, 50]):
@@ -115,7 +117,8 @@ def test_convex_constant_step_is_linear_in_epochs_and_inverse_in_batch_size():
 @pytest.mark.parametrize("batch_size", [1, 10, 50])
 @pytest.mark.parametrize("c", [0.0, 0.5, 0.9])
 def test_corollary_2_and_3_exact_sums(schedule: str, batch_size: int, c: float):
-    """Spec 5.9: (4L/(beta b)) sum_j 1/(m^c + jn + 1), resp. 1/(sqrt(jn + 1) + m^c)."""
+    """Corollaries 2 and 3 as exact sums: (4L/(beta b)) sum_j 1/(m^c + jn + 1), resp.
+    1/(sqrt(jn + 1) + m^c)."""
     m, lip, beta = 6000, 1.0, 5.0  # Huber h = 0.1
     n, off = m // batch_size, m**c
     for k in (1, 2, 7, 20):
@@ -139,7 +142,7 @@ def test_corollary_2_and_3_exact_sums(schedule: str, batch_size: int, c: float):
 
 @pytest.mark.parametrize("k", [2, 3, 5, 10])
 def test_corollary_2_printed_closed_form_is_not_an_upper_bound(k: int):
-    """Spec 15.12: with m = 60000, c = 0.9 the exact sum exceeds (4L/beta)(1/m^c + ln k/m).
+    """Corollary 2: with m = 60000, c = 0.9 the exact sum exceeds (4L/beta)(1/m^c + ln k/m).
 
     Guards against "simplifying" to the paper's printed form, which would under-noise.
     """
@@ -150,13 +153,14 @@ def test_corollary_2_printed_closed_form_is_not_an_upper_bound(k: int):
     )
     printed = 4 * lip / beta * (1 / off + math.log(k) / m)
     assert got > printed
-    if k == 2:  # spec 5.3: 6.258e-5 vs 6.163e-5 in units of 4L/beta
+    if k == 2:  # Corollary 2's printed form: 6.258e-5 vs 6.163e-5 in units of 4L/beta
         assert got / 4 == pytest.approx(6.258e-5, rel=1e-3)
         assert printed / 4 == pytest.approx(6.163e-5, rel=1e-3)
 
 
 def test_lemma_7_single_example_form_bounds_the_mini_batch_form():
-    """Spec 5.4: (2 eta L/b)(1 - rho^{kn})/(1 - rho^n) <= (2 eta L/b)/(1 - rho^n), n = m/b."""
+    """Lemma 7, mini-batch: (2 eta L/b)(1 - rho^{kn})/(1 - rho^n) <= (2 eta L/b)/(1 - rho^n),
+    n = m/b."""
     lam, m = 0.01, 1000
     beta, lip = 1 + lam, 2.0
     eta = 0.5 / beta
@@ -211,7 +215,8 @@ def _formula_grid():
 
 
 def test_exact_recursion_never_exceeds_the_closed_form():
-    """Spec 15.11: exact <= closed form always; equal for constant steps; fresh >= once."""
+    """The growth recursion: exact <= closed form always; equal for constant steps; fresh >=
+    once."""
     checked = 0
     for case, sizes in _formula_grid():
         kw = dict(
@@ -236,7 +241,7 @@ def test_exact_recursion_never_exceeds_the_closed_form():
             assert fresh == pytest.approx(closed, rel=1e-12), label
         n = sizes["rows"] // sizes["batch_size"]
         if case.schedule == "decreasing" and n < case.smoothness / case.strong_convexity:
-            # Spec 5.2: strictly smaller when capped steps 1/beta fall in every pass's window
+            # strictly smaller when capped steps 1/beta fall in every pass's window
             # (with n >= beta/gamma a position exists whose steps are all 1/(gamma s): equal).
             assert once < closed * (1 - 1e-6), label
         checked += 1
@@ -244,7 +249,8 @@ def test_exact_recursion_never_exceeds_the_closed_form():
 
 
 def test_fresh_permutations_can_be_strictly_worse():
-    """Spec 5.7: with fresh permutations the record may take each pass's worst position.
+    """Fresh permutations (the paper's §3.2.3): with fresh permutations the record may take each
+    pass's worst position.
 
     Strongly convex loss, step 1/sqrt(s) above 1/beta (Lemma 1.2 contraction): the
     contribution c(s) decreases within the early passes and increases within the late ones,
@@ -292,7 +298,7 @@ def test_degenerate_inputs_are_refused():
 
 
 # ---------------------------------------------------------------------------------------------
-# Exact recursion values of spec 17.3 (m = 1000, b = 50, L = 2, R = 1/lambda)
+# Exact recursion values of the counterexample (m = 1000, b = 50, L = 2, R = 1/lambda)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -328,7 +334,7 @@ def test_strongly_convex_constant_worked_values(lam: float, k: int, expected: fl
 
 
 # ---------------------------------------------------------------------------------------------
-# Empirical sensitivity with the engine: spec 15.13
+# Empirical sensitivity with the engine on adversarial neighbours
 # ---------------------------------------------------------------------------------------------
 
 M, D = 500, 4
@@ -415,7 +421,8 @@ def test_empirical_distance_within_sensitivity(name: str, b: int):
     for X2, _ in neighbours.values():
         assert np.linalg.norm(X2, axis=1).max() <= 1 + 1e-12  # the bounds assume ||x|| <= 1
     c = _core.loss_constants(run.loss, run.lam, run.radius)
-    if run.lam > 0:  # spec 3.3: L = 1 + lambda R, beta = 1/(2h) or 1, plus lambda; gamma = lambda
+    # the paper's constants: L = 1 + lambda R, beta = 1/(2h) or 1, plus lambda; gamma = lambda
+    if run.lam > 0:
         assert c["lipschitz"] == pytest.approx(1 + run.lam * run.radius, rel=1e-15)
         assert c["strong_convexity"] == run.lam
     rng = np.random.default_rng(1000 * b + list(RUNS).index(name))
@@ -485,11 +492,11 @@ def test_differing_record_in_the_dropped_partial_batch():
 
 
 # ---------------------------------------------------------------------------------------------
-# The spec 17.3 construction: the paper's mini-batch division is unsound (spec 15.14)
+# The counterexample (m = 1000, b = 50): the paper's mini-batch division (§3.2.3) is unsound
 # ---------------------------------------------------------------------------------------------
 
 
-def _spec_17_3_distance(lam: float, k: int, schedule: str, eta: float, radius: float) -> float:
+def _counterexample_distance(lam: float, k: int, schedule: str, eta: float, radius: float) -> float:
     """Max over 3 permutations of ||w(S) - w(S')||: m = 1000, d = 3, 999 rows x = e1 with
     random labels, the last x = e3 with y = +1 in S and -1 in S'; b = 50, w0 = 0."""
     m, worst = 1000, 0.0
@@ -527,7 +534,7 @@ def _spec_17_3_distance(lam: float, k: int, schedule: str, eta: float, radius: f
     ],
 )
 def test_paper_minibatch_bound_is_violated(lam: float, k: int, spec_value: float):
-    """Spec 15.14 / 17.3: the empirical distance exceeds 2L/(gamma m b) (paper mode) but
+    """The empirical distance exceeds 2L/(gamma m b) (paper mode) but
     stays below the sound 2L/(gamma m) and the exact recursion."""
     kw = dict(
         lipschitz=2.0, smoothness=1 + lam, strong_convexity=lam, rows=1000, batch_size=50, epochs=k
@@ -535,10 +542,10 @@ def test_paper_minibatch_bound_is_violated(lam: float, k: int, spec_value: float
     paper = _closed("decreasing", **kw, paper_minibatch=True)
     sound = _closed("decreasing", **kw)
     assert paper == pytest.approx(4 / (lam * 1000 * 50), rel=1e-14)  # 0.008 for lam = 0.01
-    dist = _spec_17_3_distance(lam, k, "decreasing", 0.1, 1 / lam)
+    dist = _counterexample_distance(lam, k, "decreasing", 0.1, 1 / lam)
     assert dist > paper  # VIOLATED: this is why the paper's formula is refused for releases
     assert dist <= _exact("decreasing", **kw) * TOL and dist < sound
-    # The engine reproduces the spec author's numpy script (different permutations; the
+    # The engine reproduces an independent numpy run (different permutations; the
     # position of the record hardly matters here).
     assert dist == pytest.approx(spec_value, rel=0.1)
 
@@ -555,13 +562,13 @@ def test_paper_minibatch_bound_is_violated(lam: float, k: int, spec_value: float
         (0.0, 20, "convex", 0.01263),
     ],
 )
-def test_spec_17_3_constant_step_tables(lam: float, k: int, schedule: str, spec_value: float):
+def test_counterexample_constant_step_tables(lam: float, k: int, schedule: str, spec_value: float):
     m = 1000
     if schedule == "convex":  # lambda = 0, eta = 1/sqrt(m), unconstrained
         eta, radius, lip, beta = 1 / math.sqrt(m), 0.0, 1.0, 1.0
     else:  # eta = 0.5/beta, R = 1/lambda
         eta, radius, lip, beta = 0.5 / (1 + lam), 1 / lam, 2.0, 1 + lam
-    dist = _spec_17_3_distance(lam, k, "constant", eta, radius)
+    dist = _counterexample_distance(lam, k, "constant", eta, radius)
     bound = _closed(
         "constant",
         eta=eta,

@@ -1,4 +1,5 @@
-"""DP-AMBSSGD / DP-SSGD in one pass (spec 000): the C core in memory and the SQL aggregate.
+"""DP-AMBSSGD / DP-SSGD in one pass (Varshney et al. 2022, Algorithms 1-3): the C core in memory and
+the SQL aggregate.
 
 Statistical tests are seeded (deterministic); each states the false-failure rate it would have
 over fresh seeds, and each was checked to fail with the noise removed or mis-scaled.
@@ -69,7 +70,7 @@ def _reference(
     x_bound=0.0,
     **_,
 ):
-    """Noiseless DP-AMBSSGD in numpy, straight from the spec's pseudo-code."""
+    """Noiseless DP-AMBSSGD in numpy, straight from the paper's Algorithm 2."""
     d = X.shape[1]
     p = d + int(intercept)
 
@@ -113,7 +114,7 @@ def _reference(
 
 
 def test_clipping_properties() -> None:
-    """Spec 6.1.1 on the core's clipped gradient (the code the gradient rows run)."""
+    """Clipping on the core's clipped gradient (the code the gradient rows run)."""
     d = 4
     X, y, _ = _data(200, d)
     cfg = _noiseless(dict(n_rows=200, blocks=2, batch=100, stat=0, eta=0.5, zeta_fixed=50.0))
@@ -210,8 +211,8 @@ def test_dp_stat_output_domain_and_draws() -> None:
 
 
 def test_dp_stat_noiseless_is_the_smallest_covering_level() -> None:
-    """Spec 6.1.5: sigma_c = 0, theta = s gives the smallest level >= max r (level 0 if every
-    r is below it, level L if max r > B)."""
+    """DP-STAT without noise: sigma_c = 0, theta = s gives the smallest level >= max r (level 0 if
+    every r is below it, level L if max r > B)."""
     rng = np.random.default_rng(1)
     B, L = 10.0, 10
     for trial in range(300):
@@ -402,8 +403,8 @@ def _regression(N: int, d: int, sigma: float, seed: int):
 
 
 def _paper_config(N: int, d: int, mode: str) -> dict:
-    """Spec 5.3: T = 2 ceil(8 ln N / 2), s = floor(m / 11), eta = b / (R_x^2 + b - 1), a = 1/2,
-    B = R_x (1 + 1) ln N, L = ceil(log2 N)."""
+    """The default constants: T = 2 ceil(8 ln N / 2), s = floor(m / 11), eta = b / (R_x^2 + b - 1),
+    a = 1/2, B = R_x (1 + 1) ln N, L = ceil(log2 N)."""
     T = 2 * math.ceil(8 * math.log(N) / 2)
     m = N // T
     rx2 = d + 2
@@ -425,9 +426,10 @@ def _paper_config(N: int, d: int, mode: str) -> dict:
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
 def test_non_private_limit_converges(mode) -> None:
-    """Spec 6.2.1: alpha = 0 and no effective clipping: N excess / (sigma^2 d) averages about 1.1
-    (H = I). Six seeds (30 degrees of freedom): the mean stays in [0.4, 2.5] except with
-    probability < 1e-4; a step that ignored the data, or a wrong block layout, is far out."""
+    """Varshney et al. 2022, Theorem 10 without privacy: alpha = 0 and no effective clipping: N
+    excess / (sigma^2 d) averages about 1.1 (H = I). Six seeds (30 degrees of freedom): the mean
+    stays in [0.4, 2.5] except with probability < 1e-4; a step that ignored the data, or a wrong
+    block layout, is far out."""
     N, d, sigma = 2**15, 5, 0.5
     ratios = []
     for seed in range(6):

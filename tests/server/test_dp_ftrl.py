@@ -1,4 +1,4 @@
-"""DP-FTRL with tree aggregation in the server (privacy => 'dp_ftrl', spec 004 A4/A5): the
+"""DP-FTRL with tree aggregation in the server (privacy => 'dp_ftrl', Thakurta, Algorithm 4): the
 release is charged and recorded, its noise is the calibrated one (and drawn in C by the
 aggregate), the aggregate equals the C core and a noiseless numpy FTRL, the leaf sums move by
 <= 2C on adversarial neighbours, refusals charge nothing, and the accuracy at epsilon = 1."""
@@ -345,7 +345,7 @@ def test_python_object(conn, binary) -> None:
     obj = dpsql.DPFTRL(1.0, options={"output": "last"}, noise_seed=3)
     assert obj.name == "dp_ftrl"
     args = obj.sql_args()
-    # delta left to the server: the spec's 1e-6 (test_mechanisms checks the release)
+    # delta left to the server: the registry's 1e-6 (test_mechanisms checks the release)
     assert args == {
         "privacy": "dp_ftrl",
         "epsilon": 1.0,

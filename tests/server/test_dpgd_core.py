@@ -1,5 +1,6 @@
-"""DP-GD for linear regression (spec 002): the clipped gradient sum, the noisy step, the law
-of the iterates, the confidence-interval estimators and the Student-t quantile, in memory
+"""DP-GD for linear regression (Brown et al. 2024, Algorithm 1): the clipped gradient sum, the noisy
+step, the law of the iterates, the confidence-interval estimators and the Student-t quantile, in
+memory
 (dpsql._core) and in the server (dpsql.dpgd_gradient, dpsql_internal._dpgd_step,
 dpsql_internal._confint_draws, dpsql_internal._t_interval, dpsql.t_quantile).
 
@@ -37,7 +38,8 @@ def _rows(X, intercept=False, x_bound=0.0):
 
 
 def _vectorized_sum(X, y, theta, gamma):
-    """Spec 002 s. 2.1: sum_i x_i r_i f_i, f_i = min(1, gamma / (||x_i|| |r_i|)), r = X th - y."""
+    """Algorithm 1 line 2: sum_i x_i r_i f_i, f_i = min(1, gamma / (||x_i|| |r_i|)),
+    r = X th - y."""
     r = X @ theta - y
     gn = np.linalg.norm(X, axis=1) * np.abs(r)
     f = np.minimum(1.0, gamma / np.where(gn > 0, gn, 1.0))
@@ -86,7 +88,7 @@ def test_t_quantile_matches_scipy_over_a_grid() -> None:
     got = np.array([[_core.t_quantile(p, df) for p in ps] for df in dfs])
     want = np.array([[stats.t.ppf(p, df) for p in ps] for df in dfs])
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=0)
-    # symmetry, and the value of spec 002 s. 5.1 (m = 10 draws, alpha = 0.05)
+    # symmetry, and the value of eq. (12) (m = 10 draws, alpha = 0.05)
     assert _core.t_quantile(0.975, 9) == pytest.approx(2.2621571627982053, rel=1e-14)
     assert _core.t_quantile(0.025, 9) == -_core.t_quantile(0.975, 9)
     assert _core.t_quantile(0.5, 5) == 0.0
@@ -119,7 +121,8 @@ def test_t_interval_formula() -> None:
     np.testing.assert_allclose(est, mean, rtol=1e-14)
     np.testing.assert_allclose(lo, mean - half, rtol=1e-13)
     np.testing.assert_allclose(hi, mean + half, rtol=1e-13)
-    # width 2 t sd / sqrt(m) with t = 2.2622 (spec 002 s. 7.1.6)
+    # width 2 t sd / sqrt(m) with t = 2.2622 (the upper critical value; the paper's t_{alpha/2,m-1}
+    # means it)
     np.testing.assert_allclose(hi - lo, 2 * 2.2621571627982053 * sd / math.sqrt(10), rtol=1e-12)
 
 
@@ -139,7 +142,7 @@ def test_t_interval_formula() -> None:
     ],
 )
 def test_gradient_sum_vectorized_and_explicit_forms(gamma, intercept, x_bound) -> None:
-    """Spec 002 s. 7.1.3: the C sum equals both numpy forms; the clipped count is right."""
+    """The C sum equals both numpy forms; the clipped count is right."""
     rng = np.random.default_rng(2)
     X = rng.normal(size=(300, 5)) * rng.uniform(0.1, 3.0, size=(300, 1))
     y = X @ rng.normal(size=5) + rng.standard_t(2, size=300)
@@ -227,7 +230,7 @@ def test_null_records_count_as_rows_and_add_nothing() -> None:
 
 
 def test_noiseless_unclipped_run_follows_the_linear_recursion() -> None:
-    """Spec 002 s. 7.1.4: theta_t - theta_hat = (I - eta Sigma)^t (theta_0 - theta_hat)."""
+    """Lemma 2.3 without noise: theta_t - theta_hat = (I - eta Sigma)^t (theta_0 - theta_hat)."""
     rng = np.random.default_rng(6)
     n, p, eta, steps = 400, 4, 0.25, 40
     X = rng.normal(size=(n, p)) * [1.0, 1.2, 0.8, 1.1]
@@ -247,7 +250,7 @@ def test_noiseless_unclipped_run_follows_the_linear_recursion() -> None:
 
 
 def test_noiseless_clipped_run_converges_to_the_huber_minimiser() -> None:
-    """Spec 002 s. 3.5 / 7.1.5: clipping at gamma is GD on sum_i huber_{B_i}, B_i = gamma/|x_i|."""
+    """Brown et al. 2024, §2.5: clipping at gamma is GD on sum_i huber_{B_i}, B_i = gamma/|x_i|."""
     rng = np.random.default_rng(7)
     n, p, gamma = 300, 3, 1.0
     X = rng.normal(size=(n, p))
@@ -333,7 +336,7 @@ def _law_z_scores(chains, X, y, eta, lam, theta0, t, k):
 
 
 def test_iterate_law_without_clipping_monte_carlo() -> None:
-    """Spec 002 s. 7.2.1 (Lemma 2.3 and the cross-covariance of eqs. 88-94): 3000 seeded
+    """Brown et al. 2024 (Lemma 2.3 and the cross-covariance of eqs. 88-94): 3000 seeded
     chains, 18 statistics (3 means, 6 covariances and 9 lag-3 cross-covariances of theta_5
     and theta_8), each |z| < 4.5. Each z is N(0, 1) up to O(1/sqrt(R)) corrections (220
     replications with other seeds: sd of each z in 0.89..1.11, largest |z| 4.05), so the
@@ -397,12 +400,12 @@ def test_estimators_refuse_too_few_iterates() -> None:
 
 
 def test_batch_means_coverage_needs_batches_longer_than_the_autocorrelation() -> None:
-    """Spec 002 s. 7.2.3-4 at eta = 0.2, Sigma = I (lag-1 autocorrelation 0.8): over 200
+    """Coverage at eta = 0.2, Sigma = I (lag-1 autocorrelation 0.8): over 200
     seeded runs of N = 400 steps, 95% batch-means intervals for theta_hat with 10 batches of
     38 cover >= 0.90 of the 600 (run, coordinate) pairs (expected ~0.94), batches of 1 cover
-    < 0.75 (expected ~0.47, spec s. 6.7). Coverage indicators of one run are dependent; even
-    treating runs as the unit (200 runs, sd of a run's coverage <= 0.5) the gaps are > 5 sd,
-    so the false-failure probability is < 1e-6."""
+    < 0.75 (expected ~0.47 in a numpy simulation). Coverage indicators of one run are dependent;
+    even treating runs as the unit (200 runs, sd of a run's coverage <= 0.5) the gaps are > 5 sd, so
+    the false-failure probability is < 1e-6."""
     rng = np.random.default_rng(9)
     n, p, eta, lam, N, b = 200, 3, 0.2, 0.5, 400, 20
     X = _well_conditioned(n, p, rng)

@@ -1,6 +1,6 @@
-"""DPSGD-F* (spec 001 s. 4, issue 10): the private mean's noise and sensitivity, its composition
-with the steps in the accountant, the charge, and the centring that predict applies in SQL and
-in Python."""
+"""DPSGD-F* (Sun et al. 2024, Algorithm 3; issue 10): the private mean's noise and sensitivity, its
+composition with the steps in the accountant, the charge, and the centring that predict applies in
+SQL and in Python."""
 
 from __future__ import annotations
 

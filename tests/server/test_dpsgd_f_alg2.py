@@ -1,4 +1,4 @@
-"""DPSGD-F, Algorithm 2 (spec 001 s. 3): the map back, the feature clipping, the charge, the
+"""DPSGD-F, Algorithm 2 (Sun et al. 2024, §5): the map back, the feature clipping, the charge, the
 noise scale of the private mean and the s. 7 counterexample (DPSGD fails, DPSGD-F succeeds)."""
 
 from __future__ import annotations
@@ -205,11 +205,11 @@ def _counterexample(mu: float, n: int, flip: bool) -> tuple[np.ndarray, np.ndarr
 
 
 def test_counterexample_dpsgd_fails_dpsgd_f_succeeds(conn, scratch_schema) -> None:
-    """Spec s. 7.2 (mu = 1e4, n = 2000, epsilon = 1, delta = 1e-5) on D' and D'' (rows
-    unit-normalised: a rescaling, R = 1). DP-SGD from w_0 = 0 predicts one label for every
-    row (accuracy 0.5; threshold 0.6, for each of a few clip / step settings); DPSGD-F
-    Algorithm 2 reaches accuracy >= 0.95 on both. Seeded (deterministic); the spec measured
-    10/10 seeds at accuracy 1.00, so a false failure needs a seed far in the tail."""
+    """The paper's counter-example (Sun et al. 2024, §4; mu = 1e4, n = 2000, epsilon = 1, delta =
+    1e-5) on D' and D'' (rows unit-normalised: a rescaling, R = 1). DP-SGD from w_0 = 0 predicts one
+    label for every row (accuracy 0.5; threshold 0.6, for each of a few clip / step settings);
+    DPSGD-F Algorithm 2 reaches accuracy >= 0.95 on both. Seeded (deterministic); a numpy simulation
+    measured 10/10 seeds at accuracy 1.00, so a false failure needs a seed far in the tail."""
     t0 = time.monotonic()
     for flip in (False, True):
         X, y = _counterexample(1e4, 2000, flip)

@@ -1,4 +1,5 @@
-"""Issue 24, finding 1: the charge outlives the caller's transaction (DESIGN.md §3.3).
+"""Issue 24, finding 1: the charge outlives the caller's transaction (docs/architecture.md, privacy
+rule 3).
 
 Each attack is replayed as the role that found it: an analyst trains, reads the model, and
 undoes the transaction (ROLLBACK, ROLLBACK TO SAVEPOINT, a PL/pgSQL exception block, a Python

@@ -1,5 +1,6 @@
-"""dpsql.estimate_bounds (issues 10 and 25; spec 001 s. 3.3): private quantiles by a scan
-(AboveThreshold) of a public grid of magnitudes. The grid, the scan's exact law, the counts'
+"""dpsql.estimate_bounds (issues 10 and 25; PrivQuantile, Sun et al. 2024, Lemma 4): private
+quantiles by a scan (AboveThreshold) of a public grid of magnitudes. The grid, the scan's exact law,
+the counts'
 sensitivity on adversarial neighbours, bounds on features of very different scales, the charge,
 and the bounds a later training uses. Also the exponential mechanism on a linear grid
 (_private_quantile) that DPSGD-F's private mean uses."""

@@ -34,9 +34,9 @@ def _neighbours(model, rng, n=40, d=1):
 @pytest.mark.parametrize("model", ["logistic", "huber", "linear"])
 @pytest.mark.parametrize("intercept", [False, True])
 def test_exact_distributions_on_neighbours_within_e_eps(model, intercept) -> None:
-    """Spec 5.1.10: on a tiny grid, the exact output distributions for D and an adversarial D'
-    (one row replaced by an extreme one) have max ratio <= e^eps; the anchored scores move by
-    at most Delta_u = 2 L R_C."""
+    """Thakurta, Theorem 6.4: on a tiny grid, the exact output distributions for D and an
+    adversarial D' (one row replaced by an extreme one) have max ratio <= e^eps; the anchored scores
+    move by at most Delta_u = 2 L R_C."""
     rng = np.random.default_rng(0)
     eps, radius, xb, yb = 1.0, 1.5, 1.0, 2.0
     r_x = math.sqrt(xb**2 + intercept)
@@ -85,8 +85,8 @@ def test_sampler_follows_the_probabilities_and_detects_mis_scale() -> None:
 
 
 def test_expected_excess_below_the_bound() -> None:
-    """Spec 5.1.10 test vector: p = 1, L = ||C|| = eps = 1: E[excess] <= 8 ((p+1) ln 3 + 1)
-    = 25.578, up to the grid error n L (covering radius) = 1000 / 4095. Exact expectation over
+    """Thakurta, Theorem 6.5 in expectation: p = 1, L = ||C|| = eps = 1: E[excess] <= 8 ((p+1) ln 3
+    + 1) = 25.578, up to the grid error n L (covering radius) = 1000 / 4095. Exact expectation over
     the grid's distribution (no sampling error)."""
     assert 8 * ((1 + 1) * math.log(3) + 1) == pytest.approx(25.578, abs=1e-3)
     rng = np.random.default_rng(2)

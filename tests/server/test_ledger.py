@@ -1,5 +1,6 @@
-"""The privacy ledger (DESIGN.md §3.3): budget arithmetic of dpsql_internal._charge, refusals
-that write nothing, append-only entries, and concurrent charges that never overspend."""
+"""The privacy ledger (docs/architecture.md, privacy rule 3): budget arithmetic of
+dpsql_internal._charge, refusals that write nothing, append-only entries, and concurrent charges
+that never overspend."""
 
 from __future__ import annotations
 

@@ -126,8 +126,9 @@ def test_regression_registration_refusals(conn, scratch_schema, args, message) -
 
 
 @pytest.mark.parametrize("rho, eps", [(0.015, 0.92546), (0.05, 1.71226), (0.1, 2.45079)])
-def test_zcdp_conversion_reproduces_spec_table(conn, rho, eps) -> None:
-    """Spec 002 s. 1.3 and spec 000 s. 3.3 (alpha* = 1/sqrt(rho))."""
+def test_zcdp_conversion_reproduces_reference_table(conn, rho, eps) -> None:
+    """zCDP -> (epsilon, delta) (Brown et al. 2024, Claim A.6; Varshney et al. 2022, Theorem 9;
+    alpha* = 1/sqrt(rho))."""
     (e, r) = conn.execute(
         "SELECT dpsql.zcdp_epsilon(%s, 1e-6), dpsql.zcdp_rho(%s, 1e-6)", (rho, eps)
     ).fetchone()
@@ -135,9 +136,10 @@ def test_zcdp_conversion_reproduces_spec_table(conn, rho, eps) -> None:
     assert r == pytest.approx(rho, rel=2e-5)
 
 
-def test_zcdp_tight_inversion_reproduces_spec_004_vectors(conn) -> None:
-    """Spec 004 s. 5.1.4: rho*(1, 1e-5) = 0.0208199, lambda* = sqrt(T / (2 rho*)) = 4.900555 at
-    T = 1 and 49.005552 at T = 100, below GaussNoiseMult (5.002584, 50.025844)."""
+def test_zcdp_tight_inversion_reproduces_reference_vectors(conn) -> None:
+    """The tight inversion: rho*(1, 1e-5) = 0.0208199, lambda* = sqrt(T / (2 rho*)) = 4.900555 at
+    T = 1 and 49.005552 at T = 100, below the Gaussian composition rule of Thakurta, "Private
+    Optimization", §6.3.1 (5.002584, 50.025844)."""
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, 1e-5)").fetchone()
     assert rho == pytest.approx(0.0208199, abs=1e-7)
     for steps, tight, book in [(1, 4.900555, 5.002584), (100, 49.005552, 50.025844)]:
@@ -189,8 +191,8 @@ def regression(conn, scratch_schema):
 
 
 def test_dpgd_noise_formula(conn, regression) -> None:
-    """Spec 002 s. 7.1.1: n = 1e4, p = 10, gamma = 5 sqrt(10), rho = 0.015, T = 400 gives
-    lambda = 0.36515 (the clipped-row count off: all of rho to the steps)."""
+    """Lemma 2.1 of Brown et al. 2024: n = 1e4, p = 10, gamma = 5 sqrt(10), rho = 0.015, T = 400
+    gives lambda = 0.36515 (the clipped-row count off: all of rho to the steps)."""
     ds = regression[0]
     (eps,) = conn.execute("SELECT dpsql.zcdp_epsilon(0.015, 1e-6)").fetchone()
     plan = _plan(
@@ -205,7 +207,7 @@ def test_dpgd_noise_formula(conn, regression) -> None:
         options={"clip_check": False, "precondition": False},
     )
     assert plan["noise_std"] == pytest.approx(0.36515, abs=5e-6)
-    # The spec's defaults (no preconditioner): eta 1/5, gamma = 5 sqrt(p) for the pilot,
+    # The paper's defaults (no preconditioner): eta 1/5, gamma = 5 sqrt(p) for the pilot,
     # 40 + 40 m steps, 1/50 of rho for the count, 1/10 for the clip quantile (issue 25).
     plan = _plan(conn, ds, "dpgd", 10_000, 10, 1.0, intercept=True, options={"precondition": False})
     rho = plan["rho"]
@@ -220,7 +222,7 @@ def test_dpgd_noise_formula(conn, regression) -> None:
     )
     assert plan["noise_multiplier"] == pytest.approx(plan["noise_std"] / plan["clip_norm"])
     assert plan["check_noise_std"] == pytest.approx(1 / math.sqrt(2 * rho / 50))
-    # The public rule alone (options.clip_quantile = false): the spec's 20 + 40 m steps.
+    # The public rule alone (options.clip_quantile = false): the 20 + 40 m steps.
     plan = _plan(
         conn,
         ds,
@@ -247,8 +249,9 @@ def test_dpgd_noise_formula(conn, regression) -> None:
 
 
 def test_ambssgd_plan_formulas(conn, regression) -> None:
-    """Spec 000 s. 2.3 / 5.3 with the robust DP-STAT: counts calibrated for the L + 1 counts
-    it can make (V1), threshold s - Gamma (V2)."""
+    """Varshney et al. 2022, Algorithm 2, with a robust DP-STAT: counts calibrated for the L + 1
+    counts it can make (the paper calibrates for L), threshold s - Gamma (the paper's s
+    overshoots)."""
     ds = regression[0]
     n, d, eps = 1_000_000, 10, 1.0
     plan = _plan(conn, ds, "dp_ambssgd", n, d, eps)
@@ -275,7 +278,8 @@ def test_ambssgd_plan_formulas(conn, regression) -> None:
 
 
 def test_ambssgd_refuses_infeasible_dp_stat(conn, regression) -> None:
-    """V3: stat samples smaller than 2 Gamma learn nothing; refused with the rows needed."""
+    """Stat samples smaller than 2 Gamma learn nothing (DP-STAT returns a tiny level); refused with
+    the rows needed."""
     ds, source = regression[:2]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="DP-STAT is infeasible"):
         _plan(conn, ds, "dp_ambssgd", 2000, 4, 1.0)
@@ -413,7 +417,7 @@ def test_dpgd_noise_in_the_server_has_the_plans_scale(conn, scratch_schema) -> N
     z = steps / (priv["step_size"] * priv["noise_std"])
     chi2 = float(np.sum(z**2))
     assert stats.chi2(z.size).ppf(5e-4) < chi2 < stats.chi2(z.size).ppf(1 - 5e-4)
-    # lambda from the formula (spec 002 Lemma 2.1), rho less the clipped-row count's share
+    # lambda from the formula (Brown et al. 2024, Lemma 2.1), rho less the clipped-row count's share
     (rho,) = conn.execute("SELECT dpsql.zcdp_rho(1, %s)", (DELTA,)).fetchone()
     assert priv["noise_std"] == pytest.approx(
         math.sqrt(2 * 420) * 5 * math.sqrt(d) / (math.sqrt(rho * 49 / 50) * n)
@@ -531,7 +535,7 @@ def _coverage(method: str, runs: int, steps: int, seed0: int) -> float:
     "method, steps", [("batch_means", 420), ("checkpoints", 420), ("independent_runs", 600)]
 )
 def test_nominal_95_intervals_cover_ols(method, steps) -> None:
-    """Spec 002 s. 7.2.3: coverage of theta_hat within 0.95 +- 3 standard errors of 300 runs
+    """Coverage of theta_hat within 0.95 +- 3 standard errors of 300 runs
     (4 coordinates each; SE from the runs: sqrt(0.95 * 0.05 / 300) = 0.0126). Seeded; the
     false-failure rate of a 3-SE band is about 0.3%."""
     cov = _coverage(method, 300, steps, seed0=100)
@@ -539,14 +543,14 @@ def test_nominal_95_intervals_cover_ols(method, steps) -> None:
 
 
 def test_batch_means_with_short_batches_under_cover() -> None:
-    """The same test fails for a construction that ignores autocorrelation (spec 002 trap 9):
-    batches of 2 steps cover far below nominal."""
+    """The same test fails for a construction that ignores autocorrelation (consecutive iterates are
+    strongly correlated): batches of 2 steps cover far below nominal."""
     assert _coverage("batch_means", 100, 40, seed0=5) < 0.8
 
 
 def test_dpgd_privacy_error_falls_like_one_over_n() -> None:
-    """Spec 002 s. 7.2.6: ||theta_T - theta_hat|| ~ 1/n at fixed p, rho, T (bias negligible
-    after 60 steps of eta = 1/5); log-log slope over n = 1000 .. 16000 in [-1.2, -0.8],
+    """Brown et al. 2024, Theorem 2.7: ||theta_T - theta_hat|| ~ 1/n at fixed p, rho, T (bias
+    negligible after 60 steps of eta = 1/5); log-log slope over n = 1000 .. 16000 in [-1.2, -0.8],
     mean of 40 seeded runs per n."""
     p, steps = 5, 60
     errs = []
@@ -654,8 +658,8 @@ def test_dp_ssgd_runs_when_its_noise_stays_below_the_label_bound(conn, regressio
 
 
 def test_ambssgd_error_falls_with_n(conn, regression) -> None:
-    """Spec 000 s. 6.2.3: in the feasible regime the excess risk falls with N; its log-log
-    slope lies in [-2.3, -0.8]. The server's plan, run by the C core in memory (the same
+    """Varshney et al. 2022, Theorem 10: in the feasible regime the excess risk falls with N; its
+    log-log slope lies in [-2.3, -0.8]. The server's plan, run by the C core in memory (the same
     code as the aggregate); 20 seeded runs per N, eps = 4, d = 5, H = I."""
     ds = regression[0]
     ns = [2**17, 2**18, 2**19]
@@ -771,7 +775,7 @@ def test_python_api(server_uri, scratch_schema) -> None:
 def test_unmixed_runs_are_flagged(conn, scratch_schema) -> None:
     """Ill-conditioned features (one direction with second moment 4e-4): 420 steps of 1/5
     cannot mix, the draws are autocorrelated, the model says so and confint warns; isotropic
-    data mix (spec 002 traps 8-9). Seeded noise: deterministic."""
+    data mix (burn-in and autocorrelation). Seeded noise: deterministic."""
     X, y, _ = _gaussian_data(3000, 3, seed=12)
     X[:, 0] *= 0.02
     ds, source = _register(conn, scratch_schema, X, y, label_bound=6.0, row_bound=5.0)

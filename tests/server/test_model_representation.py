@@ -1,4 +1,4 @@
-"""Issue 25 (findings 1 and 2): one model representation (DESIGN.md section 3, rule 10).
+"""Issue 25 (findings 1 and 2): one model representation (docs/architecture.md, privacy rule 10).
 
 For every mechanism of dpsql.mechanisms() and every case it trains (binary logistic with and
 without an intercept, three classes, linear regression), at epsilon 1000 with a fixed noise

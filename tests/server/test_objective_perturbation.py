@@ -1,6 +1,7 @@
-"""Objective perturbation and output perturbation (spec 004 cards A2 and A10): calibration
-test vectors, the noise actually used by the release, the coupling that proves privacy on
-adversarial neighbours, the certified solver, refusals and releases."""
+"""Objective perturbation and output perturbation (Thakurta, "Private Optimization", §6.2.2;
+Chaudhuri et al. 2011): calibration test vectors, the noise actually used by the release, the
+coupling that proves privacy on adversarial neighbours, the certified solver, refusals and
+releases."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _calibrate(conn, epsilon, delta, p=3, lipschitz=1.0, curvature=0.25, n=1000)
 
 @pytest.mark.parametrize(("eps", "expected"), [(1.0, 0.635374), (0.1, 5.126042), (2.0, 0.395494)])
 def test_min_regularizer_matches_the_spec_vectors(conn, eps, expected) -> None:
-    # spec 004 s. 5.1.6: Delta_priv(r = 1, lambda_max = 1/4) at eps_det = eps / 2; our
+    # Claim 6.8: Delta_priv(r = 1, lambda_max = 1/4) at eps_det = eps / 2; our
     # eps_det is half of 99% of epsilon, so pass epsilon / 0.99.
     cal = _calibrate(conn, eps / 0.99, 0.0)
     assert cal["eps_det"] == pytest.approx(eps / 2)
@@ -124,7 +125,7 @@ def _logistic_grad(theta, X, y, x_bound=1.0):
 
 
 def test_release_is_the_minimiser_for_the_server_noise(conn, binary) -> None:
-    """KKT (spec 5.1.6): grad L(theta) + reg theta + b = 0 for the b the server drew with the
+    """KKT: grad L(theta) + reg theta + b = 0 for the b the server drew with the
     same noise seed; the extra certificate noise is far below the tolerance used here."""
     ds, source, X, y = binary
     # (the radius of the default before issue 42: a well-conditioned objective, whose extra
@@ -168,7 +169,7 @@ def _table(conn, schema, X, y):
 
 @pytest.mark.parametrize("loss", [1, 2, 3])
 def test_coupling_on_adversarial_neighbours(conn, scratch_schema, loss) -> None:
-    """The privacy proof's coupling (spec 5.1.6), replace-one: D' swaps one row for an extreme
+    """The privacy proof's coupling (Theorem 6.7), replace-one: D' swaps one row for an extreme
     one (norm 1e6, flipped label). With b' = b + grad l(theta; d) - grad l(theta; d'), D' gives
     the same minimiser theta, and ||b - b'|| <= 2L: the noise densities at b and b' are
     within e^{eps_noise}."""

@@ -1,4 +1,4 @@
-"""Issue 24: every released field is an output (DESIGN.md section 3, rule 8).
+"""Issue 24: every released field is an output (docs/architecture.md, privacy rule 8).
 
 For every mechanism of dpsql.mechanisms(): trained on two replace-one neighbouring datasets
 (same n, one row replaced by an extreme point) with two fixed noise seeds each, no field of the

@@ -1,5 +1,5 @@
-"""Red team of the roles (DESIGN.md §3.2): what dpsql_analyst and dpsql_admin members can and
-cannot do, on a real server, connected as real login roles."""
+"""Red team of the roles (docs/architecture.md, privacy rule 2): what dpsql_analyst and dpsql_admin
+members can and cannot do, on a real server, connected as real login roles."""
 
 from __future__ import annotations
 

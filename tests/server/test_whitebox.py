@@ -111,7 +111,8 @@ def test_empty_batches_still_step_with_noise() -> None:
 
 
 def test_bst14_epsilon1_solves_the_composition_equation(conn) -> None:
-    """Spec 003 s. 15 item 23 and the s. 17.2 table (b = 1, delta = 1/m^2, delta1 = delta/(km))."""
+    """Wu et al. 2017, Appendix F, Algorithm 4 lines 4-7 at the paper's settings (b = 1, delta =
+    1/m^2, delta1 = delta/(km))."""
     for m, eps, k, sigma in [
         (60000, 0.01, 10, 182.9),
         (72876, 0.1, 10, 16.89),
