@@ -333,7 +333,9 @@ def test_kill_9_mid_selection_leaves_both_charges(own_server_uri) -> None:
         " feature_bounds => '{{0,1},{-1,0}}', holdout => 0.2)"
     )
     conn.execute("CHECKPOINT")  # a short recovery after the kill, loaded machine or not
-    ids = dict(conn.execute("SELECT name, dataset_id FROM dpsql.datasets").fetchall())
+    ids: dict[str, int] = dict(
+        conn.execute("SELECT name, dataset_id FROM dpsql.datasets").fetchall()
+    )
     victim = psycopg.connect(own_server_uri, autocommit=True)
     process = _local_pid(conn, victim.execute("SELECT pg_backend_pid()").fetchone()[0])
     errors: list[BaseException] = []
