@@ -135,6 +135,9 @@ BEGIN
     train_table := tbl;
 END $$;
 
+-- Over 100 lines: one function because the state it builds needs every checked argument at once
+-- (labels, layout, training table, step and seed policy); issue 45's "one typed plan per release"
+-- refactor replaces it with a prepare(plan) that builds the state once from the plan.
 CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     source text, features text[], label text, model text, epochs int, batch_size bigint,
     lambda float8, step_size float8, schedule text, step_offset float8, radius float8,

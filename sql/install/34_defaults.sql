@@ -47,6 +47,9 @@ BEGIN
     RETURN noise;
 END $$;
 
+-- Over 100 lines: one function because each default rule reads the ones filled before it (the
+-- batch from the step noise, the step from the batch); issue 45's "one typed plan per release"
+-- refactor moves each rule into the mechanism's plan, one fallback per default, and deletes it.
 CREATE OR REPLACE FUNCTION dpsql_internal._private_defaults(ds dpsql.datasets, model text, privacy text,
                                         params jsonb, m bigint)
 RETURNS jsonb LANGUAGE plpgsql AS $$

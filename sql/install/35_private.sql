@@ -225,6 +225,9 @@ END $$;
 --            finish; then the model records what was chosen for the caller.
 -- With tuning grids the bolt-on is Algorithm 3 (private tuning, Wu et al. 2017, §4.1).
 -- Runs inside dpsql_internal._train_private (below), with its rights.
+-- Over 100 lines: one function because resolve, validate and default are steps of one pass that
+-- share the parameters as jsonb; issue 45's "one typed plan per release" refactor splits it into
+-- resolve -> validate -> default -> plan -> charge -> prepare -> fit -> finish, each its own call.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql
 AS $$

@@ -92,6 +92,9 @@ END $$;
 
 -- Noise, clipping, step schedule, sampling and accounting of a white-box mechanism for a
 -- prepared run of `rows` rows (m public). 'public' keys go into the model's provenance.
+-- Over 100 lines: one function because its branches per mechanism (noise, clipping, schedule,
+-- sampling, accounting) each feed the one plan it returns; issue 45's "one typed plan per release"
+-- refactor replaces it with one plan function per SGD mechanism.
 CREATE OR REPLACE FUNCTION dpsql_internal._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$

@@ -145,6 +145,9 @@ BEGIN
     RETURN out;
 END $$;
 
+-- Over 100 lines: one function because it is a controller that plans, charges, plans again and
+-- fits in one pass; issue 45's "one typed plan per release" refactor gives DPSGD-F Algorithm 2 a
+-- plan function and a fit function run by the one controller, and deletes it.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
                                           params jsonb, epsilon float8, delta float8,
                                           noise_seed bigint)
