@@ -4,11 +4,12 @@ The safety net of issue 45 (one typed plan and one controller per release): ever
 release must be identical before and after, its weights and every parameter it records.
 
 On a fresh temporary embedded PostgreSQL, as the superuser (who may pass noise seeds), the
-script loads three small synthetic tables drawn with a fixed numpy seed, each with a holdout
-table registered as a dataset of its own (2,000 + 600 rows):
+script loads small synthetic tables drawn with a fixed numpy seed, each with a holdout table
+registered as a dataset of its own (2,000 + 600 rows):
 
 * ``binary``: three numeric features on [-1, 1] and one categorical column (three colours,
-  one-hot), labels {0, 1};
+  one-hot), labels {0, 1}; ``binary_numeric``, its numeric columns alone (for the
+  exponential mechanism, which is for at most 5 coordinates);
 * ``multiclass``: three numeric features, three classes;
 * ``regression``: four numeric features, the label bounded by 3 (``label_bound``).
 
@@ -21,7 +22,8 @@ It then releases, each with ``seed``, ``noise_seed`` and every privacy argument 
   for the mechanisms without a multinomial model. A mechanism that refuses at its defaults is
   recorded as refused (the message and hint are part of the fingerprint); the ones in
   ``OVERRIDES`` are released again with the setting their hint names;
-* DP-SGD with ``schedule => 'constant'`` spelled out (issue 45's first bug);
+* DP-SGD with ``schedule => 'constant'`` spelled out (issue 45's first bug), and the
+  exponential mechanism on ``binary_numeric``;
 * ``auto`` on each dataset with delta 1e-6 and 0, and with ``validation`` (private selection);
 * ``dpsql.describe``, private ``dpsql.evaluate`` (of auto's models, on the holdouts) and
   ``dpsql.tune`` with its default candidates: their outputs are releases too.
@@ -29,9 +31,11 @@ It then releases, each with ``seed``, ``noise_seed`` and every privacy argument 
 A release's fingerprint is its ``dpsql.model_store`` row less the volatile columns (model_id,
 created_at, prepare_seconds, train_seconds, and ``params->'privacy'->'ledger_entry'``), the
 weights included as exact float64 (JSON floats are Python's ``repr``, which reads back
-bit-identical), the result rows of describe and evaluate, and the ledger entries the call
-wrote (dataset, mechanism, epsilon, delta, dp_event); or ``refused`` with the error's message,
-detail and hint. One entry per (dataset, mechanism, model[, variant]), written as JSON with
+bit-identical, and ``weights_hex``, the big-endian bytes of each double as PostgreSQL's
+``float8send`` writes them), the result rows of describe and evaluate, and the ledger
+entries the call wrote (dataset, mechanism, epsilon, delta, dp_event); or ``refused`` with the
+error's message, detail, hint and SQLSTATE (and the entries, none for a refusal before the
+charge). One entry per (dataset, mechanism, model[, variant]), written as JSON with
 sorted keys.
 
 Usage::
@@ -55,11 +59,15 @@ bench/fingerprints.json was first written, so the baseline already has both fixe
   (epochs 10, batch_size 1, schedule 'constant', a step size) they never ran; now NULL.
 
 The script talks SQL only (``dpsql.train`` and friends), so an older checkout runs it too.
+It runs the default embedded PostgreSQL (``server.DEFAULT_PG_VERSION``) and draws its tables
+with numpy: compare runs of the same major version and numpy's same random streams. About 20 s
+on 2 busy cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -94,12 +102,27 @@ MODEL_DATASETS = {
 }
 # Settings that run a mechanism refusing at its defaults on these tables, as its hint names
 # them: (mechanism, dataset) -> extra dpsql.train arguments. Each is released both ways.
-OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {}
+OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
+    ("bst14", "binary"): {"batch_size": 50},  # noise 4.3 times the gradient bound
+    ("bst14", "multiclass"): {"batch_size": 50},
+    ("dp_ftrl", "binary"): {"batch_size": 128},  # its lazy steps stay at the majority class
+    ("scs13", "binary"): {"batch_size": 10},  # one pass of 1/sqrt(t) steps: majority class
+    ("frank_wolfe", "binary"): {"options": {"steps": 4}},  # its 16 steps choose at random
+    ("dp_ssgd", "regression"): {"options": {"baseline": True}},  # the paper's baseline
+    # DP-STAT is infeasible on 2,000 rows at epsilon 1 (it needs about 5,200 at 2 blocks)
+    ("dp_ambssgd", "regression"): {"steps": 2, "epsilon": 4.0},
+}
 # Extra releases: (dataset, mechanism, model, variant label, extra arguments).
 VARIANTS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
     # issue 45's first bug: the spelled-out default schedule gets the default step
     ("binary", "dpsgd", "logistic", "schedule=constant", {"schedule": "constant"}),
+    # the exponential mechanism is for p <= 5 (binary has 6 coordinates with the one-hot
+    # colour): the binary table's numeric columns alone
+    ("binary_numeric", "exponential_mechanism", "logistic", "", {}),
+    ("binary_numeric", "exponential_mechanism", "huber", "", {}),
 )
+# auto, describe, evaluate and tune: the model trained on each dataset
+AUTO_MODELS = {"binary": "logistic", "multiclass": "multinomial", "regression": "linear"}
 # model_store columns that change from run to run (params->'privacy'->'ledger_entry' too)
 VOLATILE = ("model_id", "created_at", "prepare_seconds", "train_seconds")
 
@@ -132,6 +155,11 @@ def _tables(rng: np.random.Generator) -> dict[str, dict[str, Any]]:
                 "feature_bounds": num,
             },
         },
+        "binary_numeric": {
+            "columns": {"a": X[:, 0], "b": X[:, 1], "c": X[:, 2], "y": y_bin},
+            "types": {"y": "int"},
+            "register": {"labels": [0, 1], "feature_bounds": num},
+        },
         "multiclass": {
             "columns": {"a": Xm[:, 0], "b": Xm[:, 1], "c": Xm[:, 2], "y": y_multi},
             "types": {"y": "int"},
@@ -145,6 +173,10 @@ def _tables(rng: np.random.Generator) -> dict[str, dict[str, Any]]:
     }
 
 
+def _value(v: Any, sqltype: str) -> Any:
+    return COLOURS[int(v)] if sqltype == "text" else int(v) if sqltype == "int" else float(v)
+
+
 def _load(conn: psycopg.Connection[Any]) -> None:
     """Create, fill and register fp_<kind> and fp_<kind>_holdout for each dataset."""
     rng = np.random.default_rng(DATA_SEED)
@@ -154,23 +186,16 @@ def _load(conn: psycopg.Connection[Any]) -> None:
         names = list(cols)
         types = {c: spec["types"].get(c, "float8") for c in names}
         features = [c for c in names if c != "y"]
-        for part, rows in (("", range(TRAIN_ROWS)), ("_holdout", range(TRAIN_ROWS, TRAIN_ROWS + HOLDOUT_ROWS))):
+        for part, rows in (
+            ("", range(TRAIN_ROWS)),
+            ("_holdout", range(TRAIN_ROWS, TRAIN_ROWS + HOLDOUT_ROWS)),
+        ):
             table = f"fp.{kind}{part}"
             ddl = ", ".join(f"{c} {types[c]}" for c in names)
             conn.execute(f"CREATE TABLE {table} (rid bigint PRIMARY KEY, {ddl})")
             with conn.cursor().copy(f"COPY {table} (rid, {', '.join(names)}) FROM STDIN") as cp:
                 for i in rows:
-                    cp.write_row(
-                        [i]
-                        + [
-                            COLOURS[int(cols[c][i])]
-                            if c == "colour"
-                            else int(cols[c][i])
-                            if types[c] == "int"
-                            else float(cols[c][i])
-                            for c in names
-                        ]
-                    )
+                    cp.write_row([i, *(_value(cols[c][i], types[c]) for c in names)])
             conn.execute(f"ANALYZE {table}")
             reg = spec["register"]
             args = ", ".join(f"{k} => %s" for k in reg)
@@ -195,7 +220,7 @@ def _refusal(err: psycopg.Error) -> dict[str, Any]:
 
 
 def _last_entry(conn: psycopg.Connection[Any]) -> int:
-    (last,) = conn.execute("SELECT coalesce(max(entry_id), 0) FROM dpsql.ledger_entries").fetchone()  # type: ignore[misc]
+    (last,) = conn.execute("SELECT coalesce(max(entry_id), 0) FROM dpsql.ledger_entries").fetchone()
     return int(last)
 
 
@@ -212,7 +237,12 @@ def _entries(conn: psycopg.Connection[Any], after: int) -> list[dict[str, Any]]:
 
 def _model_row(conn: psycopg.Connection[Any], model_id: int) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute("SELECT * FROM dpsql.model_store WHERE model_id = %s", (model_id,)).fetchone()
+        row = cur.execute(
+            "SELECT m.*, (SELECT string_agg(encode(float8send(w), 'hex'), ' ' ORDER BY i)"
+            "  FROM unnest(m.weights) WITH ORDINALITY AS u(w, i)) AS weights_hex"
+            " FROM dpsql.model_store m WHERE m.model_id = %s",
+            (model_id,),
+        ).fetchone()
     assert row is not None
     for col in VOLATILE:
         row.pop(col)
@@ -234,11 +264,15 @@ def _call(conn: psycopg.Connection[Any], sql: str, params: list[Any]) -> tuple[A
     return rows, out
 
 
-def _train(conn: psycopg.Connection[Any], dataset: str, model: str, args: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+def _train(
+    conn: psycopg.Connection[Any], dataset: str, model: str, args: dict[str, Any]
+) -> tuple[int | None, dict[str, Any]]:
     args = {"seed": SEED, "noise_seed": NOISE_SEED, "epsilon": EPSILON, **args}
     names = "".join(f", {k} => %s" for k in args)
     values = [Jsonb(v) if isinstance(v, dict) else v for v in args.values()]
-    rows, out = _call(conn, f"SELECT dpsql.train(%s, NULL, NULL, %s{names})", [dataset, model, *values])
+    rows, out = _call(
+        conn, f"SELECT dpsql.train(%s, NULL, NULL, %s{names})", [dataset, model, *values]
+    )
     if rows is None:
         return None, out
     model_id = int(rows[0][0])
@@ -246,69 +280,80 @@ def _train(conn: psycopg.Connection[Any], dataset: str, model: str, args: dict[s
     return model_id, out
 
 
-def _releases(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    mechanisms = conn.execute(
-        "SELECT name, task, models, needs_delta FROM dpsql.mechanisms()"
-        " ORDER BY name COLLATE \"C\""
+def _label(extra: dict[str, Any]) -> str:
+    return ",".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted(extra.items()))
+
+
+def _mechanism_releases(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every registered mechanism on every model it lists, OVERRIDES and VARIANTS."""
+    registry = conn.execute(
+        'SELECT name, task, models, needs_delta FROM dpsql.mechanisms() ORDER BY name COLLATE "C"'
     ).fetchall()
-    for name, task, models, needs_delta in mechanisms:
-        delta = DELTA if needs_delta else 0.0
-        cases = [(MODEL_DATASETS.get(m, "regression" if task == "regression" else "binary"), m) for m in models]
+    deltas = {name: DELTA if needs_delta else 0.0 for name, _, _, needs_delta in registry}
+    for name, task, models, _ in registry:
+        default_kind = "regression" if task == "regression" else "binary"
+        cases = [(MODEL_DATASETS.get(m, default_kind), m) for m in models]
         if "logistic" in models and "multinomial" not in models:
             cases.append(("multiclass", "logistic"))  # one-vs-rest
         for kind, model in cases:
             key = f"{kind}/{name}/{model}"
-            base = {"privacy": name, "delta": delta}
+            base = {"privacy": name, "delta": deltas[name]}
             yield key, _train(conn, f"fp_{kind}", model, base)[1]
-            if (name, kind) in OVERRIDES:
-                extra = OVERRIDES[name, kind]
-                label = ",".join(f"{k}={v}" for k, v in sorted(extra.items()))
-                yield f"{key} {label}", _train(conn, f"fp_{kind}", model, {**base, **extra})[1]
+            extra = OVERRIDES.get((name, kind))
+            if extra is not None:
+                yield (
+                    f"{key} {_label(extra)}",
+                    _train(conn, f"fp_{kind}", model, {**base, **extra})[1],
+                )
     for kind, name, model, label, extra in VARIANTS:
-        (needs_delta,) = conn.execute(  # type: ignore[misc]
-            "SELECT needs_delta FROM dpsql.mechanisms() WHERE name = %s", (name,)
-        ).fetchone()
-        base = {"privacy": name, "delta": DELTA if needs_delta else 0.0}
-        yield f"{kind}/{name}/{model} {label}", _train(conn, f"fp_{kind}", model, {**base, **extra})[1]
+        base = {"privacy": name, "delta": deltas[name]}
+        yield (
+            f"{kind}/{name}/{model} {label}".rstrip(),
+            _train(conn, f"fp_{kind}", model, {**base, **extra})[1],
+        )
 
-    auto_models = {"binary": "logistic", "multiclass": "multinomial", "regression": "linear"}
+
+def _rows_release(conn: psycopg.Connection[Any], sql: str, params: list[Any]) -> dict[str, Any]:
+    """A release whose output is its result rows (describe, evaluate)."""
+    rows, out = _call(conn, sql, params)
+    if rows is not None:
+        out["rows"] = [list(r) for r in rows]
+    return out
+
+
+def _other_releases(conn: psycopg.Connection[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """auto (with and without delta, with validation), describe, evaluate and tune."""
     auto_ids: dict[str, int | None] = {}
-    for kind, model in auto_models.items():
+    for kind, model in AUTO_MODELS.items():
         for delta in (DELTA, 0.0):
             mid, out = _train(conn, f"fp_{kind}", model, {"privacy": "auto", "delta": delta})
             if delta:
                 auto_ids[kind] = mid
             yield f"{kind}/auto/{model} delta={delta:g}", out
-        _, out = _train(
-            conn, f"fp_{kind}", model, {"privacy": "auto", "delta": DELTA, "validation": f"fp_{kind}_holdout"}
+        args = {"privacy": "auto", "delta": DELTA, "validation": f"fp_{kind}_holdout"}
+        yield f"{kind}/auto/{model} validation", _train(conn, f"fp_{kind}", model, args)[1]
+    for kind in AUTO_MODELS:
+        yield (
+            f"{kind}/describe",
+            _rows_release(
+                conn,
+                "SELECT feature, statistic, key, value, noise_sd FROM dpsql.describe(%s, 0.5, 0,"
+                " noise_seed => %s) ORDER BY 1, 2, 3",
+                [f"fp_{kind}", NOISE_SEED],
+            ),
         )
-        yield f"{kind}/auto/{model} validation", out
-
-    for kind in auto_models:
-        rows, out = _call(
-            conn,
-            "SELECT feature, statistic, key, value, noise_sd FROM dpsql.describe(%s, 0.5, 0,"
-            " noise_seed => %s) ORDER BY 1, 2, 3",
-            [f"fp_{kind}", NOISE_SEED],
-        )
-        if rows is not None:
-            out["rows"] = [list(r) for r in rows]
-        yield f"{kind}/describe", out
-
     for kind, mid in auto_ids.items():
-        if mid is None:
-            continue
-        rows, out = _call(
-            conn,
-            "SELECT metric, value, rows, baseline, metrics FROM dpsql.evaluate(%s, %s,"
-            " epsilon => 0.5, noise_seed => %s)",
-            [mid, f"fp_{kind}_holdout", NOISE_SEED],
-        )
-        if rows is not None:
-            out["rows"] = [list(r) for r in rows]
-        yield f"{kind}/evaluate", out
-
-    for kind in auto_models:
+        if mid is not None:  # of auto with delta, on the holdout
+            yield (
+                f"{kind}/evaluate",
+                _rows_release(
+                    conn,
+                    "SELECT metric, value, rows, baseline, metrics FROM dpsql.evaluate(%s, %s,"
+                    " epsilon => 0.5, noise_seed => %s)",
+                    [mid, f"fp_{kind}_holdout", NOISE_SEED],
+                ),
+            )
+    for kind in AUTO_MODELS:
         for delta in (DELTA, 0.0):
             rows, out = _call(
                 conn,
@@ -327,9 +372,10 @@ def fingerprints(verbose: bool = True) -> dict[str, Any]:
     with server.temporary_server(version) as uri:
         extension.ensure_available(uri, server.pg_config_path(version))
         with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("SET extra_float_digits = 3")  # shortest exact text of a float8
             conn.execute("CREATE EXTENSION dpsql CASCADE")
             _load(conn)
-            for key, fp in _releases(conn):
+            for key, fp in itertools.chain(_mechanism_releases(conn), _other_releases(conn)):
                 if verbose:
                     state = f"refused: {fp['refused']}" if "refused" in fp else "released"
                     print(f"  {key}: {state}", flush=True)
@@ -389,7 +435,9 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
-    parser.add_argument("--check", type=Path, metavar="FILE", help="recompute and compare with FILE")
+    parser.add_argument(
+        "--check", type=Path, metavar="FILE", help="recompute and compare with FILE"
+    )
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args(argv)
     if args.compare:
