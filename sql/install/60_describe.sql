@@ -75,29 +75,21 @@ AS $$
       FROM (SELECT 1 / greatest(t, 1e-200) AS x) s
 $$;
 
--- The columns a describe reads, public and checked (before any charge): the dataset's features
--- (an array column's elements as x[1], ..., x[d]) and its label, in that order, or those named
--- in features. kind: numeric (bounds lo, hi), categorical or classes (keys: the public values,
--- compared as text when as_text, else as float8). expr reads the value from the FROM item src.
-CREATE OR REPLACE FUNCTION dpsql_internal._describe_columns(ds dpsql.datasets, features text[])
-RETURNS TABLE (feature text, kind text, expr text, lo float8, hi float8, keys text[], as_text boolean)
+-- The dataset's columns in order, as describe names them: the features (an array column's
+-- elements as x[1], ..., x[d]) and the label last; row_of is each one's row of feature_bounds
+-- (NULL: a categorical feature or the label).
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_layout(ds dpsql.datasets, OUT names text[],
+                                                           OUT row_of int[])
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fb float8[] := ds.feature_bounds;
-    r1 int := array_lower(ds.feature_bounds, 1);
-    c1 int := array_lower(ds.feature_bounds, 2);
-    is_array boolean := dpsql_internal._array_feature(ds);
-    names text[] := '{}';
-    row_of int[] := '{}';  -- each name's row of feature_bounds (NULL: categorical or label)
     f text;
     r int := 0;
-    wanted text[];
-    unknown text;
-    missing text;
 BEGIN
-    IF is_array THEN
+    names := '{}';
+    row_of := '{}';
+    IF dpsql_internal._array_feature(ds) THEN
         IF ds.dim IS NULL THEN
             PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
                                          hint => 'The data owner declares feature_bounds (d rows).');
@@ -120,32 +112,64 @@ BEGIN
     END IF;
     names := names || ds.label;
     row_of := row_of || NULL::int;
-    -- features: a subset, by name (an array column's name: all its elements)
-    IF _describe_columns.features IS NULL THEN
-        wanted := names;
-    ELSE
-        IF cardinality(_describe_columns.features) = 0 OR array_position(_describe_columns.features, NULL) IS NOT NULL
-           OR (SELECT count(DISTINCT u) FROM unnest(_describe_columns.features) u)
-              <> cardinality(_describe_columns.features) THEN
-            PERFORM dpsql_internal._fail(format('features must be distinct column names, got %s',
-                                                _describe_columns.features),
-                                         hint => 'NULL describes every feature and the label.');
-        END IF;
-        SELECT string_agg(quote_literal(u), ', ') INTO unknown FROM unnest(_describe_columns.features) u
-         WHERE u <> ALL (names) AND NOT (is_array AND u = ds.features[1]);
-        IF unknown IS NOT NULL THEN
-            PERFORM dpsql_internal._fail(format('dataset %s has no column %s', quote_literal(ds.name), unknown),
-                                         '42703',
-                                         hint => format('Its registered columns: %s.',
-                                                        array_to_string(CASE WHEN is_array
-                                                            THEN ARRAY[ds.features[1] || '[1..' || ds.dim || ']', ds.label]
-                                                            ELSE ds.features || ds.label END, ', ')));
-        END IF;
-        wanted := ARRAY(SELECT n FROM unnest(names) WITH ORDINALITY AS t(n, k)
-                         WHERE n = ANY (_describe_columns.features)
-                            OR (is_array AND n <> ds.label AND ds.features[1] = ANY (_describe_columns.features))
-                         ORDER BY k);
+END $$;
+
+-- The names (of _describe_layout's) a describe reads: all of them when features is NULL, else
+-- those named in features (an array column's name: all its elements), checked, in names' order.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_wanted(ds dpsql.datasets, names text[], features text[])
+RETURNS text[] LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    is_array boolean := dpsql_internal._array_feature(ds);
+    unknown text;
+BEGIN
+    IF _describe_wanted.features IS NULL THEN
+        RETURN names;
     END IF;
+    IF cardinality(_describe_wanted.features) = 0 OR array_position(_describe_wanted.features, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT u) FROM unnest(_describe_wanted.features) u)
+          <> cardinality(_describe_wanted.features) THEN
+        PERFORM dpsql_internal._fail(format('features must be distinct column names, got %s',
+                                            _describe_wanted.features),
+                                     hint => 'NULL describes every feature and the label.');
+    END IF;
+    SELECT string_agg(quote_literal(u), ', ') INTO unknown FROM unnest(_describe_wanted.features) u
+     WHERE u <> ALL (names) AND NOT (is_array AND u = ds.features[1]);
+    IF unknown IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(format('dataset %s has no column %s', quote_literal(ds.name), unknown),
+                                     '42703',
+                                     hint => format('Its registered columns: %s.',
+                                                    array_to_string(CASE WHEN is_array
+                                                        THEN ARRAY[ds.features[1] || '[1..' || ds.dim || ']', ds.label]
+                                                        ELSE ds.features || ds.label END, ', ')));
+    END IF;
+    RETURN ARRAY(SELECT n FROM unnest(names) WITH ORDINALITY AS t(n, k)
+                  WHERE n = ANY (_describe_wanted.features)
+                     OR (is_array AND n <> ds.label AND ds.features[1] = ANY (_describe_wanted.features))
+                  ORDER BY k);
+END $$;
+
+-- The columns a describe reads, public and checked (before any charge): the dataset's features
+-- (an array column's elements as x[1], ..., x[d]) and its label, in that order, or those named
+-- in features. kind: numeric (bounds lo, hi), categorical or classes (keys: the public values,
+-- compared as text when as_text, else as float8). expr reads the value from the FROM item src.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_columns(ds dpsql.datasets, features text[])
+RETURNS TABLE (feature text, kind text, expr text, lo float8, hi float8, keys text[], as_text boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fb float8[] := ds.feature_bounds;
+    r1 int := array_lower(ds.feature_bounds, 1);
+    c1 int := array_lower(ds.feature_bounds, 2);
+    is_array boolean := dpsql_internal._array_feature(ds);
+    layout record := dpsql_internal._describe_layout(ds);
+    names text[] := layout.names;
+    row_of int[] := layout.row_of;  -- each name's row of feature_bounds (NULL: categorical or label)
+    wanted text[] := dpsql_internal._describe_wanted(ds, layout.names, features);
+    missing text;
+BEGIN
     -- numeric features need their public bounds; a regression label its label bound
     SELECT string_agg(n, ', ') INTO missing FROM unnest(names, row_of) AS t(n, rw)
      WHERE n = ANY (wanted) AND rw IS NOT NULL AND fb IS NULL;
@@ -263,6 +287,222 @@ BEGIN
     RETURN plan || jsonb_build_object('dp_event', jsonb_build_object('type', 'Composed', 'events', parts));
 END $$;
 
+-- The refusals of a describe's arguments that need no column: a noise seed from a caller who
+-- cannot read the rows, epsilon and delta out of range.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_check_arguments(ds dpsql.datasets, epsilon float8,
+                                                                    delta float8, noise_seed bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- a noise seed lets its holder subtract the noise: only for those who can read the rows
+    IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
+        PERFORM dpsql_internal._noise_seed_refused();
+    END IF;
+    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s',
+                                            coalesce(epsilon::text, 'NULL')));
+    END IF;
+    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
+        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')),
+                                     hint => 'delta 0 (the default): pure epsilon-DP, integer noise throughout.');
+    END IF;
+END $$;
+
+-- The one read of the numeric columns (exprs, bounds lo and hi): each value's t in [0, 1]
+-- (clamped; NULL and NaN: none), then per column j the integer sums s1, s2, the Gaussian's sums
+-- g1, g2, the bins' (hb, hc) and the grid places' (qp, qc) counts.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_numeric_read(ds dpsql.datasets, exprs text[],
+                                                                 lo float8[], hi float8[], grid float8[])
+RETURNS TABLE (j int, s1 numeric, s2 numeric, g1 float8, g2 float8, hb int[], hc bigint[], qp int[],
+               qc bigint[])
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := dpsql_internal._describe_constants();
+BEGIN
+    RETURN QUERY EXECUTE format(
+        'WITH v AS MATERIALIZED ('
+        '  SELECT u.j, least(greatest((u.v / 2 - $1[u.j] / 2) / ($2[u.j] / 2 - $1[u.j] / 2), 0), 1) AS t'
+        '    FROM %s, unnest(ARRAY[%s]::float8[]) WITH ORDINALITY AS u(v, j)'
+        '   WHERE u.v IS NOT NULL AND u.v <> ''NaN'')'
+        ' SELECT jj AS j, coalesce(s.s1, 0) AS s1, coalesce(s.s2, 0) AS s2,'
+        '        coalesce(s.g1, 0) AS g1, coalesce(s.g2, 0) AS g2,'
+        '        coalesce(h.b, ''{}'') AS hb, coalesce(h.c, ''{}'') AS hc,'
+        '        coalesce(q.p, ''{}'') AS qp, coalesce(q.c, ''{}'') AS qc'
+        '   FROM generate_series(1, $6) jj'
+        '   LEFT JOIN (SELECT w.j, sum(w.a) AS s1, sum(w.a * w.a) AS s2, sum(2 * w.t - 1) AS g1,'
+        '                     sum((2 * w.t - 1) ^ 2 - 0.5) AS g2'
+        '                FROM (SELECT v.j, v.t, round((2 * v.t - 1) * $3)::bigint AS a FROM v) w'
+        '               GROUP BY w.j) s ON s.j = jj'
+        '   LEFT JOIN (SELECT x.j, array_agg(x.b ORDER BY x.b) AS b, array_agg(x.n ORDER BY x.b) AS c'
+        '                FROM (SELECT v.j, least(floor(v.t * $7)::int + 1, $7) AS b, count(*) AS n'
+        '                        FROM v GROUP BY 1, 2) x GROUP BY x.j) h ON h.j = jj'
+        '   LEFT JOIN (SELECT x.j, array_agg(x.p ORDER BY x.p) AS p, array_agg(x.n ORDER BY x.p) AS c'
+        '                FROM (SELECT v.j, dpsql_internal._grid_place(v.t, $4, $5) AS p, count(*) AS n'
+        '                        FROM v GROUP BY 1, 2) x GROUP BY x.j) q ON q.j = jj'
+        '  ORDER BY jj',
+        dpsql_internal._private_from(ds),
+        array_to_string(exprs, ', '))
+        USING lo, hi, c.sum_grid, grid, dpsql_internal._negated(grid), cardinality(exprs), c.bins;
+END $$;
+
+-- A numeric column's mean and stddev (col, the j-th numeric column, within [lo, hi]), in units of
+-- a = 2t - 1 in [-1, 1]: delta 0, the integer sums s1, s2 with discrete Laplace noise; else the
+-- Gaussian's sums g1, g2.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_moments(
+    col text, j int, lo float8, hi float8, s1 numeric, s2 numeric, g1 float8, g2 float8, m bigint,
+    plan jsonb, delta float8, seed bigint, noise_seed bigint)
+RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := dpsql_internal._describe_constants();
+    half float8 := hi / 2 - lo / 2;
+    scale float8;
+    sd float8;
+    n1 bigint;
+    n2 bigint;
+    g float8[];
+    mean_a float8;
+    square_a float8;
+    sd_mean_a float8;
+    sd_square_a float8;
+    var_a float8;
+BEGIN
+    feature := col;
+    key := NULL;
+    IF delta = 0 THEN
+        scale := greatest((plan->'mean'->>'scale')::float8, 1e-200);
+        n1 := dpsql_internal._discrete_laplace(seed # (64 * j + 1), 0, scale);
+        mean_a := (s1 + n1)::float8 / (c.sum_grid::float8 * m);
+        sd_mean_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 * m);
+        scale := greatest((plan->'stddev'->>'scale')::float8, 1e-200);
+        n2 := dpsql_internal._discrete_laplace(seed # (64 * j + 2), 0, scale);
+        square_a := (s2 + n2)::float8 / (c.sum_grid::float8 ^ 2 * m);
+        sd_square_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 ^ 2 * m);
+    ELSE
+        sd := (plan->'sums'->>'sigma')::float8;
+        g := dpsql_internal._add_gaussian(ARRAY[g1::float8, g2::float8], sd, noise_seed, j);
+        mean_a := g[1] / m;
+        square_a := g[2] / m + 0.5;
+        sd_mean_a := sd / m;
+        sd_square_a := sd / m;
+    END IF;
+    statistic := 'mean';
+    value := lo + half * (1 + mean_a);
+    noise_sd := half * sd_mean_a;
+    RETURN NEXT;
+    var_a := greatest(square_a - mean_a ^ 2, 0);
+    statistic := 'stddev';
+    value := half * sqrt(var_a);
+    -- the delta method at the released values (var_a = square_a - mean_a^2)
+    noise_sd := CASE WHEN var_a > 0 THEN half * sqrt(sd_square_a ^ 2 + (2 * mean_a * sd_mean_a) ^ 2)
+                                         / (2 * sqrt(var_a)) END;
+    RETURN NEXT;
+END $$;
+
+-- A numeric column's quantiles by the scan (q < 0.5 downward from the top) over the grid
+-- places' counts (qp, qc), sorted.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_quantiles(
+    col text, j int, lo float8, hi float8, grid float8[], qp int[], qc bigint[], m bigint, plan jsonb,
+    seed bigint)
+RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := dpsql_internal._describe_constants();
+    half float8 := hi / 2 - lo / 2;
+    eps_q float8 := (plan->'quantile'->>'epsilon')::float8;
+    qs float8[] := '{}';
+BEGIN
+    FOR k IN 1..cardinality(c.quantiles) LOOP
+        qs := qs || (lo + 2 * half * dpsql_internal._private_scan(
+            grid, qp, qc,
+            CASE WHEN c.quantiles[k] < 0.5 THEN m + 1 - greatest(1, ceil(c.quantiles[k] * m))::bigint
+                 ELSE greatest(1, ceil(c.quantiles[k] * m))::bigint END,
+            c.quantiles[k] >= 0.5, eps_q, seed # (64 * j + 8 + k)));
+    END LOOP;
+    qs := ARRAY(SELECT x FROM unnest(qs) x ORDER BY x);
+    feature := col;
+    statistic := 'quantile';
+    noise_sd := NULL;
+    FOR k IN 1..cardinality(c.quantiles) LOOP
+        key := c.quantiles[k]::text;
+        value := qs[k];
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- A numeric column's histogram over B public bins of [lo, hi] (keys: their edges, exact
+-- decimals) from the bins' counts (hb, hc), with discrete Laplace noise.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_histogram(
+    col text, j int, lo float8, hi float8, hb int[], hc bigint[], plan jsonb, seed bigint)
+RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := dpsql_internal._describe_constants();
+    scale float8 := greatest((plan->'histogram'->>'scale')::float8, 1e-200);
+BEGIN
+    feature := col;
+    statistic := 'histogram';
+    noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
+    FOR k IN 1..c.bins LOOP
+        key := format('[%s,%s%s',
+                      ((lo::numeric * (c.bins - k + 1) + hi::numeric * (k - 1)) / c.bins)::float8,
+                      ((lo::numeric * (c.bins - k) + hi::numeric * k) / c.bins)::float8,
+                      CASE WHEN k = c.bins THEN ']' ELSE ')' END);
+        value := coalesce(hc[array_position(hb, k)], 0)
+                 + dpsql_internal._discrete_laplace(seed # (64 * j + 3), k, scale);
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- The frequencies of the counted columns (categorical features, a classification label): one
+-- read per column, discrete Laplace noise on each public key's count.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_frequencies(ds dpsql.datasets, features text[],
+                                                                plan jsonb, seed bigint)
+RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    scale float8 := greatest((plan->'frequency'->>'scale')::float8, 1e-200);
+    j int := 0;
+    col record;
+    counts bigint[];
+BEGIN
+    FOR col IN SELECT * FROM dpsql_internal._describe_columns(ds, features) x WHERE x.kind <> 'numeric' LOOP
+        j := j + 1;
+        IF col.as_text THEN
+            EXECUTE format('SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k)'
+                           '  FROM unnest($1::text[]) WITH ORDINALITY AS t(v, k)'
+                           '  LEFT JOIN (SELECT %s AS v, count(*) AS n FROM %s GROUP BY 1) h ON h.v = t.v',
+                           col.expr, dpsql_internal._private_from(ds))
+               INTO counts USING col.keys;
+        ELSE
+            EXECUTE format('SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k)'
+                           '  FROM unnest($1::float8[]) WITH ORDINALITY AS t(v, k)'
+                           '  LEFT JOIN (SELECT %s AS v, count(*) AS n FROM %s GROUP BY 1) h ON h.v = t.v',
+                           col.expr, dpsql_internal._private_from(ds))
+               INTO counts USING col.keys::float8[];
+        END IF;
+        feature := col.feature;
+        statistic := 'frequency';
+        noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
+        FOR k IN 1..cardinality(col.keys) LOOP
+            key := col.keys[k];
+            value := counts[k] + dpsql_internal._discrete_laplace(seed # (64 * (j + 1024) + 4), k, scale);
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END $$;
+
 -- The release. As the extension owner (the analyst reads no row): the dataset as the caller
 -- may use it, every refusal that needs no value, the charge, then one read of the numeric
 -- columns and one per counted column.
@@ -283,40 +523,12 @@ DECLARE
     plan jsonb;
     seed bigint;
     grid float8[];
-    neg_grid float8[];
     lo float8[];
     hi float8[];
     r record;
-    col record;
-    j int;
-    eps_q float8;
-    scale float8;
-    sd float8;
-    n1 bigint;
-    n2 bigint;
-    g float8[];
-    mean_a float8;
-    square_a float8;
-    sd_mean_a float8;
-    sd_square_a float8;
-    var_a float8;
-    half float8;
-    qs float8[];
-    counts bigint[];
 BEGIN
     ds := dpsql_internal._lookup_dataset(dataset);
-    -- a noise seed lets its holder subtract the noise: only for those who can read the rows
-    IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
-        PERFORM dpsql_internal._noise_seed_refused();
-    END IF;
-    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s',
-                                            coalesce(epsilon::text, 'NULL')));
-    END IF;
-    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')),
-                                     hint => 'delta 0 (the default): pure epsilon-DP, integer noise throughout.');
-    END IF;
+    PERFORM dpsql_internal._describe_check_arguments(ds, epsilon, delta, noise_seed);
     -- the numeric columns (in arrays: one read), then the counted ones (a read each)
     SELECT coalesce(array_agg(x.feature ORDER BY x.k), '{}'), coalesce(array_agg(x.expr ORDER BY x.k), '{}'),
            coalesce(array_agg(x.lo ORDER BY x.k), '{}'), coalesce(array_agg(x.hi ORDER BY x.k), '{}')
@@ -362,128 +574,19 @@ BEGIN
 
     IF n_numeric > 0 THEN
         grid := ARRAY(SELECT i::float8 / c.quantile_grid FROM generate_series(0, c.quantile_grid) i);
-        neg_grid := dpsql_internal._negated(grid);
-        -- one read: each value's t in [0, 1] (clamped; NULL and NaN: none), then per column
-        -- the integer sums, the Gaussian's sums, the bins' and the grid places' counts
-        FOR r IN EXECUTE format(
-            'WITH v AS MATERIALIZED ('
-            '  SELECT u.j, least(greatest((u.v / 2 - $1[u.j] / 2) / ($2[u.j] / 2 - $1[u.j] / 2), 0), 1) AS t'
-            '    FROM %s, unnest(ARRAY[%s]::float8[]) WITH ORDINALITY AS u(v, j)'
-            '   WHERE u.v IS NOT NULL AND u.v <> ''NaN'')'
-            ' SELECT jj AS j, coalesce(s.s1, 0) AS s1, coalesce(s.s2, 0) AS s2,'
-            '        coalesce(s.g1, 0) AS g1, coalesce(s.g2, 0) AS g2,'
-            '        coalesce(h.b, ''{}'') AS hb, coalesce(h.c, ''{}'') AS hc,'
-            '        coalesce(q.p, ''{}'') AS qp, coalesce(q.c, ''{}'') AS qc'
-            '   FROM generate_series(1, $6) jj'
-            '   LEFT JOIN (SELECT w.j, sum(w.a) AS s1, sum(w.a * w.a) AS s2, sum(2 * w.t - 1) AS g1,'
-            '                     sum((2 * w.t - 1) ^ 2 - 0.5) AS g2'
-            '                FROM (SELECT v.j, v.t, round((2 * v.t - 1) * $3)::bigint AS a FROM v) w'
-            '               GROUP BY w.j) s ON s.j = jj'
-            '   LEFT JOIN (SELECT x.j, array_agg(x.b ORDER BY x.b) AS b, array_agg(x.n ORDER BY x.b) AS c'
-            '                FROM (SELECT v.j, least(floor(v.t * $7)::int + 1, $7) AS b, count(*) AS n'
-            '                        FROM v GROUP BY 1, 2) x GROUP BY x.j) h ON h.j = jj'
-            '   LEFT JOIN (SELECT x.j, array_agg(x.p ORDER BY x.p) AS p, array_agg(x.n ORDER BY x.p) AS c'
-            '                FROM (SELECT v.j, dpsql_internal._grid_place(v.t, $4, $5) AS p, count(*) AS n'
-            '                        FROM v GROUP BY 1, 2) x GROUP BY x.j) q ON q.j = jj'
-            '  ORDER BY jj',
-            dpsql_internal._private_from(ds),
-            array_to_string(exprs, ', '))
-            USING lo, hi, c.sum_grid, grid, neg_grid, n_numeric, c.bins
-        LOOP
-            j := r.j;
-            feature := names[j];
-            key := NULL;
-            half := hi[j] / 2 - lo[j] / 2;
-            -- mean and stddev, in units of a = 2t - 1 in [-1, 1]
-            IF delta = 0 THEN
-                scale := greatest((plan->'mean'->>'scale')::float8, 1e-200);
-                n1 := dpsql_internal._discrete_laplace(seed # (64 * j + 1), 0, scale);
-                mean_a := (r.s1 + n1)::float8 / (c.sum_grid::float8 * m);
-                sd_mean_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 * m);
-                scale := greatest((plan->'stddev'->>'scale')::float8, 1e-200);
-                n2 := dpsql_internal._discrete_laplace(seed # (64 * j + 2), 0, scale);
-                square_a := (r.s2 + n2)::float8 / (c.sum_grid::float8 ^ 2 * m);
-                sd_square_a := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01)) / (c.sum_grid::float8 ^ 2 * m);
-            ELSE
-                sd := (plan->'sums'->>'sigma')::float8;
-                g := dpsql_internal._add_gaussian(ARRAY[r.g1::float8, r.g2::float8], sd, noise_seed, j);
-                mean_a := g[1] / m;
-                square_a := g[2] / m + 0.5;
-                sd_mean_a := sd / m;
-                sd_square_a := sd / m;
-            END IF;
-            statistic := 'mean';
-            value := lo[j] + half * (1 + mean_a);
-            noise_sd := half * sd_mean_a;
-            RETURN NEXT;
-            var_a := greatest(square_a - mean_a ^ 2, 0);
-            statistic := 'stddev';
-            value := half * sqrt(var_a);
-            -- the delta method at the released values (var_a = square_a - mean_a^2)
-            noise_sd := CASE WHEN var_a > 0 THEN half * sqrt(sd_square_a ^ 2 + (2 * mean_a * sd_mean_a) ^ 2)
-                                                 / (2 * sqrt(var_a)) END;
-            RETURN NEXT;
-            -- quantiles by the scan (q < 0.5 downward from the top), sorted
-            eps_q := (plan->'quantile'->>'epsilon')::float8;
-            qs := '{}';
-            FOR k IN 1..cardinality(c.quantiles) LOOP
-                qs := qs || (lo[j] + 2 * half * dpsql_internal._private_scan(
-                    grid, r.qp, r.qc,
-                    CASE WHEN c.quantiles[k] < 0.5 THEN m + 1 - greatest(1, ceil(c.quantiles[k] * m))::bigint
-                         ELSE greatest(1, ceil(c.quantiles[k] * m))::bigint END,
-                    c.quantiles[k] >= 0.5, eps_q, seed # (64 * j + 8 + k)));
-            END LOOP;
-            qs := ARRAY(SELECT x FROM unnest(qs) x ORDER BY x);
-            statistic := 'quantile';
-            noise_sd := NULL;
-            FOR k IN 1..cardinality(c.quantiles) LOOP
-                key := c.quantiles[k]::text;
-                value := qs[k];
-                RETURN NEXT;
-            END LOOP;
-            -- the histogram over B public bins of [lo, hi] (keys: their edges, exact decimals)
-            scale := greatest((plan->'histogram'->>'scale')::float8, 1e-200);
-            statistic := 'histogram';
-            noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
-            FOR k IN 1..c.bins LOOP
-                key := format('[%s,%s%s',
-                              ((lo[j]::numeric * (c.bins - k + 1) + hi[j]::numeric * (k - 1)) / c.bins)::float8,
-                              ((lo[j]::numeric * (c.bins - k) + hi[j]::numeric * k) / c.bins)::float8,
-                              CASE WHEN k = c.bins THEN ']' ELSE ')' END);
-                value := coalesce(r.hc[array_position(r.hb, k)], 0)
-                         + dpsql_internal._discrete_laplace(seed # (64 * j + 3), k, scale);
-                RETURN NEXT;
-            END LOOP;
+        -- one read, then per column its mean and stddev, quantiles and histogram
+        FOR r IN SELECT * FROM dpsql_internal._describe_numeric_read(ds, exprs, lo, hi, grid) LOOP
+            RETURN QUERY SELECT * FROM dpsql_internal._describe_moments(
+                names[r.j], r.j, lo[r.j], hi[r.j], r.s1, r.s2, r.g1, r.g2, m, plan, delta, seed, noise_seed);
+            RETURN QUERY SELECT * FROM dpsql_internal._describe_quantiles(
+                names[r.j], r.j, lo[r.j], hi[r.j], grid, r.qp, r.qc, m, plan, seed);
+            RETURN QUERY SELECT * FROM dpsql_internal._describe_histogram(
+                names[r.j], r.j, lo[r.j], hi[r.j], r.hb, r.hc, plan, seed);
         END LOOP;
     END IF;
 
     -- frequencies: one read per counted column
-    scale := greatest((plan->'frequency'->>'scale')::float8, 1e-200);
-    j := 0;
-    FOR col IN SELECT * FROM dpsql_internal._describe_columns(ds, features) x WHERE x.kind <> 'numeric' LOOP
-        j := j + 1;
-        IF col.as_text THEN
-            EXECUTE format('SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k)'
-                           '  FROM unnest($1::text[]) WITH ORDINALITY AS t(v, k)'
-                           '  LEFT JOIN (SELECT %s AS v, count(*) AS n FROM %s GROUP BY 1) h ON h.v = t.v',
-                           col.expr, dpsql_internal._private_from(ds))
-               INTO counts USING col.keys;
-        ELSE
-            EXECUTE format('SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k)'
-                           '  FROM unnest($1::float8[]) WITH ORDINALITY AS t(v, k)'
-                           '  LEFT JOIN (SELECT %s AS v, count(*) AS n FROM %s GROUP BY 1) h ON h.v = t.v',
-                           col.expr, dpsql_internal._private_from(ds))
-               INTO counts USING col.keys::float8[];
-        END IF;
-        feature := col.feature;
-        statistic := 'frequency';
-        noise_sd := dpsql_internal._discrete_laplace_sd(greatest(scale, 0.01));
-        FOR k IN 1..cardinality(col.keys) LOOP
-            key := col.keys[k];
-            value := counts[k] + dpsql_internal._discrete_laplace(seed # (64 * (j + 1024) + 4), k, scale);
-            RETURN NEXT;
-        END LOOP;
-    END LOOP;
+    RETURN QUERY SELECT * FROM dpsql_internal._describe_frequencies(ds, features, plan, seed);
 END $$;
 COMMENT ON FUNCTION dpsql.describe(text, float8, float8, text[], bigint) IS
     'Private exploratory statistics of a registered dataset (means, spreads, quantiles, histograms, '
