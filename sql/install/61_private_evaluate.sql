@@ -98,38 +98,22 @@ $$;
 
 -- (_discrete_laplace_sd, the sd of discrete Laplace noise: 60_describe.sql, one definition for both)
 
--- The public plan of a private evaluation of model m on dataset ds: its statistics in blocks
--- ({name, size, unit, l1, l2, share}: unit the step a sum is quantized to, 1 for counts; the
--- sensitivities in the statistic's own units), the mechanism and its noise per block, and the
--- DpEvent the ledger records. Refuses (before any charge) what needs no row: the epsilon,
--- delta and model checks of the header.
-CREATE OR REPLACE FUNCTION dpsql_internal._private_evaluation_plan(m dpsql.models, ds dpsql.datasets,
-                                                                   epsilon float8, delta float8)
+-- The statistics of a private evaluation of model m (of kind, _evaluation_kind) on dataset ds, in
+-- blocks {name, size, unit, l1, l2, share} (header of _private_evaluation_plan, below): a
+-- regression model's six sums, a classifier's confusion matrix (a binary one's score histogram
+-- too) and correct count; refuses a model and a dataset of different tasks, a regression
+-- dataset without a usable label bound, and a classifier without classes.
+CREATE OR REPLACE FUNCTION dpsql_internal._private_evaluation_blocks(m dpsql.models, ds dpsql.datasets,
+                                                                     kind text, gaussian boolean)
 RETURNS jsonb LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    kind text := dpsql_internal._evaluation_kind(m);
     q constant float8 := 1048576;  -- Q = 2^20 quantization steps per range (header)
     b float8 := ds.label_bound;
     k int := cardinality(m.classes);
     blocks jsonb;
-    gaussian boolean;
-    sigma1 float8;
-    out jsonb := '[]'::jsonb;
-    blk jsonb;
-    events jsonb := '[]'::jsonb;
 BEGIN
-    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s',
-                                            coalesce(epsilon::text, 'NULL')),
-                                     hint => 'A private evaluation spends epsilon of the dataset''s budget.');
-    END IF;
-    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')),
-                                     hint => '0 (the default): discrete Laplace noise; > 0: Gaussian noise.');
-    END IF;
-    gaussian := delta > 0;
     IF kind = 'regression' THEN
         IF ds.labels IS NOT NULL THEN
             PERFORM dpsql_internal._fail(
@@ -179,6 +163,39 @@ BEGIN
                          ORDER BY i)
           INTO blocks FROM jsonb_array_elements(blocks) WITH ORDINALITY AS t(e, i);
     END IF;
+    RETURN blocks;
+END $$;
+
+-- The public plan of a private evaluation of model m on dataset ds: its statistics in blocks
+-- ({name, size, unit, l1, l2, share}: unit the step a sum is quantized to, 1 for counts; the
+-- sensitivities in the statistic's own units), the mechanism and its noise per block, and the
+-- DpEvent the ledger records. Refuses (before any charge) what needs no row: the epsilon,
+-- delta and model checks of the header.
+CREATE OR REPLACE FUNCTION dpsql_internal._private_evaluation_plan(m dpsql.models, ds dpsql.datasets,
+                                                                   epsilon float8, delta float8)
+RETURNS jsonb LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    kind text := dpsql_internal._evaluation_kind(m);
+    blocks jsonb;
+    gaussian boolean;
+    sigma1 float8;
+    out jsonb := '[]'::jsonb;
+    blk jsonb;
+    events jsonb := '[]'::jsonb;
+BEGIN
+    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s',
+                                            coalesce(epsilon::text, 'NULL')),
+                                     hint => 'A private evaluation spends epsilon of the dataset''s budget.');
+    END IF;
+    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
+        PERFORM dpsql_internal._fail(format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')),
+                                     hint => '0 (the default): discrete Laplace noise; > 0: Gaussian noise.');
+    END IF;
+    gaussian := delta > 0;
+    blocks := dpsql_internal._private_evaluation_blocks(m, ds, kind, gaussian);
     IF gaussian THEN
         -- at least 1e-150 (more noise, as private), so that no product with it underflows
         sigma1 := greatest(dpsql.gaussian_sigma(1, epsilon, delta), 1e-150);
