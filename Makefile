@@ -168,7 +168,9 @@ demo: $(VENV_STAMP)
 	$(DPSQL) demo
 
 # What the mechanisms' specs (sql/mechanisms/*.toml) generate: the registry rows, the Python
-# classes and docs/mechanisms.md (tests/python/test_mechanism_spec.py fails when they are stale).
+# classes, docs/mechanisms.md and, between GENERATED markers, dpsql.train's and dpsql.preview's
+# signatures, _private_params and _given_params (tests/python/test_mechanism_spec.py fails when
+# they are stale).
 generate: $(VENV_STAMP)
 	$(VENV_PY) -m dpsql.mechanism_spec
 

@@ -9,7 +9,12 @@ signature default, meaning). From them come, committed and checked up to date by
 - ``sql/install/53_mechanisms.sql``: the server's registry rows (``dpsql.mechanism_catalog``),
   which drive dispatch, the parameter checks (``_check_params``) and ``dpsql.mechanisms()``;
 - ``dpsql/_mechanisms.py``: the Python mechanism classes (``dpsql.privacy``);
-- ``docs/mechanisms.md``: the table of mechanisms and their parameters.
+- ``docs/mechanisms.md``: the table of mechanisms and their parameters;
+- from ``parameters.toml``'s ``arguments`` (dpsql.train's, in order), between GENERATED markers
+  in hand-written files: the signatures of ``dpsql.train`` (``54_api.sql``, with the drop of
+  the signature before the last argument added) and ``dpsql.preview`` (``57_preview.sql``),
+  ``dpsql_internal._private_params`` and the argument lists that call it (``54_api.sql``,
+  ``57_preview.sql``) and ``dpsql_internal._given_params`` (``31_mechanisms.sql``).
 
 ``python -m dpsql.mechanism_spec`` rewrites them (``make generate``); ``--check`` fails if
 one is stale.
@@ -30,7 +35,15 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-__all__ = ["Parameter", "Spec", "generated_files", "load_parameters", "load_specs"]
+__all__ = [
+    "Argument",
+    "Parameter",
+    "Spec",
+    "generated_files",
+    "load_arguments",
+    "load_parameters",
+    "load_specs",
+]
 
 # The keys a mechanism's spec may hold; every other one is a mistake.
 _SPEC_KEYS = {
@@ -85,6 +98,24 @@ _RULES = {
 }
 # Every mechanism takes these; they are not listed in its spec.
 COMMON = ("epsilon", "delta", "noise_seed")
+# ... and these too (intercept: a spec lists it for its rule only): not in the registry's
+# params, nor among the arguments _given_params reports.
+EVERY_MECHANISM = (*COMMON, "intercept")
+# parameters.toml's keys that are not parameters: dpsql.train's argument order and the run's
+# own arguments.
+_NOT_PARAMETERS = ("arguments", "run")
+_RUN_KEYS = {
+    "sql",
+    "sql_default",
+    "required",
+    "preview",
+    "preview_default",
+    "packed",
+    "null_if_default",
+    "given",
+    "since",
+    "doc",
+}
 _TASK_MODELS = {
     "classification": ["logistic", "huber", "multinomial"],
     "regression": ["linear"],
@@ -208,7 +239,7 @@ class Spec:
             "fit_function": self.fit_function,
             "models": list(self.models) or None,
             # (intercept is every mechanism's, like COMMON: a spec lists it for its rule only)
-            "params": [p for p in self.parameters if p not in (*COMMON, "intercept")],
+            "params": [p for p in self.parameters if p not in EVERY_MECHANISM],
             "distributed": self.distributed,
             "intercept_default": self.intercept_default,
             "recommended": self.recommended,
@@ -227,7 +258,9 @@ def spec_dir() -> Path:
 def load_parameters(folder: Path | None = None) -> dict[str, dict[str, Any]]:
     """``parameters.toml``: every parameter a mechanism may take, by name."""
     path = (folder or spec_dir()) / "parameters.toml"
-    table: dict[str, dict[str, Any]] = tomllib.loads(path.read_text())
+    table: dict[str, dict[str, Any]] = {
+        k: v for k, v in tomllib.loads(path.read_text()).items() if k not in _NOT_PARAMETERS
+    }
     for name, entry in table.items():
         unknown = set(entry) - _PARAMETER_KEYS
         if unknown or "sql" not in entry or "python_type" not in entry:
@@ -235,6 +268,83 @@ def load_parameters(folder: Path | None = None) -> dict[str, dict[str, Any]]:
                 f"{path}: [{name}] has unknown keys {sorted(unknown)} or lacks sql/python_type"
             )
     return table
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument of ``dpsql.train`` (parameters.toml's ``arguments``, in their order)."""
+
+    name: str
+    sql: str
+    sql_default: Any = None
+    required: bool = False  # no default
+    preview: bool = True  # also dpsql.preview's
+    preview_default: Any = None  # dpsql.preview's default, where it differs
+    packed: bool = True  # in _private_params' jsonb (else passed beside it)
+    null_if_default: bool = False  # packed as NULL at its default
+    given: bool = False  # reported by _given_params when set away from its default
+    since: str | None = None  # the version that added it
+    doc: str = ""
+
+    def sql_literal(self, preview: bool = False) -> str:
+        """Its default in the signature."""
+        value = self.preview_default if preview and self.preview_default is not None else None
+        return _sql_literal(self.sql_default if value is None else value)
+
+    def declaration(self, preview: bool = False) -> str:
+        if self.required:
+            return f"{self.name} {self.sql}"
+        return f"{self.name} {self.sql} DEFAULT {self.sql_literal(preview)}"
+
+
+def _sql_literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def load_arguments(folder: Path | None = None) -> list[Argument]:
+    """dpsql.train's arguments in the order of its signature: parameters.toml's ``arguments``,
+    each a parameter (type and default from its entry) or one of the run's own (``[run.*]``)."""
+    path = (folder or spec_dir()) / "parameters.toml"
+    raw = tomllib.loads(path.read_text())
+    order: list[str] = raw.get("arguments", [])
+    run: dict[str, dict[str, Any]] = raw.get("run", {})
+    parameters = load_parameters(folder)
+    problems = [f"[run.{n}] is also a parameter" for n in run if n in parameters]
+    problems += [f"{n} is in arguments twice" for n in order if order.count(n) > 1][:1]
+    problems += [f"{n} is not in arguments" for n in [*parameters, *run] if n not in order]
+    arguments = []
+    for name in order:
+        if name in run:
+            unknown = set(run[name]) - _RUN_KEYS
+            if unknown or "sql" not in run[name]:
+                problems.append(f"[run.{name}] has unknown keys {sorted(unknown)} or lacks sql")
+                continue
+            arguments.append(Argument(name=name, **run[name]))
+        elif name in parameters:
+            entry = parameters[name]
+            arguments.append(
+                Argument(
+                    name=name,
+                    sql=entry["sql"],
+                    sql_default=entry.get("sql_default"),
+                    given=name not in EVERY_MECHANISM,
+                    doc=entry.get("doc", ""),
+                )
+            )
+        else:
+            problems.append(f"argument {name} is neither a parameter nor in [run]")
+    required = [a.required for a in arguments]
+    if required != sorted(required, reverse=True):
+        problems.append("the required arguments must come first")
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return arguments
 
 
 def _spec_problems(raw: dict[str, Any], stem: str) -> list[str]:
@@ -307,6 +417,19 @@ def load_specs(folder: Path | None = None) -> dict[str, Spec]:
 _HEADER = "Generated by `python -m dpsql.mechanism_spec` from sql/mechanisms/*.toml: do not edit."
 
 
+def _json(value: Any, indent: int = 0) -> str:
+    """Readable JSON: an object a key a line; a list on one line when it fits in 100 columns."""
+    pad = " " * (indent + 4)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(k)}: {_json(v, indent + 4)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    flat = json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list) and len(flat) + indent > 80:
+        items = [pad + json.dumps(v, ensure_ascii=False) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+    return flat
+
+
 def render_sql(specs: dict[str, Spec]) -> str:
     out = [
         "-" * 90,
@@ -317,9 +440,130 @@ def render_sql(specs: dict[str, Spec]) -> str:
         "",
     ]
     for spec in specs.values():
-        body = json.dumps(spec.registry_json(), ensure_ascii=False)
+        body = _json(spec.registry_json())
         out.append(f"SELECT dpsql_internal._register_mechanism($spec${body}$spec$::jsonb);")
         out.append("")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated regions of hand-written SQL files: the lines between
+#   -- BEGIN GENERATED: <region> (make generate; sql/mechanisms/parameters.toml)
+#   -- END GENERATED: <region>
+# are rewritten from parameters.toml (indented as the BEGIN line).
+
+_SOURCE = "(make generate; sql/mechanisms/parameters.toml)"
+_WIDTH = 100
+
+
+def _wrapped(items: list[str], indent: int, last: str = "") -> list[str]:
+    """``items`` comma-separated, wrapped at _WIDTH columns."""
+    text = ", ".join(items) + last
+    return textwrap.wrap(text, _WIDTH - indent, break_long_words=False, break_on_hyphens=False)
+
+
+def _signature(function: str, arguments: list[Argument], preview: bool = False) -> list[str]:
+    decls = [a.declaration(preview) for a in arguments]
+    lines = [f"CREATE OR REPLACE FUNCTION {function}("]
+    lines += [f"    {d}," for d in decls[:-1]] + [f"    {decls[-1]})"]
+    return lines
+
+
+def _drops(function: str, arguments: list[Argument]) -> list[str]:
+    """Drops of the signatures before each version that added arguments (an upgrade replays
+    the install script: CREATE OR REPLACE would add an overload beside the old signature)."""
+    lines = []
+    for version in sorted({a.since for a in arguments if a.since}):
+        added = [a.name for a in arguments if a.since == version]
+        before = [a.sql for a in arguments if not a.since or a.since < version]
+        lines.append(f"-- ({version}: {', '.join(added)} added)")
+        lines.append(f"DROP FUNCTION IF EXISTS {function}(")
+        lines += ["    " + w for w in _wrapped(before, 4, ");")]
+    return lines
+
+
+def _private_params(arguments: list[Argument]) -> list[str]:
+    packed = [a for a in arguments if a.packed]
+    declarations = ",\n".join(f"    {a.name} {a.sql}" for a in packed)
+    pairs = ",\n".join(
+        f"        '{a.name}', "
+        + (f"nullif({a.name}, {a.sql_literal()})" if a.null_if_default else a.name)
+        for a in packed
+    )
+    return [
+        "CREATE OR REPLACE FUNCTION dpsql_internal._private_params(",
+        declarations + ")",
+        "RETURNS jsonb LANGUAGE sql IMMUTABLE",
+        "SET search_path = pg_catalog, pg_temp  -- (called in the caller's session: no operator"
+        " of theirs)",
+        "AS $$",
+        "    SELECT jsonb_build_object(",
+        pairs + ")",
+        "$$;",
+    ]
+
+
+def _given_expression(a: Argument) -> str:
+    if a.sql_default is None:
+        if a.sql == "jsonb" or a.sql.endswith("[]"):
+            return f"coalesce(params->'{a.name}', 'null') <> 'null'"
+        return f"params->>'{a.name}' IS NOT NULL"
+    default = a.sql_literal()
+    value = f"params->>'{a.name}'" if a.sql == "text" else f"(params->>'{a.name}')::{a.sql}"
+    return f"coalesce({value}, {default}) <> {default}"
+
+
+def _given_params(arguments: list[Argument]) -> list[str]:
+    given = [a for a in arguments if a.given]
+    rows = [f"                ('{a.name}', {_given_expression(a)})" for a in given]
+    return [
+        "CREATE OR REPLACE FUNCTION dpsql_internal._given_params(params jsonb)",
+        "RETURNS text[] LANGUAGE sql IMMUTABLE AS $$",
+        """    SELECT coalesce(array_agg(k ORDER BY k COLLATE "C"), '{}')""",
+        "      FROM (VALUES",
+        ",\n".join(rows) + ")",
+        "           AS t(k, set_by_caller)",
+        "     WHERE set_by_caller",
+        "$$;",
+    ]
+
+
+def generated_regions(arguments: list[Argument]) -> dict[str, list[str]]:
+    """Each generated region's lines (unindented), by its name in the markers."""
+    previewed = [a for a in arguments if a.preview]
+    return {
+        "train signature": _drops("dpsql.train", arguments) + _signature("dpsql.train", arguments),
+        "preview signature": _drops("dpsql.preview", previewed)
+        + _signature("dpsql.preview", previewed, preview=True),
+        "_private_params": _private_params(arguments),
+        # (the calls of dpsql.train and dpsql.preview, indented 8)
+        "_private_params arguments": _wrapped([a.name for a in arguments if a.packed], 8),
+        "_given_params": _given_params(arguments),
+    }
+
+
+def splice(text: str, regions: dict[str, list[str]], where: str = "") -> str:
+    """``text`` with every generated region rewritten (a region may occur more than once)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        stripped = line.strip()
+        if not stripped.startswith("-- BEGIN GENERATED: "):
+            continue
+        name = stripped.removeprefix("-- BEGIN GENERATED: ").removesuffix(_SOURCE).strip()
+        if name not in regions:
+            raise ValueError(f"{where}: unknown generated region {name!r}")
+        end = f"-- END GENERATED: {name}"
+        while i < len(lines) and lines[i].strip() != end:
+            i += 1
+        if i == len(lines):
+            raise ValueError(f"{where}: no {end!r}")
+        indent = line[: len(line) - len(line.lstrip())]
+        out += [indent + x if x else x for r in regions[name] for x in r.split("\n")]
     return "\n".join(out)
 
 
@@ -477,14 +721,30 @@ def render_docs(specs: dict[str, Spec]) -> str:
     return "\n".join(out) + "\n"
 
 
+# The hand-written files with generated regions (from the source tree's root).
+_SPLICED = (
+    Path("sql", "install", "31_mechanisms.sql"),
+    Path("sql", "install", "54_api.sql"),
+    Path("sql", "install", "57_preview.sql"),
+)
+
+
 def generated_files(root: Path, specs: dict[str, Spec] | None = None) -> dict[Path, str]:
-    """Each generated file of the source tree at ``root`` and its content."""
-    specs = specs if specs is not None else load_specs(root / "sql" / "mechanisms")
-    return {
+    """Each generated file of the source tree at ``root`` and its content (for the files with
+    generated regions: the file as it is, its regions rewritten)."""
+    folder = root / "sql" / "mechanisms"
+    specs = specs if specs is not None else load_specs(folder)
+    regions = generated_regions(load_arguments(folder))
+    files = {
         root / "sql" / "install" / "53_mechanisms.sql": render_sql(specs),
         root / "dpsql" / "_mechanisms.py": _format_python(render_python(specs)),
         root / "docs" / "mechanisms.md": render_docs(specs),
     }
+    for relative in _SPLICED:
+        path = root / relative
+        if path.exists():
+            files[path] = splice(path.read_text(), regions, str(relative))
+    return files
 
 
 def _format_python(source: str) -> str:

@@ -79,7 +79,10 @@ RETURNS void LANGUAGE sql AS $$
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private
--- branch passes them all in params): what a mechanism must take or refuse.
+-- branch passes them all in params): what a mechanism must take or refuse. Generated from
+-- sql/mechanisms/parameters.toml: every parameter but those every mechanism takes, and the
+-- registration's labels and row_norm.
+-- BEGIN GENERATED: _given_params (make generate; sql/mechanisms/parameters.toml)
 CREATE OR REPLACE FUNCTION dpsql_internal._given_params(params jsonb)
 RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(array_agg(k ORDER BY k COLLATE "C"), '{}')
@@ -89,9 +92,16 @@ RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
                 ('lambda', coalesce((params->>'lambda')::float8, 0) <> 0),
                 ('step_size', params->>'step_size' IS NOT NULL),
                 ('schedule', params->>'schedule' IS NOT NULL),
-                ('step_offset', coalesce((params->>'step_offset')::float8, 0) <> 0),
                 ('radius', params->>'radius' IS NOT NULL),
-                ('huber_h', dpsql_internal._huber_h(params) <> dpsql_internal._huber_h('{}')),
+                ('labels', coalesce(params->'labels', 'null') <> 'null'),
+                ('row_norm', coalesce(params->>'row_norm', 'none') <> 'none'),
+                ('huber_h', coalesce((params->>'huber_h')::float8, 0.1) <> 0.1),
+                ('step_offset', coalesce((params->>'step_offset')::float8, 0) <> 0),
+                ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0),
+                ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
+                ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
+                ('tuning_lambdas', coalesce(params->'tuning_lambdas', 'null') <> 'null'),
+                ('tuning_epochs', coalesce(params->'tuning_epochs', 'null') <> 'null'),
                 ('clip_norm', params->>'clip_norm' IS NOT NULL),
                 ('sampling', coalesce(params->>'sampling', 'shuffle') <> 'shuffle'),
                 ('noise_multiplier', params->>'noise_multiplier' IS NOT NULL),
@@ -101,17 +111,11 @@ RETURNS text[] LANGUAGE sql IMMUTABLE AS $$
                 ('ci_draws', params->>'ci_draws' IS NOT NULL),
                 ('burn_in', params->>'burn_in' IS NOT NULL),
                 ('options', coalesce(params->'options', 'null') <> 'null'),
-                ('tuning_lambdas', coalesce(params->'tuning_lambdas', 'null') <> 'null'),
-                ('tuning_epochs', coalesce(params->'tuning_epochs', 'null') <> 'null'),
-                ('permutation', coalesce(params->>'permutation', 'once') <> 'once'),
-                ('gaussian', coalesce(params->>'gaussian', 'analytic') <> 'analytic'),
-                ('parallel_workers', coalesce((params->>'parallel_workers')::int, 0) <> 0),
-                ('shard_parallel', coalesce((params->>'shard_parallel')::boolean, false)),
-                ('labels', coalesce(params->'labels', 'null') <> 'null'),
-                ('row_norm', coalesce(params->>'row_norm', 'none') <> 'none'))
+                ('shard_parallel', coalesce((params->>'shard_parallel')::boolean, false) <> false))
            AS t(k, set_by_caller)
      WHERE set_by_caller
 $$;
+-- END GENERATED: _given_params
 
 -- The parameters a caller set, against the mechanism's spec: one it does not take is refused
 -- rather than ignored; a value outside the spec's choices or range is refused, and one set

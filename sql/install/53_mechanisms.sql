@@ -4,32 +4,1279 @@
 -- defaults and dpsql.mechanisms().
 ------------------------------------------------------------------------------------------
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "adassp", "train_function": "_train_linear", "task": "regression", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "AdaSSP: sufficient-statistics perturbation with an adaptive ridge", "docs": "docs/linear.md", "options": ["varrho"], "plan_function": "_adassp_plan", "fit_function": "_adassp_fit", "models": null, "params": ["options"], "distributed": "sums", "intercept_default": true, "recommended": "regression with delta > 0 and few features (one scan, closed form, no iterations); DP-GD is more accurate at epsilon >= 0.5 on the benchmarks", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["varrho"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "adassp",
+    "train_function": "_train_linear",
+    "task": "regression",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "AdaSSP: sufficient-statistics perturbation with an adaptive ridge",
+    "docs": "docs/linear.md",
+    "options": ["varrho"],
+    "plan_function": "_adassp_plan",
+    "fit_function": "_adassp_fit",
+    "models": null,
+    "params": ["options"],
+    "distributed": "sums",
+    "intercept_default": true,
+    "recommended": "regression with delta > 0 and few features (one scan, closed form, no iterations); DP-GD is more accurate at epsilon >= 0.5 on the benchmarks",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["varrho"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "bolton", "train_function": "_train_bolton", "task": "classification", "sgd_defaults": true, "needs_delta": false, "delta_default": 0.0, "summary": "bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)", "docs": "docs/bolton.md", "options": [], "plan_function": null, "fit_function": null, "models": null, "params": ["epochs", "batch_size", "lambda", "step_size", "schedule", "step_offset", "radius", "huber_h", "parallel_workers", "permutation", "gaussian", "tuning_lambdas", "tuning_epochs", "shard_parallel"], "distributed": "averaged", "intercept_default": true, "recommended": "classification with pure epsilon-DP (delta = 0): auto's choice there; Algorithm 1 (lambda = 0) at its defaults", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "10", "rule": "ten", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "50 (at most a tenth of the rows)", "rule": "fifty", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "the step whose release has expected noise norm min(8, sqrt(k)), at most 1/(2 beta) (lambda = 0; docs/defaults.md)", "rule": "bolton_noise_target", "exclusive_min": 0}, "schedule": {"type": "text", "who": "analyst", "doc": "the step schedule", "default": "from public quantities (docs/defaults.md)", "choices": ["constant", "decreasing", "inverse", "sqrt"]}, "step_offset": {"type": "float8", "who": "analyst", "doc": "offset of the decreasing schedule's step count", "sql_default": 0, "min": 0}, "radius": {"type": "float8", "who": "analyst", "doc": "projection radius of the coefficients", "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "parallel_workers": {"type": "int", "who": "analyst", "doc": "parallel workers of the noiseless epochs", "sql_default": 0, "min": 0}, "permutation": {"type": "text", "who": "analyst", "doc": "shuffle once, or draw a new data-independent permutation for every epoch", "sql_default": "once", "choices": ["once", "fresh"]}, "gaussian": {"type": "text", "who": "analyst", "doc": "Gaussian calibration: the exact analytic Gaussian mechanism (any epsilon), or the bolt-on paper's eq. (4) (epsilon < 1 per model)", "sql_default": "analytic", "choices": ["analytic", "classic"]}, "tuning_lambdas": {"type": "float8[]", "who": "analyst", "doc": "private tuning (Algorithm 3): candidate lambdas", "default": "none (no tuning)"}, "tuning_epochs": {"type": "int[]", "who": "analyst", "doc": "private tuning (Algorithm 3): candidate epoch counts", "default": "none (no tuning)"}, "shard_parallel": {"type": "boolean", "who": "analyst", "doc": "accept model averaging over the shards of a Citus distributed table (docs/citus.md)", "sql_default": false}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "bolton",
+    "train_function": "_train_bolton",
+    "task": "classification",
+    "sgd_defaults": true,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "bolt-on output perturbation of noiseless SGD (Algorithms 1-3; epsilon-DP with delta = 0)",
+    "docs": "docs/bolton.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": null,
+    "params": [
+        "epochs",
+        "batch_size",
+        "lambda",
+        "step_size",
+        "schedule",
+        "step_offset",
+        "radius",
+        "huber_h",
+        "parallel_workers",
+        "permutation",
+        "gaussian",
+        "tuning_lambdas",
+        "tuning_epochs",
+        "shard_parallel"
+    ],
+    "distributed": "averaged",
+    "intercept_default": true,
+    "recommended": "classification with pure epsilon-DP (delta = 0): auto's choice there; Algorithm 1 (lambda = 0) at its defaults",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "10",
+            "rule": "ten",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "50 (at most a tenth of the rows)",
+            "rule": "fifty",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "the step whose release has expected noise norm min(8, sqrt(k)), at most 1/(2 beta) (lambda = 0; docs/defaults.md)",
+            "rule": "bolton_noise_target",
+            "exclusive_min": 0
+        },
+        "schedule": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "the step schedule",
+            "default": "from public quantities (docs/defaults.md)",
+            "choices": ["constant", "decreasing", "inverse", "sqrt"]
+        },
+        "step_offset": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "offset of the decreasing schedule's step count",
+            "sql_default": 0,
+            "min": 0
+        },
+        "radius": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "projection radius of the coefficients",
+            "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "parallel_workers": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "parallel workers of the noiseless epochs",
+            "sql_default": 0,
+            "min": 0
+        },
+        "permutation": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "shuffle once, or draw a new data-independent permutation for every epoch",
+            "sql_default": "once",
+            "choices": ["once", "fresh"]
+        },
+        "gaussian": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "Gaussian calibration: the exact analytic Gaussian mechanism (any epsilon), or the bolt-on paper's eq. (4) (epsilon < 1 per model)",
+            "sql_default": "analytic",
+            "choices": ["analytic", "classic"]
+        },
+        "tuning_lambdas": {
+            "type": "float8[]",
+            "who": "analyst",
+            "doc": "private tuning (Algorithm 3): candidate lambdas",
+            "default": "none (no tuning)"
+        },
+        "tuning_epochs": {
+            "type": "int[]",
+            "who": "analyst",
+            "doc": "private tuning (Algorithm 3): candidate epoch counts",
+            "default": "none (no tuning)"
+        },
+        "shard_parallel": {
+            "type": "boolean",
+            "who": "analyst",
+            "doc": "accept model averaging over the shards of a Citus distributed table (docs/citus.md)",
+            "sql_default": false
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "bst14", "train_function": "_train_whitebox", "task": "classification", "sgd_defaults": true, "needs_delta": true, "delta_default": 1e-06, "summary": "BST14: noisy SGD on batches drawn with replacement, amplified and advanced composition", "docs": "docs/whitebox.md", "options": [], "plan_function": null, "fit_function": null, "models": null, "params": ["epochs", "batch_size", "lambda", "radius", "huber_h", "bst14_noise"], "distributed": "sampled", "intercept_default": true, "recommended": "reproducing Bassily, Smith and Thakurta (2014), or strongly convex losses (lambda > 0); on multiclass data it needs epsilon >= 2; for accuracy use auto", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "10", "rule": "ten", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound", "rule": "quiet_steps", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "radius": {"type": "float8", "who": "analyst", "doc": "projection radius of the coefficients", "default": "10 with lambda = 0 (Algorithm 4's domain); 1/lambda otherwise", "rule": "ten_without_lambda", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "bst14_noise": {"type": "text", "who": "owner", "doc": "strict: replace-one noise; paper: the paper's add/remove noise, which is not replace-one DP at the stated epsilon (reproductions)", "sql_default": "strict", "choices": ["strict", "paper"]}}, "step_noise_function": "_bst14_batch_noise"}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "bst14",
+    "train_function": "_train_whitebox",
+    "task": "classification",
+    "sgd_defaults": true,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "BST14: noisy SGD on batches drawn with replacement, amplified and advanced composition",
+    "docs": "docs/whitebox.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": null,
+    "params": ["epochs", "batch_size", "lambda", "radius", "huber_h", "bst14_noise"],
+    "distributed": "sampled",
+    "intercept_default": true,
+    "recommended": "reproducing Bassily, Smith and Thakurta (2014), or strongly convex losses (lambda > 0); on multiclass data it needs epsilon >= 2; for accuracy use auto",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "10",
+            "rule": "ten",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound",
+            "rule": "quiet_steps",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "radius": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "projection radius of the coefficients",
+            "default": "10 with lambda = 0 (Algorithm 4's domain); 1/lambda otherwise",
+            "rule": "ten_without_lambda",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "bst14_noise": {
+            "type": "text",
+            "who": "owner",
+            "doc": "strict: replace-one noise; paper: the paper's add/remove noise, which is not replace-one DP at the stated epsilon (reproductions)",
+            "sql_default": "strict",
+            "choices": ["strict", "paper"]
+        }
+    },
+    "step_noise_function": "_bst14_batch_noise"
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dp_ambssgd", "train_function": "_train_linear", "task": "regression", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging", "docs": "docs/linear.md", "options": ["r_x", "h_norm", "condition_number", "c1", "step_scale", "domain_bound", "beta_stat", "tight_accounting", "log_exponent"], "plan_function": "_ambssgd_plan", "fit_function": "_ambssgd_fit", "models": null, "params": ["steps", "clip_norm", "step_size", "options"], "distributed": "sampled", "intercept_default": true, "recommended": "regression on very large tables: refused (before any charge) until its DP-STAT is feasible, about 2e5 rows at epsilon = 1; otherwise dpgd", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "steps": {"type": "int", "who": "analyst", "doc": "number of steps (or blocks)", "default": "the mechanism's plan (its docs page)", "min": 1}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "exclusive_min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "from public quantities (docs/defaults.md)", "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["r_x", "h_norm", "condition_number", "c1", "step_scale", "domain_bound", "beta_stat", "tight_accounting", "log_exponent"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dp_ambssgd",
+    "train_function": "_train_linear",
+    "task": "regression",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DP-AMBSSGD: one pass, adaptive clipping by DP-STAT, tail averaging",
+    "docs": "docs/linear.md",
+    "options": [
+        "r_x",
+        "h_norm",
+        "condition_number",
+        "c1",
+        "step_scale",
+        "domain_bound",
+        "beta_stat",
+        "tight_accounting",
+        "log_exponent"
+    ],
+    "plan_function": "_ambssgd_plan",
+    "fit_function": "_ambssgd_fit",
+    "models": null,
+    "params": ["steps", "clip_norm", "step_size", "options"],
+    "distributed": "sampled",
+    "intercept_default": true,
+    "recommended": "regression on very large tables: refused (before any charge) until its DP-STAT is feasible, about 2e5 rows at epsilon = 1; otherwise dpgd",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "steps": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "number of steps (or blocks)",
+            "default": "the mechanism's plan (its docs page)",
+            "min": 1
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "exclusive_min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "from public quantities (docs/defaults.md)",
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": [
+                "r_x",
+                "h_norm",
+                "condition_number",
+                "c1",
+                "step_scale",
+                "domain_bound",
+                "beta_stat",
+                "tight_accounting",
+                "log_exponent"
+            ]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dp_ftrl", "train_function": "_train_planned", "task": "any", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "DP-FTRL with tree aggregation: one ordered scan per epoch over minibatch leaves, noisy prefix sums of clipped gradients, no sampling (Gaussian, needs delta > 0)", "docs": "docs/dp_ftrl.md", "options": ["radius", "regularizer", "output"], "plan_function": "_dp_ftrl_plan", "fit_function": "_dp_ftrl_fit", "models": ["logistic", "huber", "linear"], "params": ["epochs", "batch_size", "clip_norm", "huber_h", "options"], "distributed": "sampled", "intercept_default": false, "recommended": "one ordered scan per epoch without sampling (streams, or where amplification by sampling cannot be claimed), delta > 0, many rows (a binary classifier: about 100,000 per unit of epsilon), binary or few classes", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "E scans (a fresh tree each); sigma grows as sqrt(E)", "default": "1", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "B rows per leaf, 1..n", "default": "the smallest B in 1, 2, 4, ... (at most n/10) whose noise per row is at most C/4 (docs/dp_ftrl.md); a binary classifier is refused when that leaves fewer than 200 steps", "min": 1}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "classifiers: sqrt(R_x^2 + intercept), the per-example gradient bound (nothing is clipped); linear: the label bound B", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "radius 10 (linear: max(10, 2Y), Y the label bound); regularizer derived (docs/dp_ftrl.md); output average", "keys": ["radius", "regularizer", "output"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dp_ftrl",
+    "train_function": "_train_planned",
+    "task": "any",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DP-FTRL with tree aggregation: one ordered scan per epoch over minibatch leaves, noisy prefix sums of clipped gradients, no sampling (Gaussian, needs delta > 0)",
+    "docs": "docs/dp_ftrl.md",
+    "options": ["radius", "regularizer", "output"],
+    "plan_function": "_dp_ftrl_plan",
+    "fit_function": "_dp_ftrl_fit",
+    "models": ["logistic", "huber", "linear"],
+    "params": ["epochs", "batch_size", "clip_norm", "huber_h", "options"],
+    "distributed": "sampled",
+    "intercept_default": false,
+    "recommended": "one ordered scan per epoch without sampling (streams, or where amplification by sampling cannot be claimed), delta > 0, many rows (a binary classifier: about 100,000 per unit of epsilon), binary or few classes",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "E scans (a fresh tree each); sigma grows as sqrt(E)",
+            "default": "1",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "B rows per leaf, 1..n",
+            "default": "the smallest B in 1, 2, 4, ... (at most n/10) whose noise per row is at most C/4 (docs/dp_ftrl.md); a binary classifier is refused when that leaves fewer than 200 steps",
+            "min": 1
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "classifiers: sqrt(R_x^2 + intercept), the per-example gradient bound (nothing is clipped); linear: the label bound B",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "radius 10 (linear: max(10, 2Y), Y the label bound); regularizer derived (docs/dp_ftrl.md); output average",
+            "keys": ["radius", "regularizer", "output"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dp_ssgd", "train_function": "_train_linear", "task": "regression", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "DP-SSGD: the spec's baseline, one noisy step per row (refused where its noise swamps the model)", "docs": "docs/linear.md", "options": ["r_x", "baseline"], "plan_function": "_ssgd_plan", "fit_function": "_ambssgd_fit", "models": null, "params": ["steps", "clip_norm", "step_size", "options"], "distributed": null, "intercept_default": true, "recommended": "the spec's baseline for comparisons (options => {\"baseline\": true}); refused where its noise swamps the model, which is almost always; use dpgd", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "steps": {"type": "int", "who": "analyst", "doc": "number of steps (or blocks)", "default": "the mechanism's plan (its docs page)", "min": 1}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "exclusive_min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "from public quantities (docs/defaults.md)", "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["r_x", "baseline"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dp_ssgd",
+    "train_function": "_train_linear",
+    "task": "regression",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DP-SSGD: the spec's baseline, one noisy step per row (refused where its noise swamps the model)",
+    "docs": "docs/linear.md",
+    "options": ["r_x", "baseline"],
+    "plan_function": "_ssgd_plan",
+    "fit_function": "_ambssgd_fit",
+    "models": null,
+    "params": ["steps", "clip_norm", "step_size", "options"],
+    "distributed": null,
+    "intercept_default": true,
+    "recommended": "the spec's baseline for comparisons (options => {\"baseline\": true}); refused where its noise swamps the model, which is almost always; use dpgd",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "steps": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "number of steps (or blocks)",
+            "default": "the mechanism's plan (its docs page)",
+            "min": 1
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "exclusive_min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "from public quantities (docs/defaults.md)",
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["r_x", "baseline"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dpgd", "train_function": "_train_linear", "task": "regression", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned", "docs": "docs/linear.md", "options": ["noise_level", "clip_check", "precondition", "clip_quantile"], "plan_function": "_dpgd_plan", "fit_function": "_dpgd_fit", "models": null, "params": ["steps", "ci", "ci_draws", "burn_in", "clip_norm", "step_size", "options"], "distributed": "sums", "intercept_default": true, "recommended": "regression with delta > 0 (auto's choice): confidence intervals (dpsql.confint), the best private regression on the benchmarks at epsilon >= 2", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "steps": {"type": "int", "who": "analyst", "doc": "number of steps (or blocks)", "default": "the mechanism's plan (its docs page)", "min": 1}, "ci": {"type": "text", "who": "analyst", "doc": "how confidence intervals are formed", "default": "batch_means", "choices": ["batch_means", "checkpoints", "independent_runs", "none"]}, "ci_draws": {"type": "int", "who": "analyst", "doc": "draws (batches, checkpoints or runs) of the confidence intervals", "default": "10", "min": 2, "max": 1000}, "burn_in": {"type": "int", "who": "analyst", "doc": "steps before the confidence intervals' draws", "default": "40 (20 with a fixed clip_norm)", "min": 0}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "exclusive_min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "from public quantities (docs/defaults.md)", "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["noise_level", "clip_check", "precondition", "clip_quantile"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dpgd",
+    "train_function": "_train_linear",
+    "task": "regression",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DP-GD: full-batch noisy gradient descent with confidence intervals, privately preconditioned",
+    "docs": "docs/linear.md",
+    "options": ["noise_level", "clip_check", "precondition", "clip_quantile"],
+    "plan_function": "_dpgd_plan",
+    "fit_function": "_dpgd_fit",
+    "models": null,
+    "params": ["steps", "ci", "ci_draws", "burn_in", "clip_norm", "step_size", "options"],
+    "distributed": "sums",
+    "intercept_default": true,
+    "recommended": "regression with delta > 0 (auto's choice): confidence intervals (dpsql.confint), the best private regression on the benchmarks at epsilon >= 2",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "steps": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "number of steps (or blocks)",
+            "default": "the mechanism's plan (its docs page)",
+            "min": 1
+        },
+        "ci": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "how confidence intervals are formed",
+            "default": "batch_means",
+            "choices": ["batch_means", "checkpoints", "independent_runs", "none"]
+        },
+        "ci_draws": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "draws (batches, checkpoints or runs) of the confidence intervals",
+            "default": "10",
+            "min": 2,
+            "max": 1000
+        },
+        "burn_in": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "steps before the confidence intervals' draws",
+            "default": "40 (20 with a fixed clip_norm)",
+            "min": 0
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "exclusive_min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "from public quantities (docs/defaults.md)",
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["noise_level", "clip_check", "precondition", "clip_quantile"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dpsgd", "train_function": "_train_whitebox", "task": "classification", "sgd_defaults": true, "needs_delta": true, "delta_default": 1e-06, "summary": "DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches (dp-accounting); also least squares", "docs": "docs/whitebox.md", "options": [], "plan_function": null, "fit_function": null, "models": ["logistic", "huber", "multinomial", "linear"], "params": ["epochs", "batch_size", "lambda", "step_size", "schedule", "step_offset", "radius", "huber_h", "clip_norm", "sampling", "noise_multiplier"], "distributed": "sampled", "intercept_default": true, "recommended": "classification with delta > 0, sampling => 'poisson' (auto's choice): the best private classifier or within 0.01 of it on every benchmark task at epsilon >= 0.5; shuffled batches have no amplification and learn much less below epsilon = 1", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget", "alternative": "noise_multiplier"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "10; sampling poisson: ceil(10 epsilon), at most 10", "rule": "epsilon_if_poisson", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound", "rule": "quiet_steps", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "constant 1/(2 beta), beta the loss's tight smoothness (docs/defaults.md)", "rule": "half_inverse_smoothness", "exclusive_min": 0}, "schedule": {"type": "text", "who": "analyst", "doc": "the step schedule", "default": "from public quantities (docs/defaults.md)", "choices": ["constant", "decreasing", "inverse", "sqrt"]}, "step_offset": {"type": "float8", "who": "analyst", "doc": "offset of the decreasing schedule's step count", "sql_default": 0, "min": 0}, "radius": {"type": "float8", "who": "analyst", "doc": "projection radius of the coefficients", "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "rule": "gradient_bound", "exclusive_min": 0}, "sampling": {"type": "text", "who": "analyst", "doc": "disjoint shuffled batches (no amplification) or Poisson sampling (amplified, PLD accountant)", "sql_default": "shuffle", "choices": ["shuffle", "poisson"]}, "noise_multiplier": {"type": "float8", "who": "analyst", "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged", "default": "calibrated to epsilon by dp-accounting", "exclusive_min": 0}}, "step_noise_function": "_dpsgd_batch_noise"}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dpsgd",
+    "train_function": "_train_whitebox",
+    "task": "classification",
+    "sgd_defaults": true,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DP-SGD: per-example clipping and Gaussian noise in every step; shuffled or Poisson batches (dp-accounting); also least squares",
+    "docs": "docs/whitebox.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": ["logistic", "huber", "multinomial", "linear"],
+    "params": [
+        "epochs",
+        "batch_size",
+        "lambda",
+        "step_size",
+        "schedule",
+        "step_offset",
+        "radius",
+        "huber_h",
+        "clip_norm",
+        "sampling",
+        "noise_multiplier"
+    ],
+    "distributed": "sampled",
+    "intercept_default": true,
+    "recommended": "classification with delta > 0, sampling => 'poisson' (auto's choice): the best private classifier or within 0.01 of it on every benchmark task at epsilon >= 0.5; shuffled batches have no amplification and learn much less below epsilon = 1",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget",
+            "alternative": "noise_multiplier"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "10; sampling poisson: ceil(10 epsilon), at most 10",
+            "rule": "epsilon_if_poisson",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound",
+            "rule": "quiet_steps",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "constant 1/(2 beta), beta the loss's tight smoothness (docs/defaults.md)",
+            "rule": "half_inverse_smoothness",
+            "exclusive_min": 0
+        },
+        "schedule": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "the step schedule",
+            "default": "from public quantities (docs/defaults.md)",
+            "choices": ["constant", "decreasing", "inverse", "sqrt"]
+        },
+        "step_offset": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "offset of the decreasing schedule's step count",
+            "sql_default": 0,
+            "min": 0
+        },
+        "radius": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "projection radius of the coefficients",
+            "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "rule": "gradient_bound",
+            "exclusive_min": 0
+        },
+        "sampling": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "disjoint shuffled batches (no amplification) or Poisson sampling (amplified, PLD accountant)",
+            "sql_default": "shuffle",
+            "choices": ["shuffle", "poisson"]
+        },
+        "noise_multiplier": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged",
+            "default": "calibrated to epsilon by dp-accounting",
+            "exclusive_min": 0
+        }
+    },
+    "step_noise_function": "_dpsgd_batch_noise"
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dpsgd_f", "train_function": "_train_dpsgd_f", "task": "classification", "sgd_defaults": true, "needs_delta": true, "delta_default": 1e-06, "summary": "DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; also least squares", "docs": "docs/whitebox.md", "options": [], "plan_function": null, "fit_function": null, "models": ["logistic", "huber", "multinomial", "linear"], "params": ["epochs", "batch_size", "lambda", "step_size", "schedule", "step_offset", "radius", "huber_h", "clip_norm", "sampling", "noise_multiplier"], "distributed": "sampled", "intercept_default": true, "recommended": "classification with delta > 0 (within 0.006 of Poisson DP-SGD on high-dimensional benchmarks); least squares below n epsilon = 20,000 (auto's choice there)", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "ceil(10 epsilon), at most 10", "rule": "epsilon", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "50 (at most a tenth of the rows)", "rule": "fifty", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "constant 1/(2 beta), beta the loss's tight smoothness (docs/defaults.md)", "rule": "half_inverse_smoothness", "exclusive_min": 0}, "schedule": {"type": "text", "who": "analyst", "doc": "the step schedule", "default": "from public quantities (docs/defaults.md)", "choices": ["constant", "decreasing", "inverse", "sqrt"]}, "step_offset": {"type": "float8", "who": "analyst", "doc": "offset of the decreasing schedule's step count", "sql_default": 0, "min": 0}, "radius": {"type": "float8", "who": "analyst", "doc": "projection radius of the coefficients", "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "rule": "gradient_bound", "exclusive_min": 0}, "sampling": {"type": "text", "who": "analyst", "doc": "disjoint shuffled batches (no amplification) or Poisson sampling (amplified, PLD accountant)", "sql_default": "shuffle", "choices": ["shuffle", "poisson"]}, "noise_multiplier": {"type": "float8", "who": "analyst", "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged", "default": "calibrated to epsilon by dp-accounting", "exclusive_min": 0}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dpsgd_f",
+    "train_function": "_train_dpsgd_f",
+    "task": "classification",
+    "sgd_defaults": true,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DPSGD-F*: rows centred on a private mean, then Poisson DP-SGD, composed in one accountant; also least squares",
+    "docs": "docs/whitebox.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": ["logistic", "huber", "multinomial", "linear"],
+    "params": [
+        "epochs",
+        "batch_size",
+        "lambda",
+        "step_size",
+        "schedule",
+        "step_offset",
+        "radius",
+        "huber_h",
+        "clip_norm",
+        "sampling",
+        "noise_multiplier"
+    ],
+    "distributed": "sampled",
+    "intercept_default": true,
+    "recommended": "classification with delta > 0 (within 0.006 of Poisson DP-SGD on high-dimensional benchmarks); least squares below n epsilon = 20,000 (auto's choice there)",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "ceil(10 epsilon), at most 10",
+            "rule": "epsilon",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "50 (at most a tenth of the rows)",
+            "rule": "fifty",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "constant 1/(2 beta), beta the loss's tight smoothness (docs/defaults.md)",
+            "rule": "half_inverse_smoothness",
+            "exclusive_min": 0
+        },
+        "schedule": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "the step schedule",
+            "default": "from public quantities (docs/defaults.md)",
+            "choices": ["constant", "decreasing", "inverse", "sqrt"]
+        },
+        "step_offset": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "offset of the decreasing schedule's step count",
+            "sql_default": 0,
+            "min": 0
+        },
+        "radius": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "projection radius of the coefficients",
+            "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "rule": "gradient_bound",
+            "exclusive_min": 0
+        },
+        "sampling": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "disjoint shuffled batches (no amplification) or Poisson sampling (amplified, PLD accountant)",
+            "sql_default": "shuffle",
+            "choices": ["shuffle", "poisson"]
+        },
+        "noise_multiplier": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged",
+            "default": "calibrated to epsilon by dp-accounting",
+            "exclusive_min": 0
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "dpsgd_f_alg2", "train_function": "_train_dpsgd_f_alg2", "task": "classification", "sgd_defaults": false, "needs_delta": true, "delta_default": 1e-06, "summary": "DPSGD-F (Algorithm 2): private mean and quantile tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD, mapped back; epsilon/3 each", "docs": "docs/whitebox.md", "options": [], "plan_function": null, "fit_function": null, "models": null, "params": ["epochs", "batch_size", "lambda", "step_size", "schedule", "huber_h", "clip_norm", "noise_multiplier"], "distributed": "sampled", "intercept_default": false, "recommended": "comparisons with Sun et al. 2024's Algorithm 2: DPSGD-F (dpsgd_f, Algorithm 3) is the one to use", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "from public quantities (docs/defaults.md)", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "from public quantities (docs/defaults.md)", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "step_size": {"type": "float8", "who": "analyst", "doc": "the SGD step (or its base)", "default": "from public quantities (docs/defaults.md)", "exclusive_min": 0}, "schedule": {"type": "text", "who": "analyst", "doc": "the step schedule", "default": "from public quantities (docs/defaults.md)", "choices": ["constant", "decreasing", "inverse", "sqrt"]}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "clip_norm": {"type": "float8", "who": "analyst", "doc": "per-example gradient (or row) clipping norm", "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound", "exclusive_min": 0}, "noise_multiplier": {"type": "float8", "who": "analyst", "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged", "default": "calibrated to epsilon by dp-accounting", "exclusive_min": 0}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "dpsgd_f_alg2",
+    "train_function": "_train_dpsgd_f_alg2",
+    "task": "classification",
+    "sgd_defaults": false,
+    "needs_delta": true,
+    "delta_default": 1e-06,
+    "summary": "DPSGD-F (Algorithm 2): private mean and quantile tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD, mapped back; epsilon/3 each",
+    "docs": "docs/whitebox.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": null,
+    "params": [
+        "epochs",
+        "batch_size",
+        "lambda",
+        "step_size",
+        "schedule",
+        "huber_h",
+        "clip_norm",
+        "noise_multiplier"
+    ],
+    "distributed": "sampled",
+    "intercept_default": false,
+    "recommended": "comparisons with Sun et al. 2024's Algorithm 2: DPSGD-F (dpsgd_f, Algorithm 3) is the one to use",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "from public quantities (docs/defaults.md)",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "from public quantities (docs/defaults.md)",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "step_size": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the SGD step (or its base)",
+            "default": "from public quantities (docs/defaults.md)",
+            "exclusive_min": 0
+        },
+        "schedule": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "the step schedule",
+            "default": "from public quantities (docs/defaults.md)",
+            "choices": ["constant", "decreasing", "inverse", "sqrt"]
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "clip_norm": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "per-example gradient (or row) clipping norm",
+            "default": "the loss's gradient bound L (docs/defaults.md); least squares: the label bound",
+            "exclusive_min": 0
+        },
+        "noise_multiplier": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the step noise's standard deviation over the clip norm; epsilon is then computed and charged",
+            "default": "calibrated to epsilon by dp-accounting",
+            "exclusive_min": 0
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "exponential_mechanism", "train_function": "_train_planned", "task": "any", "sgd_defaults": false, "needs_delta": false, "delta_default": 0.0, "summary": "exponential-mechanism ERM on a public grid (pure epsilon-DP, p <= 5)", "docs": "docs/exponential_mechanism.md", "options": ["radius", "grid_points"], "plan_function": "_em_plan", "fit_function": "_em_fit", "models": ["logistic", "huber", "linear"], "params": ["huber_h", "options"], "distributed": "sums", "intercept_default": false, "recommended": "pure epsilon-DP with at most 5 coefficients (one to four features and the intercept), binary classification or regression", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "intercept": {"type": "boolean", "who": "analyst", "doc": "fit an intercept (a bias); left NULL, chosen from public quantities", "default": "classifiers: one unless the dataset's feature_bounds centre every feature or it has 5 features (docs/defaults.md); regression: one", "rule": "uncentred", "max_features": 4}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["radius", "grid_points"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "exponential_mechanism",
+    "train_function": "_train_planned",
+    "task": "any",
+    "sgd_defaults": false,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "exponential-mechanism ERM on a public grid (pure epsilon-DP, p <= 5)",
+    "docs": "docs/exponential_mechanism.md",
+    "options": ["radius", "grid_points"],
+    "plan_function": "_em_plan",
+    "fit_function": "_em_fit",
+    "models": ["logistic", "huber", "linear"],
+    "params": ["huber_h", "options"],
+    "distributed": "sums",
+    "intercept_default": false,
+    "recommended": "pure epsilon-DP with at most 5 coefficients (one to four features and the intercept), binary classification or regression",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "intercept": {
+            "type": "boolean",
+            "who": "analyst",
+            "doc": "fit an intercept (a bias); left NULL, chosen from public quantities",
+            "default": "classifiers: one unless the dataset's feature_bounds centre every feature or it has 5 features (docs/defaults.md); regression: one",
+            "rule": "uncentred",
+            "max_features": 4
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["radius", "grid_points"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "frank_wolfe", "train_function": "_train_planned", "task": "any", "sgd_defaults": false, "needs_delta": false, "delta_default": 0.0, "summary": "private Frank-Wolfe over an L1 ball (sparse LASSO / logistic), exponential-mechanism vertex choice", "docs": "docs/frank_wolfe.md", "options": ["l1_radius", "steps"], "plan_function": "_fw_plan", "fit_function": "_fw_fit", "models": ["lasso", "logistic"], "params": ["options"], "distributed": "sums", "intercept_default": false, "recommended": "sparse L1 models, chiefly LASSO with per-feature bounds, many rows and many features; refused (before any charge) where its vertex draws would be near uniform", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["l1_radius", "steps"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "frank_wolfe",
+    "train_function": "_train_planned",
+    "task": "any",
+    "sgd_defaults": false,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "private Frank-Wolfe over an L1 ball (sparse LASSO / logistic), exponential-mechanism vertex choice",
+    "docs": "docs/frank_wolfe.md",
+    "options": ["l1_radius", "steps"],
+    "plan_function": "_fw_plan",
+    "fit_function": "_fw_fit",
+    "models": ["lasso", "logistic"],
+    "params": ["options"],
+    "distributed": "sums",
+    "intercept_default": false,
+    "recommended": "sparse L1 models, chiefly LASSO with per-feature bounds, many rows and many features; refused (before any charge) where its vertex draws would be near uniform",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["l1_radius", "steps"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "objective_perturbation", "train_function": "_train_planned", "task": "any", "sgd_defaults": false, "needs_delta": false, "delta_default": 0.0, "summary": "objective perturbation: the exact minimiser of a randomly perturbed, regularised objective (epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)", "docs": "docs/objective_perturbation.md", "options": ["radius", "huber_threshold", "newton_steps", "max_scans"], "plan_function": "_objpert_plan", "fit_function": "_objpert_fit", "models": ["logistic", "huber", "linear"], "params": ["lambda", "huber_h", "options"], "distributed": "sums", "intercept_default": false, "recommended": "pure epsilon-DP (delta = 0) regression (auto's choice there) and smooth classifiers with up to a few hundred coefficients and more than about 20 p / epsilon rows; classifiers on Citus (auto's choice there)", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "intercept": {"type": "boolean", "who": "analyst", "doc": "fit an intercept (a bias); left NULL, chosen from public quantities", "default": "classifiers: one unless the dataset's feature_bounds centre every feature (docs/defaults.md); regression: one", "rule": "uncentred"}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "objective_perturbation",
+    "train_function": "_train_planned",
+    "task": "any",
+    "sgd_defaults": false,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "objective perturbation: the exact minimiser of a randomly perturbed, regularised objective (epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)",
+    "docs": "docs/objective_perturbation.md",
+    "options": ["radius", "huber_threshold", "newton_steps", "max_scans"],
+    "plan_function": "_objpert_plan",
+    "fit_function": "_objpert_fit",
+    "models": ["logistic", "huber", "linear"],
+    "params": ["lambda", "huber_h", "options"],
+    "distributed": "sums",
+    "intercept_default": false,
+    "recommended": "pure epsilon-DP (delta = 0) regression (auto's choice there) and smooth classifiers with up to a few hundred coefficients and more than about 20 p / epsilon rows; classifiers on Citus (auto's choice there)",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "intercept": {
+            "type": "boolean",
+            "who": "analyst",
+            "doc": "fit an intercept (a bias); left NULL, chosen from public quantities",
+            "default": "classifiers: one unless the dataset's feature_bounds centre every feature (docs/defaults.md); regression: one",
+            "rule": "uncentred"
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "output_perturbation", "train_function": "_train_planned", "task": "any", "sgd_defaults": false, "needs_delta": false, "delta_default": 0.0, "summary": "output perturbation of the exact regularised minimiser (epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)", "docs": "docs/objective_perturbation.md", "options": ["radius", "huber_threshold", "newton_steps", "max_scans"], "plan_function": "_outpert_plan", "fit_function": "_outpert_fit", "models": ["logistic", "huber", "linear"], "params": ["lambda", "huber_h", "options"], "distributed": "sums", "intercept_default": false, "recommended": "a simple exact-minimiser baseline (pure epsilon-DP or Gaussian); generally below objective perturbation, which is the one to use", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "intercept": {"type": "boolean", "who": "analyst", "doc": "fit an intercept (a bias); left NULL, chosen from public quantities", "default": "classifiers: one unless the dataset's feature_bounds centre every feature (docs/defaults.md); regression: one", "rule": "uncentred"}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "options": {"type": "jsonb", "who": "analyst", "doc": "the mechanism's public constants (its options table)", "default": "each option's default is on the mechanism's docs page", "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]}}, "step_noise_function": null}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "output_perturbation",
+    "train_function": "_train_planned",
+    "task": "any",
+    "sgd_defaults": false,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "output perturbation of the exact regularised minimiser (epsilon-DP Gamma-norm noise, or Gaussian with delta > 0)",
+    "docs": "docs/objective_perturbation.md",
+    "options": ["radius", "huber_threshold", "newton_steps", "max_scans"],
+    "plan_function": "_outpert_plan",
+    "fit_function": "_outpert_fit",
+    "models": ["logistic", "huber", "linear"],
+    "params": ["lambda", "huber_h", "options"],
+    "distributed": "sums",
+    "intercept_default": false,
+    "recommended": "a simple exact-minimiser baseline (pure epsilon-DP or Gaussian); generally below objective perturbation, which is the one to use",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "intercept": {
+            "type": "boolean",
+            "who": "analyst",
+            "doc": "fit an intercept (a bias); left NULL, chosen from public quantities",
+            "default": "classifiers: one unless the dataset's feature_bounds centre every feature (docs/defaults.md); regression: one",
+            "rule": "uncentred"
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "options": {
+            "type": "jsonb",
+            "who": "analyst",
+            "doc": "the mechanism's public constants (its options table)",
+            "default": "each option's default is on the mechanism's docs page",
+            "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]
+        }
+    },
+    "step_noise_function": null
+}$spec$::jsonb);
 
-SELECT dpsql_internal._register_mechanism($spec${"name": "scs13", "train_function": "_train_whitebox", "task": "classification", "sgd_defaults": true, "needs_delta": false, "delta_default": 0.0, "summary": "SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)", "docs": "docs/whitebox.md", "options": [], "plan_function": null, "fit_function": null, "models": null, "params": ["epochs", "batch_size", "lambda", "radius", "huber_h", "gaussian"], "distributed": "sampled", "intercept_default": false, "recommended": "reproducing Song, Chaudhuri and Sarwate (2013): below the bolt-on and DP-SGD on every benchmark; for accuracy use auto", "parameters": {"epsilon": {"type": "float8", "who": "analyst", "doc": "the release's privacy loss, charged to the dataset's budget"}, "delta": {"type": "float8", "who": "analyst", "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"}, "noise_seed": {"type": "bigint", "who": "reader", "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private", "default": "none: a CSPRNG keyed by pg_strong_random"}, "epochs": {"type": "int", "who": "analyst", "doc": "passes over the data", "default": "1", "rule": "one", "min": 1}, "batch_size": {"type": "bigint", "who": "analyst", "doc": "rows per step", "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound, and for binary models (one pass of 1/sqrt(t) steps stays at the majority class)", "rule": "quiet_steps", "min": 1}, "lambda": {"type": "float8", "who": "analyst", "doc": "L2 regularisation strength", "sql_default": 0, "min": 0}, "radius": {"type": "float8", "who": "analyst", "doc": "projection radius of the coefficients", "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda", "exclusive_min": 0}, "huber_h": {"type": "float8", "who": "analyst", "doc": "the Huber loss's smoothing width", "sql_default": 0.1, "exclusive_min": 0}, "gaussian": {"type": "text", "who": "analyst", "doc": "Gaussian calibration: the exact analytic Gaussian mechanism (any epsilon), or the bolt-on paper's eq. (4) (epsilon < 1 per model)", "sql_default": "analytic", "choices": ["analytic", "classic"]}}, "step_noise_function": "_scs13_batch_noise"}$spec$::jsonb);
+SELECT dpsql_internal._register_mechanism($spec${
+    "name": "scs13",
+    "train_function": "_train_whitebox",
+    "task": "classification",
+    "sgd_defaults": true,
+    "needs_delta": false,
+    "delta_default": 0.0,
+    "summary": "SCS13: noisy mini-batch SGD, epsilon / k per pass (Gamma-norm or Gaussian noise)",
+    "docs": "docs/whitebox.md",
+    "options": [],
+    "plan_function": null,
+    "fit_function": null,
+    "models": null,
+    "params": ["epochs", "batch_size", "lambda", "radius", "huber_h", "gaussian"],
+    "distributed": "sampled",
+    "intercept_default": false,
+    "recommended": "reproducing Song, Chaudhuri and Sarwate (2013): below the bolt-on and DP-SGD on every benchmark; for accuracy use auto",
+    "parameters": {
+        "epsilon": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's privacy loss, charged to the dataset's budget"
+        },
+        "delta": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the release's delta, charged to the dataset's delta budget; 0 is pure epsilon-DP"
+        },
+        "noise_seed": {
+            "type": "bigint",
+            "who": "reader",
+            "doc": "seeds the noise (tests and reproductions by callers who can read every registered column): the release is recorded as not private",
+            "default": "none: a CSPRNG keyed by pg_strong_random"
+        },
+        "epochs": {
+            "type": "int",
+            "who": "analyst",
+            "doc": "passes over the data",
+            "default": "1",
+            "rule": "one",
+            "min": 1
+        },
+        "batch_size": {
+            "type": "bigint",
+            "who": "analyst",
+            "doc": "rows per step",
+            "default": "the smallest batch from 50, doubling, whose step noise is at most a quarter of the gradient bound (at least 50 steps an epoch); refused when even that leaves noise above 4 times the bound, and for binary models (one pass of 1/sqrt(t) steps stays at the majority class)",
+            "rule": "quiet_steps",
+            "min": 1
+        },
+        "lambda": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "L2 regularisation strength",
+            "sql_default": 0,
+            "min": 0
+        },
+        "radius": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "projection radius of the coefficients",
+            "default": "none (no projection); the bolt-on with lambda > 0: 1/lambda",
+            "exclusive_min": 0
+        },
+        "huber_h": {
+            "type": "float8",
+            "who": "analyst",
+            "doc": "the Huber loss's smoothing width",
+            "sql_default": 0.1,
+            "exclusive_min": 0
+        },
+        "gaussian": {
+            "type": "text",
+            "who": "analyst",
+            "doc": "Gaussian calibration: the exact analytic Gaussian mechanism (any epsilon), or the bolt-on paper's eq. (4) (epsilon < 1 per model)",
+            "sql_default": "analytic",
+            "choices": ["analytic", "classic"]
+        }
+    },
+    "step_noise_function": "_scs13_batch_noise"
+}$spec$::jsonb);

@@ -2,81 +2,162 @@
 -- Analyst API
 ------------------------------------------------------------------------------------------
 
--- The parameters of a private release as dpsql.train and dpsql.preview pass them on (one
--- place: 57_preview.sql's preview takes dpsql.train's arguments).
+-- The parameters of a private release as dpsql.train and dpsql.preview pass them on. This
+-- function, the signatures of dpsql.train (below) and dpsql.preview (57_preview.sql), the
+-- argument lists that call it and _given_params (31_mechanisms.sql) are generated from one
+-- list, sql/mechanisms/parameters.toml's arguments (`make generate`).
+-- BEGIN GENERATED: _private_params (make generate; sql/mechanisms/parameters.toml)
 CREATE OR REPLACE FUNCTION dpsql_internal._private_params(
-    privacy text, epsilon float8, delta float8, gaussian text, epochs int, batch_size bigint,
-    lambda float8, step_size float8, schedule text, radius float8, shuffle boolean, seed bigint,
-    intercept boolean, huber_h float8, step_offset float8, tolerance float8, parallel_workers int,
-    permutation text, paper_minibatch_formula boolean, noise_seed bigint, features text[],
-    label text, tuning_lambdas float8[], tuning_epochs int[], clip_norm float8, sampling text,
-    noise_multiplier float8, bst14_noise text, steps int, ci text, ci_draws int, burn_in int,
-    options jsonb, shard_parallel boolean, labels float8[], row_norm text)
+    features text[],
+    label text,
+    epochs int,
+    batch_size bigint,
+    lambda float8,
+    step_size float8,
+    schedule text,
+    radius float8,
+    shuffle boolean,
+    seed bigint,
+    privacy text,
+    labels float8[],
+    intercept boolean,
+    row_norm text,
+    huber_h float8,
+    step_offset float8,
+    tolerance float8,
+    parallel_workers int,
+    epsilon float8,
+    delta float8,
+    gaussian text,
+    permutation text,
+    paper_minibatch_formula boolean,
+    noise_seed bigint,
+    tuning_lambdas float8[],
+    tuning_epochs int[],
+    clip_norm float8,
+    sampling text,
+    noise_multiplier float8,
+    bst14_noise text,
+    steps int,
+    ci text,
+    ci_draws int,
+    burn_in int,
+    options jsonb,
+    shard_parallel boolean)
 RETURNS jsonb LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp  -- (called in the caller's session: no operator of theirs)
 AS $$
     SELECT jsonb_build_object(
-        'privacy', privacy, 'epsilon', epsilon, 'delta', delta, 'gaussian', gaussian,
-        'epochs', epochs, 'batch_size', batch_size, 'lambda', lambda, 'step_size', step_size,
-        'schedule', schedule, 'radius', radius, 'shuffle', shuffle, 'seed', seed,
-        'intercept', intercept, 'huber_h', huber_h, 'step_offset', step_offset,
-        'tolerance', tolerance, 'parallel_workers', parallel_workers,
-        'permutation', permutation, 'paper_minibatch_formula', paper_minibatch_formula,
-        'noise_seed', noise_seed, 'features', features, 'label', label,
-        'tuning_lambdas', tuning_lambdas, 'tuning_epochs', tuning_epochs,
-        'clip_norm', clip_norm, 'sampling', sampling, 'noise_multiplier', noise_multiplier,
-        'bst14_noise', bst14_noise, 'steps', steps, 'ci', ci, 'ci_draws', ci_draws,
-        'burn_in', burn_in, 'options', options, 'shard_parallel', shard_parallel)
-    -- the registration's: refused when given
-    || jsonb_build_object('labels', labels, 'row_norm', nullif(row_norm, 'none'))
+        'features', features,
+        'label', label,
+        'epochs', epochs,
+        'batch_size', batch_size,
+        'lambda', lambda,
+        'step_size', step_size,
+        'schedule', schedule,
+        'radius', radius,
+        'shuffle', shuffle,
+        'seed', seed,
+        'privacy', privacy,
+        'labels', labels,
+        'intercept', intercept,
+        'row_norm', nullif(row_norm, 'none'),
+        'huber_h', huber_h,
+        'step_offset', step_offset,
+        'tolerance', tolerance,
+        'parallel_workers', parallel_workers,
+        'epsilon', epsilon,
+        'delta', delta,
+        'gaussian', gaussian,
+        'permutation', permutation,
+        'paper_minibatch_formula', paper_minibatch_formula,
+        'noise_seed', noise_seed,
+        'tuning_lambdas', tuning_lambdas,
+        'tuning_epochs', tuning_epochs,
+        'clip_norm', clip_norm,
+        'sampling', sampling,
+        'noise_multiplier', noise_multiplier,
+        'bst14_noise', bst14_noise,
+        'steps', steps,
+        'ci', ci,
+        'ci_draws', ci_draws,
+        'burn_in', burn_in,
+        'options', options,
+        'shard_parallel', shard_parallel)
 $$;
+-- END GENERATED: _private_params
 
+-- BEGIN GENERATED: train signature (make generate; sql/mechanisms/parameters.toml)
 -- (0.8.0: validation added)
-DROP FUNCTION IF EXISTS dpsql.train(text, text[], text, text, int, bigint, float8, float8, text, float8,
-                                    boolean, bigint, text, float8[], boolean, text, float8, float8,
-                                    float8, int, float8, float8, text, text, boolean, bigint, float8[],
-                                    int[], float8, text, float8, text, int, text, int, int, jsonb,
-                                    boolean);
+DROP FUNCTION IF EXISTS dpsql.train(
+    text, text[], text, text, int, bigint, float8, float8, text, float8, boolean, bigint, text,
+    float8[], boolean, text, float8, float8, float8, int, float8, float8, text, text, boolean,
+    bigint, float8[], int[], float8, text, float8, text, int, text, int, int, jsonb, boolean);
 CREATE OR REPLACE FUNCTION dpsql.train(
-    source text, features text[], label text, model text DEFAULT 'logistic',
-    epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
-    step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
-    radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
-    privacy text DEFAULT 'none', labels float8[] DEFAULT NULL, intercept boolean DEFAULT NULL,
-    row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
-    tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
-    epsilon float8 DEFAULT NULL, delta float8 DEFAULT NULL, gaussian text DEFAULT 'analytic',
-    permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
-    noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
-    tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,
-    sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
-    bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
-    ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL,
-    shard_parallel boolean DEFAULT false, validation text DEFAULT NULL)
+    source text,
+    features text[],
+    label text,
+    model text DEFAULT 'logistic',
+    epochs int DEFAULT NULL,
+    batch_size bigint DEFAULT NULL,
+    lambda float8 DEFAULT 0,
+    step_size float8 DEFAULT NULL,
+    schedule text DEFAULT NULL,
+    radius float8 DEFAULT NULL,
+    shuffle boolean DEFAULT true,
+    seed bigint DEFAULT NULL,
+    privacy text DEFAULT 'none',
+    labels float8[] DEFAULT NULL,
+    intercept boolean DEFAULT NULL,
+    row_norm text DEFAULT 'none',
+    huber_h float8 DEFAULT 0.1,
+    step_offset float8 DEFAULT 0,
+    tolerance float8 DEFAULT NULL,
+    parallel_workers int DEFAULT 0,
+    epsilon float8 DEFAULT NULL,
+    delta float8 DEFAULT NULL,
+    gaussian text DEFAULT 'analytic',
+    permutation text DEFAULT 'once',
+    paper_minibatch_formula boolean DEFAULT false,
+    noise_seed bigint DEFAULT NULL,
+    tuning_lambdas float8[] DEFAULT NULL,
+    tuning_epochs int[] DEFAULT NULL,
+    clip_norm float8 DEFAULT NULL,
+    sampling text DEFAULT 'shuffle',
+    noise_multiplier float8 DEFAULT NULL,
+    bst14_noise text DEFAULT 'strict',
+    steps int DEFAULT NULL,
+    ci text DEFAULT NULL,
+    ci_draws int DEFAULT NULL,
+    burn_in int DEFAULT NULL,
+    options jsonb DEFAULT NULL,
+    shard_parallel boolean DEFAULT false,
+    validation text DEFAULT NULL)
+-- END GENERATED: train signature
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     run bigint;
     e record;
+    -- every argument but source, model and validation, as the private path takes them
+    params jsonb := dpsql_internal._private_params(
+        -- BEGIN GENERATED: _private_params arguments (make generate; sql/mechanisms/parameters.toml)
+        features, label, epochs, batch_size, lambda, step_size, schedule, radius, shuffle, seed,
+        privacy, labels, intercept, row_norm, huber_h, step_offset, tolerance, parallel_workers,
+        epsilon, delta, gaussian, permutation, paper_minibatch_formula, noise_seed, tuning_lambdas,
+        tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci, ci_draws,
+        burn_in, options, shard_parallel
+        -- END GENERATED: _private_params arguments
+    );
 BEGIN
     -- (the caller's search_path is in force here: an operator of theirs, or of a data owner's
     -- on it, must not decide; the private path pins its own)
     IF validation IS NOT NULL THEN  -- auto's choice made by private selection (63_tune.sql)
-        RETURN dpsql_internal._train_validated(source, model, validation, dpsql_internal._private_params(
-            privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
-            radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
-            permutation, paper_minibatch_formula, noise_seed, features, label, tuning_lambdas,
-            tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci,
-            ci_draws, burn_in, options, shard_parallel, labels, row_norm));
+        RETURN dpsql_internal._train_validated(source, model, validation, params);
     END IF;
     IF NOT coalesce(pg_catalog.texteq(privacy, 'none'), false) THEN
         -- Registered datasets only, with their owner's columns, labels and bounds (features
         -- and label may be NULL, or must match the registration).
-        RETURN dpsql_internal._train_private(source, model, dpsql_internal._private_params(
-            privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
-            radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
-            permutation, paper_minibatch_formula, noise_seed, features, label, tuning_lambdas,
-            tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci,
-            ci_draws, burn_in, options, shard_parallel, labels, row_norm));
+        RETURN dpsql_internal._train_private(source, model, params);
     END IF;
     IF NOT dpsql_internal._is_admin() THEN
         PERFORM dpsql_internal._fail('privacy => ''none'' is for data owners (dpsql_admin): analysts train '

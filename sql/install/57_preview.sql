@@ -91,32 +91,59 @@ AS $$
         format('SELECT dpsql_internal._train_private(%L, %L, %L::jsonb)', source, model, params))
 $$;
 
+-- BEGIN GENERATED: preview signature (make generate; sql/mechanisms/parameters.toml)
 CREATE OR REPLACE FUNCTION dpsql.preview(
-
-    source text, features text[], label text, model text DEFAULT 'logistic',
-    epochs int DEFAULT NULL, batch_size bigint DEFAULT NULL, lambda float8 DEFAULT 0,
-    step_size float8 DEFAULT NULL, schedule text DEFAULT NULL,
-    radius float8 DEFAULT NULL, shuffle boolean DEFAULT true, seed bigint DEFAULT NULL,
-    privacy text DEFAULT 'auto', labels float8[] DEFAULT NULL, intercept boolean DEFAULT NULL,
-    row_norm text DEFAULT 'none', huber_h float8 DEFAULT 0.1, step_offset float8 DEFAULT 0,
-    tolerance float8 DEFAULT NULL, parallel_workers int DEFAULT 0,
-    epsilon float8 DEFAULT NULL, delta float8 DEFAULT NULL, gaussian text DEFAULT 'analytic',
-    permutation text DEFAULT 'once', paper_minibatch_formula boolean DEFAULT false,
-    noise_seed bigint DEFAULT NULL, tuning_lambdas float8[] DEFAULT NULL,
-    tuning_epochs int[] DEFAULT NULL, clip_norm float8 DEFAULT NULL,
-    sampling text DEFAULT 'shuffle', noise_multiplier float8 DEFAULT NULL,
-    bst14_noise text DEFAULT 'strict', steps int DEFAULT NULL, ci text DEFAULT NULL,
-    ci_draws int DEFAULT NULL, burn_in int DEFAULT NULL, options jsonb DEFAULT NULL,
+    source text,
+    features text[],
+    label text,
+    model text DEFAULT 'logistic',
+    epochs int DEFAULT NULL,
+    batch_size bigint DEFAULT NULL,
+    lambda float8 DEFAULT 0,
+    step_size float8 DEFAULT NULL,
+    schedule text DEFAULT NULL,
+    radius float8 DEFAULT NULL,
+    shuffle boolean DEFAULT true,
+    seed bigint DEFAULT NULL,
+    privacy text DEFAULT 'auto',
+    labels float8[] DEFAULT NULL,
+    intercept boolean DEFAULT NULL,
+    row_norm text DEFAULT 'none',
+    huber_h float8 DEFAULT 0.1,
+    step_offset float8 DEFAULT 0,
+    tolerance float8 DEFAULT NULL,
+    parallel_workers int DEFAULT 0,
+    epsilon float8 DEFAULT NULL,
+    delta float8 DEFAULT NULL,
+    gaussian text DEFAULT 'analytic',
+    permutation text DEFAULT 'once',
+    paper_minibatch_formula boolean DEFAULT false,
+    noise_seed bigint DEFAULT NULL,
+    tuning_lambdas float8[] DEFAULT NULL,
+    tuning_epochs int[] DEFAULT NULL,
+    clip_norm float8 DEFAULT NULL,
+    sampling text DEFAULT 'shuffle',
+    noise_multiplier float8 DEFAULT NULL,
+    bst14_noise text DEFAULT 'strict',
+    steps int DEFAULT NULL,
+    ci text DEFAULT NULL,
+    ci_draws int DEFAULT NULL,
+    burn_in int DEFAULT NULL,
+    options jsonb DEFAULT NULL,
     shard_parallel boolean DEFAULT false)
+-- END GENERATED: preview signature
 RETURNS jsonb LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT dpsql_internal._preview_private(source, model, dpsql_internal._private_params(
-        privacy, epsilon, delta, gaussian, epochs, batch_size, lambda, step_size, schedule,
-        radius, shuffle, seed, intercept, huber_h, step_offset, tolerance, parallel_workers,
-        permutation, paper_minibatch_formula, noise_seed, features, label, tuning_lambdas,
-        tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci,
-        ci_draws, burn_in, options, shard_parallel, labels, row_norm))
+        -- BEGIN GENERATED: _private_params arguments (make generate; sql/mechanisms/parameters.toml)
+        features, label, epochs, batch_size, lambda, step_size, schedule, radius, shuffle, seed,
+        privacy, labels, intercept, row_norm, huber_h, step_offset, tolerance, parallel_workers,
+        epsilon, delta, gaussian, permutation, paper_minibatch_formula, noise_seed, tuning_lambdas,
+        tuning_epochs, clip_norm, sampling, noise_multiplier, bst14_noise, steps, ci, ci_draws,
+        burn_in, options, shard_parallel
+        -- END GENERATED: _private_params arguments
+    ))
 $$;
 COMMENT ON FUNCTION dpsql.preview IS
     'What a private dpsql.train would do and charge (plan, epsilon, delta, warnings, refusal), '

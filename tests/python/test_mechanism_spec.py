@@ -112,3 +112,33 @@ def test_every_generated_class_is_exported() -> None:
         for module in (dpsql, dpsql.privacy):
             assert spec.python_class in module.__all__, (module.__name__, name)
             assert getattr(module, spec.python_class) is MECHANISMS[name]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        ('"burn_in", "options"', '"burn_in"', "options is not in arguments"),
+        ('"validation",\n]', '"validation", "no_such",\n]', "no_such is neither"),
+        ('"label", "model"', '"model", "label"', "required arguments must come first"),
+        ('[run.seed]\nsql = "bigint"', '[run.seed]\nsql = "bigint"\nsurprise = 1', "run.seed"),
+    ],
+)
+def test_a_broken_argument_list_is_refused(tmp_path: Path, old: str, new: str, reason: str) -> None:
+    text = (SPECS / "parameters.toml").read_text()
+    assert old in text
+    folder = _broken(tmp_path, "parameters.toml", text.replace(old, new))
+    with pytest.raises(ValueError, match=reason):
+        mechanism_spec.load_arguments(folder)
+
+
+def test_a_generated_region_is_rewritten_between_its_markers() -> None:
+    """The region's lines replace what is between the markers (indented as the BEGIN line);
+    an unknown region or a missing END is an error."""
+    begin = "-- BEGIN GENERATED: _given_params (make generate; sql/mechanisms/parameters.toml)"
+    text = f"a\n  {begin}\n  stale\n  -- END GENERATED: _given_params\nb"
+    spliced = mechanism_spec.splice(text, {"_given_params": ["x", "", "y"]})
+    assert spliced == f"a\n  {begin}\n  x\n\n  y\n  -- END GENERATED: _given_params\nb"
+    with pytest.raises(ValueError, match="unknown generated region"):
+        mechanism_spec.splice(text, {})
+    with pytest.raises(ValueError, match="no '-- END GENERATED"):
+        mechanism_spec.splice(text.replace("END", "FIN"), {"_given_params": []})

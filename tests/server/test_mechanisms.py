@@ -133,47 +133,15 @@ def test_the_registered_options_are_what_the_plans_accept(conn) -> None:
 
 
 def test_every_registered_parameter_is_a_train_parameter(conn) -> None:
-    """The registry's params name dpsql.train parameters that _given_params knows."""
-    known = set(
-        conn.execute(
-            "SELECT dpsql_internal._given_params(%s)",
-            (
-                Jsonb(
-                    {
-                        "epochs": 1,
-                        "batch_size": 1,
-                        "lambda": 1,
-                        "step_size": 1,
-                        "schedule": "x",
-                        "step_offset": 1,
-                        "radius": 1,
-                        "huber_h": 0.2,
-                        "clip_norm": 1,
-                        "sampling": "poisson",
-                        "noise_multiplier": 1,
-                        "bst14_noise": "paper",
-                        "steps": 1,
-                        "ci": "x",
-                        "ci_draws": 1,
-                        "burn_in": 1,
-                        "options": {},
-                        "tuning_lambdas": [1],
-                        "tuning_epochs": [1],
-                        "permutation": "fresh",
-                        "gaussian": "classic",
-                        "parallel_workers": 1,
-                        "shard_parallel": True,
-                        "labels": [0, 1],
-                        "row_norm": "clip",
-                    }
-                ),
-            ),
-        ).fetchone()[0]
-    )
+    """The registry's params name dpsql.train arguments that _given_params reports (not the
+    registration's labels and row_norm)."""
+    arguments = {a.name: a for a in mechanism_spec.load_arguments()}
     for name, params, options in conn.execute(
         "SELECT name, params, options FROM dpsql.mechanism_catalog"
     ).fetchall():
-        assert set(params) <= known - {"labels", "row_norm"}, name
+        for p in params:
+            assert p in arguments and arguments[p].given, (name, p)
+            assert p not in {"labels", "row_norm"}, name
         assert ("options" in params) == bool(options), name
 
 
@@ -411,28 +379,42 @@ def test_the_registry_is_the_specs(conn) -> None:
             row["delta_default"],
             row["parameters"],
         ), name
-    (arguments,) = conn.execute(
-        "SELECT pg_get_function_arguments('dpsql.train'::regproc)"
-    ).fetchone()
-    signature = {}
-    for arg in arguments.split(", "):
+    parameters = mechanism_spec.load_parameters()
+    (huber_h,) = conn.execute("SELECT dpsql_internal._huber_h('{}')").fetchone()
+    assert huber_h == parameters["huber_h"]["sql_default"]  # the SQL helpers' one default
+
+
+def _signature(conn, function: str) -> list[tuple[str, str, str | None]]:
+    """A function's arguments as the server shows them: (name, type, default or None)."""
+    (text,) = conn.execute("SELECT pg_get_function_arguments(%s::regproc)", (function,)).fetchone()
+    out = []
+    for arg in text.split(", "):
         head, _, default = arg.partition(" DEFAULT ")
-        arg_name, sql_type = head.split(" ", 1)
-        signature[arg_name] = (sql_type, default)
+        name, sql_type = head.split(" ", 1)
+        out.append((name, sql_type, default or None))
+    return out
+
+
+@pytest.mark.parametrize("function", ["dpsql.train", "dpsql.preview"])
+def test_the_signatures_are_parameters_toml(conn, function) -> None:
+    """dpsql.train's and dpsql.preview's arguments, in order, with parameters.toml's types and
+    defaults (they are generated from it: this holds the installed server to the file)."""
     types = {
         "float8": "double precision",
         "int": "integer",
         "float8[]": "double precision[]",
         "int[]": "integer[]",
     }
-    parameters = mechanism_spec.load_parameters()
-    (huber_h,) = conn.execute("SELECT dpsql_internal._huber_h('{}')").fetchone()
-    assert huber_h == parameters["huber_h"]["sql_default"]  # the SQL helpers' one default
-    for name, entry in parameters.items():
-        sql_type, default = signature[name]
-        assert types.get(entry["sql"], entry["sql"]) == sql_type, name
-        expected = entry.get("sql_default")
-        if expected is None:
+    preview = function == "dpsql.preview"
+    arguments = [a for a in mechanism_spec.load_arguments() if a.preview or not preview]
+    signature = _signature(conn, function)
+    assert [s[0] for s in signature] == [a.name for a in arguments]
+    for a, (name, sql_type, default) in zip(arguments, signature, strict=True):
+        assert types.get(a.sql, a.sql) == sql_type, name
+        expected = a.preview_default if preview and a.preview_default else a.sql_default
+        if a.required:
+            assert default is None, name
+        elif expected is None:
             assert default.split("::")[0] == "NULL", name
         elif isinstance(expected, bool):
             assert default == str(expected).lower(), name
@@ -440,3 +422,28 @@ def test_the_registry_is_the_specs(conn) -> None:
             assert default == f"'{expected}'::text", name
         else:
             assert float(default.split("::")[0]) == expected, name
+
+
+def test_given_params_reports_each_argument_set_away_from_its_default(conn) -> None:
+    """_given_params (generated from parameters.toml) names every argument marked given when
+    it is set away from its default, and none at the defaults."""
+    given = [a for a in mechanism_spec.load_arguments() if a.given]
+    parameters = mechanism_spec.load_parameters()
+    values: dict[str, Any] = {}
+    for a in given:
+        choices = [c for c in parameters.get(a.name, {}).get("choices", []) if c != a.sql_default]
+        if a.sql == "boolean":
+            values[a.name] = not a.sql_default
+        elif a.sql == "text":
+            values[a.name] = choices[0] if choices else "x"
+        elif a.sql == "jsonb":
+            values[a.name] = {}
+        elif a.sql.endswith("[]"):
+            values[a.name] = [1]
+        else:
+            values[a.name] = (a.sql_default or 0) + 1
+    (names,) = conn.execute("SELECT dpsql_internal._given_params(%s)", (Jsonb(values),)).fetchone()
+    assert sorted(names) == sorted(values)
+    defaults = {a.name: a.sql_default for a in given}
+    (none,) = conn.execute("SELECT dpsql_internal._given_params(%s)", (Jsonb(defaults),)).fetchone()
+    assert none == []

@@ -16,6 +16,7 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from dpsql import mechanism_spec
 from tests.pg_helpers import load
 
 # What a caller may set that changes a value's text form, its parsing or the plan's shape.
@@ -46,6 +47,8 @@ PINNED = {
     "debug_parallel_query": "off",
 }
 
+# (Hand lists: each case needs the arguments that make it run on these small tables;
+# test_every_mechanism_is_replayed_here fails when a spec has no case.)
 CLASSIFIERS = [
     ("bolton", {"epsilon": 1.0}),
     ("bolton", {"epsilon": 1.0, "delta": 1e-6}),
@@ -157,6 +160,16 @@ def regression(conn, scratch_schema) -> str:
         (source, f"reg_{uuid.uuid4().hex[:8]}"),
     )
     return source
+
+
+def test_every_mechanism_is_replayed_here() -> None:
+    """Each mechanism of the specs (sql/mechanisms/*.toml) has a case for each task it does."""
+    for name, spec in mechanism_spec.load_specs().items():
+        trains = set(spec.trained_models)
+        if trains & {"logistic", "huber", "multinomial"}:
+            assert name in {n for n, _ in CLASSIFIERS}, name
+        if trains & {"linear"} and spec.task != "classification":
+            assert name in {n for n, _ in REGRESSORS}, name
 
 
 def test_every_sql_function_pins_the_settings(conn) -> None:
