@@ -175,37 +175,15 @@ BEGIN
     RETURN answer;
 END $$;
 
--- The whole public plan of a selection, before anything is charged or read: the datasets,
--- the candidates (each previewed at the run's budget: its refusal is the selection's), the
--- per-run budgets, what each dataset is charged, the metric. Every refusal that needs no row.
--- defaults: candidates is a default set (its refused candidates are left out), not the caller's.
-CREATE OR REPLACE FUNCTION dpsql_internal._tune_plan(dataset text, validation text, epsilon float8,
-                                                    delta float8, candidates jsonb, metric text,
-                                                    noise_seed bigint, defaults boolean DEFAULT false)
-RETURNS jsonb LANGUAGE plpgsql VOLATILE
+-- The refusals of a selection's arguments that need no candidate: epsilon and delta out of range,
+-- a validation dataset that is the training dataset or has other columns, a noise seed from a
+-- caller who cannot read both datasets' rows.
+CREATE OR REPLACE FUNCTION dpsql_internal._tune_check_arguments(ds dpsql.datasets, vs dpsql.datasets,
+                                                                epsilon float8, delta float8,
+                                                                noise_seed bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    ds dpsql.datasets := dpsql_internal._dataset_for_source(dataset);
-    vs dpsql.datasets := dpsql_internal._lookup_dataset(validation);
-    d float8;
-    given boolean := candidates IS NOT NULL AND NOT defaults;
-    cands jsonb := '[]';
-    c jsonb;
-    i int := 0;
-    met record;
-    e float8;
-    best_e float8;
-    best_total float8;
-    total float8;
-    previews jsonb;
-    p jsonb;
-    events jsonb;
-    needs_delta boolean;
-    todo jsonb;
-    feasible boolean;
-    lo float8;
-    hi float8;
 BEGIN
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
         PERFORM dpsql_internal._fail(format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
@@ -227,6 +205,110 @@ BEGIN
     IF noise_seed IS NOT NULL AND NOT (dpsql_internal._can_read_rows(ds) AND dpsql_internal._can_read_rows(vs)) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
+END $$;
+
+-- One round of the selection's search: each candidate of todo ({candidate, index}) previewed at
+-- the per-run budget e (delta d when it needs one), with the refusals of _tune_plan (below);
+-- previews and events of those that run; feasible false when, after the first round
+-- (first_round), a member of the fixed set is refused at e.
+CREATE OR REPLACE FUNCTION dpsql_internal._tune_previews(ds dpsql.datasets, todo jsonb, e float8, d float8,
+                                                         noise_seed bigint, given boolean, first_round boolean,
+                                                         OUT previews jsonb, OUT events jsonb,
+                                                         OUT feasible boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c jsonb;
+    i int;
+    p jsonb;
+    needs_delta boolean;
+BEGIN
+    previews := '[]';
+    events := '[]';
+    feasible := true;
+    FOR c IN SELECT x FROM jsonb_array_elements(todo) x LOOP
+        i := (c->>'index')::int;
+        -- (auto takes the selection's delta: its choice with delta > 0, as train's auto)
+        needs_delta := coalesce((SELECT m.needs_delta FROM dpsql.mechanism_catalog m
+                                  WHERE m.name = c->'candidate'->>'privacy'),
+                                c->'candidate'->>'privacy' = 'auto' AND d > 0);
+        IF d = 0 AND needs_delta THEN
+            PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
+                                                i, c->'candidate'),
+                                         hint => 'Give tune a delta, or only pure candidates.');
+        END IF;
+        EXECUTE dpsql_internal._tune_call('dpsql.preview', ds.name, c->'candidate', e,
+                                          CASE WHEN needs_delta THEN d ELSE 0 END, noise_seed, i) INTO p;
+        -- (a budget it would exceed is the selection's question, answered by its charges)
+        IF p ? 'refused' AND p->'refused'->>'sqlstate' IS DISTINCT FROM 'DP001' THEN
+            IF given AND first_round THEN
+                PERFORM dpsql_internal._fail(format('candidate %s (%s) is refused: %s', i, c->'candidate',
+                                                    p->'refused'->>'message'),
+                                             hint => p->'refused'->>'hint');
+            END IF;
+            IF NOT first_round THEN  -- a member of the set refused at this e: e does not work
+                feasible := false;
+                EXIT;
+            END IF;
+            CONTINUE;
+        END IF;
+        IF d = 0 AND (p->>'delta')::float8 > 0 THEN
+            PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
+                                                i, c->'candidate'),
+                                         hint => 'Give tune a delta, or only pure candidates.');
+        END IF;
+        -- Papernot-Steinke needs each run's Renyi curve: a release known only as
+        -- (epsilon, delta > 0)-DP has none (dpsql/selection.py)
+        IF d > 0 AND jsonb_path_exists(coalesce(p->'dp_event',
+                                                dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8,
+                                                                                    (p->>'delta')::float8)),
+                                       '$.** ? (@.type == "EpsilonDelta" && @.delta > 0)') THEN
+            IF given THEN
+                PERFORM dpsql_internal._fail(
+                    format('candidate %s (%s) is known only as (epsilon, delta)-DP: the selection''s '
+                           'Renyi bound needs its curve', i, c->'candidate'),
+                    hint => 'Leave it out; Gaussian-noise mechanisms (dpsgd, dpsgd_f, dpgd) and pure ones qualify.');
+            END IF;
+            CONTINUE;
+        END IF;
+        previews := previews || jsonb_build_array(jsonb_build_object(
+            'candidate', c->'candidate', 'index', i, 'mechanism', p->'mechanism', 'epsilon', p->'epsilon',
+            'delta', p->'delta', 'dp_event', p->'dp_event', 'warnings', p->'warnings'));
+        events := events || jsonb_build_array(coalesce(p->'dp_event',
+            dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8, (p->>'delta')::float8)));
+    END LOOP;
+END $$;
+
+-- The whole public plan of a selection, before anything is charged or read: the datasets,
+-- the candidates (each previewed at the run's budget: its refusal is the selection's), the
+-- per-run budgets, what each dataset is charged, the metric. Every refusal that needs no row.
+-- defaults: candidates is a default set (its refused candidates are left out), not the caller's.
+CREATE OR REPLACE FUNCTION dpsql_internal._tune_plan(dataset text, validation text, epsilon float8,
+                                                    delta float8, candidates jsonb, metric text,
+                                                    noise_seed bigint, defaults boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ds dpsql.datasets := dpsql_internal._dataset_for_source(dataset);
+    vs dpsql.datasets := dpsql_internal._lookup_dataset(validation);
+    d float8;
+    given boolean := candidates IS NOT NULL AND NOT defaults;
+    cands jsonb := '[]';
+    met record;
+    e float8;
+    best_e float8;
+    best_total float8;
+    total float8;
+    previews jsonb;
+    events jsonb;
+    todo jsonb;
+    feasible boolean;
+    lo float8;
+    hi float8;
+BEGIN
+    PERFORM dpsql_internal._tune_check_arguments(ds, vs, epsilon, delta, noise_seed);
     d := coalesce(delta, dpsql_internal._auto_delta(ds));
     met := dpsql_internal._tune_metric(ds, metric);
     IF candidates IS NOT NULL AND (jsonb_typeof(candidates) IS DISTINCT FROM 'array' OR jsonb_array_length(candidates) = 0
@@ -244,60 +326,8 @@ BEGIN
                     WITH ORDINALITY AS t(x, n));
     e := epsilon / 3;
     FOR k IN 1 .. CASE WHEN d > 0 THEN 10 ELSE 1 END LOOP
-        previews := '[]';
-        events := '[]';
-        feasible := true;
-        FOR c IN SELECT x FROM jsonb_array_elements(todo) x LOOP
-            i := (c->>'index')::int;
-            -- (auto takes the selection's delta: its choice with delta > 0, as train's auto)
-            needs_delta := coalesce((SELECT m.needs_delta FROM dpsql.mechanism_catalog m
-                                      WHERE m.name = c->'candidate'->>'privacy'),
-                                    c->'candidate'->>'privacy' = 'auto' AND d > 0);
-            IF d = 0 AND needs_delta THEN
-                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
-                                                    i, c->'candidate'),
-                                             hint => 'Give tune a delta, or only pure candidates.');
-            END IF;
-            EXECUTE dpsql_internal._tune_call('dpsql.preview', ds.name, c->'candidate', e,
-                                              CASE WHEN needs_delta THEN d ELSE 0 END, noise_seed, i) INTO p;
-            -- (a budget it would exceed is the selection's question, answered by its charges)
-            IF p ? 'refused' AND p->'refused'->>'sqlstate' IS DISTINCT FROM 'DP001' THEN
-                IF given AND k = 1 THEN
-                    PERFORM dpsql_internal._fail(format('candidate %s (%s) is refused: %s', i, c->'candidate',
-                                                        p->'refused'->>'message'),
-                                                 hint => p->'refused'->>'hint');
-                END IF;
-                IF k > 1 THEN  -- a member of the set refused at this e: e does not work
-                    feasible := false;
-                    EXIT;
-                END IF;
-                CONTINUE;
-            END IF;
-            IF d = 0 AND (p->>'delta')::float8 > 0 THEN
-                PERFORM dpsql_internal._fail(format('candidate %s (%s) needs delta > 0; the selection is pure (delta 0)',
-                                                    i, c->'candidate'),
-                                             hint => 'Give tune a delta, or only pure candidates.');
-            END IF;
-            -- Papernot-Steinke needs each run's Renyi curve: a release known only as
-            -- (epsilon, delta > 0)-DP has none (dpsql/selection.py)
-            IF d > 0 AND jsonb_path_exists(coalesce(p->'dp_event',
-                                                    dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8,
-                                                                                        (p->>'delta')::float8)),
-                                           '$.** ? (@.type == "EpsilonDelta" && @.delta > 0)') THEN
-                IF given THEN
-                    PERFORM dpsql_internal._fail(
-                        format('candidate %s (%s) is known only as (epsilon, delta)-DP: the selection''s '
-                               'Renyi bound needs its curve', i, c->'candidate'),
-                        hint => 'Leave it out; Gaussian-noise mechanisms (dpsgd, dpsgd_f, dpgd) and pure ones qualify.');
-                END IF;
-                CONTINUE;
-            END IF;
-            previews := previews || jsonb_build_array(jsonb_build_object(
-                'candidate', c->'candidate', 'index', i, 'mechanism', p->'mechanism', 'epsilon', p->'epsilon',
-                'delta', p->'delta', 'dp_event', p->'dp_event', 'warnings', p->'warnings'));
-            events := events || jsonb_build_array(coalesce(p->'dp_event',
-                dpsql_internal._epsilon_delta_event((p->>'epsilon')::float8, (p->>'delta')::float8)));
-        END LOOP;
+        SELECT r.previews, r.events, r.feasible INTO previews, events, feasible
+          FROM dpsql_internal._tune_previews(ds, todo, e, d, noise_seed, given, k = 1) r;
         IF k = 1 THEN
             IF jsonb_array_length(previews) = 0 THEN
                 PERFORM dpsql_internal._fail(format('no candidate can run on %s at epsilon %s per run', ds.name,
