@@ -171,6 +171,204 @@ RETURNS bigint LANGUAGE sql AS $$
     SELECT dpsql_internal._train_private(copy.name, model, params)
 $$;
 
+-- The refusals of an audit's arguments that need no dataset (the method, the options, epsilon
+-- and delta, the runs), with delta and the runs filled in.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_arguments(privacy text, epsilon float8, delta float8,
+                                                           n_runs int, method text, opts jsonb,
+                                                           OUT delta_used float8, OUT runs int)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    conf float8 := coalesce((opts->>'confidence')::float8, 0.95);
+    train jsonb := coalesce(opts->'train', '{}');
+BEGIN
+    IF method IS NULL OR method NOT IN ('one_run', 'distinguish') THEN
+        PERFORM dpsql_internal._fail(format('method must be one_run or distinguish, got %s',
+                                            coalesce(quote_literal(method), 'NULL')));
+    END IF;
+    IF jsonb_typeof(opts) <> 'object' OR jsonb_typeof(train) <> 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_object_keys(opts) k
+                   WHERE k NOT IN ('confidence', 'train', 'model', 'canaries', 'seed', 'mutation',
+                                   'test')) THEN
+        PERFORM dpsql_internal._fail('options takes confidence, model, train (dpsql.train''s '
+                                     'parameters), canaries, seed, test and mutation',
+                                     hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
+    END IF;
+    -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
+    delta_used := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
+    IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta_used >= 0 AND delta_used < 1) THEN
+        PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
+    END IF;
+    IF coalesce(opts->>'test', 'dp') NOT IN ('dp', 'gdp')
+       OR (opts ? 'test' AND method <> 'distinguish') THEN
+        PERFORM dpsql_internal._fail('options.test is dp (any mechanism) or gdp (Gaussian compositions), '
+                                     'for method => ''distinguish''');
+    END IF;
+    IF NOT (conf >= 0.5 AND conf < 1) THEN
+        PERFORM dpsql_internal._fail(format('options.confidence must be in [0.5, 1), got %s', conf));
+    END IF;
+    runs := coalesce(n_runs, CASE WHEN method = 'one_run' THEN 1 ELSE 200 END);
+    IF method = 'one_run' AND runs <> 1 THEN
+        PERFORM dpsql_internal._fail('a one_run audit trains once: runs => 1 (or NULL)');
+    END IF;
+    IF method = 'distinguish' AND NOT (runs BETWEEN 20 AND 20000) THEN
+        PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', runs));
+    END IF;
+END $$;
+
+-- A distinguish audit: n_runs releases on each of two neighbouring copies of ds, then the
+-- error counts of a threshold test on the released models (the statistics' request).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_distinguish(ds dpsql.datasets, model text, params jsonb,
+                                                             dim int, n_runs int, epsilon float8,
+                                                             delta float8, conf float8, opts jsonb,
+                                                             OUT copy dpsql.datasets, OUT request jsonb)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET extra_float_digits = 3  -- the scores and thresholds sent to the statistics, in full
+AS $$
+DECLARE
+    labels float8[] := ds.labels;
+    positive float8 := labels[cardinality(labels)];
+    canary float8[];
+    mid bigint;
+    w float8[];
+BEGIN
+    -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
+    -- last (D1), or y = +B / -B for regression; one direction of the unit ball.
+    copy := dpsql_internal._audit_copy(ds, 1, epsilon, delta);
+    canary := dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim));
+    FOR side IN 0 .. 1 LOOP
+        EXECUTE format('UPDATE %s SET x = $1, y = $2 WHERE slot = 1', copy.relid)
+          USING canary, CASE WHEN labels IS NULL THEN (1 - 2 * side) * ds.label_bound
+                             WHEN side = 0 THEN labels[1] ELSE positive END;
+        FOR i IN 1 .. n_runs LOOP
+            -- Each run after the first in a subtransaction that is rolled back once its
+            -- weights are read: its training table, locks, model and charge go (thousands
+            -- of runs would exhaust the lock table otherwise); the weights stay in a
+            -- variable. The first run stays, so that the accountant's answer stays cached.
+            w := NULL;
+            IF side = 0 AND i = 1 THEN
+                mid := dpsql_internal._audit_release(copy, model, params);
+                SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
+                  FROM dpsql.model_store m WHERE m.model_id = mid;
+            ELSE
+                BEGIN
+                    mid := dpsql_internal._audit_release(copy, model, params);
+                    SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
+                      FROM dpsql.model_store m WHERE m.model_id = mid;
+                    -- (a RAISE, not _fail: a signal for the handler below, no refusal)
+                    RAISE EXCEPTION USING ERRCODE = 'DPA01';
+                EXCEPTION WHEN SQLSTATE 'DPA01' THEN
+                    NULL;
+                END;
+            END IF;
+            INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, side, i, w);
+            PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
+        END LOOP;
+    END LOOP;
+    -- The test: project on the difference of the two sides' mean models over the
+    -- calibration half (odd runs); the even runs judge it.
+    WITH released AS (
+        SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.w AS weights
+          FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name AND r.w IS NOT NULL),
+    mean AS (
+        SELECT k, avg(v) FILTER (WHERE d = 1) - avg(v) FILTER (WHERE d = 0) AS dv
+          FROM released, unnest(released.weights) WITH ORDINALITY AS u(v, k)
+         WHERE calibration GROUP BY k),
+    score AS (
+        SELECT d, calibration,
+               (SELECT sum(u.v * mean.dv) FROM unnest(released.weights) WITH ORDINALITY AS u(v, k)
+                  JOIN mean USING (k)) AS s
+          FROM released),
+    -- candidate thresholds: 399 quantiles of the calibration scores; the statistics get
+    -- the error counts at each, a few kilobytes whatever the number of runs
+    grid AS (
+        SELECT DISTINCT unnest(percentile_disc(ARRAY(SELECT g / 400.0 FROM generate_series(1, 399) g))
+                               WITHIN GROUP (ORDER BY s)) AS t
+          FROM score WHERE calibration),
+    errors AS (
+        SELECT g.t,
+               count(*) FILTER (WHERE sc.d = 0 AND sc.calibration AND sc.s > g.t) AS fp_c,
+               count(*) FILTER (WHERE sc.d = 1 AND sc.calibration AND sc.s <= g.t) AS fn_c,
+               count(*) FILTER (WHERE sc.d = 0 AND NOT sc.calibration AND sc.s > g.t) AS fp_e,
+               count(*) FILTER (WHERE sc.d = 1 AND NOT sc.calibration AND sc.s <= g.t) AS fn_e
+          FROM grid g CROSS JOIN score sc GROUP BY g.t)
+    SELECT jsonb_build_object(
+               'op', 'audit_bound', 'method', 'distinguish', 'delta', delta, 'confidence', conf,
+               'test', coalesce(opts->>'test', 'dp'),
+               'thresholds', jsonb_agg(e.t ORDER BY e.t),
+               'fp_calibration', jsonb_agg(e.fp_c ORDER BY e.t),
+               'fn_calibration', jsonb_agg(e.fn_c ORDER BY e.t),
+               'fp_evaluation', jsonb_agg(e.fp_e ORDER BY e.t),
+               'fn_evaluation', jsonb_agg(e.fn_e ORDER BY e.t),
+               'calibration0', (SELECT count(*) FROM score WHERE d = 0 AND calibration),
+               'calibration1', (SELECT count(*) FROM score WHERE d = 1 AND calibration),
+               'evaluation0', (SELECT count(*) FROM score WHERE d = 0 AND NOT calibration),
+               'evaluation1', (SELECT count(*) FROM score WHERE d = 1 AND NOT calibration))
+      INTO request FROM errors e;
+END $$;
+
+-- A one_run audit: one release on a copy of ds whose m canary slots each hold its canary or a
+-- neutral row by a fair coin, then each canary's score (the statistics' request).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_one_run(ds dpsql.datasets, model text, params jsonb,
+                                                         dim int, epsilon float8, delta float8,
+                                                         conf float8, opts jsonb,
+                                                         OUT copy dpsql.datasets, OUT request jsonb)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET extra_float_digits = 3  -- the scores and thresholds sent to the statistics, in full
+AS $$
+DECLARE
+    labels float8[] := ds.labels;
+    positive float8 := labels[cardinality(labels)];
+    m int;
+    mid bigint;
+BEGIN
+    IF model = 'multinomial' OR cardinality(labels) > 2 THEN
+        PERFORM dpsql_internal._fail('one_run audits binary and linear models (a canary''s '
+                                     'score is its margin)', '0A000',
+                                     'Use method => ''distinguish''.');
+    END IF;
+    -- m canary slots, each with its canary or a neutral row (x = 0 after the transform)
+    -- by a fair coin: the guesses are judged against the coins.
+    m := coalesce((opts->>'canaries')::int, 1000);
+    -- (their scores travel to the statistics as one command-line argument: at most ~80 kB)
+    IF NOT (m BETWEEN 10 AND 3000) THEN
+        PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 3000], got %s', m));
+    END IF;
+    copy := dpsql_internal._audit_copy(ds, m, epsilon, delta);
+    INSERT INTO dpsql_internal.audit_canaries
+    SELECT copy.name, s, dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim)),
+           CASE WHEN labels IS NULL THEN CASE WHEN random() < 0.5 THEN ds.label_bound
+                                              ELSE -ds.label_bound END
+                WHEN random() < 0.5 THEN labels[1] ELSE positive END,
+           random() < 0.5
+      FROM generate_series(1, m) s;
+    EXECUTE format('UPDATE %s t SET x = CASE WHEN c.included THEN c.x ELSE $1 END, y = c.y'
+                   '  FROM dpsql_internal.audit_canaries c WHERE c.audit = $2 AND t.slot = c.slot',
+                   copy.relid)
+      USING dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim])), copy.name;
+    mid := dpsql_internal._audit_release(copy, model, params);
+    IF mid IS NULL THEN
+        PERFORM dpsql_internal._fail('the audited mechanism released nothing (its solver did '
+                                     'not certify): no bound', '55000');
+    END IF;
+    INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, 1, 1, '{}');
+    -- score: the margin the model gives the canary's label (higher when it was trained on)
+    SELECT jsonb_build_object(
+               'op', 'audit_bound', 'method', 'one_run', 'delta', delta, 'confidence', conf,
+               'scores', jsonb_agg(s ORDER BY slot), 'included', jsonb_agg(included ORDER BY slot))
+      INTO request
+      FROM (SELECT c.slot, c.included,
+                   CASE WHEN labels IS NULL THEN -((p.v - c.y) ^ 2)
+                        WHEN model = 'logistic' THEN CASE WHEN c.y = positive THEN p.v ELSE 1 - p.v END
+                        ELSE CASE WHEN c.y = positive THEN p.v ELSE -p.v END END AS s
+              FROM dpsql_internal.audit_canaries c,
+                   LATERAL (SELECT dpsql.predict(mid, c.x) AS v) p
+             WHERE c.audit = copy.name) q;
+END $$;
+
 -- The audit (dpsql.audit below is its interface): the new dpsql.audits row's summary.
 CREATE OR REPLACE FUNCTION dpsql_internal._audit(dataset text, privacy text, epsilon float8,
                                                  delta float8, n_runs int, method text,
@@ -187,54 +385,19 @@ DECLARE
     train jsonb := coalesce(opts->'train', '{}');
     params jsonb;
     copy dpsql.datasets;
+    run record;  -- the copy and the statistics' request (_audit_distinguish, _audit_one_run)
     dim int;
-    canary float8[];
-    labels float8[];
-    positive float8;
-    mid bigint;
-    w float8[];
     answer jsonb;
     request jsonb;
     details jsonb;
-    m int;
     id bigint;
 BEGIN
     opts := coalesce(opts, '{}');
     conf := coalesce((opts->>'confidence')::float8, 0.95);
     train := coalesce(opts->'train', '{}');
     PERFORM dpsql_internal._require_admin('audit a mechanism');
-    IF method IS NULL OR method NOT IN ('one_run', 'distinguish') THEN
-        PERFORM dpsql_internal._fail(format('method must be one_run or distinguish, got %s',
-                                            coalesce(quote_literal(method), 'NULL')));
-    END IF;
-    IF jsonb_typeof(opts) <> 'object' OR jsonb_typeof(train) <> 'object'
-       OR EXISTS (SELECT 1 FROM jsonb_object_keys(opts) k
-                   WHERE k NOT IN ('confidence', 'train', 'model', 'canaries', 'seed', 'mutation',
-                                   'test')) THEN
-        PERFORM dpsql_internal._fail('options takes confidence, model, train (dpsql.train''s '
-                                     'parameters), canaries, seed, test and mutation',
-                                     hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
-    END IF;
-    -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
-    delta := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
-    IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
-    END IF;
-    IF coalesce(opts->>'test', 'dp') NOT IN ('dp', 'gdp')
-       OR (opts ? 'test' AND method <> 'distinguish') THEN
-        PERFORM dpsql_internal._fail('options.test is dp (any mechanism) or gdp (Gaussian compositions), '
-                                     'for method => ''distinguish''');
-    END IF;
-    IF NOT (conf >= 0.5 AND conf < 1) THEN
-        PERFORM dpsql_internal._fail(format('options.confidence must be in [0.5, 1), got %s', conf));
-    END IF;
-    n_runs := coalesce(n_runs, CASE WHEN method = 'one_run' THEN 1 ELSE 200 END);
-    IF method = 'one_run' AND n_runs <> 1 THEN
-        PERFORM dpsql_internal._fail('a one_run audit trains once: runs => 1 (or NULL)');
-    END IF;
-    IF method = 'distinguish' AND NOT (n_runs BETWEEN 20 AND 20000) THEN
-        PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', n_runs));
-    END IF;
+    SELECT x.delta_used, x.runs INTO delta, n_runs
+      FROM dpsql_internal._audit_arguments(privacy, epsilon, delta, n_runs, method, opts) x;
     ds := dpsql_internal._dataset_for_source(dataset);
     -- Thousands of uncharged releases are no worse than the rows themselves only for a role
     -- that can read those rows: the data owner, not any member of dpsql_admin.
@@ -258,130 +421,17 @@ BEGIN
     END IF;
     model := coalesce(opts->>'model', CASE WHEN ds.labels IS NULL THEN 'linear' ELSE 'logistic' END);
     params := train || jsonb_build_object('privacy', privacy, 'epsilon', epsilon, 'delta', delta);
-    labels := ds.labels;
-    positive := labels[cardinality(labels)];
     dim := coalesce(ds.dim, cardinality(ds.features));
     -- the runs report their own progress; an audit reports its runs
     PERFORM set_config('dpsql_progress.only', 'audit run', true);
 
     IF method = 'distinguish' THEN
-        -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
-        -- last (D1), or y = +B / -B for regression; one direction of the unit ball.
-        copy := dpsql_internal._audit_copy(ds, 1, epsilon, delta);
-        canary := dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim));
-        FOR side IN 0 .. 1 LOOP
-            EXECUTE format('UPDATE %s SET x = $1, y = $2 WHERE slot = 1', copy.relid)
-              USING canary, CASE WHEN labels IS NULL THEN (1 - 2 * side) * ds.label_bound
-                                 WHEN side = 0 THEN labels[1] ELSE positive END;
-            FOR i IN 1 .. n_runs LOOP
-                -- Each run after the first in a subtransaction that is rolled back once its
-                -- weights are read: its training table, locks, model and charge go (thousands
-                -- of runs would exhaust the lock table otherwise); the weights stay in a
-                -- variable. The first run stays, so that the accountant's answer stays cached.
-                w := NULL;
-                IF side = 0 AND i = 1 THEN
-                    mid := dpsql_internal._audit_release(copy, model, params);
-                    SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
-                      FROM dpsql.model_store m WHERE m.model_id = mid;
-                ELSE
-                    BEGIN
-                        mid := dpsql_internal._audit_release(copy, model, params);
-                        SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
-                          FROM dpsql.model_store m WHERE m.model_id = mid;
-                        -- (a RAISE, not _fail: a signal for the handler below, no refusal)
-                        RAISE EXCEPTION USING ERRCODE = 'DPA01';
-                    EXCEPTION WHEN SQLSTATE 'DPA01' THEN
-                        NULL;
-                    END;
-                END IF;
-                INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, side, i, w);
-                PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
-            END LOOP;
-        END LOOP;
-        -- The test: project on the difference of the two sides' mean models over the
-        -- calibration half (odd runs); the even runs judge it.
-        WITH released AS (
-            SELECT r.side AS d, r.i % 2 = 1 AS calibration, r.w AS weights
-              FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name AND r.w IS NOT NULL),
-        mean AS (
-            SELECT k, avg(v) FILTER (WHERE d = 1) - avg(v) FILTER (WHERE d = 0) AS dv
-              FROM released, unnest(released.weights) WITH ORDINALITY AS u(v, k)
-             WHERE calibration GROUP BY k),
-        score AS (
-            SELECT d, calibration,
-                   (SELECT sum(u.v * mean.dv) FROM unnest(released.weights) WITH ORDINALITY AS u(v, k)
-                      JOIN mean USING (k)) AS s
-              FROM released),
-        -- candidate thresholds: 399 quantiles of the calibration scores; the statistics get
-        -- the error counts at each, a few kilobytes whatever the number of runs
-        grid AS (
-            SELECT DISTINCT unnest(percentile_disc(ARRAY(SELECT g / 400.0 FROM generate_series(1, 399) g))
-                                   WITHIN GROUP (ORDER BY s)) AS t
-              FROM score WHERE calibration),
-        errors AS (
-            SELECT g.t,
-                   count(*) FILTER (WHERE sc.d = 0 AND sc.calibration AND sc.s > g.t) AS fp_c,
-                   count(*) FILTER (WHERE sc.d = 1 AND sc.calibration AND sc.s <= g.t) AS fn_c,
-                   count(*) FILTER (WHERE sc.d = 0 AND NOT sc.calibration AND sc.s > g.t) AS fp_e,
-                   count(*) FILTER (WHERE sc.d = 1 AND NOT sc.calibration AND sc.s <= g.t) AS fn_e
-              FROM grid g CROSS JOIN score sc GROUP BY g.t)
-        SELECT jsonb_build_object(
-                   'op', 'audit_bound', 'method', 'distinguish', 'delta', delta, 'confidence', conf,
-                   'test', coalesce(opts->>'test', 'dp'),
-                   'thresholds', jsonb_agg(e.t ORDER BY e.t),
-                   'fp_calibration', jsonb_agg(e.fp_c ORDER BY e.t),
-                   'fn_calibration', jsonb_agg(e.fn_c ORDER BY e.t),
-                   'fp_evaluation', jsonb_agg(e.fp_e ORDER BY e.t),
-                   'fn_evaluation', jsonb_agg(e.fn_e ORDER BY e.t),
-                   'calibration0', (SELECT count(*) FROM score WHERE d = 0 AND calibration),
-                   'calibration1', (SELECT count(*) FROM score WHERE d = 1 AND calibration),
-                   'evaluation0', (SELECT count(*) FROM score WHERE d = 0 AND NOT calibration),
-                   'evaluation1', (SELECT count(*) FROM score WHERE d = 1 AND NOT calibration))
-          INTO request FROM errors e;
+        run := dpsql_internal._audit_distinguish(ds, model, params, dim, n_runs, epsilon, delta, conf, opts);
     ELSE
-        IF model = 'multinomial' OR cardinality(labels) > 2 THEN
-            PERFORM dpsql_internal._fail('one_run audits binary and linear models (a canary''s '
-                                         'score is its margin)', '0A000',
-                                         'Use method => ''distinguish''.');
-        END IF;
-        -- m canary slots, each with its canary or a neutral row (x = 0 after the transform)
-        -- by a fair coin: the guesses are judged against the coins.
-        m := coalesce((opts->>'canaries')::int, 1000);
-        -- (their scores travel to the statistics as one command-line argument: at most ~80 kB)
-        IF NOT (m BETWEEN 10 AND 3000) THEN
-            PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 3000], got %s', m));
-        END IF;
-        copy := dpsql_internal._audit_copy(ds, m, epsilon, delta);
-        INSERT INTO dpsql_internal.audit_canaries
-        SELECT copy.name, s, dpsql_internal._audit_raw(ds, dpsql_internal._audit_direction(dim)),
-               CASE WHEN labels IS NULL THEN CASE WHEN random() < 0.5 THEN ds.label_bound
-                                                  ELSE -ds.label_bound END
-                    WHEN random() < 0.5 THEN labels[1] ELSE positive END,
-               random() < 0.5
-          FROM generate_series(1, m) s;
-        EXECUTE format('UPDATE %s t SET x = CASE WHEN c.included THEN c.x ELSE $1 END, y = c.y'
-                       '  FROM dpsql_internal.audit_canaries c WHERE c.audit = $2 AND t.slot = c.slot',
-                       copy.relid)
-          USING dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim])), copy.name;
-        mid := dpsql_internal._audit_release(copy, model, params);
-        IF mid IS NULL THEN
-            PERFORM dpsql_internal._fail('the audited mechanism released nothing (its solver did '
-                                         'not certify): no bound', '55000');
-        END IF;
-        INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, 1, 1, '{}');
-        -- score: the margin the model gives the canary's label (higher when it was trained on)
-        SELECT jsonb_build_object(
-                   'op', 'audit_bound', 'method', 'one_run', 'delta', delta, 'confidence', conf,
-                   'scores', jsonb_agg(s ORDER BY slot), 'included', jsonb_agg(included ORDER BY slot))
-          INTO request
-          FROM (SELECT c.slot, c.included,
-                       CASE WHEN labels IS NULL THEN -((p.v - c.y) ^ 2)
-                            WHEN model = 'logistic' THEN CASE WHEN c.y = positive THEN p.v ELSE 1 - p.v END
-                            ELSE CASE WHEN c.y = positive THEN p.v ELSE -p.v END END AS s
-                  FROM dpsql_internal.audit_canaries c,
-                       LATERAL (SELECT dpsql.predict(mid, c.x) AS v) p
-                 WHERE c.audit = copy.name) q;
+        run := dpsql_internal._audit_one_run(ds, model, params, dim, epsilon, delta, conf, opts);
     END IF;
+    copy := run.copy;
+    request := run.request;
     answer := dpsql_internal._accountant(request::text)::jsonb;
     IF answer ? 'error' THEN
         PERFORM dpsql_internal._fail('the audit''s statistics refused: ' || (answer->>'error'), 'XX000');
