@@ -666,6 +666,55 @@ BEGIN
     END IF;
 END $$;
 
+-- A registration's budget: epsilon_budget finite and > 0, delta_budget in [0, 1), and how
+-- releases are held against it (composition sum or pld; NULL: sum).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_budget(epsilon_budget float8, delta_budget float8,
+                                                                composition text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(
+            format('epsilon_budget must be a finite number > 0, got %s',
+                   coalesce(epsilon_budget::text, 'NULL')));
+    END IF;
+    IF delta_budget IS NULL OR NOT (delta_budget >= 0 AND delta_budget < 1) THEN
+        PERFORM dpsql_internal._fail(
+            format('delta_budget must be in [0, 1), got %s', coalesce(delta_budget::text, 'NULL')));
+    END IF;
+
+    -- How releases are held against the budget (28_ledger.sql); NULL: the default, 'sum'.
+    IF composition IS NOT NULL AND composition NOT IN ('sum', 'pld') THEN
+        PERFORM dpsql_internal._fail(
+            format('composition must be sum or pld, got %s', quote_literal(composition)),
+            hint => 'pld: charged by the PLD composition of the releases (docs/privacy.md).');
+    END IF;
+END $$;
+
+-- Neither the relation (what: its name in messages) nor the dataset name nm registered yet.
+CREATE OR REPLACE FUNCTION dpsql_internal._check_dataset_unregistered(relid regclass, nm text, what text)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    existing text;
+BEGIN
+    SELECT ds.name INTO existing FROM dpsql.datasets ds
+     WHERE ds.relid = _check_dataset_unregistered.relid AND ds.dropped_at IS NULL;
+    IF FOUND THEN
+        PERFORM dpsql_internal._fail(
+            format('%s is already registered as dataset %s', what, quote_literal(existing)),
+            '42710',
+            hint => 'A relation has one budget; use the registered dataset.');
+    END IF;
+    IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm AND ds.dropped_at IS NULL) THEN
+        PERFORM dpsql_internal._fail(
+            format('a dataset named %s is already registered', quote_literal(nm)), '42710',
+            hint => 'Choose another name => ...');
+    END IF;
+END $$;
+
 -- The registration itself. Admin-only; nothing is written unless every check passes.
 -- (0.8.0: holdout and key added)
 DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, text[],
@@ -691,7 +740,6 @@ DECLARE
     lab record;
     bounds float8[];
     target record;
-    existing text;
     id bigint;
     holdout_key text;  -- the holdout's key column (62_holdout.sql)
 BEGIN
@@ -729,39 +777,10 @@ BEGIN
     target := dpsql_internal._register_target(lab.numeric_labels, label_bound, row_bound, row_norm,
                                               regression, estimate, feature_bounds,
                                               CASE WHEN bounds IS NOT NULL THEN cols.d END);
-    IF epsilon_budget IS NULL OR NOT (epsilon_budget > 0 AND epsilon_budget < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(
-            format('epsilon_budget must be a finite number > 0, got %s',
-                   coalesce(epsilon_budget::text, 'NULL')));
-    END IF;
-    IF delta_budget IS NULL OR NOT (delta_budget >= 0 AND delta_budget < 1) THEN
-        PERFORM dpsql_internal._fail(
-            format('delta_budget must be in [0, 1), got %s', coalesce(delta_budget::text, 'NULL')));
-    END IF;
-
-    -- How releases are held against the budget (28_ledger.sql); NULL: the default, 'sum'.
-    IF composition IS NOT NULL AND composition NOT IN ('sum', 'pld') THEN
-        PERFORM dpsql_internal._fail(
-            format('composition must be sum or pld, got %s', quote_literal(composition)),
-            hint => 'pld: charged by the PLD composition of the releases (docs/privacy.md).');
-    END IF;
-
+    PERFORM dpsql_internal._check_dataset_budget(epsilon_budget, delta_budget, composition);
     nm := coalesce(_register_dataset.name, rel.relname);
     PERFORM dpsql_internal._check_dataset_name(nm);
-    SELECT ds.name INTO existing FROM dpsql.datasets ds
-     WHERE ds.relid = _register_dataset.relid AND ds.dropped_at IS NULL;
-    IF FOUND THEN
-        PERFORM dpsql_internal._fail(
-            format('%s is already registered as dataset %s', what, quote_literal(existing)),
-            '42710',
-            hint => 'A relation has one budget; use the registered dataset.');
-    END IF;
-    IF EXISTS (SELECT 1 FROM dpsql.datasets ds WHERE ds.name = nm AND ds.dropped_at IS NULL) THEN
-        PERFORM dpsql_internal._fail(
-            format('a dataset named %s is already registered', quote_literal(nm)), '42710',
-            hint => 'Choose another name => ...');
-    END IF;
-
+    PERFORM dpsql_internal._check_dataset_unregistered(relid, nm, what);
     holdout_key := dpsql_internal._check_holdout(relid, holdout, key, nm, features, label);
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,

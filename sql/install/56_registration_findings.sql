@@ -12,48 +12,25 @@
 -- true); rows scaled by row_norm only warn.
 ------------------------------------------------------------------------------------------
 
--- One finding per line: (what, rows, what training does with them, a hint).
-CREATE OR REPLACE FUNCTION dpsql_internal._registration_findings(dataset_id bigint, accept boolean,
-                                                                estimate jsonb)
-RETURNS void LANGUAGE plpgsql VOLATILE
+-- The checks of a registration's rows, each a boolean SQL expression over the registered
+-- columns, and their names: missing (rows training drops), label or label_bound, category <c>
+-- per categorical feature, bounds (declared feature bounds; estimate's are not checked) or
+-- norm (rows row_norm scales down).
+CREATE OR REPLACE FUNCTION dpsql_internal._registration_checks(ds dpsql.datasets, estimate jsonb,
+                                                               OUT names text[], OUT checks text[])
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    ds dpsql.datasets;
-    as_text text[];
-    array_feature boolean;
-    numeric_cols text[];
-    checks text[] := '{}';
-    names text[] := '{}';
-    counts bigint[];
-    n bigint;
-    lines text[] := '{}';
-    refused boolean := false;
+    as_text text[] := dpsql_internal._text_columns(ds);
+    array_feature boolean := dpsql_internal._array_feature(ds);
+    numeric_cols text[] := ARRAY(SELECT c FROM unnest(ds.features) c WHERE c <> ALL (as_text));
+    lbl text := quote_ident(ds.label);
+    bounds_given boolean := ds.feature_bounds IS NOT NULL AND NOT coalesce(estimate ? 'feature_bounds', false);
     f text;
-    i int;
-    lbl text;
-    outside text;
-    declared text[];
-    spaced boolean;
-    padded boolean := false;
-    bounds_given boolean;
 BEGIN
-    SELECT * INTO ds FROM dpsql.datasets d WHERE d.dataset_id = _registration_findings.dataset_id;
-    IF NOT dpsql_internal._runs_no_code(ds.relid) AND (dpsql_internal._citus_layout(ds.relid)).dist_column IS NULL
-       AND dpsql_internal._reads_citus(NULL, ds.relid) THEN
-        -- a view over distributed tables: private training refuses it (30_runs.sql), and its
-        -- reader cannot reach the workers
-        RAISE WARNING 'dpsql: the rows of % were not checked: it reads Citus distributed tables through a view, '
-                      'which private training refuses', ds.source
-            USING HINT = 'Register the distributed table itself.';
-        RETURN;
-    END IF;
-    as_text := dpsql_internal._text_columns(ds);
-    array_feature := dpsql_internal._array_feature(ds);
-    numeric_cols := ARRAY(SELECT c FROM unnest(ds.features) c WHERE c <> ALL (as_text));
-    lbl := quote_ident(ds.label);
-    bounds_given := ds.feature_bounds IS NOT NULL AND NOT coalesce(estimate ? 'feature_bounds', false);
-
+    names := '{}';
+    checks := '{}';
     -- rows training drops: a NULL or non-finite number, or a label outside the set
     names := names || 'missing'::text;
     checks := checks || (SELECT coalesce(string_agg(format(CASE WHEN array_feature AND c = ds.features[1]
@@ -99,12 +76,27 @@ BEGIN
                                                 FROM unnest(numeric_cols) c) END);
     END IF;
 
-    EXECUTE format('SELECT count(*), ARRAY[%s] FROM %s',
-                   (SELECT string_agg(format('count(*) FILTER (WHERE coalesce(%s, false))', c), ', ')
-                      FROM unnest(checks) c),
-                   dpsql_internal._private_from(ds))
-       INTO n, counts;
+END $$;
 
+-- One line per check that found rows (counts, in the order of names), with the values found
+-- for a label or a category; refused when any but norm found rows, padded when some values
+-- differ from declared ones only by white space.
+CREATE OR REPLACE FUNCTION dpsql_internal._registration_finding_lines(ds dpsql.datasets, names text[],
+                                                                      checks text[], counts bigint[],
+                                                                      OUT lines text[], OUT refused boolean,
+                                                                      OUT padded boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lbl text := quote_ident(ds.label);
+    outside text;
+    declared text[];
+    spaced boolean;
+BEGIN
+    lines := '{}';
+    refused := false;
+    padded := false;
     FOR i IN 1..cardinality(names) LOOP
         CONTINUE WHEN counts[i] = 0;
         IF names[i] = 'label' OR names[i] LIKE 'category %' THEN
@@ -133,6 +125,43 @@ BEGIN
             ELSE format('%s rows with %s outside its categories or NULL (encoded as zeros): %s',
                         counts[i], substr(names[i], 10), outside) END;
     END LOOP;
+END $$;
+
+-- One finding per line: (what, rows, what training does with them, a hint).
+CREATE OR REPLACE FUNCTION dpsql_internal._registration_findings(dataset_id bigint, accept boolean,
+                                                                estimate jsonb)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ds dpsql.datasets;
+    checks text[];
+    names text[];
+    counts bigint[];
+    n bigint;
+    lines text[];
+    refused boolean;
+    padded boolean;
+BEGIN
+    SELECT * INTO ds FROM dpsql.datasets d WHERE d.dataset_id = _registration_findings.dataset_id;
+    IF NOT dpsql_internal._runs_no_code(ds.relid) AND (dpsql_internal._citus_layout(ds.relid)).dist_column IS NULL
+       AND dpsql_internal._reads_citus(NULL, ds.relid) THEN
+        -- a view over distributed tables: private training refuses it (30_runs.sql), and its
+        -- reader cannot reach the workers
+        RAISE WARNING 'dpsql: the rows of % were not checked: it reads Citus distributed tables through a view, '
+                      'which private training refuses', ds.source
+            USING HINT = 'Register the distributed table itself.';
+        RETURN;
+    END IF;
+    SELECT c.names, c.checks INTO names, checks FROM dpsql_internal._registration_checks(ds, estimate) c;
+    EXECUTE format('SELECT count(*), ARRAY[%s] FROM %s',
+                   (SELECT string_agg(format('count(*) FILTER (WHERE coalesce(%s, false))', c), ', ')
+                      FROM unnest(checks) c),
+                   dpsql_internal._private_from(ds))
+       INTO n, counts;
+
+    SELECT l.lines, l.refused, l.padded INTO lines, refused, padded
+      FROM dpsql_internal._registration_finding_lines(ds, names, checks, counts) l;
     IF refused AND NOT accept THEN
         PERFORM dpsql_internal._fail(
             format('%s: of %s rows, %s', ds.source, n, array_to_string(lines, '; ')), '22000',
