@@ -40,9 +40,10 @@ def binary(conn, scratch_schema):
     return table, X, y
 
 
-# The paper's constant step 1/sqrt(m) (schedule given, no step: docs/defaults.md).
+# The paper's constant step 1/sqrt(m), given (m = 300 rows: the binary fixture; a schedule
+# given without a step is the default schedule with the default step since issue 45).
 BASE = "epochs => 3, batch_size => 5, seed => 11, intercept => false"
-PAPER = ", schedule => 'constant'"
+PAPER = ", schedule => 'constant', step_size => 1 / sqrt(300)"
 COMMON = BASE + PAPER
 
 
@@ -175,7 +176,7 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     _register(conn, f"{scratch_schema}.multi", labels="{0,1,2}", name=f"multi_{scratch_schema}")
     (ovr,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 3, batch_size => 10,"
-        " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
+        " schedule => 'constant', step_size => 0.05, privacy => 'bolton', epsilon => 3)",
         (f"multi_{scratch_schema}",),
     ).fetchone()
     m = _model(conn, ovr)
@@ -185,7 +186,7 @@ def test_one_vs_rest_splits_the_budget_and_multinomial_does_not(conn, scratch_sc
     assert m["noise_scale"] == pytest.approx(m["sensitivity"] / 1.0)
     (mul,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'multinomial', epochs => 3, batch_size => 10,"
-        " schedule => 'constant', privacy => 'bolton', epsilon => 3)",
+        " schedule => 'constant', step_size => 0.05, privacy => 'bolton', epsilon => 3)",
         (f"multi_{scratch_schema}",),
     ).fetchone()
     m2 = _model(conn, mul)
@@ -224,7 +225,9 @@ def test_refused_releases_charge_nothing(conn, binary, args, message) -> None:
     table, _, _ = binary
     before = leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()
     with pytest.raises(psycopg.Error, match=message):
-        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {COMMON}, {args})", (table,))
+        # (the refusal's own step, when it gives one, replaces the paper's)
+        common = BASE + (", schedule => 'constant'" if "step_size" in args else PAPER)
+        conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, 'logistic', {common}, {args})", (table,))
     assert (leftovers(conn), conn.execute("SELECT count(*) FROM dpsql.ledger").fetchone()) == before
 
 
@@ -285,7 +288,8 @@ def test_fresh_permutations_and_feature_bounds(conn, scratch_schema) -> None:
     )
     (mid,) = conn.execute(
         "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 4, batch_size => 5,"
-        " schedule => 'constant', privacy => 'bolton', epsilon => 5, permutation => 'fresh')",
+        " schedule => 'constant', step_size => 1 / sqrt(200), privacy => 'bolton', epsilon => 5,"
+        " permutation => 'fresh')",
         (f"raw_{scratch_schema}",),
     ).fetchone()
     m = _model(conn, mid)

@@ -207,10 +207,18 @@ def test_given_values_are_kept_and_not_recorded_as_defaults(conn, binary) -> Non
     )
     assert (m["batch_size"], m["epochs"], m["step_size"]) == (20, 3, 0.01)
     assert "defaults" not in m["params"]["privacy"]
-    # a schedule without a step: the schedule's own step, the bolt-on paper's 1/sqrt(m)
+    # the default schedule spelled out without a step: the default step (issue 45), recorded
+    # as a default, the same as leaving the schedule out
     m = _train(conn, binary, "logistic", privacy="bolton", epsilon=1.0, schedule="constant")
-    assert m["step_size"] == pytest.approx(1 / math.sqrt(6000), rel=1e-12)
-    assert set(m["params"]["privacy"]["defaults"]) == {"epochs", "batch_size", "intercept", "delta"}
+    unspelled = _train(conn, binary, "logistic", privacy="bolton", epsilon=1.0)
+    assert m["step_size"] == unspelled["step_size"] != pytest.approx(1 / math.sqrt(6000))
+    assert set(m["params"]["privacy"]["defaults"]) == {
+        "epochs",
+        "batch_size",
+        "intercept",
+        "delta",
+        "step_size",
+    }
 
 
 def test_shuffled_dpsgd_batch_is_the_smallest_with_quiet_steps(conn, binary) -> None:

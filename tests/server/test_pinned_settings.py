@@ -210,10 +210,15 @@ def test_default_step_reaches_the_sensitivity_unrounded(server_uri, classificati
             classification,
             "logistic",
             "bolton",
-            {"epsilon": 1.0, "batch_size": 1, "schedule": "constant"},
+            {
+                "epsilon": 1.0,
+                "batch_size": 1,
+                "schedule": "constant",
+                "step_size": 1 / np.sqrt(300),
+            },
         )
     m = row["rows"]
-    assert row["step_size"] == 1.0 / np.sqrt(m)
+    assert m == 300 and row["step_size"] == 1.0 / np.sqrt(m)
     # Algorithm 1, constant step, b = 1: sensitivity 2 k L eta.
     assert row["sensitivity"] == pytest.approx(2 * 2 * 1.0 / np.sqrt(m), rel=1e-12)
 
@@ -233,7 +238,8 @@ def test_analyst_settings_do_not_reach_the_plan(conn, classification, make_role)
                 _set_hostile(a)
             (mid,) = a.execute(
                 "SELECT dpsql.train(%s, NULL, NULL, 'logistic', epochs => 5, batch_size => 1,"
-                " schedule => 'constant', privacy => 'bolton', epsilon => 1, seed => 7)",
+                " schedule => 'constant', step_size => 1 / sqrt(300), privacy => 'bolton',"
+                " epsilon => 1, seed => 7)",
                 (classification,),
             ).fetchone()
             with a.cursor(binary=True) as cur:
