@@ -84,6 +84,7 @@ DECLARE
     reserved constant text[] := '{source,features,label,epsilon,delta,noise_seed,validation}';
 BEGIN
     IF fn NOT IN ('dpsql.train', 'dpsql.preview') THEN
+        -- (a RAISE, not _fail: a misuse inside the extension, not a refusal of a call)
         RAISE EXCEPTION 'dpsql: _tune_call of %', fn USING ERRCODE = 'XX000';
     END IF;
     IF jsonb_typeof(candidate) IS DISTINCT FROM 'object' OR NOT candidate ? 'privacy' THEN
