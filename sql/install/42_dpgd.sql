@@ -129,6 +129,10 @@ BEGIN
 END $$;
 
 -- The plan of DP-GD (its registered plan_function, called by _train_planned, 33_planned.sql).
+-- Over 100 lines: one sequential argument, each number from the ones before it (the clip
+-- quantile sets the burn-in, which with ci and the preconditioner sets the steps, which with
+-- the split of rho set the noise) and all of them in the record; issue 45's "one typed plan per
+-- release" refactor gives the plan a composite type and moves the record out of it.
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$

@@ -98,6 +98,61 @@ CREATE OR REPLACE FUNCTION dpsql_internal._fw_lasso(gram float8[], s float8, ste
 RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_fw_lasso_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
+-- The default number of steps K of a Frank-Wolfe plan (_fw_plan, below; its numbers by
+-- _fw_numbers), refused before any charge when its vertex draws are close to uniform.
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_default_steps(model text, r_inf float8, s float8,
+                                                            y_bound float8, n bigint, d int, p int,
+                                                            epsilon float8, delta float8, rho float8)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    steps_opt float8;
+    num record;
+    k int;
+    best float8;
+    bound float8;
+BEGIN
+    -- Default K: the minimiser of the derived high-probability bound (Thakurta, Theorem 6.22,
+    -- with mu_k = 2/(k+2) and the noise on the SUM gradient) 2 n Gamma / (K + 2) + 4 b ln(2p K
+    -- / 0.05), b = 2 Delta_u / eps_step the selection noise, over K = 2..2000 (x1.25 steps).
+    -- Thm 6.22's K (K^(3/2) ~ n eps) drops that log and the zCDP split: it gave 50-2000 steps
+    -- of near-uniform vertex draws.
+    k := 2;
+    WHILE k <= 2000 LOOP
+        num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, k);
+        bound := 2 * n * (2 * s * r_inf) ^ 2 / CASE WHEN model = 'lasso' THEN 1 ELSE 4 END / (k + 2)
+                 + 8 * num.delta_u / num.eps_step * ln(2 * p * k / 0.05);
+        IF best IS NULL OR bound < best THEN
+            best := bound;
+            steps_opt := k;
+        END IF;
+        k := greatest(k + 1, (k * 1.25)::int);
+    END LOOP;
+    num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
+    -- Refused before any charge when the vertex draws are close to uniform: the best
+    -- vertex's score lead is at most n a L_1 s (a: the share of the L_inf bound one
+    -- coordinate of a row uses, 1 for LASSO's [-1, 1] features, 1/sqrt(d) for rows clipped
+    -- to L2 norm 1), the selection noise 2 Delta_u / eps_step = 4 s L_1 / eps_step over 2p
+    -- candidates, so a useful draw needs n a eps_step well above ln(2p K); below 50 x that
+    -- the defaults learned nothing on any dataset we ran (bench/RESULTS.md).
+    IF n * num.eps_step * (CASE WHEN model = 'lasso' THEN 1 ELSE 1 / sqrt(d) END)
+       < 50 * ln(2 * p * steps_opt) THEN
+        PERFORM dpsql_internal._fail(
+            format('frank_wolfe cannot learn here: at epsilon %s its %s steps choose their '
+                   'vertices almost at random (n a eps_step = %s, below 50 ln(2p K) = %s)',
+                   epsilon, steps_opt,
+                   round((n * num.eps_step * CASE WHEN model = 'lasso' THEN 1
+                                                  ELSE 1 / sqrt(d) END)::numeric, 1),
+                   round((50 * ln(2 * p * steps_opt))::numeric, 1)),
+            hint => CASE WHEN model = 'lasso'
+                         THEN 'Use privacy => ''auto'', ''adassp'' or ''objective_perturbation'', '
+                              'a larger epsilon or more rows.'
+                         ELSE 'Use privacy => ''auto'' or ''objective_perturbation'' (dense '
+                              'rows use little of the L_inf bound Frank-Wolfe pays for), a '
+                              'larger epsilon or more rows.' END);
+    END IF;
+    RETURN steps_opt;
+END $$;
+
 -- The plan: every number from n, d, the registration and the analyst's options.
 CREATE OR REPLACE FUNCTION dpsql_internal._fw_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                    epsilon float8, delta float8, params jsonb)
@@ -115,9 +170,6 @@ DECLARE
     rho float8;
     num record;
     max_p int;
-    k int;
-    best float8;
-    bound float8;
 BEGIN
     IF model NOT IN ('lasso', 'logistic') THEN
         PERFORM dpsql_internal._fail(format('frank_wolfe trains model => lasso or logistic, not %s',
@@ -173,45 +225,7 @@ BEGIN
         rho := dpsql.zcdp_rho(epsilon, delta);
     END IF;
     IF steps_opt IS NULL THEN
-        -- Default K: the minimiser of the derived high-probability bound (Thakurta, Theorem 6.22,
-        -- with mu_k = 2/(k+2) and the noise on the SUM gradient) 2 n Gamma / (K + 2) + 4 b ln(2p K
-        -- / 0.05), b = 2 Delta_u / eps_step the selection noise, over K = 2..2000 (x1.25 steps).
-        -- Thm 6.22's K (K^(3/2) ~ n eps) drops that log and the zCDP split: it gave 50-2000 steps
-        -- of near-uniform vertex draws.
-        k := 2;
-        WHILE k <= 2000 LOOP
-            num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, k);
-            bound := 2 * n * (2 * s * r_inf) ^ 2 / CASE WHEN model = 'lasso' THEN 1 ELSE 4 END / (k + 2)
-                     + 8 * num.delta_u / num.eps_step * ln(2 * p * k / 0.05);
-            IF best IS NULL OR bound < best THEN
-                best := bound;
-                steps_opt := k;
-            END IF;
-            k := greatest(k + 1, (k * 1.25)::int);
-        END LOOP;
-        num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
-        -- Refused before any charge when the vertex draws are close to uniform: the best
-        -- vertex's score lead is at most n a L_1 s (a: the share of the L_inf bound one
-        -- coordinate of a row uses, 1 for LASSO's [-1, 1] features, 1/sqrt(d) for rows clipped
-        -- to L2 norm 1), the selection noise 2 Delta_u / eps_step = 4 s L_1 / eps_step over 2p
-        -- candidates, so a useful draw needs n a eps_step well above ln(2p K); below 50 x that
-        -- the defaults learned nothing on any dataset we ran (bench/RESULTS.md).
-        IF n * num.eps_step * (CASE WHEN model = 'lasso' THEN 1 ELSE 1 / sqrt(d) END)
-           < 50 * ln(2 * p * steps_opt) THEN
-            PERFORM dpsql_internal._fail(
-                format('frank_wolfe cannot learn here: at epsilon %s its %s steps choose their '
-                       'vertices almost at random (n a eps_step = %s, below 50 ln(2p K) = %s)',
-                       epsilon, steps_opt,
-                       round((n * num.eps_step * CASE WHEN model = 'lasso' THEN 1
-                                                      ELSE 1 / sqrt(d) END)::numeric, 1),
-                       round((50 * ln(2 * p * steps_opt))::numeric, 1)),
-                hint => CASE WHEN model = 'lasso'
-                             THEN 'Use privacy => ''auto'', ''adassp'' or ''objective_perturbation'', '
-                                  'a larger epsilon or more rows.'
-                             ELSE 'Use privacy => ''auto'' or ''objective_perturbation'' (dense '
-                                  'rows use little of the L_inf bound Frank-Wolfe pays for), a '
-                                  'larger epsilon or more rows.' END);
-        END IF;
+        steps_opt := dpsql_internal._fw_default_steps(model, r_inf, s, y_bound, n, d, p, epsilon, delta, rho);
     END IF;
     num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
     RETURN jsonb_build_object(
