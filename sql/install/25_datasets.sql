@@ -35,16 +35,8 @@ CREATE TABLE IF NOT EXISTS dpsql.datasets (
     dim             int CHECK (dim > 0)         -- public number of features (NULL: registered
                                                 -- before 0.3.0 from an empty array column)
 );
--- A holdout split (register_dataset's holdout => f, 62_holdout.sql): the relation's rows are
--- two datasets, 'train' and 'holdout', chosen by a secret-keyed hash of the key column.
-ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_side text CHECK (split_side IN ('train', 'holdout'));
-ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_key text;       -- the key column
-ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_fraction float8; -- the holdout's share
-ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_of bigint;      -- holdout: its training dataset
--- One live dataset (budget) per relation, or one per side of its split.
-DROP INDEX IF EXISTS dpsql.datasets_live_relid_idx;
-CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_split_idx ON dpsql.datasets (relid, coalesce(split_side, 'all'))
-    WHERE dropped_at IS NULL;
+-- One live dataset (budget) per relation, or one per side of a holdout split: the unique
+-- index is made with the split's columns (28_ledger.sql, after the older columns).
 COMMENT ON TABLE dpsql.datasets IS
     'Registered datasets: public declarations of the data owner and the (epsilon, delta) budget';
 

@@ -37,6 +37,17 @@ ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS composition text NOT NULL DE
 -- (one-hot) and a text label's public values (trained as classes 0, 1, ...).
 ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS categories jsonb;
 ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS label_values text[];
+-- Issue 44: a holdout split (62_holdout.sql): the relation's rows are two datasets, 'train'
+-- and 'holdout', chosen by a secret-keyed hash of the key column. (Here, after the columns of
+-- earlier versions: a fresh table has an upgraded one's column order.) One live dataset
+-- (budget) per relation, or one per side of its split.
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_side text CHECK (split_side IN ('train', 'holdout'));
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_key text;       -- the key column
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_fraction float8; -- the holdout's share
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_of bigint;      -- holdout: its training dataset
+DROP INDEX IF EXISTS dpsql.datasets_live_relid_idx;
+CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_split_idx ON dpsql.datasets (relid, coalesce(split_side, 'all'))
+    WHERE dropped_at IS NULL;
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, with charged_at
 -- moving forward to the release's time, nothing else.
