@@ -871,7 +871,7 @@ SELECT dpsql_internal._register_mechanism($spec${
     "options": [],
     "plan_function": null,
     "fit_function": null,
-    "models": null,
+    "models": ["logistic", "multinomial"],
     "params": [
         "epochs",
         "batch_size",

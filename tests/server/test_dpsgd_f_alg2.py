@@ -133,7 +133,7 @@ def test_refusals_charge_nothing(conn, scratch_schema) -> None:
         ({"noise_multiplier": 1.0}, "not noise_multiplier"),
         ({"clip_norm": 1.0}, "clip_norm is not a parameter"),
         ({"intercept": True}, "leave intercept false"),
-        ({"model": "huber"}, "logistic .binary. or multinomial"),
+        ({"model": "huber"}, "'logistic' or 'multinomial', not 'huber'"),
     ]
     for kw, message in refused:
         with pytest.raises(Exception, match=message):
