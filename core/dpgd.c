@@ -125,14 +125,6 @@ dpsql_dpgd_check(const double *state, size_t len)
 	return DPSQL_OK;
 }
 
-int
-dpsql_dpgd_row_length(const double *state)
-{
-	const DpsqlDpgdHeader *h = (const DpsqlDpgdHeader *) state;
-
-	return (int) h->p - (int) h->intercept;
-}
-
 void
 dpsql_dpgd_row(double *state, const double *x, int xlen, double y)
 {

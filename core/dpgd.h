@@ -70,9 +70,6 @@ DpsqlStatus dpsql_dpgd_check(const double *state, size_t len);
  */
 DpsqlStatus dpsql_dpgd_check_header(const double *state, size_t len);
 
-/* Features a row must carry: p, minus one with an intercept. */
-int			dpsql_dpgd_row_length(const double *state);
-
 /*
  * Add one row's clipped gradient. Never fails: x == NULL, xlen != the row length, or a
  * non-finite x or y make a null record (zero gradient, still counted in n). Every row adds
