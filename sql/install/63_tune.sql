@@ -459,11 +459,17 @@ BEGIN
                                           CASE WHEN needs_delta THEN (plan->>'run_delta')::float8 ELSE 0 END,
                                           CASE WHEN noise_seed IS NOT NULL THEN noise_seed # (1000 * run) END,
                                           (cands->(pick - 1)->>'index')::int) INTO mid;
-        score := dpsql_internal._tune_score(mid, vs, (plan->>'score_epsilon')::float8, plan->>'metric',
-                                            CASE WHEN noise_seed IS NOT NULL THEN noise_seed # (1000 * run + 1) END);
-        IF best IS NULL OR (score IS NOT NULL AND (best_score IS NULL
-                                                   OR (larger AND score > best_score)
-                                                   OR (NOT larger AND score < best_score))) THEN
+        -- a run that released nothing (a fit that could not certify its minimiser, as train
+        -- returns NULL then) is a run without a model or a score: the selection goes on
+        score := CASE WHEN mid IS NOT NULL THEN
+                     dpsql_internal._tune_score(mid, vs, (plan->>'score_epsilon')::float8, plan->>'metric',
+                                                CASE WHEN noise_seed IS NOT NULL THEN noise_seed # (1000 * run + 1) END)
+                 END;
+        IF mid IS NULL THEN
+            NULL;
+        ELSIF best IS NULL OR (score IS NOT NULL AND (best_score IS NULL
+                                                      OR (larger AND score > best_score)
+                                                      OR (NOT larger AND score < best_score))) THEN
             IF best IS NOT NULL THEN
                 DELETE FROM dpsql.model_store m WHERE m.model_id = best;  -- never released
             END IF;
@@ -478,6 +484,11 @@ BEGIN
     END LOOP;
     DELETE FROM dpsql_internal.tune_prepaid t
      WHERE t.backend = pg_backend_pid() AND t.xact = pg_current_xact_id() AND t.dataset_id = ds.dataset_id;
+    IF best IS NULL THEN
+        RAISE WARNING 'dpsql: tune released nothing: no run released a model; the budget of this call is spent'
+            USING HINT = 'Other candidates, or options that let their fits certify (docs/tune.md).';
+        RETURN NULL;
+    END IF;
     UPDATE dpsql.model_store m
        SET params = m.params || jsonb_build_object('tune', jsonb_build_object(
                'validation', vs.name, 'metric', plan->>'metric', 'score', best_score,
