@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +95,10 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
             args.candidates,
             args.metric,
         )
+        if model_id is None:
+            print("dpsql: tune released nothing (no run released a model); the budget is spent",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         print(summary(db.model(model_id), args.dataset))
     return 0
 

@@ -685,6 +685,10 @@ class Database:
         model_id = tuning.tune(
             self.conn, dataset, validation, epsilon, delta, candidates, metric, noise_seed
         )
+        if model_id is None:
+            raise NothingReleased(
+                "dpsql: tune released nothing (no run released a model); the budget is spent"
+            )
         return self.model(model_id)
 
     @translate(not_found=NotRegistered)

@@ -46,14 +46,15 @@ def tune(
     candidates: Sequence[Mapping[str, Any]] | None = None,
     metric: str | None = None,
     noise_seed: int | None = None,
-) -> int:
-    """``dpsql.tune``: the released model's id."""
+) -> int | None:
+    """``dpsql.tune``: the released model's id (None: no run released a model; the charges
+    stand)."""
     row = conn.execute(
         "SELECT dpsql.tune(%s, %s, %s, %s, candidates => %s, metric => %s, noise_seed => %s)",
         (dataset, validation, epsilon, delta, _candidates(candidates), metric, noise_seed),
     ).fetchone()
     assert row is not None
-    return int(row[0])
+    return None if row[0] is None else int(row[0])
 
 
 def preview_tune(
