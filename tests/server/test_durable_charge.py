@@ -372,9 +372,20 @@ def _local_pid(conn, pid: int) -> psutil.Process:
 
 
 def _reconnect(server_uri: str) -> psycopg.Connection:
-    # crash recovery takes a moment, longer on a loaded machine
-    server.wait_until_ready(server_uri, 180)
-    return psycopg.connect(server_uri, autocommit=True)
+    """A connection once crash recovery is over (longer on a loaded machine). The server may
+    still answer for a moment after the kill, before the postmaster restarts it: a connection
+    that fails then is tried again, up to three minutes in all."""
+    deadline = time.monotonic() + 180
+    while True:
+        server.wait_until_ready(server_uri, max(1, int(deadline - time.monotonic())))
+        try:
+            conn = psycopg.connect(server_uri, autocommit=True)
+            conn.execute("SELECT 1")
+            return conn
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.mark.crash
