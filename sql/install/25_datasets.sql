@@ -708,10 +708,13 @@ BEGIN
 END $$;
 
 -- The registration itself. Admin-only; nothing is written unless every check passes.
--- (0.8.0: holdout and key added)
+-- (0.8.0: holdout and key added; 0.9.0: privacy_unit and max_rows_per_unit)
 DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, text[],
                                                          float8[], text, text, text, float8, float8, int,
                                                          boolean, jsonb, text, jsonb, boolean);
+DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, text[],
+                                                         float8[], text, text, text, float8, float8, int,
+                                                         boolean, jsonb, text, jsonb, boolean, float8, text);
 CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     relid regclass, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels text[] DEFAULT NULL,
@@ -719,7 +722,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._register_dataset(
     source_text text DEFAULT NULL, label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL,
     dim int DEFAULT NULL, regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL,
     composition text DEFAULT NULL, categories jsonb DEFAULT NULL, accept boolean DEFAULT false,
-    holdout float8 DEFAULT NULL, key text DEFAULT NULL)
+    holdout float8 DEFAULT NULL, key text DEFAULT NULL, privacy_unit text DEFAULT NULL,
+    max_rows_per_unit int DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -773,17 +777,26 @@ BEGIN
     nm := coalesce(_register_dataset.name, rel.relname);
     PERFORM dpsql_internal._check_dataset_name(nm);
     PERFORM dpsql_internal._check_dataset_unregistered(relid, nm, what);
-    holdout_key := dpsql_internal._check_holdout(relid, holdout, key, nm, features, label);
+    holdout_key := dpsql_internal._check_holdout(relid, holdout,
+                                                 coalesce(key, CASE WHEN holdout IS NOT NULL THEN privacy_unit END),
+                                                 nm, features, label);
+    PERFORM dpsql_internal._check_privacy_unit(relid, privacy_unit, max_rows_per_unit, features, label,
+                                               holdout_key);
 
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
-                                dim, composition, categories, label_values)
+                                dim, composition, categories, label_values, privacy_unit,
+                                max_rows_per_unit)
     VALUES (nm, relid, what, features, label, target.checked_labels, bounds,
             target.checked_row_norm, epsilon_budget, delta_budget, label_bound,
             target.checked_row_bound, cols.d, coalesce(_register_dataset.composition, 'sum'),
-            categories, lab.label_values)
+            categories, lab.label_values, privacy_unit, max_rows_per_unit)
     RETURNING dataset_id INTO id;
-    PERFORM dpsql_internal._grant_reader(relid, features || label || array_remove(ARRAY[holdout_key], NULL));
+    IF privacy_unit IS NOT NULL THEN
+        PERFORM dpsql_internal._draw_unit_secret(id);
+    END IF;
+    PERFORM dpsql_internal._grant_reader(relid, features || label
+                                                || array_remove(ARRAY[holdout_key, privacy_unit], NULL));
     -- What the rows hold against the declarations, told to the data owner (who may read them),
     -- and refused unless accepted: nothing is registered then (30_registration_findings.sql).
     -- Of the whole relation, before a holdout splits it (the owner's rows, either side).
@@ -820,6 +833,9 @@ $$;
 DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
                                                 float8[], text, text, float8, float8, int, boolean, jsonb,
                                                 text, jsonb, boolean);
+DROP FUNCTION IF EXISTS dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
+                                                float8[], text, text, float8, float8, int, boolean, jsonb,
+                                                text, jsonb, boolean, float8, text);
 CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     source text, features text[], label text, epsilon_budget float8,
     delta_budget float8 DEFAULT 0, labels anycompatiblearray DEFAULT NULL::float8[],
@@ -827,7 +843,7 @@ CREATE OR REPLACE FUNCTION dpsql.register_dataset(
     label_bound float8 DEFAULT NULL, row_bound float8 DEFAULT NULL, dim int DEFAULT NULL,
     regression boolean DEFAULT NULL, estimate jsonb DEFAULT NULL, composition text DEFAULT NULL,
     categories jsonb DEFAULT NULL, accept boolean DEFAULT false, holdout float8 DEFAULT NULL,
-    key text DEFAULT NULL)
+    key text DEFAULT NULL, privacy_unit text DEFAULT NULL, max_rows_per_unit int DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -852,11 +868,12 @@ BEGIN
     RETURN dpsql_internal._register_dataset(rel, features, label, epsilon_budget, delta_budget,
                                    labels::text[], feature_bounds, row_norm, name, source,
                                    label_bound, row_bound, dim, regression, estimate, composition,
-                                   categories, coalesce(accept, false), holdout, key);
+                                   categories, coalesce(accept, false), holdout, key, privacy_unit,
+                                   max_rows_per_unit);
 END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
                                            float8[], text, text, float8, float8, int, boolean, jsonb,
-                                           text, jsonb, boolean, float8, text) IS
+                                           text, jsonb, boolean, float8, text, text, int) IS
     'Register a table for private training with its public declarations and (epsilon, delta) budget';
 
 CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)

@@ -287,7 +287,8 @@ END $$;
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader). One side of a holdout split: that side's rows
--- only, chosen by the key column (read with them, never exposed).
+-- only, chosen by the key column (read with them, never exposed). A dataset with a privacy
+-- unit: exactly max_rows_per_unit slots per unit (64_privacy_units.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets)
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -298,11 +299,20 @@ DECLARE
     list text := dpsql_internal._read_list(ds.relid, columns, as_text);
     names text := (SELECT string_agg(format('s.%I', c), ', ' ORDER BY k)
                      FROM unnest(columns) WITH ORDINALITY AS u(c, k));
-    alias text := CASE WHEN ds.split_side IS NULL THEN 'src' ELSE 's' END;
+    plain boolean := ds.split_side IS NULL AND ds.privacy_unit IS NULL;
+    alias text := CASE WHEN plain THEN 'src' ELSE 's' END;
+    extra text := '';
     inner_from text;
+    condition text;
 BEGIN
     IF ds.split_side IS NOT NULL THEN  -- one side of a holdout split (62_holdout.sql)
         list := list || ', ' || dpsql_internal._split_key_sql(ds.relid, ds.split_key) || ' AS "dpsql split key"';
+        extra := ', "dpsql split key" text';
+    END IF;
+    IF ds.privacy_unit IS NOT NULL THEN  -- the unit's value, read to bound it (64_privacy_units.sql)
+        list := list || ', ' || dpsql_internal._key_text_sql(ds.relid, ds.privacy_unit, 'the privacy unit')
+                || ' AS "dpsql unit"';
+        extra := extra || ', "dpsql unit" text';
     END IF;
     IF dpsql_internal._runs_no_code(ds.relid) THEN
         inner_from := format('(SELECT %s FROM %s) AS %s', list, ds.relid, alias);
@@ -313,14 +323,16 @@ BEGIN
                                                      WHEN k = 1 AND dpsql_internal._array_feature(ds)
                                                      THEN 'double precision[]' ELSE 'double precision' END),
                                          ', ' ORDER BY k)
-                         FROM unnest(columns) WITH ORDINALITY AS u(c, k))
-                      || CASE WHEN ds.split_side IS NOT NULL THEN ', "dpsql split key" text' ELSE '' END);
+                         FROM unnest(columns) WITH ORDINALITY AS u(c, k)) || extra);
     END IF;
-    IF ds.split_side IS NULL THEN
+    IF plain THEN
         RETURN inner_from;
     END IF;
-    RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from,
-                  dpsql_internal._split_condition(ds, 's."dpsql split key"'));
+    condition := dpsql_internal._split_condition(ds, 's."dpsql split key"');
+    IF ds.privacy_unit IS NOT NULL THEN
+        RETURN dpsql_internal._bounded_from(ds, inner_from, columns, condition);
+    END IF;
+    RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from, condition);
 END $$;
 
 -- The row count, public (replace-one neighbours): counting reads no value.

@@ -48,6 +48,12 @@ ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS split_of bigint;      -- hol
 DROP INDEX IF EXISTS dpsql.datasets_live_relid_idx;
 CREATE UNIQUE INDEX IF NOT EXISTS datasets_live_split_idx ON dpsql.datasets (relid, coalesce(split_side, 'all'))
     WHERE dropped_at IS NULL;
+-- Issue 46: the privacy unit (64_privacy_units.sql): the column whose value names the person a
+-- row belongs to, and the rows each unit keeps (every read keeps exactly that many slots per
+-- unit). NULL: one row is one unit, as before.
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS privacy_unit text;
+ALTER TABLE dpsql.datasets ADD COLUMN IF NOT EXISTS max_rows_per_unit int
+    CHECK (max_rows_per_unit BETWEEN 1 AND 1000);
 
 -- The only change allowed to a ledger entry: model_id from NULL to a value, with charged_at
 -- moving forward to the release's time, nothing else.
@@ -219,9 +225,15 @@ BEGIN
                                              coalesce(delta, 0));
 END $$;
 
+--
+-- A dataset with a privacy unit of k > 1 rows (64_privacy_units.sql): the release was planned
+-- at row level, and is charged at unit level (group privacy; Gaussian and Laplace events with
+-- their multipliers / k), unless unit_level says its numbers already are (tune's selection).
+DROP FUNCTION IF EXISTS dpsql_internal._charge(bigint, float8, float8, text, bigint, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
-                              dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL)
+                              dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL,
+                              unit_level boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -231,6 +243,7 @@ DECLARE
     spent record;
     give_up timestamptz;
     entry bigint;
+    unit record;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
@@ -252,6 +265,12 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM dpsql_internal._fail(
             format('no dataset %s', coalesce(dataset_id::text, 'NULL')), '42704');
+    END IF;
+    IF dpsql_internal._unit_rows(d) > 1 AND NOT unit_level THEN
+        unit := dpsql_internal._unit_charge(d.max_rows_per_unit, epsilon, delta, dp_event);
+        epsilon := unit.epsilon;
+        delta := unit.delta;
+        dp_event := unit.dp_event;
     END IF;
     IF dpsql_internal._previewing() THEN
         -- dpsql.preview (57_preview.sql): what would be charged, and nothing is. The signal

@@ -69,7 +69,9 @@ SELECT e.entry_id, e.dataset_id, d.name AS dataset, e.model_id, e.mechanism, e.e
                               AND later.mechanism = e.mechanism
                               AND later.entry_id > e.entry_id
                               AND pg_xact_status(later.xact) = 'committed'),
-           e.xact) AS outcome
+           e.xact) AS outcome,
+       -- what one unit of the entry's (epsilon, delta) is: fixed once anything is spent
+       d.privacy_unit, d.max_rows_per_unit
   FROM dpsql.ledger_entries e
   JOIN dpsql.datasets d ON d.dataset_id = e.dataset_id
  WHERE dpsql_internal._can_use_dataset(e.dataset_id);
@@ -96,7 +98,10 @@ SELECT d.dataset_id, d.name, d.source, d.features, d.label, d.labels, d.row_norm
        d.dim, d.categories, d.label_values,  -- issue 27: how the columns are encoded (public)
        -- issue 44: a holdout split's side ('train', 'holdout'), its key column and the holdout's
        -- share of the rows (62_holdout.sql)
-       d.split_side, d.split_key, d.split_fraction
+       d.split_side, d.split_key, d.split_fraction,
+       -- issue 46: the privacy unit (a person's rows) and the rows each unit reads as
+       -- (64_privacy_units.sql); NULL: a row is a unit
+       d.privacy_unit, d.max_rows_per_unit
   FROM dpsql.datasets d
  JOIN dpsql_internal.spent s ON s.dataset_id = d.dataset_id
  WHERE d.dropped_at IS NULL AND dpsql_internal._can_use_dataset(d.dataset_id);

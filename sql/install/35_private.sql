@@ -246,6 +246,7 @@ DECLARE
     auto jsonb;
     filled jsonb := '{}';
     mech dpsql.mechanism_catalog;
+    target record;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
     -- resolve
@@ -398,9 +399,16 @@ BEGIN
     PERFORM dpsql_internal._preview_note('model', to_jsonb(canonical));
     PERFORM dpsql_internal._preview_note('defaults', nullif(filled, '{}'));
     PERFORM dpsql_internal._preview_note('auto', auto->'record');
+    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta) asked
+    -- for, which the charge then pays (64_privacy_units.sql)
+    target := dpsql_internal._unit_release_target(ds, epsilon, delta);
+    IF dpsql_internal._unit_rows(ds) > 1 THEN
+        params := params || jsonb_build_object('epsilon', target.epsilon, 'delta', target.delta);
+    END IF;
     -- release: the mechanism's own train function (plan from public numbers, charge, fit, finish)
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
-       INTO mid USING ds, model, privacy, params, epsilon, delta, noise_seed;
+       INTO mid USING ds, model, privacy, params, target.epsilon, target.delta, noise_seed;
+    PERFORM dpsql_internal._record_unit(ds, mid);
     IF filled <> '{}' OR auto IS NOT NULL THEN
         UPDATE dpsql.model_store m
            SET params = jsonb_set(m.params, '{privacy}',

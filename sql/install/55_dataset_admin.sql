@@ -49,9 +49,14 @@ BEGIN
     RETURN d;
 END $$;
 
+-- (0.9.0: privacy_unit and max_rows_per_unit, 64_privacy_units.sql; privacy_unit => '' says
+-- a row is a unit again)
+DROP FUNCTION IF EXISTS dpsql.alter_dataset(text, float8, float8, text);
 CREATE OR REPLACE FUNCTION dpsql.alter_dataset(dataset text, epsilon_budget float8 DEFAULT NULL,
                                                delta_budget float8 DEFAULT NULL,
-                                               new_name text DEFAULT NULL)
+                                               new_name text DEFAULT NULL,
+                                               privacy_unit text DEFAULT NULL,
+                                               max_rows_per_unit int DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -60,6 +65,12 @@ DECLARE
     spent record;
     change jsonb := '{}';
 BEGIN
+    IF privacy_unit IS NOT NULL OR max_rows_per_unit IS NOT NULL THEN
+        change := dpsql_internal._alter_privacy_unit(d, nullif(privacy_unit, ''),
+                                                     CASE WHEN privacy_unit = '' THEN max_rows_per_unit
+                                                          ELSE coalesce(max_rows_per_unit, d.max_rows_per_unit) END,
+                                                     coalesce(privacy_unit = '', false));
+    END IF;
     SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
      WHERE s.dataset_id = d.dataset_id;
     IF epsilon_budget IS NOT NULL THEN
@@ -98,7 +109,8 @@ BEGIN
     END IF;
     IF change = '{}' THEN
         PERFORM dpsql_internal._fail('alter_dataset changes nothing',
-                                     hint => 'Give epsilon_budget, delta_budget or new_name.');
+                                     hint => 'Give epsilon_budget, delta_budget, new_name, privacy_unit or '
+                                             'max_rows_per_unit.');
     END IF;
     UPDATE dpsql.datasets ds
        SET epsilon_budget = coalesce(alter_dataset.epsilon_budget, ds.epsilon_budget),
@@ -107,8 +119,9 @@ BEGIN
      WHERE ds.dataset_id = d.dataset_id;
     PERFORM dpsql_internal._record_change(d.dataset_id, change);
 END $$;
-COMMENT ON FUNCTION dpsql.alter_dataset(text, float8, float8, text) IS
-    'Change a dataset''s budgets (never below what is spent) or name; recorded in dpsql.dataset_history';
+COMMENT ON FUNCTION dpsql.alter_dataset(text, float8, float8, text, text, int) IS
+    'Change a dataset''s budgets (never below what is spent), name or privacy unit (while nothing is spent); '
+    'recorded in dpsql.dataset_history';
 
 CREATE OR REPLACE FUNCTION dpsql.drop_dataset(dataset text)
 RETURNS void LANGUAGE plpgsql VOLATILE SECURITY DEFINER

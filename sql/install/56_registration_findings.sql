@@ -144,6 +144,8 @@ DECLARE
     padded boolean;
 BEGIN
     SELECT * INTO ds FROM dpsql.datasets d WHERE d.dataset_id = _registration_findings.dataset_id;
+    PERFORM dpsql_internal._unit_findings(ds);
+    ds.privacy_unit := NULL;  -- the checks count rows, not a unit's slots
     IF NOT dpsql_internal._runs_no_code(ds.relid) AND (dpsql_internal._citus_layout(ds.relid)).dist_column IS NULL
        AND dpsql_internal._reads_citus(NULL, ds.relid) THEN
         -- a view over distributed tables: private training refuses it (30_runs.sql), and its

@@ -34,10 +34,11 @@ AS $$
            / 4503599627370496::float8
 $$;
 
--- The key column's value as text, in SQL: built-in integer, text and uuid types only (their
--- casts to text are built in: no cast or function a data owner created is resolved), checked
--- at every read, since the column may have changed since registration.
-CREATE OR REPLACE FUNCTION dpsql_internal._split_key_sql(relid regclass, key text)
+-- A key column's value as text, in SQL (the holdout's key, the privacy unit): built-in
+-- integer, text and uuid types only (their casts to text are built in: no cast or function a
+-- data owner created is resolved), checked at every read, since the column may have changed
+-- since registration. what names the column's role in errors.
+CREATE OR REPLACE FUNCTION dpsql_internal._key_text_sql(relid regclass, key text, what text)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -46,20 +47,27 @@ DECLARE
 BEGIN
     SELECT dpsql_internal._base_type(a.atttypid) INTO base
       FROM pg_attribute a
-     WHERE a.attrelid = relid AND a.attname = _split_key_sql.key AND a.attnum > 0 AND NOT a.attisdropped;
+     WHERE a.attrelid = relid AND a.attname = _key_text_sql.key AND a.attnum > 0 AND NOT a.attisdropped;
     IF base IS NULL THEN
-        PERFORM dpsql_internal._fail(format('%s has no column %s (the holdout''s key)', relid, quote_ident(key)),
+        PERFORM dpsql_internal._fail(format('%s has no column %s (%s)', relid, quote_ident(key), what),
                                      '42703');
     END IF;
     IF base NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype, 'text'::regtype,
                     'varchar'::regtype, 'bpchar'::regtype, 'uuid'::regtype) THEN
         PERFORM dpsql_internal._fail(
-            format('the holdout''s key column %s of %s has type %s', quote_ident(key), relid,
+            format('%s column %s of %s has type %s', what, quote_ident(key), relid,
                    format_type(base, NULL)), '42804',
-            hint => 'A holdout is keyed by an integer, text or uuid column (a row id).');
+            hint => 'A key column is an integer, text or uuid column (a row or person id).');
     END IF;
     RETURN format('%I::%s::pg_catalog.text', key, base::regtype);
 END $$;
+
+CREATE OR REPLACE FUNCTION dpsql_internal._split_key_sql(relid regclass, key text)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dpsql_internal._key_text_sql(relid, key, 'the holdout''s key')
+$$;
 
 -- The condition that keeps a dataset's side of its split, on the key's text column (alias)
 -- of the inner read; '' for an unsplit dataset. The secret is read by a subquery (evaluated
@@ -140,11 +148,12 @@ BEGIN
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound,
                                 dim, composition, categories, label_values,
-                                split_side, split_key, split_fraction, split_of)
+                                split_side, split_key, split_fraction, split_of, privacy_unit,
+                                max_rows_per_unit)
     SELECT d.name || '_holdout', d.relid, d.source, d.features, d.label, d.labels, d.feature_bounds,
            d.row_norm, d.epsilon_budget, d.delta_budget, d.label_bound, d.row_bound,
            d.dim, d.composition, d.categories, d.label_values,
-           'holdout', d.split_key, d.split_fraction, d.dataset_id
+           'holdout', d.split_key, d.split_fraction, d.dataset_id, d.privacy_unit, d.max_rows_per_unit
       FROM dpsql.datasets d WHERE d.dataset_id = train_id
     RETURNING dataset_id INTO id;
     RETURN id;

@@ -1,0 +1,221 @@
+"""Issue 46: privacy units. register_dataset(..., privacy_unit => c, max_rows_per_unit => k)
+makes every private read keep exactly k slots per unit (public count U * k), plans each
+release at row level for the unit-level target and charges it at unit level."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+
+PEOPLE = 4000
+
+
+def _visits(conn, name: str, *, outlier_rows: int = 300) -> None:
+    """4,000 people with 1-5 visits each and person 0 with outlier_rows visits (the issue's
+    synthetic table); features in [0, 1] x [-1, 0], labels +-1 from a noisy linear rule."""
+    conn.execute(
+        f"CREATE TABLE {name} (visit bigserial PRIMARY KEY, person int, a float8, b float8, y int)"
+    )
+    conn.execute(
+        f"INSERT INTO {name} (person, a, b, y)"
+        " SELECT p, ((p * 7 + v * 13) % 100) / 100.0, -((p * 11 + v * 3) % 50) / 50.0,"
+        "        CASE WHEN ((p * 7 + v * 13) % 100) / 100.0 + ((p * 11 + v * 3) % 50) / 100.0"
+        "                  + ((p * 31 + v * 17) % 23) / 46.0 > 0.9 THEN 1 ELSE -1 END"
+        f" FROM generate_series(1, {PEOPLE - 1}) p, generate_series(1, 1 + p % 5) v"
+    )
+    conn.execute(
+        f"INSERT INTO {name} (person, a, b, y)"
+        f" SELECT 0, 0.2, -0.3, -1 FROM generate_series(1, {outlier_rows})"
+    )
+
+
+def _register(conn, source: str, **kw) -> str:
+    name = f"pu_{uuid.uuid4().hex[:8]}"
+    extra = "".join(f", {k} => %({k})s" for k in kw)
+    conn.execute(
+        f"SELECT dpsql.register_dataset(%(source)s, '{{a,b}}', 'y', 100, 1e-4,"
+        f" feature_bounds => '{{{{0,1}},{{-1,0}}}}', name => %(name)s{extra})",
+        {"source": source, "name": name, **kw},
+    )
+    return name
+
+
+def _rows(conn, name: str) -> int:
+    return conn.execute(
+        "SELECT dpsql_internal._public_row_count(dpsql_internal._lookup_dataset(%s))", (name,)
+    ).fetchone()[0]
+
+
+@pytest.fixture
+def visits(conn, scratch_schema) -> str:
+    _visits(conn, "visits")
+    return f"{scratch_schema}.visits"
+
+
+def test_every_read_keeps_exactly_k_slots_per_unit(conn, visits) -> None:
+    """U * k rows are read, each unit's slots are its own rows (repeated when it has fewer
+    than k, k of them when more), and the registration tells the owner about the units."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=3)
+    assert any(f"{PEOPLE} units (privacy_unit person)" in n for n in notices), notices
+    over = sum(1 for p in range(1, PEOPLE) if 1 + p % 5 > 3) + 1
+    assert any(f"{over} have more than 3 rows (the most: 300)" in n for n in notices), notices
+    assert _rows(conn, name) == PEOPLE * 3
+    row = conn.execute(
+        "SELECT privacy_unit, max_rows_per_unit FROM dpsql.my_datasets WHERE name = %s", (name,)
+    ).fetchone()
+    assert row == ("person", 3)
+    # the read's rows, unit by unit: each a multiset of the unit's own (a, b, y)
+    ds = conn.execute("SELECT dpsql_internal._lookup_dataset(%s)", (name,)).fetchone()[0]
+    src = conn.execute("SELECT dpsql_internal._private_from(%s::dpsql.datasets)", (ds,)).fetchone()[0]
+    slots = conn.execute(f"SELECT a, b, y FROM {src}").fetchall()
+    assert len(slots) == PEOPLE * 3
+    # person 0's 300 identical visits give 3 identical slots; a 1-visit person 3 copies
+    assert slots.count((0.2, -0.3, -1.0)) >= 3
+    one_visit = conn.execute("SELECT a, b, y FROM visits WHERE person = 5").fetchall()
+    assert len(one_visit) == 1
+    assert slots.count(tuple(float(v) for v in one_visit[0])) >= 3
+
+
+def test_a_release_asked_at_epsilon_is_charged_epsilon_at_unit_level(conn, visits) -> None:
+    """The bolt-on at epsilon 1 on units of k = 4 rows: planned at row level at 1/4, charged
+    1 (group privacy); the model says unit level and records the row-level plan."""
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=4)
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1, delta => 0,"
+        " epochs => 2, lambda => 0.01)",
+        (name,),
+    ).fetchone()
+    eps, delta, params, sens = conn.execute(
+        "SELECT epsilon, delta, params, sensitivity FROM dpsql.models WHERE model_id = %s", (mid,)
+    ).fetchone()
+    assert eps == pytest.approx(1.0, rel=1e-12)
+    unit = params["privacy_unit"]
+    assert unit["column"] == "person" and unit["max_rows_per_unit"] == 4
+    assert unit["row_epsilon"] == pytest.approx(0.25, rel=1e-12)
+    assert sens == pytest.approx(4 * unit["row_sensitivity"], rel=1e-12)
+    ledger = conn.execute(
+        "SELECT epsilon, delta, dp_event, privacy_unit, max_rows_per_unit FROM dpsql.ledger"
+        " WHERE dataset = %s",
+        (name,),
+    ).fetchall()
+    assert len(ledger) == 1
+    assert ledger[0][0] == pytest.approx(1.0, rel=1e-12)
+    assert ledger[0][3:] == ("person", 4)
+
+
+def test_gaussian_events_are_scaled_and_others_grouped(conn) -> None:
+    """The charge's event at unit level: Gaussian/Laplace multipliers / k through compositions;
+    a Poisson-sampled event becomes the group-privacy (epsilon, delta) event."""
+    gauss = {"type": "SelfComposed", "count": 3, "event": {"type": "Gaussian", "noise_multiplier": 8}}
+    (scaled,) = conn.execute(
+        "SELECT dpsql_internal._unit_event(%s::jsonb, 4)", (psycopg.types.json.Jsonb(gauss),)
+    ).fetchone()
+    assert scaled["event"]["noise_multiplier"] == 2
+    sampled = {
+        "type": "PoissonSampled",
+        "sampling_probability": 0.01,
+        "event": {"type": "Gaussian", "noise_multiplier": 1},
+    }
+    eps, delta, ev = conn.execute(
+        "SELECT * FROM dpsql_internal._unit_charge(3, 0.5, 1e-6, %s::jsonb)",
+        (psycopg.types.json.Jsonb(sampled),),
+    ).fetchone()
+    assert eps == pytest.approx(1.5)
+    assert delta == pytest.approx(1e-6 * (1 + math.exp(0.5) + math.exp(1.0)))
+    assert ev == {"type": "EpsilonDelta", "epsilon": eps, "delta": delta}
+    # the target inverts the charge
+    t_eps, t_delta = conn.execute(
+        "SELECT * FROM dpsql_internal._unit_target(3, 1.5, %s)", (delta,)
+    ).fetchone()
+    assert t_eps == pytest.approx(0.5) and t_delta == pytest.approx(1e-6)
+
+
+def _bolton_pair(conn, schema: str, declare: dict) -> tuple[np.ndarray, float]:
+    """Same-seed bolt-on releases on the visits table and on its neighbour in which all of
+    person 0's rows changed; returns the models' distance and the recorded sensitivity."""
+    coefs = []
+    sens = []
+    names: list[str] = []
+    for variant in ("d0", "d1"):
+        _visits(conn, variant)
+        if variant == "d1":  # every one of person 0's rows moved to the far corner, label flipped
+            conn.execute("UPDATE d1 SET a = 1, b = -1, y = 1 WHERE person = 0")
+        name = _register(conn, f"{schema}.{variant}", **declare)
+        if declare and variant == "d1":  # one dataset's neighbours: the same secret
+            conn.execute(
+                "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
+                " dpsql_internal.unit_secrets u JOIN dpsql.datasets d USING (dataset_id)"
+                " WHERE d.name = %s) WHERE dataset_id = (SELECT dataset_id FROM dpsql.datasets"
+                " WHERE name = %s)",
+                (names[0], name),
+            )
+        names.append(name)
+        (mid,) = conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 1, delta => 0,"
+            " epochs => 1, lambda => 0.05, seed => 7, noise_seed => 11)",
+            (name,),
+        ).fetchone()
+        w, s = conn.execute(
+            "SELECT weights, sensitivity FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()
+        coefs.append(np.array(w))
+        sens.append(s)
+    assert sens[0] == sens[1]
+    return coefs[0] - coefs[1], sens[0]
+
+
+def test_visits_neighbours_stay_within_the_unit_sensitivity(conn, scratch_schema) -> None:
+    """The issue's table: with k = 5 the same-seed releases on neighbours that differ in all of
+    one person's rows are at most the recorded (unit) sensitivity apart; without the unit,
+    they are further apart than the recorded (row) sensitivity (the claim would be wrong)."""
+    diff, sens = _bolton_pair(conn, scratch_schema, {"privacy_unit": "person", "max_rows_per_unit": 5})
+    assert np.linalg.norm(diff) <= sens * (1 + 1e-9)
+    conn.execute("DROP TABLE d0, d1 CASCADE")
+    diff_row, sens_row = _bolton_pair(conn, scratch_schema, {})
+    assert np.linalg.norm(diff_row) > sens_row
+
+
+def test_declaration_errors_change_nothing(conn, visits) -> None:
+    before = conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone()[0]
+    for kw, message in [
+        ({"privacy_unit": "person"}, "needs max_rows_per_unit"),
+        ({"max_rows_per_unit": 3}, "give privacy_unit"),
+        ({"privacy_unit": "person", "max_rows_per_unit": 0}, r"must be in \[1, 1000\]"),
+        ({"privacy_unit": "a", "max_rows_per_unit": 2}, "is a registered feature or label"),
+        ({"privacy_unit": "nope", "max_rows_per_unit": 2}, "has no column nope"),
+        (
+            {"privacy_unit": "person", "max_rows_per_unit": 2, "holdout": 0.2, "key": "visit"},
+            "is not the privacy unit",
+        ),
+    ]:
+        with pytest.raises(psycopg.Error, match=message):
+            _register(conn, visits, **kw)
+    assert conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone()[0] == before
+
+
+def test_the_unit_can_change_only_while_nothing_is_spent(conn, visits) -> None:
+    name = _register(conn, visits)
+    conn.execute("SELECT dpsql.alter_dataset(%s, privacy_unit => 'person', max_rows_per_unit => 2)", (name,))
+    assert _rows(conn, name) == PEOPLE * 2
+    conn.execute("SELECT dpsql.alter_dataset(%s, max_rows_per_unit => 1)", (name,))
+    assert _rows(conn, name) == PEOPLE
+    conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 0.5, delta => 0)", (name,)
+    )
+    with pytest.raises(psycopg.Error, match="has spent budget: its privacy unit is fixed"):
+        conn.execute("SELECT dpsql.alter_dataset(%s, privacy_unit => '')", (name,))
+
+
+def test_a_holdout_splits_by_the_unit(conn, visits) -> None:
+    """With a unit, the holdout's key defaults to it: every person on one side, each side
+    bounded to k slots per person."""
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=2, holdout=0.25)
+    train, held = _rows(conn, name), _rows(conn, name + "_holdout")
+    assert train + held == PEOPLE * 2 and train % 2 == 0 and held % 2 == 0
+    assert 0.2 < held / (PEOPLE * 2) < 0.3
