@@ -300,6 +300,8 @@ DECLARE
     bounds float8[] := '{}';
 BEGIN
     ds := dpsql_internal._estimation_dataset(dataset, 'estimate feature bounds', noise_seed);
+    -- a privacy unit of k rows: planned at epsilon / k, charged epsilon (64_privacy_units.sql)
+    epsilon := (dpsql_internal._unit_release_target(ds, epsilon, 0)).epsilon;
     IF ds.feature_bounds IS NOT NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s already has feature bounds', ds.name),
                             hint => 'Bounds are estimated once, for a dataset registered without them.');
@@ -402,6 +404,8 @@ DECLARE
     bound float8;
 BEGIN
     ds := dpsql_internal._estimation_dataset(dataset, 'estimate label bounds', noise_seed);
+    -- a privacy unit of k rows: planned at epsilon / k, charged epsilon (64_privacy_units.sql)
+    epsilon := (dpsql_internal._unit_release_target(ds, epsilon, 0)).epsilon;
     IF ds.labels IS NOT NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s is a classification dataset (labels %s)', ds.name, ds.labels),
                             hint => 'A label bound is for regression: register with regression => true (and no labels).');

@@ -258,6 +258,12 @@ BEGIN
                    'distributed runs would read both sides', ds.name), '0A000',
             'Split the table into two tables and register each (docs/tune.md).');
     END IF;
+    IF ds.privacy_unit IS NOT NULL THEN  -- distributed after registration: shards are unbounded
+        PERFORM dpsql_internal._fail(
+            format('dataset %s declares a privacy unit, and its table was distributed since; its '
+                   'distributed runs would read every row of every unit', ds.name), '0A000',
+            'Register a local copy of the table (privacy units are read on one node).');
+    END IF;
     IF mech.distributed IS NULL THEN
         PERFORM dpsql_internal._fail(
             format('%s is sequential: it does not run on the distributed dataset %s (its rows would '

@@ -542,7 +542,10 @@ BEGIN
                                      'and none is described',
                                      hint => 'Use delta => 0: counts take integer noise at pure epsilon.');
     END IF;
-    plan := dpsql_internal._describe_plan(n_numeric, n_counted, epsilon, delta);
+    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta), which
+    -- the charge pays (64_privacy_units.sql)
+    r := dpsql_internal._unit_release_target(ds, epsilon, delta);
+    plan := dpsql_internal._describe_plan(n_numeric, n_counted, r.epsilon, r.delta);
     -- (1e-8: the stddev's integer noise, H^2 / epsilon rows, at most 36.7 scales, stays < 2^63;
     -- below it the noise swamps any table)
     IF least((plan->'quantile'->>'epsilon')::float8, (plan->'frequency'->>'epsilon')::float8) < 1e-8 THEN

@@ -684,9 +684,13 @@ DECLARE
     m dpsql.models := dpsql_internal._model(model_id);  -- the models the login role may see
     ds dpsql.datasets := dpsql_internal._lookup_dataset(dataset);  -- granted datasets only
     plan jsonb;
+    target record;
 BEGIN
     PERFORM dpsql_internal._check_evaluation_pair(m, ds, features, label);
-    plan := dpsql_internal._private_evaluation_plan(m, ds, epsilon, coalesce(delta, 0));
+    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta), which
+    -- the charge pays (64_privacy_units.sql)
+    target := dpsql_internal._unit_release_target(ds, epsilon, coalesce(delta, 0));
+    plan := dpsql_internal._private_evaluation_plan(m, ds, target.epsilon, target.delta);
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
@@ -697,14 +701,20 @@ BEGIN
     PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
     PERFORM dpsql_internal._preview_note('model', to_jsonb(m.model_id));
     PERFORM dpsql_internal._preview_note('mechanism', to_jsonb('evaluate'::text));
-    PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, coalesce(delta, 0), 'evaluate',
+    PERFORM dpsql_internal._charge(ds.dataset_id, target.epsilon, target.delta, 'evaluate',
                                    note => format('model %s, %s metrics, %s noise%s', m.model_id, plan->>'kind',
                                                   plan->>'mechanism',
                                                   CASE WHEN noise_seed IS NOT NULL
                                                        THEN ', user noise seed: NOT private' ELSE '' END),
                                    dp_event => plan->'dp_event',
                                    plan => plan - 'dp_event');
-    metrics := dpsql_internal._private_metrics(m, ds, epsilon, coalesce(delta, 0), noise_seed);
+    metrics := dpsql_internal._private_metrics(m, ds, target.epsilon, target.delta, noise_seed);
+    IF ds.privacy_unit IS NOT NULL THEN  -- said at unit level, as charged
+        metrics := jsonb_set(metrics, '{private}', (metrics->'private') || jsonb_build_object(
+            'epsilon', epsilon, 'delta', coalesce(delta, 0), 'row_epsilon', target.epsilon,
+            'row_delta', target.delta, 'privacy_unit', ds.privacy_unit,
+            'max_rows_per_unit', ds.max_rows_per_unit));
+    END IF;
     metric := CASE WHEN plan->>'kind' = 'regression' THEN 'mse' ELSE 'accuracy' END;
     value := (metrics->>metric)::float8;
     baseline := (metrics->'baseline'->>metric)::float8;

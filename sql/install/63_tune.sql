@@ -392,7 +392,10 @@ RETURNS float8 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    metrics jsonb := dpsql_internal._private_metrics(dpsql_internal._model(model_id), vs, epsilon, 0, noise_seed);
+    -- planned at row level for the unit-level epsilon the selection paid (64_privacy_units.sql)
+    metrics jsonb := dpsql_internal._private_metrics(dpsql_internal._model(model_id), vs,
+                                                     (dpsql_internal._unit_release_target(vs, epsilon, 0)).epsilon,
+                                                     0, noise_seed);
 BEGIN
     RETURN (metrics->>metric)::float8;
 END $$;
@@ -437,11 +440,14 @@ BEGIN
     PERFORM dpsql_internal._check_budget_left(vs, (plan->'charges'->0->>'epsilon')::float8, 0);
     PERFORM dpsql_internal._check_budget_left(ds, (plan->'charges'->1->>'epsilon')::float8,
                                               (plan->'charges'->1->>'delta')::float8);
+    -- (the selection's own numbers: at unit level already, 64_privacy_units.sql)
     v_entry := dpsql_internal._charge(vs.dataset_id, (plan->'charges'->0->>'epsilon')::float8, 0, 'tune',
-                                      note => note || '; ' || (plan->'charges'->0->>'bound'));
+                                      note => note || '; ' || (plan->'charges'->0->>'bound'),
+                                      unit_level => true);
     d_entry := dpsql_internal._charge(ds.dataset_id, (plan->'charges'->1->>'epsilon')::float8,
                                       (plan->'charges'->1->>'delta')::float8, 'tune',
-                                      note => note || '; ' || (plan->'charges'->1->>'bound'));
+                                      note => note || '; ' || (plan->'charges'->1->>'bound'),
+                                      unit_level => true);
     INSERT INTO dpsql_internal.tune_prepaid (backend, xact, dataset_id, entry_id, epsilon, delta)
     VALUES (pg_backend_pid(), pg_current_xact_id(), ds.dataset_id, d_entry,
             (plan->>'run_epsilon')::float8, (plan->>'run_delta')::float8);

@@ -268,9 +268,8 @@ BEGIN
                  'keep % each (% rows left out); % rows have a NULL unit (read in no slot)',
                  ds.source, f.units, ds.privacy_unit, f.over, ds.max_rows_per_unit, f.most,
                  ds.max_rows_per_unit, f.left_out, f.no_unit
-        USING HINT = CASE WHEN f.over > 0
-                          THEN 'Each unit reads as exactly max_rows_per_unit slots (rows repeated or left out); '
-                               'a larger k keeps more rows and costs k times the noise.' END;
+        USING HINT = 'Each unit reads as exactly max_rows_per_unit slots (its rows repeated or some left '
+                     'out); a larger k keeps more rows and needs about k times the noise.';
 END $$;
 
 -- alter_dataset's privacy unit: only while nothing is spent on the dataset (or its split's

@@ -11,6 +11,8 @@ import numpy as np
 import psycopg
 import pytest
 
+from tests.server.test_durable_charge import EPSILON, MECHANISMS, _mechanisms, _train_sql
+
 PEOPLE = 4000
 
 
@@ -219,3 +221,70 @@ def test_a_holdout_splits_by_the_unit(conn, visits) -> None:
     train, held = _rows(conn, name), _rows(conn, name + "_holdout")
     assert train + held == PEOPLE * 2 and train % 2 == 0 and held % 2 == 0
     assert 0.2 < held / (PEOPLE * 2) < 0.3
+
+
+@pytest.fixture
+def unit_tables(conn, scratch_schema) -> dict[str, str]:
+    """test_durable_charge's tables with a person column: 500 people of 4 rows (classification)
+    and 8,000 of 3 rows (regression: DP-AMBSSGD needs many), units of k = 3 rows."""
+    out = {}
+    for kind, n, people, label in [
+        ("cls", 2000, 500, "CASE WHEN (g % 10) / 10.0 - (g % 7) / 14.0 > 0.2 THEN 1 ELSE -1 END"),
+        ("reg", 24000, 8000, "((g % 10) / 10.0 + (g % 7) / 14.0) / 2"),
+    ]:
+        conn.execute(
+            f"CREATE TABLE u{kind} AS SELECT g AS rid, g % {people} AS person, (g % 10) / 10.0 AS a,"
+            f" -(g % 7) / 7.0 AS b, {label} AS y FROM generate_series(1, {n}) g"
+        )
+        name = f"pu_{uuid.uuid4().hex[:8]}"
+        extra = ", labels => NULL, label_bound => 1.0, row_bound => 1.5" if kind == "reg" else ""
+        conn.execute(
+            f"SELECT dpsql.register_dataset('{scratch_schema}.u{kind}', '{{a,b}}', 'y', 100, 1e-3,"
+            f" name => %s, row_norm => 'clip', privacy_unit => 'person', max_rows_per_unit => 3{extra})",
+            (name,),
+        )
+        out[kind] = name
+    return out
+
+
+@pytest.mark.parametrize("privacy", MECHANISMS)
+def test_every_mechanism_is_charged_at_unit_level(conn, unit_tables, privacy) -> None:
+    """Each mechanism at epsilon 1 on units of 3 rows reads 3 slots per unit, is planned at row
+    level for epsilon 1/3 and charged epsilon 1 (its ledger entry, its model); the entry's
+    event is the scaled Gaussian/Laplace one or the group-privacy (epsilon, delta) one."""
+    kinds = {m: (k, model) for m, k, model in _mechanisms(conn)} | {"auto": ("cls", "logistic")}
+    kind, model = kinds[privacy]
+    (mid,) = conn.execute(_train_sql(privacy, model), (unit_tables[kind],)).fetchone()
+    rows = conn.execute(
+        "SELECT epsilon, delta, dp_event FROM dpsql.ledger WHERE dataset = %s", (unit_tables[kind],)
+    ).fetchall()
+    assert len(rows) == 1
+    eps, delta, event = rows[0]
+    assert eps == pytest.approx(EPSILON, rel=1e-9)
+    assert event["type"] in ("EpsilonDelta", "Gaussian", "Laplace", "SelfComposed", "Composed")
+    if mid is not None:
+        m_eps, unit, m_rows = conn.execute(
+            "SELECT epsilon, params->'privacy_unit', rows FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()
+        assert m_eps <= EPSILON * (1 + 1e-9)
+        assert unit["max_rows_per_unit"] == 3
+        assert unit["row_epsilon"] <= EPSILON / 3 * (1 + 1e-9)
+        assert m_rows == (1500 if kind == "cls" else 24000)
+
+
+def test_the_bolt_on_noise_is_scaled_to_the_unit_sensitivity(conn, visits) -> None:
+    """Pure-epsilon bolt-on: the noise scale is the unit sensitivity (k times the row one) over
+    the unit-level epsilon; a release without the unit's factor would fail both equalities."""
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=5)
+    (mid,) = conn.execute(
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 2, delta => 0,"
+        " epochs => 1, lambda => 0.05)",
+        (name,),
+    ).fetchone()
+    eps, sens, scale, params = conn.execute(
+        "SELECT epsilon, sensitivity, noise_scale, params FROM dpsql.models WHERE model_id = %s",
+        (mid,),
+    ).fetchone()
+    assert eps == pytest.approx(2.0, rel=1e-12)
+    assert sens == pytest.approx(5 * params["privacy_unit"]["row_sensitivity"], rel=1e-12)
+    assert scale == pytest.approx(sens / eps, rel=1e-9)
