@@ -688,6 +688,38 @@ apply_step(double *state)
 }
 
 /*
+ * A Dirac canary row (DPSQL_FLAG_CANARY_ROWS): g gets clip_norm times the unit vector of the
+ * row's features before the marker (the last one), on the first output's block. A row that
+ * is not finite, or a state without clipping, gives a null record or an error.
+ */
+static DpsqlStatus
+accumulate_canary(double *state, const double *x, int xlen, double *g)
+{
+	DpsqlSgdHeader *h = (DpsqlSgdHeader *) state;
+	int			nx = xlen - 1;
+	double		norm;
+	int			i;
+	DpsqlStatus st = xlen != dpsql_sgd_row_length(state) ? DPSQL_E_LENGTH :
+		!all_finite(x, xlen) ? DPSQL_E_NONFINITE_X :
+		!(h->clip_norm > 0.0) ? DPSQL_E_PARAM : DPSQL_OK;
+
+	if (st != DPSQL_OK)
+	{
+		if (!((int) h->flags & DPSQL_FLAG_SANITIZE))
+			return st;
+		h->invalid += 1.0;
+		h->rows += 1.0;
+		return DPSQL_OK;
+	}
+	h->rows += 1.0;
+	norm = dpsql_rescaled_norm(x, nx);
+	if (norm > 0.0 && isfinite(norm))
+		for (i = 0; i < nx; i++)
+			g[i] += h->clip_norm * (x[i] / norm);
+	return DPSQL_OK;
+}
+
+/*
  * Score the row, turn a bad row into a null record (private runs) or an error, clip the
  * example's data gradient, and add it to g. *used is 0 for a null record.
  */
@@ -707,6 +739,8 @@ accumulate_row(double *state, const double *x, int xlen, double y, double *g)
 	int			c;
 	DpsqlStatus st;
 
+	if ((flags & DPSQL_FLAG_CANARY_ROWS) && x != NULL && xlen >= 1 && x[xlen - 1] != 0.0)
+		return accumulate_canary(state, x, xlen, g);
 	st = dpsql_check_label((int) h->loss, y, n_out);
 	if (st == DPSQL_OK)
 		st = score_guarded(h, w, x, xlen, zs, &scale, &xnorm, &xsq);

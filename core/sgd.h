@@ -47,9 +47,18 @@ typedef enum DpsqlSchedule
  * is the regulariser alone), so every sensitivity bound still holds.
  */
 #define DPSQL_FLAG_SANITIZE		0x8
+/*
+ * White-box audits (sql/install/52_audit.sql, docs/audit.md): a row whose last feature is
+ * nonzero is a Dirac canary, not a data row. Its clipped gradient is exactly clip_norm times
+ * the unit vector of its other features (zero when they are all zero), on the first output,
+ * without the loss or the intercept: the largest gradient that the clipping lets one row
+ * contribute, in a direction the audit chooses. Only a white-box state (clip_norm > 0) takes
+ * canaries; elsewhere such a row is a null record (private runs) or an error.
+ */
+#define DPSQL_FLAG_CANARY_ROWS	0x10
 /* Private runs keep every weight in [-box, box] (sgd.c, guard_weights). */
 #define DPSQL_WEIGHT_BOX		1e100
-#define DPSQL_FLAG_MASK			0xF
+#define DPSQL_FLAG_MASK			0x1F
 
 typedef struct DpsqlSgdHeader
 {

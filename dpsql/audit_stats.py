@@ -21,6 +21,14 @@ A lower bound is evidence against a broken implementation, never a proof of priv
     Binomial(r, e^eps / (1 + e^eps)) up to the delta term of their Theorem 5.2; the bound is
     the largest eps whose p-value is below the significance. k runs over a fixed grid with a
     Bonferroni correction.
+``dirac`` (white-box canaries of the SGD family, over one run or a few)
+    The same guessing game on Dirac canaries, with the counts (``canaries``, and ``correct`` of
+    each of the ``guesses`` highest scores) sent by the server. ``test="dp"`` bounds eps by
+    Steinke et al.'s Theorem 5.2 as above. ``test="gdp"`` tests the claim as mu-GDP instead
+    (Mahloujifar, Melis and Chaudhuri 2025, "Auditing f-differential privacy in one run": an
+    f-DP mechanism's guesses obey a bound that reads the whole trade-off curve, not one
+    (eps, delta) point), and reports the eps at delta of the largest mu rejected: valid for
+    mechanisms that are exact compositions of Gaussians, such as shuffled DP-SGD.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from scipy import optimize, special, stats  # type: ignore[import-untyped]
 
 __all__ = [
     "clopper_pearson_upper",
+    "dirac_bound",
+    "fdp_one_run_rejects",
+    "gdp_one_run_lower_bound",
     "gdp_epsilon",
     "gdp_lower_bound",
     "distinguish_bound",
@@ -110,8 +121,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
 
     if excess(0.0) <= 0.0:
         return 0.0
+    if excess(_EPS_MAX) > 0.0:
+        return _EPS_MAX
     hi = 1.0
-    while excess(hi) > 0.0 and hi < _EPS_MAX:
+    while excess(hi) > 0.0:
         hi *= 2
     return float(optimize.brentq(excess, 0.0, min(hi, _EPS_MAX), xtol=1e-9))
 
@@ -286,6 +299,79 @@ def one_run_bound(
     return best
 
 
+def fdp_one_run_rejects(mu: float, m: int, guesses: int, correct: int, significance: float) -> bool:
+    """Whether ``correct`` right guesses among ``guesses`` (all "in") of ``m`` canaries with
+    fair coins reject mu-GDP at this significance (Mahloujifar, Melis and Chaudhuri 2025).
+
+    Their bound for an f-DP mechanism: walk back from the observed counts, turning the mass
+    ``r`` of right guesses into the least mass ``h`` of wrong ones that f allows (for
+    G_mu, h >= Phi(Phi^-1(r) - mu)), one right guess at a time; the claim is rejected when
+    the masses exceed the guesses' share ``guesses / m`` of the canaries."""
+    if not (0 < guesses <= m and 0 <= correct <= guesses):
+        raise ValueError("need 0 < guesses <= canaries and 0 <= correct <= guesses")
+    right = significance * correct / m
+    wrong = significance * (guesses - correct) / m
+    for i in range(correct - 1, -1, -1):
+        least = max(wrong, float(special.ndtr(special.ndtri(right) - mu)))
+        if least == wrong:
+            break  # neither mass moves again
+        right = min(right + i / (guesses - i) * (least - wrong), 1.0)
+        wrong = least
+    return right + wrong > guesses / m
+
+
+def gdp_one_run_lower_bound(m: int, guesses: int, correct: int, significance: float) -> float:
+    """The largest mu whose mu-GDP claim the guesses reject (0 when none is)."""
+    if not fdp_one_run_rejects(1e-6, m, guesses, correct, significance):
+        return 0.0
+    lo, hi = 1e-6, 1.0
+    while fdp_one_run_rejects(hi, m, guesses, correct, significance):
+        lo, hi = hi, hi * 2
+        if hi > _EPS_MAX:
+            return _EPS_MAX
+    while hi - lo > 1e-4 * hi:
+        mid = (lo + hi) / 2
+        if fdp_one_run_rejects(mid, m, guesses, correct, significance):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def dirac_bound(
+    canaries: int,
+    guesses: Sequence[int],
+    correct: Sequence[int],
+    delta: float,
+    confidence: float,
+    test: str = "gdp",
+) -> dict[str, Any]:
+    """The bound from the counts of a dirac audit: for each guess count k, the number of "in"
+    canaries among the k highest scores; Bonferroni over the guess counts."""
+    if test not in ("dp", "gdp"):
+        raise ValueError(f"test must be dp or gdp, got {test!r}")
+    m = int(canaries)
+    ks, cs = [int(k) for k in guesses], [int(c) for c in correct]
+    if m < 2 or not 0 < len(ks) == len(cs) <= 50:
+        raise ValueError("dirac needs at least 2 canaries and 1 to 50 guess counts")
+    if any(not (0 < k <= min(m, 20000) and 0 <= c <= k) for k, c in zip(ks, cs, strict=True)):
+        raise ValueError("each guess count must be in [1, min(canaries, 20000)], each correct in [0, k]")
+    significance = (1.0 - confidence) / len(ks)
+    best: dict[str, Any] = {"epsilon_lower": 0.0, "guesses": ks[0], "correct": cs[0]}
+    for k, c in zip(ks, cs, strict=True):
+        if test == "gdp":
+            mu = gdp_one_run_lower_bound(m, k, c, significance)
+            eps = gdp_epsilon(mu, delta) if delta > 0 else 0.0
+        else:
+            mu, eps = 0.0, one_run_lower_bound(m, k, c, delta, significance)
+        if eps > best["epsilon_lower"]:
+            best = {"epsilon_lower": eps, "guesses": k, "correct": c}
+            if test == "gdp":
+                best["mu_lower"] = mu
+    best.update(canaries=m, guess_grid=ks, test=test)
+    return best
+
+
 def _unit(name: str, value: Any) -> float:
     x = float(value)
     if not 0.0 <= x < 1.0:
@@ -324,6 +410,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         del out["candidate"]
     elif method == "one_run":
         out = one_run_bound(request["scores"], request["included"], delta, confidence)
+    elif method == "dirac":
+        out = dirac_bound(
+            request["canaries"],
+            request["guesses"],
+            request["correct"],
+            delta,
+            confidence,
+            request.get("test", "gdp"),
+        )
     else:
-        raise ValueError(f"method must be distinguish or one_run, got {method!r}")
+        raise ValueError(f"method must be distinguish, one_run or dirac, got {method!r}")
     return {"op": "audit_bound", "method": method, "confidence": confidence, **out}

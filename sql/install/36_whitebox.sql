@@ -253,7 +253,9 @@ BEGIN
         s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(nullif(s->'classes', 'null')), 1),
         (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
         (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
-        dpsql_internal._huber_h(s), (s->>'batch_size')::bigint, (s->>'flags')::int,
+        dpsql_internal._huber_h(s), (s->>'batch_size')::bigint,
+        -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql)
+        (s->>'flags')::int | dpsql_internal._audit_canary_flags(s),
         (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
         (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
     UPDATE dpsql.runs

@@ -113,9 +113,12 @@ END $$;
 -- A copy of the dataset's rows (read as the extension owner) plus `slots` rows the audit fills
 -- with canaries, registered as a dataset of its own with the same public declarations and a
 -- budget for two releases (a distinguishing audit keeps its first run and rolls each later one
--- back, its charge included).
+-- back, its charge included). `pad` extra features, 0 in every data row and declared on
+-- [-1, 1] (a raw value is its transformed value), give a white-box audit's canaries
+-- coordinates of their own (52_audit_dirac.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int,
-                                                      epsilon float8, delta float8)
+                                                      epsilon float8, delta float8,
+                                                      pad int DEFAULT 0)
 RETURNS dpsql.datasets LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -126,8 +129,15 @@ DECLARE
                        ELSE format('ARRAY[%s]::float8[]',
                                    (SELECT string_agg(quote_ident(f), ', ') FROM unnest(ds.features) f))
                   END;
+    bounds float8[] := ds.feature_bounds;
     copy dpsql.datasets;
 BEGIN
+    IF pad > 0 THEN
+        xexpr := format('(%s) || array_fill(0::float8, ARRAY[%s])', xexpr, pad);
+        IF bounds IS NOT NULL THEN
+            bounds := bounds || (SELECT array_agg(ARRAY[-1, 1]::float8[]) FROM generate_series(1, pad));
+        END IF;
+    END IF;
     EXECUTE format('CREATE TABLE dpsql_audit.%I (x float8[], y float8, slot int)', name);
     EXECUTE format('INSERT INTO dpsql_audit.%I (x, y) SELECT %s, %I FROM %s',
                    name, xexpr, ds.label, dpsql_internal._private_from(ds));
@@ -135,8 +145,8 @@ BEGIN
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
                                 row_norm, epsilon_budget, delta_budget, label_bound, row_bound, dim)
     VALUES (name, format('dpsql_audit.%I', name)::regclass, format('dpsql_audit.%I', name),
-            '{x}', 'y', ds.labels, ds.feature_bounds, ds.row_norm, epsilon * 2.001,
-            least(delta * 2.001, 0.999), ds.label_bound, ds.row_bound, ds.dim)
+            '{x}', 'y', ds.labels, bounds, ds.row_norm, epsilon * 2.001,
+            least(delta * 2.001, 0.999), ds.label_bound, ds.row_bound, ds.dim + pad)
     RETURNING * INTO copy;  -- (the definer role's own table: read as its owner)
     RETURN copy;
 END $$;
@@ -183,8 +193,8 @@ DECLARE
     conf float8 := coalesce((opts->>'confidence')::float8, 0.95);
     train jsonb := coalesce(opts->'train', '{}');
 BEGIN
-    IF method IS NULL OR method NOT IN ('one_run', 'distinguish') THEN
-        PERFORM dpsql_internal._fail(format('method must be one_run or distinguish, got %s',
+    IF method IS NULL OR method NOT IN ('one_run', 'distinguish', 'dirac') THEN
+        PERFORM dpsql_internal._fail(format('method must be dirac, one_run or distinguish, got %s',
                                             coalesce(quote_literal(method), 'NULL')));
     END IF;
     IF jsonb_typeof(opts) <> 'object' OR jsonb_typeof(train) <> 'object'
@@ -201,16 +211,19 @@ BEGIN
         PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
     END IF;
     IF coalesce(opts->>'test', 'dp') NOT IN ('dp', 'gdp')
-       OR (opts ? 'test' AND method <> 'distinguish') THEN
+       OR (opts ? 'test' AND method NOT IN ('distinguish', 'dirac')) THEN
         PERFORM dpsql_internal._fail('options.test is dp (any mechanism) or gdp (Gaussian compositions), '
-                                     'for method => ''distinguish''');
+                                     'for method => ''distinguish'' or ''dirac''');
     END IF;
     IF NOT (conf >= 0.5 AND conf < 1) THEN
         PERFORM dpsql_internal._fail(format('options.confidence must be in [0.5, 1), got %s', conf));
     END IF;
-    runs := coalesce(n_runs, CASE WHEN method = 'one_run' THEN 1 ELSE 200 END);
+    runs := coalesce(n_runs, CASE WHEN method = 'distinguish' THEN 200 ELSE 1 END);
     IF method = 'one_run' AND runs <> 1 THEN
         PERFORM dpsql_internal._fail('a one_run audit trains once: runs => 1 (or NULL)');
+    END IF;
+    IF method = 'dirac' AND NOT (runs BETWEEN 1 AND 2000) THEN
+        PERFORM dpsql_internal._fail(format('a dirac audit takes 1 to 2000 runs, got %s', runs));
     END IF;
     IF method = 'distinguish' AND NOT (runs BETWEEN 20 AND 20000) THEN
         PERFORM dpsql_internal._fail(format('a distinguish audit takes 20 to 20000 runs per dataset, got %s', runs));
@@ -396,6 +409,10 @@ BEGIN
     conf := coalesce((opts->>'confidence')::float8, 0.95);
     train := coalesce(opts->'train', '{}');
     PERFORM dpsql_internal._require_admin('audit a mechanism');
+    -- the most powerful method for the mechanism (docs/audit.md): white-box canaries where
+    -- the aggregate takes them, else one run
+    method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2')
+                                    THEN 'dirac' ELSE 'one_run' END);
     SELECT x.delta_used, x.runs INTO delta, n_runs
       FROM dpsql_internal._audit_arguments(privacy, epsilon, delta, n_runs, method, opts) x;
     ds := dpsql_internal._dataset_for_source(dataset);
@@ -427,6 +444,8 @@ BEGIN
 
     IF method = 'distinguish' THEN
         run := dpsql_internal._audit_distinguish(ds, model, params, dim, n_runs, epsilon, delta, conf, opts);
+    ELSIF method = 'dirac' THEN
+        run := dpsql_internal._audit_dirac(ds, model, privacy, params, dim, n_runs, epsilon, delta, conf, opts);
     ELSE
         run := dpsql_internal._audit_one_run(ds, model, params, dim, epsilon, delta, conf, opts);
     END IF;
@@ -445,6 +464,7 @@ BEGIN
     -- The switches end with the audit, not with the transaction: a release after it in the
     -- same transaction is neither mutated nor silent.
     PERFORM set_config('dpsql_audit.mutation', '', true);
+    PERFORM set_config('dpsql_audit.canary_copy', '', true);
     PERFORM set_config('dpsql_progress.only', '', true);
     -- No model of the copies survives, and the copy is dropped (marked so by the event trigger).
     DELETE FROM dpsql.model_store s WHERE s.dataset_id = copy.dataset_id;
@@ -461,7 +481,7 @@ END $$;
 -- The interface (a SQL function: its parameters and its result columns share names).
 CREATE OR REPLACE FUNCTION dpsql.audit(dataset text, privacy text, epsilon float8,
                                        delta float8 DEFAULT NULL, runs int DEFAULT NULL,
-                                       method text DEFAULT 'one_run', options jsonb DEFAULT '{}')
+                                       method text DEFAULT NULL, options jsonb DEFAULT '{}')
 RETURNS TABLE (epsilon_claimed float8, epsilon_lower float8, confidence float8, runs int,
                method text)
 LANGUAGE sql SECURITY DEFINER

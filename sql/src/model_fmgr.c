@@ -499,9 +499,11 @@ dpsql_row_flag(PG_FUNCTION_ARGS)
 		PG_RETURN_INT32(DPSQL_FLAG_INTERCEPT);
 	if (strcmp(name, "sanitize") == 0)
 		PG_RETURN_INT32(DPSQL_FLAG_SANITIZE);
+	if (strcmp(name, "canary_rows") == 0)
+		PG_RETURN_INT32(DPSQL_FLAG_CANARY_ROWS);
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("dpsql: unknown state flag \"%s\"", name),
-			 errhint("Known: clip_rows, unit_rows, row_transform, intercept, sanitize.")));
+			 errhint("Known: clip_rows, unit_rows, row_transform, intercept, sanitize, canary_rows.")));
 	PG_RETURN_NULL();			/* not reached */
 }
