@@ -86,13 +86,25 @@ def add_parser(commands: Any) -> None:
         help="the holdout's row id column (integer, text or uuid; default: the primary key)",
     )
     register.add_argument(
+        "--privacy-unit",
+        metavar="COLUMN",
+        help="the column naming the person a row belongs to: budgets then protect people, "
+        "not rows (needs --max-rows-per-unit)",
+    )
+    register.add_argument(
+        "--max-rows-per-unit",
+        type=int,
+        metavar="K",
+        help="the rows each unit keeps (public): every read takes exactly K per unit",
+    )
+    register.add_argument(
         "--accept",
         action="store_true",
         help="register even if rows would be dropped, zero-encoded or clipped",
     )
     alter = actions.add_parser(
         "alter",
-        help="change a dataset's budgets (never below what is spent) or name",
+        help="change a dataset's budgets (never below what is spent), name or privacy unit",
         description="dpsql.alter_dataset: the registering owner (or a superuser); recorded in "
         "dpsql.dataset_history.",
     )
@@ -100,6 +112,12 @@ def add_parser(commands: Any) -> None:
     alter.add_argument("--epsilon-budget", type=float, metavar="EPS")
     alter.add_argument("--delta-budget", type=float, metavar="DELTA")
     alter.add_argument("--new-name", metavar="NAME")
+    alter.add_argument(
+        "--privacy-unit",
+        metavar="COLUMN",
+        help="while nothing is spent: the unit column ('' makes a row a unit again)",
+    )
+    alter.add_argument("--max-rows-per-unit", type=int, metavar="K")
     drop = actions.add_parser(
         "drop",
         help="retire a dataset: its name and table are free again; ledger and history stay",
@@ -193,21 +211,26 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
         if args.action == "estimate-bounds":
             _estimate_bounds(db, args)
         elif args.action == "register":
-            dataset_id = db.register_dataset(
-                args.table,
-                args.features,
-                args.label,
-                epsilon_budget=args.epsilon_budget,
-                delta_budget=args.delta_budget,
-                labels=args.labels,
-                feature_bounds=args.feature_bounds,
-                name=args.name,
-                label_bound=args.label_bound,
-                categories=args.categories,
-                accept=args.accept,
-                holdout=args.holdout,
-                key=args.key,
-            )
+            from dpsql.cli_models import warnings_to_stderr
+
+            with warnings_to_stderr(db.conn):
+                dataset_id = db.register_dataset(
+                    args.table,
+                    args.features,
+                    args.label,
+                    epsilon_budget=args.epsilon_budget,
+                    delta_budget=args.delta_budget,
+                    labels=args.labels,
+                    feature_bounds=args.feature_bounds,
+                    name=args.name,
+                    label_bound=args.label_bound,
+                    categories=args.categories,
+                    accept=args.accept,
+                    holdout=args.holdout,
+                    key=args.key,
+                    privacy_unit=args.privacy_unit,
+                    max_rows_per_unit=args.max_rows_per_unit,
+                )
             print(f"registered dataset {args.name or args.table} (id {dataset_id})")
             if args.holdout is not None:
                 held = f"{args.name or args.table.split('.')[-1]}_holdout"
@@ -218,6 +241,8 @@ def command(args: argparse.Namespace, connect: Callable[[str | None], Any]) -> i
                 epsilon_budget=args.epsilon_budget,
                 delta_budget=args.delta_budget,
                 new_name=args.new_name,
+                privacy_unit=args.privacy_unit,
+                max_rows_per_unit=args.max_rows_per_unit,
             )
             print(f"altered dataset {args.new_name or args.dataset}")
         elif args.action == "drop":

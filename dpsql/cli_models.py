@@ -99,7 +99,7 @@ def add_parsers(commands: Any) -> None:
 
 
 @contextmanager
-def _warnings_to_stderr(conn: psycopg.Connection[Any]) -> Iterator[None]:
+def warnings_to_stderr(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """The server's warnings ("no better than the baseline") as ``warning:`` lines."""
 
     def on_notice(diag: psycopg.errors.Diagnostic) -> None:
@@ -122,7 +122,7 @@ def evaluate_command(args: argparse.Namespace, connect: Callable[[str | None], A
             "error: --delta and --dry-run go with --epsilon (a private evaluation)", file=sys.stderr
         )
         return 2
-    with connect(args.dsn) as db, _warnings_to_stderr(db.conn):
+    with connect(args.dsn) as db, warnings_to_stderr(db.conn):
         if args.dry_run:
             preview = db.preview_evaluate(
                 args.model_id, args.table, args.epsilon, args.delta or 0.0

@@ -53,6 +53,8 @@ LISTINGS: dict[str, Listing] = {
             "epsilon_remaining",
             "delta_budget",
             "delta_remaining",
+            "privacy_unit",
+            "max_rows_per_unit",
         ),
         dataset_column="name",
     ),

@@ -375,6 +375,8 @@ class Database:
         accept: bool = False,
         holdout: float | None = None,
         key: str | None = None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int | None = None,
     ) -> int:
         """Register a table for private training with its public schema and budget.
 
@@ -410,6 +412,12 @@ class Database:
         the ``key`` column (default: the one-column primary key), as ``<name>_holdout`` with the
         same declarations and budget of its own (validation and test sets: private evaluation,
         ``tune``); the training dataset excludes them (docs/privacy.md, "Holdout splits").
+
+        ``privacy_unit="patient_id", max_rows_per_unit=k`` protects people, not rows: the rows
+        sharing a value of that column are one unit, every private read keeps exactly ``k``
+        slots per unit (its rows repeated or some left out), and every release's epsilon and
+        delta hold for replacing all of one unit's rows (docs/privacy.md, "Privacy units").
+        Without it, one row is one unit.
         """
         feats = [features] if isinstance(features, str) else list(features)
         bounds = None if feature_bounds is None else [list(map(float, b)) for b in feature_bounds]
@@ -418,7 +426,9 @@ class Database:
             " delta_budget => %s, feature_bounds => %s, row_norm => %s,"
             " name => %s, label_bound => %s, row_bound => %s, dim => %s, regression => %s,"
             " estimate => %s, composition => %s, categories => %s, accept => %s,"
-            " holdout => %s, key => %s" + ("" if labels is None else ", labels => %s") + ")",
+            " holdout => %s, key => %s, privacy_unit => %s, max_rows_per_unit => %s"
+            + ("" if labels is None else ", labels => %s")
+            + ")",
             (
                 source,
                 feats,
@@ -438,6 +448,8 @@ class Database:
                 accept,
                 holdout,
                 key,
+                privacy_unit,
+                max_rows_per_unit,
                 *([] if labels is None else [_label_array(labels)]),
             ),
         ).fetchone()
@@ -567,14 +579,17 @@ class Database:
         epsilon_budget: float | None = None,
         delta_budget: float | None = None,
         new_name: str | None = None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int | None = None,
     ) -> None:
-        """Change a dataset's budgets (never below what is spent) or its name (``dpsql.
-        alter_dataset``: the registering data owner or a superuser; recorded in
+        """Change a dataset's budgets (never below what is spent), its name, or, while
+        nothing is spent, its privacy unit (``privacy_unit=""``: a row is a unit again)
+        (``dpsql.alter_dataset``: the registering data owner or a superuser; recorded in
         ``dpsql.dataset_history``)."""
         self.conn.execute(
             "SELECT dpsql.alter_dataset(%s::text, epsilon_budget => %s, delta_budget => %s,"
-            " new_name => %s)",
-            (str(dataset), epsilon_budget, delta_budget, new_name),
+            " new_name => %s, privacy_unit => %s, max_rows_per_unit => %s)",
+            (str(dataset), epsilon_budget, delta_budget, new_name, privacy_unit, max_rows_per_unit),
         )
 
     @translate()

@@ -526,6 +526,7 @@ DECLARE
     lo float8[];
     hi float8[];
     r record;
+    target record;
 BEGIN
     ds := dpsql_internal._lookup_dataset(dataset);
     PERFORM dpsql_internal._describe_check_arguments(ds, epsilon, delta, noise_seed);
@@ -544,8 +545,8 @@ BEGIN
     END IF;
     -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta), which
     -- the charge pays (64_privacy_units.sql)
-    r := dpsql_internal._unit_release_target(ds, epsilon, delta);
-    plan := dpsql_internal._describe_plan(n_numeric, n_counted, r.epsilon, r.delta);
+    target := dpsql_internal._unit_release_target(ds, epsilon, delta);
+    plan := dpsql_internal._describe_plan(n_numeric, n_counted, target.epsilon, target.delta);
     -- (1e-8: the stddev's integer noise, H^2 / epsilon rows, at most 36.7 scales, stays < 2^63;
     -- below it the noise swamps any table)
     IF least((plan->'quantile'->>'epsilon')::float8, (plan->'frequency'->>'epsilon')::float8) < 1e-8 THEN
@@ -561,7 +562,7 @@ BEGIN
     END IF;
     PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
     PERFORM dpsql_internal._preview_note('run', jsonb_build_object('rows', m));
-    PERFORM dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'describe',
+    PERFORM dpsql_internal._charge(ds.dataset_id, target.epsilon, target.delta, 'describe',
                                    note => format('describe %s (%s rows)',
                                                   (SELECT string_agg(x.feature, ', ')
                                                      FROM dpsql_internal._describe_columns(ds, features) x), m),
@@ -580,7 +581,7 @@ BEGIN
         -- one read, then per column its mean and stddev, quantiles and histogram
         FOR r IN SELECT * FROM dpsql_internal._describe_numeric_read(ds, exprs, lo, hi, grid) LOOP
             RETURN QUERY SELECT * FROM dpsql_internal._describe_moments(
-                names[r.j], r.j, lo[r.j], hi[r.j], r.s1, r.s2, r.g1, r.g2, m, plan, delta, seed, noise_seed);
+                names[r.j], r.j, lo[r.j], hi[r.j], r.s1, r.s2, r.g1, r.g2, m, plan, target.delta, seed, noise_seed);
             RETURN QUERY SELECT * FROM dpsql_internal._describe_quantiles(
                 names[r.j], r.j, lo[r.j], hi[r.j], grid, r.qp, r.qc, m, plan, seed);
             RETURN QUERY SELECT * FROM dpsql_internal._describe_histogram(

@@ -264,10 +264,15 @@ BEGIN
                    '       coalesce(sum(c) FILTER (WHERE u IS NULL), 0) AS no_unit'
                    '  FROM (SELECT u, count(*) AS c FROM %s GROUP BY u) g', src)
        INTO f USING ds.max_rows_per_unit;
-    RAISE NOTICE 'dpsql: %: % units (privacy_unit %); % have more than % rows (the most: %), of which reads '
-                 'keep % each (% rows left out); % rows have a NULL unit (read in no slot)',
-                 ds.source, f.units, ds.privacy_unit, f.over, ds.max_rows_per_unit, f.most,
-                 ds.max_rows_per_unit, f.left_out, f.no_unit
+    IF f.over = 0 AND f.no_unit = 0 THEN
+        RAISE NOTICE 'dpsql: %: % units (privacy_unit %), none with more than % rows (the most: %)',
+                     ds.source, f.units, ds.privacy_unit, ds.max_rows_per_unit, f.most;
+        RETURN;
+    END IF;
+    RAISE WARNING 'dpsql: %: % units (privacy_unit %); % have more than % rows (the most: %), of which reads '
+                  'keep % each (% rows left out); % rows have a NULL unit (read in no slot)',
+                  ds.source, f.units, ds.privacy_unit, f.over, ds.max_rows_per_unit, f.most,
+                  ds.max_rows_per_unit, f.left_out, f.no_unit
         USING HINT = 'Each unit reads as exactly max_rows_per_unit slots (its rows repeated or some left '
                      'out); a larger k keeps more rows and needs about k times the noise.';
 END $$;

@@ -74,7 +74,9 @@ def test_every_read_keeps_exactly_k_slots_per_unit(conn, visits) -> None:
     assert row == ("person", 3)
     # the read's rows, unit by unit: each a multiset of the unit's own (a, b, y)
     ds = conn.execute("SELECT dpsql_internal._lookup_dataset(%s)", (name,)).fetchone()[0]
-    src = conn.execute("SELECT dpsql_internal._private_from(%s::dpsql.datasets)", (ds,)).fetchone()[0]
+    src = conn.execute("SELECT dpsql_internal._private_from(%s::dpsql.datasets)", (ds,)).fetchone()[
+        0
+    ]
     slots = conn.execute(f"SELECT a, b, y FROM {src}").fetchall()
     assert len(slots) == PEOPLE * 3
     # person 0's 300 identical visits give 3 identical slots; a 1-visit person 3 copies
@@ -114,7 +116,11 @@ def test_a_release_asked_at_epsilon_is_charged_epsilon_at_unit_level(conn, visit
 def test_gaussian_events_are_scaled_and_others_grouped(conn) -> None:
     """The charge's event at unit level: Gaussian/Laplace multipliers / k through compositions;
     a Poisson-sampled event becomes the group-privacy (epsilon, delta) event."""
-    gauss = {"type": "SelfComposed", "count": 3, "event": {"type": "Gaussian", "noise_multiplier": 8}}
+    gauss = {
+        "type": "SelfComposed",
+        "count": 3,
+        "event": {"type": "Gaussian", "noise_multiplier": 8},
+    }
     (scaled,) = conn.execute(
         "SELECT dpsql_internal._unit_event(%s::jsonb, 4)", (psycopg.types.json.Jsonb(gauss),)
     ).fetchone()
@@ -176,7 +182,9 @@ def test_visits_neighbours_stay_within_the_unit_sensitivity(conn, scratch_schema
     """The issue's table: with k = 5 the same-seed releases on neighbours that differ in all of
     one person's rows are at most the recorded (unit) sensitivity apart; without the unit,
     they are further apart than the recorded (row) sensitivity (the claim would be wrong)."""
-    diff, sens = _bolton_pair(conn, scratch_schema, {"privacy_unit": "person", "max_rows_per_unit": 5})
+    diff, sens = _bolton_pair(
+        conn, scratch_schema, {"privacy_unit": "person", "max_rows_per_unit": 5}
+    )
     assert np.linalg.norm(diff) <= sens * (1 + 1e-9)
     conn.execute("DROP TABLE d0, d1 CASCADE")
     diff_row, sens_row = _bolton_pair(conn, scratch_schema, {})
@@ -203,12 +211,15 @@ def test_declaration_errors_change_nothing(conn, visits) -> None:
 
 def test_the_unit_can_change_only_while_nothing_is_spent(conn, visits) -> None:
     name = _register(conn, visits)
-    conn.execute("SELECT dpsql.alter_dataset(%s, privacy_unit => 'person', max_rows_per_unit => 2)", (name,))
+    conn.execute(
+        "SELECT dpsql.alter_dataset(%s, privacy_unit => 'person', max_rows_per_unit => 2)", (name,)
+    )
     assert _rows(conn, name) == PEOPLE * 2
     conn.execute("SELECT dpsql.alter_dataset(%s, max_rows_per_unit => 1)", (name,))
     assert _rows(conn, name) == PEOPLE
     conn.execute(
-        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 0.5, delta => 0)", (name,)
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'bolton', epsilon => 0.5, delta => 0)",
+        (name,),
     )
     with pytest.raises(psycopg.Error, match="has spent budget: its privacy unit is fixed"):
         conn.execute("SELECT dpsql.alter_dataset(%s, privacy_unit => '')", (name,))
@@ -233,14 +244,16 @@ def unit_tables(conn, scratch_schema) -> dict[str, str]:
         ("reg", 24000, 8000, "((g % 10) / 10.0 + (g % 7) / 14.0) / 2"),
     ]:
         conn.execute(
-            f"CREATE TABLE u{kind} AS SELECT g AS rid, g % {people} AS person, (g % 10) / 10.0 AS a,"
-            f" -(g % 7) / 7.0 AS b, {label} AS y FROM generate_series(1, {n}) g"
+            f"CREATE TABLE u{kind} AS SELECT g AS rid, g % {people} AS person,"
+            f" (g % 10) / 10.0 AS a, -(g % 7) / 7.0 AS b, {label} AS y"
+            f" FROM generate_series(1, {n}) g"
         )
         name = f"pu_{uuid.uuid4().hex[:8]}"
         extra = ", labels => NULL, label_bound => 1.0, row_bound => 1.5" if kind == "reg" else ""
         conn.execute(
-            f"SELECT dpsql.register_dataset('{scratch_schema}.u{kind}', '{{a,b}}', 'y', 100, 1e-3,"
-            f" name => %s, row_norm => 'clip', privacy_unit => 'person', max_rows_per_unit => 3{extra})",
+            f"SELECT dpsql.register_dataset('{scratch_schema}.u{kind}', '{{a,b}}', 'y', 100,"
+            f" 1e-3, name => %s, row_norm => 'clip', privacy_unit => 'person',"
+            f" max_rows_per_unit => 3{extra})",
             (name,),
         )
         out[kind] = name
@@ -264,7 +277,8 @@ def test_every_mechanism_is_charged_at_unit_level(conn, unit_tables, privacy) ->
     assert event["type"] in ("EpsilonDelta", "Gaussian", "Laplace", "SelfComposed", "Composed")
     if mid is not None:
         m_eps, unit, m_rows = conn.execute(
-            "SELECT epsilon, params->'privacy_unit', rows FROM dpsql.models WHERE model_id = %s", (mid,)
+            "SELECT epsilon, params->'privacy_unit', rows FROM dpsql.models WHERE model_id = %s",
+            (mid,),
         ).fetchone()
         assert m_eps <= EPSILON * (1 + 1e-9)
         assert unit["max_rows_per_unit"] == 3
@@ -288,3 +302,19 @@ def test_the_bolt_on_noise_is_scaled_to_the_unit_sensitivity(conn, visits) -> No
     assert eps == pytest.approx(2.0, rel=1e-12)
     assert sens == pytest.approx(5 * params["privacy_unit"]["row_sensitivity"], rel=1e-12)
     assert scale == pytest.approx(sens / eps, rel=1e-9)
+
+
+def test_the_docs_example_registers_as_written(conn, scratch_schema) -> None:
+    """docs/privacy.md's "Privacy units" example, run as written on a visits table."""
+    from tests.server.test_quickstarts import REPO, _doc_block
+
+    conn.execute(
+        "CREATE TABLE visits AS SELECT g AS visit, g % 700 AS patient_id, 20 + g % 60 AS age,"
+        " 15 + g % 30 AS bmi, CASE WHEN g % 3 = 0 THEN 1 ELSE -1 END AS y"
+        " FROM generate_series(1, 2000) g"
+    )
+    conn.execute(_doc_block(REPO / "docs" / "privacy.md", "### Privacy units", "sql"))
+    assert conn.execute(
+        "SELECT privacy_unit, max_rows_per_unit FROM dpsql.my_datasets WHERE name = 'visits'"
+    ).fetchone() == ("patient_id", 5)
+    assert _rows(conn, "visits") == 700 * 5
