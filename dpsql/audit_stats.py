@@ -355,7 +355,9 @@ def dirac_bound(
     if m < 2 or not 0 < len(ks) == len(cs) <= 50:
         raise ValueError("dirac needs at least 2 canaries and 1 to 50 guess counts")
     if any(not (0 < k <= min(m, 20000) and 0 <= c <= k) for k, c in zip(ks, cs, strict=True)):
-        raise ValueError("each guess count must be in [1, min(canaries, 20000)], each correct in [0, k]")
+        raise ValueError(
+            "each guess count must be in [1, min(canaries, 20000)], each correct in [0, k]"
+        )
     significance = (1.0 - confidence) / len(ks)
     best: dict[str, Any] = {"epsilon_lower": 0.0, "guesses": ks[0], "correct": cs[0]}
     for k, c in zip(ks, cs, strict=True):
