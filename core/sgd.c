@@ -688,9 +688,26 @@ apply_step(double *state)
 }
 
 /*
- * A Dirac canary row (DPSQL_FLAG_CANARY_ROWS): g gets clip_norm times the unit vector of the
+ * The norm of a Dirac canary's gradient: the clip norm of a white-box state, else the loss's
+ * data Lipschitz constant (the bolt-on's sensitivity bounds every convex loss with it, and the
+ * canary's loss +-L <w, e_k> is one).
+ */
+static double
+canary_size(const DpsqlSgdHeader *h)
+{
+	int			n_out = (int) h->n_out;
+
+	if (h->clip_norm > 0.0)
+		return h->clip_norm;
+	return dpsql_loss_constants((int) h->loss, h->lambda, h->radius, h->huber_h,
+								n_out == 1 ? 2 : n_out).lipschitz_data;
+}
+
+/*
+ * A Dirac canary row (DPSQL_FLAG_CANARY_ROWS): g gets canary_size times the unit vector of the
  * row's features before the marker (the last one), on the first output's block. A row that
- * is not finite, or a state without clipping, gives a null record or an error.
+ * is not finite, or a state whose loss has no finite Lipschitz constant, gives a null record
+ * or an error.
  */
 static DpsqlStatus
 accumulate_canary(double *state, const double *x, int xlen, double *g)
@@ -699,9 +716,10 @@ accumulate_canary(double *state, const double *x, int xlen, double *g)
 	int			nx = xlen - 1;
 	double		norm;
 	int			i;
+	double		size = canary_size(h);
 	DpsqlStatus st = xlen != dpsql_sgd_row_length(state) ? DPSQL_E_LENGTH :
 		!all_finite(x, xlen) ? DPSQL_E_NONFINITE_X :
-		!(h->clip_norm > 0.0) ? DPSQL_E_PARAM : DPSQL_OK;
+		!(size > 0.0 && isfinite(size)) ? DPSQL_E_PARAM : DPSQL_OK;
 
 	if (st != DPSQL_OK)
 	{
@@ -715,7 +733,7 @@ accumulate_canary(double *state, const double *x, int xlen, double *g)
 	norm = dpsql_rescaled_norm(x, nx);
 	if (norm > 0.0 && isfinite(norm))
 		for (i = 0; i < nx; i++)
-			g[i] += h->clip_norm * (x[i] / norm);
+			g[i] += size * (x[i] / norm);
 	return DPSQL_OK;
 }
 
@@ -817,7 +835,8 @@ dpsql_sgd_row(double *state, const double *x, int xlen, double y)
 
 	if (h->steps_per_epoch > 0.0)
 		return DPSQL_E_STATE;	/* batched states take dpsql_sgd_row_batch */
-	if (h->batch_size > 1.0 || h->noise_kind != DPSQL_NOISE_NONE || h->clip_norm > 0.0)
+	if (h->batch_size > 1.0 || h->noise_kind != DPSQL_NOISE_NONE || h->clip_norm > 0.0 ||
+		(flags & DPSQL_FLAG_CANARY_ROWS))
 	{
 		st = accumulate_row(state, x, xlen, y, g);
 		if (st != DPSQL_OK)

@@ -48,12 +48,13 @@ typedef enum DpsqlSchedule
  */
 #define DPSQL_FLAG_SANITIZE		0x8
 /*
- * White-box audits (sql/install/52_audit.sql, docs/audit.md): a row whose last feature is
- * nonzero is a Dirac canary, not a data row. Its clipped gradient is exactly clip_norm times
- * the unit vector of its other features (zero when they are all zero), on the first output,
- * without the loss or the intercept: the largest gradient that the clipping lets one row
- * contribute, in a direction the audit chooses. Only a white-box state (clip_norm > 0) takes
- * canaries; elsewhere such a row is a null record (private runs) or an error.
+ * White-box audits (sql/install/52_audit_dirac.sql, docs/audit.md): a row whose last feature
+ * is nonzero is a Dirac canary, not a data row. Its gradient is exactly clip_norm (white-box
+ * states) or the loss's data Lipschitz constant (the bolt-on) times the unit vector of its
+ * other features (zero when they are all zero), on the first output, without the loss or the
+ * intercept: the largest gradient one row may contribute, in a direction the audit chooses.
+ * A canary that is not finite, or whose loss has no finite Lipschitz constant, is a null
+ * record (private runs) or an error.
  */
 #define DPSQL_FLAG_CANARY_ROWS	0x10
 /* Private runs keep every weight in [-box, box] (sgd.c, guard_weights). */

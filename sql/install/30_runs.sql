@@ -265,7 +265,10 @@ BEGIN
                            WHEN 'unit' THEN dpsql_internal._flag('unit_rows') ELSE 0 END
            | CASE WHEN intercept THEN dpsql_internal._flag('intercept') ELSE 0 END
            -- malformed rows become null records
-           | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END;
+           | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END
+           -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql)
+           | CASE WHEN private THEN dpsql_internal._audit_canary_flags(jsonb_build_object('source', source))
+                  ELSE 0 END;
     init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 

@@ -22,6 +22,17 @@ RETURNS int[] LANGUAGE sql IMMUTABLE AS $$
                    FROM unnest(ARRAY[0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]) f ORDER BY 1)
 $$;
 
+-- The statistics a dirac audit uses by default: gdp where the claim is a composition of
+-- Gaussian mechanisms that is exactly mu-GDP (shuffled DP-SGD: one Gaussian per epoch; the
+-- bolt-on's analytic Gaussian output noise), dp (any (epsilon, delta) claim) elsewhere.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_dirac_test(privacy text, params jsonb, delta float8)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN delta > 0 AND (
+                    (privacy = 'dpsgd' AND coalesce(params->>'sampling', 'shuffle') = 'shuffle')
+                    OR (privacy = 'bolton' AND coalesce(params->>'gaussian', 'analytic') = 'analytic'))
+                THEN 'gdp' ELSE 'dp' END
+$$;
+
 -- The state flags a run adds for an audit: Dirac canary rows for the copy that the running
 -- dirac audit trains (the setting names its table), nothing for any other run. (Were an
 -- analyst to set the switch, a row with its last feature set would still contribute one
@@ -67,9 +78,9 @@ DECLARE
     w float8[];
     ks int[];
 BEGIN
-    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2') THEN
-        PERFORM dpsql_internal._fail(format('method dirac audits the white-box SGD mechanisms (dpsgd, '
-                                            'scs13, bst14, dpsgd_f, dpsgd_f_alg2), not %s', privacy),
+    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2', 'bolton') THEN
+        PERFORM dpsql_internal._fail(format('method dirac audits the SGD mechanisms (dpsgd, scs13, bst14, '
+                                            'dpsgd_f, dpsgd_f_alg2, bolton), not %s', privacy),
                                      '0A000', 'Use method => ''one_run'' or ''distinguish''.');
     END IF;
     -- every row of the copy carries the m canary coordinates (zeros compress well)
@@ -115,9 +126,7 @@ BEGIN
           FROM dpsql_internal.audit_canaries c WHERE c.audit = copy.name)
     SELECT jsonb_build_object(
                'op', 'audit_bound', 'method', 'dirac', 'delta', delta, 'confidence', conf,
-               'test', coalesce(opts->>'test', CASE WHEN privacy = 'dpsgd' AND delta > 0
-                                                    AND coalesce(params->>'sampling', 'shuffle') = 'shuffle'
-                                               THEN 'gdp' ELSE 'dp' END),
+               'test', coalesce(opts->>'test', dpsql_internal._audit_dirac_test(privacy, params, delta)),
                'canaries', n_runs * m, 'guesses', to_jsonb(ks),
                'correct', (SELECT jsonb_agg((SELECT count(*) FROM ranked WHERE rank <= k AND included)
                                             ORDER BY k) FROM unnest(ks) k))
