@@ -56,11 +56,14 @@ END $$;
 -- A dataset's spend re-accounted: the charged sums next to the tight PLD composition of its
 -- ledger's events at the delta budget (and the RDP one when every event has an RDP curve),
 -- and what summation wastes. Same visibility as dpsql.budgets.
+-- (0.9.0: the privacy unit its entries were accounted for, 64_privacy_units.sql)
+DROP FUNCTION IF EXISTS dpsql.budget_report(text);
 CREATE OR REPLACE FUNCTION dpsql.budget_report(dataset text)
 RETURNS TABLE (dataset_id bigint, name text, composition text, entries bigint,
                epsilon_budget float8, delta_budget float8, epsilon_spent float8,
                delta_spent float8, epsilon_pld float8, epsilon_rdp float8,
-               epsilon_saving float8, dp_accounting text)
+               epsilon_saving float8, dp_accounting text, privacy_unit text,
+               max_rows_per_unit int)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -96,6 +99,9 @@ BEGIN
     epsilon_rdp := (composed->>'epsilon_rdp')::float8;
     epsilon_saving := epsilon_spent - epsilon_pld;
     dp_accounting := composed->>'dp_accounting';
+    -- every entry's event is at this unit's level (fixed once anything is spent)
+    privacy_unit := d.privacy_unit;
+    max_rows_per_unit := d.max_rows_per_unit;
     RETURN NEXT;
 END $$;
 COMMENT ON FUNCTION dpsql.budget_report(text) IS

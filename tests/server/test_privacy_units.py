@@ -318,3 +318,54 @@ def test_the_docs_example_registers_as_written(conn, scratch_schema) -> None:
         "SELECT privacy_unit, max_rows_per_unit FROM dpsql.my_datasets WHERE name = 'visits'"
     ).fetchone() == ("patient_id", 5)
     assert _rows(conn, "visits") == 700 * 5
+
+
+def test_preview_budget_report_and_refusals_speak_unit_level(conn, visits) -> None:
+    """A preview shows the unit-level charge and charges nothing; budget_report names the unit;
+    a noise multiplier alone (row-level) is refused before anything is read or charged."""
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=4)
+    (preview,) = conn.execute(
+        "SELECT dpsql.preview(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 1, delta => 1e-6)",
+        (name,),
+    ).fetchone()
+    assert preview["epsilon"] == pytest.approx(1.0, rel=1e-9)
+    assert preview["delta"] == pytest.approx(1e-6, rel=1e-9)
+    with pytest.raises(psycopg.Error, match="protects units of 4 rows: give epsilon"):
+        conn.execute(
+            "SELECT dpsql.train(%s, NULL, NULL, privacy => 'dpsgd', noise_multiplier => 2,"
+            " delta => 1e-6)",
+            (name,),
+        )
+    report = conn.execute(
+        "SELECT entries, privacy_unit, max_rows_per_unit FROM dpsql.budget_report(%s)", (name,)
+    ).fetchone()
+    assert report == (0, "person", 4)
+
+
+def test_analysts_and_owners_cannot_reach_the_unit_machinery(conn, visits, make_role) -> None:
+    """The secret, the bounded read's parts and the charge (with its unit_level switch) are
+    the extension's: an analyst reads the declaration only, cannot change it; a data owner
+    cannot charge at a unit level of their choosing either."""
+    name = _register(conn, visits, privacy_unit="person", max_rows_per_unit=2)
+    ds = conn.execute("SELECT dataset_id FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()[
+        0
+    ]
+    analyst, connect = make_role("analyst", "dpsql_analyst")
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (ds, analyst))
+    _, connect_owner = make_role("owner", "dpsql_admin")
+    for who in (connect, connect_owner):
+        with who() as c:
+            for statement in (
+                "SELECT secret FROM dpsql_internal.unit_secrets",
+                f"SELECT dpsql_internal._charge({ds}, 0.001, 0, 'x', unit_level => true)",
+                f"SELECT dpsql_internal._unit_charge(2, 1, 0, NULL)",
+                "SELECT dpsql_internal._unit_findings(NULL::dpsql.datasets)",
+            ):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(statement)
+            with pytest.raises(psycopg.Error, match="only they|alter datasets|permission"):
+                c.execute("SELECT dpsql.alter_dataset(%s, max_rows_per_unit => 1)", (name,))
+    with connect() as a:
+        assert a.execute(
+            "SELECT privacy_unit, max_rows_per_unit FROM dpsql.my_datasets WHERE name = %s", (name,)
+        ).fetchone() == ("person", 2)
