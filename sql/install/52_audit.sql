@@ -185,7 +185,8 @@ $$;
 -- and delta, the runs), with delta and the runs filled in.
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_arguments(privacy text, epsilon float8, delta float8,
                                                            n_runs int, method text, opts jsonb,
-                                                           OUT delta_used float8, OUT runs int)
+                                                           OUT delta_used float8, OUT runs int,
+                                                           OUT method_used text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -193,7 +194,16 @@ DECLARE
     conf float8 := coalesce((opts->>'confidence')::float8, 0.95);
     train jsonb := coalesce(opts->'train', '{}');
 BEGIN
-    IF method IS NULL OR method NOT IN ('one_run', 'distinguish', 'dirac') THEN
+    -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
+    delta_used := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
+    -- NULL: the most powerful method for the mechanism (docs/audit.md): Dirac canaries in the
+    -- aggregate where it takes them (the bolt-on only with Gaussian noise, where they read
+    -- one coordinate of the noise), else one run
+    method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2')
+                                         OR (privacy = 'bolton' AND delta_used > 0)
+                                    THEN 'dirac' ELSE 'one_run' END);
+    method_used := method;
+    IF method NOT IN ('one_run', 'distinguish', 'dirac') THEN
         PERFORM dpsql_internal._fail(format('method must be dirac, one_run or distinguish, got %s',
                                             coalesce(quote_literal(method), 'NULL')));
     END IF;
@@ -205,8 +215,6 @@ BEGIN
                                      'parameters), canaries, seed, test and mutation',
                                      hint => 'e.g. options => ''{"train": {"epochs": 2}, "canaries": 500}''');
     END IF;
-    -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
-    delta_used := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
     IF NOT (epsilon > 0 AND epsilon < 'Infinity') OR NOT (delta_used >= 0 AND delta_used < 1) THEN
         PERFORM dpsql_internal._fail('epsilon must be a finite number > 0 and delta in [0, 1)');
     END IF;
@@ -409,11 +417,7 @@ BEGIN
     conf := coalesce((opts->>'confidence')::float8, 0.95);
     train := coalesce(opts->'train', '{}');
     PERFORM dpsql_internal._require_admin('audit a mechanism');
-    -- the most powerful method for the mechanism (docs/audit.md): white-box canaries where
-    -- the aggregate takes them, else one run
-    method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2')
-                                    THEN 'dirac' ELSE 'one_run' END);
-    SELECT x.delta_used, x.runs INTO delta, n_runs
+    SELECT x.delta_used, x.runs, x.method_used INTO delta, n_runs, method
       FROM dpsql_internal._audit_arguments(privacy, epsilon, delta, n_runs, method, opts) x;
     ds := dpsql_internal._dataset_for_source(dataset);
     -- Thousands of uncharged releases are no worse than the rows themselves only for a role
