@@ -317,17 +317,20 @@ class Database:
         privacy: Any,
         *,
         runs: int | None = None,
-        method: str = "one_run",
+        method: str | None = None,
         model: str | None = None,
         confidence: float = 0.95,
         canaries: int | None = None,
         seed: int | None = None,
+        test: str | None = None,
         **train: Any,
     ) -> dict[str, Any]:
         """An empirical lower bound on ``privacy``'s epsilon on copies of ``dataset`` with
         canaries (``dpsql.audit``, data owners; docs/audit.md). The mechanism object's other
         settings and ``train`` (``Database.train``'s keywords, ``lambda_`` as ``lambda``) are
         the audited configuration. Nothing is charged to the dataset and no model is left.
+        ``method`` None: the most powerful method for the mechanism (``dirac``, white-box
+        canaries, for the SGD family); ``test``: ``dp`` or ``gdp`` (dirac and distinguish).
 
         Returns ``dpsql.audit``'s row: ``epsilon_claimed``, ``epsilon_lower``, ``confidence``,
         ``runs``, ``method``."""
@@ -339,7 +342,12 @@ class Database:
         if "lambda_" in train:
             train["lambda"] = train.pop("lambda_")
         options: dict[str, Any] = {"train": {**args, **train}, "confidence": confidence}
-        for key, value in (("model", model), ("canaries", canaries), ("seed", seed)):
+        for key, value in (
+            ("model", model),
+            ("canaries", canaries),
+            ("seed", seed),
+            ("test", test),
+        ):
             if value is not None:
                 options[key] = value
         with self.conn.cursor(row_factory=dict_row) as cur:
