@@ -162,3 +162,59 @@ def test_vectorised_bounds_match_the_scalar_ones() -> None:
         a, b = int(fp[i]), int(fn[i])
         assert dp[i] == pytest.approx(audit_stats.distinguish_lower_bound(a, 100, b, 80, 1e-3, 0.9))
         assert gdp[i] == pytest.approx(audit_stats.gdp_lower_bound(a, 100, b, 80, 0.9))
+
+
+def _dirac_counts(rng, m: int, mu: float) -> tuple[list[int], list[int]]:
+    """The guess counts of m Dirac canaries whose scores are N(mu, 1) when in, N(0, 1) when out
+    (the exact model of a mu-GDP Gaussian mechanism audited at its sensitivity)."""
+    included = rng.random(m) < 0.5
+    order = np.argsort(-(rng.normal(size=m) + mu * included))
+    fractions = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+    ks = sorted({min(max(1, int(f * m)), 20000) for f in fractions})
+    return ks, [int(included[order[:k]].sum()) for k in ks]
+
+
+def test_dirac_gdp_is_sound_at_the_claim() -> None:
+    """A mechanism exactly at its claim (mu of epsilon 1 at delta 1e-5): a 95% bound exceeds
+    the claim in at most 5% of audits; at most 20 of 200 seeded audits may (measured: 0)."""
+    rng = np.random.default_rng(7)
+    mu = 0.26805
+    assert audit_stats.gdp_epsilon(mu, 1e-5) == pytest.approx(1.0, abs=1e-3)
+    above = 0
+    for _ in range(200):
+        ks, cs = _dirac_counts(rng, 20000, mu)
+        above += audit_stats.dirac_bound(20000, ks, cs, 1e-5, 0.95)["epsilon_lower"] > 1.0
+    assert above <= 20
+
+
+def test_dirac_refutes_half_noise_and_the_dp_test_is_weaker() -> None:
+    """Half the noise (mu doubled, epsilon 2.15 claimed as 1) over 100,000 canaries: the GDP
+    bound's mean is 1.35 and its sd 0.11 (100 simulated audits), so it is at or below 1 in
+    about 0.1% of audits (the rate test_audit_dirac.py's half-noise tests state); Steinke et
+    al.'s (epsilon, delta) test reads the same counts at about 0.9."""
+    rng = np.random.default_rng(8)
+    gdp, dp = [], []
+    for _ in range(10):
+        ks, cs = _dirac_counts(rng, 100000, 2 * 0.26805)
+        gdp.append(audit_stats.dirac_bound(100000, ks, cs, 1e-5, 0.95)["epsilon_lower"])
+        dp.append(audit_stats.dirac_bound(100000, ks, cs, 1e-5, 0.95, "dp")["epsilon_lower"])
+    assert min(gdp) > 1.0 and 1.2 < float(np.mean(gdp)) < 1.5
+    assert float(np.mean(dp)) < float(np.mean(gdp))
+
+
+def test_dirac_requests_are_checked() -> None:
+    good = {"op": "audit_bound", "method": "dirac", "delta": 1e-5, "canaries": 100,
+            "guesses": [10, 20], "correct": [9, 15]}  # fmt: skip
+    assert audit_stats.run(good)["epsilon_lower"] >= 0
+    for bad in (
+        {"guesses": [0], "correct": [0]},
+        {"guesses": [101], "correct": [1]},
+        {"guesses": [10], "correct": [11]},
+        {"guesses": [10, 20], "correct": [1]},
+        {"canaries": 1},
+        {"test": "nope"},
+    ):
+        with pytest.raises(ValueError):
+            audit_stats.run({**good, **bad})
+    # mu-GDP's recursion: nothing is rejected by a perfect score on no guesses' worth of mass
+    assert not audit_stats.fdp_one_run_rejects(0.5, 100, 10, 5, 0.05)
