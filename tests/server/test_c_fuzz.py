@@ -235,6 +235,11 @@ SGD_INITS = {
     "0.1, 2, 1, 1.0, 'gaussian', 1.0, 0, 0, 7)",
     "batched": "SELECT dpsql_internal._sgd_init('huber', 3, 2, 0.01, 'sqrt', 0.1, 1, 1, 0.1, 1, 1, "
     "1.0, 'gamma_norm', 1.0, 2, 4, 7)",
+    # audits' Dirac canary rows (flag 16): every row below with a nonzero last feature is one
+    "canary": "SELECT dpsql_internal._sgd_init('logistic', 3, 2, 0.01, 'constant', 0.1, 0, 0, "
+    "0.1, 2, 16, 1.0, 'gaussian', 1.0, 0, 0, 7)",
+    "canary_bolton": "SELECT dpsql_internal._sgd_init('huber', 3, 2, 0.01, 'constant', 0.1, 0, 0, "
+    "0.1, 1, 24)",
 }
 SGD_HEADER = 29
 
@@ -251,7 +256,7 @@ def test_fuzz_sgd_states(fuzz_conn: psycopg.Connection, server_uri: str) -> None
     for name, init in SGD_INITS.items():
         base = _state(fuzz_conn, init)
         real = _literal(base)
-        tail = len(base) - 72 if name in ("noise", "batched") else None
+        tail = len(base) - 72 if name in ("noise", "batched", "canary") else None
         for s in mutants(base, SGD_HEADER, rng, tail):
             p.call("SELECT dpsql_internal._sgd_final(%s::float8[])", (s,))
             p.call("SELECT * FROM dpsql_internal._sgd_info(%s::float8[])", (s,))
