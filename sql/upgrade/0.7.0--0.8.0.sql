@@ -151,3 +151,8 @@ END $$;
 DROP FUNCTION IF EXISTS dpsql_internal._estimate_grid(dpsql.datasets, float8, float8[], float8);
 DROP FUNCTION IF EXISTS dpsql_internal._warn_rank_error(text, bigint, float8, bigint);
 DROP FUNCTION IF EXISTS dpsql_internal._label_grid(dpsql.datasets, float8, float8, float8);
+
+-- Issue 47: white-box audits. An audit's copy takes extra canary features (_audit_copy's pad)
+-- and the argument check returns the method it picked.
+DROP FUNCTION IF EXISTS dpsql_internal._audit_copy(dpsql.datasets, int, float8, float8);
+DROP FUNCTION IF EXISTS dpsql_internal._audit_arguments(text, float8, float8, int, text, jsonb);
