@@ -476,8 +476,6 @@ DECLARE
     majority float8 := 0;
     mse float8; mae float8; mean float8; var float8;
     hits float8;
-    pos_bins float8[];
-    neg_bins float8[];
 BEGIN
     IF kind = 'binary' THEN
         hits := s[37];
@@ -487,15 +485,11 @@ BEGIN
             RETURN NULL;
         END IF;
         prior := dpsql_internal._unit_clamp((tp + fn) / n, clamped);
-        -- the histograms' noisy bins, clamped at 0 when the metrics are (a negative count would
-        -- leave the AUC undefined whenever one label's noisy total falls to 0 or below)
-        pos_bins := CASE WHEN clamped THEN ARRAY(SELECT greatest(x, 0) FROM unnest(s[21:36]) x) ELSE s[21:36] END;
-        neg_bins := CASE WHEN clamped THEN ARRAY(SELECT greatest(x, 0) FROM unnest(s[5:20]) x) ELSE s[5:20] END;
-        npos := (SELECT sum(x) FROM unnest(pos_bins) x);
-        nneg := (SELECT sum(x) FROM unnest(neg_bins) x);
+        npos := (SELECT sum(x) FROM unnest(s[21:36]) x);
+        nneg := (SELECT sum(x) FROM unnest(s[5:20]) x);
         FOR i IN 1..16 LOOP
-            area := area + pos_bins[i] * (below + neg_bins[i] / 2);
-            below := below + neg_bins[i];
+            area := area + s[20 + i] * (below + s[4 + i] / 2);
+            below := below + s[4 + i];
         END LOOP;
         RETURN jsonb_strip_nulls(jsonb_build_object(
             'accuracy', dpsql_internal._unit_clamp(CASE WHEN rows > 0 AND hits IS NOT NULL THEN hits / rows
