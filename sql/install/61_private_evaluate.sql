@@ -497,7 +497,9 @@ BEGIN
             'balanced_accuracy', dpsql_internal._unit_clamp(
                 (CASE WHEN tp + fn > 0 THEN dpsql_internal._unit_clamp(tp / (tp + fn), clamped) END
                  + CASE WHEN tn + fp > 0 THEN dpsql_internal._unit_clamp(tn / (tn + fp), clamped) END) / 2, clamped),
-            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN dpsql_internal._unit_clamp(area / (npos * nneg), clamped) END,
+            -- (a label's noisy total at 0 or below: the noise swamps the ranking, 0.5 says so)
+            'roc_auc', CASE WHEN npos > 0 AND nneg > 0 THEN dpsql_internal._unit_clamp(area / (npos * nneg), clamped)
+                            WHEN clamped THEN 0.5 END,
             'f1', CASE WHEN 2 * tp + fp + fn > 0 THEN dpsql_internal._unit_clamp(2 * tp / (2 * tp + fp + fn), clamped)
                        ELSE 0 END,
             'baseline', jsonb_strip_nulls(jsonb_build_object(
