@@ -261,9 +261,12 @@ BEGIN
                 'A data owner can declare feature_bounds (public (lo, hi) per feature) or estimate them '
                 '(dpsql.estimate_bounds); the model then sees every feature on [-1, 1].');
         END IF;
+        -- (a privacy unit of k rows: chosen for the row-level epsilon it will be planned at)
         auto := dpsql_internal._auto_choice(
             ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
-                                                                      dpsql_internal._auto_delta(ds))));
+                                                                      dpsql_internal._auto_delta(ds)))
+                       || jsonb_strip_nulls(jsonb_build_object(
+                              'epsilon', (dpsql_internal._unit_release_target(ds, epsilon, 0)).epsilon)));
         IF params->>'delta' IS NULL THEN
             auto := jsonb_set(auto, '{params,delta}', to_jsonb(dpsql_internal._auto_delta(ds)));
             auto := jsonb_set(auto, '{record,delta_default}', auto->'params'->'delta');
@@ -388,9 +391,14 @@ BEGIN
                     || ' Nothing was charged.');
     END IF;
 
+    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta) asked
+    -- for, which the charge then pays (64_privacy_units.sql); defaults follow the plan's
+    target := dpsql_internal._unit_release_target(ds, epsilon, delta);
     IF mech.sgd_defaults THEN
-        params := dpsql_internal._private_defaults(ds, model, privacy, params,
-                                                   dpsql_internal._public_row_count(ds));
+        params := dpsql_internal._private_defaults(
+            ds, model, privacy,
+            params || jsonb_strip_nulls(jsonb_build_object('epsilon', target.epsilon, 'delta', target.delta)),
+            dpsql_internal._public_row_count(ds));
         filled := (params->'defaults') || filled;
         params := params - 'defaults';
     END IF;
@@ -399,9 +407,6 @@ BEGIN
     PERFORM dpsql_internal._preview_note('model', to_jsonb(canonical));
     PERFORM dpsql_internal._preview_note('defaults', nullif(filled, '{}'));
     PERFORM dpsql_internal._preview_note('auto', auto->'record');
-    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta) asked
-    -- for, which the charge then pays (64_privacy_units.sql)
-    target := dpsql_internal._unit_release_target(ds, epsilon, delta);
     IF dpsql_internal._unit_rows(ds) > 1 THEN
         params := params || jsonb_build_object('epsilon', target.epsilon, 'delta', target.delta);
     END IF;

@@ -212,6 +212,11 @@ BEGIN
                'column', ds.privacy_unit, 'max_rows_per_unit', k,
                'neighbouring', 'replace one unit''s rows (k slots of U * k)',
                'row_epsilon', m.epsilon, 'row_delta', m.delta, 'row_sensitivity', m.sensitivity))
+               -- the release's record said at unit level too (its row-level plan is above)
+               || jsonb_build_object('privacy', (m.params->'privacy') || jsonb_strip_nulls(jsonb_build_object(
+                      'epsilon', unit.epsilon, 'delta', unit.delta,
+                      'sensitivity', k * (m.params->'privacy'->>'sensitivity')::float8,
+                      'neighbouring', format('replace one unit''s rows (%s slots per unit)', k))))
      WHERE s.model_id = m.model_id;
 END $$;
 
