@@ -219,7 +219,7 @@ def test_only_data_owners_audit_and_only_superusers_mutate(conn, zeros, make_rol
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("bolton", 1, 0, None, "guess", "{}"), "method must be one_run or distinguish"),
+        (("bolton", 1, 0, None, "guess", "{}"), "method must be dirac, one_run or distinguish"),
         (("bolton", 1, 0, 5, "distinguish", "{}"), "20 to 20000 runs"),
         (("bolton", 1, 0, 3, "one_run", "{}"), "trains once"),
         (("bolton", 1, 0, None, "one_run", '{"bogus": 1}'), "options takes"),
