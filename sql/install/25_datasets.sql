@@ -708,7 +708,7 @@ BEGIN
 END $$;
 
 -- The registration itself. Admin-only; nothing is written unless every check passes.
--- (0.8.0: holdout and key added; 0.9.0: privacy_unit and max_rows_per_unit)
+-- (0.8.0: holdout and key, then privacy_unit and max_rows_per_unit added)
 DROP FUNCTION IF EXISTS dpsql_internal._register_dataset(regclass, text[], text, float8, float8, text[],
                                                          float8[], text, text, text, float8, float8, int,
                                                          boolean, jsonb, text, jsonb, boolean);

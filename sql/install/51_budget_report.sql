@@ -56,7 +56,7 @@ END $$;
 -- A dataset's spend re-accounted: the charged sums next to the tight PLD composition of its
 -- ledger's events at the delta budget (and the RDP one when every event has an RDP curve),
 -- and what summation wastes. Same visibility as dpsql.budgets.
--- (0.9.0: the privacy unit its entries were accounted for, 64_privacy_units.sql)
+-- (0.8.0: the privacy unit its entries were accounted for, 64_privacy_units.sql)
 DROP FUNCTION IF EXISTS dpsql.budget_report(text);
 CREATE OR REPLACE FUNCTION dpsql.budget_report(dataset text)
 RETURNS TABLE (dataset_id bigint, name text, composition text, entries bigint,

@@ -49,7 +49,7 @@ BEGIN
     RETURN d;
 END $$;
 
--- (0.9.0: privacy_unit and max_rows_per_unit, 64_privacy_units.sql; privacy_unit => '' says
+-- (0.8.0: privacy_unit and max_rows_per_unit, 64_privacy_units.sql; privacy_unit => '' says
 -- a row is a unit again)
 DROP FUNCTION IF EXISTS dpsql.alter_dataset(text, float8, float8, text);
 CREATE OR REPLACE FUNCTION dpsql.alter_dataset(dataset text, epsilon_budget float8 DEFAULT NULL,
