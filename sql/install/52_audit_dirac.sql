@@ -19,7 +19,7 @@
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_dirac_guesses(total int)
 RETURNS int[] LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY(SELECT DISTINCT least(greatest(1, floor(f * total)::int), 20000)
-                   FROM unnest(ARRAY[0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2]) f ORDER BY 1)
+                   FROM unnest(ARRAY[0.005, 0.01, 0.02, 0.05, 0.1]) f ORDER BY 1)
 $$;
 
 -- The statistics a dirac audit uses by default: gdp where the claim is a composition of

@@ -89,9 +89,9 @@ def test_honest_mechanisms_are_not_refuted(conn, natural, privacy, train, test) 
 def test_half_noise_is_refuted_on_natural_data(conn, natural, privacy) -> None:
     """Half the noise (a true epsilon of 2.15 claimed as 1): 200 runs of 500 canaries refute it.
     The bound has an exact model here (scores of "in" canaries N(2 mu, 1), "out" N(0, 1), mu =
-    0.268 the claim's): simulated over 100 audits of 100,000 canaries its mean is 1.35 and its
-    sd 0.11, so it falls at or below 1 in about 0.1% of audits (3 sd): this test fails wrongly
-    about once in a thousand runs."""
+    0.268 the claim's): simulated over 200 audits of 100,000 canaries its mean is 1.36 and its
+    sd 0.095, so it falls at or below 1 in about 0.01% of audits (3.8 sd): this test fails
+    wrongly about once in ten thousand runs (test_audit_stats.py)."""
     _, source = natural
     row, details = _audit(
         conn, source, privacy, 1.0, 1e-5, 200, None,
