@@ -253,7 +253,11 @@ AS $$
 DECLARE
     unit text;
     src text;
-    f record;
+    units bigint;     -- units with a value
+    over bigint;      -- of them, with more than k rows
+    left_out bigint;  -- their rows beyond k
+    most bigint;      -- the most rows of a unit
+    no_unit bigint;   -- rows with a NULL unit
 BEGIN
     IF ds.privacy_unit IS NULL THEN
         RETURN;
@@ -263,21 +267,22 @@ BEGIN
                 THEN format('(SELECT %s AS u FROM %s) s', unit, ds.relid)
                 ELSE format('dpsql_internal._read_source(%s::regclass, %L) AS s(u text)', ds.relid::oid,
                             unit || ' AS u') END;
-    EXECUTE format('SELECT count(*) FILTER (WHERE u IS NOT NULL) AS units,'
-                   '       count(*) FILTER (WHERE c > $1) AS over, coalesce(sum(c - $1) FILTER (WHERE c > $1), 0) AS left_out,'
-                   '       coalesce(max(c) FILTER (WHERE u IS NOT NULL), 0) AS most,'
-                   '       coalesce(sum(c) FILTER (WHERE u IS NULL), 0) AS no_unit'
+    EXECUTE format('SELECT count(*) FILTER (WHERE u IS NOT NULL),'
+                   '       count(*) FILTER (WHERE u IS NOT NULL AND c > $1),'
+                   '       coalesce(sum(c - $1) FILTER (WHERE u IS NOT NULL AND c > $1), 0),'
+                   '       coalesce(max(c) FILTER (WHERE u IS NOT NULL), 0),'
+                   '       coalesce(sum(c) FILTER (WHERE u IS NULL), 0)'
                    '  FROM (SELECT u, count(*) AS c FROM %s GROUP BY u) g', src)
-       INTO f USING ds.max_rows_per_unit;
-    IF f.over = 0 AND f.no_unit = 0 THEN
+       INTO units, over, left_out, most, no_unit USING ds.max_rows_per_unit;
+    IF over = 0 AND no_unit = 0 THEN
         RAISE NOTICE 'dpsql: %: % units (privacy_unit %), none with more than % rows (the most: %)',
-                     ds.source, f.units, ds.privacy_unit, ds.max_rows_per_unit, f.most;
+                     ds.source, units, ds.privacy_unit, ds.max_rows_per_unit, most;
         RETURN;
     END IF;
     RAISE WARNING 'dpsql: %: % units (privacy_unit %); % have more than % rows (the most: %), of which reads '
                   'keep % each (% rows left out); % rows have a NULL unit (read in no slot)',
-                  ds.source, f.units, ds.privacy_unit, f.over, ds.max_rows_per_unit, f.most,
-                  ds.max_rows_per_unit, f.left_out, f.no_unit
+                  ds.source, units, ds.privacy_unit, over, ds.max_rows_per_unit, most,
+                  ds.max_rows_per_unit, left_out, no_unit
         USING HINT = 'Each unit reads as exactly max_rows_per_unit slots (its rows repeated or some left '
                      'out); a larger k keeps more rows and needs about k times the noise.';
 END $$;
