@@ -874,7 +874,8 @@ END $$;
 COMMENT ON FUNCTION dpsql.register_dataset(text, text[], text, float8, float8, anycompatiblearray,
                                            float8[], text, text, float8, float8, int, boolean, jsonb,
                                            text, jsonb, boolean, float8, text, text, int) IS
-    'Register a table for private training with its public declarations and (epsilon, delta) budget';
+    'Register a table for private training with its public declarations and (epsilon, delta) budget, '
+    'which protects one row, or all of one privacy unit''s rows (privacy_unit, max_rows_per_unit)';
 
 CREATE OR REPLACE FUNCTION dpsql_internal._dataset_by_id(dataset_id bigint)
 RETURNS dpsql.datasets LANGUAGE plpgsql STABLE
