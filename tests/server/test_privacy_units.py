@@ -396,3 +396,22 @@ def test_analysts_and_owners_cannot_reach_the_unit_machinery(conn, visits, make_
         assert a.execute(
             "SELECT privacy_unit, max_rows_per_unit FROM dpsql.my_datasets WHERE name = %s", (name,)
         ).fetchone() == ("person", 2)
+
+
+def test_estimates_at_registration_are_charged_at_unit_level(conn, visits) -> None:
+    """A registration's private bounds read the bounded slots and are charged what was asked."""
+    name = f"pu_{uuid.uuid4().hex[:8]}"
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{a,b}', 'y', 10, 0, name => %s,"
+        " privacy_unit => 'person', max_rows_per_unit => 4,"
+        ' estimate => \'{"feature_bounds": {"epsilon": 0.4, "search_range": [-2, 2]}}\')',
+        (visits, name),
+    )
+    rows = conn.execute(
+        "SELECT mechanism, epsilon, delta FROM dpsql.ledger WHERE dataset = %s", (name,)
+    ).fetchall()
+    assert [(m, round(e, 12), d) for m, e, d in rows] == [("estimate_bounds", 0.4, 0.0)]
+    (bounds,) = conn.execute(
+        "SELECT feature_bounds FROM dpsql.my_datasets WHERE name = %s", (name,)
+    ).fetchone()
+    assert len(bounds) == 2 and all(lo < hi for lo, hi in bounds)
