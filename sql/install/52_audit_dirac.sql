@@ -7,8 +7,8 @@
 -- two rows whose clipped gradients are as far apart as replace-one allows (2 C). No data row
 -- and no other canary touches coordinate k, so the released weight w_k is the canary's steps
 -- plus the noise: the strongest score an attacker with the final model can have (Steinke,
--- Nasr and Jagielski 2023, "Privacy auditing with one (1) training run", §6's white-box
--- gradient canaries). Each of `runs` trainings draws fresh coins; all the canaries of all the
+-- Nasr and Jagielski 2023, "Privacy auditing with one (1) training run": their white-box
+-- Dirac gradient canaries). Each of `runs` trainings draws fresh coins; all the canaries of all the
 -- runs are scored together (a neighbour changes one canary, so the runs together are one
 -- mechanism whose guarantee holds for each canary).
 ------------------------------------------------------------------------------------------
