@@ -44,7 +44,8 @@ AS $$
 DECLARE
     copy text := nullif(current_setting('dpsql_audit.canary_copy', true), '');
 BEGIN
-    IF copy IS NULL OR strpos(coalesce(spec->>'source', ''), copy) = 0 THEN
+    IF copy IS NULL OR copy NOT LIKE 'dpsql_audit.audit\_%'
+       OR strpos(coalesce(spec->>'source', ''), copy) = 0 THEN
         RETURN 0;
     END IF;
     RETURN dpsql_internal._flag('canary_rows');

@@ -191,9 +191,16 @@ def test_a_bad_canary_row_is_an_error_or_a_null_record(conn, x, error) -> None:
 
 
 def test_the_flag_is_only_for_the_audited_copy(conn) -> None:
-    assert (
-        conn.execute(
-            'SELECT dpsql_internal._audit_canary_flags(\'{"source": "SELECT 1"}\')'
-        ).fetchone()[0]
-        == 0
-    )
+    def flags(source: str) -> int:
+        sql = "SELECT dpsql_internal._audit_canary_flags(%s)"
+        return conn.execute(sql, (json.dumps({"source": source}),)).fetchone()[0]
+
+    copy = "dpsql_audit.audit_1_0123456789"
+    assert flags(f"SELECT * FROM {copy}") == 0
+    with conn.transaction():
+        # a switch that names anything but an audit copy does nothing
+        conn.execute("SELECT set_config('dpsql_audit.canary_copy', 'SELECT', true)")
+        assert flags("SELECT 1") == 0
+        conn.execute("SELECT set_config('dpsql_audit.canary_copy', %s, true)", (copy,))
+        assert flags("SELECT 1") == 0
+        assert flags(f"SELECT * FROM {copy}") == 16
