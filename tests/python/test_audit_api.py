@@ -64,3 +64,20 @@ def test_budget_report_and_pld_composition_from_python(conn, scratch_schema) -> 
     assert report["epsilon_pld"] <= 2.0 + 1e-9
     with pytest.raises(dpsql.NotRegistered):
         db.budget_report("no_such_dataset")
+
+
+def test_audit_picks_the_most_powerful_method(conn, scratch_schema) -> None:
+    """method None: white-box Dirac canaries for DP-SGD, the counts in details."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, 2)) / 2
+    ds, source = register(conn, scratch_schema, X, (X[:, 0] > 0).astype(float), labels=[0, 1])
+    db = dpsql.Database(conn, owns_connection=False, embedded=False)
+    out = db.audit(
+        source, dpsql.DPSGD(epsilon=1.0, delta=1e-5), canaries=50, epochs=1, batch_size=250,
+        test="dp", seed=1,
+    )  # fmt: skip
+    assert out["method"] == "dirac" and out["runs"] == 1 and 0 <= out["epsilon_lower"] <= 1
+    details = conn.execute(
+        "SELECT details FROM dpsql.audits ORDER BY audit_id DESC LIMIT 1"
+    ).fetchone()[0]
+    assert details["canaries"] == 50 and details["test"] == "dp"
