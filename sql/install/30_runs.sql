@@ -265,10 +265,13 @@ BEGIN
                            WHEN 'unit' THEN dpsql_internal._flag('unit_rows') ELSE 0 END
            | CASE WHEN intercept THEN dpsql_internal._flag('intercept') ELSE 0 END
            -- malformed rows become null records
-           | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END
-           -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql)
-           | CASE WHEN private THEN dpsql_internal._audit_canary_flags(jsonb_build_object('source', source))
-                  ELSE 0 END;
+           | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END;
+    IF private THEN
+        -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql). A statement of
+        -- its own: a data owner's non-private run (the caller's rights) may not execute it,
+        -- and PostgreSQL checks that when a statement starts, whatever a CASE would take.
+        flags := flags | dpsql_internal._audit_canary_flags(jsonb_build_object('source', source));
+    END IF;
     init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 
