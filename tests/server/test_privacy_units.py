@@ -173,12 +173,10 @@ def _release_pair(conn, schema: str, privacy: str, declare: dict) -> tuple[np.nd
             conn.execute(f"UPDATE {variant} SET y = (a + b) * 0.8 + ((visit % 7) - 3) / 30.0")
         if variant == "d1":  # every one of person 0's rows moved to the far corner, label flipped
             conn.execute("UPDATE d1 SET a = 1, b = -1, y = 1 WHERE person = 0")
-        name = _register(
-            conn,
-            f"{schema}.{variant}",
-            **declare,
-            **({"labels": None, "label_bound": 1.0, "row_bound": 1.5} if kind == "reg" else {}),
+        regression: dict[str, object] = (
+            {"labels": None, "label_bound": 1.0, "row_bound": 1.5} if kind == "reg" else {}
         )
+        name = _register(conn, f"{schema}.{variant}", **declare, **regression)
         if declare and variant == "d1":  # one dataset's neighbours: the same secret
             conn.execute(
                 "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
@@ -218,7 +216,7 @@ def test_neighbours_in_one_persons_rows_stay_within_the_unit_sensitivity(
 
 def test_declaration_errors_change_nothing(conn, visits) -> None:
     before = conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone()[0]
-    for kw, message in [
+    cases: list[tuple[dict[str, object], str]] = [
         ({"privacy_unit": "person"}, "needs max_rows_per_unit"),
         ({"max_rows_per_unit": 3}, "give privacy_unit"),
         ({"privacy_unit": "person", "max_rows_per_unit": 0}, r"must be in \[1, 1000\]"),
@@ -228,7 +226,8 @@ def test_declaration_errors_change_nothing(conn, visits) -> None:
             {"privacy_unit": "person", "max_rows_per_unit": 2, "holdout": 0.2, "key": "visit"},
             "is not the privacy unit",
         ),
-    ]:
+    ]
+    for kw, message in cases:
         with pytest.raises(psycopg.Error, match=message):
             _register(conn, visits, **kw)
     assert conn.execute("SELECT count(*) FROM dpsql.datasets").fetchone()[0] == before
