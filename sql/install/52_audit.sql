@@ -197,10 +197,12 @@ BEGIN
     -- NULL: the mechanism's default, as dpsql.train takes it (its spec)
     delta_used := coalesce(delta, (SELECT c.delta_default FROM dpsql.mechanism_catalog c WHERE c.name = privacy), 0);
     -- NULL: the most powerful method for the mechanism (docs/audit.md): Dirac canaries in the
-    -- aggregate where it takes them (the bolt-on only with Gaussian noise, where they read
-    -- one coordinate of the noise), else one run
+    -- aggregate where it takes them, or as crafted rows for output and objective perturbation
+    -- (the bolt-on and those two only with Gaussian noise, where a canary reads one
+    -- coordinate of the noise), else one run
     method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2')
-                                         OR (privacy = 'bolton' AND delta_used > 0)
+                                         OR (privacy IN ('bolton', 'output_perturbation',
+                                                         'objective_perturbation') AND delta_used > 0)
                                     THEN 'dirac' ELSE 'one_run' END);
     method_used := method;
     IF method NOT IN ('one_run', 'distinguish', 'dirac') THEN
@@ -440,7 +442,16 @@ BEGIN
         PERFORM set_config('dpsql_audit.mutation', opts->>'mutation', true);
         PERFORM dpsql_internal._mutation();
     END IF;
-    model := coalesce(opts->>'model', CASE WHEN ds.labels IS NULL THEN 'linear' ELSE 'logistic' END);
+    -- (row canaries default to the Huber SVM: its loss's derivative is its Lipschitz bound at
+    -- a canary's margin, where the logistic loss's is half of it)
+    model := coalesce(opts->>'model', CASE WHEN ds.labels IS NULL THEN 'linear'
+                                           WHEN method = 'dirac' AND dpsql_internal._audit_row_canaries(privacy)
+                                           THEN 'huber' ELSE 'logistic' END);
+    IF opts->>'mutation' = 'half_noise' AND dpsql_internal._audit_row_canaries(privacy)
+       AND method <> 'dirac' THEN
+        PERFORM dpsql_internal._fail(format('the half_noise mutation of %s is for method => ''dirac''',
+                                            privacy), '0A000');
+    END IF;
     params := train || jsonb_build_object('privacy', privacy, 'epsilon', epsilon, 'delta', delta);
     dim := coalesce(ds.dim, cardinality(ds.features));
     -- the runs report their own progress; an audit reports its runs
@@ -460,7 +471,10 @@ BEGIN
         PERFORM dpsql_internal._fail('the audit''s statistics refused: ' || (answer->>'error'), 'XX000');
     END IF;
     details := (answer - 'op' - 'method' - 'confidence')
-               || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name,
+               || jsonb_build_object('mutation', opts->'mutation', 'copy', copy.name, 'model', model,
+                                     'canary', CASE WHEN method <> 'dirac' THEN 'row'
+                                                    WHEN dpsql_internal._audit_row_canaries(privacy)
+                                                    THEN 'crafted row' ELSE 'gradient' END,
                                      'released', (SELECT count(r.w) FROM dpsql_internal.audit_runs r
                                                    WHERE r.audit = copy.name));
     DELETE FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name;

@@ -24,14 +24,88 @@ $$;
 
 -- The statistics a dirac audit uses by default: gdp where the claim is a composition of
 -- Gaussian mechanisms that is exactly mu-GDP (shuffled DP-SGD: one Gaussian per epoch; the
--- bolt-on's analytic Gaussian output noise), dp (any (epsilon, delta) claim) elsewhere.
+-- bolt-on's and output perturbation's analytic Gaussian output noise), dp (any (epsilon,
+-- delta) claim) elsewhere (objective perturbation's claim splits epsilon between its noise,
+-- its Jacobian and its certificate: not a Gaussian mechanism's).
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_dirac_test(privacy text, params jsonb, delta float8)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN delta > 0 AND (
                     (privacy = 'dpsgd' AND coalesce(params->>'sampling', 'shuffle') = 'shuffle')
-                    OR (privacy = 'bolton' AND coalesce(params->>'gaussian', 'analytic') = 'analytic'))
+                    OR (privacy = 'bolton' AND coalesce(params->>'gaussian', 'analytic') = 'analytic')
+                    OR privacy = 'output_perturbation')
                 THEN 'gdp' ELSE 'dp' END
 $$;
+
+-- The mechanisms whose dirac canaries are data rows (no SGD step to take a gradient canary):
+-- the exact regularised minimisers with output or objective noise (49_, 50_*.sql).
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_row_canaries(privacy text)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT privacy IN ('output_perturbation', 'objective_perturbation')
+$$;
+
+-- A crafted canary row for those mechanisms (Chaudhuri, Monteleoni and Sarwate 2011, "Differentially
+-- private empirical risk minimization", §3's sensitivity argument is tight for it): the data
+-- features at 0 after the transform, scale * (+e_k) or scale * (-e_k) on canary coordinate k
+-- (scale the largest norm the registration lets a row keep: the pad is declared on [-1, 1], or
+-- the row bound without feature bounds), the marker at 0 (a shared coordinate would couple the
+-- canaries). Its transformed norm is the row bound, so the mechanism's sensitivity covers it;
+-- its label (fixed) makes the loss's derivative the Lipschitz constant on a coordinate no data
+-- row spans, so the minimiser's w_k moves by nearly the sensitivity's share of the row.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_crafted_row(zero float8[], m int, k int,
+                                                             included boolean, scale float8)
+RETURNS float8[] LANGUAGE sql IMMUTABLE AS $$
+    SELECT zero || array_fill(0::float8, ARRAY[k - 1])
+           || ARRAY[CASE WHEN included THEN scale ELSE -scale END]::float8[]
+           || array_fill(0::float8, ARRAY[m - k]) || ARRAY[0::float8]
+$$;
+
+-- The epsilon at which a Gaussian mechanism's noise is half its noise at (epsilon, delta)
+-- (analytic calibration: mu doubles), by bisection on dpsql.gaussian_sigma.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_half_noise_epsilon(epsilon float8, delta float8)
+RETURNS float8 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    target float8 := dpsql.gaussian_sigma(1, epsilon, delta) / 2;
+    lo float8 := epsilon;
+    hi float8 := 64 * epsilon;
+    mid float8;
+BEGIN
+    FOR i IN 1 .. 60 LOOP
+        mid := (lo + hi) / 2;
+        IF dpsql.gaussian_sigma(1, mid, delta) > target THEN lo := mid; ELSE hi := mid; END IF;
+    END LOOP;
+    RETURN hi;
+END $$;
+
+-- The half_noise mutation of a row-canary mechanism (a superuser's test switch: _mutation
+-- refused anyone else before the audit started): its releases are calibrated at the epsilon
+-- whose Gaussian noise is half the claim's (1 -> 2.15 at delta 1e-5), the claim unchanged, and
+-- at the claim's own regulariser (its plan on the copy, fixed through lambda), so that for
+-- output perturbation only the noise changes: exactly half of it. (Objective perturbation's
+-- noise is then calibrated at the larger epsilon's share: a true epsilon of 2.15 claimed as 1.)
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_half_noise_params(copy dpsql.datasets, privacy text,
+                                                                   model text, params jsonb, d int,
+                                                                   epsilon float8, delta float8)
+RETURNS jsonb LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    mech dpsql.mechanism_catalog := dpsql_internal._mechanism(privacy);
+    n bigint;
+    plan jsonb;
+BEGIN
+    IF delta <= 0 THEN
+        PERFORM dpsql_internal._fail('the half_noise mutation of output and objective perturbation '
+                                     'takes delta > 0 (Gaussian noise)', '0A000');
+    END IF;
+    EXECUTE format('SELECT count(*) FROM %s', copy.relid) INTO n;
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
+       INTO plan USING privacy, copy, n, d, epsilon, delta,
+                       params || jsonb_build_object('model', dpsql_internal._erm_model(model),
+                                                    'classes', to_jsonb(copy.labels));
+    RETURN params || jsonb_build_object(
+        'epsilon', dpsql_internal._audit_half_noise_epsilon(epsilon, delta),
+        'lambda', (plan->>'regularizer')::float8 / n);
+END $$;
 
 -- The state flags a run adds for an audit: Dirac canary rows for the copy that the running
 -- dirac audit trains (the setting names its table), nothing for any other run. (Were an
@@ -71,7 +145,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    m int := coalesce((opts->>'canaries')::int, 1000);
+    rows boolean := dpsql_internal._audit_row_canaries(privacy);
+    -- (row canaries: 50 by default, a (d + 51)-dimensional problem a run)
+    m int := coalesce((opts->>'canaries')::int, CASE WHEN rows THEN 50 ELSE 1000 END);
     label float8 := CASE WHEN ds.labels IS NULL THEN 0 ELSE ds.labels[1] END;
     zero float8[] := dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim]));
     coins boolean[];
@@ -79,22 +155,41 @@ DECLARE
     w float8[];
     ks int[];
 BEGIN
-    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2', 'bolton') THEN
+    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2', 'bolton')
+       AND NOT rows THEN
         PERFORM dpsql_internal._fail(format('method dirac audits the SGD mechanisms (dpsgd, scs13, bst14, '
-                                            'dpsgd_f, dpsgd_f_alg2, bolton), not %s', privacy),
+                                            'dpsgd_f, dpsgd_f_alg2, bolton) and output and objective '
+                                            'perturbation, not %s', privacy),
                                      '0A000', 'Use method => ''one_run'' or ''distinguish''.');
     END IF;
-    -- every row of the copy carries the m canary coordinates (zeros compress well)
-    IF NOT (m BETWEEN 10 AND 5000) THEN
-        PERFORM dpsql_internal._fail(format('options.canaries must be in [10, 5000] for dirac, got %s', m));
+    -- every row of the copy carries the m canary coordinates (zeros compress well); the
+    -- minimisers solve a (d + m + 1)-dimensional Newton system: fewer canaries, more runs
+    IF NOT (m BETWEEN 10 AND CASE WHEN rows THEN 200 ELSE 5000 END) THEN
+        PERFORM dpsql_internal._fail(format('options.canaries must be in [10, %s] for dirac%s, got %s',
+                                            CASE WHEN rows THEN 200 ELSE 5000 END,
+                                            CASE WHEN rows THEN ' on ' || privacy ELSE '' END, m));
     END IF;
     copy := dpsql_internal._audit_copy(ds, m, epsilon, delta, pad => m + 1);
-    PERFORM set_config('dpsql_audit.canary_copy', copy.relid::text, true);
+    IF rows THEN
+        -- a row canary: the positive label (or the label bound), the loss pushing w_k by its sign
+        label := CASE WHEN ds.labels IS NULL THEN ds.label_bound ELSE ds.labels[cardinality(ds.labels)] END;
+        IF dpsql_internal._mutation() = 'half_noise' THEN
+            params := dpsql_internal._audit_half_noise_params(copy, privacy, model, params, dim + m + 1,
+                                                              epsilon, delta);
+            -- (the copy's budget: two releases at the mutated epsilon)
+            UPDATE dpsql.datasets SET epsilon_budget = (params->>'epsilon')::float8 * 2.001
+             WHERE dataset_id = copy.dataset_id;
+        END IF;
+    ELSE
+        PERFORM set_config('dpsql_audit.canary_copy', copy.relid::text, true);
+    END IF;
     FOR r IN 1 .. n_runs LOOP
         coins := ARRAY(SELECT random() < 0.5 FROM generate_series(1, m));
-        EXECUTE format('UPDATE %s t SET x = dpsql_internal._audit_dirac_row($1, $2, t.slot, $3[t.slot]), y = $4'
+        EXECUTE format('UPDATE %s t SET x = CASE WHEN $5 THEN dpsql_internal._audit_crafted_row($1, $2, t.slot, $3[t.slot], $6)'
+                       ' ELSE dpsql_internal._audit_dirac_row($1, $2, t.slot, $3[t.slot]) END, y = $4'
                        ' WHERE t.slot IS NOT NULL', copy.relid)
-          USING zero, m, coins, label;
+          USING zero, m, coins, label, rows,
+                CASE WHEN ds.feature_bounds IS NULL THEN coalesce(ds.row_bound, 1) ELSE 1 END;
         -- each run after the first rolled back once its weights are read (as distinguish does)
         w := NULL;
         IF r = 1 THEN
@@ -116,7 +211,10 @@ BEGIN
             PERFORM dpsql_internal._fail('the audited mechanism released no finite model: no bound', '55000');
         END IF;
         INSERT INTO dpsql_internal.audit_canaries
-        SELECT copy.name, (r - 1) * m + k, NULL, -w[dim + k], coins[k] FROM generate_series(1, m) k;
+        -- (a gradient canary "in" pushes w_k down; a row canary "in" pulls it up)
+        SELECT copy.name, (r - 1) * m + k, NULL, CASE WHEN rows THEN w[dim + k] ELSE -w[dim + k] END,
+               coins[k]
+          FROM generate_series(1, m) k;
         INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, 1, r, '{}');
         PERFORM dpsql_internal._progress('audit run', r, n_runs);
     END LOOP;

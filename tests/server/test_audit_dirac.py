@@ -131,11 +131,19 @@ def test_a_dirac_audit_charges_nothing_and_leaves_nothing(conn, natural) -> None
 def test_dirac_refusals(conn, natural) -> None:
     _, source = natural
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="dirac audits the SGD"):
-        _audit(conn, source, "objective_perturbation", 1.0, 0.0, 1, "dirac")
+        _audit(conn, source, "dp_ftrl", 1.0, 1e-5, 1, "dirac")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="canaries must be in"):
         _audit(conn, source, "dpsgd", 1.0, 1e-5, 1, "dirac", canaries=6000)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="1 to 2000 runs"):
         _audit(conn, source, "dpsgd", 1.0, 1e-5, 2001, "dirac")
+    # a minimiser's canaries are rows of a (d + m + 1)-dimensional problem: at most 200
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"\[10, 200\] for dirac on"):
+        _audit(conn, source, "output_perturbation", 1.0, 1e-5, 1, "dirac", canaries=201)
+    # the mutation of a minimiser is its releases' Gaussian noise: dirac and delta > 0 only
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="is for method => 'dirac'"):
+        _audit(conn, source, "output_perturbation", 1.0, 1e-5, 1, "one_run", mutation="half_noise")
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="takes delta > 0"):
+        _audit(conn, source, "output_perturbation", 1.0, 0.0, 1, "dirac", mutation="half_noise")
 
 
 # A white-box state that takes canary rows (flags: sanitize 8 | canary_rows 16, or 16 alone),
@@ -206,3 +214,70 @@ def test_the_flag_is_only_for_the_audited_copy(conn) -> None:
         conn.execute("SELECT set_config('dpsql_audit.canary_copy', %s, true)", (copy,))
         assert flags("SELECT 1") == 0
         assert flags(f"SELECT * FROM {copy}") == 16
+
+
+# Output and objective perturbation (no SGD step): the canaries are crafted data rows, +-e_k
+# on a coordinate of their own with the positive label (docs/audit.md, "dirac"). 50 canaries
+# a run: each run solves a (8 + 51)-dimensional problem, and more canary coordinates make the
+# mechanisms' default regulariser refuse the 2,000-row copy.
+ROW_CANARIES = 50
+
+
+@pytest.mark.parametrize(
+    ("privacy", "delta", "method", "test"),
+    [
+        ("output_perturbation", 1e-5, "dirac", "gdp"),
+        ("objective_perturbation", 1e-5, "dirac", "dp"),
+        ("output_perturbation", 0.0, "one_run", None),
+    ],
+)
+def test_minimisers_default_to_crafted_rows(conn, natural, privacy, delta, method, test) -> None:
+    _, source = natural
+    row, details = _audit(conn, source, privacy, 1.0, delta, canaries=ROW_CANARIES, seed=3)
+    assert row[4] == method and row[3] == 1
+    if method == "dirac":
+        # the Huber SVM: a canary's loss derivative is the Lipschitz bound
+        assert details["test"] == test and details["model"] == "huber"
+        assert details["canary"] == "crafted row" and details["canaries"] == ROW_CANARIES
+
+
+def test_a_crafted_row_is_a_unit_row_on_its_own_coordinate(conn) -> None:
+    row = conn.execute(
+        "SELECT dpsql_internal._audit_crafted_row('{0.5, 2}', 3, 2, false, 1)"
+    ).fetchone()[0]
+    # the data features at their zero, -e_2 among 3 canary coordinates, the marker unused
+    assert row == [0.5, 2.0, 0.0, -1.0, 0.0, 0.0]
+    eps = conn.execute(
+        "SELECT dpsql_internal._audit_half_noise_epsilon(1, 1e-5),"
+        " dpsql.gaussian_sigma(1, 1, 1e-5) / dpsql.gaussian_sigma(1,"
+        " dpsql_internal._audit_half_noise_epsilon(1, 1e-5), 1e-5)"
+    ).fetchone()
+    assert eps[0] == pytest.approx(2.15, abs=0.01) and eps[1] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("privacy", ["output_perturbation", "objective_perturbation"])
+def test_honest_minimisers_are_not_refuted(conn, natural, privacy) -> None:
+    """Each audit refutes an honest mechanism with probability <= 0.1% (99.9% confidence)."""
+    _, source = natural
+    for epsilon, runs in ((1.0, 40), (4.0, 10)):
+        row, details = _audit(
+            conn, source, privacy, epsilon, 1e-5, runs, None,
+            canaries=ROW_CANARIES, confidence=0.999, seed=4,
+        )  # fmt: skip
+        assert row[4] == "dirac" and details["canaries"] == runs * ROW_CANARIES
+        assert 0 <= row[1] <= epsilon, (privacy, epsilon, details)
+
+
+def test_half_noise_output_perturbation_is_refuted(conn, natural) -> None:
+    """Half the output noise (a true epsilon of 2.15 claimed as 1): 2,000 runs of 50 canaries
+    refute it. The scores follow the model of test_half_noise_is_refuted_on_natural_data (the
+    Huber SVM's canary moves w_k by the full sensitivity: "in" N(2 mu, 1), "out" N(0, 1) in
+    noise units, mu = 0.268), with the same 100,000 canaries: the bound's mean is 1.36 and sd
+    0.095, so this test fails wrongly about once in ten thousand runs."""
+    _, source = natural
+    row, details = _audit(
+        conn, source, "output_perturbation", 1.0, 1e-5, 2000, None,
+        canaries=ROW_CANARIES, mutation="half_noise", seed=5,
+    )  # fmt: skip
+    assert row[4] == "dirac" and details["released"] == 2000 and details["test"] == "gdp"
+    assert row[1] > 1.0, details
