@@ -48,7 +48,7 @@ typedef enum DpsqlSchedule
  */
 #define DPSQL_FLAG_SANITIZE		0x8
 /*
- * White-box audits (sql/install/52_audit_dirac.sql, docs/audit.md): a row whose last feature
+ * White-box audits (sql/install/65_audit_dirac.sql, docs/audit.md): a row whose last feature
  * is nonzero is a Dirac canary, not a data row. Its gradient is exactly clip_norm (white-box
  * states) or the loss's data Lipschitz constant (the bolt-on) times the unit vector of its
  * other features (zero when they are all zero), on the first output, without the loss or the

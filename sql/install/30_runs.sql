@@ -267,7 +267,7 @@ BEGIN
            -- malformed rows become null records
            | CASE WHEN private THEN dpsql_internal._flag('sanitize') ELSE 0 END;
     IF private THEN
-        -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql). A statement of
+        -- a white-box audit's copy takes Dirac canary rows (65_audit_dirac.sql). A statement of
         -- its own: a data owner's non-private run (the caller's rights) may not execute it,
         -- and PostgreSQL checks that when a statement starts, whatever a CASE would take.
         flags := flags | dpsql_internal._audit_canary_flags(jsonb_build_object('source', source));

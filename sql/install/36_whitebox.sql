@@ -254,7 +254,7 @@ BEGIN
         (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
         (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
         dpsql_internal._huber_h(s), (s->>'batch_size')::bigint,
-        -- a white-box audit's copy takes Dirac canary rows (52_audit_dirac.sql)
+        -- a white-box audit's copy takes Dirac canary rows (65_audit_dirac.sql)
         (s->>'flags')::int | dpsql_internal._audit_canary_flags(s),
         (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
         (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);

@@ -115,7 +115,7 @@ END $$;
 -- budget for two releases (a distinguishing audit keeps its first run and rolls each later one
 -- back, its charge included). `pad` extra features, 0 in every data row and declared on
 -- [-1, 1] (a raw value is its transformed value), give a white-box audit's canaries
--- coordinates of their own (52_audit_dirac.sql).
+-- coordinates of their own (65_audit_dirac.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int,
                                                       epsilon float8, delta float8,
                                                       pad int DEFAULT 0)

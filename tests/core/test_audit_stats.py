@@ -169,7 +169,7 @@ def _dirac_counts(rng, m: int, mu: float) -> tuple[list[int], list[int]]:
     (the exact model of a mu-GDP Gaussian mechanism audited at its sensitivity)."""
     included = rng.random(m) < 0.5
     order = np.argsort(-(rng.normal(size=m) + mu * included))
-    fractions = (0.005, 0.01, 0.02, 0.05, 0.1)  # 52_audit_dirac.sql's
+    fractions = (0.005, 0.01, 0.02, 0.05, 0.1)  # 65_audit_dirac.sql's
     ks = sorted({min(max(1, int(f * m)), 20000) for f in fractions})
     return ks, [int(included[order[:k]].sum()) for k in ks]
 

@@ -201,6 +201,8 @@ BEGIN
                 mid := dpsql_internal._audit_release(copy, model, params);
                 SELECT ARRAY(SELECT v FROM unnest(s.weights) v) INTO w
                   FROM dpsql.model_store s WHERE s.model_id = mid;
+                -- not _fail: no refusal, only the way to roll the release back (its model
+                -- and run) once its weights are read; caught just below
                 RAISE EXCEPTION USING ERRCODE = 'DPA01';
             EXCEPTION WHEN SQLSTATE 'DPA01' THEN
                 NULL;
