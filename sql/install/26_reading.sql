@@ -284,6 +284,19 @@ BEGIN
                              FROM unnest(ds.features) WITH ORDINALITY u(f, i) ORDER BY i) END;
 END $$;
 
+-- A FROM item reading select_list from relid, as alias(column_defs): directly when that runs
+-- nobody's code, else through dpsql_internal._read_source (as dpsql_reader).
+CREATE OR REPLACE FUNCTION dpsql_internal._source_from(relid regclass, select_list text, alias text,
+                                                      column_defs text)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN dpsql_internal._runs_no_code(relid)
+                THEN format('(SELECT %s FROM %s) AS %s', select_list, relid, alias)
+                ELSE format('dpsql_internal._read_source(%s::regclass, %L) AS %s(%s)', relid::oid,
+                            select_list, alias, column_defs) END
+$$;
+
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader). One side of a holdout split: that side's rows
@@ -314,17 +327,13 @@ BEGIN
                 || ' AS "dpsql unit"';
         extra := extra || ', "dpsql unit" text';
     END IF;
-    IF dpsql_internal._runs_no_code(ds.relid) THEN
-        inner_from := format('(SELECT %s FROM %s) AS %s', list, ds.relid, alias);
-    ELSE
-        inner_from := format('dpsql_internal._read_source(%s::regclass, %L) AS %s(%s)', ds.relid::oid, list, alias,
+    inner_from := dpsql_internal._source_from(ds.relid, list, alias,
                       (SELECT string_agg(format('%I %s', c,
                                                 CASE WHEN c = ANY (as_text) THEN 'text'
                                                      WHEN k = 1 AND dpsql_internal._array_feature(ds)
                                                      THEN 'double precision[]' ELSE 'double precision' END),
                                          ', ' ORDER BY k)
                          FROM unnest(columns) WITH ORDINALITY AS u(c, k)) || extra);
-    END IF;
     IF plain THEN
         RETURN inner_from;
     END IF;

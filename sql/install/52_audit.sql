@@ -181,6 +181,35 @@ RETURNS bigint LANGUAGE sql AS $$
     SELECT dpsql_internal._train_private(copy.name, model, params)
 $$;
 
+-- One audit release's weights (flattened). Unless keep, the release is rolled back once its weights are
+-- read: its training table, locks, model and charge go (thousands of runs would exhaust the
+-- lock table otherwise); the weights stay. The first run is kept, so that the accountant's
+-- answer stays cached.
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_weights(copy dpsql.datasets, model text, params jsonb,
+                                                         keep boolean)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    mid bigint;
+    w float8[];
+BEGIN
+    IF keep THEN
+        mid := dpsql_internal._audit_release(copy, model, params);
+        SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w FROM dpsql.model_store m
+         WHERE m.model_id = mid;
+        RETURN w;
+    END IF;
+    BEGIN
+        mid := dpsql_internal._audit_release(copy, model, params);
+        SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w FROM dpsql.model_store m
+         WHERE m.model_id = mid;
+        -- (a RAISE, not _fail: a signal for the handler below, no refusal)
+        RAISE EXCEPTION USING ERRCODE = 'DPA01';
+    EXCEPTION WHEN SQLSTATE 'DPA01' THEN
+        NULL;
+    END;
+    RETURN w;
+END $$;
+
 -- The refusals of an audit's arguments that need no dataset (the method, the options, epsilon
 -- and delta, the runs), with delta and the runs filled in.
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_arguments(privacy text, epsilon float8, delta float8,
@@ -254,7 +283,6 @@ DECLARE
     labels float8[] := ds.labels;
     positive float8 := labels[cardinality(labels)];
     canary float8[];
-    mid bigint;
     w float8[];
 BEGIN
     -- Replace-one neighbours: the slot holds the canary with the first label (D0) or the
@@ -267,25 +295,8 @@ BEGIN
                              WHEN side = 0 THEN labels[1] ELSE positive END;
         FOR i IN 1 .. n_runs LOOP
             -- Each run after the first in a subtransaction that is rolled back once its
-            -- weights are read: its training table, locks, model and charge go (thousands
-            -- of runs would exhaust the lock table otherwise); the weights stay in a
-            -- variable. The first run stays, so that the accountant's answer stays cached.
-            w := NULL;
-            IF side = 0 AND i = 1 THEN
-                mid := dpsql_internal._audit_release(copy, model, params);
-                SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
-                  FROM dpsql.model_store m WHERE m.model_id = mid;
-            ELSE
-                BEGIN
-                    mid := dpsql_internal._audit_release(copy, model, params);
-                    SELECT ARRAY(SELECT v FROM unnest(m.weights) v) INTO w
-                      FROM dpsql.model_store m WHERE m.model_id = mid;
-                    -- (a RAISE, not _fail: a signal for the handler below, no refusal)
-                    RAISE EXCEPTION USING ERRCODE = 'DPA01';
-                EXCEPTION WHEN SQLSTATE 'DPA01' THEN
-                    NULL;
-                END;
-            END IF;
+            -- weights are read (_audit_weights)
+            w := dpsql_internal._audit_weights(copy, model, params, side = 0 AND i = 1);
             INSERT INTO dpsql_internal.audit_runs VALUES (copy.name, side, i, w);
             PERFORM dpsql_internal._progress('audit run', side * n_runs + i, 2 * n_runs);
         END LOOP;

@@ -263,10 +263,7 @@ BEGIN
         RETURN;
     END IF;
     unit := dpsql_internal._key_text_sql(ds.relid, ds.privacy_unit, 'the privacy unit');
-    src := CASE WHEN dpsql_internal._runs_no_code(ds.relid)
-                THEN format('(SELECT %s AS u FROM %s) s', unit, ds.relid)
-                ELSE format('dpsql_internal._read_source(%s::regclass, %L) AS s(u text)', ds.relid::oid,
-                            unit || ' AS u') END;
+    src := dpsql_internal._source_from(ds.relid, unit || ' AS u', 's', 'u text');
     EXECUTE format('SELECT count(*) FILTER (WHERE u IS NOT NULL),'
                    '       count(*) FILTER (WHERE u IS NOT NULL AND c > $1),'
                    '       coalesce(sum(c - $1) FILTER (WHERE u IS NOT NULL AND c > $1), 0),'

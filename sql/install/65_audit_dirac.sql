@@ -151,7 +151,6 @@ DECLARE
     label float8 := CASE WHEN ds.labels IS NULL THEN 0 ELSE ds.labels[1] END;
     zero float8[] := dpsql_internal._audit_raw(ds, array_fill(0::float8, ARRAY[dim]));
     coins boolean[];
-    mid bigint;
     w float8[];
     ks int[];
 BEGIN
@@ -191,23 +190,7 @@ BEGIN
           USING zero, m, coins, label, rows,
                 CASE WHEN ds.feature_bounds IS NULL THEN coalesce(ds.row_bound, 1) ELSE 1 END;
         -- each run after the first rolled back once its weights are read (as distinguish does)
-        w := NULL;
-        IF r = 1 THEN
-            mid := dpsql_internal._audit_release(copy, model, params);
-            SELECT ARRAY(SELECT v FROM unnest(s.weights) v) INTO w
-              FROM dpsql.model_store s WHERE s.model_id = mid;
-        ELSE
-            BEGIN
-                mid := dpsql_internal._audit_release(copy, model, params);
-                SELECT ARRAY(SELECT v FROM unnest(s.weights) v) INTO w
-                  FROM dpsql.model_store s WHERE s.model_id = mid;
-                -- not _fail: no refusal, only the way to roll the release back (its model
-                -- and run) once its weights are read; caught just below
-                RAISE EXCEPTION USING ERRCODE = 'DPA01';
-            EXCEPTION WHEN SQLSTATE 'DPA01' THEN
-                NULL;
-            END;
-        END IF;
+        w := dpsql_internal._audit_weights(copy, model, params, r = 1);
         IF w IS NULL OR cardinality(w) < dim + m
            OR EXISTS (SELECT 1 FROM unnest(w[dim + 1 : dim + m]) v WHERE NOT (v > '-Infinity' AND v < 'Infinity')) THEN
             PERFORM dpsql_internal._fail('the audited mechanism released no finite model: no bound', '55000');
