@@ -297,12 +297,14 @@ AS $$
                             select_list, alias, column_defs) END
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._private_from(dpsql.datasets);
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader). One side of a holdout split: that side's rows
 -- only, chosen by the key column (read with them, never exposed). A dataset with a privacy
--- unit: exactly max_rows_per_unit slots per unit (64_privacy_units.sql).
-CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets)
+-- unit: exactly max_rows_per_unit slots per unit (64_privacy_units.sql), with_unit adding the
+-- unit's text as "dpsql unit" (an audit's copy).
+CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets, with_unit boolean DEFAULT false)
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -339,7 +341,7 @@ BEGIN
     END IF;
     condition := dpsql_internal._split_condition(ds, 's."dpsql split key"');
     IF ds.privacy_unit IS NOT NULL THEN
-        RETURN dpsql_internal._bounded_from(ds, inner_from, columns, condition);
+        RETURN dpsql_internal._bounded_from(ds, inner_from, columns, condition, with_unit);
     END IF;
     RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from, condition);
 END $$;

@@ -56,7 +56,7 @@ BEGIN
         PERFORM dpsql_internal._fail('dpsql_audit.mutation is a superuser''s test switch', '42501',
                                      'RESET dpsql_audit.mutation');
     END IF;
-    IF m NOT IN ('half_noise', 'paper_minibatch', 'no_clipping', 'poisson_on_shuffle') THEN
+    IF m NOT IN ('half_noise', 'paper_minibatch', 'no_clipping', 'poisson_on_shuffle', 'row_level_units') THEN
         PERFORM dpsql_internal._fail(format('unknown mutation %s', quote_literal(m)));
     END IF;
     RETURN m;
@@ -115,7 +115,11 @@ END $$;
 -- budget for two releases (a distinguishing audit keeps its first run and rolls each later one
 -- back, its charge included). `pad` extra features, 0 in every data row and declared on
 -- [-1, 1] (a raw value is its transformed value), give a white-box audit's canaries
--- coordinates of their own (65_audit_dirac.sql).
+-- coordinates of their own (65_audit_dirac.sql). A dataset with a privacy unit is audited at
+-- unit level: the copy keeps the bounded read's units (k slots each) and its own unit secret,
+-- and each canary slot is a unit of k identical rows, so a neighbour replaces a whole unit. The
+-- row_level_units mutation plans the copy's releases at row level (64_privacy_units.sql's
+-- _unit_release_target), as a dataset whose unit were ignored: its budget allows the k-fold charge.
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_copy(ds dpsql.datasets, slots int,
                                                       epsilon float8, delta float8,
                                                       pad int DEFAULT 0)
@@ -130,6 +134,10 @@ DECLARE
                                    (SELECT string_agg(quote_ident(f), ', ') FROM unnest(ds.features) f))
                   END;
     bounds float8[] := ds.feature_bounds;
+    k int := dpsql_internal._unit_rows(ds);
+    units boolean := ds.privacy_unit IS NOT NULL;
+    -- (the unit-level charge of a row-level plan at epsilon: k epsilon)
+    spend float8 := CASE WHEN dpsql_internal._mutation() = 'row_level_units' THEN k ELSE 1 END;
     copy dpsql.datasets;
 BEGIN
     IF pad > 0 THEN
@@ -138,16 +146,25 @@ BEGIN
             bounds := bounds || (SELECT array_agg(ARRAY[-1, 1]::float8[]) FROM generate_series(1, pad));
         END IF;
     END IF;
-    EXECUTE format('CREATE TABLE dpsql_audit.%I (x float8[], y float8, slot int)', name);
-    EXECUTE format('INSERT INTO dpsql_audit.%I (x, y) SELECT %s, %I FROM %s',
-                   name, xexpr, ds.label, dpsql_internal._private_from(ds));
-    EXECUTE format('INSERT INTO dpsql_audit.%I (slot) SELECT generate_series(1, %s)', name, slots);
+    EXECUTE format('CREATE TABLE dpsql_audit.%I (x float8[], y float8, slot int, unit text)', name);
+    EXECUTE format('INSERT INTO dpsql_audit.%I (x, y, unit) SELECT %s, %I, %s FROM %s',
+                   name, xexpr, ds.label, CASE WHEN units THEN 'src."dpsql unit"' ELSE 'NULL' END,
+                   dpsql_internal._private_from(ds, with_unit => units));
+    EXECUTE format('INSERT INTO dpsql_audit.%I (slot, unit) SELECT s, %s FROM generate_series(1, %s) s, '
+                   'generate_series(1, %s) r', name,
+                   CASE WHEN units THEN '''dpsql canary '' || s' ELSE 'NULL' END, slots, k);
     INSERT INTO dpsql.datasets (name, relid, source, features, label, labels, feature_bounds,
-                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound, dim)
+                                row_norm, epsilon_budget, delta_budget, label_bound, row_bound, dim,
+                                privacy_unit, max_rows_per_unit)
     VALUES (name, format('dpsql_audit.%I', name)::regclass, format('dpsql_audit.%I', name),
-            '{x}', 'y', ds.labels, bounds, ds.row_norm, epsilon * 2.001,
-            least(delta * 2.001, 0.999), ds.label_bound, ds.row_bound, ds.dim + pad)
+            '{x}', 'y', ds.labels, bounds, ds.row_norm, epsilon * 2.001 * spend,
+            least(delta * 2.001 * CASE WHEN spend > 1 THEN exp(spend * epsilon) * spend ELSE 1 END, 0.999),
+            ds.label_bound, ds.row_bound, ds.dim + pad,
+            CASE WHEN units THEN 'unit' END, CASE WHEN units THEN k END)
     RETURNING * INTO copy;  -- (the definer role's own table: read as its owner)
+    IF units THEN
+        PERFORM dpsql_internal._draw_unit_secret(copy.dataset_id);
+    END IF;
     RETURN copy;
 END $$;
 
@@ -487,7 +504,12 @@ BEGIN
                                                     WHEN dpsql_internal._audit_row_canaries(privacy)
                                                     THEN 'crafted row' ELSE 'gradient' END,
                                      'released', (SELECT count(r.w) FROM dpsql_internal.audit_runs r
-                                                   WHERE r.audit = copy.name));
+                                                   WHERE r.audit = copy.name))
+               -- a dataset with a privacy unit is audited at unit level (_audit_copy)
+               || CASE WHEN ds.privacy_unit IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('privacy_unit', jsonb_build_object(
+                                'column', ds.privacy_unit, 'max_rows_per_unit', ds.max_rows_per_unit,
+                                'canary', format('a unit of %s identical rows', ds.max_rows_per_unit))) END;
     DELETE FROM dpsql_internal.audit_runs r WHERE r.audit = copy.name;
     DELETE FROM dpsql_internal.audit_canaries c WHERE c.audit = copy.name;
     -- The switches end with the audit, not with the transaction: a release after it in the

@@ -101,11 +101,12 @@ AS $$
     ON CONFLICT (dataset_id) DO NOTHING
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._bounded_from(dpsql.datasets, text, text[], text);
 -- The bounded read (header) around a read that has the unit's text as "dpsql unit" and the
 -- registered columns (names, as s.<column>): exactly k slots per unit, units in their hashed
--- order. The secret is read by a subquery (evaluated once), never written into the statement.
+-- order; with_unit: the unit's text too, as "dpsql unit" (an audit's copy keeps its units). The secret is read by a subquery (evaluated once), never written into the statement.
 CREATE OR REPLACE FUNCTION dpsql_internal._bounded_from(ds dpsql.datasets, inner_from text, columns text[],
-                                                       condition text)
+                                                       condition text, with_unit boolean DEFAULT false)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -121,7 +122,8 @@ BEGIN
         '    FROM %4$s WHERE s."dpsql unit" IS NOT NULL%5$s) t'
         ' CROSS JOIN LATERAL pg_catalog.generate_series(t."dpsql rank", %6$s, t."dpsql rows") g(slot)'
         ' ORDER BY dpsql_internal._split_unit(t."dpsql unit", %2$s), t."dpsql unit", g.slot) AS src',
-        (SELECT string_agg(format('t.%I', c), ', ' ORDER BY i) FROM unnest(columns) WITH ORDINALITY u(c, i)),
+        (SELECT string_agg(format('t.%I', c), ', ' ORDER BY i) FROM unnest(columns) WITH ORDINALITY u(c, i))
+            || CASE WHEN with_unit THEN ', t."dpsql unit"' ELSE '' END,
         secret,
         (SELECT string_agg(format('s.%I::pg_catalog.text', c), ', ' ORDER BY i)
            FROM unnest(columns) WITH ORDINALITY u(c, i)),
@@ -229,7 +231,8 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF dpsql_internal._unit_rows(ds) = 1 THEN
+    -- (the audit's mutation that plans at row level what is charged at unit level: 52_audit.sql)
+    IF dpsql_internal._unit_rows(ds) = 1 OR dpsql_internal._mutation() = 'row_level_units' THEN
         epsilon := unit_epsilon;
         delta := unit_delta;
         RETURN;
