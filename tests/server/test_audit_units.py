@@ -3,15 +3,16 @@ audits the unit-level claim. Its copy keeps the bounded read's units (k slots ea
 canary is a unit of k identical rows, and the copy's releases plan and charge as the
 dataset's do (row level at the unit target, charged at unit level).
 
-The data: 2,000 rows (seed 0) of California housing (as test_audit_dirac.py has it), 400
-persons of 5 rows each, max_rows_per_unit 5. Honest audits run at 99.9% confidence (each
-refutes an honest mechanism with probability <= 0.1%). The mutation row_level_units plans at
-row level what the unit claim covers, as if the unit were ignored: a canary unit's 5 rows then
-move the model by 5 times the claim's sensitivity (scores "in" N(5 mu, 1) against N(0, 1) in
-noise units, mu = 0.268 per canary at epsilon 1), and 10 runs of 500 canaries refute it (3.49
-here: 480 of the 500 highest scores were "in"). Under the Gaussian model of
-test_audit_dirac.py's half-noise tests, whose mean shift is 0.54 where this one's is 1.34, the
-bound falls to 1 with probability far below 1e-6.
+The mechanisms: DP-SGD and the bolt-on (dirac gradient canaries). The data: 2,000 rows (seed
+0) of California housing (as test_audit_dirac.py has it), 400 persons of 5 rows each,
+max_rows_per_unit 5. Honest audits run at 99.9% confidence (each refutes an honest mechanism
+with probability <= 0.1%). The mutation row_level_units plans at row level what the unit claim
+covers, as if the unit were ignored: a canary unit's 5 rows then move the model by 5 times the
+claim's sensitivity (scores "in" N(5 mu, 1) against N(0, 1) in noise units, mu = 0.268 per
+canary at epsilon 1): 10 runs of 500 canaries refute it (2.9 to 3.5 in runs here), and the
+bolt-on's one run of 500 (2.8). Under the Gaussian model of test_audit_dirac.py's half-noise
+tests, whose mean shift is 0.54 where this one's is 1.34, the bound falls to 1 with
+probability far below 1e-6.
 """
 
 from __future__ import annotations
@@ -115,24 +116,32 @@ def test_the_copy_keeps_units_of_k_rows_and_canary_units(conn, persons) -> None:
         raise psycopg.Rollback(tx)
 
 
-def test_honest_dpsgd_at_unit_level_is_not_refuted(conn, persons) -> None:
+# DP-SGD on full batches (5 epochs) and the bolt-on at its defaults (one pass, batch 1): the
+# two whose dirac canaries are gradients of the aggregate's steps
+SGD = [("dpsgd", DPSGD_FULL, 5, 10), ("bolton", {}, 1, 1)]
+
+
+@pytest.mark.parametrize(("privacy", "train", "runs", "_"), SGD)
+def test_honest_mechanisms_at_unit_level_are_not_refuted(conn, persons, privacy, train, runs, _):
     """99.9% confidence: refutes an honest mechanism with probability <= 0.1%."""
     _, source = persons
-    for epsilon, runs in ((1.0, 5), (4.0, 1)):
+    for epsilon, n in ((1.0, runs), (4.0, 1)):
         row, details = _audit(
-            conn, source, "dpsgd", epsilon, runs, "dirac", train=DPSGD_FULL,
+            conn, source, privacy, epsilon, n, "dirac", train=train,
             canaries=CANARIES, confidence=0.999, seed=2,
         )  # fmt: skip
-        assert details["test"] == "gdp" and details["canaries"] == runs * CANARIES
+        assert details["test"] == "gdp" and details["canaries"] == n * CANARIES
         assert 0 <= row[1] <= epsilon, (epsilon, details)
 
 
-def test_row_level_accounting_on_units_is_refuted(conn, persons) -> None:
+@pytest.mark.parametrize(("privacy", "train", "_", "runs"), SGD)
+def test_row_level_accounting_on_units_is_refuted(conn, persons, privacy, train, _, runs):
     """A mechanism that ignores the unit (plans at row level what the unit claim covers) is
-    caught in 10 runs (false failure far below 1e-6: the module's docstring)."""
+    caught (false failure far below 1e-6: the module's docstring; the bolt-on's canary units
+    move its one pass by 5 clipped gradients against one)."""
     _, source = persons
     row, details = _audit(
-        conn, source, "dpsgd", 1.0, 10, "dirac", train=DPSGD_FULL, canaries=CANARIES,
+        conn, source, privacy, 1.0, runs, "dirac", train=train, canaries=CANARIES,
         mutation="row_level_units", seed=3,
     )  # fmt: skip
     assert row[4] == "dirac" and details["mutation"] == "row_level_units"
