@@ -414,3 +414,93 @@ def test_estimates_at_registration_are_charged_at_unit_level(conn, visits) -> No
         "SELECT feature_bounds FROM dpsql.my_datasets WHERE name = %s", (name,)
     ).fetchone()
     assert len(bounds) == 2 and all(lo < hi for lo, hi in bounds)
+
+
+def _slots(conn, name: str) -> list[tuple]:
+    src = conn.execute(
+        "SELECT dpsql_internal._private_from(dpsql_internal._lookup_dataset(%s))", (name,)
+    ).fetchone()[0]
+    return conn.execute(f"SELECT a, b, y FROM {src}").fetchall()
+
+
+def test_neighbours_in_all_of_one_units_rows_read_k_different_slots(conn, scratch_schema) -> None:
+    """The adversarial neighbours of every mechanism's test below: person 0's 300 rows all
+    replaced (moved to the far corner, label flipped). Their bounded reads have the same U k
+    slots in the same order except at most k, all person 0's, at the same positions. Without
+    the unit the reads differ in 300 rows."""
+    names = []
+    for variant in ("n0", "n1"):
+        _visits(conn, variant)
+        if variant == "n1":
+            conn.execute("UPDATE n1 SET a = 1, b = -1, y = 1 WHERE person = 0")
+        names.append(
+            _register(
+                conn, f"{scratch_schema}.{variant}", privacy_unit="person", max_rows_per_unit=5
+            )
+        )
+    conn.execute(  # one dataset's neighbours: the same secret
+        "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
+        " dpsql_internal.unit_secrets"
+        " WHERE dataset_id = (dpsql_internal._lookup_dataset(%s)).dataset_id)"
+        " WHERE dataset_id = (dpsql_internal._lookup_dataset(%s)).dataset_id",
+        (names[0], names[1]),
+    )
+    s0, s1 = _slots(conn, names[0]), _slots(conn, names[1])
+    assert len(s0) == len(s1) == PEOPLE * 5
+    differ = [i for i, (r0, r1) in enumerate(zip(s0, s1, strict=True)) if r0 != r1]
+    assert len(differ) == 5 and {s1[i] for i in differ} == {(1.0, -1.0, 1.0)}
+    rows = [
+        conn.execute(f"SELECT count(*) FROM {v} WHERE (a, b, y) <> (1, -1, 1)").fetchone()[0]
+        for v in ("n0", "n1")
+    ]
+    assert rows[0] - rows[1] == 300
+
+
+@pytest.mark.parametrize("privacy", MECHANISMS)
+def test_every_mechanism_at_unit_level_is_its_row_level_release_at_the_unit_target(
+    conn, unit_tables, scratch_schema, privacy
+) -> None:
+    """For every mechanism (and auto): its release on units of k = 3 rows, at (epsilon,
+    delta), is bit for bit its row-level release on the bounded slots (the same U k rows,
+    registered without a unit) at (epsilon / 3, delta / sum_{i<3} e^{i / 3}), with the same
+    seeds. So each mechanism's row-level tests (noise scale, sensitivity on adversarial
+    neighbours) hold for the slots, and two unit-neighbours' slots differ in k places (the
+    test above): group privacy makes the release (epsilon, delta)-DP per unit. The same call
+    planned at row level for the unit claim (the audits' row_level_units mutation, a
+    superuser's switch) gives a different release: this test fails if the unit is ignored."""
+    kinds = {m: (k, model) for m, k, model in _mechanisms(conn)} | {"auto": ("cls", "logistic")}
+    kind, model = kinds[privacy]
+    call = _train_sql(privacy, model)[:-1] + (", batch_size => 50" if privacy == "bst14" else "")
+    seeds = ", seed => 7, noise_seed => 11)"
+
+    def weights(sql: str, name: str) -> list[float]:
+        (mid,) = conn.execute(sql + seeds, (name,)).fetchone()
+        return conn.execute(
+            "SELECT weights FROM dpsql.models WHERE model_id = %s", (mid,)
+        ).fetchone()[0]
+
+    unit_level = weights(call, unit_tables[kind])
+    src = conn.execute(
+        "SELECT dpsql_internal._private_from(dpsql_internal._lookup_dataset(%s))",
+        (unit_tables[kind],),
+    ).fetchone()[0]
+    conn.execute(f"CREATE TABLE slots AS SELECT a, b, y FROM {src}")
+    slots = f"sl_{uuid.uuid4().hex[:8]}"
+    extra = ", labels => NULL, label_bound => 1.0, row_bound => 1.5" if kind == "reg" else ""
+    conn.execute(
+        f"SELECT dpsql.register_dataset('{scratch_schema}.slots', '{{a,b}}', 'y', 100, 1e-3,"
+        f" name => %s, row_norm => 'clip'{extra})",
+        (slots,),
+    )
+    delta = 1e-6 / sum(math.exp(i / 3) for i in range(3))
+    row_call = call.replace(f"epsilon => {EPSILON}", f"epsilon => {EPSILON / 3!r}").replace(
+        "delta => 1e-6", f"delta => {delta!r}"
+    )
+    assert row_call != call
+    assert weights(row_call, slots) == unit_level
+    conn.execute("SET dpsql_audit.mutation = 'row_level_units'")
+    try:
+        ignored = weights(call, unit_tables[kind])
+    finally:
+        conn.execute("RESET dpsql_audit.mutation")
+    assert ignored != unit_level
