@@ -130,7 +130,7 @@ dpsql_ftrl_check(const DpsqlFtrlConfig *c)
 DpsqlStatus
 dpsql_ftrl_config_from_array(const double *a, int len, DpsqlFtrlConfig *c)
 {
-	if (len != DPSQL_FTRL_CONFIG_LENGTH)
+	if (len != DPSQL_FTRL_CONFIG_LENGTH && len != DPSQL_FTRL_CONFIG_LENGTH + 1)
 		return DPSQL_E_PARAM;
 	for (int i = 0; i < len; i++)
 		if (!isfinite(a[i]))
@@ -152,6 +152,13 @@ dpsql_ftrl_config_from_array(const double *a, int len, DpsqlFtrlConfig *c)
 	c->sigma = a[9];
 	c->reg = a[10];
 	c->radius = a[11];
+	c->canary = 0;
+	if (len > DPSQL_FTRL_CONFIG_LENGTH)
+	{
+		if (a[12] != 0.0 && a[12] != 1.0)
+			return DPSQL_E_PARAM;
+		c->canary = (int) a[12];
+	}
 	return dpsql_ftrl_check(c);
 }
 
@@ -159,6 +166,27 @@ int64_t
 dpsql_ftrl_leaves(const DpsqlFtrlConfig *c)
 {
 	return (c->n + c->batch - 1) / c->batch;
+}
+
+/* A Dirac canary row: clip times the unit vector of x's features before the marker (the
+ * intercept untouched); a non-finite or zero direction adds nothing. */
+static double
+add_canary(const DpsqlFtrlConfig *c, const double *x, int d, double *leaf)
+{
+	double		sq = 0.0;
+	int			j;
+
+	for (j = 0; j < d - 1; j++)
+	{
+		if (!isfinite(x[j]))
+			return 0.0;
+		sq += x[j] * x[j];
+	}
+	if (!(sq > 0.0) || !isfinite(sq))
+		return 0.0;
+	for (j = 0; j < d - 1; j++)
+		leaf[j] += c->clip * x[j] / sqrt(sq);
+	return c->clip;
 }
 
 double
@@ -174,7 +202,11 @@ dpsql_ftrl_add_gradient(const DpsqlFtrlConfig *c, const double *theta, const dou
 				factor;
 	int			j;
 
-	if (x == NULL || xlen != d || y_null || !isfinite(y))
+	if (x == NULL || xlen != d)
+		return 0.0;
+	if (c->canary && d >= 1 && x[d - 1] != 0.0)
+		return add_canary(c, x, d, leaf);
+	if (y_null || !isfinite(y))
 		return 0.0;
 	if (c->loss == DPSQL_FTRL_LINEAR)
 		y = fmin(fmax(y, -c->y_bound), c->y_bound);

@@ -83,10 +83,11 @@ typedef struct DpsqlFtrlConfig
 	double		sigma;			/* node noise std per coordinate (0: noiseless, tests) */
 	double		reg;			/* FTRL regulariser Delta > 0 */
 	double		radius;			/* the constraint set: the L2 ball of this radius (>= 0) */
+	int			canary;			/* Dirac canary rows (an owner's audit; 65_audit_dirac.sql) */
 } DpsqlFtrlConfig;
 
 /* Number of config doubles in the SQL array form: [loss, param, x_bound, y_bound, intercept,
- * p, clip, batch, n, sigma, reg, radius]. */
+ * p, clip, batch, n, sigma, reg, radius], and optionally canary (0 or 1) as a 13th. */
 #define DPSQL_FTRL_CONFIG_LENGTH 12
 
 /* DPSQL_E_PARAM / DPSQL_E_LIMIT unless every setting is valid. */
@@ -100,7 +101,9 @@ int64_t		dpsql_ftrl_leaves(const DpsqlFtrlConfig *c);
  * Adds row x's clipped per-example gradient at theta to leaf (p doubles). x has p - intercept
  * features (x == NULL, a wrong length, NaN/Inf, a NULL/non-finite label or a classification
  * label other than +-1: the zero record, adds nothing). Returns the gradient's norm before
- * clipping (0 for the zero record).
+ * clipping (0 for the zero record). With canary set, a row whose last feature is not 0 is a
+ * Dirac canary: it adds clip times the unit vector of its other features (as core/sgd.c's
+ * DPSQL_FLAG_CANARY_ROWS), whatever its label.
  */
 double		dpsql_ftrl_add_gradient(const DpsqlFtrlConfig *c, const double *theta, const double *x,
 									int xlen, double y, int y_null, double *leaf);

@@ -38,7 +38,7 @@ RETURNS float8[] AS 'MODULE_PATHNAME', 'dpsql_ftrl_epoch_final'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
 -- One epoch over the rows, to be called with ORDER BY rid: config = [loss, huber h, x_bound,
--- y_bound, intercept, p, clip, batch, n, sigma, reg, radius]; s_prev the previous epochs'
+-- y_bound, intercept, p, clip, batch, n, sigma, reg, radius(, canary)]; s_prev the previous epochs'
 -- noisy total (NULL: zeros); seed NULL = pg_strong_random; stream = the epoch. Returns
 -- [leaves, S_prev + this epoch's noisy total (p), sum of the iterates used (p), last iterate
 -- (p)]: all post-processing of the noisy tree nodes.
@@ -203,7 +203,9 @@ BEGIN
     END IF;
     leaves := (n + batch - 1) / batch;
     levels := dpsql_internal._dp_ftrl_levels(leaves);
-    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, ovr.model_epsilon, ovr.model_delta);
+    sigma := dpsql_internal._dp_ftrl_sigma(clip, levels, epochs, ovr.model_epsilon, ovr.model_delta)
+             -- (an audit's half_noise mutation, a superuser's test switch: 52_audit.sql)
+             / CASE WHEN dpsql_internal._mutation() = 'half_noise' THEN 2 ELSE 1 END;
     steps := epochs * leaves;
     -- the noise in S at any step: at most (E - 1) popcount(n_leaves) + m nodes
     noisy_nodes := (epochs - 1) * length(replace(leaves::bit(63)::text, '0', '')) + levels;
@@ -297,7 +299,12 @@ DECLARE
     p int := (plan->>'p')::int;
     epochs int := (plan->>'epochs')::int;
     outputs int := coalesce((plan->>'outputs')::int, 1);
-    config float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'config')::float8);
+    -- (and the Dirac canary switch of an owner's audit of this run's copy: 65_audit_dirac.sql)
+    config float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'config')::float8)
+                       || CASE WHEN dpsql_internal._audit_canary_flags(jsonb_build_object('source',
+                                    (SELECT r.spec->>'source' FROM dpsql.runs r
+                                      WHERE r.train_table = _dp_ftrl_fit.train_table))) <> 0
+                               THEN ARRAY[1::float8] ELSE '{}' END;
     s_prev float8[];
     theta_sum float8[];
     last float8[];

@@ -246,7 +246,8 @@ BEGIN
     -- aggregate where it takes them, or as crafted rows for output and objective perturbation
     -- (the bolt-on and those two only with Gaussian noise, where a canary reads one
     -- coordinate of the noise), else one run
-    method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2')
+    method := coalesce(method, CASE WHEN privacy IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2',
+                                                     'dp_ftrl')
                                          OR (privacy IN ('bolton', 'output_perturbation',
                                                          'objective_perturbation') AND delta_used > 0)
                                     THEN 'dirac' ELSE 'one_run' END);

@@ -2,8 +2,9 @@
 -- White-box audits of the SGD family with Dirac canaries (docs/audit.md, method 'dirac').
 -- The audit's copy gets m + 1 extra features that no data row uses (all 0): one coordinate per
 -- canary and a marker. A canary row has the marker set, and the aggregate (core/sgd.h,
--- DPSQL_FLAG_CANARY_ROWS) adds exactly clip_norm * (+e_k) to the gradient sum of each step
--- that samples it when its secret coin says "in", or clip_norm * (-e_k) when it says "out":
+-- DPSQL_FLAG_CANARY_ROWS; DP-FTRL's leaves: core/ftrl.h, the config's canary) adds exactly
+-- clip_norm * (+e_k) to the gradient sum of each step that samples it when its secret coin
+-- says "in", or clip_norm * (-e_k) when it says "out":
 -- two rows whose clipped gradients are as far apart as replace-one allows (2 C). No data row
 -- and no other canary touches coordinate k, so the released weight w_k is the canary's steps
 -- plus the noise: the strongest score an attacker with the final model can have (Steinke,
@@ -24,7 +25,8 @@ $$;
 
 -- The statistics a dirac audit uses by default: gdp where the claim is a composition of
 -- Gaussian mechanisms that is exactly mu-GDP (shuffled DP-SGD: one Gaussian per epoch; the
--- bolt-on's and output perturbation's analytic Gaussian output noise), dp (any (epsilon,
+-- bolt-on's and output perturbation's analytic Gaussian output noise; DP-FTRL's tree, one
+-- Gaussian of sensitivity 2 C sqrt(levels epochs) over its nodes), dp (any (epsilon,
 -- delta) claim) elsewhere (objective perturbation's claim splits epsilon between its noise,
 -- its Jacobian and its certificate: not a Gaussian mechanism's).
 CREATE OR REPLACE FUNCTION dpsql_internal._audit_dirac_test(privacy text, params jsonb, delta float8)
@@ -32,7 +34,7 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN delta > 0 AND (
                     (privacy = 'dpsgd' AND coalesce(params->>'sampling', 'shuffle') = 'shuffle')
                     OR (privacy = 'bolton' AND coalesce(params->>'gaussian', 'analytic') = 'analytic')
-                    OR privacy = 'output_perturbation')
+                    OR privacy IN ('output_perturbation', 'dp_ftrl'))
                 THEN 'gdp' ELSE 'dp' END
 $$;
 
@@ -154,11 +156,11 @@ DECLARE
     w float8[];
     ks int[];
 BEGIN
-    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2', 'bolton')
+    IF privacy NOT IN ('dpsgd', 'scs13', 'bst14', 'dpsgd_f', 'dpsgd_f_alg2', 'bolton', 'dp_ftrl')
        AND NOT rows THEN
         PERFORM dpsql_internal._fail(format('method dirac audits the SGD mechanisms (dpsgd, scs13, bst14, '
-                                            'dpsgd_f, dpsgd_f_alg2, bolton) and output and objective '
-                                            'perturbation, not %s', privacy),
+                                            'dpsgd_f, dpsgd_f_alg2, bolton, dp_ftrl) and output and '
+                                            'objective perturbation, not %s', privacy),
                                      '0A000', 'Use method => ''one_run'' or ''distinguish''.');
     END IF;
     -- every row of the copy carries the m canary coordinates (zeros compress well); the

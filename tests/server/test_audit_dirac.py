@@ -73,6 +73,7 @@ def test_the_default_method_is_the_most_powerful(conn, natural, privacy, delta, 
         ("scs13", {"epochs": 2, "batch_size": 50}, "dp"),
         ("bst14", {"epochs": 2, "batch_size": 50}, "dp"),
         ("dpsgd_f", {"epochs": 2, "batch_size": 100}, "dp"),
+        ("dp_ftrl", {"batch_size": 50}, "gdp"),
     ],
 )
 def test_honest_mechanisms_are_not_refuted(conn, natural, privacy, train, test) -> None:
@@ -131,7 +132,7 @@ def test_a_dirac_audit_charges_nothing_and_leaves_nothing(conn, natural) -> None
 def test_dirac_refusals(conn, natural) -> None:
     _, source = natural
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="dirac audits the SGD"):
-        _audit(conn, source, "dp_ftrl", 1.0, 1e-5, 1, "dirac")
+        _audit(conn, source, "exponential_mechanism", 1.0, 0.0, 1, "dirac")
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="canaries must be in"):
         _audit(conn, source, "dpsgd", 1.0, 1e-5, 1, "dirac", canaries=6000)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="1 to 2000 runs"):
@@ -281,3 +282,27 @@ def test_half_noise_output_perturbation_is_refuted(conn, natural) -> None:
     )  # fmt: skip
     assert row[4] == "dirac" and details["released"] == 2000 and details["test"] == "gdp"
     assert row[1] > 1.0, details
+
+
+def test_dp_ftrl_adds_a_canary_row_as_one_clipped_gradient(conn) -> None:
+    """DP-FTRL's leaves (core/ftrl.c) with the config's canary switch (its 13th number): a row
+    whose last feature is set adds clip times its direction, the marker and any label left
+    out; without the switch the same row is data (its logistic gradient). No noise (sigma 0),
+    clip 2, one leaf per row, 3 features (the last the marker), no intercept."""
+
+    def total(x: str, canary: list[float]) -> list[float]:
+        config = [1, 0, 10, 1, 0, 3, 2, 1, 1, 0, 1, 100, *canary]
+        out = conn.execute(
+            "SELECT dpsql_internal._dp_ftrl_epoch(x, 1, %s, NULL, 1, 0)"
+            " FROM (VALUES (%s::float8[])) v(x)",
+            (config, x),
+        ).fetchone()[0]
+        return out[1:4]  # S: this epoch's (noiseless) total
+
+    assert total("{0, 3, 1}", [1]) == pytest.approx([0.0, 2.0, 0.0])
+    assert total("{-4, 0, 7}", [1]) == pytest.approx([-2.0, 0.0, 0.0])
+    # without the switch: the logistic gradient at theta = 0, -(1/2) x, clipped to norm 2
+    data = np.array(total("{0, 3, 1}", []))
+    assert np.linalg.norm(data) == pytest.approx(1.5811, abs=1e-4) and data[1] < 0
+    with pytest.raises(psycopg.Error):
+        total("{0, 3, 1}", [2])  # the switch is 0 or 1
