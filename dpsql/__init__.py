@@ -9,6 +9,8 @@ The server's refusals are raised as the classes of dpsql.errors (also exported h
 ``dpsql.BudgetExceeded``; each is a ``psycopg.Error`` too.
 """
 
+from dpsql import _mechanisms
+from dpsql._mechanisms import *  # noqa: F403 (every spec's class: _mechanisms.__all__)
 from dpsql.connection import Database, connect
 from dpsql.errors import (
     AccountantFailed,
@@ -33,24 +35,7 @@ from dpsql.errors import (
 )
 from dpsql.load_table import ColumnReport, LoadReport, TableExists
 from dpsql.models import Model
-from dpsql.privacy import (
-    BST14,
-    DPAMBSSGD,
-    DPFTRL,
-    DPGD,
-    DPSGD,
-    DPSGDF,
-    DPSSGD,
-    SCS13,
-    AdaSSP,
-    Auto,
-    BoltOn,
-    DPSGDFAlg2,
-    ExponentialMechanism,
-    FrankWolfe,
-    ObjectivePerturbation,
-    OutputPerturbation,
-)
+from dpsql.privacy import Auto
 
 __all__ = [
     "AccountantFailed",
@@ -72,22 +57,7 @@ __all__ = [
     "PermissionDenied",
     "UnsuitableRelation",
     "WrongType",
-    "BST14",
-    "DPAMBSSGD",
-    "DPGD",
-    "DPSGD",
-    "DPSGDF",
-    "DPSGDFAlg2",
-    "DPSSGD",
-    "SCS13",
-    "AdaSSP",
-    "ExponentialMechanism",
-    "FrankWolfe",
     "Auto",
-    "BoltOn",
-    "ObjectivePerturbation",
-    "OutputPerturbation",
-    "DPFTRL",
     "Database",
     "Model",
     "connect",
@@ -95,4 +65,5 @@ __all__ = [
     "LoadReport",
     "TableExists",
 ]
+__all__ += _mechanisms.__all__  # the mechanisms' classes, generated from their specs
 __version__ = "0.8.0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+# (the classes only: dpsql and dpsql.privacy re-export them all, a new spec's class with them)
 __all__ = [
     "AdaSSP",
     "BoltOn",
@@ -26,8 +27,6 @@ __all__ = [
     "ObjectivePerturbation",
     "OutputPerturbation",
     "SCS13",
-    "FIELDS",
-    "MECHANISMS",
 ]
 
 

@@ -634,7 +634,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-__all__ = [{names}, "FIELDS", "MECHANISMS"]
+# (the classes only: dpsql and dpsql.privacy re-export them all, a new spec's class with them)
+__all__ = [{names}]
 
 
 @dataclass(frozen=True)

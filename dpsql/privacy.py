@@ -9,45 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpsql._mechanisms import (
-    BST14,
-    DPAMBSSGD,
-    DPFTRL,
-    DPGD,
-    DPSGD,
-    DPSGDF,
-    DPSSGD,
-    MECHANISMS,
-    SCS13,
-    AdaSSP,
-    BoltOn,
-    DPSGDFAlg2,
-    ExponentialMechanism,
-    FrankWolfe,
-    ObjectivePerturbation,
-    OutputPerturbation,
-)
+from dpsql import _mechanisms
+from dpsql._mechanisms import *  # noqa: F403 (every spec's class: _mechanisms.__all__)
+from dpsql._mechanisms import MECHANISMS
 
-__all__ = [
-    "BST14",
-    "DPAMBSSGD",
-    "DPGD",
-    "DPSGD",
-    "DPSGDF",
-    "DPSGDFAlg2",
-    "DPSSGD",
-    "SCS13",
-    "AdaSSP",
-    "Auto",
-    "BoltOn",
-    "ObjectivePerturbation",
-    "OutputPerturbation",
-    "ExponentialMechanism",
-    "FrankWolfe",
-    "DPFTRL",
-    "MECHANISMS",
-    "mechanism_class",
-]
+__all__ = ["Auto", "MECHANISMS", "mechanism_class"]
+__all__ += _mechanisms.__all__
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,8 @@ def test_database_train_keywords_are_the_parameters_of_the_specs() -> None:
 
 
 def test_every_generated_class_is_exported() -> None:
-    """A new spec's class is importable as dpsql.<Class> and dpsql.privacy.<Class> (the two
-    re-export lists are the only hand-written Python a new mechanism needs)."""
+    """A new spec's class is importable as dpsql.<Class> and dpsql.privacy.<Class>: both
+    re-export dpsql._mechanisms.__all__, which the specs generate (no hand list)."""
     import dpsql
     import dpsql.privacy
 
