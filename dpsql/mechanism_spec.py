@@ -66,6 +66,9 @@ _SPEC_KEYS = {
     "python_fields": list,
     "doc": str,
     "parameters": dict,
+    # what its tests' small tables (2,000 rows of 2 features, epsilon 1) need beyond its
+    # defaults: dpsql.train's arguments (tests/server/test_durable_charge.py reads them)
+    "small_table": dict,
 }
 _REQUIRED = {"name", "python_class", "summary", "docs", "recommended", "task", "train_function"}
 _PARAMETER_KEYS = {
@@ -211,6 +214,7 @@ class Spec:
     delta_default: float = 0.0
     python_fields: tuple[str, ...] = ()
     parameters: dict[str, Parameter] = field(default_factory=dict)
+    small_table: dict[str, Any] = field(default_factory=dict)
 
     @property
     def trained_models(self) -> list[str]:
@@ -388,6 +392,8 @@ def _parameters(
         problems.append("batch_size rule quiet_steps needs a step_noise_function")
     missing = [f for f in raw.get("python_fields", []) if f not in parameters]
     problems += [f"python field {f} is not one of its parameters" for f in missing]
+    strange = [a for a in raw.get("small_table", {}) if a not in parameters]
+    problems += [f"small_table argument {a} is not one of its parameters" for a in strange]
     return parameters
 
 

@@ -76,6 +76,10 @@ def _broken(tmp_path: Path, name: str, text: str) -> Path:
             "no server rule 'eleven'",
         ),
         (
+            (SPECS / "scs13.toml").read_text().replace("batch_size = 50", "grid_points = 50"),
+            "small_table argument grid_points",
+        ),
+        (
             (SPECS / "bolton.toml").read_text().replace('rule = "fifty"', 'rule = "quiet_steps"'),
             "quiet_steps needs a step_noise_function",
         ),

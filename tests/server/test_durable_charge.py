@@ -8,6 +8,7 @@ read. The charge must stay, for every mechanism, and the ledger says the output 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -80,16 +81,16 @@ def analyst(conn, tables, make_role):
     return name, connect, datasets
 
 
-# What a mechanism needs beyond its defaults to train on these tables at epsilon 1.
+def _sql_argument(name: str, value: object) -> str:
+    return f", {name} => " + (f"'{json.dumps(value)}'" if isinstance(value, dict) else str(value))
+
+
+# What a mechanism needs beyond its defaults to train on these tables at epsilon 1: its
+# spec's [small_table] (sql/mechanisms/*.toml), as dpsql.train's named arguments.
 EXTRA = {
-    "exponential_mechanism": ", delta => 0",
-    "dp_ambssgd": ", steps => 2",
-    "dp_ssgd": ", options => '{\"baseline\": true}'",
-    # its defaults refuse a table this small (near-uniform vertex draws): an analyst's K runs
-    "frank_wolfe": ", options => '{\"steps\": 5}'",
-    # their defaults refuse binary classifiers on so few steps (issue 42): a batch given runs
-    "scs13": ", batch_size => 50",
-    "dp_ftrl": ", batch_size => 50",
+    name: "".join(_sql_argument(k, v) for k, v in spec.small_table.items())
+    for name, spec in mechanism_spec.load_specs().items()
+    if spec.small_table
 }
 
 

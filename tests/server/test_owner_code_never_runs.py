@@ -16,6 +16,9 @@ import uuid
 import pytest
 from psycopg import sql
 
+# what each mechanism needs on small tables (its spec's [small_table])
+from tests.server.test_durable_charge import EXTRA
+
 ROWS = 1500
 
 # Types definer code converts registered values to (and casts the owner may create: they own
@@ -126,16 +129,6 @@ FEATURES = ["i", "sm", "b8", "f", "r", "n", "dnum", "fl", "dbool", "t", "v", "c"
 # (label column, labels) per classification dataset
 LABELS = [("ye", ["blue", "red"]), ("yde", ["blue", "red"]), ("yt", ["no", "yes"]),
           ("yb", None), ("yi", None)]  # fmt: skip
-
-EXTRA = {
-    "exponential_mechanism": ", delta => 0",
-    "dp_ambssgd": ", steps => 2",
-    "dp_ssgd": ", options => '{\"baseline\": true}'",
-    "frank_wolfe": ", options => '{\"steps\": 5}'",
-    # their defaults refuse binary classifiers on so few steps (issue 42): a batch given runs
-    "scs13": ", batch_size => 50",
-    "dp_ftrl": ", batch_size => 50",
-}
 
 
 @pytest.fixture
