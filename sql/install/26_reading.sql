@@ -298,13 +298,16 @@ AS $$
 $$;
 
 DROP FUNCTION IF EXISTS dpsql_internal._private_from(dpsql.datasets);
+DROP FUNCTION IF EXISTS dpsql_internal._private_from(dpsql.datasets, boolean);
 -- The FROM item (alias src) that reads a registered dataset's features and label as float8
 -- columns (or one float8[] and a float8): directly when that runs nobody's code, else through
 -- dpsql_internal._read_source (as dpsql_reader). One side of a holdout split: that side's rows
 -- only, chosen by the key column (read with them, never exposed). A dataset with a privacy
 -- unit: exactly max_rows_per_unit slots per unit (64_privacy_units.sql), with_unit adding the
--- unit's text as "dpsql unit" (an audit's copy).
-CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets, with_unit boolean DEFAULT false)
+-- unit's text as "dpsql unit" (an audit's copy); slots_secret: a Citus training table's fill
+-- (_bounded_from, 32_distributed.sql).
+CREATE OR REPLACE FUNCTION dpsql_internal._private_from(ds dpsql.datasets, with_unit boolean DEFAULT false,
+                                                       slots_secret text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -319,15 +322,21 @@ DECLARE
     extra text := '';
     inner_from text;
     condition text;
+    unit_text text;
+    unit_type text;
 BEGIN
     IF ds.split_side IS NOT NULL THEN  -- one side of a holdout split (62_holdout.sql)
         list := list || ', ' || dpsql_internal._split_key_sql(ds.relid, ds.split_key) || ' AS "dpsql split key"';
         extra := ', "dpsql split key" text';
     END IF;
     IF ds.privacy_unit IS NOT NULL THEN  -- the unit's value, read to bound it (64_privacy_units.sql)
-        list := list || ', ' || dpsql_internal._key_text_sql(ds.relid, ds.privacy_unit, 'the privacy unit')
-                || ' AS "dpsql unit"';
-        extra := extra || ', "dpsql unit" text';
+        unit_text := dpsql_internal._key_text_sql(ds.relid, ds.privacy_unit, 'the privacy unit');
+        -- the column as its built-in type too: the bounded read's windows are partitioned by it
+        SELECT format_type(dpsql_internal._base_type(a.atttypid), NULL) INTO unit_type
+          FROM pg_attribute a WHERE a.attrelid = ds.relid AND a.attname = ds.privacy_unit;
+        list := list || format(', %s AS "dpsql unit", %I::%s AS "dpsql unit id"', unit_text, ds.privacy_unit,
+                               unit_type);
+        extra := extra || format(', "dpsql unit" text, "dpsql unit id" %s', unit_type);
     END IF;
     inner_from := dpsql_internal._source_from(ds.relid, list, alias,
                       (SELECT string_agg(format('%I %s', c,
@@ -341,7 +350,7 @@ BEGIN
     END IF;
     condition := dpsql_internal._split_condition(ds, 's."dpsql split key"');
     IF ds.privacy_unit IS NOT NULL THEN
-        RETURN dpsql_internal._bounded_from(ds, inner_from, columns, condition, with_unit);
+        RETURN dpsql_internal._bounded_from(ds, inner_from, columns, condition, with_unit, slots_secret);
     END IF;
     RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from, condition);
 END $$;

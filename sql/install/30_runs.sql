@@ -169,6 +169,7 @@ DECLARE
     init float8[];
     layout record;
     ltype text;
+    units dpsql.datasets;  -- a private run's dataset with a privacy unit, on Citus
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
     lab := dpsql_internal._check_labels(model, labels);
@@ -229,7 +230,12 @@ BEGIN
         END IF;
         yexpr := dpsql_internal._label_sql(lab.canonical, label, lab.checked, NOT private, label_values);
         run := nextval(pg_get_serial_sequence('dpsql.runs', 'run_id'));
-        IF layout.dist_column IS NOT NULL THEN
+        IF private AND layout.dist_column IS NOT NULL THEN  -- (a statement of its own: owners' runs)
+            units := dpsql_internal._distributed_unit_dataset(relation);
+        END IF;
+        IF units.privacy_unit IS NOT NULL THEN  -- k slots per unit, bounded on the shards
+            filled := dpsql_internal._fill_distributed_units(run, units, feat.expr, yexpr, feat.dim, seed);
+        ELSIF layout.dist_column IS NOT NULL THEN
             filled := dpsql_internal._fill_distributed_table(run, relation, feat.expr, yexpr,
                                                              feat.dim, shuffle, seed);
         ELSE

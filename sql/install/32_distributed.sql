@@ -129,6 +129,27 @@ BEGIN
     RETURN plan LIKE '%"Custom Plan Provider": "Citus%';
 END $$;
 
+-- A privacy unit (64_privacy_units.sql) on a hash-distributed table: its distribution column,
+-- so that each unit's rows are on one shard and the bounded read (k slots per unit, a window
+-- over the unit's rows) runs on the shards. A table distributed by another column spreads a
+-- unit over shards: refused before anything is read (registration, and every release, since
+-- the table may have been distributed after registration).
+CREATE OR REPLACE FUNCTION dpsql_internal._check_distributed_unit(rel regclass, unit text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    l record := dpsql_internal._citus_layout(rel);
+BEGIN
+    IF unit IS NOT NULL AND l.dist_column IS NOT NULL AND l.dist_column IS DISTINCT FROM unit THEN
+        PERFORM dpsql_internal._fail(
+            format('the privacy unit %s of the Citus distributed table %s is not its distribution column '
+                   '%s: a unit''s rows are spread over shards', quote_ident(unit), rel,
+                   quote_ident(l.dist_column)), '0A000',
+            format('Distribute the table by the unit (SELECT alter_distributed_table(%L, %L)): each '
+                   'unit''s rows then stay on one shard, where its k slots are chosen (docs/citus.md).',
+                   rel::text, unit));
+    END IF;
+END $$;
+
 -- The training table of a hash-distributed source: (row_id, rid, x, y), distributed by row_id
 -- and colocated with the source, filled by one INSERT ... SELECT that Citus pushes down to
 -- every shard. Within a shard the rows are stored in the order of rid, a seeded key of the
@@ -210,6 +231,143 @@ BEGIN
                                                ELSE 'row id' END);
 END $$;
 
+-- A unit secret (64_privacy_units.sql) of a dataset on a hash-distributed table, shared with
+-- the workers: copied from dpsql_internal.unit_secrets by INSERT ... SELECT (never in a
+-- statement's text) into dpsql_work.unit_secrets, a reference table made on first use. The
+-- training table's fill reads it on the shards (_fill_distributed_units): a subquery of the
+-- coordinator's table would make Citus pull the fill's rows through the coordinator, and a
+-- table written in the training's own transaction could not be read by its parallel shard
+-- tasks. In dpsql_work, as the training tables: only the definer role (and superusers) read
+-- it, on every node. Kept while the dataset is, as on the coordinator.
+CREATE OR REPLACE FUNCTION dpsql_internal._share_unit_secret(dataset_id bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rel regclass := (SELECT d.relid FROM dpsql.datasets d WHERE d.dataset_id = _share_unit_secret.dataset_id);
+BEGIN
+    IF (dpsql_internal._citus_layout(rel)).dist_column IS NULL THEN
+        RETURN;
+    END IF;
+    IF to_regclass('dpsql_work.unit_secrets') IS NULL THEN
+        CREATE TABLE dpsql_work.unit_secrets (dataset_id bigint PRIMARY KEY, secret bytea NOT NULL);
+        PERFORM create_reference_table('dpsql_work.unit_secrets');
+    END IF;
+    EXECUTE 'INSERT INTO dpsql_work.unit_secrets (dataset_id, secret)'
+            ' SELECT u.dataset_id, u.secret FROM dpsql_internal.unit_secrets u WHERE u.dataset_id = $1'
+            ' ON CONFLICT (dataset_id) DO NOTHING'
+      USING dataset_id;
+END $$;
+
+-- Whether a dataset's unit secret is in the workers' copy (made when it is first shared). Read
+-- from the coordinator's own placement of it when there is one, as a plain table: through
+-- Citus, the read would run locally, and Citus then refuses, for the rest of the transaction,
+-- the statements that must not (e.g. BST14's count of rows per shard).
+CREATE OR REPLACE FUNCTION dpsql_internal._unit_secret_shared(dataset_id bigint)
+RETURNS boolean LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found boolean := false;
+    placement text;
+BEGIN
+    IF to_regclass('dpsql_work.unit_secrets') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT pg_catalog.shard_name(s.logicalrelid, s.shardid) FROM pg_catalog.pg_dist_shard s'
+            ' WHERE s.logicalrelid = $1'
+       INTO placement USING to_regclass('dpsql_work.unit_secrets');
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s u WHERE u.dataset_id = $1)',
+                   coalesce(to_regclass(placement)::text, 'dpsql_work.unit_secrets'))
+       INTO found USING dataset_id;
+    RETURN found;
+END $$;
+
+-- The training table of a dataset with a privacy unit on a table distributed by the unit
+-- (_check_distributed_unit): (row_id, rid, x, y) as above, row_id the unit, colocated with the
+-- source. The bounded read itself (_private_from: the same k slots per unit as on one node,
+-- chosen on the unit's shard, the secret read from the workers' copy, _share_unit_secret) fills
+-- a colocated table of the slots, and the training table is filled from it: two pushed-down
+-- INSERT ... SELECTs (one would not do: Citus evaluates a statement's coordinator-evaluable
+-- parts when it calls a stable function, the bounded read's convert_to, and then evaluates a
+-- simple CASE's arms, the label's, wrongly). So U * k rows, k sharing a row id. rid is the
+-- seeded key of the unit with the slot's number (0 .. k - 1, k <= 1000) in its low ten bits: a
+-- unit's slots stored together, units in a seeded order, each slot's number readable for the
+-- keyed draws (59_distributed_sampled.sql): functions of the unit and the seed, never of the
+-- values. Private runs only (the secret is the extension owner's).
+CREATE OR REPLACE FUNCTION dpsql_internal._fill_distributed_units(
+    run bigint, ds dpsql.datasets, x_expr text, y_expr text, dim int, INOUT seed bigint,
+    OUT train_table text, OUT rows bigint, OUT seed_policy text, OUT layout jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    rel regclass := ds.relid;
+    l record := dpsql_internal._citus_layout(rel);
+    unit_key text;
+    slots text;
+BEGIN
+    PERFORM dpsql_internal._check_distributed_unit(rel, ds.privacy_unit);
+    IF NOT dpsql_internal._runs_no_code(rel) THEN
+        PERFORM dpsql_internal._fail(format('distributed source %s runs code when read (rules, policies '
+                                            'or a non-table)', rel), '0A000');
+    END IF;
+    IF (SELECT a.atttypid >= 16384 FROM pg_attribute a  -- FirstNormalObjectId
+         WHERE a.attrelid = rel AND a.attname = l.dist_column) THEN
+        -- (its casts, operators and hash functions would be its owner's code, run here)
+        PERFORM dpsql_internal._fail(
+            format('distributed source %s is distributed by %I of type %s, which is not built in',
+                   rel, l.dist_column, l.dist_type), '0A000',
+            'Distribute the table by a unit column of a built-in type, e.g. bigint (docs/citus.md).');
+    END IF;
+    unit_key := CASE WHEN l.dist_type IN ('bigint', 'integer', 'smallint') THEN 'src."dpsql unit id"::bigint'
+                     ELSE 'hashtextextended(src."dpsql unit id"::text, 0)' END;
+    seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
+    seed := coalesce(seed, dpsql_internal._random_seed());
+    train_table := dpsql_internal._training_table_name(run);
+    slots := train_table || '_slots';
+    PERFORM dpsql_internal._load_module();  -- workers: session_preload_libraries (docs/citus.md)
+    EXECUTE format('CREATE UNLOGGED TABLE %s (%s, "dpsql unit id" %s NOT NULL, "dpsql slot" bigint NOT NULL) '
+                   'WITH (autovacuum_enabled = false, parallel_workers = 0)', slots,
+                   (SELECT string_agg(format('%I %s', c, t), ', ' ORDER BY i)
+                      FROM unnest(ds.features || ds.label,
+                                  dpsql_internal._feature_types(ds)
+                                  || CASE WHEN ds.label_values IS NOT NULL THEN 'text' ELSE 'float8' END)
+                           WITH ORDINALITY u(c, t, i)),
+                   l.dist_type);
+    PERFORM create_distributed_table(slots, 'dpsql unit id', colocate_with => rel::text);
+    PERFORM dpsql_internal._insert_on_shards(
+        format('INSERT INTO %s SELECT * FROM %s%s', slots,
+               dpsql_internal._private_from(ds, slots_secret => 'dpsql_work.unit_secrets'),
+               -- a preview (57_preview.sql) reads no row
+               CASE WHEN dpsql_internal._previewing() THEN ' WHERE false' ELSE '' END),
+        format('the bounded read of %s (k slots per unit)', rel));
+    EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '
+                   'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',
+                   train_table, l.dist_type);
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', train_table,
+                   CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+    PERFORM create_distributed_table(train_table, 'row_id', colocate_with => rel::text);
+    rows := dpsql_internal._insert_on_shards(
+        format('INSERT INTO %s (row_id, rid, x, y) SELECT src."dpsql unit id", '
+               '(dpsql_internal._shuffle_key(%s, %s) & ~1023::bigint) | (src."dpsql slot" - 1), %s, %s '
+               'FROM %s AS src ORDER BY 2, 1', train_table, seed, unit_key, x_expr, y_expr, slots),
+        format('the training table of %s', rel));
+    EXECUTE format('DROP TABLE %s', slots);
+    layout := jsonb_build_object('distribution_column', l.dist_column, 'shard_count', l.shard_count,
+                                 'nodes', l.nodes, 'colocation_id', l.colocation_id,
+                                 'privacy_unit', ds.privacy_unit, 'slots_per_unit', ds.max_rows_per_unit,
+                                 'order', 'seeded key of the unit, then its slots');
+END $$;
+
+-- The private dataset with a privacy unit whose distributed table a private run reads: at most
+-- one (a distributed table has no holdout split, _check_distributed); NULL without a unit.
+CREATE OR REPLACE FUNCTION dpsql_internal._distributed_unit_dataset(rel regclass)
+RETURNS dpsql.datasets LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT d FROM dpsql.datasets d
+     WHERE d.relid = rel AND d.dropped_at IS NULL AND d.split_side IS NULL AND d.privacy_unit IS NOT NULL
+$$;
+
 -- An empty table shaped like a training table, for a derived copy (e.g. whitened rows):
 -- distributed and colocated with it when it is. Returns its column list before x.
 CREATE OR REPLACE FUNCTION dpsql_internal._derived_training_table(train_table text, name text)
@@ -258,11 +416,14 @@ BEGIN
                    'distributed runs would read both sides', ds.name), '0A000',
             'Split the table into two tables and register each (docs/tune.md).');
     END IF;
-    IF ds.privacy_unit IS NOT NULL THEN  -- distributed after registration: shards are unbounded
+    -- (distributed since registration by another column: its units are spread over shards)
+    PERFORM dpsql_internal._check_distributed_unit(ds.relid, ds.privacy_unit);
+    IF ds.privacy_unit IS NOT NULL AND NOT dpsql_internal._unit_secret_shared(coalesce(ds.split_of, ds.dataset_id)) THEN
         PERFORM dpsql_internal._fail(
-            format('dataset %s declares a privacy unit, and its table was distributed since; its '
-                   'distributed runs would read every row of every unit', ds.name), '0A000',
-            'Register a local copy of the table (privacy units are read on one node).');
+            format('dataset %s declares a privacy unit, and its table was distributed since: the workers '
+                   'do not have its unit secret', ds.name), '0A000',
+            'Register the distributed table again (a new dataset): registration shares the secret '
+            'with the workers (docs/citus.md).');
     END IF;
     IF mech.distributed IS NULL THEN
         PERFORM dpsql_internal._fail(

@@ -315,16 +315,20 @@ DECLARE
     -- Citus: each row's leaf a keyed uniform draw on its shard (docs/citus.md)
     members text;
     per_epoch bigint := (plan->'info'->>'leaves')::bigint;
+    key record;
 BEGIN
     weights := '{}';
     IF (dpsql_internal._citus_layout(train_table::regclass)).dist_column IS NOT NULL THEN
         members := dpsql_internal._members_table(train_table, p - config[5]::int);
+        -- the leaves are secret, as one node's shuffled order; an owner's noise seed fixes them
+        -- (a privacy unit's slots: each its own stream, _draw_key_sql)
+        key := dpsql_internal._draw_key_sql(train_table,
+                                            CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
+                                                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END);
         PERFORM dpsql_internal._insert_on_shards(format(
             'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, dpsql_internal._uniform_index(%s,'
-            ' t.row_id::bigint, %s), t.x, t.y FROM %s t ORDER BY 2, 1', members,
-            -- the leaves are secret, as one node's shuffled order; an owner's noise seed fixes them
-            CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
-                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END, per_epoch, train_table),
+            ' %s, %s), t.x, t.y FROM %s t ORDER BY 2, 1', members, key.seed_sql, key.id_sql, per_epoch,
+            train_table),
             'DP-FTRL''s leaves');
     END IF;
     FOR c IN 0 .. outputs - 1 LOOP

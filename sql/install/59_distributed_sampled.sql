@@ -89,6 +89,24 @@ BEGIN
     RETURN rows;
 END $$;
 
+-- The (seed, stream) SQL of a distributed training table's keyed draws (Poisson batches,
+-- shuffled steps, DP-FTRL's leaves), for a row t: the seed and the row id, every row its own
+-- stream. With a privacy unit (_fill_distributed_units) k slots share their unit's row id, and
+-- the slot's number (rid's low ten bits) keys the seed: each slot its own stream too, so the
+-- slots are drawn independently, as the U * k rows of one node's training table are (the law
+-- the row-level accountant assumes; a unit's slots drawn together would not have it).
+CREATE OR REPLACE FUNCTION dpsql_internal._draw_key_sql(train_table text, seed bigint, OUT seed_sql text,
+                                                       OUT id_sql text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    id_sql := 't.row_id::bigint';
+    seed_sql := seed::text;
+    IF EXISTS (SELECT 1 FROM dpsql.runs r
+                WHERE r.train_table = _draw_key_sql.train_table AND r.spec->'distributed' ? 'slots_per_unit') THEN
+        seed_sql := format('dpsql_internal._shuffle_key(%s, t.rid & 1023)', seed);
+    END IF;
+END $$;
+
 -- The members' table of a distributed training table (train_table || '_members'): (row_id,
 -- step, x, y), colocated with it, indexed by step; emptied when it exists. In dpsql_work, as the
 -- training table: only the extension owner reads it.
@@ -166,6 +184,7 @@ DECLARE
     st float8[] := dpsql_internal._sgd_epoch_start(r.state);
     sums float8[];
     t int;
+    key record;
 BEGIN
     IF r.spec->>'sampling' NOT IN ('poisson', 'shuffle', 'replacement') THEN
         PERFORM dpsql_internal._fail('only Poisson, shuffled or with-replacement batches run on a '
@@ -176,17 +195,19 @@ BEGIN
         PERFORM dpsql_internal._replacement_members(r, seed, members);
     ELSE
         -- The key is the row id itself (unique, an integer: _check_distributed), so every row has
-        -- its own stream. Poisson: the steps the row joins, each with probability q. Shuffled
-        -- batches: one step, uniform (each row in exactly one step an epoch, as the shuffle's
-        -- accounting assumes; the batch sizes vary around m / T). The seed and q are literals, as
-        -- in the training table's fill.
+        -- its own stream (a privacy unit's slots: _draw_key_sql). Poisson: the steps the row
+        -- joins, each with probability q. Shuffled batches: one step, uniform (each row in
+        -- exactly one step an epoch, as the shuffle's accounting assumes; the batch sizes vary
+        -- around m / T). The seed and q are literals, as in the training table's fill.
+        key := dpsql_internal._draw_key_sql(r.train_table, seed);
         PERFORM dpsql_internal._insert_on_shards(format(
             'INSERT INTO %s (row_id, step, x, y) SELECT t.row_id, b.step, t.x, t.y FROM %s t'
             '  CROSS JOIN LATERAL unnest(%s) AS b(step) ORDER BY 2, 1', members, r.train_table,
             CASE WHEN r.spec->>'sampling' = 'poisson'
-                 THEN format('dpsql_internal._poisson_batches(%s, t.row_id::bigint, %s, %s::float8)',
-                             seed, steps, quote_literal(q::text))
-                 ELSE format('ARRAY[dpsql_internal._uniform_index(%s, t.row_id::bigint, %s)]', seed, steps)
+                 THEN format('dpsql_internal._poisson_batches(%s, %s, %s, %s::float8)',
+                             key.seed_sql, key.id_sql, steps, quote_literal(q::text))
+                 ELSE format('ARRAY[dpsql_internal._uniform_index(%s, %s, %s)]', key.seed_sql, key.id_sql,
+                             steps)
             END),
             'an epoch''s sampled batches');
     END IF;

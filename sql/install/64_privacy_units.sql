@@ -47,8 +47,9 @@ $$;
 
 -- register_dataset's (and alter_dataset's) privacy_unit and max_rows_per_unit, checked before
 -- anything is written: both or neither, k in [1, 1000], a built-in key column (integer, text
--- or uuid) that is not trained on, not a Citus distributed table, and, with a holdout, the
--- split's key (a unit on both sides would be seen by both budgets).
+-- or uuid) that is not trained on, on a Citus distributed table its distribution column
+-- (32_distributed.sql), and, with a holdout, the split's key (a unit on both sides would be
+-- seen by both budgets).
 CREATE OR REPLACE FUNCTION dpsql_internal._check_privacy_unit(relid regclass, privacy_unit text,
                                                              max_rows_per_unit int, features text[],
                                                              label text, split_key text)
@@ -78,12 +79,7 @@ BEGIN
                                      hint => 'The unit column names the person a row belongs to; it is never trained on.');
     END IF;
     PERFORM dpsql_internal._key_text_sql(relid, privacy_unit, 'the privacy unit');
-    IF (dpsql_internal._citus_layout(relid)).dist_column IS NOT NULL THEN
-        PERFORM dpsql_internal._fail(format('a privacy unit on the Citus distributed table %s is not supported',
-                                            relid), '0A000',
-                                     'Distributed runs read the shards, not the bounded rows: register a '
-                                     'local table (e.g. a copy), or declare no unit.');
-    END IF;
+    PERFORM dpsql_internal._check_distributed_unit(relid, privacy_unit);
     IF split_key IS NOT NULL AND split_key IS DISTINCT FROM privacy_unit THEN
         PERFORM dpsql_internal._fail(format('the holdout''s key %s is not the privacy unit %s',
                                             quote_ident(split_key), quote_ident(privacy_unit)),
@@ -91,39 +87,50 @@ BEGIN
     END IF;
 END $$;
 
--- A dataset's unit secret, drawn once (gen_random_uuid's strong randomness).
+-- A dataset's unit secret, drawn once (gen_random_uuid's strong randomness); on a Citus
+-- distributed table shared with the workers too (32_distributed.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._draw_unit_secret(dataset_id bigint)
 RETURNS void LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO dpsql_internal.unit_secrets (dataset_id, secret)
     VALUES ($1, uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()))
-    ON CONFLICT (dataset_id) DO NOTHING
+    ON CONFLICT (dataset_id) DO NOTHING;
+    SELECT dpsql_internal._share_unit_secret($1);
 $$;
 
 DROP FUNCTION IF EXISTS dpsql_internal._bounded_from(dpsql.datasets, text, text[], text);
--- The bounded read (header) around a read that has the unit's text as "dpsql unit" and the
--- registered columns (names, as s.<column>): exactly k slots per unit, units in their hashed
--- order; with_unit: the unit's text too, as "dpsql unit" (an audit's copy keeps its units). The secret is read by a subquery (evaluated once), never written into the statement.
+DROP FUNCTION IF EXISTS dpsql_internal._bounded_from(dpsql.datasets, text, text[], text, boolean);
+-- The bounded read (header) around a read that has the unit's text as "dpsql unit", the unit
+-- column itself as "dpsql unit id" and the registered columns (names, as s.<column>): exactly k
+-- slots per unit, units in their hashed order; with_unit: the unit's text too, as "dpsql unit"
+-- (an audit's copy keeps its units). The windows are partitioned by the unit column itself (the
+-- same partition as its text), so that Citus runs them on the shards of a table distributed by
+-- it. The secret is read by a subquery (evaluated once), never written into the statement.
+-- slots_secret: a Citus training table's fill (32_distributed.sql) reads it from that table,
+-- the workers' copy (a subquery of a local table would pull the rows to the coordinator), and
+-- gets the unit column and the slot's number too, as "dpsql unit id" and "dpsql slot".
 CREATE OR REPLACE FUNCTION dpsql_internal._bounded_from(ds dpsql.datasets, inner_from text, columns text[],
-                                                       condition text, with_unit boolean DEFAULT false)
+                                                       condition text, with_unit boolean DEFAULT false,
+                                                       slots_secret text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    secret text := format('(SELECT u.secret FROM dpsql_internal.unit_secrets u WHERE u.dataset_id = %s)',
-                          coalesce(ds.split_of, ds.dataset_id));
+    secret text := format('(SELECT u.secret FROM %s u WHERE u.dataset_id = %s)',
+                          coalesce(slots_secret, 'dpsql_internal.unit_secrets'), coalesce(ds.split_of, ds.dataset_id));
 BEGIN
     RETURN format(
         '(SELECT %1$s FROM ('
-        '  SELECT s.*, row_number() OVER (PARTITION BY s."dpsql unit" ORDER BY pg_catalog.sha256(%2$s || '
+        '  SELECT s.*, row_number() OVER (PARTITION BY s."dpsql unit id" ORDER BY pg_catalog.sha256(%2$s || '
         '           pg_catalog.convert_to(pg_catalog.concat_ws(pg_catalog.chr(31), %3$s), ''UTF8''))) AS "dpsql rank",'
-        '         count(*) OVER (PARTITION BY s."dpsql unit") AS "dpsql rows"'
+        '         count(*) OVER (PARTITION BY s."dpsql unit id") AS "dpsql rows"'
         '    FROM %4$s WHERE s."dpsql unit" IS NOT NULL%5$s) t'
         ' CROSS JOIN LATERAL pg_catalog.generate_series(t."dpsql rank", %6$s, t."dpsql rows") g(slot)'
         ' ORDER BY dpsql_internal._split_unit(t."dpsql unit", %2$s), t."dpsql unit", g.slot) AS src',
         (SELECT string_agg(format('t.%I', c), ', ' ORDER BY i) FROM unnest(columns) WITH ORDINALITY u(c, i))
-            || CASE WHEN with_unit THEN ', t."dpsql unit"' ELSE '' END,
+            || CASE WHEN with_unit THEN ', t."dpsql unit"' ELSE '' END
+            || CASE WHEN slots_secret IS NOT NULL THEN ', t."dpsql unit id", g.slot AS "dpsql slot"' ELSE '' END,
         secret,
         (SELECT string_agg(format('s.%I::pg_catalog.text', c), ', ' ORDER BY i)
            FROM unnest(columns) WITH ORDINALITY u(c, i)),
