@@ -333,6 +333,22 @@ def test_units_spread_over_shards_are_refused_before_any_read(coord) -> None:
     )
     assert "spread over shards" in err
     assert _ledger(coord, name) == []
+    # registered on a local table, distributed by the unit since: the workers lack the secret
+    later = f"l_{uuid.uuid4().hex[:8]}"
+    _visits(coord, later)
+    coord.execute(f"ALTER TABLE {later} DROP CONSTRAINT {later}_pkey")
+    late = _register(coord, later, privacy_unit="person", max_rows_per_unit=2)
+    coord.execute(
+        "SELECT create_distributed_table(%s, 'person', shard_count => %s)", (later, SHARDS)
+    )
+    err = _refused(
+        coord,
+        "SELECT dpsql.train(%s, NULL, NULL, privacy => 'output_perturbation', epsilon => 1,"
+        " delta => 0, lambda => 0.1)",
+        (late,),
+    )
+    assert "do not have its unit secret" in err
+    assert _ledger(coord, late) == []
     # a text unit: the sums and averaged mechanisms run, sampled SGD (keyed by an integer) not
     text = f"t_{uuid.uuid4().hex[:8]}"
     _visits(coord, text)
