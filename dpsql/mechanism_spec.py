@@ -58,6 +58,7 @@ _SPEC_KEYS = {
     "plan_function": str,
     "fit_function": str,
     "step_noise_function": str,
+    "sgd_plan_function": str,
     "sgd_defaults": bool,
     "distributed": str,
     "intercept_default": bool,
@@ -207,6 +208,7 @@ class Spec:
     plan_function: str | None = None
     fit_function: str | None = None
     step_noise_function: str | None = None
+    sgd_plan_function: str | None = None
     sgd_defaults: bool = False
     distributed: str | None = None
     intercept_default: bool = True
@@ -249,6 +251,7 @@ class Spec:
             "recommended": self.recommended,
             "parameters": {k: p.server_json() for k, p in self.parameters.items()},
             "step_noise_function": self.step_noise_function,
+            "sgd_plan_function": self.sgd_plan_function,
         }
 
 

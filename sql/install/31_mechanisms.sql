@@ -53,8 +53,12 @@ CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     -- the defaults' batch rule quiet_steps (34_defaults.sql): dpsql_internal.<function>(params
     -- jsonb, m bigint, b bigint, k int) -> the noise on a step's mean gradient, in units of the
     -- gradient bound
-    step_noise_function text
+    step_noise_function text,
+    -- the SGD family's plan (36_whitebox.sql): dpsql_internal.<sgd_plan_function>(privacy text,
+    -- spec jsonb, rows bigint, epsilon float8, delta float8, params jsonb) -> plan jsonb
+    sgd_plan_function text
 );
+ALTER TABLE dpsql.mechanism_catalog ADD COLUMN IF NOT EXISTS sgd_plan_function text;
 COMMENT ON TABLE dpsql.mechanism_catalog IS
     'The privacy mechanisms: dispatch, defaults and docs (written by each mechanism''s file)';
 
@@ -65,7 +69,8 @@ RETURNS void LANGUAGE sql AS $$
     INSERT INTO dpsql.mechanism_catalog AS c
     SELECT r.name, r.train_function, r.task, r.sgd_defaults, r.needs_delta, r.summary, r.docs,
            r.options, r.plan_function, r.fit_function, r.models, r.params, r.distributed,
-           r.intercept_default, r.recommended, r.delta_default, r.parameters, r.step_noise_function
+           r.intercept_default, r.recommended, r.delta_default, r.parameters, r.step_noise_function,
+           r.sgd_plan_function
       FROM jsonb_populate_record(NULL::dpsql.mechanism_catalog, spec) r
     ON CONFLICT ON CONSTRAINT mechanism_catalog_pkey DO UPDATE
        SET train_function = excluded.train_function, task = excluded.task,
@@ -75,7 +80,8 @@ RETURNS void LANGUAGE sql AS $$
            models = excluded.models, params = excluded.params,
            distributed = excluded.distributed, intercept_default = excluded.intercept_default,
            recommended = excluded.recommended, delta_default = excluded.delta_default,
-           parameters = excluded.parameters, step_noise_function = excluded.step_noise_function
+           parameters = excluded.parameters, step_noise_function = excluded.step_noise_function,
+           sgd_plan_function = excluded.sgd_plan_function
 $$;
 
 -- The dpsql.train parameters a caller set away from their defaults (dpsql.train's private

@@ -90,13 +90,106 @@ BEGIN
     RETURN answer;
 END $$;
 
--- Noise, clipping, step schedule, sampling and accounting of a white-box mechanism for a
--- prepared run of `rows` rows (m public). 'public' keys go into the model's provenance.
--- Over 100 lines: one function because its branches per mechanism (noise, clipping, schedule,
--- sampling, accounting) each feed the one plan it returns; issue 45's "one typed plan per release"
--- refactor replaces it with one plan function per SGD mechanism.
+-- The SGD family's plans: noise, clipping, step schedule, sampling and accounting of a
+-- white-box mechanism for a prepared run of `rows` rows (m public), each mechanism's own
+-- function, named by its spec (sgd_plan_function; 31_mechanisms.sql):
+--   dpsql_internal.<sgd_plan_function>(privacy text, spec jsonb, rows bigint, epsilon float8,
+--                                      delta float8, params jsonb) -> plan jsonb
+-- 'info' keys go into the model's provenance. _whitebox_plan checks what every one needs.
 CREATE OR REPLACE FUNCTION dpsql_internal._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    fn text := (dpsql_internal._mechanism(privacy)).sgd_plan_function;
+    plan jsonb;
+BEGIN
+    IF fn IS NULL THEN
+        PERFORM dpsql_internal._fail(format('%s has no SGD plan', quote_literal(privacy)), 'XX000');
+    END IF;
+    IF rows / (spec->>'batch_size')::bigint < 1 THEN
+        PERFORM dpsql_internal._fail(format('%s rows make no batch of %s', rows, spec->>'batch_size'));
+    END IF;
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6)', fn)
+       INTO plan USING privacy, spec, rows, epsilon, delta, params;
+    RETURN plan;
+END $$;
+
+-- DP-SGD (Abadi et al. 2016): per-example clipping, Gaussian noise per step, shuffled or
+-- Poisson batches accounted by dp-accounting (and DPSGD-F's private mean composed with them).
+CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+                                                      delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    b bigint := (spec->>'batch_size')::bigint;
+    k int := (spec->>'epochs')::int;
+    n bigint := rows / b;
+    radius float8 := (spec->>'radius')::float8;
+    clip float8;
+    sampling text := coalesce(params->>'sampling', 'shuffle');
+    z float8 := (params->>'noise_multiplier')::float8;
+    acct jsonb;
+BEGIN
+    clip := coalesce((params->>'clip_norm')::float8, 1.0);
+    IF NOT (clip > 0 AND clip < 'Infinity') THEN
+        PERFORM dpsql_internal._fail('clip_norm must be a finite number > 0');
+    END IF;
+    IF NOT (delta > 0) THEN
+        PERFORM dpsql_internal._fail('DP-SGD is (epsilon, delta)-DP: delta must be > 0');
+    END IF;
+    IF sampling NOT IN ('shuffle', 'poisson') THEN
+        PERFORM dpsql_internal._fail('sampling must be shuffle (disjoint batches) or poisson');
+    END IF;
+    IF (epsilon IS NULL) = (z IS NULL) THEN
+        PERFORM dpsql_internal._fail('DP-SGD takes either epsilon (the noise is calibrated) or '
+                            'noise_multiplier (epsilon is reported)');
+    END IF;
+    IF z IS NOT NULL AND NOT (z > 0 AND z < 'Infinity') THEN
+        PERFORM dpsql_internal._fail('noise_multiplier must be a finite number > 0');
+    END IF;
+    -- Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
+    -- Poisson: q = b/m per step, k*n steps, amplification by sampling (PLD, replace-one).
+    acct := dpsql_internal._account(jsonb_build_object(
+        'op', CASE WHEN z IS NULL THEN 'calibrate' ELSE 'report' END,
+        'scheme', sampling, 'delta', delta,
+        'target_epsilon', epsilon, 'noise_multiplier', z,
+        'epochs', CASE WHEN sampling = 'shuffle' THEN k END,
+        'steps', CASE WHEN sampling = 'poisson' THEN k * n END,
+        'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END)
+        -- DPSGD-F: its private mean, a Gaussian released before the steps, composed with them
+        || CASE WHEN params->>'prefix_noise_multiplier' IS NOT NULL
+                THEN jsonb_build_object('prefix_noise_multiplier',
+                                        (params->>'prefix_noise_multiplier')::float8)
+                ELSE '{}' END);
+    -- The event it accounted is the one the release charges (the ledger's dp_event).
+    IF jsonb_typeof(acct->'ledger_event') IS DISTINCT FROM 'object' THEN
+        PERFORM dpsql_internal._fail('the accountant did not say which event it accounted: '
+                                     'its dpsql package is older than the extension',
+                                     '55000', 'Install the same dpsql version for the server''s Python.');
+    END IF;
+    z := coalesce(z, (acct->>'noise_multiplier')::float8);
+    RETURN jsonb_build_object(
+        'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
+        'noise_divisor', b, 'schedule', spec->>'schedule',
+        'step_size', coalesce((params->>'step_size')::float8, 0.5),
+        'radius', radius, 'sampling', sampling,
+        -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
+        -- (59_distributed_sampled.sql)
+        'steps_per_epoch', CASE WHEN sampling = 'poisson'
+                                     OR coalesce(spec->'distributed', 'null') <> 'null'
+                                THEN n ELSE 0 END,
+        'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
+        'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
+        'dp_event', acct->'ledger_event',
+        'info', jsonb_build_object(
+            'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
+            'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
+            'accountant', acct - 'ledger_event', 'sensitivity', 2 * clip, 'noise_scale', z * clip,
+            'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
+END $$;
+
+-- SCS13 (Song, Chaudhuri and Sarwate 2013): k passes, noise on each step's gradient sum.
+CREATE OR REPLACE FUNCTION dpsql_internal._scs13_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+                                                      delta float8, params jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     model text := spec->>'model';
@@ -106,138 +199,92 @@ DECLARE
     n bigint := rows / b;
     c record := dpsql.loss_constants(model, 0, 0, dpsql_internal._huber_h(spec));
     clip float8;
-    sampling text := coalesce(params->>'sampling', 'shuffle');
-    z float8 := (params->>'noise_multiplier')::float8;
-    acct jsonb;
     radius float8 := (spec->>'radius')::float8;
     scs record;
+BEGIN
+    PERFORM dpsql_internal._binary_or_multinomial(privacy, spec);
+    -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
+    -- noise on the gradient SUM with sensitivity 2 L, then divided by b; steps 1/sqrt(t).
+    clip := c.lipschitz_data;
+    scs := dpsql_internal._scs13_step_noise(2 * clip, epsilon, delta, k, 1,
+                                            coalesce(params->>'gaussian', 'analytic'));
+    RETURN jsonb_build_object(
+        'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
+        'noise_scale', scs.noise,
+        'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
+        'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
+        -- on Citus each row's step a keyed uniform draw, as shuffled DP-SGD's there: every
+        -- row in exactly one step a pass (59_distributed_sampled.sql)
+        'sampling', 'shuffle',
+        'steps_per_epoch', CASE WHEN coalesce(spec->'distributed', 'null') <> 'null' THEN n ELSE 0 END,
+        'epsilon', epsilon, 'delta', delta,
+        'info', jsonb_build_object(
+            'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
+            'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
+            'sensitivity', 2 * clip,
+            'neighbouring', 'replace-one, m public'));
+END $$;
+
+-- BST14 (Bassily, Smith and Thakurta 2014), Algorithms 4 and 5: draws with replacement.
+CREATE OR REPLACE FUNCTION dpsql_internal._bst14_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
+                                                      delta float8, params jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    model text := spec->>'model';
+    lambda float8 := (spec->>'lambda')::float8;
+    b bigint := (spec->>'batch_size')::bigint;
+    k int := (spec->>'epochs')::int;
+    n bigint := rows / b;
+    c record := dpsql.loss_constants(model, 0, 0, dpsql_internal._huber_h(spec));
+    clip float8;
+    radius float8 := (spec->>'radius')::float8;
     bst record;
     sigma float8;
     lip float8;
     g float8;
-    plan jsonb;
 BEGIN
-    IF n < 1 THEN
-        PERFORM dpsql_internal._fail(format('%s rows make no batch of %s', rows, b));
+    PERFORM dpsql_internal._binary_or_multinomial(privacy, spec);
+    IF NOT (delta > 0) THEN
+        PERFORM dpsql_internal._fail('BST14 exists only for (epsilon, delta): delta must be > 0');
     END IF;
-    IF privacy IN ('scs13', 'bst14') AND model IN ('logistic', 'huber')
+    clip := c.lipschitz_data;
+    radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE coalesce(radius, 1e4) END;
+    lip := clip + lambda * radius;
+    -- Algorithm 4/5 with constant epochs: T = k m / b steps of b draws with replacement.
+    bst := dpsql_internal._bst14_noise(epsilon, delta, rows, b, k);
+    sigma := bst.sigma;
+    -- 'paper': std sigma (iota = 1, add/remove sensitivity 1); 'strict': replace-one, 2L.
+    IF coalesce(params->>'bst14_noise', 'strict') = 'strict' THEN
+        sigma := sigma * 2 * clip;
+    ELSIF params->>'bst14_noise' <> 'paper' THEN
+        PERFORM dpsql_internal._fail('bst14_noise must be strict (replace-one) or paper');
+    END IF;
+    g := sqrt((spec->>'dim')::float8 * sigma * sigma + b * b * lip * lip);
+    RETURN jsonb_build_object(
+        'noise', 'gaussian', 'noise_scale', sigma, 'clip_norm', clip, 'noise_divisor', b,
+        'schedule', CASE WHEN lambda > 0 THEN 'inverse' ELSE 'sqrt' END,
+        -- average form: eta_t = 1/(gamma t) (Alg. 5); b * 2R/(G sqrt t) (Alg. 4, sum form)
+        'step_size', CASE WHEN lambda > 0 THEN 1 / lambda ELSE b * 2 * radius / g END,
+        'radius', radius, 'sampling', 'replacement', 'steps_per_epoch', n,
+        'epsilon', epsilon, 'delta', delta,
+        'info', jsonb_build_object(
+            'algorithm', CASE WHEN lambda > 0 THEN 'BST14 Algorithm 5 (strongly convex)'
+                              ELSE 'BST14 Algorithm 4 (convex)' END,
+            'epsilon_1', bst.epsilon_1, 'epsilon_2', bst.epsilon_2, 'delta_1', bst.delta_1, 'G', g,
+            'bst14_noise', coalesce(params->>'bst14_noise', 'strict'),
+            'note', 'advanced composition as printed: the total delta slightly exceeds delta',
+            'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'
+                                THEN 2 * clip ELSE 1 END));
+END $$;
+
+-- SCS13 and BST14 train binary or multinomial models, not one-vs-rest.
+CREATE OR REPLACE FUNCTION dpsql_internal._binary_or_multinomial(privacy text, spec jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF spec->>'model' IN ('logistic', 'huber')
        AND coalesce(jsonb_array_length(nullif(spec->'classes', 'null')), 1) > 2 THEN
         PERFORM dpsql_internal._fail(privacy || ' trains binary or multinomial models here, not one-vs-rest');
     END IF;
-    IF privacy = 'dpsgd' THEN
-        clip := coalesce((params->>'clip_norm')::float8, 1.0);
-        IF NOT (clip > 0 AND clip < 'Infinity') THEN
-            PERFORM dpsql_internal._fail('clip_norm must be a finite number > 0');
-        END IF;
-        IF NOT (delta > 0) THEN
-            PERFORM dpsql_internal._fail('DP-SGD is (epsilon, delta)-DP: delta must be > 0');
-        END IF;
-        IF sampling NOT IN ('shuffle', 'poisson') THEN
-            PERFORM dpsql_internal._fail('sampling must be shuffle (disjoint batches) or poisson');
-        END IF;
-        IF (epsilon IS NULL) = (z IS NULL) THEN
-            PERFORM dpsql_internal._fail('DP-SGD takes either epsilon (the noise is calibrated) or '
-                                'noise_multiplier (epsilon is reported)');
-        END IF;
-        IF z IS NOT NULL AND NOT (z > 0 AND z < 'Infinity') THEN
-            PERFORM dpsql_internal._fail('noise_multiplier must be a finite number > 0');
-        END IF;
-        -- Shuffled disjoint batches: k Gaussian mechanisms per record, no amplification.
-        -- Poisson: q = b/m per step, k*n steps, amplification by sampling (PLD, replace-one).
-        acct := dpsql_internal._account(jsonb_build_object(
-            'op', CASE WHEN z IS NULL THEN 'calibrate' ELSE 'report' END,
-            'scheme', sampling, 'delta', delta,
-            'target_epsilon', epsilon, 'noise_multiplier', z,
-            'epochs', CASE WHEN sampling = 'shuffle' THEN k END,
-            'steps', CASE WHEN sampling = 'poisson' THEN k * n END,
-            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END)
-            -- DPSGD-F: its private mean, a Gaussian released before the steps, composed with them
-            || CASE WHEN params->>'prefix_noise_multiplier' IS NOT NULL
-                    THEN jsonb_build_object('prefix_noise_multiplier',
-                                            (params->>'prefix_noise_multiplier')::float8)
-                    ELSE '{}' END);
-        -- The event it accounted is the one the release charges (the ledger's dp_event).
-        IF jsonb_typeof(acct->'ledger_event') IS DISTINCT FROM 'object' THEN
-            PERFORM dpsql_internal._fail('the accountant did not say which event it accounted: '
-                                         'its dpsql package is older than the extension',
-                                         '55000', 'Install the same dpsql version for the server''s Python.');
-        END IF;
-        z := coalesce(z, (acct->>'noise_multiplier')::float8);
-        plan := jsonb_build_object(
-            'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
-            'noise_divisor', b, 'schedule', spec->>'schedule',
-            'step_size', coalesce((params->>'step_size')::float8, 0.5),
-            'radius', radius, 'sampling', sampling,
-            -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
-            -- (59_distributed_sampled.sql)
-            'steps_per_epoch', CASE WHEN sampling = 'poisson'
-                                         OR coalesce(spec->'distributed', 'null') <> 'null'
-                                    THEN n ELSE 0 END,
-            'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
-            'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
-            'dp_event', acct->'ledger_event',
-            'info', jsonb_build_object(
-                'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
-                'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
-                'accountant', acct - 'ledger_event', 'sensitivity', 2 * clip, 'noise_scale', z * clip,
-                'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
-    ELSIF privacy = 'scs13' THEN
-        -- Per pass epsilon/k (basic composition over passes; one batch per record per pass);
-        -- noise on the gradient SUM with sensitivity 2 L, then divided by b; steps 1/sqrt(t).
-        clip := c.lipschitz_data;
-        scs := dpsql_internal._scs13_step_noise(2 * clip, epsilon, delta, k, 1,
-                                                coalesce(params->>'gaussian', 'analytic'));
-        plan := jsonb_build_object(
-            'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
-            'noise_scale', scs.noise,
-            'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
-            'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
-            -- on Citus each row's step a keyed uniform draw, as shuffled DP-SGD's there: every
-            -- row in exactly one step a pass (59_distributed_sampled.sql)
-            'sampling', 'shuffle',
-            'steps_per_epoch', CASE WHEN coalesce(spec->'distributed', 'null') <> 'null' THEN n ELSE 0 END,
-            'epsilon', epsilon, 'delta', delta,
-            'info', jsonb_build_object(
-                'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
-                'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
-                'sensitivity', 2 * clip,
-                'neighbouring', 'replace-one, m public'));
-    ELSIF privacy = 'bst14' THEN
-        IF NOT (delta > 0) THEN
-            PERFORM dpsql_internal._fail('BST14 exists only for (epsilon, delta): delta must be > 0');
-        END IF;
-        clip := c.lipschitz_data;
-        radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE coalesce(radius, 1e4) END;
-        lip := clip + lambda * radius;
-        -- Algorithm 4/5 with constant epochs: T = k m / b steps of b draws with replacement.
-        bst := dpsql_internal._bst14_noise(epsilon, delta, rows, b, k);
-        sigma := bst.sigma;
-        -- 'paper': std sigma (iota = 1, add/remove sensitivity 1); 'strict': replace-one, 2L.
-        IF coalesce(params->>'bst14_noise', 'strict') = 'strict' THEN
-            sigma := sigma * 2 * clip;
-        ELSIF params->>'bst14_noise' <> 'paper' THEN
-            PERFORM dpsql_internal._fail('bst14_noise must be strict (replace-one) or paper');
-        END IF;
-        g := sqrt((spec->>'dim')::float8 * sigma * sigma + b * b * lip * lip);
-        plan := jsonb_build_object(
-            'noise', 'gaussian', 'noise_scale', sigma, 'clip_norm', clip, 'noise_divisor', b,
-            'schedule', CASE WHEN lambda > 0 THEN 'inverse' ELSE 'sqrt' END,
-            -- average form: eta_t = 1/(gamma t) (Alg. 5); b * 2R/(G sqrt t) (Alg. 4, sum form)
-            'step_size', CASE WHEN lambda > 0 THEN 1 / lambda ELSE b * 2 * radius / g END,
-            'radius', radius, 'sampling', 'replacement', 'steps_per_epoch', n,
-            'epsilon', epsilon, 'delta', delta,
-            'info', jsonb_build_object(
-                'algorithm', CASE WHEN lambda > 0 THEN 'BST14 Algorithm 5 (strongly convex)'
-                                  ELSE 'BST14 Algorithm 4 (convex)' END,
-                'epsilon_1', bst.epsilon_1, 'epsilon_2', bst.epsilon_2, 'delta_1', bst.delta_1, 'G', g,
-                'bst14_noise', coalesce(params->>'bst14_noise', 'strict'),
-                'note', 'advanced composition as printed: the total delta slightly exceeds delta',
-                'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'
-                                    THEN 2 * clip ELSE 1 END));
-    ELSE
-        PERFORM dpsql_internal._fail(format('unknown privacy mechanism %s', quote_literal(privacy)));
-    END IF;
-    RETURN plan;
 END $$;
 
 -- Rebuild a prepared private run's initial state with the plan's noise, clipping, schedule

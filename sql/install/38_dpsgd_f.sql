@@ -92,7 +92,7 @@ BEGIN
     -- the registration's clip / unit rows
     row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
     -- The plan (and the charge) before any private number is computed from the rows.
-    plan := dpsql_internal._whitebox_plan('dpsgd', r.spec, r.rows, epsilon, delta,
+    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec, r.rows, epsilon, delta,
                                  params || jsonb_build_object('sampling', 'poisson',
                                                               'prefix_noise_multiplier', prefix / x_bound));
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,

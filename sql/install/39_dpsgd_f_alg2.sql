@@ -219,7 +219,7 @@ BEGIN
     -- The DP-SGD calibration at (epsilon/3, delta/3) from public numbers (clip 1: the noise
     -- multiplier does not depend on it), then the charge, before any value is read.
     sgd_params := jsonb_build_object('sampling', 'poisson', 'clip_norm', 1.0, 'step_size', 1.0);
-    plan := dpsql_internal._whitebox_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
+    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
                                  epsilon / 3, delta / 3, sgd_params);
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => plan);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
@@ -247,7 +247,7 @@ BEGIN
     -- small tau cannot overflow after the charge (the weights' box guards the rest, sgd.c).
     step := CASE WHEN ln(eta0) - 2 * ln(tau) > ln(1e300) THEN 1e300 ELSE eta0 / (tau * tau) END;
     clip := sqrt(2) * c.lipschitz_data * tau;
-    plan := dpsql_internal._whitebox_plan('dpsgd', (dpsql_internal._locked_run(run)).spec, m, epsilon / 3, delta / 3,
+    plan := dpsql_internal._dpsgd_plan('dpsgd', (dpsql_internal._locked_run(run)).spec, m, epsilon / 3, delta / 3,
                                  sgd_params || jsonb_build_object('clip_norm', clip,
                                                                   'step_size', step));
     theta := dpsql_internal._run_armed(run, plan, noise_seed);

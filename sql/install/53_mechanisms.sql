@@ -46,7 +46,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["varrho"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -197,7 +198,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "sql_default": false
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -280,7 +282,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "choices": ["strict", "paper"]
         }
     },
-    "step_noise_function": "_bst14_batch_noise"
+    "step_noise_function": "_bst14_batch_noise",
+    "sgd_plan_function": "_bst14_plan"
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -366,7 +369,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             ]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -439,7 +443,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["radius", "regularizer", "output"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -505,7 +510,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["r_x", "baseline"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -593,7 +599,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["noise_level", "clip_check", "precondition", "clip_quantile"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -725,7 +732,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "exclusive_min": 0
         }
     },
-    "step_noise_function": "_dpsgd_batch_noise"
+    "step_noise_function": "_dpsgd_batch_noise",
+    "sgd_plan_function": "_dpsgd_plan"
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -856,7 +864,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "exclusive_min": 0
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -959,7 +968,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "exclusive_min": 0
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -1019,7 +1029,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["radius", "grid_points"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -1064,7 +1075,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["l1_radius", "steps"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -1130,7 +1142,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -1196,7 +1209,8 @@ SELECT dpsql_internal._register_mechanism($spec${
             "keys": ["radius", "huber_threshold", "newton_steps", "max_scans"]
         }
     },
-    "step_noise_function": null
+    "step_noise_function": null,
+    "sgd_plan_function": null
 }$spec$::jsonb);
 
 SELECT dpsql_internal._register_mechanism($spec${
@@ -1278,5 +1292,6 @@ SELECT dpsql_internal._register_mechanism($spec${
             "choices": ["analytic", "classic"]
         }
     },
-    "step_noise_function": "_scs13_batch_noise"
+    "step_noise_function": "_scs13_batch_noise",
+    "sgd_plan_function": "_scs13_plan"
 }$spec$::jsonb);
