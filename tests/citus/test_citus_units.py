@@ -430,3 +430,26 @@ def _dataset_id(conn: psycopg.Connection, name: str) -> int:
     return int(
         conn.execute("SELECT dataset_id FROM dpsql.datasets WHERE name = %s", (name,)).fetchone()[0]
     )
+
+
+def test_describe_and_private_evaluate_read_the_bounded_slots(coord) -> None:
+    """describe and private evaluate on a unit dataset of the cluster: they read the U k slots
+    (describe's noisy row count is about U k, not the table's rows) and are charged the epsilon
+    asked, at unit level."""
+    table = _visits_distributed(coord)
+    name = _register(coord, table, privacy_unit="person", max_rows_per_unit=K)
+    table_rows = coord.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    assert table_rows != PEOPLE * K
+    rows = coord.execute(
+        "SELECT value, noise_sd FROM dpsql.describe(%s, 2.0, features => '{a}')"
+        " WHERE statistic = 'rows'",
+        (name,),
+    ).fetchone()
+    assert rows is not None and abs(rows[0] - PEOPLE * K) <= 10 * rows[1] + 1
+    mid = _private(coord, name, privacy="bolton", epsilon=1.0, delta=0.0, shard_parallel=True)
+    metric = coord.execute(
+        "SELECT metric, value, rows FROM dpsql.evaluate(%s, %s, epsilon => 1.0)", (mid, name)
+    ).fetchone()
+    assert metric[2] == PEOPLE * K and 0 <= metric[1] <= 1
+    charges = _ledger(coord, name)
+    assert [round(e, 9) for e, _ in charges] == [2.0, 1.0, 1.0]
