@@ -453,3 +453,22 @@ def test_describe_and_private_evaluate_read_the_bounded_slots(coord) -> None:
     assert metric[2] == PEOPLE * K and 0 <= metric[1] <= 1
     charges = _ledger(coord, name)
     assert [round(e, 9) for e, _ in charges] == [2.0, 1.0, 1.0]
+
+
+def test_an_audit_of_a_unit_dataset_copies_its_units(coord) -> None:
+    """dpsql.audit on a unit dataset of the cluster audits the unit claim as on one node: its
+    copy (a local table, read through the bounded read) keeps the units, each canary a unit
+    of k rows (details.privacy_unit), and the dataset is charged nothing."""
+    table = _visits_distributed(coord)
+    name = _register(coord, table, privacy_unit="person", max_rows_per_unit=K)
+    row = coord.execute(
+        "SELECT epsilon_claimed, epsilon_lower, runs, method FROM dpsql.audit(%s, 'bolton', 1.0,"
+        ' 0.0, options => \'{"canaries": 100, "seed": 1}\')',
+        (name,),
+    ).fetchone()
+    assert row[0] == 1.0 and 0 <= row[1] <= 1.0 and row[3] == "one_run"
+    details = coord.execute(
+        "SELECT details FROM dpsql.audits ORDER BY audit_id DESC LIMIT 1"
+    ).fetchone()[0]
+    assert details["privacy_unit"]["max_rows_per_unit"] == K
+    assert _ledger(coord, name) == []
