@@ -16,7 +16,13 @@ import pytest
 
 from tests.citus.test_citus import _analyst, _private, _refused
 from tests.server.test_durable_charge import EPSILON, MECHANISMS, _mechanisms, _train_sql
-from tests.server.test_privacy_units import PEOPLE, _visits
+from tests.server.test_privacy_units import (
+    FAR_CORNER,
+    PEOPLE,
+    _neighbour,
+    _same_secret,
+    _visits,
+)
 
 SHARDS = 4
 K = 3
@@ -146,7 +152,7 @@ RELEASES = {
         "reg",
         "model => 'linear', privacy => 'output_perturbation', epsilon => 1, delta => 0,"
         " lambda => 0.05",
-        "a = 1, b = -1, y = 1",
+        FAR_CORNER,
     ),
 }
 
@@ -163,12 +169,7 @@ def _release_pair(conn: psycopg.Connection, privacy: str, unit: bool) -> tuple[n
     names: list[str] = []
     for variant in ("d0", "d1"):
         table = f"{variant}_{uuid.uuid4().hex[:6]}"
-        _visits(conn, table)
-        if kind == "reg":  # y in [-1, 1]: a noisy linear rule
-            conn.execute(f"ALTER TABLE {table} ALTER COLUMN y TYPE float8")
-            conn.execute(f"UPDATE {table} SET y = (a + b) * 0.8 + ((visit % 7) - 3) / 30.0")
-        if variant == "d1":  # every one of person 0's rows moved to a corner, label flipped
-            conn.execute(f"UPDATE {table} SET {moved} WHERE person = 0")
+        _neighbour(conn, table, kind, moved if variant == "d1" else None)
         if unit:
             conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey")
         conn.execute(
@@ -179,14 +180,8 @@ def _release_pair(conn: psycopg.Connection, privacy: str, unit: bool) -> tuple[n
         if kind == "reg":
             declare |= {"labels": None, "label_bound": 1.0, "row_bound": 1.5}
         name = _register(conn, table, **declare)
-        if unit and variant == "d1":  # one dataset's neighbours: the same secret
-            conn.execute(
-                "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
-                " dpsql_internal.unit_secrets u JOIN dpsql.datasets d USING (dataset_id)"
-                " WHERE d.name = %s) WHERE dataset_id = (SELECT dataset_id FROM dpsql.datasets"
-                " WHERE name = %s)",
-                (names[0], name),
-            )
+        if unit and variant == "d1":
+            _same_secret(conn, names[0], name)
         names.append(name)
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, {call}, seed => 7, noise_seed => 11)", (name,)

@@ -46,6 +46,39 @@ def _register(conn, source: str, **kw) -> str:
     return name
 
 
+# every one of person 0's rows moved to the far corner, label flipped (the neighbour)
+FAR_CORNER = "a = 1, b = -1, y = 1"
+
+
+def _neighbour(conn, table: str, kind: str = "cls", moved: str | None = None) -> None:
+    """The visits table (kind reg: y a noisy linear rule in [-1, 1]); with moved, the
+    neighbour in which all of person 0's rows are set so."""
+    _visits(conn, table)
+    if kind == "reg":
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN y TYPE float8")
+        conn.execute(f"UPDATE {table} SET y = (a + b) * 0.8 + ((visit % 7) - 3) / 30.0")
+    if moved is not None:
+        conn.execute(f"UPDATE {table} SET {moved} WHERE person = 0")
+
+
+def _same_secret(conn, source: str, target: str) -> None:
+    """One dataset's neighbours: target takes source's unit secret (and so does the workers'
+    copy, on a Citus cluster)."""
+    copies = ["dpsql_internal.unit_secrets"]
+    if conn.execute("SELECT to_regclass('dpsql_work.unit_secrets')").fetchone()[0] is not None:
+        copies.append("dpsql_work.unit_secrets")
+    (secret,) = conn.execute(
+        "SELECT secret FROM dpsql_internal.unit_secrets"
+        " WHERE dataset_id = (dpsql_internal._lookup_dataset(%s)).dataset_id",
+        (source,),
+    ).fetchone()
+    target_id = conn.execute(
+        "SELECT (dpsql_internal._lookup_dataset(%s)).dataset_id", (target,)
+    ).fetchone()[0]
+    for table in copies:  # (a value: Citus modifies its reference table without a local join)
+        conn.execute(f"UPDATE {table} SET secret = %s WHERE dataset_id = %s", (secret, target_id))
+
+
 def _rows(conn, name: str) -> int:
     return conn.execute(
         "SELECT dpsql_internal._public_row_count(dpsql_internal._lookup_dataset(%s))", (name,)
@@ -167,24 +200,13 @@ def _release_pair(conn, schema: str, privacy: str, declare: dict) -> tuple[np.nd
     sens = []
     names: list[str] = []
     for variant in ("d0", "d1"):
-        _visits(conn, variant)
-        if kind == "reg":  # y in [-1, 1]: a noisy linear rule
-            conn.execute(f"ALTER TABLE {variant} ALTER COLUMN y TYPE float8")
-            conn.execute(f"UPDATE {variant} SET y = (a + b) * 0.8 + ((visit % 7) - 3) / 30.0")
-        if variant == "d1":  # every one of person 0's rows moved to the far corner, label flipped
-            conn.execute("UPDATE d1 SET a = 1, b = -1, y = 1 WHERE person = 0")
+        _neighbour(conn, variant, kind, FAR_CORNER if variant == "d1" else None)
         regression: dict[str, object] = (
             {"labels": None, "label_bound": 1.0, "row_bound": 1.5} if kind == "reg" else {}
         )
         name = _register(conn, f"{schema}.{variant}", **declare, **regression)
-        if declare and variant == "d1":  # one dataset's neighbours: the same secret
-            conn.execute(
-                "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
-                " dpsql_internal.unit_secrets u JOIN dpsql.datasets d USING (dataset_id)"
-                " WHERE d.name = %s) WHERE dataset_id = (SELECT dataset_id FROM dpsql.datasets"
-                " WHERE name = %s)",
-                (names[0], name),
-            )
+        if declare and variant == "d1":
+            _same_secret(conn, names[0], name)
         names.append(name)
         (mid,) = conn.execute(
             f"SELECT dpsql.train(%s, NULL, NULL, {call}, seed => 7, noise_seed => 11)", (name,)
@@ -430,21 +452,13 @@ def test_neighbours_in_all_of_one_units_rows_read_k_different_slots(conn, scratc
     the unit the reads differ in 300 rows."""
     names = []
     for variant in ("n0", "n1"):
-        _visits(conn, variant)
-        if variant == "n1":
-            conn.execute("UPDATE n1 SET a = 1, b = -1, y = 1 WHERE person = 0")
+        _neighbour(conn, variant, moved=FAR_CORNER if variant == "n1" else None)
         names.append(
             _register(
                 conn, f"{scratch_schema}.{variant}", privacy_unit="person", max_rows_per_unit=5
             )
         )
-    conn.execute(  # one dataset's neighbours: the same secret
-        "UPDATE dpsql_internal.unit_secrets SET secret = (SELECT secret FROM"
-        " dpsql_internal.unit_secrets"
-        " WHERE dataset_id = (dpsql_internal._lookup_dataset(%s)).dataset_id)"
-        " WHERE dataset_id = (dpsql_internal._lookup_dataset(%s)).dataset_id",
-        (names[0], names[1]),
-    )
+    _same_secret(conn, names[0], names[1])
     s0, s1 = _slots(conn, names[0]), _slots(conn, names[1])
     assert len(s0) == len(s1) == PEOPLE * 5
     differ = [i for i, (r0, r1) in enumerate(zip(s0, s1, strict=True)) if r0 != r1]
