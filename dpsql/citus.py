@@ -40,13 +40,18 @@ def available(version: int | None = None) -> bool:
     return (sharedir / "citus.control").exists()
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process runs (a zombie, dead but not reaped, does not)."""
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, T, Z, ...), None when there is no such process."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            return not any(line.startswith("State:\tZ") for line in status)
+            return next((line.split()[1] for line in status if line.startswith("State:")), None)
     except FileNotFoundError:
-        return False
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not reaped, does not)."""
+    return _state(pid) not in ("Z", None)
 
 
 def _free_port() -> int:
@@ -135,17 +140,25 @@ class Cluster:
     def kill_node(self, node: Node) -> None:
         """Kill one node as a machine or container dies: SIGKILL to its postmaster and every
         child at once, no shutdown. Its stale lock files are removed (a new container would not
-        see the dead processes; here nobody may reap them)."""
+        see the dead processes; here nobody may reap them). The postmaster is stopped first, so
+        that it forks no child after the list is taken (an orphan would keep the shared memory
+        attached and the restart would refuse), and every one of them is waited for."""
         pid_file = node.pgdata / "postmaster.pid"
         postmaster = int(pid_file.read_text().split()[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _state(postmaster) not in ("T", None):
+            time.sleep(0.01)
         children = subprocess.run(
             ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
         ).stdout.split()
-        for pid in [postmaster, *map(int, children)]:
+        pids = [postmaster, *map(int, children)]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _alive(postmaster):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.05)
         pid_file.unlink(missing_ok=True)
         for lock in node.socket_dir.glob(f".s.PGSQL.{node.port}*"):
