@@ -68,5 +68,6 @@ CREATE TABLE IF NOT EXISTS dpsql.runs (
     done            boolean NOT NULL DEFAULT false,
     prepare_seconds float8 NOT NULL,
     train_seconds   float8 NOT NULL DEFAULT 0,
-    sampling_seed   bigint          -- secret coins of sampled batches: never copied to a model
+    sampling_seed   bigint,         -- secret coins of sampled batches: never copied to a model
+    fill            jsonb           -- a private run's read, pending until its charge (_fill_private)
 );

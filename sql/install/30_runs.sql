@@ -135,6 +135,40 @@ BEGIN
     train_table := tbl;
 END $$;
 
+-- A run's training table, created and filled from its source (fill: what _prepare resolved,
+-- public): through the shards on a hash-distributed table (a privacy unit's slots bounded
+-- there), else here. empty: created with no row (a preview's, or a private run's before its
+-- charge). The seed used comes back (a random one when fill has none).
+CREATE OR REPLACE FUNCTION dpsql_internal._fill_run(run bigint, fill jsonb, empty boolean,
+    OUT train_table text, OUT rows bigint, OUT seed bigint, OUT seed_policy text, OUT layout jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    units dpsql.datasets;
+BEGIN
+    IF fill->>'units' IS NOT NULL THEN  -- k slots per unit, bounded on the shards
+        SELECT * INTO STRICT units FROM dpsql.datasets d WHERE d.dataset_id = (fill->>'units')::bigint;
+        SELECT f.train_table, f.rows, f.seed, f.seed_policy, f.layout
+          INTO STRICT train_table, rows, seed, seed_policy, layout
+          FROM dpsql_internal._fill_distributed_units(run, units, fill->>'x', fill->>'y',
+                                                      (fill->>'dim')::int, (fill->>'seed')::bigint, empty) f;
+    ELSIF (fill->>'distributed')::boolean THEN
+        SELECT f.train_table, f.rows, f.seed, f.seed_policy, f.layout
+          INTO STRICT train_table, rows, seed, seed_policy, layout
+          FROM dpsql_internal._fill_distributed_table(run, (fill->>'relation')::oid::regclass, fill->>'x',
+                                                      fill->>'y', (fill->>'dim')::int,
+                                                      (fill->>'shuffle')::boolean, (fill->>'seed')::bigint,
+                                                      empty) f;
+    ELSE
+        SELECT f.train_table, f.rows, f.seed, f.seed_policy, f.layout
+          INTO STRICT train_table, rows, seed, seed_policy, layout
+          FROM dpsql_internal._fill_training_table(
+                   run, CASE WHEN empty THEN format('(SELECT * FROM %s WHERE false) e', fill->>'src')
+                             ELSE fill->>'src' END,
+                   fill->>'x', fill->>'y', (fill->>'dim')::int, (fill->>'parallel_workers')::int,
+                   (fill->>'shuffle')::boolean, (fill->>'seed')::bigint) f;
+    END IF;
+END $$;
+
 -- Over 100 lines: one function because the state it builds needs every checked argument at once
 -- (labels, layout, training table, step and seed policy); issue 45's "one typed plan per release"
 -- refactor replaces it with a prepare(plan) that builds the state once from the plan.
@@ -146,7 +180,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
     permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL,
     shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL,
-    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL)
+    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, rows bigint DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -165,6 +199,7 @@ DECLARE
     eta float8;
     flags int;
     seed_policy text;
+    fill jsonb;
     filled record;
     init float8[];
     layout record;
@@ -233,17 +268,15 @@ BEGIN
         IF private AND layout.dist_column IS NOT NULL THEN  -- (a statement of its own: owners' runs)
             units := dpsql_internal._distributed_unit_dataset(relation);
         END IF;
-        IF units.privacy_unit IS NOT NULL THEN  -- k slots per unit, bounded on the shards
-            filled := dpsql_internal._fill_distributed_units(run, units, feat.expr, yexpr, feat.dim, seed);
-        ELSIF layout.dist_column IS NOT NULL THEN
-            filled := dpsql_internal._fill_distributed_table(run, relation, feat.expr, yexpr,
-                                                             feat.dim, shuffle, seed);
-        ELSE
-            filled := dpsql_internal._fill_training_table(run, src, feat.expr, yexpr, feat.dim,
-                                                          parallel_workers, shuffle, seed);
-        END IF;
+        fill := jsonb_build_object('src', src, 'relation', relation::oid,
+                                   'distributed', layout.dist_column IS NOT NULL,
+                                   'units', units.dataset_id, 'x', feat.expr, 'y', yexpr,
+                                   'dim', feat.dim, 'parallel_workers', parallel_workers,
+                                   'shuffle', shuffle, 'seed', seed);
+        -- a private run's table is created empty and filled after its charge (_fill_private)
+        filled := dpsql_internal._fill_run(run, fill, empty => rows IS NOT NULL);
         tbl := filled.train_table;
-        m := filled.rows;
+        m := coalesce(rows, filled.rows);
         seed := filled.seed;
         seed_policy := filled.seed_policy;
     EXCEPTION WHEN undefined_column THEN
@@ -251,9 +284,6 @@ BEGIN
         RAISE EXCEPTION 'dpsql: %', SQLERRM USING ERRCODE = 'undefined_column',
             DETAIL = format('source %s, features %s, label %s', source, features, label);
     END;
-    IF m = 0 AND private AND dpsql_internal._previewing() THEN
-        m := current_setting('dpsql_preview.rows')::bigint;  -- (57_preview.sql) public
-    END IF;
     IF m = 0 THEN
         PERFORM dpsql_internal._fail(format('source %s has no rows', source), '22000');
     END IF;
@@ -281,7 +311,7 @@ BEGIN
     init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
                             schedule, eta, step_offset, r, huber_h, batch_size, flags);
 
-    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds)
+    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds, fill)
     VALUES (run,
             jsonb_build_object(
                 'source', source, 'features', features, 'label', label, 'model', lab.canonical,
@@ -296,8 +326,39 @@ BEGIN
                 'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
                 'categories', categories, 'label_values', label_values,
                 'shard_parallel', shard_parallel, 'distributed', filled.layout),
-            tbl, init, m, extract(epoch FROM clock_timestamp() - t0));
+            tbl, init, m, extract(epoch FROM clock_timestamp() - t0),
+            CASE WHEN rows IS NOT NULL THEN fill || jsonb_build_object('seed', seed) END);
     RETURN run;
+END $$;
+
+-- A private run's rows, read after its charge: its table, created empty by _prepare (from the
+-- public row count), filled as _prepare would have, with the same seed. The count and this
+-- read are two snapshots (READ COMMITTED; a lock would let a data owner's open transaction
+-- hold up analysts): rows that changed in between refuse the release, whose charge stands.
+-- A preview never gets here (its charge stops it).
+CREATE OR REPLACE FUNCTION dpsql_internal._fill_private(run_id bigint)
+RETURNS void LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    r dpsql.runs := dpsql_internal._locked_run(run_id);
+    t0 timestamptz := clock_timestamp();
+    filled record;
+BEGIN
+    IF r.fill IS NULL THEN
+        PERFORM dpsql_internal._fail(format('training run %s has no pending read', run_id), 'XX000');
+    END IF;
+    EXECUTE format('DROP TABLE %s', r.train_table);
+    filled := dpsql_internal._fill_run(run_id, r.fill, empty => false);
+    IF filled.rows <> r.rows THEN
+        PERFORM dpsql_internal._fail(
+            'the dataset''s rows changed while this release was planned: nothing is released, '
+            'and its charge stands', '40001', hint => 'Train again.');
+    END IF;
+    UPDATE dpsql.runs
+       SET fill = NULL, prepare_seconds = prepare_seconds + extract(epoch FROM clock_timestamp() - t0)
+     WHERE runs.run_id = _fill_private.run_id;
 END $$;
 
 -- A run's row, locked for the rest of the transaction.

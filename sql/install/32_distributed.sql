@@ -158,7 +158,7 @@ END $$;
 -- must be unique (a primary key or unique constraint on it alone).
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_distributed_table(
     run bigint, rel regclass, x_expr text, y_expr text, dim int, shuffle boolean,
-    INOUT seed bigint, OUT train_table text, OUT rows bigint, OUT seed_policy text,
+    INOUT seed bigint, empty boolean, OUT train_table text, OUT rows bigint, OUT seed_policy text,
     OUT layout jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -212,8 +212,8 @@ BEGIN
     PERFORM create_distributed_table(train_table, 'row_id', colocate_with => rel::text);
     fill := format('INSERT INTO %s (row_id, rid, x, y) SELECT %s, %s, %s, %s FROM %s AS src %s'
                    'ORDER BY 2, 1', train_table, id_expr, key, x_expr, y_expr, rel,
-                   -- a preview (57_preview.sql) reads no row
-                   CASE WHEN dpsql_internal._previewing() THEN 'WHERE false ' ELSE '' END);
+                   -- before the charge (and in a preview) no row is read
+                   CASE WHEN empty THEN 'WHERE false ' ELSE '' END);
     -- Guard: one task per shard pair, or nothing (Citus would otherwise pull every row to the
     -- coordinator, or repartition them, without saying so).
     EXECUTE 'EXPLAIN (FORMAT JSON) ' || fill INTO plan;
@@ -297,7 +297,7 @@ END $$;
 -- values. Private runs only (the secret is the extension owner's).
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_distributed_units(
     run bigint, ds dpsql.datasets, x_expr text, y_expr text, dim int, INOUT seed bigint,
-    OUT train_table text, OUT rows bigint, OUT seed_policy text, OUT layout jsonb)
+    empty boolean, OUT train_table text, OUT rows bigint, OUT seed_policy text, OUT layout jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     rel regclass := ds.relid;
@@ -337,8 +337,8 @@ BEGIN
     PERFORM dpsql_internal._insert_on_shards(
         format('INSERT INTO %s SELECT * FROM %s%s', slots,
                dpsql_internal._private_from(ds, slots_secret => 'dpsql_work.unit_secrets'),
-               -- a preview (57_preview.sql) reads no row
-               CASE WHEN dpsql_internal._previewing() THEN ' WHERE false' ELSE '' END),
+               -- before the charge (and in a preview) no row is read
+               CASE WHEN empty THEN ' WHERE false' ELSE '' END),
         format('the bounded read of %s (k slots per unit)', rel));
     EXECUTE format('CREATE UNLOGGED TABLE %s (row_id %s NOT NULL, rid bigint NOT NULL, x float8[], '
                    'y float8) WITH (autovacuum_enabled = false, parallel_workers = 0)',

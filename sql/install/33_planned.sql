@@ -68,6 +68,7 @@ BEGIN
        INTO plan USING privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta,
                        params || jsonb_build_object('model', canonical, 'classes', r.spec->'classes');
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy, plan => plan);
+    PERFORM dpsql_internal._fill_private(run);
     EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
        INTO rel USING r.train_table, plan, noise_seed;
     IF rel.weights IS NULL THEN

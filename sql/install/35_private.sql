@@ -180,13 +180,11 @@ BEGIN
         PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
-    IF dpsql_internal._previewing() THEN
-        -- (57_preview.sql) no row is read: the run's table stays empty, its row count public
-        PERFORM set_config('dpsql_preview.rows', dpsql_internal._public_row_count(ds)::text, true);
-    END IF;
+    -- No row is read before the charge: the run's table is created empty, its row count the
+    -- public one, and the controller fills it after charging (_fill_private).
     run := dpsql_internal._prepare(
-        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds)
-                  || CASE WHEN dpsql_internal._previewing() THEN ' WHERE false' ELSE '' END,
+        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds),
+        rows => dpsql_internal._public_row_count(ds),
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
@@ -215,68 +213,114 @@ END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
 -- dataset only, with the data owner's columns, labels and bounds. Analysts pass numbers and
--- names from fixed lists, never SQL. One straight pass (docs/architecture.md):
---   resolve  auto's choice of a mechanism, from public quantities (37_auto.sql);
+-- names from fixed lists, never SQL. One straight pass (docs/architecture.md), each step a
+-- function of its own, called once:
+--   resolve  auto's choice of a mechanism, from public quantities (_release_resolve);
 --   validate every parameter the caller set against the mechanism's spec, the dataset, the
---            grant and the registered columns, before any charge;
+--            grant and the registered columns, before any charge (_release_validate);
 --   default  what was left NULL, from public quantities: delta and the intercept (the spec),
---            the SGD family's hyperparameters (34_defaults.sql);
---   release  the mechanism's train function: plan, charge (durably, before any output), fit,
---            finish; then the model records what was chosen for the caller.
+--            the SGD family's hyperparameters (_release_defaults, 34_defaults.sql);
+--   release  the mechanism's train function: prepare, plan, charge (durably, before any
+--            row is read), read, fit, finish; then the model records what was chosen for the
+--            caller.
 -- With tuning grids the bolt-on is Algorithm 3 (private tuning, Wu et al. 2017, §4.1).
 -- Runs inside dpsql_internal._train_private (below), with its rights.
--- Over 100 lines: one function because resolve, validate and default are steps of one pass that
--- share the parameters as jsonb; issue 45's "one typed plan per release" refactor splits it into
--- resolve -> validate -> default -> plan -> charge -> prepare -> fit -> finish, each its own call.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql
 AS $$
 DECLARE
+    noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
+    auto jsonb;
     ds dpsql.datasets;
+    mech dpsql.mechanism_catalog;
+    step record;
+    chosen record;
+    mid bigint;
+BEGIN
+    PERFORM dpsql_internal._refuse_on_worker();
+    step := dpsql_internal._release_resolve(source, model, params);
+    params := step.params;
+    auto := step.auto;
+    ds := step.ds;
+    step := dpsql_internal._release_validate(source, model, params, ds);
+    ds := step.ds;
+    mech := step.mech;
+    chosen := dpsql_internal._release_defaults(ds, model, mech, params);
+    PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
+    PERFORM dpsql_internal._preview_note('mechanism', to_jsonb(mech.name));
+    PERFORM dpsql_internal._preview_note('model', to_jsonb(dpsql_internal._erm_model(model)));
+    PERFORM dpsql_internal._preview_note('defaults', nullif(chosen.filled, '{}'));
+    PERFORM dpsql_internal._preview_note('auto', auto->'record');
+    -- release: the mechanism's own train function (prepare, plan, charge, read, fit, finish)
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
+       INTO mid USING ds, model, mech.name, chosen.params, chosen.epsilon, chosen.delta, noise_seed;
+    PERFORM dpsql_internal._record_unit(ds, mid);
+    IF chosen.filled <> '{}' OR auto IS NOT NULL THEN
+        UPDATE dpsql.model_store m
+           SET params = jsonb_set(m.params, '{privacy}',
+                                  (m.params->'privacy')
+                                  || jsonb_strip_nulls(jsonb_build_object(
+                                         'defaults', nullif(chosen.filled, '{}'), 'auto', auto->'record')))
+         WHERE m.model_id = mid;
+    END IF;
+    RETURN mid;
+END $$;
+
+-- Resolve: privacy => 'auto' becomes a named mechanism and its parameters (37_auto.sql),
+-- chosen from public quantities, with auto's delta when delta is left NULL. ds is the granted
+-- dataset when auto read its registration (NULL otherwise). A privacy unit's release is
+-- chosen for the row-level epsilon it will be planned at.
+CREATE OR REPLACE FUNCTION dpsql_internal._release_resolve(source text, model text, INOUT params jsonb,
+                                                          OUT auto jsonb, OUT ds dpsql.datasets)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF params->>'privacy' <> 'auto' THEN
+        RETURN;
+    END IF;
+    -- The grant is checked first: the choice reads the registration.
+    ds := dpsql_internal._granted_dataset(source);
+    PERFORM dpsql_internal._check_dataset_model(ds, model, 'auto');
+    IF ds.feature_bounds IS NULL AND ds.row_norm IN ('clip', 'unit') THEN
+        PERFORM dpsql_internal._warn(
+            format('dataset %s declares no feature bounds: every row is scaled to norm <= 1 as it is, '
+                   'so features on large scales dominate and the others barely count', ds.name),
+            'A data owner can declare feature_bounds (public (lo, hi) per feature) or estimate them '
+            '(dpsql.estimate_bounds); the model then sees every feature on [-1, 1].');
+    END IF;
+    auto := dpsql_internal._auto_choice(
+        ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
+                                                                  dpsql_internal._auto_delta(ds)))
+                   || jsonb_strip_nulls(jsonb_build_object(
+                          'epsilon', (dpsql_internal._unit_release_target(
+                                          ds, (params->>'epsilon')::float8, 0)).epsilon)));
+    IF params->>'delta' IS NULL THEN
+        auto := jsonb_set(auto, '{params,delta}', to_jsonb(dpsql_internal._auto_delta(ds)));
+        auto := jsonb_set(auto, '{record,delta_default}', auto->'params'->'delta');
+    END IF;
+    params := params || (auto->'params');
+END $$;
+
+-- Validate: every parameter the caller (or auto) set, against the mechanism's spec
+-- (_check_params), then the dataset and the grant, the noise seed, the budget, the registered
+-- columns and the Citus layout. Every refusal comes before anything is charged or read; a
+-- release the budget (composed by sums) cannot pay for runs its own preview first, so that
+-- its other refusals come first, then is refused.
+-- Over 100 lines: the checks in the order their refusals are promised (a bad argument is named
+-- as such, on an exhausted dataset too); each is a few lines.
+CREATE OR REPLACE FUNCTION dpsql_internal._release_validate(source text, model text, params jsonb,
+                                                           INOUT ds dpsql.datasets,
+                                                           OUT mech dpsql.mechanism_catalog)
+LANGUAGE plpgsql AS $$
+DECLARE
     privacy text := params->>'privacy';
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
-    noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
     lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
     epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
         coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
-    mid bigint;
     canonical text;
-    auto jsonb;
-    filled jsonb := '{}';
-    mech dpsql.mechanism_catalog;
-    target record;
 BEGIN
-    PERFORM dpsql_internal._refuse_on_worker();
-    -- resolve
-    IF privacy = 'auto' THEN
-        -- The grant is checked first: the choice reads the registration.
-        ds := dpsql_internal._granted_dataset(source);
-        PERFORM dpsql_internal._check_dataset_model(ds, model, privacy);
-        IF ds.feature_bounds IS NULL AND ds.row_norm IN ('clip', 'unit') THEN
-            PERFORM dpsql_internal._warn(
-                format('dataset %s declares no feature bounds: every row is scaled to norm <= 1 as it is, '
-                       'so features on large scales dominate and the others barely count', ds.name),
-                'A data owner can declare feature_bounds (public (lo, hi) per feature) or estimate them '
-                '(dpsql.estimate_bounds); the model then sees every feature on [-1, 1].');
-        END IF;
-        -- (a privacy unit of k rows: chosen for the row-level epsilon it will be planned at)
-        auto := dpsql_internal._auto_choice(
-            ds, model, params || jsonb_build_object('delta', coalesce((params->>'delta')::float8,
-                                                                      dpsql_internal._auto_delta(ds)))
-                       || jsonb_strip_nulls(jsonb_build_object(
-                              'epsilon', (dpsql_internal._unit_release_target(ds, epsilon, 0)).epsilon)));
-        IF params->>'delta' IS NULL THEN
-            auto := jsonb_set(auto, '{params,delta}', to_jsonb(dpsql_internal._auto_delta(ds)));
-            auto := jsonb_set(auto, '{record,delta_default}', auto->'params'->'delta');
-        END IF;
-        params := params || (auto->'params');
-        privacy := params->>'privacy';
-        delta := (params->>'delta')::float8;
-    END IF;
-
-    -- validate
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
     canonical := dpsql_internal._erm_model(model);
     IF canonical IS NULL THEN
@@ -327,10 +371,10 @@ BEGIN
        OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
         PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs from 1 to 100000, at most 100 candidates');
     END IF;
-    IF auto IS NULL THEN
+    IF ds.dataset_id IS NULL THEN
         ds := dpsql_internal._granted_dataset(source);
     END IF;
-    IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
+    IF params->>'noise_seed' IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
     END IF;
     -- Decide before reading (issue 41, route 7): a release the budget refuses reads no row.
@@ -365,14 +409,30 @@ BEGIN
     IF params->>'label' IS NOT NULL AND params->>'label' <> ds.label THEN
         PERFORM dpsql_internal._fail(format('dataset %s is registered with label %s', ds.name, ds.label));
     END IF;
+END $$;
 
-    -- default (recorded with the model: params->'privacy'->'defaults')
+-- Default: what the call left NULL, from public quantities, recorded with the model
+-- (params->'privacy'->'defaults', in filled): delta and the intercept from the spec, then the
+-- SGD family's hyperparameters (34_defaults.sql). A privacy unit of k rows is planned at row
+-- level for the unit-level (epsilon, delta) asked for (64_privacy_units.sql), which the
+-- charge then pays: epsilon and delta are that row-level target, and the defaults follow it.
+CREATE OR REPLACE FUNCTION dpsql_internal._release_defaults(ds dpsql.datasets, model text,
+                                                           mech dpsql.mechanism_catalog, INOUT params jsonb,
+                                                           OUT filled jsonb, OUT epsilon float8,
+                                                           OUT delta float8)
+LANGUAGE plpgsql AS $$
+DECLARE
+    privacy text := params->>'privacy';
+    target record;
+BEGIN
+    filled := '{}';
     IF params->>'delta' IS NULL THEN
         filled := jsonb_build_object('delta', mech.delta_default);  -- its spec's
     END IF;
     IF params->>'intercept' IS NULL THEN
         filled := filled || jsonb_build_object('intercept', dpsql_internal._intercept_default(
-                                        canonical, dpsql_internal._classifier_intercept(mech, ds)));
+                                        dpsql_internal._erm_model(model),
+                                        dpsql_internal._classifier_intercept(mech, ds)));
     END IF;
     params := params || filled;
     delta := (params->>'delta')::float8;
@@ -390,39 +450,20 @@ BEGIN
                          ELSE 'Pass delta => 0 (pure epsilon-DP), or ask the data owner for a delta budget.' END
                     || ' Nothing was charged.');
     END IF;
-
-    -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta) asked
-    -- for, which the charge then pays (64_privacy_units.sql); defaults follow the plan's
-    target := dpsql_internal._unit_release_target(ds, epsilon, delta);
+    target := dpsql_internal._unit_release_target(ds, (params->>'epsilon')::float8, delta);
+    epsilon := target.epsilon;
+    delta := target.delta;
     IF mech.sgd_defaults THEN
         params := dpsql_internal._private_defaults(
             ds, model, privacy,
-            params || jsonb_strip_nulls(jsonb_build_object('epsilon', target.epsilon, 'delta', target.delta)),
+            params || jsonb_strip_nulls(jsonb_build_object('epsilon', epsilon, 'delta', delta)),
             dpsql_internal._public_row_count(ds));
         filled := (params->'defaults') || filled;
         params := params - 'defaults';
     END IF;
-    PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
-    PERFORM dpsql_internal._preview_note('mechanism', to_jsonb(privacy));
-    PERFORM dpsql_internal._preview_note('model', to_jsonb(canonical));
-    PERFORM dpsql_internal._preview_note('defaults', nullif(filled, '{}'));
-    PERFORM dpsql_internal._preview_note('auto', auto->'record');
     IF dpsql_internal._unit_rows(ds) > 1 THEN
-        params := params || jsonb_build_object('epsilon', target.epsilon, 'delta', target.delta);
+        params := params || jsonb_build_object('epsilon', epsilon, 'delta', delta);
     END IF;
-    -- release: the mechanism's own train function (plan from public numbers, charge, fit, finish)
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
-       INTO mid USING ds, model, privacy, params, target.epsilon, target.delta, noise_seed;
-    PERFORM dpsql_internal._record_unit(ds, mid);
-    IF filled <> '{}' OR auto IS NOT NULL THEN
-        UPDATE dpsql.model_store m
-           SET params = jsonb_set(m.params, '{privacy}',
-                                  (m.params->'privacy')
-                                  || jsonb_strip_nulls(jsonb_build_object(
-                                         'defaults', nullif(filled, '{}'), 'auto', auto->'record')))
-         WHERE m.model_id = mid;
-    END IF;
-    RETURN mid;
 END $$;
 
 -- The model kind a dataset supports, said as the user's mistake: a regression dataset
@@ -537,6 +578,7 @@ BEGIN
     -- has run yet.
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END, plan => plan);
+    PERFORM dpsql_internal._fill_private(run);
     IF tuning THEN
         fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);

@@ -375,6 +375,7 @@ BEGIN
     -- (epsilon, delta)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            privacy, dp_event => plan->'dp_event', plan => plan);
+    PERFORM dpsql_internal._fill_private(run);
     mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',

@@ -97,6 +97,7 @@ BEGIN
                                                               'prefix_noise_multiplier', prefix / x_bound));
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            'dpsgd_f', dp_event => plan->'dp_event', plan => plan);  -- the mean and the steps
+    PERFORM dpsql_internal._fill_private(run);
     -- regression rows (row_norm none) are clipped to x_bound for the sum only
     centre := dpsql_internal._private_mean(r.train_table, (r.spec->>'dim')::int,
                                   CASE WHEN canonical = 'linear' THEN 1 ELSE row_flags END,

@@ -222,6 +222,7 @@ BEGIN
     plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
                                  epsilon / 3, delta / 3, sgd_params);
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => plan);
+    PERFORM dpsql_internal._fill_private(run);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
     pm := dpsql_internal._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);

@@ -82,7 +82,7 @@ DECLARE
     admin text[] := ARRAY['register_dataset', '_register_dataset', 'grant_dataset', 'audit',
                           'alter_dataset', 'drop_dataset',  -- 55_dataset_admin.sql
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
-                          '_prepare', '_check_run_settings', '_fill_training_table',
+                          '_prepare', '_check_run_settings', '_fill_run', '_fill_training_table',
                           '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed', '_flag', '_work_schema', '_training_table_name',

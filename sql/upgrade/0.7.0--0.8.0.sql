@@ -56,6 +56,11 @@ DROP FUNCTION IF EXISTS dpsql_internal._prepare(text, text[], text, text, int, b
                                                 float8, float8, boolean, bigint, float8[], boolean, text,
                                                 float8, float8, int, boolean, float8[], text, text[], int,
                                                 boolean, regclass);
+-- Issue 45: a private run's rows are read after its charge (_fill_private); the fills take
+-- empty (no row before the charge) instead of asking whether a preview runs.
+DROP FUNCTION IF EXISTS dpsql_internal._fill_distributed_table(bigint, regclass, text, text, int, boolean,
+                                                               bigint);
+ALTER TABLE IF EXISTS dpsql.runs ADD COLUMN IF NOT EXISTS fill jsonb;
 
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns

@@ -91,6 +91,7 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_prepare",
     "_training_table_name",
     "_check_run_settings",
+    "_fill_run",
     "_fill_training_table",
     "_run_epoch",
     "_finish",
