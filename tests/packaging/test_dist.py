@@ -54,7 +54,9 @@ def _run(*command: str | Path, env: dict[str, str] | None = None) -> str:
     return out.stdout
 
 
-@pytest.fixture(scope="module")
+# Session scope: pytest-xdist tore the module's fixture down between its two tests and built
+# the virtualenv twice (44 s and 41 s in a CI run, issue 43); once a session is enough.
+@pytest.fixture(scope="session")
 def fresh_venv() -> Iterator[Path]:
     """A new virtualenv with the wheel and its dependencies (from the index), installed with no
     compiler at hand; readable by the database's system user (it runs the accountant)."""

@@ -4,7 +4,6 @@ undefined symbol pqsignal_be), and the extension then works in a 15 cluster."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,25 +12,25 @@ import psycopg
 from dpsql import server
 from tests import definer_role
 from tests.packaging import debian15
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.packaging.pgxs import copy_built, make
 
 
 def _make(sql: Path, pg_config: Path, *targets: str) -> None:
-    out = subprocess.run(
-        ["make", "-C", str(sql), "-j2", f"PG_CONFIG={pg_config}", *targets],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    out = make(sql, pg_config, *targets)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-def test_install_into_15_right_after_the_embedded_build(tmp_path: Path) -> None:
+def test_install_into_15_right_after_the_embedded_build(
+    tmp_path: Path, embedded_18_build: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     debian15.require(headers=True)
-    ignore = shutil.ignore_patterns("*.o", "*.so", "build", ".pg_build_id")
-    shutil.copytree(REPO / "sql", tmp_path / "sql", ignore=ignore)
-    shutil.copytree(REPO / "core", tmp_path / "core", ignore=ignore)
-    sql = tmp_path / "sql"
-    _make(sql, server.pg_config_path(18))
+    # a copy of the tree test_build.py built for 18 (conftest.py), as that build left it
+    built, out = embedded_18_build
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sql = copy_built(built, tmp_path)
+    assert (sql / "dpsql.so").is_file() and str(server.pg_config_path(18).parent.parent) in (
+        (sql / ".pg_build_id").read_text()
+    )
     _make(sql, debian15.PG_CONFIG, "install")  # no clean in between: the Makefile's business
     with debian15.cluster() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION dpsql")  # creating its C functions loads the module
