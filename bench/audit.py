@@ -4,10 +4,16 @@ Every mechanism at epsilon in {0.5, 1, 2, 4} is audited with ``dpsql.audit(...,
 method => 'distinguish')`` on its worst-case dataset: 100 rows with x = 0 (no gradient on the
 weights) and one canary slot, so the canary moves the released model by as much as the
 mechanism allows. Classification mechanisms train the Huber SVM (its gradient is the full
-Lipschitz bound wherever the margin is small) on labels {0, 1}; regression mechanisms train
-least squares with |y| <= 1 and ||x|| <= 1 (DP-AMBSSGD on 3,000 rows: its statistics need them).
-Then the deliberately broken variants (the superuser-only mutation switch): each should be
-refuted (epsilon_lower > claimed).
+Lipschitz bound wherever the margin is small; logistic regression for those that do not train
+it) on labels {0, 1}; regression mechanisms train least squares with |y| <= 1 and ||x|| <= 1
+(DP-AMBSSGD on 3,000 rows: its statistics need them). Then the deliberately broken variants
+(the superuser-only mutation switch): each should be refuted (epsilon_lower > claimed).
+
+The mechanisms and their runs come from their specs (sql/mechanisms/*.toml, ``[[audit]]``: a
+label, the claimed delta, the dataset's rows and dpsql.train's arguments; a spec without one is
+audited once at its defaults): a new mechanism is audited without an edit here. The task
+(classification unless the spec's is regression), the model and the default delta (1e-5 for a
+mechanism that needs delta > 0, else 0) follow from the spec.
 
 Prints markdown tables (claimed epsilon, the 95% lower bound, runs per dataset, the ratio,
 seconds) and draws ``bench/figures/audit.png``.
@@ -29,38 +35,42 @@ from typing import Any
 import numpy as np
 
 import dpsql
+from dpsql import mechanism_spec
 
 EPSILONS = [0.5, 1.0, 2.0, 4.0]
 DELTA = 1e-5
-BOLTON_A1 = {"epochs": 1, "batch_size": 1, "step_size": 0.01}
-ONE_BATCH = {"epochs": 1, "batch_size": 101, "clip_norm": 0.05, "step_size": 0.1}
-# (label, privacy, task, model, delta, train parameters)
-CONFIGS: list[tuple[str, str, str, str, float, dict[str, Any]]] = [
-    ("bolton (epsilon-DP)", "bolton", "cls", "huber", 0.0, BOLTON_A1),
-    ("bolton (Gaussian)", "bolton", "cls", "huber", DELTA, BOLTON_A1),
-    ("dpsgd shuffle", "dpsgd", "cls", "huber", DELTA, ONE_BATCH),
-    (
-        "dpsgd poisson",
-        "dpsgd",
-        "cls",
-        "huber",
-        DELTA,
-        {**ONE_BATCH, "batch_size": 50, "sampling": "poisson"},
-    ),
-    ("dpsgd_f", "dpsgd_f", "cls", "huber", DELTA, {**ONE_BATCH, "batch_size": 50}),
-    ("scs13", "scs13", "cls", "huber", 0.0, {"epochs": 1, "batch_size": 1}),
-    ("bst14", "bst14", "cls", "huber", DELTA, {"epochs": 1, "batch_size": 1}),
-    ("objective_perturbation", "objective_perturbation", "cls", "huber", 0.0, {}),
-    ("output_perturbation", "output_perturbation", "cls", "huber", 0.0, {}),
-    ("dp_ftrl", "dp_ftrl", "cls", "huber", DELTA, {"epochs": 1}),
-    ("frank_wolfe", "frank_wolfe", "cls", "logistic", 0.0, {}),
-    ("exponential_mechanism", "exponential_mechanism", "cls", "huber", 0.0, {}),
-    ("dpgd", "dpgd", "reg", "linear", DELTA, {}),
-    ("adassp", "adassp", "reg", "linear", DELTA, {}),
-    ("dp_ambssgd", "dp_ambssgd", "reg_big", "linear", DELTA, {"steps": 2}),
-    ("dp_ssgd", "dp_ssgd", "reg", "linear", DELTA, {"options": {"baseline": True}}),
-    ("dpsgd_f_alg2", "dpsgd_f_alg2", "cls", "logistic", DELTA, {"epochs": 1, "batch_size": 50}),
-]
+ROWS = 100  # the worst-case datasets' rows, unless a spec's [[audit]] says otherwise
+
+
+def _configs() -> list[tuple[str, str, str, str, float, dict[str, Any]]]:
+    """(label, privacy, dataset, model, delta, train parameters) of every spec's [[audit]]
+    runs: classification mechanisms first, then regression ones, each by name."""
+    specs = sorted(mechanism_spec.load_specs().values(), key=lambda s: s.task == "regression")
+    configs = []
+    for spec in specs:
+        task = "reg" if spec.task == "regression" else "cls"
+        models = spec.trained_models
+        model = "linear" if task == "reg" else "huber" if "huber" in models else "logistic"
+        for run in spec.audit or [{}]:
+            rows = run.get("rows", ROWS)
+            dataset = task if rows == ROWS else f"{task}_{rows}"
+            delta = float(run.get("delta", DELTA if spec.needs_delta else 0.0))
+            train = dict(run.get("train", {}))
+            configs.append((run.get("label", spec.name), spec.name, dataset, model, delta, train))
+    return configs
+
+
+# (label, privacy, dataset, model, delta, train parameters)
+CONFIGS = _configs()
+
+
+def _train(label: str) -> dict[str, Any]:
+    """The train parameters of a mechanism's audit (the mutations break those runs)."""
+    return next(c[5] for c in CONFIGS if c[0] == label)
+
+
+BOLTON_A1 = _train("bolton (epsilon-DP)")
+ONE_BATCH = _train("dpsgd shuffle")
 # (mutation, privacy, model, delta, train parameters, test, runs per dataset): DP-SGD's halved
 # noise and Poisson accounting of shuffled batches only show in the middle of the
 # distributions (the GDP test, valid for these Gaussian compositions) and need many runs.
@@ -82,34 +92,43 @@ MUTATIONS: list[tuple[str, str, str, float, dict[str, Any], str, int]] = [
 
 
 def _datasets(db: dpsql.Database, schema: str) -> dict[str, str]:
+    """The worst-case datasets the configurations audit (and the mutations' "cls"), by key:
+    "cls", "reg", or with a spec's own rows "cls_<rows>", "reg_<rows>"."""
     rng = np.random.default_rng(0)
     db.execute(f"CREATE SCHEMA {schema}")
     tag = uuid.uuid4().hex[:6]
-    db.load_numpy("cls", np.zeros((100, 1)), (rng.random(100) < 0.5).astype(float), schema=schema)
-    db.register_dataset(
-        f"{schema}.cls",
-        "x",
-        "y",
-        epsilon_budget=1,
-        labels=[0, 1],
-        name=f"audit_cls_{tag}",
-        accept=True,
-    )
-    # DP-AMBSSGD's private statistics need a few thousand rows; the others take 100
-    for table, rows in (("reg", 100), ("reg_big", 3000)):
-        db.load_numpy(table, np.zeros((rows, 1)), np.zeros(rows), schema=schema)
-        db.register_dataset(
-            f"{schema}.{table}",
-            "x",
-            "y",
-            epsilon_budget=1,
-            delta_budget=1e-3,
-            accept=True,
-            label_bound=1.0,
-            row_bound=1.0,
-            name=f"audit_{table}_{tag}",
-        )
-    return {"cls": f"audit_cls_{tag}", "reg": f"audit_reg_{tag}", "reg_big": f"audit_reg_big_{tag}"}
+    names = {}
+    for table in sorted({"cls", *(c[2] for c in CONFIGS)}):
+        task, _, rows_ = table.partition("_")
+        rows = int(rows_ or ROWS)
+        names[table] = f"audit_{table}_{tag}"
+        if task == "cls":
+            y = (rng.random(rows) < 0.5).astype(float)
+            db.load_numpy(table, np.zeros((rows, 1)), y, schema=schema)
+            db.register_dataset(
+                f"{schema}.{table}",
+                "x",
+                "y",
+                epsilon_budget=1,
+                labels=[0, 1],
+                name=names[table],
+                accept=True,
+            )
+        else:
+            # DP-AMBSSGD's private statistics need a few thousand rows; the others take 100
+            db.load_numpy(table, np.zeros((rows, 1)), np.zeros(rows), schema=schema)
+            db.register_dataset(
+                f"{schema}.{table}",
+                "x",
+                "y",
+                epsilon_budget=1,
+                delta_budget=1e-3,
+                accept=True,
+                label_bound=1.0,
+                row_bound=1.0,
+                name=names[table],
+            )
+    return names
 
 
 def _audit(
@@ -169,13 +188,13 @@ def _mechanisms(
     print(f"## audit: distinguishing audits, {runs} runs per dataset, 95% confidence\n")
     print("| mechanism | claimed ε | δ | ε lower (95%) | lower / claimed | seconds |")
     print("|---|---|---|---|---|---|")
-    for label, privacy, task, model, delta, train in CONFIGS:
+    for label, privacy, dataset, model, delta, train in CONFIGS:
         if only is not None and label not in only:
             continue
         for eps in epsilons:
             lower, secs, error = _audit(
                 db,
-                names[task],
+                names[dataset],
                 privacy,
                 eps,
                 delta,

@@ -14,7 +14,14 @@ signature default, meaning). From them come, committed and checked up to date by
   in hand-written files: the signatures of ``dpsql.train`` (``54_api.sql``, with the drop of
   the signature before the last argument added) and ``dpsql.preview`` (``57_preview.sql``),
   ``dpsql_internal._private_params`` and the argument lists that call it (``54_api.sql``,
-  ``57_preview.sql``) and ``dpsql_internal._given_params`` (``31_mechanisms.sql``).
+  ``57_preview.sql``) and ``dpsql_internal._given_params`` (``31_mechanisms.sql``);
+- from the specs, between GENERATED markers: the mechanism list that the SQL surface's
+  regression test compares with the server's registry (``sql/test/sql/surface.sql`` and its
+  expected output ``sql/test/expected/surface.out``, which echoes it).
+
+The specs also say what their tests and benchmarks run (no hand list of mechanisms elsewhere):
+``small_table`` and ``variants`` (tests/server/test_durable_charge.py,
+test_owner_code_never_runs.py, test_pinned_settings.py) and ``audit`` (bench/audit.py).
 
 ``python -m dpsql.mechanism_spec`` rewrites them (``make generate``); ``--check`` fails if
 one is stale.
@@ -68,9 +75,22 @@ _SPEC_KEYS = {
     "doc": str,
     "parameters": dict,
     # what its tests' small tables (2,000 rows of 2 features, epsilon 1) need beyond its
-    # defaults: dpsql.train's arguments (tests/server/test_durable_charge.py reads them)
+    # defaults: dpsql.train's arguments (tests/server/test_durable_charge.py,
+    # test_owner_code_never_runs.py and test_pinned_settings.py read them)
     "small_table": dict,
+    # ([[variants]]) further argument sets on the same tables, each over small_table's: the
+    # paths its defaults do not take (Gaussian noise, Poisson sampling, a given lambda, ...);
+    # tests/server/test_pinned_settings.py replays each under hostile session settings
+    "variants": list,
+    # ([[audit]]) the thorough audit's runs on its worst-case dataset (bench/audit.py, whose
+    # docstring says what it derives); none: one run at its defaults. Keys: _AUDIT_KEYS.
+    "audit": list,
 }
+# An [[audit]] entry's keys: label (its name in the tables and in --only; required when the
+# spec has more than one, and unique over the specs; default the mechanism's name), delta (the
+# claimed delta; default bench/audit.py's 1e-5 for a mechanism that needs delta > 0, else 0),
+# rows (the worst-case dataset's rows; default 100) and train (dpsql.train's arguments).
+_AUDIT_KEYS = {"label": str, "delta": float, "rows": int, "train": dict}
 _REQUIRED = {"name", "python_class", "summary", "docs", "recommended", "task", "train_function"}
 _PARAMETER_KEYS = {
     "sql",
@@ -217,6 +237,8 @@ class Spec:
     python_fields: tuple[str, ...] = ()
     parameters: dict[str, Parameter] = field(default_factory=dict)
     small_table: dict[str, Any] = field(default_factory=dict)
+    variants: tuple[dict[str, Any], ...] = ()
+    audit: tuple[dict[str, Any], ...] = ()
 
     @property
     def trained_models(self) -> list[str]:
@@ -397,7 +419,47 @@ def _parameters(
     problems += [f"python field {f} is not one of its parameters" for f in missing]
     strange = [a for a in raw.get("small_table", {}) if a not in parameters]
     problems += [f"small_table argument {a} is not one of its parameters" for a in strange]
+    variants = raw.get("variants", [])
+    for n, variant in enumerate(variants if isinstance(variants, list) else []):
+        if not isinstance(variant, dict) or not variant:
+            problems.append(f"variants[{n}] must be a table of dpsql.train's arguments")
+            continue
+        strange = [a for a in variant if a not in parameters]
+        problems += [f"variants[{n}] argument {a} is not one of its parameters" for a in strange]
+    problems += _audit_problems(raw.get("audit", []), parameters)
     return parameters
+
+
+def _is_a(value: Any, t: type) -> bool:
+    """TOML's value of type ``t`` (an integer is a float too, a boolean is no number)."""
+    if isinstance(value, bool):
+        return t is bool
+    return isinstance(value, t) or (t is float and isinstance(value, int))
+
+
+def _audit_problems(audit: Any, parameters: dict[str, Parameter]) -> list[str]:
+    """What is wrong with a spec's [[audit]] entries."""
+    if not isinstance(audit, list):
+        return []  # (_spec_problems: audit must be list)
+    problems = []
+    labels = []
+    for n, entry in enumerate(audit):
+        if not isinstance(entry, dict):
+            problems.append(f"audit[{n}] must be a table")
+            continue
+        problems += [f"audit[{n}] has unknown key {k}" for k in entry if k not in _AUDIT_KEYS]
+        problems += [
+            f"audit[{n}].{k} must be {t.__name__}"
+            for k, t in _AUDIT_KEYS.items()
+            if k in entry and not _is_a(entry[k], t)
+        ]
+        strange = [a for a in entry.get("train", {}) if a not in parameters]
+        problems += [f"audit[{n}] argument {a} is not one of its parameters" for a in strange]
+        if len(audit) > 1 and "label" not in entry:
+            problems.append(f"audit[{n}] needs a label (the spec has {len(audit)} audits)")
+        labels.append(entry.get("label"))
+    problems += [f"audit label {x!r} is used twice" for x in set(labels) if labels.count(x) > 1]
+    return problems
 
 
 def load_specs(folder: Path | None = None) -> dict[str, Spec]:
@@ -417,6 +479,10 @@ def load_specs(folder: Path | None = None) -> dict[str, Spec]:
         raw["parameters"] = parameters
         raw["delta_default"] = float(raw.get("delta_default", 0.0))
         specs[path.stem] = Spec(**raw)
+    labels = [e.get("label", s.name) for s in specs.values() for e in s.audit or [{}]]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ValueError(f"{folder}: audit labels used by more than one spec: {twice}")
     return specs
 
 
@@ -459,9 +525,11 @@ def render_sql(specs: dict[str, Spec]) -> str:
 # Generated regions of hand-written SQL files: the lines between
 #   -- BEGIN GENERATED: <region> (make generate; sql/mechanisms/parameters.toml)
 #   -- END GENERATED: <region>
-# are rewritten from parameters.toml (indented as the BEGIN line).
+# are rewritten from parameters.toml (indented as the BEGIN line), or from the specs where the
+# BEGIN line ends "(make generate; sql/mechanisms/*.toml)".
 
 _SOURCE = "(make generate; sql/mechanisms/parameters.toml)"
+_SPECS_SOURCE = "(make generate; sql/mechanisms/*.toml)"
 _WIDTH = 100
 
 
@@ -551,6 +619,27 @@ def generated_regions(arguments: list[Argument]) -> dict[str, list[str]]:
     }
 
 
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def spec_regions(specs: dict[str, Spec]) -> dict[str, list[str]]:
+    """The generated regions from the specs, by name: the mechanism list of the SQL surface's
+    regression test (sql/test/sql/surface.sql, echoed in its expected output), which the test
+    compares with the server's registry (``dpsql.mechanisms()``)."""
+    rows = [
+        f"    ({_sql_text(s.name)}, {_sql_text(s.task)},"
+        f" {_sql_text('{' + ','.join(s.trained_models) + '}')}, {str(s.needs_delta).lower()})"
+        for s in specs.values()
+    ]
+    return {
+        "mechanism list": [
+            "INSERT INTO specs (name, task, models, needs_delta) VALUES",
+            ",\n".join(rows) + ";",
+        ]
+    }
+
+
 def splice(text: str, regions: dict[str, list[str]], where: str = "") -> str:
     """``text`` with every generated region rewritten (a region may occur more than once)."""
     lines = text.split("\n")
@@ -563,7 +652,8 @@ def splice(text: str, regions: dict[str, list[str]], where: str = "") -> str:
         stripped = line.strip()
         if not stripped.startswith("-- BEGIN GENERATED: "):
             continue
-        name = stripped.removeprefix("-- BEGIN GENERATED: ").removesuffix(_SOURCE).strip()
+        name = stripped.removeprefix("-- BEGIN GENERATED: ")
+        name = name.removesuffix(_SOURCE).removesuffix(_SPECS_SOURCE).strip()
         if name not in regions:
             raise ValueError(f"{where}: unknown generated region {name!r}")
         end = f"-- END GENERATED: {name}"
@@ -736,6 +826,8 @@ _SPLICED = (
     Path("sql", "install", "31_mechanisms.sql"),
     Path("sql", "install", "54_api.sql"),
     Path("sql", "install", "57_preview.sql"),
+    Path("sql", "test", "sql", "surface.sql"),
+    Path("sql", "test", "expected", "surface.out"),
 )
 
 
@@ -744,7 +836,7 @@ def generated_files(root: Path, specs: dict[str, Spec] | None = None) -> dict[Pa
     generated regions: the file as it is, its regions rewritten)."""
     folder = root / "sql" / "mechanisms"
     specs = specs if specs is not None else load_specs(folder)
-    regions = generated_regions(load_arguments(folder))
+    regions = generated_regions(load_arguments(folder)) | spec_regions(specs)
     files = {
         root / "sql" / "install" / "53_mechanisms.sql": render_sql(specs),
         root / "dpsql" / "_mechanisms.py": _format_python(render_python(specs)),

@@ -83,12 +83,64 @@ def _broken(tmp_path: Path, name: str, text: str) -> Path:
             (SPECS / "bolton.toml").read_text().replace('rule = "fifty"', 'rule = "quiet_steps"'),
             "quiet_steps needs a step_noise_function",
         ),
+        (
+            (SPECS / "bolton.toml").read_text() + "\n[[variants]]\ngrid_points = 3\n",
+            r"variants\[2\] argument grid_points",
+        ),
+        ((SPECS / "bolton.toml").read_text() + "\n[[variants]]\n", r"variants\[2\] must be"),
+        (
+            (SPECS / "bolton.toml").read_text() + '\n[[audit]]\nlabel = "b"\nsurprise = 1\n',
+            r"audit\[2\] has unknown key surprise",
+        ),
+        (
+            (SPECS / "bolton.toml").read_text() + '\n[[audit]]\nlabel = "b"\nrows = "many"\n',
+            r"audit\[2\].rows must be int",
+        ),
+        (
+            (SPECS / "bolton.toml").read_text()
+            + '\n[[audit]]\nlabel = "b"\ntrain = { grid_points = 3 }\n',
+            r"audit\[2\] argument grid_points",
+        ),
+        (
+            (SPECS / "bolton.toml").read_text() + "\n[[audit]]\ndelta = 0\n",
+            r"audit\[2\] needs a label",
+        ),
+        (
+            (SPECS / "bolton.toml").read_text().replace("(Gaussian)", "(epsilon-DP)"),
+            "audit label 'bolton \\(epsilon-DP\\)' is used twice",
+        ),
     ],
 )
 def test_a_broken_spec_names_its_file_and_fault(tmp_path: Path, text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as err:
         mechanism_spec.load_specs(_broken(tmp_path, "bolton.toml", text))
     assert "bolton.toml" in str(err.value)
+
+
+def test_an_audit_label_is_one_mechanism_s(tmp_path: Path) -> None:
+    """bench/audit.py's --only names an audit by its label: two specs may not share one."""
+    text = (SPECS / "adassp.toml").read_text()
+    folder = _broken(tmp_path, "adassp.toml", text + '\n[[audit]]\nlabel = "bolton (Gaussian)"\n')
+    with pytest.raises(ValueError, match=r"more than one spec: \['bolton \(Gaussian\)'\]"):
+        mechanism_spec.load_specs(folder)
+    # (a spec without [[audit]] is audited once under its own name)
+    text = (SPECS / "dpgd.toml").read_text()
+    folder = _broken(tmp_path / "b", "dpgd.toml", text + '\n[[audit]]\nlabel = "adassp"\n')
+    with pytest.raises(ValueError, match=r"more than one spec: \['adassp'\]"):
+        mechanism_spec.load_specs(folder)
+
+
+def test_the_surface_test_compares_the_registry_with_every_spec() -> None:
+    """sql/test/sql/surface.sql (and its expected output, which echoes it) holds every spec's
+    row between its generated markers, which make generate rewrites."""
+    specs = mechanism_spec.load_specs(SPECS)
+    (region,) = mechanism_spec.spec_regions(specs).values()
+    for path in (REPO / "sql/test/sql/surface.sql", REPO / "sql/test/expected/surface.out"):
+        text = path.read_text()
+        for name, spec in specs.items():
+            models = "{" + ",".join(spec.trained_models) + "}"
+            assert f"('{name}', '{spec.task}', '{models}', " in text, (path.name, name)
+        assert "\n".join(region) in text, path.name
 
 
 def test_database_train_keywords_are_the_parameters_of_the_specs() -> None:
@@ -146,3 +198,8 @@ def test_a_generated_region_is_rewritten_between_its_markers() -> None:
         mechanism_spec.splice(text, {})
     with pytest.raises(ValueError, match="no '-- END GENERATED"):
         mechanism_spec.splice(text.replace("END", "FIN"), {"_given_params": []})
+    # (a region from the specs names them as its source)
+    specs_begin = "-- BEGIN GENERATED: mechanism list (make generate; sql/mechanisms/*.toml)"
+    text = f"{specs_begin}\nstale\n-- END GENERATED: mechanism list"
+    spliced = mechanism_spec.splice(text, {"mechanism list": ["x"]})
+    assert spliced == f"{specs_begin}\nx\n-- END GENERATED: mechanism list"

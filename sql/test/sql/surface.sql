@@ -6,7 +6,34 @@ SET client_min_messages = warning;
 \set VERBOSITY default
 CREATE EXTENSION dpsql;
 
-SELECT name, task, models, needs_delta FROM dpsql.mechanisms();
+-- The mechanism list is the specs' (sql/mechanisms/*.toml; make generate writes it here and in
+-- the expected output): a mechanism the registry has and the specs have not, or the other way
+-- round, or one whose task, models or delta requirement differ, shows as a row.
+CREATE TEMP TABLE specs (name text, task text, models text[], needs_delta boolean);
+-- BEGIN GENERATED: mechanism list (make generate; sql/mechanisms/*.toml)
+INSERT INTO specs (name, task, models, needs_delta) VALUES
+    ('adassp', 'regression', '{linear}', true),
+    ('bolton', 'classification', '{logistic,huber,multinomial}', false),
+    ('bst14', 'classification', '{logistic,huber,multinomial}', true),
+    ('dp_ambssgd', 'regression', '{linear}', true),
+    ('dp_ftrl', 'any', '{logistic,huber,linear}', true),
+    ('dp_ssgd', 'regression', '{linear}', true),
+    ('dpgd', 'regression', '{linear}', true),
+    ('dpsgd', 'classification', '{logistic,huber,multinomial,linear}', true),
+    ('dpsgd_f', 'classification', '{logistic,huber,multinomial,linear}', true),
+    ('dpsgd_f_alg2', 'classification', '{logistic,multinomial}', true),
+    ('exponential_mechanism', 'any', '{logistic,huber,linear}', false),
+    ('frank_wolfe', 'any', '{lasso,logistic}', false),
+    ('objective_perturbation', 'any', '{logistic,huber,linear}', false),
+    ('output_perturbation', 'any', '{logistic,huber,linear}', false),
+    ('scs13', 'classification', '{logistic,huber,multinomial}', false);
+-- END GENERATED: mechanism list
+SELECT 'registry' AS only_in, * FROM (
+    SELECT name, task, models, needs_delta FROM dpsql.mechanisms() EXCEPT SELECT * FROM specs) r
+UNION ALL
+SELECT 'specs', * FROM (
+    SELECT * FROM specs EXCEPT SELECT name, task, models, needs_delta FROM dpsql.mechanisms()) s
+ORDER BY name, only_in;
 
 CREATE TABLE pts AS
 SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0]::float8[] AS x,
@@ -15,8 +42,23 @@ SELECT ARRAY[(i % 7) / 7.0, (i % 5) / 5.0]::float8[] AS x,
 SELECT dpsql.register_dataset('pts', '{x}', 'y', epsilon_budget => 1, labels => '{0,1}',
                               name => 'pts');
 
--- unknown mechanism: the hint lists the registry
+-- unknown mechanism: refused; the hint lists auto and the registry (every mechanism, in order)
+\set VERBOSITY terse
 SELECT dpsql.train('pts', NULL, NULL, privacy => 'nope', epsilon => 1);
+\set VERBOSITY default
+CREATE FUNCTION pg_temp.hint_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    hint text;
+BEGIN
+    EXECUTE query;
+    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS hint = PG_EXCEPTION_HINT;
+    RETURN hint;
+END $$;
+SELECT replace(pg_temp.hint_of($q$SELECT dpsql.train('pts', NULL, NULL, privacy => 'nope', epsilon => 1)$q$),
+               (SELECT string_agg(name, ', ' ORDER BY name COLLATE "C") FROM dpsql.mechanisms()),
+               '<the registry>') AS hint;
 -- a model the mechanism does not train (the registry's models)
 SELECT dpsql.train('pts', NULL, NULL, privacy => 'objective_perturbation', model => 'lasso',
                    epsilon => 1);
