@@ -180,7 +180,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
     permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL,
     shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL,
-    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, rows bigint DEFAULT NULL)
+    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, deferred boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -273,10 +273,14 @@ BEGIN
                                    'units', units.dataset_id, 'x', feat.expr, 'y', yexpr,
                                    'dim', feat.dim, 'parallel_workers', parallel_workers,
                                    'shuffle', shuffle, 'seed', seed);
-        -- a private run's table is created empty and filled after its charge (_fill_private)
-        filled := dpsql_internal._fill_run(run, fill, empty => rows IS NOT NULL);
+        IF deferred THEN
+            -- a private run: its row count is public; its table is created empty and filled
+            -- after its charge (_fill_private)
+            EXECUTE format('SELECT count(*) FROM %s', src) INTO STRICT m;
+        END IF;
+        filled := dpsql_internal._fill_run(run, fill, empty => deferred);
         tbl := filled.train_table;
-        m := coalesce(rows, filled.rows);
+        m := coalesce(m, filled.rows);
         seed := filled.seed;
         seed_policy := filled.seed_policy;
     EXCEPTION WHEN undefined_column THEN
@@ -327,7 +331,7 @@ BEGIN
                 'categories', categories, 'label_values', label_values,
                 'shard_parallel', shard_parallel, 'distributed', filled.layout),
             tbl, init, m, extract(epoch FROM clock_timestamp() - t0),
-            CASE WHEN rows IS NOT NULL THEN fill || jsonb_build_object('seed', seed) END);
+            CASE WHEN deferred THEN fill || jsonb_build_object('seed', seed) END);
     RETURN run;
 END $$;
 

@@ -183,8 +183,7 @@ BEGIN
     -- No row is read before the charge: the run's table is created empty, its row count the
     -- public one, and the controller fills it after charging (_fill_private).
     run := dpsql_internal._prepare(
-        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds),
-        rows => dpsql_internal._public_row_count(ds),
+        source => 'SELECT * FROM ' || dpsql_internal._private_from(ds), deferred => true,
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),

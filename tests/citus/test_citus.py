@@ -362,6 +362,50 @@ def test_private_mechanisms_on_a_distributed_dataset(coord) -> None:
     assert params["distributed"]["shard_count"] == SHARDS
 
 
+def test_the_shards_are_read_after_the_charge(cluster, coord) -> None:
+    """As on one node (tests/server/test_read_after_charge.py): the distributed training table
+    is created empty before the charge and filled on the shards after it. Rows added while the
+    charge waits for the dataset's row lock are read, so the release is refused (the count it
+    was planned from changed), and its charge stands."""
+    X, y = _binary(400)
+    src = _distributed(coord, X, y)
+    ds = _register(coord, src, labels=[0, 1])
+    login = _analyst(coord, ds)
+    before = _ledger(coord)
+    outcome: dict[str, Any] = {}
+
+    def release() -> None:
+        with login(cluster.coordinator) as analyst:
+            try:
+                outcome["model"] = _private(
+                    analyst, ds, privacy="bolton", epsilon=1.0, shard_parallel=True
+                )
+            except psycopg.Error as e:
+                outcome["error"] = e
+
+    with psycopg.connect(cluster.coordinator.uri) as holder:  # a transaction: holds the lock
+        holder.execute("SELECT 1 FROM dpsql.datasets WHERE name = %s FOR UPDATE", (ds,))
+        worker = threading.Thread(target=release)
+        worker.start()
+        deadline = time.monotonic() + 60
+        # the charge waits for the dataset's row (its lock_timeout is 2 s: act at once)
+        while not coord.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks"
+            " WHERE NOT granted AND locktype = 'transactionid')"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the release never reached its charge"
+            time.sleep(0.005)
+        coord.execute(
+            f"INSERT INTO {src} (rid, x, y)"
+            " SELECT 100000 + g, '{0.1,0.1,0.1}', 1 FROM generate_series(1, 10) g"
+        )
+        holder.commit()
+    worker.join(120)
+    assert "model" not in outcome, "the release trained on rows read before its charge"
+    assert "rows changed while this release was planned" in str(outcome["error"])
+    assert _ledger(coord) == before + 1
+
+
 @pytest.mark.parametrize("mechanism", ["dpgd", "adassp"])
 def test_sum_mechanisms_match_the_local_table(coord, mechanism) -> None:
     """DP-GD and AdaSSP run as they are: exact sums over the shards, noise once. With the same

@@ -82,6 +82,8 @@ def test_the_training_table_holds_the_bounded_slots(cluster, coord) -> None:
         (ds,),
     ).fetchone()[0]
     try:
+        # (its rows are read after the charge: here at once)
+        coord.execute("SELECT dpsql_internal._fill_private(%s)", (run,))
         train, rows, spec = coord.execute(
             "SELECT train_table, rows, spec FROM dpsql.runs WHERE run_id = %s", (run,)
         ).fetchone()
