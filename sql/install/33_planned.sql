@@ -3,9 +3,10 @@
 -- private-ERM toolbox (45_*.sql onwards). The mechanism's plan function computes every public
 -- number it uses (noise scales, step counts, regularisers) from n, d, the registration and
 -- the analyst's parameters, never from the data; its fit function scans the training table
--- and releases. _train_planned runs them in one transaction: prepare, plan, charge, fit,
--- finish. A failure anywhere releases and charges nothing; a fit that returns no weights (its
--- certificate failed) releases nothing and keeps the charge.
+-- and releases. _train_planned runs them in one transaction: prepare (no row read), plan,
+-- charge (committed at once, 28_ledger.sql), read the rows (_fill_private), fit, finish. A
+-- refusal before the charge charges nothing; after it, nothing is released and the charge
+-- stands, as when a fit returns no weights (its certificate failed).
 --   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
 --                                         epsilon float8, delta float8, params jsonb) -> jsonb
 --         (params->>'model' is the canonical model, params->'classes' the mapped label set;

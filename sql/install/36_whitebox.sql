@@ -356,7 +356,7 @@ $$;
 
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
--- (DP-SGD's epsilon may come from the accountant) and before any epoch runs.
+-- (DP-SGD's epsilon may come from the accountant) and before any row is read.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
                                       epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
