@@ -103,20 +103,22 @@ $$;
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
-    OUT seed_policy text, OUT layout jsonb)
+    OUT seed_policy text, OUT layout jsonb, created boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     tbl text;
 BEGIN
     seed_policy := 'none';
     tbl := dpsql_internal._training_table_name(run);
-    PERFORM dpsql_internal._load_module();  -- its files go only after the WAL says so
-    EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
-                   'WITH (autovacuum_enabled = false%s)', tbl,
-                   CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
-    -- Keep feature arrays inline and uncompressed: a TOASTed row costs a detoast per epoch.
-    EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', tbl,
-                   CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+    IF NOT created THEN  -- (created: a private run's, empty since _prepare)
+        PERFORM dpsql_internal._load_module();  -- its files go only after the WAL says so
+        EXECUTE format('CREATE UNLOGGED TABLE %s (rid bigint NOT NULL, x float8[], y float8) '
+                       'WITH (autovacuum_enabled = false%s)', tbl,
+                       CASE WHEN parallel_workers > 0 THEN ', parallel_workers = ' || parallel_workers ELSE '' END);
+        -- Keep feature arrays inline and uncompressed: a TOASTed row costs a detoast per epoch.
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN x SET STORAGE %s', tbl,
+                       CASE WHEN dim <= 1000 THEN 'PLAIN' ELSE 'EXTERNAL' END);
+    END IF;
     IF shuffle THEN
         seed_policy := CASE WHEN seed IS NULL THEN 'random' ELSE 'user' END;
         seed := coalesce(seed, dpsql_internal._random_seed());
@@ -140,7 +142,8 @@ END $$;
 -- there), else here. empty: created with no row (a preview's, or a private run's before its
 -- charge). The seed used comes back (a random one when fill has none).
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_run(run bigint, fill jsonb, empty boolean,
-    OUT train_table text, OUT rows bigint, OUT seed bigint, OUT seed_policy text, OUT layout jsonb)
+    OUT train_table text, OUT rows bigint, OUT seed bigint, OUT seed_policy text, OUT layout jsonb,
+    created boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     units dpsql.datasets;
@@ -165,7 +168,7 @@ BEGIN
                    run, CASE WHEN empty THEN format('(SELECT * FROM %s WHERE false) e', fill->>'src')
                              ELSE fill->>'src' END,
                    fill->>'x', fill->>'y', (fill->>'dim')::int, (fill->>'parallel_workers')::int,
-                   (fill->>'shuffle')::boolean, (fill->>'seed')::bigint) f;
+                   (fill->>'shuffle')::boolean, (fill->>'seed')::bigint, created) f;
     END IF;
 END $$;
 
@@ -201,6 +204,7 @@ DECLARE
     seed_policy text;
     fill jsonb;
     filled record;
+    spec jsonb;
     init float8[];
     layout record;
     ltype text;
@@ -312,27 +316,54 @@ BEGIN
         -- and PostgreSQL checks that when a statement starts, whatever a CASE would take.
         flags := flags | dpsql_internal._audit_canary_flags(jsonb_build_object('source', source));
     END IF;
-    init := dpsql_internal._sgd_init(lab.canonical, feat.dim, coalesce(cardinality(lab.checked), 1), lambda,
-                            schedule, eta, step_offset, r, huber_h, batch_size, flags);
-
+    spec := jsonb_build_object(
+        'source', source, 'features', features, 'label', label, 'model', lab.canonical,
+        'classes', lab.checked, 'dim', feat.dim, 'epochs', epochs, 'batch_size', batch_size,
+        'lambda', lambda, 'schedule', schedule,
+        'step_size', CASE WHEN schedule = 'decreasing' THEN NULL ELSE eta END,
+        'step_offset', step_offset, 'radius', CASE WHEN r > 0 THEN r END,
+        'huber_h', CASE WHEN lab.canonical = 'huber' THEN huber_h END,
+        'row_norm', row_norm, 'intercept', intercept, 'shuffle', shuffle, 'seed', seed,
+        'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
+        'parallel_workers', parallel_workers, 'remainder', 'drop_last',
+        'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
+        'categories', categories, 'label_values', label_values,
+        'shard_parallel', shard_parallel, 'distributed', filled.layout);
+    IF NOT deferred THEN
+        -- (a private run's state is built once by its controller: _arm, from its plan)
+        init := dpsql_internal._initial_state(spec);
+    END IF;
     INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds, fill)
-    VALUES (run,
-            jsonb_build_object(
-                'source', source, 'features', features, 'label', label, 'model', lab.canonical,
-                'classes', lab.checked, 'dim', feat.dim, 'epochs', epochs, 'batch_size', batch_size,
-                'lambda', lambda, 'schedule', schedule,
-                'step_size', CASE WHEN schedule = 'decreasing' THEN NULL ELSE eta END,
-                'step_offset', step_offset, 'radius', CASE WHEN r > 0 THEN r END,
-                'huber_h', CASE WHEN lab.canonical = 'huber' THEN huber_h END,
-                'row_norm', row_norm, 'intercept', intercept, 'shuffle', shuffle, 'seed', seed,
-                'seed_policy', seed_policy, 'tolerance', tolerance, 'flags', flags,
-                'parallel_workers', parallel_workers, 'remainder', 'drop_last',
-                'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
-                'categories', categories, 'label_values', label_values,
-                'shard_parallel', shard_parallel, 'distributed', filled.layout),
-            tbl, init, m, extract(epoch FROM clock_timestamp() - t0),
+    VALUES (run, spec, tbl, coalesce(init, '{}'), m, extract(epoch FROM clock_timestamp() - t0),
             CASE WHEN deferred THEN fill || jsonb_build_object('seed', seed) END);
     RETURN run;
+END $$;
+
+-- A run's initial SGD state, the one place it is built: from the run's spec, with a white-box
+-- plan's schedule, step, radius, clipping, noise and sampling when one is given (_arm), its
+-- noise keyed by noise_seed (NULL: pg_strong_random).
+CREATE OR REPLACE FUNCTION dpsql_internal._initial_state(spec jsonb, plan jsonb DEFAULT NULL,
+                                                        noise_seed bigint DEFAULT NULL)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    classes int := coalesce(jsonb_array_length(nullif(spec->'classes', 'null')), 1);
+BEGIN
+    IF plan IS NULL THEN
+        RETURN dpsql_internal._sgd_init(
+            spec->>'model', (spec->>'dim')::int, classes, (spec->>'lambda')::float8, spec->>'schedule',
+            coalesce((spec->>'step_size')::float8, 0), (spec->>'step_offset')::float8,
+            coalesce((spec->>'radius')::float8, 0), dpsql_internal._huber_h(spec),
+            (spec->>'batch_size')::bigint, (spec->>'flags')::int);
+    END IF;
+    RETURN dpsql_internal._sgd_init(
+        spec->>'model', (spec->>'dim')::int, classes, (spec->>'lambda')::float8, plan->>'schedule',
+        (plan->>'step_size')::float8, (spec->>'step_offset')::float8,
+        coalesce((plan->>'radius')::float8, 0), dpsql_internal._huber_h(spec),
+        (spec->>'batch_size')::bigint,
+        -- a white-box audit's copy takes Dirac canary rows (65_audit_dirac.sql)
+        (spec->>'flags')::int | dpsql_internal._audit_canary_flags(spec),
+        (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
+        (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
 END $$;
 
 -- A private run's rows, read after its charge: its table, created empty by _prepare (from the
@@ -353,8 +384,13 @@ BEGIN
     IF r.fill IS NULL THEN
         PERFORM dpsql_internal._fail(format('training run %s has no pending read', run_id), 'XX000');
     END IF;
-    EXECUTE format('DROP TABLE %s', r.train_table);
-    filled := dpsql_internal._fill_run(run_id, r.fill, empty => false);
+    -- the empty table is filled where it stands; on Citus it is made again (distributed and
+    -- colocated by the fill itself)
+    IF (r.fill->>'distributed')::boolean THEN
+        EXECUTE format('DROP TABLE %s', r.train_table);
+    END IF;
+    filled := dpsql_internal._fill_run(run_id, r.fill, empty => false,
+                                       created => NOT (r.fill->>'distributed')::boolean);
     IF filled.rows <> r.rows THEN
         PERFORM dpsql_internal._fail(
             'the dataset''s rows changed while this release was planned: nothing is released, '
@@ -528,7 +564,9 @@ BEGIN
         PERFORM dpsql_internal._fail(format('training run %s has not run any epoch', run_id));
     END IF;
     s := r.spec;
-    info := dpsql_internal._sgd_info(r.state);
+    -- (a plan-and-fit release trains no SGD state: none was built, and none of its rows dropped)
+    SELECT * INTO STRICT info
+      FROM dpsql_internal._sgd_info(CASE WHEN cardinality(r.state) > 0 THEN r.state END);
     w := coalesce(released, dpsql_internal._sgd_weights(r.state));
     IF (s->>'private')::boolean AND (released IS NULL OR privacy IS NULL) THEN
         PERFORM dpsql_internal._fail('a private run can only finish with a released (noisy) model', 'XX000');
@@ -557,7 +595,7 @@ BEGIN
         (s->>'lambda')::float8, s->>'schedule', (s->>'step_size')::float8,
         (s->>'step_offset')::float8, (s->>'radius')::float8, (s->>'huber_h')::float8,
         s->>'row_norm', (s->>'shuffle')::boolean, (s->>'seed')::bigint, s->>'seed_policy',
-        r.rows, info.dropped,
+        r.rows, coalesce(info.dropped, 0),
         -- Diagnostics computed from the data are not released with a private model.
         CASE WHEN privacy IS NULL THEN info.clipped END,
         CASE WHEN privacy IS NULL THEN info.objective END,

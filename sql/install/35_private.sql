@@ -570,7 +570,8 @@ BEGIN
     -- The parameters are checked (the run's spec, the mechanism's sensitivity) before the
     -- budget: a bad argument is reported as such, also on an exhausted dataset.
     run := dpsql_internal._prepare_private(ds, model, params);
-    IF NOT tuning THEN
+    IF NOT tuning THEN  -- (Algorithm 3 trains candidates of their own)
+        PERFORM dpsql_internal._arm(run);
         plan := dpsql_internal._bolton_noise_check(run, epsilon, delta, calibration);
     END IF;
     -- Checks the budget under the dataset's row lock and appends the ledger entry; no epoch
@@ -680,7 +681,7 @@ RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
     e record;
 BEGIN
-    PERFORM dpsql_internal._arm_whitebox(run, plan, noise_seed);
+    PERFORM dpsql_internal._arm(run, plan, noise_seed);
     LOOP
         e := dpsql_internal._run_epoch(run);
         EXIT WHEN e.done;

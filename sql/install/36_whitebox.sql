@@ -287,26 +287,24 @@ BEGIN
     END IF;
 END $$;
 
--- Rebuild a prepared private run's initial state with the plan's noise, clipping, schedule
--- and sampling (keyed by pg_strong_random), and draw its secret sampling seed.
-CREATE OR REPLACE FUNCTION dpsql_internal._arm_whitebox(run_id bigint, plan jsonb, noise_seed bigint)
+-- Build a prepared private run's initial state, once (_initial_state): plain from its spec
+-- (the bolt-on), or with a white-box plan's noise, clipping, schedule and sampling (keyed by
+-- pg_strong_random), whose fields the run's spec then records, with its secret sampling seed.
+CREATE OR REPLACE FUNCTION dpsql_internal._arm(run_id bigint, plan jsonb DEFAULT NULL,
+                                              noise_seed bigint DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs := dpsql_internal._locked_run(run_id);
-    s jsonb := r.spec;
-    init float8[];
 BEGIN
-    init := dpsql_internal._sgd_init(
-        s->>'model', (s->>'dim')::int, coalesce(jsonb_array_length(nullif(s->'classes', 'null')), 1),
-        (s->>'lambda')::float8, plan->>'schedule', (plan->>'step_size')::float8,
-        (s->>'step_offset')::float8, coalesce((plan->>'radius')::float8, 0),
-        dpsql_internal._huber_h(s), (s->>'batch_size')::bigint,
-        -- a white-box audit's copy takes Dirac canary rows (65_audit_dirac.sql)
-        (s->>'flags')::int | dpsql_internal._audit_canary_flags(s),
-        (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
-        (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
+    IF cardinality(r.state) > 0 THEN
+        PERFORM dpsql_internal._fail(format('training run %s is armed already', run_id), 'XX000');
+    END IF;
+    IF plan IS NULL THEN
+        UPDATE dpsql.runs SET state = dpsql_internal._initial_state(r.spec) WHERE runs.run_id = _arm.run_id;
+        RETURN;
+    END IF;
     UPDATE dpsql.runs
-       SET state = init,
+       SET state = dpsql_internal._initial_state(r.spec, plan, noise_seed),
            spec = spec || jsonb_build_object(
                'schedule', plan->>'schedule', 'step_size', (plan->>'step_size')::float8,
                'radius', (plan->>'radius')::float8, 'sampling', plan->>'sampling',
@@ -316,7 +314,7 @@ BEGIN
            -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
            sampling_seed = CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
                                 ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
-     WHERE runs.run_id = _arm_whitebox.run_id;
+     WHERE runs.run_id = _arm.run_id;
 END $$;
 
 -- The expected norm of the noise on one step's mean gradient with batch b, in units of the

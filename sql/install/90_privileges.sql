@@ -83,7 +83,7 @@ DECLARE
                           'alter_dataset', 'drop_dataset',  -- 55_dataset_admin.sql
                           'revoke_dataset', 'estimate_bounds', 'estimate_label_bound',
                           '_prepare', '_check_run_settings', '_fill_run', '_fill_training_table',
-                          '_run_epoch', '_finish', '_abort', '_locked_run',
+                          '_initial_state', '_huber_h', '_run_epoch', '_finish', '_abort', '_locked_run',
                           'sgd_epoch', '_sgd_init', '_sgd_info', '_sgd_weights', '_shuffle_key',
                           '_random_seed', '_flag', '_work_schema', '_training_table_name',
                           '_load_module',  -- before a training table (durable_drops.c)

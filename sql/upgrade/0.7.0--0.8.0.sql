@@ -61,6 +61,10 @@ DROP FUNCTION IF EXISTS dpsql_internal._prepare(text, text[], text, text, int, b
 DROP FUNCTION IF EXISTS dpsql_internal._fill_distributed_table(bigint, regclass, text, text, int, boolean,
                                                                bigint);
 ALTER TABLE IF EXISTS dpsql.runs ADD COLUMN IF NOT EXISTS fill jsonb;
+-- Issue 45: a run's state is built once (_initial_state), a private run's by _arm.
+DROP FUNCTION IF EXISTS dpsql_internal._arm_whitebox(bigint, jsonb, bigint);
+DROP FUNCTION IF EXISTS dpsql_internal._fill_training_table(bigint, text, text, text, int, int, boolean,
+                                                            bigint);
 
 -- Before 0.8.0 data owners could create in dpsql_work, where private runs create their
 -- training tables under predictable names: what a role other than the extension owner owns

@@ -93,6 +93,8 @@ ADMIN_FUNCTIONS = ANALYST_FUNCTIONS | {
     "_check_run_settings",
     "_fill_run",
     "_fill_training_table",
+    "_initial_state",
+    "_huber_h",
     "_run_epoch",
     "_finish",
     "_abort",
