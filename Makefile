@@ -84,8 +84,8 @@ ifeq ($(DPSQL_WITH_PG15),1)
 endif
 ifeq ($(DPSQL_WITH_DIST),1)
 	$(MAKE) pg15
-	$(MAKE) dist
-	$(MAKE) deb
+	@# side by side: the deb builds from its own copy of the tracked files (distribution/deb.py)
+	$(MAKE) -j2 dist deb
 endif
 	@mkdir -p build/ci
 	DPSQL_REQUIRE_CITUS=1 DPSQL_REQUIRE_HISTORY=1 \
