@@ -38,6 +38,26 @@ def pgdata() -> Iterator[Path]:
     shutil.rmtree(parent, ignore_errors=True)
 
 
+# One new cluster of the default version, started by this process with keep_running=False (as
+# each of its tests started its own before issue 43): for the tests that look at a new cluster or
+# need a running server of this installation, without starting or stopping it. The lifecycle
+# tests (start, stop, idempotence, who keeps a server running) start their own.
+SHARED = pytest.mark.xdist_group("test_server_shared_cluster")
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[tuple[Path, str]]:
+    """(data directory, URI) of the module's running new cluster."""
+    parent = Path(tempfile.mkdtemp(prefix="dpsql-test-"))
+    path = parent / "pg"
+    try:
+        yield path, server.start(pgdata=path, keep_running=False)
+    finally:
+        if (path / "PG_VERSION").exists():
+            server.stop(pgdata=path)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
 def _postmaster_pid(pgdata: Path) -> int:
     return int((pgdata / "postmaster.pid").read_text().split()[0])
 
@@ -117,8 +137,9 @@ def test_start_is_idempotent(pgdata: Path, version: int) -> None:
         assert conn.info.server_version // 10000 == version
 
 
-def test_new_cluster_is_tuned(pgdata: Path) -> None:
-    uri = server.start(pgdata=pgdata, keep_running=False)
+@SHARED
+def test_new_cluster_is_tuned(shared_cluster: tuple[Path, str]) -> None:
+    _, uri = shared_cluster
     with psycopg.connect(uri) as conn:
         for name, value in server._tuning(server.DEFAULT_PG_VERSION).items():
             assert conn.execute(f"SHOW {name}").fetchone()[0] == value
@@ -144,23 +165,26 @@ def test_status_and_stop(pgdata: Path) -> None:
     assert _select_one(uri) == 1
 
 
+@SHARED
 def test_a_server_of_other_binaries_is_not_adopted(
-    pgdata: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    shared_cluster: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The server another checkout (other binaries) left running on the data directory.
-    uri = server.start(18, pgdata)
+    pgdata, _ = shared_cluster
+    version = server.DEFAULT_PG_VERSION
+    uri = server.start(version, pgdata)
     running = Path(os.readlink(f"/proc/{_postmaster_pid(pgdata)}/exe"))
-    assert running == (server.bin_dir(18) / "postgres").resolve()
+    assert running == (server.bin_dir(version) / "postgres").resolve()
     with monkeypatch.context() as seen_from_another_install:
         other = tmp_path / "other-checkout" / "bin"
         seen_from_another_install.setattr(server, "bin_dir", lambda version=None: other)
         for adopt in (server.start, server.status):
             with pytest.raises(RuntimeError, match="not from this installation") as err:
-                adopt(18, pgdata)
+                adopt(version, pgdata)
             assert str(running) in str(err.value) and str(other) in str(err.value)
         code = cli.main(["server", "start", "--pgdata", str(pgdata)])
         assert code == cli.EXIT_ERROR
-    assert server.start(18, pgdata) == uri  # its own installation adopts it
+    assert server.start(version, pgdata) == uri  # its own installation adopts it
 
 
 def test_a_server_whose_binaries_were_deleted_is_not_adopted(tmp_path: Path) -> None:
@@ -203,8 +227,11 @@ def test_keep_running_decides_whether_the_server_outlives_its_starter(
         assert server.status(pgdata=pgdata) is None
 
 
-def test_keep_running_false_never_stops_a_server_it_did_not_start(pgdata: Path) -> None:
-    uri = server.start(pgdata=pgdata, keep_running=True)
+@SHARED
+def test_keep_running_false_never_stops_a_server_it_did_not_start(
+    shared_cluster: tuple[Path, str],
+) -> None:
+    pgdata, uri = shared_cluster  # started by this process, not by the one below
     code = (
         "import sys; from dpsql import server; server.start(pgdata=sys.argv[1], keep_running=False)"
     )
@@ -324,8 +351,9 @@ def test_ensure_available_on_the_test_server(server_uri: str) -> None:
 # --- authentication (issue 24) --------------------------------------------------------------
 
 
-def test_a_new_cluster_never_trusts(pgdata: Path) -> None:
-    uri = server.start(pgdata=pgdata, keep_running=False)
+@SHARED
+def test_a_new_cluster_never_trusts(shared_cluster: tuple[Path, str]) -> None:
+    pgdata, uri = shared_cluster
     passfile = server.password_file(pgdata)
     assert stat.S_IMODE(passfile.stat().st_mode) == 0o600
     assert not server._hba_trusts(pgdata)
