@@ -180,6 +180,10 @@ def serving(tmp_path):
         proc.wait()
 
 
+#: The tests of the shared accountant, kept on one pytest-xdist worker (make test's loadgroup).
+SHARED = pytest.mark.xdist_group("test_accounting_search_shared_accountant")
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
     """One accountant with the default options, for the tests that need only a running one
@@ -194,6 +198,7 @@ def shared(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
         proc.wait()
 
 
+@SHARED
 def test_the_server_answers_like_the_command_line(shared) -> None:
     path, _ = shared
     request = json.dumps(
@@ -212,6 +217,7 @@ def test_the_server_answers_like_the_command_line(shared) -> None:
     assert _ask(path, request).startswith("0 ")
 
 
+@SHARED
 def test_the_server_socket_is_private(shared) -> None:
     path, _ = shared
     assert os.stat(path).st_mode & 0o077 == 0
@@ -294,6 +300,7 @@ def test_a_repeated_request_is_answered_from_memory(monkeypatch, tmp_path) -> No
     assert log.read_text().split() == ["good", "bad", "bad"]
 
 
+@SHARED
 def test_a_client_that_hangs_up_stops_its_computation(shared) -> None:
     import psutil
 
