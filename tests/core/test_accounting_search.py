@@ -11,6 +11,7 @@ import json
 import math
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -185,14 +186,19 @@ SHARED = pytest.mark.xdist_group("test_accounting_search_shared_accountant")
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
+def shared(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen, Path]]:
     """One accountant with the default options, for the tests that need only a running one
-    (starting one, mostly importing dpsql.accounting, takes seconds: issue 43)."""
-    path = tmp_path_factory.mktemp("accountant") / "shared.sock"
+    (starting one, mostly importing dpsql.accounting, takes seconds: issue 43): (its socket, its
+    process, the stale socket it was started on)."""
+    stale = tmp_path_factory.mktemp("accountant") / "a0.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(stale))  # left by a process that crashed: nobody listens
+    assert stat.S_ISSOCK(stale.stat().st_mode)
+    path = stale
     proc = subprocess.Popen([sys.executable, "-m", "dpsql.accounting", "--serve", str(path)])
     try:
         _wait_for(path, proc)
-        yield path, proc
+        yield path, proc, stale
     finally:
         proc.kill()
         proc.wait()
@@ -200,7 +206,7 @@ def shared(tmp_path_factory) -> Iterator[tuple[Path, subprocess.Popen]]:
 
 @SHARED
 def test_the_server_answers_like_the_command_line(shared) -> None:
-    path, _ = shared
+    path, _, _ = shared
     request = json.dumps(
         {"op": "calibrate", "scheme": "shuffle", "epochs": 3, "delta": DELTA, "target_epsilon": 2}
     )
@@ -219,7 +225,7 @@ def test_the_server_answers_like_the_command_line(shared) -> None:
 
 @SHARED
 def test_the_server_socket_is_private(shared) -> None:
-    path, _ = shared
+    path, _, _ = shared
     assert os.stat(path).st_mode & 0o077 == 0
 
 
@@ -250,11 +256,9 @@ def test_a_request_over_its_time_limit_gets_an_error(serving) -> None:
     assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
 
 
-def test_a_stale_socket_is_replaced(tmp_path, serving) -> None:
-    stale = tmp_path / "a0.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.bind(str(stale))  # left by a process that crashed: nobody listens
-    path, _ = serving()
+@SHARED
+def test_a_stale_socket_is_replaced(shared) -> None:
+    path, _, stale = shared  # started on a stale socket (see shared)
     assert path == stale
     assert _ask(path, '{"op": "calibrate"}').startswith("2 ")
 
@@ -304,7 +308,7 @@ def test_a_repeated_request_is_answered_from_memory(monkeypatch, tmp_path) -> No
 def test_a_client_that_hangs_up_stops_its_computation(shared) -> None:
     import psutil
 
-    path, proc = shared
+    path, proc, _ = shared
     slow = json.dumps(
         {
             "op": "calibrate",
