@@ -16,7 +16,7 @@ import pytest
 
 import dpsql
 from dpsql import roles
-from tests.python.test_cli import as_json, assert_one_line_error, dpsql_cli
+from tests.python.test_cli import as_json, assert_one_line_error, dpsql_cli, dpsql_help
 
 # The UCI Adult layout in small: text with a leading space (" <=50K"), '?' for missing
 # values, a header with a dash, a boolean column and a column that is numbers but for '?'.
@@ -233,7 +233,7 @@ def test_parquet(conn, owner, tmp_path) -> None:
 
 
 def test_help_names_the_new_commands() -> None:
-    listed = dpsql_cli("--help").stdout
+    listed = dpsql_help().stdout
     for command in ("load", "evaluate", "predict"):
         assert f"    {command}" in listed
         assert dpsql_cli(command, "--help").returncode == 0
