@@ -183,7 +183,8 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     private boolean DEFAULT false, feature_bounds float8[] DEFAULT NULL,
     permutation text DEFAULT 'once', feature_types text[] DEFAULT NULL, dim int DEFAULT NULL,
     shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL,
-    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, deferred boolean DEFAULT false)
+    categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, deferred boolean DEFAULT false,
+    public_rows bigint DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
@@ -278,9 +279,13 @@ BEGIN
                                    'dim', feat.dim, 'parallel_workers', parallel_workers,
                                    'shuffle', shuffle, 'seed', seed);
         IF deferred THEN
-            -- a private run: its row count is public; its table is created empty and filled
+            -- a private run: its row count is public (counted once per release: the
+            -- defaults' count when they made one); its table is created empty and filled
             -- after its charge (_fill_private)
-            EXECUTE format('SELECT count(*) FROM %s', src) INTO STRICT m;
+            m := public_rows;
+            IF m IS NULL THEN
+                EXECUTE format('SELECT count(*) FROM %s', src) INTO STRICT m;
+            END IF;
         END IF;
         filled := dpsql_internal._fill_run(run, fill, empty => deferred);
         tbl := filled.train_table;

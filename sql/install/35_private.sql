@@ -184,6 +184,7 @@ BEGIN
     -- public one, and the controller fills it after charging (_fill_private).
     run := dpsql_internal._prepare(
         source => 'SELECT * FROM ' || dpsql_internal._private_from(ds), deferred => true,
+        public_rows => (params->>'public_rows')::bigint,
         feature_types => types, dim => ds.dim,
         features => ds.features, label => ds.label, model => model,
         epochs => coalesce((params->>'epochs')::int, 10),
@@ -423,8 +424,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     privacy text := params->>'privacy';
     target record;
+    rows bigint;
 BEGIN
     filled := '{}';
+    params := params - 'public_rows';  -- (set below from the count, never from a caller)
     IF params->>'delta' IS NULL THEN
         filled := jsonb_build_object('delta', mech.delta_default);  -- its spec's
     END IF;
@@ -453,12 +456,13 @@ BEGIN
     epsilon := target.epsilon;
     delta := target.delta;
     IF mech.sgd_defaults THEN
+        rows := dpsql_internal._public_row_count(ds);
         params := dpsql_internal._private_defaults(
             ds, model, privacy,
-            params || jsonb_strip_nulls(jsonb_build_object('epsilon', epsilon, 'delta', delta)),
-            dpsql_internal._public_row_count(ds));
+            params || jsonb_strip_nulls(jsonb_build_object('epsilon', epsilon, 'delta', delta)), rows);
         filled := (params->'defaults') || filled;
-        params := params - 'defaults';
+        -- (the run is prepared from the same count: _prepare_private)
+        params := params - 'defaults' || jsonb_build_object('public_rows', rows);
     END IF;
     IF dpsql_internal._unit_rows(ds) > 1 THEN
         params := params || jsonb_build_object('epsilon', epsilon, 'delta', delta);
