@@ -408,6 +408,14 @@ BEGIN
             PERFORM dpsql_internal._fail(format('shard_parallel => true needs a Citus distributed dataset; '
                                                 '%s is not distributed', ds.name));
         END IF;
+        -- before anything counts its rows (the count would be pulled through the coordinator)
+        IF NOT l.single_shard AND dpsql_internal._reads_citus(
+               dpsql_internal._source_sql('SELECT * FROM ' || dpsql_internal._private_from(ds)), ds.relid) THEN
+            PERFORM dpsql_internal._fail(
+                format('dataset %s reads Citus tables through a view: dpsql pushes training down only '
+                       'for a hash-distributed table itself', ds.name), '0A000',
+                'Register the distributed table itself, or copy the rows into a local table.');
+        END IF;
         RETURN;
     END IF;
     IF ds.split_side IS NOT NULL THEN  -- distributed after registration: the runs read shards
