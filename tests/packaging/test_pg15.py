@@ -39,11 +39,15 @@ def test_install_into_15_right_after_the_embedded_build(
         assert version.startswith("15")
 
 
-def test_the_definer_role_on_15() -> None:
-    """On PostgreSQL 15 (installed by `make pg15`, or by the test above): dpsql_definer is what
-    tests/definer_role.py says, and a release's charge worker, which cannot connect as a role
-    without login before PostgreSQL 17, takes it after connecting."""
+def test_the_definer_role_on_15(
+    tmp_path: Path, embedded_18_build: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    """On PostgreSQL 15: dpsql_definer is what tests/definer_role.py says, and a release's
+    charge worker, which cannot connect as a role without login before PostgreSQL 17, takes it
+    after connecting. The extension is installed here: another packaging test purges the 15
+    deb, and with it what `make pg15` installed, in an order xdist decides."""
     debian15.require(headers=True)
+    _make(copy_built(embedded_18_build[0], tmp_path), debian15.PG_CONFIG, "install")
     with debian15.cluster() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION dpsql")
         definer_role.check_all(conn)
