@@ -69,8 +69,8 @@ def _train(conn: psycopg.Connection, table: str, epochs: int, shard_parallel: bo
 
 
 PREPARE = (
-    "SELECT dpsql_internal._prepare(%s, '{x}', 'y', 'logistic', 1, 1, 0, 0.05, 'constant', 0,"
-    " NULL, true, 1, '{0,1}', false, 'none', 0.1, NULL, shard_parallel => %s)"
+    "SELECT (dpsql_internal._prepare(%s, '{x}', 'y', 'logistic', 1, 1, 0, 0.05, 'constant', 0,"
+    " NULL, true, 1, '{0,1}', false, 'none', 0.1, NULL, shard_parallel => %s)).run_id"
 )
 PARTIAL = (
     "SELECT worker_binary_partial_agg('dpsql.sgd_epoch(double precision[], double precision,"

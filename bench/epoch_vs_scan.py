@@ -233,11 +233,11 @@ def _run(
     def prepare() -> int:
         return _query(
             conn,
-            "SELECT dpsql_internal._prepare(source => %s, features => ARRAY['x'], label => 'y', "
+            "SELECT (dpsql_internal._prepare(source => %s, features => ARRAY['x'], label => 'y', "
             "model => 'logistic', epochs => 1, batch_size => 1, lambda => 0, step_size => NULL, "
             "schedule => 'constant', step_offset => 0, radius => NULL, shuffle => true, "
             "seed => 42, labels => NULL, intercept => false, row_norm => 'none', "
-            "huber_h => 0.1, tolerance => NULL)",
+            "huber_h => 0.1, tolerance => NULL)).run_id",
             (t,),
         )
 

@@ -30,6 +30,7 @@ from dpsql.errors import (
     NotRegistered,
     NotSupported,
     PermissionDenied,
+    RowsChanged,
     UnsuitableRelation,
     WrongType,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "NothingReleased",
     "NotRegistered",
     "PermissionDenied",
+    "RowsChanged",
     "UnsuitableRelation",
     "WrongType",
     "Auto",

@@ -48,6 +48,7 @@ __all__ = [
     "NothingReleased",
     "NotRegistered",
     "PermissionDenied",
+    "RowsChanged",
     "UnsuitableRelation",
     "WrongType",
     "class_for_sqlstate",
@@ -69,6 +70,15 @@ class BudgetExceeded(DpsqlError, psycopg.DatabaseError):
     budget; nothing was released or charged."""
 
     sqlstate = "DP001"
+
+
+class RowsChanged(DpsqlError, psycopg.DatabaseError):
+    """DP003: the dataset's row count changed between the release's public count and its read
+    (a data owner wrote rows meanwhile): nothing was released, and the charge stands. Not a
+    transient error to retry automatically (as a serialization failure would be): every call
+    is a new release with its own charge."""
+
+    sqlstate = "DP003"
 
 
 class PermissionDenied(DpsqlError, pg.InsufficientPrivilege):
@@ -156,6 +166,7 @@ _CLASSES: dict[str, type[DpsqlError]] = {
     cls.sqlstate: cls
     for cls in (
         BudgetExceeded,
+        RowsChanged,
         PermissionDenied,
         InvalidParameter,
         NotFound,

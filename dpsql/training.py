@@ -122,7 +122,7 @@ class TrainingRun:
     @classmethod
     def prepare(cls, conn: psycopg.Connection, args: dict[str, Any]) -> TrainingRun:
         """Shuffle the source into a training table and create the run's initial state."""
-        query = sql.SQL("SELECT dpsql_internal._prepare({})").format(
+        query = sql.SQL("SELECT (dpsql_internal._prepare({})).run_id").format(
             sql.SQL(", ").join(
                 sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder())
                 for name in _PREPARE_ARGS

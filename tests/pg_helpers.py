@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,22 @@ def leftovers(conn: psycopg.Connection) -> tuple[int, int, int]:
     ).fetchone()
     assert row is not None
     return row
+
+
+def await_waiter(conn: psycopg.Connection, holder: psycopg.Connection, timeout: float) -> None:
+    """Return once another transaction waits for one that holder holds (e.g. a release's
+    charge for the dataset's row that holder locked); fails after timeout seconds. Only a
+    wait for holder's own transaction counts, not any lock wait on the server."""
+    row = holder.execute("SELECT pg_current_xact_id()::xid::text").fetchone()
+    assert row is not None
+    deadline = time.monotonic() + timeout
+    waiting = (
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted"
+        " AND locktype = 'transactionid' AND transactionid::text = %s)"
+    )
+    while not conn.execute(waiting, (row[0],)).fetchone()[0]:
+        assert time.monotonic() < deadline, "nothing waited for the held lock"
+        time.sleep(0.005)
 
 
 def register(

@@ -69,5 +69,6 @@ CREATE TABLE IF NOT EXISTS dpsql.runs (
     prepare_seconds float8 NOT NULL,
     train_seconds   float8 NOT NULL DEFAULT 0,
     sampling_seed   bigint,         -- secret coins of sampled batches: never copied to a model
-    fill            jsonb           -- a private run's read, pending until its charge (_fill_private)
+    fill            jsonb           -- a prepared private run's pending read (_prepare's row only:
+                                    -- _read_rows makes it before the row is stored)
 );

@@ -3,7 +3,7 @@
 -- drive these, so the logic lives here once.
 ------------------------------------------------------------------------------------------
 
--- Copy the source into a shuffled training table (rid, x, y) and build the initial state.
+-- A run's shuffled training table (rid, x, y) from its source and its initial state.
 -- Parallel scans and synchronized scans are off: row positions must follow the physical order
 -- so that the permutation is a function of the seed alone.
 -- A run's settings, checked before anything is read (bad input changes nothing).
@@ -99,7 +99,8 @@ $$;
 -- A run's training table (named by dpsql_internal._training_table_name): the source's rows
 -- as (rid, x, y) in the order of a seeded, data-independent permutation (the source's own
 -- order without shuffle), feature arrays kept inline. *seed receives the seed used (a random
--- one when NULL). Created here, never found.
+-- one when NULL). Created here, never found (created: the one a private run's _prepare made
+-- empty, under the same name).
 CREATE OR REPLACE FUNCTION dpsql_internal._fill_training_table(
     run bigint, src text, x_expr text, y_expr text, dim int, parallel_workers int,
     shuffle boolean, INOUT seed bigint, OUT train_table text, OUT rows bigint,
@@ -172,9 +173,14 @@ BEGIN
     END IF;
 END $$;
 
--- Over 100 lines: one function because the state it builds needs every checked argument at once
--- (labels, layout, training table, step and seed policy); issue 45's "one typed plan per release"
--- refactor replaces it with a prepare(plan) that builds the state once from the plan.
+-- A run from a source: every check, its training table and its spec, as its row. A data
+-- owner's run (the caller's rights) is stored at once, with its state. A private run
+-- (deferred) is only prepared, from public numbers: its row count the release's public one, its
+-- table created empty (the layout checks and the Citus pushdown guard run on it), the read it
+-- will make kept in the row's fill. Its controller plans from the returned spec and rows,
+-- charges, reads (_read_rows) and writes the row once (_start_run).
+-- Over 100 lines: one function because the spec it builds needs every checked argument at once
+-- (labels, layout, training table, step and seed policy).
 CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     source text, features text[], label text, model text, epochs int, batch_size bigint,
     lambda float8, step_size float8, schedule text, step_offset float8, radius float8,
@@ -185,7 +191,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._prepare(
     shard_parallel boolean DEFAULT false, relation regclass DEFAULT NULL,
     categories jsonb DEFAULT NULL, label_values text[] DEFAULT NULL, deferred boolean DEFAULT false,
     public_rows bigint DEFAULT NULL)
-RETURNS bigint LANGUAGE plpgsql
+RETURNS dpsql.runs LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
 AS $$
@@ -206,12 +212,16 @@ DECLARE
     fill jsonb;
     filled record;
     spec jsonb;
-    init float8[];
     layout record;
     ltype text;
     units dpsql.datasets;  -- a private run's dataset with a privacy unit, on Citus
+    prepared dpsql.runs;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
+    IF (deferred AND NOT private) OR (public_rows IS NOT NULL AND NOT deferred) THEN
+        -- (a data owner's run reads its rows at once: its count is its own)
+        PERFORM dpsql_internal._fail('only a private run is prepared without its rows', 'XX000');
+    END IF;
     lab := dpsql_internal._check_labels(model, labels);
     PERFORM dpsql_internal._check_run_settings(epochs, batch_size, lambda, step_size, schedule,
                                                step_offset, radius, row_norm, huber_h, tolerance,
@@ -281,7 +291,7 @@ BEGIN
         IF deferred THEN
             -- a private run: its row count is public (counted once per release: the
             -- defaults' count when they made one); its table is created empty and filled
-            -- after its charge (_fill_private)
+            -- after its charge (_read_rows)
             m := public_rows;
             IF m IS NULL THEN
                 EXECUTE format('SELECT count(*) FROM %s', src) INTO STRICT m;
@@ -334,14 +344,21 @@ BEGIN
         'private', private, 'permutation', permutation, 'feature_bounds', feature_bounds,
         'categories', categories, 'label_values', label_values,
         'shard_parallel', shard_parallel, 'distributed', filled.layout);
-    IF NOT deferred THEN
-        -- (a private run's state is built once by its controller: _arm, from its plan)
-        init := dpsql_internal._initial_state(spec);
+    prepared.run_id := run;
+    prepared.spec := spec;
+    prepared.train_table := tbl;
+    prepared.rows := m;
+    prepared.state := '{}';
+    prepared.prepare_seconds := extract(epoch FROM clock_timestamp() - t0);
+    IF deferred THEN
+        -- (a private run's row is written once its plan is charged and its rows read: _start_run)
+        prepared.fill := fill || jsonb_build_object('seed', seed);
+        RETURN prepared;
     END IF;
-    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds, fill)
-    VALUES (run, spec, tbl, coalesce(init, '{}'), m, extract(epoch FROM clock_timestamp() - t0),
-            CASE WHEN deferred THEN fill || jsonb_build_object('seed', seed) END);
-    RETURN run;
+    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds)
+    VALUES (run, spec, tbl, dpsql_internal._initial_state(spec), m, prepared.prepare_seconds)
+    RETURNING * INTO prepared;
+    RETURN prepared;
 END $$;
 
 -- A run's initial SGD state, the one place it is built: from the run's spec, with a white-box
@@ -371,39 +388,95 @@ BEGIN
         (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
 END $$;
 
--- A private run's rows, read after its charge: its table, created empty by _prepare (from the
--- public row count), filled as _prepare would have, with the same seed. The count and this
--- read are two snapshots (READ COMMITTED; a lock would let a data owner's open transaction
--- hold up analysts): rows that changed in between refuse the release, whose charge stands.
+-- A prepared private run's rows, read after its charge: its table, created empty by _prepare
+-- (from the public row count), filled as _prepare would have, with the same seed. The count
+-- and this read are two snapshots (READ COMMITTED; a lock would let a data owner's open
+-- transaction hold up analysts): a row count that changed in between refuses the release,
+-- whose charge stands (rows replaced one for one do not: the plan depends on the count only).
 -- A preview never gets here (its charge stops it).
-CREATE OR REPLACE FUNCTION dpsql_internal._fill_private(run_id bigint)
-RETURNS void LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION dpsql_internal._read_rows(prepared dpsql.runs)
+RETURNS dpsql.runs LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
 AS $$
 DECLARE
-    r dpsql.runs := dpsql_internal._locked_run(run_id);
     t0 timestamptz := clock_timestamp();
+    distributed boolean := (prepared.fill->>'distributed')::boolean;
     filled record;
 BEGIN
-    IF r.fill IS NULL THEN
-        PERFORM dpsql_internal._fail(format('training run %s has no pending read', run_id), 'XX000');
+    IF prepared.fill IS NULL THEN
+        PERFORM dpsql_internal._fail(format('training run %s has no pending read', prepared.run_id), 'XX000');
     END IF;
     -- the empty table is filled where it stands; on Citus it is made again (distributed and
     -- colocated by the fill itself)
-    IF (r.fill->>'distributed')::boolean THEN
-        EXECUTE format('DROP TABLE %s', r.train_table);
+    IF distributed THEN
+        EXECUTE format('DROP TABLE %s', prepared.train_table);
     END IF;
-    filled := dpsql_internal._fill_run(run_id, r.fill, empty => false,
-                                       created => NOT (r.fill->>'distributed')::boolean);
-    IF filled.rows <> r.rows THEN
+    filled := dpsql_internal._fill_run(prepared.run_id, prepared.fill, empty => false,
+                                       created => NOT distributed);
+    IF filled.rows <> prepared.rows OR filled.train_table <> prepared.train_table THEN
+        -- DP003, not 40001: a client's automatic retry of a serialization failure would charge
+        -- again at every attempt (a private run's table name is fixed: dpsql_work.train_<run>)
         PERFORM dpsql_internal._fail(
             'the dataset''s rows changed while this release was planned: nothing is released, '
-            'and its charge stands', '40001', hint => 'Train again.');
+            'and its charge stands', 'DP003',
+            hint => 'A new call is a new release, charged again: train again if the budget allows.');
     END IF;
-    UPDATE dpsql.runs
-       SET fill = NULL, prepare_seconds = prepare_seconds + extract(epoch FROM clock_timestamp() - t0)
-     WHERE runs.run_id = _fill_private.run_id;
+    prepared.fill := NULL;
+    prepared.prepare_seconds := prepared.prepare_seconds + extract(epoch FROM clock_timestamp() - t0);
+    RETURN prepared;
+END $$;
+
+-- A prepared private run's state, built once, before its charge (a shape the core cannot hold
+-- is refused before anything is charged): a white-box plan's, armed with its clipping, noise
+-- and sampling (noise keyed by noise_seed, NULL: pg_strong_random; a secret sampling seed),
+-- whose schedule, step, radius, sampling and clip the spec then records for the epochs; without
+-- a plan, the plain state of the spec (the bolt-on's).
+CREATE OR REPLACE FUNCTION dpsql_internal._arm(prepared dpsql.runs, plan jsonb DEFAULT NULL,
+                                              noise_seed bigint DEFAULT NULL)
+RETURNS dpsql.runs LANGUAGE plpgsql AS $$
+BEGIN
+    prepared.state := dpsql_internal._initial_state(prepared.spec, plan, noise_seed);
+    IF plan IS NOT NULL THEN
+        prepared.spec := prepared.spec || jsonb_build_object(
+            'schedule', plan->>'schedule', 'step_size', (plan->>'step_size')::float8,
+            'radius', (plan->>'radius')::float8, 'sampling', plan->>'sampling',
+            'sampling_rate', (plan->>'sampling_rate')::float8,
+            'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
+            'clip_norm', (plan->>'clip_norm')::float8);
+        -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
+        prepared.sampling_seed := CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
+                                       ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END;
+    END IF;
+    RETURN prepared;
+END $$;
+
+-- A private run's row, written once, after its charge and its read (_read_rows): its spec and
+-- its state as armed (_arm; none for a plan-and-fit release or Algorithm 3's base).
+CREATE OR REPLACE FUNCTION dpsql_internal._start_run(prepared dpsql.runs)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF prepared.fill IS NOT NULL THEN
+        PERFORM dpsql_internal._fail(format('training run %s has not read its rows', prepared.run_id), 'XX000');
+    END IF;
+    INSERT INTO dpsql.runs (run_id, spec, train_table, state, rows, prepare_seconds, sampling_seed)
+    VALUES (prepared.run_id, prepared.spec, prepared.train_table, coalesce(prepared.state, '{}'),
+            prepared.rows, prepared.prepare_seconds, prepared.sampling_seed);
+    RETURN prepared.run_id;
+END $$;
+
+-- Run a started run's epochs to the end and return its final weights (a white-box run's
+-- release: the noise was added inside every step).
+CREATE OR REPLACE FUNCTION dpsql_internal._run_epochs(run bigint)
+RETURNS float8[] LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+BEGIN
+    LOOP
+        e := dpsql_internal._run_epoch(run);
+        EXIT WHEN e.done;
+    END LOOP;
+    RETURN dpsql_internal._sgd_weights((dpsql_internal._locked_run(run)).state);
 END $$;
 
 -- A run's row, locked for the rest of the transaction.
@@ -551,9 +624,12 @@ END $$;
 
 -- Store the run's model with its provenance, drop its training table, forget its state.
 -- released (private runs): the noisy weights to store instead of the state's; privacy: the
--- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...).
+-- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...);
+-- recorded: spec fields the released model has in place of the run's (a map back to the
+-- registered features, e.g. DPSGD-F's Algorithm 2: dimension, intercept, flags).
+DROP FUNCTION IF EXISTS dpsql_internal._finish(bigint, float8[], jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._finish(run_id bigint, released float8[] DEFAULT NULL,
-                              privacy jsonb DEFAULT NULL)
+                              privacy jsonb DEFAULT NULL, recorded jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs;
@@ -568,7 +644,7 @@ BEGIN
     IF r.epochs_done = 0 THEN
         PERFORM dpsql_internal._fail(format('training run %s has not run any epoch', run_id));
     END IF;
-    s := r.spec;
+    s := r.spec || coalesce(recorded, '{}');
     -- (a plan-and-fit release trains no SGD state: none was built, and none of its rows dropped)
     SELECT * INTO STRICT info
       FROM dpsql_internal._sgd_info(CASE WHEN cardinality(r.state) > 0 THEN r.state END);

@@ -4,7 +4,8 @@
 -- number it uses (noise scales, step counts, regularisers) from n, d, the registration and
 -- the analyst's parameters, never from the data; its fit function scans the training table
 -- and releases. _train_planned runs them in one transaction: prepare (no row read), plan,
--- charge (committed at once, 28_ledger.sql), read the rows (_fill_private), fit, finish. A
+-- charge (committed at once, 28_ledger.sql), read the rows and start the run (_read_rows,
+-- _start_run: its row written once), fit, finish. A
 -- refusal before the charge charges nothing; after it, nothing is released and the charge
 -- stands, as when a fit returns no weights (its certificate failed).
 --   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
@@ -38,6 +39,36 @@ BEGIN
     RETURN options;
 END $$;
 
+-- What a plan-and-fit model records of its rows' preprocessing (NULL: its flags say it all),
+-- from the plan and the registration (public).
+-- Issue 25 (privacy rule 10, docs/architecture.md): a fit that appends the intercept's 1 AFTER
+-- the row transform (plan key intercept_after_row_transform: the private-ERM fits, which clip x
+-- and then append 1, ||(x, 1)|| <= sqrt(x_bound^2 + 1) in their constants) records that
+-- representation, so that predict, evaluate and Python score what it trained: the row
+-- transform moves from the model's flags (which append 1 before it) to its preprocessing
+-- (the row transform alone, then the intercept; the key 'intercept' says so).
+-- A fit that clips rows without a row transform (a regression's x to the registered row
+-- bound: plan key row_clip_radius) records the radius, so that a row beyond the bound is
+-- scored clipped as it was trained (preprocessing.clip_radius; 54_api.sql, models.py).
+CREATE OR REPLACE FUNCTION dpsql_internal._planned_preprocessing(spec jsonb, plan jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    transform int := (spec->>'flags')::int & dpsql_internal._flag('row_transform');
+    zeros float8[] := array_fill(0::float8, ARRAY[(spec->>'dim')::int]);
+    pre jsonb;
+BEGIN
+    IF coalesce((plan->>'intercept_after_row_transform')::boolean, false)
+       AND (spec->>'intercept')::boolean THEN
+        pre := jsonb_build_object('row_flags', transform, 'centre', zeros,
+                                  'intercept', 'appended after the row transform');
+    END IF;
+    IF plan->>'row_clip_radius' IS NOT NULL AND transform = 0 THEN
+        pre := coalesce(pre, jsonb_build_object('row_flags', 0, 'centre', zeros))
+               || jsonb_build_object('clip_radius', (plan->>'row_clip_radius')::float8);
+    END IF;
+    RETURN pre;
+END $$;
+
 -- Train a plan-and-fit mechanism on a registered dataset and release the model. Called by
 -- _train_private (SECURITY DEFINER) after its checks, directly or through a task's own checks
 -- (_train_linear). Charged before the fit touches the data, in the release's transaction.
@@ -62,14 +93,18 @@ BEGIN
     IF mech.plan_function IS NULL OR mech.fit_function IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s is not a plan-and-fit mechanism', privacy), 'XX000');
     END IF;
-    run := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
-                                           params);
-    r := dpsql_internal._locked_run(run);
+    r := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
+                                         params);
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
        INTO plan USING privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta,
                        params || jsonb_build_object('model', canonical, 'classes', r.spec->'classes');
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy, plan => plan);
-    PERFORM dpsql_internal._fill_private(run);
+    pre := dpsql_internal._planned_preprocessing(r.spec, plan);
+    IF pre ? 'intercept' THEN  -- the row transform moves from the flags to the preprocessing
+        r.spec := r.spec || jsonb_build_object('flags', (r.spec->>'flags')::int
+                                                        & ~dpsql_internal._flag('row_transform'));
+    END IF;
+    run := dpsql_internal._start_run(dpsql_internal._read_rows(r));  -- (no SGD state: none runs)
     EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
        INTO rel USING r.train_table, plan, noise_seed;
     IF rel.weights IS NULL THEN
@@ -83,32 +118,6 @@ BEGIN
         RETURN NULL;
     END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
-    -- Issue 25 (privacy rule 10, docs/architecture.md): a fit that appends the intercept's 1 AFTER
-    -- the row transform (plan key intercept_after_row_transform: the private-ERM fits, which clip x
-    -- and then append 1, ||(x, 1)|| <= sqrt(x_bound^2 + 1) in their constants) records that
-    -- representation, so that predict, evaluate and Python score what it trained: the row
-    -- transform moves from the model's flags (which append 1 before it) to its preprocessing
-    -- (the row transform alone, then the intercept). Public: the plan and the registration.
-    IF coalesce((plan->>'intercept_after_row_transform')::boolean, false)
-       AND (r.spec->>'intercept')::boolean THEN
-        pre := jsonb_build_object(
-            'row_flags', (r.spec->>'flags')::int & dpsql_internal._flag('row_transform'),
-            'centre', array_fill(0::float8, ARRAY[(r.spec->>'dim')::int]),
-            'intercept', 'appended after the row transform');
-        UPDATE dpsql.runs
-           SET spec = spec || jsonb_build_object('flags', (spec->>'flags')::int
-                                                          & ~dpsql_internal._flag('row_transform'))
-         WHERE runs.run_id = run;
-    END IF;
-    -- A fit that clips rows without a row transform (a regression's x to the registered row
-    -- bound: plan key row_clip_radius) records the radius, so that a row beyond the bound is
-    -- scored clipped as it was trained (preprocessing.clip_radius; 54_api.sql, models.py).
-    IF plan->>'row_clip_radius' IS NOT NULL
-       AND (r.spec->>'flags')::int & dpsql_internal._flag('row_transform') = 0 THEN
-        pre := coalesce(pre, jsonb_build_object(
-                   'row_flags', 0, 'centre', array_fill(0::float8, ARRAY[(r.spec->>'dim')::int])))
-               || jsonb_build_object('clip_radius', (plan->>'row_clip_radius')::float8);
-    END IF;
     mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
         'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,
         'delta', delta, 'ledger_entry', entry,

@@ -108,13 +108,13 @@ BEGIN
     END IF;
 END $$;
 
--- Before the charge (public quantities only): the bolt-on's noise size for a prepared run,
--- and a warning when it exceeds what the model can reach. Returns the norms for a preview.
-CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_check(run bigint, epsilon float8, delta float8,
+-- Before the charge (public quantities only): the bolt-on's noise size for a prepared run
+-- with its initial state, and a warning when it exceeds what the model can reach. Returns the
+-- norms for a preview.
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_noise_check(r dpsql.runs, epsilon float8, delta float8,
                                                              calibration text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    r dpsql.runs := dpsql_internal._locked_run(run);
     mech record := dpsql_internal._bolton_mechanism(r.spec, r.rows, epsilon, delta, calibration);
     -- the noise scale of a release of the initial state (weights discarded: a fixed seed)
     scale float8 := (dpsql_internal._bolton_release(
@@ -165,24 +165,25 @@ BEGIN
     RETURN n;
 END $$;
 
--- A private run's training table and initial state from a registered dataset: the data owner's
--- source, columns, labels, bounds and row normalisation; the analyst's numbers from params.
+-- A private run prepared from a registered dataset (_prepare, deferred: its row, not stored,
+-- its table empty): the data owner's source, columns, labels, bounds and row normalisation;
+-- the analyst's numbers from params.
 -- The data is read as float8 columns (or one float8[]) of the registered dimension: nothing is
 -- probed. A view, foreign table or inheritance tree is read through dpsql_internal._read_source (as
 -- dpsql_reader, never as a superuser); a plain table or materialized view directly.
 CREATE OR REPLACE FUNCTION dpsql_internal._prepare_private(ds dpsql.datasets, model text, params jsonb)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql.runs LANGUAGE plpgsql AS $$
 DECLARE
     types text[] := dpsql_internal._feature_types(ds);
-    run bigint;
+    prepared dpsql.runs;
 BEGIN
     IF ds.dim IS NULL THEN
         PERFORM dpsql_internal._fail(format('dataset %s was registered without a known dimension', ds.name),
                             hint => 'Register it again with dim => the length of its feature array.');
     END IF;
     -- No row is read before the charge: the run's table is created empty, its row count the
-    -- public one, and the controller fills it after charging (_fill_private).
-    run := dpsql_internal._prepare(
+    -- public one, and the controller reads the rows after charging (_read_rows).
+    prepared := dpsql_internal._prepare(
         source => 'SELECT * FROM ' || dpsql_internal._private_from(ds), deferred => true,
         public_rows => (params->>'public_rows')::bigint,
         feature_types => types, dim => ds.dim,
@@ -205,10 +206,9 @@ BEGIN
         permutation => coalesce(params->>'permutation', 'once'),
         shard_parallel => coalesce((params->>'shard_parallel')::boolean, false), relation => ds.relid,
         categories => ds.categories, label_values => ds.label_values);
-    PERFORM dpsql_internal._preview_note('run', (SELECT r.spec - 'source' - 'seed' - 'seed_policy'
-                                                        || jsonb_build_object('rows', r.rows)
-                                                   FROM dpsql.runs r WHERE r.run_id = run));
-    RETURN run;
+    PERFORM dpsql_internal._preview_note('run', prepared.spec - 'source' - 'seed' - 'seed_policy'
+                                                || jsonb_build_object('rows', prepared.rows));
+    RETURN prepared;
 END $$;
 
 -- The privacy entry point behind dpsql.train: runs as the extension owner on a registered
@@ -274,7 +274,7 @@ CREATE OR REPLACE FUNCTION dpsql_internal._release_resolve(source text, model te
                                                           OUT auto jsonb, OUT ds dpsql.datasets)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF params->>'privacy' <> 'auto' THEN
+    IF params->>'privacy' IS DISTINCT FROM 'auto' THEN  -- (NULL is refused as unknown: validate)
         RETURN;
     END IF;
     -- The grant is checked first: the choice reads the registration.
@@ -563,6 +563,7 @@ DECLARE
     tuning boolean := cardinality(lambdas) + cardinality(epochs_grid) > 0;
     entry bigint;
     plan jsonb;
+    prepared dpsql.runs;
     run bigint;
     fit record;
     mid bigint;
@@ -573,16 +574,19 @@ BEGIN
     END IF;
     -- The parameters are checked (the run's spec, the mechanism's sensitivity) before the
     -- budget: a bad argument is reported as such, also on an exhausted dataset.
-    run := dpsql_internal._prepare_private(ds, model, params);
-    IF NOT tuning THEN  -- (Algorithm 3 trains candidates of their own)
-        PERFORM dpsql_internal._arm(run);
-        plan := dpsql_internal._bolton_noise_check(run, epsilon, delta, calibration);
+    prepared := dpsql_internal._arm(dpsql_internal._prepare_private(ds, model, params));
+    IF tuning THEN
+        -- Algorithm 3 trains candidates of their own (its base's state checks their shape)
+        PERFORM dpsql_internal._bolton_tune_check(prepared, params, lambdas, epochs_grid, epsilon, delta,
+                                                  calibration);
+    ELSE
+        plan := dpsql_internal._bolton_noise_check(prepared, epsilon, delta, calibration);
     END IF;
-    -- Checks the budget under the dataset's row lock and appends the ledger entry; no epoch
-    -- has run yet.
+    -- Checks the budget under the dataset's row lock and appends the ledger entry; no row has
+    -- been read yet.
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
                            note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END, plan => plan);
-    PERFORM dpsql_internal._fill_private(run);
+    run := dpsql_internal._start_run(dpsql_internal._read_rows(prepared));
     IF tuning THEN
         fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
                                   calibration, noise_seed);
@@ -594,6 +598,61 @@ BEGIN
                          fit.info || jsonb_build_object('dataset_id', ds.dataset_id, 'ledger_entry', entry));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
+END $$;
+
+-- Algorithm 3's grids: the tuning grids given, else the call's own lambda and epochs.
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_grids(params jsonb, lambdas float8[], epochs_grid int[],
+                                                       OUT grid_l float8[], OUT grid_k int[])
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN cardinality(lambdas) > 0 THEN lambdas
+                ELSE ARRAY[coalesce((params->>'lambda')::float8, 0)] END,
+           CASE WHEN cardinality(epochs_grid) > 0 THEN epochs_grid
+                ELSE ARRAY[coalesce((params->>'epochs')::int, 10)] END
+$$;
+
+-- Algorithm 3's candidates, from public numbers: each (lambda, epochs) pair of the grids,
+-- numbered 1..l in the grids' order, with its schedule and the portion size, the row count
+-- split into l + 1 equal portions.
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_candidates(rows bigint, params jsonb, lambdas float8[],
+                                                            epochs_grid int[])
+RETURNS TABLE (i int, lambda float8, epochs int, schedule text, portion bigint, l int)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (row_number() OVER (ORDER BY gl.o, gk.o))::int, gl.v, gk.v,
+           CASE WHEN gl.v > 0 THEN 'decreasing' ELSE 'constant' END,
+           rows / (count(*) OVER () + 1), (count(*) OVER ())::int
+      FROM dpsql_internal._bolton_grids(params, lambdas, epochs_grid) g,
+           unnest(g.grid_l) WITH ORDINALITY gl(v, o), unnest(g.grid_k) WITH ORDINALITY gk(v, o)
+     ORDER BY gl.o, gk.o
+$$;
+
+-- Algorithm 3's refusals that need no row, before its charge: the split (portions of at least
+-- one batch) and each candidate's settings and bolt-on mechanism at the portion's size, as
+-- _bolton_tune prepares them.
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_tune_check(b dpsql.runs, params jsonb, lambdas float8[],
+                                                            epochs_grid int[], epsilon float8, delta float8,
+                                                            calibration text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    batch bigint := coalesce((params->>'batch_size')::bigint, 1);
+    step float8 := (params->>'step_size')::float8;
+    c record;
+BEGIN
+    FOR c IN SELECT * FROM dpsql_internal._bolton_candidates(b.rows, params, lambdas, epochs_grid) LOOP
+        IF c.portion < batch THEN
+            PERFORM dpsql_internal._fail(format('%s rows cannot be split into %s portions of at least one batch',
+                                                b.rows, c.l + 1));
+        END IF;
+        PERFORM dpsql_internal._check_run_settings(c.epochs, batch, c.lambda, step, c.schedule, 0, NULL,
+                                                   b.spec->>'row_norm', dpsql_internal._huber_h(params),
+                                                   NULL, 0, true, 'once');
+        PERFORM dpsql_internal._bolton_mechanism(
+            b.spec || jsonb_build_object(
+                'lambda', c.lambda, 'epochs', c.epochs, 'batch_size', batch, 'schedule', c.schedule,
+                'step_size', CASE WHEN c.schedule = 'constant' THEN coalesce(step, 1.0 / sqrt(c.portion)) END,
+                'step_offset', 0, 'radius', CASE WHEN c.lambda > 0 THEN 1.0 / c.lambda END,
+                'parallel_workers', 0, 'shard_parallel', false, 'permutation', 'once'),
+            c.portion, epsilon, delta, calibration);
+    END LOOP;
 END $$;
 
 -- Algorithm 3: split the shuffled training table into l + 1 equal portions; train candidate i
@@ -608,55 +667,46 @@ CREATE OR REPLACE FUNCTION dpsql_internal._bolton_tune(base bigint, model text, 
 LANGUAGE plpgsql AS $$
 DECLARE
     b dpsql.runs := dpsql_internal._locked_run(base);
-    grid_l float8[] := CASE WHEN cardinality(lambdas) > 0 THEN lambdas
-                            ELSE ARRAY[coalesce((params->>'lambda')::float8, 0)] END;
-    grid_k int[] := CASE WHEN cardinality(epochs_grid) > 0 THEN epochs_grid
-                         ELSE ARRAY[coalesce((params->>'epochs')::int, 10)] END;
-    l int := cardinality(grid_l) * cardinality(grid_k);
-    portion bigint := b.rows / (l + 1);
+    grids record := dpsql_internal._bolton_grids(params, lambdas, epochs_grid);
     batch bigint := coalesce((params->>'batch_size')::bigint, 1);
     labels float8[];
-    lam float8;
-    k int;
-    i int := 0;
+    c record;
+    l int;
+    portion bigint;
     cand bigint;
     fit record;
     candidates jsonb := '[]';
     errors float8[] := '{}';
     pick int;
 BEGIN
-    IF portion < batch THEN
-        PERFORM dpsql_internal._fail(format('%s rows cannot be split into %s portions of at least one batch',
-                                   b.rows, l + 1));
-    END IF;
     -- The base table already holds transformed features and mapped labels.
     labels := CASE WHEN jsonb_array_length(b.spec->'classes') > 2 OR b.spec->>'model' = 'multinomial'
                    THEN ARRAY(SELECT generate_series(0, jsonb_array_length(b.spec->'classes') - 1)::float8)
                    ELSE '{-1,1}' END;
-    FOREACH lam IN ARRAY grid_l LOOP
-        FOREACH k IN ARRAY grid_k LOOP
-            i := i + 1;
-            cand := dpsql_internal._prepare(
-                source => format('SELECT x, y FROM %s WHERE rid > %s AND rid <= %s',
-                                 b.train_table, (i - 1) * portion, i * portion),
-                features => '{x}', label => 'y', model => model, epochs => k, batch_size => batch,
-                lambda => lam, step_size => (params->>'step_size')::float8,
-                schedule => CASE WHEN lam > 0 THEN 'decreasing' ELSE 'constant' END,
-                step_offset => 0, radius => NULL, shuffle => true, seed => (b.spec->>'seed')::bigint + i,
-                labels => labels, intercept => (b.spec->>'intercept')::boolean,
-                row_norm => b.spec->>'row_norm', huber_h => dpsql_internal._huber_h(params),
-                tolerance => NULL, private => true,
-                -- the registered dimension: no row of the training table is probed
-                feature_types => '{double precision[]}', dim => (b.spec->>'dim')::int);
-            fit := dpsql_internal._bolton_fit(cand, epsilon, delta, calibration,
-                                     noise_seed # (i::bigint << 32));
-            errors := errors || dpsql_internal._errors(b.train_table, model, (b.spec->>'flags')::int,
-                                              fit.weights, l::bigint * portion,
-                                              (l + 1)::bigint * portion)::float8;
-            candidates := candidates || jsonb_build_object(
-                'run', cand, 'lambda', lam, 'epochs', k, 'weights', to_jsonb(fit.weights),
-                'info', fit.info);
-        END LOOP;
+    -- (checked before the charge: _bolton_tune_check)
+    FOR c IN SELECT * FROM dpsql_internal._bolton_candidates(b.rows, params, lambdas, epochs_grid) LOOP
+        l := c.l;
+        portion := c.portion;
+        cand := (dpsql_internal._prepare(
+            source => format('SELECT x, y FROM %s WHERE rid > %s AND rid <= %s',
+                             b.train_table, (c.i - 1) * portion, c.i * portion),
+            features => '{x}', label => 'y', model => model, epochs => c.epochs, batch_size => batch,
+            lambda => c.lambda, step_size => (params->>'step_size')::float8,
+            schedule => c.schedule, step_offset => 0, radius => NULL, shuffle => true,
+            seed => (b.spec->>'seed')::bigint + c.i,
+            labels => labels, intercept => (b.spec->>'intercept')::boolean,
+            row_norm => b.spec->>'row_norm', huber_h => dpsql_internal._huber_h(params),
+            tolerance => NULL, private => true,
+            -- the registered dimension: no row of the training table is probed
+            feature_types => '{double precision[]}', dim => (b.spec->>'dim')::int)).run_id;
+        fit := dpsql_internal._bolton_fit(cand, epsilon, delta, calibration,
+                                 noise_seed # (c.i::bigint << 32));
+        errors := errors || dpsql_internal._errors(b.train_table, model, (b.spec->>'flags')::int,
+                                          fit.weights, l::bigint * portion,
+                                          (l + 1)::bigint * portion)::float8;
+        candidates := candidates || jsonb_build_object(
+            'run', cand, 'lambda', c.lambda, 'epochs', c.epochs, 'weights', to_jsonb(fit.weights),
+            'info', fit.info);
     END LOOP;
     -- Utility -chi_i with sensitivity 1: p_i proportional to exp(-epsilon chi_i / 2).
     pick := dpsql_internal._exponential_mechanism(ARRAY(SELECT -v FROM unnest(errors) v), epsilon, 1, noise_seed);
@@ -672,23 +722,9 @@ BEGIN
         'epsilon', epsilon, 'delta', delta,
         'tuning', jsonb_build_object(
             'algorithm', 'Algorithm 3 (private tuning)', 'candidates', l,
-            'portion_rows', portion, 'lambdas', grid_l, 'epochs', grid_k,
+            'portion_rows', portion,
+            'lambdas', grids.grid_l, 'epochs', grids.grid_k,
             'chosen_lambda', (candidates->(pick - 1)->>'lambda')::float8,
             'chosen_epochs', (candidates->(pick - 1)->>'epochs')::int,
             'selection', 'exponential mechanism, utility -errors, sensitivity 1'));
-END $$;
-
--- Arm a prepared run with a white-box plan (noise inside every step), run all its epochs and
--- return the final weights: the release, with no output noise.
-CREATE OR REPLACE FUNCTION dpsql_internal._run_armed(run bigint, plan jsonb, noise_seed bigint)
-RETURNS float8[] LANGUAGE plpgsql AS $$
-DECLARE
-    e record;
-BEGIN
-    PERFORM dpsql_internal._arm(run, plan, noise_seed);
-    LOOP
-        e := dpsql_internal._run_epoch(run);
-        EXIT WHEN e.done;
-    END LOOP;
-    RETURN dpsql_internal._sgd_weights((dpsql_internal._locked_run(run)).state);
 END $$;

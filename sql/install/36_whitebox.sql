@@ -287,36 +287,6 @@ BEGIN
     END IF;
 END $$;
 
--- Build a prepared private run's initial state, once (_initial_state): plain from its spec
--- (the bolt-on), or with a white-box plan's noise, clipping, schedule and sampling (keyed by
--- pg_strong_random), whose fields the run's spec then records, with its secret sampling seed.
-CREATE OR REPLACE FUNCTION dpsql_internal._arm(run_id bigint, plan jsonb DEFAULT NULL,
-                                              noise_seed bigint DEFAULT NULL)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    r dpsql.runs := dpsql_internal._locked_run(run_id);
-BEGIN
-    IF cardinality(r.state) > 0 THEN
-        PERFORM dpsql_internal._fail(format('training run %s is armed already', run_id), 'XX000');
-    END IF;
-    IF plan IS NULL THEN
-        UPDATE dpsql.runs SET state = dpsql_internal._initial_state(r.spec) WHERE runs.run_id = _arm.run_id;
-        RETURN;
-    END IF;
-    UPDATE dpsql.runs
-       SET state = dpsql_internal._initial_state(r.spec, plan, noise_seed),
-           spec = spec || jsonb_build_object(
-               'schedule', plan->>'schedule', 'step_size', (plan->>'step_size')::float8,
-               'radius', (plan->>'radius')::float8, 'sampling', plan->>'sampling',
-               'sampling_rate', (plan->>'sampling_rate')::float8,
-               'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
-               'clip_norm', (plan->>'clip_norm')::float8),
-           -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
-           sampling_seed = CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
-                                ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END
-     WHERE runs.run_id = _arm.run_id;
-END $$;
-
 -- The expected norm of the noise on one step's mean gradient with batch b, in units of the
 -- gradient bound, for the defaults' batch rule (quiet_steps, 34_defaults.sql): each
 -- mechanism's, named by its spec (step_noise_function).
@@ -359,22 +329,21 @@ CREATE OR REPLACE FUNCTION dpsql_internal._train_whitebox(ds dpsql.datasets, mod
                                       epsilon float8, delta float8, noise_seed bigint)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    r dpsql.runs := dpsql_internal._prepare_private(ds, model, params);
     run bigint;
-    r dpsql.runs;
     plan jsonb;
     entry bigint;
     mid bigint;
 BEGIN
-    run := dpsql_internal._prepare_private(ds, model, params);
-    r := dpsql_internal._locked_run(run);
     plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
     plan := dpsql_internal._audit_plan(r.spec, r.rows, plan);  -- a superuser's test switch (52_audit.sql)
+    r := dpsql_internal._arm(r, plan, noise_seed);
     -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
     -- (epsilon, delta)
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            privacy, dp_event => plan->'dp_event', plan => plan);
-    PERFORM dpsql_internal._fill_private(run);
-    mid := dpsql_internal._finish(run, dpsql_internal._run_armed(run, plan, noise_seed),
+    run := dpsql_internal._start_run(dpsql_internal._read_rows(r));
+    mid := dpsql_internal._finish(run, dpsql_internal._run_epochs(run),
                          (plan->'info') || jsonb_build_object(
         'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
         'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,

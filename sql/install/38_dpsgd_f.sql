@@ -87,17 +87,23 @@ BEGIN
     -- the rows' norm bound (1 for classifiers); std / r is the accountant's prefix multiplier
     -- (the steps' multiplier is std / C at sensitivity 2 C).
     prefix := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
-    run := dpsql_internal._prepare_private(ds, model, params);
-    r := dpsql_internal._locked_run(run);
+    r := dpsql_internal._prepare_private(ds, model, params);
     -- the registration's clip / unit rows
     row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
     -- The plan (and the charge) before any private number is computed from the rows.
     plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec, r.rows, epsilon, delta,
                                  params || jsonb_build_object('sampling', 'poisson',
                                                               'prefix_noise_multiplier', prefix / x_bound));
+    -- the run trains on the centred rows (below), with the bias as a plain feature 1: its state
+    -- is armed for them before the charge
+    r.spec := r.spec || jsonb_build_object(
+        'flags', ((r.spec->>'flags')::int & ~dpsql_internal._flag('row_transform'))
+                 | dpsql_internal._flag('intercept'),
+        'intercept', true);
+    r := dpsql_internal._arm(r, plan, noise_seed);
     entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
                            'dpsgd_f', dp_event => plan->'dp_event', plan => plan);  -- the mean and the steps
-    PERFORM dpsql_internal._fill_private(run);
+    r := dpsql_internal._read_rows(r);
     -- regression rows (row_norm none) are clipped to x_bound for the sum only
     centre := dpsql_internal._private_mean(r.train_table, (r.spec->>'dim')::int,
                                   CASE WHEN canonical = 'linear' THEN 1 ELSE row_flags END,
@@ -110,13 +116,8 @@ BEGIN
     EXECUTE format('INSERT INTO %s (%s, x, y) SELECT %s, dpsql_internal._preprocess(x, NULL, $1, $2), y'
                    '  FROM %s ORDER BY rid', tbl, ids, ids, r.train_table) USING row_flags, centre;
     PERFORM dpsql_internal._replace_training_table(r.train_table, tbl);
-    UPDATE dpsql.runs
-       SET spec = spec || jsonb_build_object('flags', ((spec->>'flags')::int
-                                                        & ~dpsql_internal._flag('row_transform'))
-                                                       | dpsql_internal._flag('intercept'),
-                                             'intercept', true)
-     WHERE runs.run_id = run;
-    theta := dpsql_internal._run_armed(run, plan, noise_seed);
+    run := dpsql_internal._start_run(r);
+    theta := dpsql_internal._run_epochs(run);
     -- Released in the space of the registered features (privacy rule 10, issue 25):
     -- the centring folded into the bias, w . (t(x) - mean) + b = w . t(x) + (b - w . mean),
     -- t the row transform (the mean is taken after it). Post-processing of (theta, mean).

@@ -145,9 +145,9 @@ BEGIN
     RETURN out;
 END $$;
 
--- Over 100 lines: one function because it is a controller that plans, charges, plans again and
--- fits in one pass; issue 45's "one typed plan per release" refactor gives DPSGD-F Algorithm 2 a
--- plan function and a fit function run by the one controller, and deletes it.
+-- Over 100 lines: one function because it is a controller whose steps feed each other in one
+-- pass: the calibration's plan, the charge, the private mean and quantile tau from the rows, the
+-- rows x'' they make, the run armed with the plan tau fixes (clip and step), the map back.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
                                           params jsonb, epsilon float8, delta float8,
                                           noise_seed bigint)
@@ -210,8 +210,7 @@ BEGIN
         params := params || jsonb_build_object('batch_size', greatest(
             50, dpsql_internal._distributed_min_batch(ds)));  -- on Citus: fewer steps
     END IF;
-    run := dpsql_internal._prepare_private(ds, model, params);
-    r := dpsql_internal._locked_run(run);
+    r := dpsql_internal._prepare_private(ds, model, params);
     d := (r.spec->>'dim')::int;
     m := r.rows;
     row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
@@ -221,8 +220,12 @@ BEGIN
     sgd_params := jsonb_build_object('sampling', 'poisson', 'clip_norm', 1.0, 'step_size', 1.0);
     plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
                                  epsilon / 3, delta / 3, sgd_params);
+    -- The run's shape, checked before the charge: its state on the rows x'' (d + 1 features, no
+    -- intercept) with this calibration (the run is armed after tau, with its clip and step).
+    PERFORM dpsql_internal._initial_state(r.spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7,
+                                                                      'intercept', false), plan);
     entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => plan);
-    PERFORM dpsql_internal._fill_private(run);
+    r := dpsql_internal._read_rows(r);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
     pm := dpsql_internal._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);
@@ -240,27 +243,24 @@ BEGIN
                    '  FROM (%s) r ORDER BY r.rid', tbl, ids, ids,
                    dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags, ids)) USING pm.mean, tau;
     PERFORM dpsql_internal._replace_training_table(r.train_table, tbl);
-    UPDATE dpsql.runs
-       SET spec = spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7, 'intercept', false)
-     WHERE runs.run_id = run;
+    r.spec := r.spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7, 'intercept', false);
     -- 5. DP-SGD: C = sqrt(2) G tau, step eta_0 / tau^2 (the same calibration, now with C).
     -- tau is noisy, so the step is post-processing; it is capped so that a huge eta_0 over a
     -- small tau cannot overflow after the charge (the weights' box guards the rest, sgd.c).
     step := CASE WHEN ln(eta0) - 2 * ln(tau) > ln(1e300) THEN 1e300 ELSE eta0 / (tau * tau) END;
     clip := sqrt(2) * c.lipschitz_data * tau;
-    plan := dpsql_internal._dpsgd_plan('dpsgd', (dpsql_internal._locked_run(run)).spec, m, epsilon / 3, delta / 3,
+    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec, m, epsilon / 3, delta / 3,
                                  sgd_params || jsonb_build_object('clip_norm', clip,
                                                                   'step_size', step));
-    theta := dpsql_internal._run_armed(run, plan, noise_seed);
-    -- 6. map back; released as (w, b) on the rows after the row transform
+    run := dpsql_internal._start_run(dpsql_internal._arm(r, plan, noise_seed));
+    theta := dpsql_internal._run_epochs(run);
+    -- 6. map back; released as (w, b) on the rows after the row transform: the model records
+    -- the registered dimension with an intercept
     released := dpsql_internal._alg2_map_back(theta, pm.mean, tau);
-    UPDATE dpsql.runs
-       SET spec = spec || jsonb_build_object(
-                'dim', d, 'intercept', true,
-                'flags', (flags & ~dpsql_internal._flag('row_transform'))
-                         | dpsql_internal._flag('intercept'))
-     WHERE runs.run_id = run;
-    mid := dpsql_internal._finish(run, released, (plan->'info') || jsonb_build_object(
+    mid := dpsql_internal._finish(run, released, recorded => jsonb_build_object(
+        'dim', d, 'intercept', true,
+        'flags', (flags & ~dpsql_internal._flag('row_transform')) | dpsql_internal._flag('intercept')),
+        privacy => (plan->'info') || jsonb_build_object(
         'mechanism', 'dpsgd_f_alg2', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F (Sun, Suresh, Menon 2024, Algorithm 2): private mean, private quantile '
                      'tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD with C = sqrt(2) G tau, '

@@ -174,11 +174,11 @@ BEGIN
     -- Non-private defaults: 10 epochs of batch 1 (private runs: 34_defaults.sql).
     epochs := coalesce(epochs, 10);
     batch_size := coalesce(batch_size, 1);
-    run := dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
-                          coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
-                          labels, coalesce(intercept, true),  -- scikit-learn's fit_intercept
-                          row_norm, huber_h, tolerance, parallel_workers,
-                          permutation => permutation, shard_parallel => shard_parallel);
+    run := (dpsql_internal._prepare(source, features, label, model, epochs, batch_size, lambda, step_size,
+                           coalesce(schedule, 'constant'), step_offset, radius, shuffle, seed,
+                           labels, coalesce(intercept, true),  -- scikit-learn's fit_intercept
+                           row_norm, huber_h, tolerance, parallel_workers,
+                           permutation => permutation, shard_parallel => shard_parallel)).run_id;
     LOOP
         e := dpsql_internal._run_epoch(run);
         RAISE NOTICE 'dpsql: epoch %/% objective %', e.epoch, epochs, round(e.objective::numeric, 6);

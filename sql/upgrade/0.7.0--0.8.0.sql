@@ -56,13 +56,17 @@ DROP FUNCTION IF EXISTS dpsql_internal._prepare(text, text[], text, text, int, b
                                                 float8, float8, boolean, bigint, float8[], boolean, text,
                                                 float8, float8, int, boolean, float8[], text, text[], int,
                                                 boolean, regclass);
--- Issue 45: a private run's rows are read after its charge (_fill_private); the fills take
+-- Issue 45: a private run's rows are read after its charge (_read_rows); the fills take
 -- empty (no row before the charge) instead of asking whether a preview runs.
 DROP FUNCTION IF EXISTS dpsql_internal._fill_distributed_table(bigint, regclass, text, text, int, boolean,
                                                                bigint);
 ALTER TABLE IF EXISTS dpsql.runs ADD COLUMN IF NOT EXISTS fill jsonb;
--- Issue 45: a run's state is built once (_initial_state), a private run's by _arm.
+-- Issue 45: a run's state is built once (_initial_state); a private run's row is written once,
+-- after its plan, its charge and its read (_prepare_private returns the prepared row,
+-- _start_run writes it; _run_epochs runs it).
 DROP FUNCTION IF EXISTS dpsql_internal._arm_whitebox(bigint, jsonb, bigint);
+DROP FUNCTION IF EXISTS dpsql_internal._run_armed(bigint, jsonb, bigint);
+DROP FUNCTION IF EXISTS dpsql_internal._prepare_private(dpsql.datasets, text, jsonb);
 DROP FUNCTION IF EXISTS dpsql_internal._fill_training_table(bigint, text, text, text, int, int, boolean,
                                                             bigint);
 

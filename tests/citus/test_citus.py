@@ -19,7 +19,7 @@ import pytest
 from dpsql import citus
 from dpsql.loading import load_numpy
 from tests import definer_role
-from tests.pg_helpers import prepare
+from tests.pg_helpers import await_waiter, prepare
 
 # The container stage runs this module on compose.citus.yml (tests/container).
 pytestmark = pytest.mark.smoke
@@ -389,14 +389,8 @@ def test_the_shards_are_read_after_the_charge(cluster, coord) -> None:
         holder.execute("SELECT 1 FROM dpsql.datasets WHERE name = %s FOR UPDATE", (ds,))
         worker = threading.Thread(target=release)
         worker.start()
-        deadline = time.monotonic() + 60
         # the charge waits for the dataset's row (its lock_timeout is 2 s: act at once)
-        while not coord.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks"
-            " WHERE NOT granted AND locktype = 'transactionid')"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "the release never reached its charge"
-            time.sleep(0.005)
+        await_waiter(coord, holder, timeout=60)
         coord.execute(
             f"INSERT INTO {src} (rid, x, y)"
             " SELECT 100000 + g, '{0.1,0.1,0.1}', 1 FROM generate_series(1, 10) g"
@@ -404,6 +398,7 @@ def test_the_shards_are_read_after_the_charge(cluster, coord) -> None:
         holder.commit()
     worker.join(120)
     assert "model" not in outcome, "the release trained on rows read before its charge"
+    assert outcome["error"].sqlstate == "DP003"
     assert "rows changed while this release was planned" in str(outcome["error"])
     assert _ledger(coord) == before + 1
 

@@ -77,13 +77,13 @@ def test_the_training_table_holds_the_bounded_slots(cluster, coord) -> None:
     table = _visits_distributed(coord)
     name = _register(coord, table, privacy_unit="person", max_rows_per_unit=K)
     ds = coord.execute("SELECT dpsql_internal._lookup_dataset(%s)", (name,)).fetchone()[0]
+    # (its rows are read after the charge: here at once)
     run = coord.execute(
-        "SELECT dpsql_internal._prepare_private(%s::dpsql.datasets, 'logistic', '{\"seed\": 7}')",
+        "SELECT dpsql_internal._start_run(dpsql_internal._read_rows("
+        "dpsql_internal._prepare_private(%s::dpsql.datasets, 'logistic', '{\"seed\": 7}')))",
         (ds,),
     ).fetchone()[0]
     try:
-        # (its rows are read after the charge: here at once)
-        coord.execute("SELECT dpsql_internal._fill_private(%s)", (run,))
         train, rows, spec = coord.execute(
             "SELECT train_table, rows, spec FROM dpsql.runs WHERE run_id = %s", (run,)
         ).fetchone()

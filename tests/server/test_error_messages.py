@@ -94,6 +94,76 @@ def test_parameters_are_checked_before_the_budget(conn, scratch_schema) -> None:
     assert spent == 0
 
 
+def test_refusals_that_need_no_row_come_before_the_charge(conn, scratch_schema) -> None:
+    """What the registration and the arguments alone refuse is refused before the charge, also
+    when it is found by building the run's state or by private tuning's candidates: on an
+    exhausted dataset the refusal is the argument's, not the budget's (DP001). Until the run's
+    state was armed before the charge, these came after it."""
+    source = _exhausted(conn, scratch_schema, False)  # 3000 rows
+    tuning = "privacy => 'bolton', epsilon => 1, tuning_lambdas => '{0.1,0.2,0.3}'"
+    cases = [
+        # Algorithm 3: 3000 rows in 4 portions of 750, below one batch
+        (f"{tuning}, batch_size => 800", "portions of at least one batch"),
+        # Algorithm 3: the classic Gaussian needs epsilon < 1 per candidate
+        (f"{tuning}, delta => 1e-6, gaussian => 'classic'", "classic Gaussian"),
+    ]
+    for args, message in cases:
+        with pytest.raises(pg.InvalidParameterValue, match=message):
+            conn.execute(f"SELECT dpsql.train(%s, NULL, NULL, {args})", (source,))
+    # a model the core cannot hold: 2 (d + 1) outputs doubles over MaxAllocSize / 16
+    wide = f"w_{uuid.uuid4().hex[:6]}"
+    conn.execute(
+        f"CREATE TABLE {wide} AS SELECT g AS id, array_fill(0::float8, ARRAY[33000]) AS x,"
+        " (g % 1024)::float8 AS y FROM generate_series(1, 20) g"
+    )
+    conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 0.5,"
+        " delta_budget => 1e-3, dim => 33000, row_norm => 'clip',"
+        " labels => (SELECT array_agg(i::float8) FROM generate_series(0, 1023) i))",
+        (wide,),
+    )
+    for args in [
+        "privacy => 'dpsgd', delta => 1e-6, batch_size => 2, epochs => 1",
+        "privacy => 'scs13', delta => 1e-6, batch_size => 2, epochs => 1",
+        "privacy => 'bolton', tuning_lambdas => '{0.1,0.2}', batch_size => 2",
+    ]:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(
+                f"SELECT dpsql.train(%s, NULL, NULL, 'multinomial', epsilon => 1, {args})",
+                (f"{scratch_schema}.{wide}",),
+            )
+        assert "invalid model shape" in str(refused.value), (args, str(refused.value))
+    (spent,) = conn.execute(
+        "SELECT count(*) FROM dpsql.ledger_entries e JOIN dpsql.datasets d USING (dataset_id)"
+        " WHERE d.relid = ANY(%s::regclass[])",
+        ([source, f"{scratch_schema}.{wide}"],),
+    ).fetchone()
+    assert spent == 0
+
+
+def test_a_null_mechanism_is_refused_not_chosen(conn, scratch_schema) -> None:
+    """privacy => NULL names no mechanism: refused as unknown before anything is charged (not
+    taken for 'auto', which would choose one and charge it), by train and by preview."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(500, 3)) / 2
+    source = load(conn, scratch_schema, f"t_{uuid.uuid4().hex[:6]}", X, (X[:, 0] > 0) * 1.0)
+    (ds,) = conn.execute(
+        "SELECT dpsql.register_dataset(%s, '{x}', 'y', epsilon_budget => 10,"
+        " delta_budget => 1e-3, row_norm => 'clip', labels => '{0,1}')",
+        (source,),
+    ).fetchone()
+    with pytest.raises(pg.InvalidParameterValue, match="unknown privacy mechanism"):
+        conn.execute("SELECT dpsql.train(%s, NULL, NULL, privacy => NULL, epsilon => 1)", (source,))
+    (preview,) = conn.execute(
+        "SELECT dpsql.preview(%s, NULL, NULL, privacy => NULL, epsilon => 1)", (source,)
+    ).fetchone()
+    assert "unknown privacy mechanism" in preview["refused"]["message"]
+    (entries,) = conn.execute(
+        "SELECT count(*) FROM dpsql.ledger_entries WHERE dataset_id = %s", (ds,)
+    ).fetchone()
+    assert entries == 0
+
+
 def test_refusals_have_no_context_and_no_empty_hint(conn, scratch_schema) -> None:
     source = _exhausted(conn, scratch_schema, False)
     refusals = [

@@ -1,7 +1,7 @@
 """A private release reads no row before its charge (issue 45: plan, charge, then read).
 
 The run is prepared from the public row count with an empty training table; its rows are read
-after the charge has committed (dpsql_internal._fill_private), with the same seeded order. The
+after the charge has committed (dpsql_internal._read_rows), with the same seeded order. The
 test holds the charge at the dataset's row lock, adds rows to the source meanwhile, and lets the
 charge go: a release that had read its rows before the charge would train on the old ones; this
 one reads the new ones, sees that the count it was planned from changed, and refuses with the
@@ -10,11 +10,12 @@ charge kept (it is durable before any read)."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import psycopg
 import pytest
+
+from tests.pg_helpers import await_waiter
 
 MECHANISMS = ["bolton", "dpsgd", "output_perturbation"]
 
@@ -63,14 +64,8 @@ def test_rows_are_read_after_the_charge(conn, server_uri, dataset, privacy):
         holder.execute("SELECT 1 FROM dpsql.datasets WHERE dataset_id = %s FOR UPDATE", (ds,))
         worker = threading.Thread(target=release)
         worker.start()
-        deadline = time.monotonic() + 30
         # the charge waits for the dataset's row (its lock_timeout is 2 s: act at once)
-        while not conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks"
-            " WHERE NOT granted AND locktype = 'transactionid')"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "the release never reached its charge"
-            time.sleep(0.005)
+        await_waiter(conn, holder, timeout=30)
         conn.execute(
             f"INSERT INTO {table} SELECT 2000 + g, 0.5, 0.5, 1 FROM generate_series(1, 10) g"
         )
@@ -79,6 +74,7 @@ def test_rows_are_read_after_the_charge(conn, server_uri, dataset, privacy):
     assert "model" not in outcome, "the release trained on rows read before its charge"
     error = outcome["error"]
     assert isinstance(error, psycopg.Error)
+    assert error.sqlstate == "DP003"  # not 40001: a client's automatic retry would charge again
     assert "rows changed while this release was planned" in str(error)
     assert "charge stands" in str(error)
     assert _entries(conn, ds) == 1  # charged, durably, before the read
@@ -86,6 +82,7 @@ def test_rows_are_read_after_the_charge(conn, server_uri, dataset, privacy):
 
 def test_unchanged_rows_release_and_charge_once(conn, dataset):
     ds, name, connect, _ = dataset
+    (last,) = conn.execute("SELECT last_value FROM dpsql.runs_run_id_seq").fetchone()
     with connect() as analyst:
         (mid,) = analyst.execute(
             "SELECT dpsql.train(%s, NULL, NULL, 'logistic', privacy => 'bolton', epsilon => 1,"
@@ -98,4 +95,5 @@ def test_unchanged_rows_release_and_charge_once(conn, dataset):
     assert rows == 1000
     assert _entries(conn, ds) == 1
     # the pending read (its SQL and seed) is gone with the run
-    assert conn.execute("SELECT count(*) FROM dpsql.runs").fetchone() == (0,)
+    left = conn.execute("SELECT count(*) FROM dpsql.runs WHERE run_id > %s", (last,)).fetchone()
+    assert left == (0,)

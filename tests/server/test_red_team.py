@@ -159,9 +159,9 @@ def test_data_owners_see_only_their_own_runs(conn, points, make_role) -> None:  
     conn.execute(f"GRANT SELECT ON {points} TO {first}")
     with connect_first() as a, connect_second() as b:
         (run,) = a.execute(
-            "SELECT dpsql_internal._prepare(%s, '{a,b}', 'y', 'logistic', 1, 1, 0, NULL,"
+            "SELECT (dpsql_internal._prepare(%s, '{a,b}', 'y', 'logistic', 1, 1, 0, NULL,"
             " 'constant', 0,"
-            " NULL, true, 1, NULL, false, 'none', 0.1, NULL)",
+            " NULL, true, 1, NULL, false, 'none', 0.1, NULL)).run_id",
             (points,),
         ).fetchone()
         assert (
