@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, special, stats
 
 from dpsql import audit_stats
 
@@ -200,6 +200,61 @@ def test_dirac_refutes_half_noise_and_the_dp_test_is_weaker() -> None:
         dp.append(audit_stats.dirac_bound(100000, ks, cs, 1e-5, 0.95, "dp")["epsilon_lower"])
     assert min(gdp) > 1.0 and 1.2 < float(np.mean(gdp)) < 1.5
     assert float(np.mean(dp)) < float(np.mean(gdp))
+
+
+def _dirac_top_counts(rng, m: int, mu: float, ks: list[int], cut: float) -> list[int]:
+    """_dirac_counts's counts, drawing only the scores above ``cut`` (exact: given how many of
+    each kind clear it, their scores are truncated normals; a draw with fewer than max(ks)
+    above it is redrawn in full)."""
+    p_in, p_out = float(special.ndtr(mu - cut)), float(special.ndtr(-cut))
+    n_in = int(rng.binomial(m, 0.5))
+    a_in, a_out = int(rng.binomial(n_in, p_in)), int(rng.binomial(m - n_in, p_out))
+    if a_in + a_out < max(ks):
+        return _dirac_counts(rng, m, mu)[1]
+    scores = np.concatenate(
+        [mu - special.ndtri(rng.random(a_in) * p_in), -special.ndtri(rng.random(a_out) * p_out)]
+    )
+    included = np.arange(a_in + a_out) < a_in
+    ranked = np.cumsum(included[np.argsort(-scores)])
+    return [int(ranked[k - 1]) for k in ks]
+
+
+# The least "in" count among the top k of 40,000 canaries that rejects the claim mu = 0.26805
+# (epsilon 1 at delta 1e-5), each k at 5% / 5 (test_audit_dirac.py's HALF_NOISE_CANARIES).
+HALF_NOISE_LEAST = {200: 161, 400: 310, 800: 603, 2000: 1469, 4000: 2894}
+
+
+def test_dirac_half_noise_rate_at_40000_canaries() -> None:
+    """The false-failure rate test_audit_dirac.py's half-noise tests state: an audit of 40,000
+    canaries refutes the claim exactly when some guess count reaches its least rejecting count
+    (checked here on the statistics), and under half the noise (mu doubled) an audit falls
+    short in 14 of 20,000 simulated audits (7e-4, seed 1; this test's 2,000 seeded ones: 0 to
+    8 allowed, a rate of 0.4% or more would show)."""
+    m, mu = 40000, 0.26805
+    ks, _ = _dirac_counts(np.random.default_rng(0), m, 0.0)
+    assert ks == sorted(HALF_NOISE_LEAST)
+    significance = 0.05 / len(ks)
+    for k, least in HALF_NOISE_LEAST.items():
+        assert audit_stats.fdp_one_run_rejects(mu, m, k, least, significance)
+        assert not audit_stats.fdp_one_run_rejects(mu, m, k, least - 1, significance)
+    # one count at its least: the bound is just above the claim; one short of it everywhere:
+    # at or below it
+    below = [least - 1 for least in HALF_NOISE_LEAST.values()]
+    assert audit_stats.dirac_bound(m, ks, below, 1e-5, 0.95)["epsilon_lower"] <= 1.0
+    just = [*below[:-1], HALF_NOISE_LEAST[4000]]
+    assert audit_stats.dirac_bound(m, ks, just, 1e-5, 0.95)["epsilon_lower"] > 1.0
+    # the cut: the top max(ks) clear it but for about 10 sd of their count
+    share = (4000 + 10 * math.sqrt(4000)) / m
+    cut = optimize.brentq(
+        lambda t: (special.ndtr(2 * mu - t) + special.ndtr(-t)) / 2 - share, -10.0, 10.0
+    )
+    rng = np.random.default_rng(9)
+    least = list(HALF_NOISE_LEAST.values())
+    short = 0
+    for _ in range(2000):
+        counts = _dirac_top_counts(rng, m, 2 * mu, ks, cut)
+        short += all(c < n for c, n in zip(counts, least, strict=True))
+    assert short <= 8
 
 
 def test_dirac_requests_are_checked() -> None:
