@@ -361,10 +361,28 @@ BEGIN
     RETURN prepared;
 END $$;
 
+-- A white-box SGD plan (36_whitebox.sql's plan functions compute it from public numbers): what
+-- the release is charged (epsilon and delta; DP-SGD's accountant's event, else NULL), what the
+-- C core's state is armed with (_initial_state: clipping, noise, schedule, step, radius,
+-- sampling), which the run's spec records for its epochs (_arm), and its provenance (info).
+-- Typed: its numbers reach the core as the float8s they were computed as.
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.sgd_plan AS (
+        epsilon float8, delta float8, dp_event jsonb,
+        noise text, noise_scale float8, noise_divisor float8, clip_norm float8,
+        schedule text, step_size float8, radius float8,
+        sampling text, sampling_rate float8, steps_per_epoch bigint,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script)
+END $$;
+
 -- A run's initial SGD state, the one place it is built: from the run's spec, with a white-box
 -- plan's schedule, step, radius, clipping, noise and sampling when one is given (_arm), its
 -- noise keyed by noise_seed (NULL: pg_strong_random).
-CREATE OR REPLACE FUNCTION dpsql_internal._initial_state(spec jsonb, plan jsonb DEFAULT NULL,
+DROP FUNCTION IF EXISTS dpsql_internal._initial_state(jsonb, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._initial_state(spec jsonb, plan dpsql_internal.sgd_plan DEFAULT NULL,
                                                         noise_seed bigint DEFAULT NULL)
 RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
@@ -378,14 +396,14 @@ BEGIN
             (spec->>'batch_size')::bigint, (spec->>'flags')::int);
     END IF;
     RETURN dpsql_internal._sgd_init(
-        spec->>'model', (spec->>'dim')::int, classes, (spec->>'lambda')::float8, plan->>'schedule',
-        (plan->>'step_size')::float8, (spec->>'step_offset')::float8,
-        coalesce((plan->>'radius')::float8, 0), dpsql_internal._huber_h(spec),
+        spec->>'model', (spec->>'dim')::int, classes, (spec->>'lambda')::float8, plan.schedule,
+        plan.step_size, (spec->>'step_offset')::float8, coalesce(plan.radius, 0),
+        dpsql_internal._huber_h(spec),
         (spec->>'batch_size')::bigint,
         -- a white-box audit's copy takes Dirac canary rows (65_audit_dirac.sql)
         (spec->>'flags')::int | dpsql_internal._audit_canary_flags(spec),
-        (plan->>'clip_norm')::float8, plan->>'noise', (plan->>'noise_scale')::float8,
-        (plan->>'noise_divisor')::float8, (plan->>'steps_per_epoch')::bigint, noise_seed);
+        plan.clip_norm, plan.noise, plan.noise_scale, plan.noise_divisor, plan.steps_per_epoch,
+        noise_seed);
 END $$;
 
 -- A prepared private run's rows, read after its charge: its table, created empty by _prepare
@@ -432,18 +450,17 @@ END $$;
 -- and sampling (noise keyed by noise_seed, NULL: pg_strong_random; a secret sampling seed),
 -- whose schedule, step, radius, sampling and clip the spec then records for the epochs; without
 -- a plan, the plain state of the spec (the bolt-on's).
-CREATE OR REPLACE FUNCTION dpsql_internal._arm(prepared dpsql.runs, plan jsonb DEFAULT NULL,
+DROP FUNCTION IF EXISTS dpsql_internal._arm(dpsql.runs, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._arm(prepared dpsql.runs, plan dpsql_internal.sgd_plan DEFAULT NULL,
                                               noise_seed bigint DEFAULT NULL)
 RETURNS dpsql.runs LANGUAGE plpgsql AS $$
 BEGIN
     prepared.state := dpsql_internal._initial_state(prepared.spec, plan, noise_seed);
-    IF plan IS NOT NULL THEN
+    IF NOT plan IS NULL THEN  -- (a composite IS NOT NULL only when every field is)
         prepared.spec := prepared.spec || jsonb_build_object(
-            'schedule', plan->>'schedule', 'step_size', (plan->>'step_size')::float8,
-            'radius', (plan->>'radius')::float8, 'sampling', plan->>'sampling',
-            'sampling_rate', (plan->>'sampling_rate')::float8,
-            'steps_per_epoch', (plan->>'steps_per_epoch')::bigint,
-            'clip_norm', (plan->>'clip_norm')::float8);
+            'schedule', plan.schedule, 'step_size', plan.step_size, 'radius', plan.radius,
+            'sampling', plan.sampling, 'sampling_rate', plan.sampling_rate,
+            'steps_per_epoch', plan.steps_per_epoch, 'clip_norm', plan.clip_norm);
         -- A data owner's noise seed fixes the coins too (reproductions and audits: NOT private).
         prepared.sampling_seed := CASE WHEN noise_seed IS NULL THEN dpsql_internal._random_seed()
                                        ELSE noise_seed # x'5A5A5A5A5A5A5A5A'::bigint END;

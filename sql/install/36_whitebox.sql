@@ -94,14 +94,16 @@ END $$;
 -- white-box mechanism for a prepared run of `rows` rows (m public), each mechanism's own
 -- function, named by its spec (sgd_plan_function; 31_mechanisms.sql):
 --   dpsql_internal.<sgd_plan_function>(privacy text, spec jsonb, rows bigint, epsilon float8,
---                                      delta float8, params jsonb) -> plan jsonb
--- 'info' keys go into the model's provenance. _whitebox_plan checks what every one needs.
+--                                      delta float8, params jsonb) -> dpsql_internal.sgd_plan
+-- (30_runs.sql); its info's keys go into the model's provenance. _whitebox_plan checks what
+-- every one needs.
+DROP FUNCTION IF EXISTS dpsql_internal._whitebox_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
 DECLARE
     fn text := (dpsql_internal._mechanism(privacy)).sgd_plan_function;
-    plan jsonb;
+    plan dpsql_internal.sgd_plan;
 BEGIN
     IF fn IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s has no SGD plan', quote_literal(privacy)), 'XX000');
@@ -109,17 +111,19 @@ BEGIN
     IF rows / (spec->>'batch_size')::bigint < 1 THEN
         PERFORM dpsql_internal._fail(format('%s rows make no batch of %s', rows, spec->>'batch_size'));
     END IF;
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6)', fn)
+    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3, $4, $5, $6)', fn)
        INTO plan USING privacy, spec, rows, epsilon, delta, params;
     RETURN plan;
 END $$;
 
 -- DP-SGD (Abadi et al. 2016): per-example clipping, Gaussian noise per step, shuffled or
 -- Poisson batches accounted by dp-accounting (and DPSGD-F's private mean composed with them).
+DROP FUNCTION IF EXISTS dpsql_internal._dpsgd_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.sgd_plan;
     b bigint := (spec->>'batch_size')::bigint;
     k int := (spec->>'epochs')::int;
     n bigint := rows / b;
@@ -167,31 +171,37 @@ BEGIN
                                      '55000', 'Install the same dpsql version for the server''s Python.');
     END IF;
     z := coalesce(z, (acct->>'noise_multiplier')::float8);
-    RETURN jsonb_build_object(
-        'noise', 'gaussian', 'noise_scale', z * clip, 'clip_norm', clip,
-        'noise_divisor', b, 'schedule', spec->>'schedule',
-        'step_size', coalesce((params->>'step_size')::float8, 0.5),
-        'radius', radius, 'sampling', sampling,
-        -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
-        -- (59_distributed_sampled.sql)
-        'steps_per_epoch', CASE WHEN sampling = 'poisson'
-                                     OR coalesce(spec->'distributed', 'null') <> 'null'
-                                THEN n ELSE 0 END,
-        'sampling_rate', CASE WHEN sampling = 'poisson' THEN b::float8 / rows END,
-        'epsilon', coalesce(epsilon, (acct->>'epsilon')::float8), 'delta', delta,
-        'dp_event', acct->'ledger_event',
-        'info', jsonb_build_object(
+    plan.epsilon := coalesce(epsilon, (acct->>'epsilon')::float8);
+    plan.delta := delta;
+    plan.dp_event := acct->'ledger_event';
+    plan.noise := 'gaussian';
+    plan.noise_scale := z * clip;
+    plan.noise_divisor := b;
+    plan.clip_norm := clip;
+    plan.schedule := spec->>'schedule';
+    plan.step_size := coalesce((params->>'step_size')::float8, 0.5);
+    plan.radius := radius;
+    plan.sampling := sampling;
+    plan.sampling_rate := CASE WHEN sampling = 'poisson' THEN b::float8 / rows END;
+    -- on Citus shuffled batches are steps too: each row's step a keyed uniform draw
+    -- (59_distributed_sampled.sql)
+    plan.steps_per_epoch := CASE WHEN sampling = 'poisson' OR coalesce(spec->'distributed', 'null') <> 'null'
+                                 THEN n ELSE 0 END;
+    plan.info := jsonb_build_object(
             'algorithm', 'DP-SGD, per-example clipping, Gaussian noise per step',
             'noise_multiplier', z, 'clip_norm', clip, 'sampling', sampling,
             'accountant', acct - 'ledger_event', 'sensitivity', 2 * clip, 'noise_scale', z * clip,
-            'neighbouring', 'replace-one (per-step sensitivity 2 C), m public'));
+            'neighbouring', 'replace-one (per-step sensitivity 2 C), m public');
+    RETURN plan;
 END $$;
 
 -- SCS13 (Song, Chaudhuri and Sarwate 2013): k passes, noise on each step's gradient sum.
+DROP FUNCTION IF EXISTS dpsql_internal._scs13_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._scs13_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.sgd_plan;
     model text := spec->>'model';
     lambda float8 := (spec->>'lambda')::float8;
     b bigint := (spec->>'batch_size')::bigint;
@@ -208,28 +218,34 @@ BEGIN
     clip := c.lipschitz_data;
     scs := dpsql_internal._scs13_step_noise(2 * clip, epsilon, delta, k, 1,
                                             coalesce(params->>'gaussian', 'analytic'));
-    RETURN jsonb_build_object(
-        'noise', CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END,
-        'noise_scale', scs.noise,
-        'clip_norm', clip, 'noise_divisor', b, 'schedule', 'sqrt', 'step_size', 1.0,
-        'radius', CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END,
-        -- on Citus each row's step a keyed uniform draw, as shuffled DP-SGD's there: every
-        -- row in exactly one step a pass (59_distributed_sampled.sql)
-        'sampling', 'shuffle',
-        'steps_per_epoch', CASE WHEN coalesce(spec->'distributed', 'null') <> 'null' THEN n ELSE 0 END,
-        'epsilon', epsilon, 'delta', delta,
-        'info', jsonb_build_object(
-            'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
-            'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
-            'sensitivity', 2 * clip,
-            'neighbouring', 'replace-one, m public'));
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.noise := CASE WHEN delta = 0 THEN 'gamma_norm' ELSE 'gaussian' END;
+    plan.noise_scale := scs.noise;
+    plan.noise_divisor := b;
+    plan.clip_norm := clip;
+    plan.schedule := 'sqrt';
+    plan.step_size := 1.0;
+    plan.radius := CASE WHEN lambda > 0 THEN 1 / lambda ELSE radius END;
+    -- on Citus each row's step a keyed uniform draw, as shuffled DP-SGD's there: every row in
+    -- exactly one step a pass (59_distributed_sampled.sql)
+    plan.sampling := 'shuffle';
+    plan.steps_per_epoch := CASE WHEN coalesce(spec->'distributed', 'null') <> 'null' THEN n ELSE 0 END;
+    plan.info := jsonb_build_object(
+        'algorithm', 'SCS13 (Song, Chaudhuri, Sarwate 2013), k passes',
+        'epsilon_per_pass', scs.epsilon_pass, 'delta_per_pass', scs.delta_pass,
+        'sensitivity', 2 * clip,
+        'neighbouring', 'replace-one, m public');
+    RETURN plan;
 END $$;
 
 -- BST14 (Bassily, Smith and Thakurta 2014), Algorithms 4 and 5: draws with replacement.
+DROP FUNCTION IF EXISTS dpsql_internal._bst14_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.sgd_plan;
     model text := spec->>'model';
     lambda float8 := (spec->>'lambda')::float8;
     b bigint := (spec->>'batch_size')::bigint;
@@ -260,21 +276,27 @@ BEGIN
         PERFORM dpsql_internal._fail('bst14_noise must be strict (replace-one) or paper');
     END IF;
     g := sqrt((spec->>'dim')::float8 * sigma * sigma + b * b * lip * lip);
-    RETURN jsonb_build_object(
-        'noise', 'gaussian', 'noise_scale', sigma, 'clip_norm', clip, 'noise_divisor', b,
-        'schedule', CASE WHEN lambda > 0 THEN 'inverse' ELSE 'sqrt' END,
-        -- average form: eta_t = 1/(gamma t) (Alg. 5); b * 2R/(G sqrt t) (Alg. 4, sum form)
-        'step_size', CASE WHEN lambda > 0 THEN 1 / lambda ELSE b * 2 * radius / g END,
-        'radius', radius, 'sampling', 'replacement', 'steps_per_epoch', n,
-        'epsilon', epsilon, 'delta', delta,
-        'info', jsonb_build_object(
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.noise := 'gaussian';
+    plan.noise_scale := sigma;
+    plan.noise_divisor := b;
+    plan.clip_norm := clip;
+    plan.schedule := CASE WHEN lambda > 0 THEN 'inverse' ELSE 'sqrt' END;
+    -- average form: eta_t = 1/(gamma t) (Alg. 5); b * 2R/(G sqrt t) (Alg. 4, sum form)
+    plan.step_size := CASE WHEN lambda > 0 THEN 1 / lambda ELSE b * 2 * radius / g END;
+    plan.radius := radius;
+    plan.sampling := 'replacement';
+    plan.steps_per_epoch := n;
+    plan.info := jsonb_build_object(
             'algorithm', CASE WHEN lambda > 0 THEN 'BST14 Algorithm 5 (strongly convex)'
                               ELSE 'BST14 Algorithm 4 (convex)' END,
             'epsilon_1', bst.epsilon_1, 'epsilon_2', bst.epsilon_2, 'delta_1', bst.delta_1, 'G', g,
             'bst14_noise', coalesce(params->>'bst14_noise', 'strict'),
             'note', 'advanced composition as printed: the total delta slightly exceeds delta',
             'sensitivity', CASE WHEN coalesce(params->>'bst14_noise', 'strict') = 'strict'
-                                THEN 2 * clip ELSE 1 END));
+                                THEN 2 * clip ELSE 1 END);
+    RETURN plan;
 END $$;
 
 -- SCS13 and BST14 train binary or multinomial models, not one-vs-rest.
@@ -331,7 +353,7 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     r dpsql.runs := dpsql_internal._prepare_private(ds, model, params);
     run bigint;
-    plan jsonb;
+    plan dpsql_internal.sgd_plan;
     entry bigint;
     mid bigint;
 BEGIN
@@ -340,13 +362,13 @@ BEGIN
     r := dpsql_internal._arm(r, plan, noise_seed);
     -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
     -- (epsilon, delta)
-    entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           privacy, dp_event => plan->'dp_event', plan => plan);
+    entry := dpsql_internal._charge(ds.dataset_id, plan.epsilon, plan.delta, privacy,
+                                    dp_event => plan.dp_event, plan => to_jsonb(plan));
     run := dpsql_internal._start_run(dpsql_internal._read_rows(r));
     mid := dpsql_internal._finish(run, dpsql_internal._run_epochs(run),
-                         (plan->'info') || jsonb_build_object(
-        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan->'epsilon',
-        'delta', plan->'delta', 'noise_scale', plan->'noise_scale', 'ledger_entry', entry,
+                         plan.info || jsonb_build_object(
+        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan.epsilon,
+        'delta', plan.delta, 'noise_scale', plan.noise_scale, 'ledger_entry', entry,
         'noise_seed', dpsql_internal._noise_source(noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;

@@ -57,7 +57,7 @@ DECLARE
     theta float8[];
     tbl text;
     ids text;
-    plan jsonb;
+    plan dpsql_internal.sgd_plan;
     entry bigint;
     mid bigint;
 BEGIN
@@ -101,8 +101,8 @@ BEGIN
                  | dpsql_internal._flag('intercept'),
         'intercept', true);
     r := dpsql_internal._arm(r, plan, noise_seed);
-    entry := dpsql_internal._charge(ds.dataset_id, (plan->>'epsilon')::float8, (plan->>'delta')::float8,
-                           'dpsgd_f', dp_event => plan->'dp_event', plan => plan);  -- the mean and the steps
+    entry := dpsql_internal._charge(ds.dataset_id, plan.epsilon, plan.delta, 'dpsgd_f',  -- the mean and the steps
+                                    dp_event => plan.dp_event, plan => to_jsonb(plan));
     r := dpsql_internal._read_rows(r);
     -- regression rows (row_norm none) are clipped to x_bound for the sum only
     centre := dpsql_internal._private_mean(r.train_table, (r.spec->>'dim')::int,
@@ -122,11 +122,11 @@ BEGIN
     -- the centring folded into the bias, w . (t(x) - mean) + b = w . t(x) + (b - w . mean),
     -- t the row transform (the mean is taken after it). Post-processing of (theta, mean).
     mid := dpsql_internal._finish(run, dpsql_internal._alg2_map_back(theta, centre, 1),
-                         (plan->'info') || jsonb_build_object(
+                         plan.info || jsonb_build_object(
         'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
                      'DP-SGD with Poisson sampling and a bias',
-        'epsilon', plan->'epsilon', 'delta', plan->'delta', 'noise_scale', plan->'noise_scale',
+        'epsilon', plan.epsilon, 'delta', plan.delta, 'noise_scale', plan.noise_scale,
         'ledger_entry', entry,
         'preprocessing', jsonb_build_object(
             -- predict / evaluate / Python: the row transform alone (the centre is folded)

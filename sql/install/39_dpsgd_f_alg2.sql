@@ -162,7 +162,7 @@ DECLARE
     row_flags int;
     flags int;
     rows_sql text;
-    plan jsonb;
+    plan dpsql_internal.sgd_plan;
     entry bigint;
     pm record;
     tau_rank bigint;
@@ -224,7 +224,7 @@ BEGIN
     -- intercept) with this calibration (the run is armed after tau, with its clip and step).
     PERFORM dpsql_internal._initial_state(r.spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7,
                                                                       'intercept', false), plan);
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => plan);
+    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => to_jsonb(plan));
     r := dpsql_internal._read_rows(r);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
@@ -260,12 +260,12 @@ BEGIN
     mid := dpsql_internal._finish(run, released, recorded => jsonb_build_object(
         'dim', d, 'intercept', true,
         'flags', (flags & ~dpsql_internal._flag('row_transform')) | dpsql_internal._flag('intercept')),
-        privacy => (plan->'info') || jsonb_build_object(
+        privacy => plan.info || jsonb_build_object(
         'mechanism', 'dpsgd_f_alg2', 'dataset_id', ds.dataset_id,
         'algorithm', 'DPSGD-F (Sun, Suresh, Menon 2024, Algorithm 2): private mean, private quantile '
                      'tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD with C = sqrt(2) G tau, '
                      'map back b = tau theta[d+1] - w . mean',
-        'epsilon', epsilon, 'delta', delta, 'noise_scale', plan->'noise_scale',
+        'epsilon', epsilon, 'delta', delta, 'noise_scale', plan.noise_scale,
         'ledger_entry', entry,
         'composition', 'basic: mean (epsilon/3, delta/3), tau (epsilon/3, 0), DP-SGD (epsilon/3, delta/3)',
         'theta', theta,

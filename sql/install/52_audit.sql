@@ -88,24 +88,24 @@ END $$;
 
 -- A white-box plan as a mutation breaks it: half the noise, no clipping (the noise stays
 -- calibrated to the clip norm), or shuffled batches accounted as if they were Poisson.
-CREATE OR REPLACE FUNCTION dpsql_internal._audit_plan(spec jsonb, rows bigint, plan jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+DROP FUNCTION IF EXISTS dpsql_internal._audit_plan(jsonb, bigint, jsonb);
+CREATE OR REPLACE FUNCTION dpsql_internal._audit_plan(spec jsonb, rows bigint, plan dpsql_internal.sgd_plan)
+RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
 DECLARE
     m text := dpsql_internal._mutation();
     b bigint := (spec->>'batch_size')::bigint;
     acct jsonb;
 BEGIN
     IF m = 'half_noise' THEN
-        RETURN plan || jsonb_build_object('noise_scale', (plan->>'noise_scale')::float8 / 2);
-    ELSIF m = 'no_clipping' AND plan ? 'clip_norm' THEN
-        RETURN plan || jsonb_build_object('clip_norm', 1e12);
-    ELSIF m = 'poisson_on_shuffle' AND plan->>'sampling' = 'shuffle' THEN
+        plan.noise_scale := plan.noise_scale / 2;
+    ELSIF m = 'no_clipping' AND plan.clip_norm IS NOT NULL THEN
+        plan.clip_norm := 1e12;
+    ELSIF m = 'poisson_on_shuffle' AND plan.sampling = 'shuffle' THEN
         acct := dpsql_internal._account(jsonb_build_object(
-            'op', 'calibrate', 'scheme', 'poisson', 'delta', (plan->>'delta')::float8,
-            'target_epsilon', (plan->>'epsilon')::float8,
+            'op', 'calibrate', 'scheme', 'poisson', 'delta', plan.delta,
+            'target_epsilon', plan.epsilon,
             'steps', (spec->>'epochs')::int * (rows / b), 'sampling_rate', b::float8 / rows));
-        RETURN plan || jsonb_build_object('noise_scale', (acct->>'noise_multiplier')::float8
-                                                         * (plan->>'clip_norm')::float8);
+        plan.noise_scale := (acct->>'noise_multiplier')::float8 * plan.clip_norm;
     END IF;
     RETURN plan;
 END $$;
