@@ -9,6 +9,12 @@
 -- the answer holds only public quantities: the mechanism, its plan and defaults, the epsilon
 -- and delta, the budget before and after, every warning, and the refusal the release would
 -- meet (the same error train would raise, also for a budget it would exceed).
+--
+-- The charge stops a preview with a signal (SQLSTATE DPPRV), not a return value that every
+-- release would have to test: a release function that forgot the test would go on to read
+-- the rows and release, uncharged. With the signal nothing after the charge can run in a
+-- preview, whatever the release function, and the subtransaction it unwinds takes with it all
+-- the preview wrote before (a run's empty training table, made to run the fill's checks).
 ------------------------------------------------------------------------------------------
 
 -- Adds a public fact to the preview's answer (nothing when not previewing). A transaction
