@@ -432,9 +432,13 @@ BEGIN
     END IF;
     filled := dpsql_internal._fill_run(prepared.run_id, prepared.fill, empty => false,
                                        created => NOT distributed);
-    IF filled.rows <> prepared.rows OR filled.train_table <> prepared.train_table THEN
+    IF filled.train_table <> prepared.train_table THEN  -- (a private run's: dpsql_work.train_<run>)
+        PERFORM dpsql_internal._fail(format('training run %s was read into another table', prepared.run_id),
+                                     'XX000');
+    END IF;
+    IF filled.rows <> prepared.rows THEN
         -- DP003, not 40001: a client's automatic retry of a serialization failure would charge
-        -- again at every attempt (a private run's table name is fixed: dpsql_work.train_<run>)
+        -- again at every attempt
         PERFORM dpsql_internal._fail(
             'the dataset''s rows changed while this release was planned: nothing is released, '
             'and its charge stands', 'DP003',
