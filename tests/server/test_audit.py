@@ -55,9 +55,9 @@ def test_honest_mechanisms_are_not_refuted(conn, zeros) -> None:
     """Each audit refutes an honest mechanism with probability <= 0.1% (99.9% confidence, the
     bound's own guarantee; for the 1-D bolt-on's exact Laplace pair, 0 of 20,000 simulated
     audits of 100 runs exceeded 0.61, seed 12). 100 runs are enough to fail if the noise is
-    missing: a noiseless release's bound is 1.57 (1.41 to 1.69 in 50 simulated audits) against
-    the claimed 1; a quarter of the bolt-on's noise (a true epsilon of 4) is refuted in 70% of
-    audits."""
+    missing: a nearly noiseless release's bound is 1.56 (1.33 to 1.60 in 400 simulated audits,
+    Laplace and Gaussian) against the claimed 1; a quarter of the bolt-on's noise (a true
+    epsilon of 4) is refuted in 70% of audits."""
     ds, source = zeros
     for privacy, delta, train in [("bolton", 0.0, BOLTON_1D), ("dpsgd", 1e-5, DPSGD_ONE_BATCH)]:
         (claimed, lower, confidence, runs, method), details = _audit(
