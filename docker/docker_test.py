@@ -3,8 +3,9 @@
 1. A Docker engine: ``$DOCKER_HOST`` if it answers, else a private ``dockerd`` started here
    (``--bridge=none``; images kept under ``build/docker`` between runs), stopped at the end.
 2. The base images when missing: ``debian:bookworm`` by debootstrap (with this machine's CA
-   certificates, for HTTPS through its proxy), and ``postgres:15-bookworm`` from the stand-in in
-   ``../shared/containers/postgres-standin`` (no registry is reachable here).
+   certificates, for HTTPS through its proxy, and the official images' apt and dpkg settings),
+   and ``postgres:15-bookworm`` from the stand-in in ``../shared/containers/postgres-standin``
+   (no registry is reachable here).
 3. The images: ``docker/Dockerfile``'s ``dpsql`` target (PG_MAJOR=15) and its ``citus`` target
    for PostgreSQL 18 (its base ``postgres:18-bookworm`` from the embedded wheel's PostgreSQL
    where no registry has it, ``docker/standin``, with the Citus that ``make citus`` built into
@@ -131,16 +132,55 @@ def _citus_built_into(tree: Path) -> bool:
     return f"default_version = '{_citus_version()}'" in control.read_text(encoding="utf-8")
 
 
+# The official images' apt and dpkg settings (debuerreotype's minimizing config, and the slim
+# variant's exclusions, which the postgres images build on), for the debootstrapped base: no apt
+# caches or translations in the layers, no fsync per file, no manuals or docs (message
+# translations stay, as the postgres images keep them). Less to unpack and commit per image.
+BASE_CONFIG = {
+    "etc/apt/apt.conf.d/docker-clean": (
+        'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb'
+        ' /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb'
+        ' /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\n'
+    ),
+    "etc/apt/apt.conf.d/docker-no-languages": 'Acquire::Languages "none";\n',
+    "etc/dpkg/dpkg.cfg.d/docker-apt-speedup": "force-unsafe-io\n",
+    "etc/dpkg/dpkg.cfg.d/docker": "".join(
+        f"path-exclude /usr/share/{d}/*\n" for d in ("doc", "groff", "info", "linda", "man")
+    )
+    + "path-exclude /usr/share/lintian/overrides/*\npath-include /usr/share/doc/*/copyright\n",
+}
+
+
+def _debootstrap(rootfs: Path) -> None:
+    """debian:bookworm's tree in ``rootfs``, minimized as BASE_CONFIG says, with this machine's CA
+    certificates (HTTPS goes through a proxy only they let through)."""
+    run("debootstrap", "--variant=minbase", "bookworm", str(rootfs), capture_output=True)
+    for name, text in BASE_CONFIG.items():
+        (rootfs / name).write_text(text, encoding="utf-8")
+    for folder in ("man", "info", "groff"):  # emptied, as dpkg would have left them
+        shutil.rmtree(rootfs / "usr" / "share" / folder, ignore_errors=True)
+        (rootfs / "usr" / "share" / folder).mkdir()
+    for doc in (rootfs / "usr" / "share" / "doc").glob("*/*"):
+        if doc.name == "copyright":
+            continue
+        if doc.is_dir() and not doc.is_symlink():
+            shutil.rmtree(doc)
+        else:
+            doc.unlink()
+    certs = rootfs / "usr" / "local" / "share" / "ca-certificates"
+    certs.mkdir(parents=True, exist_ok=True)
+    for crt in Path("/usr/local/share/ca-certificates").glob("*.crt"):
+        shutil.copy(crt, certs)
+
+
 def base_images() -> None:
     if not _has_image("debian:bookworm"):
         log("debootstrap debian:bookworm (about a minute)")
         rootfs = Path(tempfile.mkdtemp(prefix="dpsql-rootfs-"))
         try:
-            run("debootstrap", "--variant=minbase", "bookworm", str(rootfs), capture_output=True)
-            certs = rootfs / "usr" / "local" / "share" / "ca-certificates"
-            certs.mkdir(parents=True, exist_ok=True)
-            for crt in Path("/usr/local/share/ca-certificates").glob("*.crt"):
-                shutil.copy(crt, certs)
+            _debootstrap(rootfs)
             tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
             run("docker", "import", "-", "debian:bookworm", stdin=tar.stdout, capture_output=True)
             tar.wait()
