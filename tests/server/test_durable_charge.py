@@ -372,6 +372,20 @@ def _local_pid(conn, pid: int) -> psutil.Process:
     pytest.skip("the server's processes are not visible from here")
 
 
+def _kill_9(process: psutil.Process) -> None:
+    """SIGKILL a backend, and return once the postmaster has begun restarting the server: its
+    checkpointer from before the kill is gone. Until then the server still answers, and a
+    connection made in that moment dies in the restart (a CI run on 2026-11-29 saw it)."""
+    postmaster = process.parent()
+    old = [p for p in postmaster.children() if "checkpointer" in " ".join(p.cmdline())]
+    assert old, "no checkpointer among the postmaster's children"
+    process.kill()
+    deadline = time.monotonic() + 180
+    while any(p.is_running() for p in old):
+        assert time.monotonic() < deadline, "the postmaster did not restart the server"
+        time.sleep(0.05)
+
+
 def _reconnect(server_uri: str) -> psycopg.Connection:
     """A connection once crash recovery is over (longer on a loaded machine). The server may
     still answer for a moment after the kill, before the postmaster restarts it: a connection
@@ -424,7 +438,7 @@ def test_kill_9_mid_release_leaves_the_charge(own_server_uri) -> None:
             break
         time.sleep(0.05)
     assert _ledger(conn, ds), "no charge committed while the release ran"
-    process.kill()  # SIGKILL: the postmaster restarts the whole server
+    _kill_9(process)  # the postmaster restarts the whole server
     thread.join(60)
     assert errors, "the release finished before the kill: make it longer"
     conn.close()

@@ -320,7 +320,7 @@ def test_kill_9_mid_selection_leaves_both_charges(own_server_uri) -> None:
     import threading
     import time
 
-    from tests.server.test_durable_charge import _local_pid, _outcomes, _reconnect
+    from tests.server.test_durable_charge import _kill_9, _local_pid, _outcomes, _reconnect
 
     conn = psycopg.connect(own_server_uri, autocommit=True)
     conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, a float8, b float8, y int)")
@@ -356,7 +356,7 @@ def test_kill_9_mid_selection_leaves_both_charges(own_server_uri) -> None:
             break
         time.sleep(0.05)
     assert _entries(conn, ids["big"]), "no charge committed while the selection ran"
-    process.kill()  # SIGKILL: the postmaster restarts the whole server
+    _kill_9(process)  # the postmaster restarts the whole server
     thread.join(60)
     assert errors, "the selection finished before the kill: make it longer"
     conn.close()
