@@ -365,7 +365,8 @@ END $$;
 -- the release is charged (epsilon and delta; DP-SGD's accountant's event, else NULL), what the
 -- C core's state is armed with (_initial_state: clipping, noise, schedule, step, radius,
 -- sampling), which the run's spec records for its epochs (_arm), and its provenance (info).
--- Typed: its numbers reach the core as the float8s they were computed as.
+-- Typed: its numbers reach the core as the float8s they were computed as. Created only where
+-- missing: a change of its fields needs its ALTER TYPE in the upgrade's prologue (sql/upgrade/).
 DO $$
 BEGIN
     CREATE TYPE dpsql_internal.sgd_plan AS (
