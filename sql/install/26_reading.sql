@@ -355,7 +355,9 @@ BEGIN
     RETURN format('(SELECT %s FROM %s WHERE %s) AS src', names, inner_from, condition);
 END $$;
 
--- The row count, public (replace-one neighbours): counting reads no value.
+-- The row count, public (replace-one neighbours): it releases n and nothing else. (The count
+-- runs the read path: a view's own filters, a split's or a privacy unit's keyed ranks, which
+-- look at ids and keys, not at the registered columns' values.)
 CREATE OR REPLACE FUNCTION dpsql_internal._public_row_count(ds dpsql.datasets)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
