@@ -356,8 +356,8 @@ BEGIN
 END $$;
 
 -- The row count, public (replace-one neighbours): it releases n and nothing else. (The count
--- runs the read path: a view's own filters, a split's or a privacy unit's keyed ranks, which
--- look at ids and keys, not at the registered columns' values.)
+-- runs the read path: a view's own filters, and a privacy unit's keyed ranks, which hash each
+-- row's values to order a unit's rows; n is then U k, the units' slots.)
 CREATE OR REPLACE FUNCTION dpsql_internal._public_row_count(ds dpsql.datasets)
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
