@@ -9,10 +9,12 @@ max_rows_per_unit 5. Honest audits run at 99.9% confidence (each refutes an hone
 with probability <= 0.1%). The mutation row_level_units plans at row level what the unit claim
 covers, as if the unit were ignored: a canary unit's 5 rows then move the model by 5 times the
 claim's sensitivity (scores "in" N(5 mu, 1) against N(0, 1) in noise units, mu = 0.268 per
-canary at epsilon 1): 10 runs of 500 canaries refute it (2.9 to 3.5 in runs here), and the
-bolt-on's one run of 500 (2.8). Under the Gaussian model of test_audit_dirac.py's half-noise
-tests, whose mean shift is 0.54 where this one's is 1.34, the bound falls to 1 with
-probability far below 1e-6.
+canary at epsilon 1): 10 runs of 500 canaries refute it (2.9 to 3.5 in runs here). Under the
+Gaussian model of test_audit_dirac.py's half-noise tests, whose mean shift is 0.54 where this
+one's is 1.34, the bound falls to 1 with probability far below 1e-6. The bolt-on's canaries
+move its one pass less than that model says: one run of 500 gave 0.89 to 2.8 (0.89 in a CI run
+on a loaded machine, 2026-11-29; mean 1.9, sd 0.5 in 9 audits), a false failure of a few
+percent; 8 runs give 3.2 to 3.5 (4 audits) and 4 runs 2.2 to 3.6 (6 audits), so it gets 8.
 """
 
 from __future__ import annotations
@@ -117,8 +119,9 @@ def test_the_copy_keeps_units_of_k_rows_and_canary_units(conn, persons) -> None:
 
 
 # DP-SGD on full batches (5 epochs) and the bolt-on at its defaults (one pass, batch 1): the
-# two whose dirac canaries are gradients of the aggregate's steps
-SGD = [("dpsgd", DPSGD_FULL, 5, 10), ("bolton", {}, 1, 1)]
+# two whose dirac canaries are gradients of the aggregate's steps; (privacy, train, the honest
+# audits' runs, the row_level_units audit's runs)
+SGD = [("dpsgd", DPSGD_FULL, 5, 10), ("bolton", {}, 1, 8)]
 
 
 @pytest.mark.parametrize(("privacy", "train", "runs", "_"), SGD)
@@ -137,8 +140,8 @@ def test_honest_mechanisms_at_unit_level_are_not_refuted(conn, persons, privacy,
 @pytest.mark.parametrize(("privacy", "train", "_", "runs"), SGD)
 def test_row_level_accounting_on_units_is_refuted(conn, persons, privacy, train, _, runs):
     """A mechanism that ignores the unit (plans at row level what the unit claim covers) is
-    caught (false failure far below 1e-6: the module's docstring; the bolt-on's canary units
-    move its one pass by 5 clipped gradients against one)."""
+    caught (its false-failure rates: the module's docstring; the bolt-on's canary units move
+    its one pass by 5 clipped gradients against one)."""
     _, source = persons
     row, details = _audit(
         conn, source, privacy, 1.0, runs, "dirac", train=train, canaries=CANARIES,
