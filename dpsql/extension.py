@@ -11,8 +11,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import filecmp
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,13 +152,38 @@ def installed_library_is_stale(pg_config: str | Path) -> bool:
 @contextlib.contextmanager
 def _build_lock(build_dir: Path) -> Iterator[None]:
     # Two builds in one tree (e.g. parallel test sessions) would clobber each other's objects.
-    build_dir.mkdir(exist_ok=True)
+    build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_tree(sql_dir: Path, pg_config: Path) -> Path:
+    """Where the extension is built for ``pg_config``'s PostgreSQL: a copy of the sources of
+    its own (``sql/build/<its version and headers>/``), so that each PostgreSQL's objects stay
+    built (installing into 15, 16 and 18 in turn rebuilds nothing) and builds for different
+    PostgreSQLs run side by side without sharing an object."""
+    flags = ("--version", "--includedir-server")
+    build_id = " ".join(_pg_config_query(pg_config, flag) for flag in flags)
+    return sql_dir / "build" / hashlib.sha256(build_id.encode()).hexdigest()[:12]
+
+
+def _sync(sql_dir: Path, tree: Path) -> None:
+    """Bring ``tree`` in step with the sources (under its lock). A changed file is copied with
+    a fresh modification time, so make rebuilds what depends on it even when the new file is
+    older than the objects; a removed one leaves the copy (sql/Makefile takes every
+    ``install/*.sql``)."""
+    wanted = {path.relative_to(sql_dir.parent) for path in _source_files(sql_dir)}
+    for relative in wanted:
+        source, copy = sql_dir.parent / relative, tree / relative
+        if not copy.is_file() or not filecmp.cmp(source, copy, shallow=False):
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, copy)
+    for stale in set(_source_files(tree / "sql")) - {tree / relative for relative in wanted}:
+        stale.unlink()
 
 
 def _run_make(sql_dir: Path, pg_config: Path, targets: list[str], verbose: bool) -> None:
@@ -184,8 +212,8 @@ def _run_make(sql_dir: Path, pg_config: Path, targets: list[str], verbose: bool)
 def build_and_install(pg_config: str | Path, *, verbose: bool = False, clean: bool = False) -> None:
     """Compile the extension with PGXS and install it into ``pg_config``'s PostgreSQL.
 
-    Runs ``make -C sql PG_CONFIG=... install``; sql/Makefile rebuilds the objects when they were
-    built for another PostgreSQL (e.g. switching between 16 and 18) or a header changed.
+    Runs ``make PG_CONFIG=... install`` in a copy of the sources kept for that PostgreSQL
+    (``sql/build/``): make rebuilds only what a changed source or header calls for.
 
     Parameters
     ----------
@@ -207,10 +235,12 @@ def build_and_install(pg_config: str | Path, *, verbose: bool = False, clean: bo
     pg_config = Path(pg_config).expanduser().absolute()
     _pg_config_query(pg_config, "--version")  # a clear error for an unusable pg_config
     sql_dir = source_dir()
-    with _build_lock(sql_dir / "build"):
+    tree = _build_tree(sql_dir, pg_config)
+    with _build_lock(tree):
+        _sync(sql_dir, tree)
         if clean:
-            _run_make(sql_dir, pg_config, ["clean"], verbose)
-        _run_make(sql_dir, pg_config, ["install"], verbose)
+            _run_make(tree / "sql", pg_config, ["clean"], verbose)
+        _run_make(tree / "sql", pg_config, ["install"], verbose)
 
 
 def _server_pg_config(conn: psycopg.Connection) -> Path | None:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -333,6 +334,46 @@ def test_installed_library_is_stale(tmp_path: Path) -> None:
     assert not extension.installed_library_is_stale(pg_config)  # installed after the sources
     os.utime(library, (0, 0))
     assert extension.installed_library_is_stale(pg_config)  # sources edited since
+
+
+def test_each_postgresql_builds_in_a_copy_kept_in_step_with_the_sources(tmp_path: Path) -> None:
+    """install-extension builds in sql/build/<PostgreSQL>/: one copy per version and headers; a
+    changed source reaches it newer than its objects (even when the new file is older), a
+    removed one leaves it, and nothing else (objects) is touched."""
+    sql = tmp_path / "src" / "sql"
+    for name in ("Makefile", "dpsql.control", "src/glue.c", "install/10_a.sql", "install/20_b.sql"):
+        (sql / name).parent.mkdir(parents=True, exist_ok=True)
+        (sql / name).write_text(name)
+    (sql.parent / "core").mkdir()
+    (sql.parent / "core" / "core.c").write_text("core")
+    trees = []
+    for version in ("15.1", "18.4"):
+        script = tmp_path / f"pg_config_{version}"
+        script.write_text(
+            f'#!/bin/sh\ncase "$1" in --version) echo PostgreSQL {version};; '
+            "--includedir-server) echo /usr/include/server;; *) exit 1;; esac\n"
+        )
+        script.chmod(0o755)
+        trees.append(extension._build_tree(sql, script))
+    tree = trees[0]
+    assert trees[0] != trees[1] and tree.parent == sql / "build"
+    extension._sync(sql, tree)
+    assert (tree / "core" / "core.c").read_text() == "core"
+    assert (tree / "sql" / "install" / "20_b.sql").is_file()
+    (tree / "sql" / "src" / "glue.o").write_text("object")
+    built = time.time()
+    os.utime(tree / "sql" / "src" / "glue.o", (built, built))
+    (sql / "src" / "glue.c").write_text("changed")
+    os.utime(sql / "src" / "glue.c", (0, 0))  # e.g. restored from an old archive
+    (sql / "install" / "20_b.sql").unlink()
+    extension._sync(sql, tree)
+    copy = tree / "sql" / "src" / "glue.c"
+    assert copy.read_text() == "changed" and copy.stat().st_mtime >= built
+    assert not (tree / "sql" / "install" / "20_b.sql").exists()
+    assert (tree / "sql" / "src" / "glue.o").read_text() == "object"
+    unchanged = (tree / "sql" / "Makefile").stat().st_mtime_ns
+    extension._sync(sql, tree)
+    assert (tree / "sql" / "Makefile").stat().st_mtime_ns == unchanged
 
 
 def test_ensure_available_on_the_test_server(server_uri: str) -> None:

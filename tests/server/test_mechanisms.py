@@ -263,7 +263,7 @@ def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri)
     defaults (delta too) and the weights are identical (the noise is seeded, so both draws
     are the same), or both are refused with the same message."""
     rng = np.random.default_rng(26)
-    X = rng.uniform(-1, 1, size=(20000, 3))
+    X = rng.uniform(-1, 1, size=(2000, 3))
     registrations = {
         "binary": (
             (X[:, 0] > 0).astype(float),
@@ -352,7 +352,8 @@ def test_python_and_sql_release_the_same_model(conn, scratch_schema, server_uri)
                 assert _record(conn, py.model_id) == _record(conn, sql_id), (name, model, kind)
                 released += 1
     # most cases release (a refusal on both sides would also agree): the comparison has teeth
-    # (most release; since issue 42 SCS13's and DP-FTRL's binary defaults refuse: 36 of 52)
+    # (since issue 42 SCS13's and DP-FTRL's binary defaults refuse: 36 of 51 release, at 2,000
+    # rows as at 20,000)
     assert released >= 0.65 * len(cases), (released, len(cases))
 
 
