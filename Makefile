@@ -56,7 +56,7 @@ CITUS_TARBALL ?= $(CURDIR)/../shared/citus/citus-$(CITUS_VERSION).tar.gz
 CITUS_BUILD := build/citus-$(CITUS_VERSION)
 PG18_CONFIG = $(shell $(VENV_PY) -c 'from dpsql import server; print(server.pg_config_path(18))')
 
-.PHONY: all setup .venv test test-citus citus docker-tools docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate dist deb clean distclean
+.PHONY: all setup .venv test test-citus citus docker-tools docker-bases docker-test installcheck scan-build plpgsql-check demo bench audit pg15 generate dist deb clean distclean
 
 all: test
 
@@ -125,7 +125,12 @@ docker-tools:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			docker.io docker-compose debootstrap; }
 
-# DOCKER_TEST_ARGS=--images: the engine and the images only (.ci/run builds them early).
+# DOCKER_TEST_ARGS=--images: the engine and the images only. `make docker-bases`: the base
+# images that need no virtualenv (debian:bookworm, the PostgreSQL 15 stand-in), with the system
+# Python: .ci/run builds them while `make setup` runs.
+docker-bases: docker-tools
+	$(SUDO) $(PYTHON) docker/docker_test.py --bases
+
 docker-test: $(VENV_STAMP) docker-tools
 	$(SUDO) $(VENV_PY) docker/docker_test.py $(DOCKER_TEST_ARGS)
 

@@ -32,8 +32,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dpsql import server
-
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("DPSQL_SHARED", ROOT.parent / "shared"))
 STANDIN = SHARED / "containers" / "postgres-standin"
@@ -175,7 +173,9 @@ def _debootstrap(rootfs: Path) -> None:
         shutil.copy(crt, certs)
 
 
-def base_images() -> None:
+def base_images(*, embedded: bool = True) -> None:
+    """The base images that are missing; ``embedded=False``: not the one made from the embedded
+    PostgreSQL 18 (``--bases`` runs before the virtualenv that has it exists)."""
     if not _has_image("debian:bookworm"):
         log("debootstrap debian:bookworm (about a minute)")
         rootfs = Path(tempfile.mkdtemp(prefix="dpsql-rootfs-"))
@@ -190,7 +190,9 @@ def base_images() -> None:
         log("postgres:15-bookworm from the stand-in")
         docker("build", "--network=host", "-q", "-t", "postgres:15-bookworm", str(STANDIN))
     wheel_base = f"postgres:{CITUS_PG_MAJOR}-bookworm"
-    if not _has_image(wheel_base):
+    if embedded and not _has_image(wheel_base):
+        from dpsql import server  # (the virtualenv's: not needed before)
+
         log(f"{wheel_base} from the embedded PostgreSQL {CITUS_PG_MAJOR} (docker/standin)")
         tree = server.bin_dir(int(CITUS_PG_MAJOR)).parent
         # Never dpsql (the image builds its own; `make test` may be installing it meanwhile).
@@ -223,8 +225,15 @@ def _remove_labelled() -> None:
 
 
 def main() -> None:
-    """``--images``: the engine and the images only (.ci/run builds them while `make test` runs;
-    the images stay in build/docker, so the full run after finds them built)."""
+    """``--bases``: the engine and the base images that need no virtualenv only, with any
+    Python 3 (.ci/run builds them while `make setup` installs the virtualenv on one core);
+    ``--images``: the engine and the images only. Images stay in build/docker: a later run
+    finds them built."""
+    if "--bases" in sys.argv[1:]:
+        with engine():
+            base_images(embedded=False)
+        log("base images built")
+        return
     images_only = "--images" in sys.argv[1:]
     with engine():
         base_images()
