@@ -199,7 +199,7 @@ scan-build: $(VENV_STAMP)
 	cp -r sql core build/scan-build/
 	find build/scan-build \( -name '*.o' -o -name '*.so' -o -name '*.bc' \) -delete
 	$(SCAN_BUILD) --status-bugs -o build/scan-build/report \
-		$(MAKE) -C build/scan-build/sql PG_CONFIG=$(PG18_CONFIG) > build/scan-build/build.log 2>&1 || \
+		$(MAKE) -j2 -C build/scan-build/sql PG_CONFIG=$(PG18_CONFIG) > build/scan-build/build.log 2>&1 || \
 		{ grep -A4 'warning:' build/scan-build/build.log; tail -3 build/scan-build/build.log; exit 1; }
 	@tail -1 build/scan-build/build.log
 

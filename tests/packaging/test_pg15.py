@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from dpsql import server
 from tests import definer_role
@@ -20,18 +21,27 @@ def _make(sql: Path, pg_config: Path, *targets: str) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-def test_install_into_15_right_after_the_embedded_build(
-    tmp_path: Path, embedded_18_build: tuple[Path, subprocess.CompletedProcess[str]]
-) -> None:
+@pytest.fixture(scope="session")
+def built_for_15_after_18(
+    tmp_path_factory: pytest.TempPathFactory,
+    embedded_18_build: tuple[Path, subprocess.CompletedProcess[str]],
+) -> Path:
+    """A copy of the tree test_build.py built for 18 (conftest.py), as that build left it, then
+    `make install` for Debian's 15 in it (one build for 15 serves both tests here)."""
     debian15.require(headers=True)
-    # a copy of the tree test_build.py built for 18 (conftest.py), as that build left it
     built, out = embedded_18_build
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sql = copy_built(built, tmp_path)
+    sql = copy_built(built, tmp_path_factory.mktemp("build15"))
     assert (sql / "dpsql.so").is_file() and str(server.pg_config_path(18).parent.parent) in (
         (sql / ".pg_build_id").read_text()
     )
     _make(sql, debian15.PG_CONFIG, "install")  # no clean in between: the Makefile's business
+    return sql
+
+
+def test_install_into_15_right_after_the_embedded_build(built_for_15_after_18: Path) -> None:
+    # (again: a purge of the 15 deb in between would have removed it; built, it only installs)
+    _make(built_for_15_after_18, debian15.PG_CONFIG, "install")
     with debian15.cluster() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION dpsql")  # creating its C functions loads the module
         conn.execute("SELECT dpsql_internal._load_module()")
@@ -39,15 +49,12 @@ def test_install_into_15_right_after_the_embedded_build(
         assert version.startswith("15")
 
 
-def test_the_definer_role_on_15(
-    tmp_path: Path, embedded_18_build: tuple[Path, subprocess.CompletedProcess[str]]
-) -> None:
+def test_the_definer_role_on_15(built_for_15_after_18: Path) -> None:
     """On PostgreSQL 15: dpsql_definer is what tests/definer_role.py says, and a release's
     charge worker, which cannot connect as a role without login before PostgreSQL 17, takes it
     after connecting. The extension is installed here: another packaging test purges the 15
     deb, and with it what `make pg15` installed, in an order xdist decides."""
-    debian15.require(headers=True)
-    _make(copy_built(embedded_18_build[0], tmp_path), debian15.PG_CONFIG, "install")
+    _make(built_for_15_after_18, debian15.PG_CONFIG, "install")  # (built: it installs)
     with debian15.cluster() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION dpsql")
         definer_role.check_all(conn)
