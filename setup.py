@@ -40,7 +40,7 @@ def _not_sources(folder: str, names: list[str]) -> set[str]:
 
 
 # The module Cython generates from cython_ext/_core.pyx (60,000 lines of glue, no arithmetic
-# on floats: the C core does it) compiles at -O1, in a quarter of the time -O3 takes. Without
+# on floats: the C core does it) compiles at -O1, in half the time -O3 takes. Without
 # -ffast-math and with -ffp-contract=off the optimisation level changes no floating-point result.
 GLUE_FLAGS = ["-O1"]
 
