@@ -125,14 +125,13 @@ docker-tools:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			docker.io docker-compose debootstrap; }
 
-# DOCKER_TEST_ARGS=--images: the engine and the images only. `make docker-bases`: the base
-# images that need no virtualenv (debian:bookworm, the PostgreSQL 15 stand-in), with the system
-# Python: .ci/run builds them while `make setup` runs.
+# `make docker-bases`: the base images that need no virtualenv (debian:bookworm, the PostgreSQL
+# 15 stand-in), with the system Python: .ci/run builds them while `make setup` runs.
 docker-bases: docker-tools
 	$(SUDO) $(PYTHON) docker/docker_test.py --bases
 
 docker-test: $(VENV_STAMP) docker-tools
-	$(SUDO) $(VENV_PY) docker/docker_test.py $(DOCKER_TEST_ARGS)
+	$(SUDO) $(VENV_PY) docker/docker_test.py
 
 # Nothing to do when the embedded PostgreSQL 18 already has Citus.
 citus: $(VENV_STAMP)

@@ -226,15 +226,13 @@ def _remove_labelled() -> None:
 
 def main() -> None:
     """``--bases``: the engine and the base images that need no virtualenv only, with any
-    Python 3 (.ci/run builds them while `make setup` installs the virtualenv on one core);
-    ``--images``: the engine and the images only. Images stay in build/docker: a later run
-    finds them built."""
+    Python 3 (.ci/run builds them while `make setup` installs the virtualenv on one core).
+    Images stay in build/docker: a later run finds them built."""
     if "--bases" in sys.argv[1:]:
         with engine():
             base_images(embedded=False)
         log("base images built")
         return
-    images_only = "--images" in sys.argv[1:]
     with engine():
         base_images()
         log(f"building {IMAGE} (PG_MAJOR={PG_MAJOR})")
@@ -251,9 +249,6 @@ def main() -> None:
         docker("build", "--network=host", "-q", "--build-arg", f"PG_MAJOR={CITUS_PG_MAJOR}",
                "--build-arg", f"PYTHON_PG_MAJOR={PG_MAJOR}", "--target", "citus",
                "-f", dockerfile, "-t", CITUS_IMAGE, str(ROOT))  # fmt: skip
-        if images_only:
-            log("images built")
-            return
         env = {
             **os.environ,
             "DPSQL_IMAGE": IMAGE,
