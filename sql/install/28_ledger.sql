@@ -179,7 +179,7 @@ END $$;
 -- The budget rule of a dataset composed by sums (the default): spent plus this release within
 -- the budget, with a relative slack for float sums of many charges. The one place it is
 -- written: the charge applies it under the dataset's row lock, and releases apply it before
--- reading a row (dpsql_internal._check_budget_left).
+-- reading a row (dpsql_internal._check_budget_left: dpsql.tune, before its two charges).
 CREATE OR REPLACE FUNCTION dpsql_internal._refuse_over_sums(d dpsql.datasets, eps_spent float8,
                                                             delta_spent float8, epsilon float8,
                                                             delta float8)
@@ -206,7 +206,7 @@ END $$;
 -- Refuses a release that the budget of a dataset composed by sums cannot pay for (DP001), from
 -- the ledger as it stands; the charge checks again, atomically. A 'pld' dataset's total needs
 -- the release's DpEvent, and a release given a noise multiplier has no epsilon yet: there only
--- the charge decides. dpsql_internal._train_release calls it before any row is read.
+-- the charge decides. dpsql.tune calls it before its first charge.
 CREATE OR REPLACE FUNCTION dpsql_internal._check_budget_left(d dpsql.datasets, epsilon float8,
                                                              delta float8)
 RETURNS void LANGUAGE plpgsql STABLE
@@ -225,10 +225,65 @@ BEGIN
                                              coalesce(delta, 0));
 END $$;
 
---
--- A dataset with a privacy unit of k > 1 rows (64_privacy_units.sql): the release was planned
--- at row level, and is charged at unit level (group privacy; Gaussian and Laplace events with
--- their multipliers / k), unless unit_level says its numbers already are (tune's selection).
+-- What a release is charged, as its plan computed it before anything was charged or read:
+-- the dataset, epsilon and delta (at row level unless unit_level: a privacy unit's charge
+-- converts them, below), the mechanism, a note, the DpEvent (NULL: (epsilon, delta)) and the
+-- public plan its ledger entry records. A release passes it to _charge; dpsql.preview shows
+-- it (57_preview.sql). Created only where missing (an upgrade replays this script).
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.release_charge AS (
+        dataset_id bigint, epsilon float8, delta float8, mechanism text, note text,
+        dp_event jsonb, plan jsonb, unit_level boolean);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;
+END $$;
+
+-- A charge's terms checked, and at unit level: a dataset with a privacy unit of k > 1 rows
+-- (64_privacy_units.sql) had the release planned at row level, and is charged at unit level
+-- (group privacy; Gaussian and Laplace events with their multipliers / k), unless unit_level
+-- says its numbers already are (tune's selection). What _charge books and a preview shows.
+CREATE OR REPLACE FUNCTION dpsql_internal._charge_terms(c dpsql_internal.release_charge,
+                                                       OUT terms dpsql_internal.release_charge,
+                                                       OUT d dpsql.datasets)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    unit record;
+BEGIN
+    IF c.epsilon IS NULL OR NOT (c.epsilon > 0 AND c.epsilon < 'Infinity') THEN
+        PERFORM dpsql_internal._fail(
+            format('epsilon must be a finite number > 0, got %s', coalesce(c.epsilon::text, 'NULL')));
+    END IF;
+    IF c.delta IS NULL OR NOT (c.delta >= 0 AND c.delta < 1) THEN
+        PERFORM dpsql_internal._fail(
+            format('delta must be in [0, 1), got %s', coalesce(c.delta::text, 'NULL')));
+    END IF;
+    IF c.mechanism IS NULL OR btrim(c.mechanism) = '' THEN
+        PERFORM dpsql_internal._fail('a charge needs the name of its mechanism');
+    END IF;
+    IF c.dp_event IS NOT NULL AND (jsonb_typeof(c.dp_event) IS DISTINCT FROM 'object' OR NOT c.dp_event ? 'type') THEN
+        PERFORM dpsql_internal._fail(
+            format('a charge''s dp_event must be a serialised DpEvent, got %s', c.dp_event));
+    END IF;
+    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = c.dataset_id;
+    IF NOT FOUND THEN
+        PERFORM dpsql_internal._fail(
+            format('no dataset %s', coalesce(c.dataset_id::text, 'NULL')), '42704');
+    END IF;
+    terms := c;
+    IF dpsql_internal._unit_rows(d) > 1 AND NOT coalesce(c.unit_level, false) THEN
+        unit := dpsql_internal._unit_charge(d.max_rows_per_unit, c.epsilon, c.delta, c.dp_event);
+        terms.epsilon := unit.epsilon;
+        terms.delta := unit.delta;
+        terms.dp_event := unit.dp_event;
+        terms.unit_level := true;
+    END IF;
+END $$;
+
+-- The charge of a release's terms (_charge_terms: checked, at unit level), committed before
+-- the release reads a row.
 DROP FUNCTION IF EXISTS dpsql_internal._charge(bigint, float8, float8, text, bigint, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
@@ -239,64 +294,31 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     d dpsql.datasets;
+    checked record;
+    terms dpsql_internal.release_charge;
     request jsonb;
-    spent record;
     give_up timestamptz;
     entry bigint;
-    unit record;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
-    IF epsilon IS NULL OR NOT (epsilon > 0 AND epsilon < 'Infinity') THEN
-        PERFORM dpsql_internal._fail(
-            format('epsilon must be a finite number > 0, got %s', coalesce(epsilon::text, 'NULL')));
-    END IF;
-    IF delta IS NULL OR NOT (delta >= 0 AND delta < 1) THEN
-        PERFORM dpsql_internal._fail(
-            format('delta must be in [0, 1), got %s', coalesce(delta::text, 'NULL')));
-    END IF;
-    IF mechanism IS NULL OR btrim(mechanism) = '' THEN
-        PERFORM dpsql_internal._fail('a charge needs the name of its mechanism');
-    END IF;
-    IF dp_event IS NOT NULL AND (jsonb_typeof(dp_event) IS DISTINCT FROM 'object' OR NOT dp_event ? 'type') THEN
-        PERFORM dpsql_internal._fail(
-            format('a charge''s dp_event must be a serialised DpEvent, got %s', dp_event));
-    END IF;
-    SELECT * INTO d FROM dpsql.datasets ds WHERE ds.dataset_id = _charge.dataset_id;
-    IF NOT FOUND THEN
-        PERFORM dpsql_internal._fail(
-            format('no dataset %s', coalesce(dataset_id::text, 'NULL')), '42704');
-    END IF;
-    IF dpsql_internal._unit_rows(d) > 1 AND NOT unit_level THEN
-        unit := dpsql_internal._unit_charge(d.max_rows_per_unit, epsilon, delta, dp_event);
-        epsilon := unit.epsilon;
-        delta := unit.delta;
-        dp_event := unit.dp_event;
-    END IF;
     IF dpsql_internal._previewing() THEN
-        -- dpsql.preview (57_preview.sql): what would be charged, and nothing is. The signal
-        -- unwinds the caller's subtransaction: the run and its (empty) table never existed.
-        SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
-         WHERE s.dataset_id = d.dataset_id;
-        -- (a RAISE, not _fail: an internal signal that dpsql.preview catches)
-        RAISE EXCEPTION 'dpsql: a preview charges nothing' USING ERRCODE = 'DPPRV',
-            DETAIL = jsonb_build_object(
-                'epsilon', epsilon, 'delta', delta, 'mechanism', mechanism, 'note', note,
-                'plan', plan, 'dp_event', dp_event,
-                'context', nullif(current_setting('dpsql_preview.context', true), '')::jsonb,
-                'budget', jsonb_build_object(
-                    'composition', d.composition, 'epsilon_budget', d.epsilon_budget,
-                    'delta_budget', d.delta_budget, 'epsilon_spent', coalesce(spent.epsilon_spent, 0),
-                    'delta_spent', coalesce(spent.delta_spent, 0)))::text;
+        -- A preview runs a release's plan only (57_preview.sql): reaching a charge is a bug.
+        -- (a RAISE, not _fail: no caller's refusal)
+        RAISE EXCEPTION 'dpsql: a preview reached a charge' USING ERRCODE = 'XX000';
     END IF;
+    checked := dpsql_internal._charge_terms(ROW(dataset_id, epsilon, delta, mechanism, note, dp_event, plan,
+                                                unit_level)::dpsql_internal.release_charge);
+    terms := checked.terms;
+    d := checked.d;
     -- a run of this transaction's dpsql.tune: paid by the selection's one charge (63_tune.sql)
-    entry := dpsql_internal._tune_prepaid_entry(d.dataset_id, epsilon, delta);
+    entry := dpsql_internal._tune_prepaid_entry(d.dataset_id, terms.epsilon, terms.delta);
     IF entry IS NOT NULL THEN
         RETURN entry;
     END IF;
     PERFORM dpsql_internal._check_release_transaction();
-    request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', epsilon, 'delta', delta,
+    request := jsonb_build_object('dataset_id', d.dataset_id, 'epsilon', terms.epsilon, 'delta', terms.delta,
                                   'mechanism', mechanism, 'model_id', model_id, 'note', note,
-                                  'dp_event', dp_event, 'role', session_user,
+                                  'dp_event', terms.dp_event, 'role', session_user,
                                   'xact', pg_current_xact_id()::text);
     -- The charge worker holds a slot of a pool every role shares (max_worker_processes): it
     -- must not wait there for the dataset's row lock, which any data owner can hold in an open

@@ -379,6 +379,25 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script)
 END $$;
 
+-- A training release's plan, what its mechanism's train function returns
+-- (31_mechanisms.sql) once every refusal that needs no row is behind it: what it is charged
+-- (charge), and what the release does after the charge, by the function it names
+-- (dpsql_internal.<complete>(plan release_plan, entry bigint) -> model id: read, fit,
+-- finish). The run prepared from the public row count (its table empty, its state armed),
+-- the SGD family's typed plan, a plan-and-fit mechanism's own (fit), and the call's
+-- arguments as the defaults filled them (epsilon and delta at row level). dpsql.preview stops
+-- here, with the charge (57_preview.sql). Created only where missing, as sgd_plan.
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.release_plan AS (
+        charge dpsql_internal.release_charge, complete text,
+        ds dpsql.datasets, model text, privacy text, params jsonb,
+        epsilon float8, delta float8, noise_seed bigint,
+        run dpsql.runs, sgd dpsql_internal.sgd_plan, fit jsonb, recorded jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;
+END $$;
+
 -- A run's initial SGD state, the one place it is built: from the run's spec, with a white-box
 -- plan's schedule, step, radius, clipping, noise and sampling when one is given (_arm), its
 -- noise keyed by noise_seed (NULL: pg_strong_random).

@@ -3,11 +3,12 @@
 -- private-ERM toolbox (45_*.sql onwards). The mechanism's plan function computes every public
 -- number it uses (noise scales, step counts, regularisers) from n, d, the registration and
 -- the analyst's parameters, never from the data; its fit function scans the training table
--- and releases. _train_planned runs them in one transaction: prepare (no row read), plan,
--- charge (committed at once, 28_ledger.sql), read the rows and start the run (_read_rows,
--- _start_run: its row written once), fit, finish. A
--- refusal before the charge charges nothing; after it, nothing is released and the charge
--- stands, as when a fit returns no weights (its certificate failed).
+-- and releases. _train_planned prepares the run (no row read) and calls the plan;
+-- _train_release (35_private.sql) charges (committed at once, 28_ledger.sql); then
+-- _complete_planned reads the rows and starts the run (_read_rows, _start_run: its row
+-- written once), fits and finishes, in the same transaction. A refusal before the charge
+-- charges nothing; after it, nothing is released and the charge stands, as when a fit
+-- returns no weights (its certificate failed).
 --   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
 --                                         epsilon float8, delta float8, params jsonb) -> jsonb
 --         (params->>'model' is the canonical model, params->'classes' the mapped label set;
@@ -69,59 +70,75 @@ BEGIN
     RETURN pre;
 END $$;
 
--- Train a plan-and-fit mechanism on a registered dataset and release the model. Called by
--- _train_private (SECURITY DEFINER) after its checks, directly or through a task's own checks
--- (_train_linear). Charged before the fit touches the data, in the release's transaction.
+-- Plan a plan-and-fit mechanism's release on a registered dataset (its registered train
+-- function, or _train_linear's after its checks; called by _train_plan, 35_private.sql): the
+-- run prepared from the public row count, the mechanism's plan, what it is charged. Reads no
+-- row; _complete_planned releases after the charge.
+DROP FUNCTION IF EXISTS dpsql_internal._train_planned(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_planned(ds dpsql.datasets, model text, privacy text,
                                                 params jsonb, epsilon float8, delta float8,
                                                 noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
 SET synchronize_seqscans = off
 AS $$
 DECLARE
     mech dpsql.mechanism_catalog := dpsql_internal._mechanism(privacy);
     canonical text := dpsql_internal._erm_model(model);
-    run bigint;
-    r dpsql.runs;
-    plan jsonb;
-    entry bigint;
-    rel record;
-    mid bigint;
-    pre jsonb;
+    p dpsql_internal.release_plan;
 BEGIN
     IF mech.plan_function IS NULL OR mech.fit_function IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s is not a plan-and-fit mechanism', privacy), 'XX000');
     END IF;
-    r := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
-                                         params);
+    p := ROW(NULL, '_complete_planned', ds, model, privacy, params, epsilon, delta, noise_seed,
+             NULL, NULL, NULL, NULL)::dpsql_internal.release_plan;
+    p.run := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
+                                             params);
     EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
-       INTO plan USING privacy, ds, r.rows, (r.spec->>'dim')::int, epsilon, delta,
-                       params || jsonb_build_object('model', canonical, 'classes', r.spec->'classes');
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy, plan => plan);
-    pre := dpsql_internal._planned_preprocessing(r.spec, plan);
+       INTO p.fit USING privacy, ds, (p.run).rows, ((p.run).spec->>'dim')::int, epsilon, delta,
+                        params || jsonb_build_object('model', canonical, 'classes', (p.run).spec->'classes');
+    p.charge := ROW(ds.dataset_id, epsilon, delta, privacy, NULL, NULL, p.fit, false)::dpsql_internal.release_charge;
+    RETURN p;
+END $$;
+
+-- A plan-and-fit release after its charge: the rows read, the mechanism's fit, the model.
+CREATE OR REPLACE FUNCTION dpsql_internal._complete_planned(p dpsql_internal.release_plan, entry bigint)
+RETURNS bigint LANGUAGE plpgsql
+SET max_parallel_workers_per_gather = 0
+SET synchronize_seqscans = off
+AS $$
+DECLARE
+    mech dpsql.mechanism_catalog := dpsql_internal._mechanism(p.privacy);
+    canonical text := dpsql_internal._erm_model(p.model);
+    r dpsql.runs := p.run;
+    run bigint;
+    rel record;
+    mid bigint;
+    pre jsonb;
+BEGIN
+    pre := dpsql_internal._planned_preprocessing(r.spec, p.fit);
     IF pre ? 'intercept' THEN  -- the row transform moves from the flags to the preprocessing
         r.spec := r.spec || jsonb_build_object('flags', (r.spec->>'flags')::int
                                                         & ~dpsql_internal._flag('row_transform'));
     END IF;
     run := dpsql_internal._start_run(dpsql_internal._read_rows(r));  -- (no SGD state: none runs)
     EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
-       INTO rel USING r.train_table, plan, noise_seed;
+       INTO rel USING r.train_table, p.fit, p.noise_seed;
     IF rel.weights IS NULL THEN
         -- The fit could not certify what its proof needs (an exact minimiser): nothing is
         -- released, and the budget stays spent (whether it converged depends on the data).
         PERFORM dpsql_internal._abort(run);
         -- (the fit's diagnostics depend on the data: they are not shown)
         RAISE WARNING 'dpsql: % released nothing: its solver did not certify the minimiser; '
-                      'the budget of this call is spent', privacy
+                      'the budget of this call is spent', p.privacy
             USING HINT = 'Raise options.newton_steps, or lambda (a better conditioned objective).';
         RETURN NULL;
     END IF;
     UPDATE dpsql.runs SET epochs_done = 1, done = true WHERE runs.run_id = run;
-    mid := dpsql_internal._finish(run, rel.weights, (plan->'info') || rel.info || jsonb_build_object(
-        'mechanism', privacy, 'model', canonical, 'dataset_id', ds.dataset_id, 'epsilon', epsilon,
-        'delta', delta, 'ledger_entry', entry,
-        'noise_seed', dpsql_internal._noise_source(noise_seed))
+    mid := dpsql_internal._finish(run, rel.weights, (p.fit->'info') || rel.info || jsonb_build_object(
+        'mechanism', p.privacy, 'model', canonical, 'dataset_id', (p.ds).dataset_id, 'epsilon', p.epsilon,
+        'delta', p.delta, 'ledger_entry', entry,
+        'noise_seed', dpsql_internal._noise_source(p.noise_seed))
         || CASE WHEN pre IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('preprocessing', pre) END);
     IF rel.iterates IS NOT NULL THEN
         INSERT INTO dpsql.model_iterates (model_id, iterates) VALUES (mid, rel.iterates);

@@ -217,16 +217,43 @@ END $$;
 -- function of its own, called once:
 --   resolve  auto's choice of a mechanism, from public quantities (_release_resolve);
 --   validate every parameter the caller set against the mechanism's spec, the dataset, the
---            grant and the registered columns, before any charge (_release_validate);
+--            grant and the registered columns (_release_validate);
 --   default  what was left NULL, from public quantities: delta and the intercept (the spec),
 --            the SGD family's hyperparameters (_release_defaults, 34_defaults.sql);
---   release  the mechanism's train function: prepare, plan, charge (durably, before any
---            row is read), read, fit, finish; then the model records what was chosen for the
---            caller.
+--   plan     the mechanism's train function: the run prepared from the public row count,
+--            its typed plan, what it is charged (a dpsql_internal.release_plan);
+-- (_train_plan: dpsql.preview stops here, with the plan's charge) then
+--   charge   durably, before any row is read (28_ledger.sql);
+--   complete the function the plan names: read, fit, finish; then the model records what was
+--            chosen for the caller.
 -- With tuning grids the bolt-on is Algorithm 3 (private tuning, Wu et al. 2017, §4.1).
 -- Runs inside dpsql_internal._train_private (below), with its rights.
 CREATE OR REPLACE FUNCTION dpsql_internal._train_release(source text, model text, params jsonb)
 RETURNS bigint LANGUAGE plpgsql
+AS $$
+DECLARE
+    p dpsql_internal.release_plan := dpsql_internal._train_plan(source, model, params);
+    entry bigint;
+    mid bigint;
+BEGIN
+    entry := dpsql_internal._charge((p.charge).dataset_id, (p.charge).epsilon, (p.charge).delta,
+                                    (p.charge).mechanism, note => (p.charge).note,
+                                    dp_event => (p.charge).dp_event, plan => (p.charge).plan,
+                                    unit_level => (p.charge).unit_level);
+    EXECUTE format('SELECT dpsql_internal.%I($1, $2)', p.complete) INTO mid USING p, entry;
+    PERFORM dpsql_internal._record_unit(p.ds, mid);
+    IF p.recorded <> '{}' THEN
+        UPDATE dpsql.model_store m
+           SET params = jsonb_set(m.params, '{privacy}', (m.params->'privacy') || p.recorded)
+         WHERE m.model_id = mid;
+    END IF;
+    RETURN mid;
+END $$;
+
+-- A training release's steps up to its plan (resolve, validate, default, plan): every refusal
+-- that needs no row, no charge, no row read. What dpsql.preview shows (57_preview.sql).
+CREATE OR REPLACE FUNCTION dpsql_internal._train_plan(source text, model text, params jsonb)
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql
 AS $$
 DECLARE
     noise_seed bigint := (params->>'noise_seed')::bigint;  -- tests only: makes the noise predictable
@@ -235,7 +262,7 @@ DECLARE
     mech dpsql.mechanism_catalog;
     step record;
     chosen record;
-    mid bigint;
+    p dpsql_internal.release_plan;
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();
     step := dpsql_internal._release_resolve(source, model, params);
@@ -251,19 +278,11 @@ BEGIN
     PERFORM dpsql_internal._preview_note('model', to_jsonb(dpsql_internal._erm_model(model)));
     PERFORM dpsql_internal._preview_note('defaults', nullif(chosen.filled, '{}'));
     PERFORM dpsql_internal._preview_note('auto', auto->'record');
-    -- release: the mechanism's own train function (prepare, plan, charge, read, fit, finish)
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
-       INTO mid USING ds, model, mech.name, chosen.params, chosen.epsilon, chosen.delta, noise_seed;
-    PERFORM dpsql_internal._record_unit(ds, mid);
-    IF chosen.filled <> '{}' OR auto IS NOT NULL THEN
-        UPDATE dpsql.model_store m
-           SET params = jsonb_set(m.params, '{privacy}',
-                                  (m.params->'privacy')
-                                  || jsonb_strip_nulls(jsonb_build_object(
-                                         'defaults', nullif(chosen.filled, '{}'), 'auto', auto->'record')))
-         WHERE m.model_id = mid;
-    END IF;
-    RETURN mid;
+    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.train_function)
+       INTO p USING ds, model, mech.name, chosen.params, chosen.epsilon, chosen.delta, noise_seed;
+    p.recorded := jsonb_strip_nulls(jsonb_build_object('defaults', nullif(chosen.filled, '{}'),
+                                                       'auto', auto->'record'));
+    RETURN p;
 END $$;
 
 -- Resolve: privacy => 'auto' becomes a named mechanism and its parameters (37_auto.sql),
@@ -301,10 +320,10 @@ BEGIN
 END $$;
 
 -- Validate: every parameter the caller (or auto) set, against the mechanism's spec
--- (_check_params), then the dataset and the grant, the noise seed, the budget, the registered
--- columns and the Citus layout. Every refusal comes before anything is charged or read; a
--- release the budget (composed by sums) cannot pay for runs its own preview first, so that
--- its other refusals come first, then is refused.
+-- (_check_params), then the dataset and the grant, the noise seed, the registered columns and
+-- the Citus layout. Every refusal comes before anything is charged or read; the budget's
+-- comes last, at the charge (issue 41, route 7: a release the budget refuses reads no row,
+-- and a bad argument is named as such on an exhausted dataset too).
 -- Over 100 lines: the checks in the order their refusals are promised (a bad argument is named
 -- as such, on an exhausted dataset too); each is a few lines.
 CREATE OR REPLACE FUNCTION dpsql_internal._release_validate(source text, model text, params jsonb,
@@ -315,10 +334,7 @@ DECLARE
     privacy text := params->>'privacy';
     epsilon float8 := (params->>'epsilon')::float8;
     delta float8 := coalesce((params->>'delta')::float8, 0);
-    lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
-        coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
-    epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
-        coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
+    grids record := dpsql_internal._bolton_tuning(params);
     canonical text;
 BEGIN
     mech := dpsql_internal._mechanism(privacy);  -- the registry (31_mechanisms.sql); refuses unknown names
@@ -366,9 +382,9 @@ BEGIN
     IF NOT coalesce((params->>'shuffle')::boolean, true) THEN
         PERFORM dpsql_internal._fail('private runs shuffle the data (a data-independent permutation)');
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(lambdas) v WHERE v IS NULL OR NOT (v >= 0 AND v < 'Infinity'))
-       OR EXISTS (SELECT 1 FROM unnest(epochs_grid) k WHERE k IS NULL OR k < 1 OR k > 100000)
-       OR cardinality(lambdas) * greatest(cardinality(epochs_grid), 1) > 100 THEN
+    IF EXISTS (SELECT 1 FROM unnest(grids.lambdas) v WHERE v IS NULL OR NOT (v >= 0 AND v < 'Infinity'))
+       OR EXISTS (SELECT 1 FROM unnest(grids.epochs) k WHERE k IS NULL OR k < 1 OR k > 100000)
+       OR cardinality(grids.lambdas) * greatest(cardinality(grids.epochs), 1) > 100 THEN
         PERFORM dpsql_internal._fail('tuning grids: lambdas >= 0, epochs from 1 to 100000, at most 100 candidates');
     END IF;
     IF ds.dataset_id IS NULL THEN
@@ -376,28 +392,6 @@ BEGIN
     END IF;
     IF params->>'noise_seed' IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
-    END IF;
-    -- Decide before reading (issue 41, route 7): a release the budget refuses reads no row.
-    -- It is refused after the same parameter checks the release would make (a bad argument is
-    -- named as such, on an exhausted dataset too): its preview (57_preview.sql), which reads
-    -- no row, runs them first.
-    IF NOT dpsql_internal._previewing() THEN
-        BEGIN
-            PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);
-        EXCEPTION WHEN SQLSTATE 'DP001' THEN
-            PERFORM set_config('dpsql_preview.on', 'on', true);
-            BEGIN
-                PERFORM dpsql_internal._train_release(source, model, params);
-            EXCEPTION
-                WHEN SQLSTATE 'DPPRV' THEN
-                    NULL;  -- every check passed: the budget refuses
-                WHEN OTHERS THEN
-                    PERFORM set_config('dpsql_preview.on', 'off', true);
-                    RAISE;
-            END;
-            PERFORM set_config('dpsql_preview.on', 'off', true);
-            PERFORM dpsql_internal._check_budget_left(ds, epsilon, delta);
-        END;
     END IF;
     -- The registered columns' types, now (an owner may have changed them): before any charge.
     PERFORM dpsql_internal._read_list(ds.relid, ds.features || ds.label, dpsql_internal._text_columns(ds));
@@ -550,55 +544,74 @@ EXCEPTION
 END $$;
 
 -- The bolt-on (Wu et al. 2017, §3.1): Algorithms 1 and 2, or Algorithm 3 with tuning grids.
--- Noiseless epochs, then output perturbation once.
+-- Noiseless epochs, then output perturbation once. Its plan: the run prepared and its state
+-- built, the noise's calibration (or Algorithm 3's candidates) checked; _complete_bolton
+-- trains after the charge.
+DROP FUNCTION IF EXISTS dpsql_internal._train_bolton(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
                                     epsilon float8, delta float8, noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$
 DECLARE
     calibration text := coalesce(params->>'gaussian', 'analytic');
-    lambdas float8[] := ARRAY(SELECT jsonb_array_elements_text(
-        coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8);
-    epochs_grid int[] := ARRAY(SELECT jsonb_array_elements_text(
-        coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int);
-    tuning boolean := cardinality(lambdas) + cardinality(epochs_grid) > 0;
-    entry bigint;
-    plan jsonb;
-    prepared dpsql.runs;
-    run bigint;
-    fit record;
-    mid bigint;
+    grids record := dpsql_internal._bolton_tuning(params);
+    tuning boolean := cardinality(grids.lambdas) + cardinality(grids.epochs) > 0;
+    p dpsql_internal.release_plan;
 BEGIN
     IF tuning AND (dpsql_internal._citus_layout(ds.relid)).dist_column IS NOT NULL THEN
         PERFORM dpsql_internal._fail('private tuning (Algorithm 3) splits the rows by position: not on a '
                                      'distributed dataset', '0A000');
     END IF;
+    p := ROW(NULL, '_complete_bolton', ds, model, privacy, params, epsilon, delta, noise_seed,
+             NULL, NULL, NULL, NULL)::dpsql_internal.release_plan;
     -- The parameters are checked (the run's spec, the mechanism's sensitivity) before the
     -- budget: a bad argument is reported as such, also on an exhausted dataset.
-    prepared := dpsql_internal._arm(dpsql_internal._prepare_private(ds, model, params));
+    p.run := dpsql_internal._arm(dpsql_internal._prepare_private(ds, model, params));
     IF tuning THEN
         -- Algorithm 3 trains candidates of their own (its base's state checks their shape)
-        PERFORM dpsql_internal._bolton_tune_check(prepared, params, lambdas, epochs_grid, epsilon, delta,
+        PERFORM dpsql_internal._bolton_tune_check(p.run, params, grids.lambdas, grids.epochs, epsilon, delta,
                                                   calibration);
     ELSE
-        plan := dpsql_internal._bolton_noise_check(prepared, epsilon, delta, calibration);
+        p.fit := dpsql_internal._bolton_noise_check(p.run, epsilon, delta, calibration);
     END IF;
-    -- Checks the budget under the dataset's row lock and appends the ledger entry; no row has
-    -- been read yet.
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, privacy,
-                           note => CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END, plan => plan);
-    run := dpsql_internal._start_run(dpsql_internal._read_rows(prepared));
-    IF tuning THEN
-        fit := dpsql_internal._bolton_tune(run, model, params, lambdas, epochs_grid, epsilon, delta,
-                                  calibration, noise_seed);
+    p.charge := ROW(ds.dataset_id, epsilon, delta, privacy,
+                    CASE WHEN tuning THEN 'private tuning (Algorithm 3)' END, NULL, p.fit,
+                    false)::dpsql_internal.release_charge;
+    RETURN p;
+END $$;
+
+-- The bolt-on after its charge: the rows read, the noiseless epochs (or Algorithm 3's
+-- candidates), the output noise, the model.
+CREATE OR REPLACE FUNCTION dpsql_internal._complete_bolton(p dpsql_internal.release_plan, entry bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    calibration text := coalesce(p.params->>'gaussian', 'analytic');
+    grids record := dpsql_internal._bolton_tuning(p.params);
+    run bigint;
+    fit record;
+    mid bigint;
+BEGIN
+    run := dpsql_internal._start_run(dpsql_internal._read_rows(p.run));
+    IF cardinality(grids.lambdas) + cardinality(grids.epochs) > 0 THEN
+        fit := dpsql_internal._bolton_tune(run, p.model, p.params, grids.lambdas, grids.epochs, p.epsilon,
+                                           p.delta, calibration, p.noise_seed);
         run := fit.run;
     ELSE
-        fit := dpsql_internal._bolton_fit(run, epsilon, delta, calibration, noise_seed);
+        fit := dpsql_internal._bolton_fit(run, p.epsilon, p.delta, calibration, p.noise_seed);
     END IF;
     mid := dpsql_internal._finish(run, fit.weights,
-                         fit.info || jsonb_build_object('dataset_id', ds.dataset_id, 'ledger_entry', entry));
+                         fit.info || jsonb_build_object('dataset_id', (p.ds).dataset_id, 'ledger_entry', entry));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;
+
+-- Algorithm 3's tuning grids as the call gave them (empty: no tuning).
+CREATE OR REPLACE FUNCTION dpsql_internal._bolton_tuning(params jsonb, OUT lambdas float8[], OUT epochs int[])
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY(SELECT jsonb_array_elements_text(
+               coalesce(nullif(params->'tuning_lambdas', 'null'), '[]'))::float8),
+           ARRAY(SELECT jsonb_array_elements_text(
+               coalesce(nullif(params->'tuning_epochs', 'null'), '[]'))::int)
+$$;
 
 -- Algorithm 3's grids: the tuning grids given, else the call's own lambda and epochs.
 CREATE OR REPLACE FUNCTION dpsql_internal._bolton_grids(params jsonb, lambdas float8[], epochs_grid int[],

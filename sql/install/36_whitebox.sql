@@ -345,31 +345,40 @@ RETURNS float8 LANGUAGE sql AS $$
 $$;
 
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
--- state's CSPRNG; the final model is the release (no output noise). Charged after the plan
--- (DP-SGD's epsilon may come from the accountant) and before any row is read.
+-- state's CSPRNG; the final model is the release (no output noise). The plan: the run
+-- prepared, the mechanism's SGD plan (DP-SGD's epsilon may come from the accountant), the
+-- state armed with it; _complete_whitebox runs the epochs after the charge.
+DROP FUNCTION IF EXISTS dpsql_internal._train_whitebox(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
                                       epsilon float8, delta float8, noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$
 DECLARE
-    r dpsql.runs := dpsql_internal._prepare_private(ds, model, params);
-    run bigint;
-    plan dpsql_internal.sgd_plan;
-    entry bigint;
-    mid bigint;
+    p dpsql_internal.release_plan := ROW(NULL, '_complete_whitebox', ds, model, privacy, params, epsilon,
+                                         delta, noise_seed, NULL, NULL, NULL, NULL);
 BEGIN
-    plan := dpsql_internal._whitebox_plan(privacy, r.spec, r.rows, epsilon, coalesce(delta, 0), params);
-    plan := dpsql_internal._audit_plan(r.spec, r.rows, plan);  -- a superuser's test switch (52_audit.sql)
-    r := dpsql_internal._arm(r, plan, noise_seed);
+    p.run := dpsql_internal._prepare_private(ds, model, params);
+    p.sgd := dpsql_internal._whitebox_plan(privacy, (p.run).spec, (p.run).rows, epsilon, coalesce(delta, 0), params);
+    p.sgd := dpsql_internal._audit_plan((p.run).spec, (p.run).rows, p.sgd);  -- a superuser's test switch (52_audit.sql)
+    p.run := dpsql_internal._arm(p.run, p.sgd, noise_seed);
     -- DP-SGD charges the event its accountant composed (the plan's dp_event); the others record
     -- (epsilon, delta)
-    entry := dpsql_internal._charge(ds.dataset_id, plan.epsilon, plan.delta, privacy,
-                                    dp_event => plan.dp_event, plan => to_jsonb(plan));
-    run := dpsql_internal._start_run(dpsql_internal._read_rows(r));
+    p.charge := ROW(ds.dataset_id, (p.sgd).epsilon, (p.sgd).delta, privacy, NULL, (p.sgd).dp_event, to_jsonb(p.sgd),
+                    false)::dpsql_internal.release_charge;
+    RETURN p;
+END $$;
+
+-- A white-box release after its charge: the rows read, the epochs, the model.
+CREATE OR REPLACE FUNCTION dpsql_internal._complete_whitebox(p dpsql_internal.release_plan, entry bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    run bigint := dpsql_internal._start_run(dpsql_internal._read_rows(p.run));
+    mid bigint;
+BEGIN
     mid := dpsql_internal._finish(run, dpsql_internal._run_epochs(run),
-                         plan.info || jsonb_build_object(
-        'mechanism', privacy, 'dataset_id', ds.dataset_id, 'epsilon', plan.epsilon,
-        'delta', plan.delta, 'noise_scale', plan.noise_scale, 'ledger_entry', entry,
-        'noise_seed', dpsql_internal._noise_source(noise_seed)));
+                         (p.sgd).info || jsonb_build_object(
+        'mechanism', p.privacy, 'dataset_id', (p.ds).dataset_id, 'epsilon', (p.sgd).epsilon,
+        'delta', (p.sgd).delta, 'noise_scale', (p.sgd).noise_scale, 'ledger_entry', entry,
+        'noise_seed', dpsql_internal._noise_source(p.noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

@@ -41,25 +41,32 @@ BEGIN
     RETURN ARRAY(SELECT v / rows FROM unnest(total) WITH ORDINALITY AS u(v, j) ORDER BY j);
 END $$;
 
+-- The mean's noise: its share of epsilon, the rows' norm bound x_bound (1 for classifiers: the
+-- row transform's unit rows) and the noise std for (mean_epsilon, delta) alone at replace-one
+-- sensitivity 2 x_bound; std / x_bound is the accountant's prefix multiplier (the steps'
+-- multiplier is std / C at sensitivity 2 C).
+CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_f_mean_noise(ds dpsql.datasets, model text, epsilon float8,
+                                                             delta float8, OUT x_bound float8,
+                                                             OUT mean_epsilon float8, OUT std float8)
+LANGUAGE plpgsql AS $$
+BEGIN
+    x_bound := CASE WHEN dpsql_internal._canonical_model(model) = 'linear' THEN ds.row_bound ELSE 1 END;
+    mean_epsilon := dpsql_internal._dpsgd_f_mean_fraction() * epsilon;
+    std := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
+END $$;
+
+-- DPSGD-F*'s plan: its refusals, the run prepared, DP-SGD's plan with the mean's noise in its
+-- accountant, the state armed for the centred rows; _complete_dpsgd_f after the charge.
+DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f(ds dpsql.datasets, model text, privacy text,
                                      params jsonb, epsilon float8, delta float8,
                                      noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$
 DECLARE
     canonical text := dpsql_internal._canonical_model(model);
-    x_bound float8 := CASE WHEN canonical = 'linear' THEN ds.row_bound ELSE 1 END;
-    mean_epsilon float8 := dpsql_internal._dpsgd_f_mean_fraction() * epsilon;
-    prefix float8;
-    run bigint;
+    mean record;
     r dpsql.runs;
-    row_flags int;
-    centre float8[];
-    theta float8[];
-    tbl text;
-    ids text;
-    plan dpsql_internal.sgd_plan;
-    entry bigint;
-    mid bigint;
+    p dpsql_internal.release_plan;
 BEGIN
     IF canonical = 'linear' AND (ds.label_bound IS NULL OR ds.row_bound IS NULL) THEN
         PERFORM dpsql_internal._fail('dpsgd_f for least squares needs a regression dataset with a public bound on ||x||',
@@ -83,31 +90,51 @@ BEGIN
         params := params || jsonb_build_object('batch_size', greatest(
             50, dpsql_internal._distributed_min_batch(ds)));  -- on Citus: fewer steps
     END IF;
-    -- The mean's noise std for (mean_epsilon, delta) alone at replace-one sensitivity 2 r, r
-    -- the rows' norm bound (1 for classifiers); std / r is the accountant's prefix multiplier
-    -- (the steps' multiplier is std / C at sensitivity 2 C).
-    prefix := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
+    mean := dpsql_internal._dpsgd_f_mean_noise(ds, model, epsilon, delta);
     r := dpsql_internal._prepare_private(ds, model, params);
+    p := ROW(NULL, '_complete_dpsgd_f', ds, model, privacy, params, epsilon, delta, noise_seed,
+             NULL, NULL, NULL, NULL)::dpsql_internal.release_plan;
     -- the registration's clip / unit rows
-    row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
+    p.fit := jsonb_build_object('row_flags', (r.spec->>'flags')::int & dpsql_internal._flag('row_transform'));
     -- The plan (and the charge) before any private number is computed from the rows.
-    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec, r.rows, epsilon, delta,
-                                 params || jsonb_build_object('sampling', 'poisson',
-                                                              'prefix_noise_multiplier', prefix / x_bound));
-    -- the run trains on the centred rows (below), with the bias as a plain feature 1: its state
-    -- is armed for them before the charge
+    p.sgd := dpsql_internal._dpsgd_plan('dpsgd', r.spec, r.rows, epsilon, delta,
+                                        params || jsonb_build_object('sampling', 'poisson',
+                                                                     'prefix_noise_multiplier',
+                                                                     mean.std / mean.x_bound));
+    -- the run trains on the centred rows (_complete_dpsgd_f), with the bias as a plain feature
+    -- 1: its state is armed for them before the charge
     r.spec := r.spec || jsonb_build_object(
         'flags', ((r.spec->>'flags')::int & ~dpsql_internal._flag('row_transform'))
                  | dpsql_internal._flag('intercept'),
         'intercept', true);
-    r := dpsql_internal._arm(r, plan, noise_seed);
-    entry := dpsql_internal._charge(ds.dataset_id, plan.epsilon, plan.delta, 'dpsgd_f',  -- the mean and the steps
-                                    dp_event => plan.dp_event, plan => to_jsonb(plan));
-    r := dpsql_internal._read_rows(r);
+    p.run := dpsql_internal._arm(r, p.sgd, noise_seed);
+    -- the mean and the steps
+    p.charge := ROW(ds.dataset_id, (p.sgd).epsilon, (p.sgd).delta, 'dpsgd_f', NULL, (p.sgd).dp_event,
+                    to_jsonb(p.sgd), false)::dpsql_internal.release_charge;
+    RETURN p;
+END $$;
+
+-- DPSGD-F* after its charge: the rows read, their private mean, the rows centred on it, the
+-- epochs, the model in the registered features' space.
+CREATE OR REPLACE FUNCTION dpsql_internal._complete_dpsgd_f(p dpsql_internal.release_plan, entry bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    canonical text := dpsql_internal._canonical_model(p.model);
+    mean record := dpsql_internal._dpsgd_f_mean_noise(p.ds, p.model, p.epsilon, p.delta);
+    row_flags int := (p.fit->>'row_flags')::int;
+    r dpsql.runs;
+    run bigint;
+    centre float8[];
+    theta float8[];
+    tbl text;
+    ids text;
+    mid bigint;
+BEGIN
+    r := dpsql_internal._read_rows(p.run);
     -- regression rows (row_norm none) are clipped to x_bound for the sum only
     centre := dpsql_internal._private_mean(r.train_table, (r.spec->>'dim')::int,
                                   CASE WHEN canonical = 'linear' THEN 1 ELSE row_flags END,
-                                  r.rows, prefix, noise_seed, x_bound);
+                                  r.rows, mean.std, p.noise_seed, mean.x_bound);
     -- Centre the rows in a new table (an UPDATE would leave every row's old version for the
     -- epochs to skip): the row transform is done, and the bias is a plain feature 1.
     -- (on Citus placed like the training table and filled shard by shard)
@@ -122,20 +149,20 @@ BEGIN
     -- the centring folded into the bias, w . (t(x) - mean) + b = w . t(x) + (b - w . mean),
     -- t the row transform (the mean is taken after it). Post-processing of (theta, mean).
     mid := dpsql_internal._finish(run, dpsql_internal._alg2_map_back(theta, centre, 1),
-                         plan.info || jsonb_build_object(
-        'mechanism', 'dpsgd_f', 'dataset_id', ds.dataset_id,
+                         (p.sgd).info || jsonb_build_object(
+        'mechanism', 'dpsgd_f', 'dataset_id', (p.ds).dataset_id,
         'algorithm', 'DPSGD-F* (Sun, Suresh, Menon 2024, Algorithm 3): private mean, centred rows, '
                      'DP-SGD with Poisson sampling and a bias',
-        'epsilon', plan.epsilon, 'delta', plan.delta, 'noise_scale', plan.noise_scale,
+        'epsilon', (p.sgd).epsilon, 'delta', (p.sgd).delta, 'noise_scale', (p.sgd).noise_scale,
         'ledger_entry', entry,
         'preprocessing', jsonb_build_object(
             -- predict / evaluate / Python: the row transform alone (the centre is folded)
             'row_flags', row_flags, 'centre', array_fill(0::float8, ARRAY[cardinality(centre)]),
             'mean', centre, 'theta', theta,
-            'mean_noise_std', prefix, 'mean_sensitivity', 2 * x_bound,
-            'mean_epsilon_alone', mean_epsilon,
+            'mean_noise_std', mean.std, 'mean_sensitivity', 2 * mean.x_bound,
+            'mean_epsilon_alone', mean.mean_epsilon,
             'accounting', 'the mean''s Gaussian and the steps composed by the PLD accountant'),
-        'noise_seed', dpsql_internal._noise_source(noise_seed)));
+        'noise_seed', dpsql_internal._noise_source(p.noise_seed)));
     PERFORM dpsql_internal._set_ledger_model(entry, mid);
     RETURN mid;
 END $$;

@@ -145,38 +145,44 @@ BEGIN
     RETURN out;
 END $$;
 
--- Over 100 lines: one function because it is a controller whose steps feed each other in one
--- pass: the calibration's plan, the charge, the private mean and quantile tau from the rows, the
--- rows x'' they make, the run armed with the plan tau fixes (clip and step), the map back.
+-- Algorithm 2's base step eta_0 (the step is eta_0 / tau^2): the call's step_size, else the
+-- default step of rows of norm sqrt(2) tau at tau = 1.
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_eta0(canonical text, params jsonb)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    eta0 float8 := coalesce((params->>'step_size')::float8,
+                            dpsql_internal._default_step(canonical, 0.1, sqrt(2)));
+BEGIN
+    IF NOT (eta0 > 0 AND eta0 < 'Infinity') THEN
+        PERFORM dpsql_internal._fail('step_size (eta_0; the step is eta_0 / tau^2) must be a finite number > 0');
+    END IF;
+    RETURN eta0;
+END $$;
+
+-- The release's calibration, DP-SGD's at (epsilon/3, delta/3) with Poisson sampling, at clip
+-- norm C and step: tau (noisy) fixes both after the charge; the noise multiplier does not
+-- depend on them.
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_sgd_plan(spec jsonb, m bigint, epsilon float8, delta float8,
+                                                        clip float8, step float8)
+RETURNS dpsql_internal.sgd_plan LANGUAGE sql AS $$
+    SELECT dpsql_internal._dpsgd_plan('dpsgd', spec, m, epsilon / 3, delta / 3,
+                                      jsonb_build_object('sampling', 'poisson', 'clip_norm', clip,
+                                                         'step_size', step))
+$$;
+
+-- DPSGD-F Algorithm 2's plan: its refusals, the run prepared, the calibration at clip 1 and
+-- the shape of the run on the rows x'' (d + 1 features, no intercept) checked; charged
+-- (epsilon, delta) whole. _complete_dpsgd_f_alg2 after the charge.
+DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f_alg2(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
                                           params jsonb, epsilon float8, delta float8,
                                           noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$
 DECLARE
     canonical text := dpsql_internal._canonical_model(model);
-    c record := dpsql.loss_constants(canonical, 0, 0, 0.1);
-    run bigint;
+    p dpsql_internal.release_plan;
     r dpsql.runs;
     d int;
-    m bigint;
-    row_flags int;
-    flags int;
-    rows_sql text;
-    plan dpsql_internal.sgd_plan;
-    entry bigint;
-    pm record;
-    tau_rank bigint;
-    tau_hat float8;
-    tau float8;
-    clip float8;
-    step float8;
-    eta0 float8;
-    sgd_params jsonb;
-    theta float8[];
-    released float8[];
-    tbl text;
-    ids text;
-    mid bigint;
 BEGIN
     -- Refusals first: nothing is charged (one transaction).
     IF canonical NOT IN ('logistic', 'multinomial') THEN
@@ -201,31 +207,68 @@ BEGIN
        OR coalesce((params->>'lambda')::float8, 0) <> 0 THEN
         PERFORM dpsql_internal._fail('dpsgd_f_alg2 runs a constant step eta_0 / tau^2 without regularisation');
     END IF;
-    eta0 := coalesce((params->>'step_size')::float8,
-                     dpsql_internal._default_step(canonical, 0.1, sqrt(2)));  -- rows of norm sqrt(2) tau, tau = 1
-    IF NOT (eta0 > 0 AND eta0 < 'Infinity') THEN
-        PERFORM dpsql_internal._fail('step_size (eta_0; the step is eta_0 / tau^2) must be a finite number > 0');
-    END IF;
+    PERFORM dpsql_internal._alg2_eta0(canonical, params);
     IF coalesce((params->>'batch_size')::bigint, 1) < 2 THEN
         params := params || jsonb_build_object('batch_size', greatest(
             50, dpsql_internal._distributed_min_batch(ds)));  -- on Citus: fewer steps
     END IF;
     r := dpsql_internal._prepare_private(ds, model, params);
     d := (r.spec->>'dim')::int;
-    m := r.rows;
-    row_flags := (r.spec->>'flags')::int & dpsql_internal._flag('row_transform');
-    flags := (r.spec->>'flags')::int;
-    -- The DP-SGD calibration at (epsilon/3, delta/3) from public numbers (clip 1: the noise
-    -- multiplier does not depend on it), then the charge, before any value is read.
-    sgd_params := jsonb_build_object('sampling', 'poisson', 'clip_norm', 1.0, 'step_size', 1.0);
-    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec || jsonb_build_object('dim', d + 1), m,
-                                 epsilon / 3, delta / 3, sgd_params);
+    p := ROW(NULL, '_complete_dpsgd_f_alg2', ds, model, privacy, params, epsilon, delta, noise_seed,
+             r, NULL, NULL, NULL)::dpsql_internal.release_plan;
+    -- The calibration from public numbers (clip 1, step 1), then the charge, before any value
+    -- is read.
+    p.sgd := dpsql_internal._alg2_sgd_plan(r.spec || jsonb_build_object('dim', d + 1), r.rows, epsilon, delta,
+                                           1.0, 1.0);
     -- The run's shape, checked before the charge: its state on the rows x'' (d + 1 features, no
     -- intercept) with this calibration (the run is armed after tau, with its clip and step).
-    PERFORM dpsql_internal._initial_state(r.spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7,
-                                                                      'intercept', false), plan);
-    entry := dpsql_internal._charge(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', plan => to_jsonb(plan));
-    r := dpsql_internal._read_rows(r);
+    PERFORM dpsql_internal._initial_state(dpsql_internal._alg2_spec(r.spec), p.sgd);
+    p.charge := ROW(ds.dataset_id, epsilon, delta, 'dpsgd_f_alg2', NULL, NULL, to_jsonb(p.sgd),
+                    false)::dpsql_internal.release_charge;
+    RETURN p;
+END $$;
+
+-- The run's spec on the rows x'': d + 1 features, no row transform, no intercept (tau is the
+-- bias).
+CREATE OR REPLACE FUNCTION dpsql_internal._alg2_spec(spec jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT spec || jsonb_build_object('dim', (spec->>'dim')::int + 1, 'flags', (spec->>'flags')::int & ~7,
+                                      'intercept', false)
+$$;
+
+-- Over 100 lines: one function because its steps feed each other in one pass after the
+-- charge: the private mean and quantile tau from the rows, the rows x'' they make, the run
+-- armed with the plan tau fixes (clip and step), the map back.
+CREATE OR REPLACE FUNCTION dpsql_internal._complete_dpsgd_f_alg2(p dpsql_internal.release_plan, entry bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    canonical text := dpsql_internal._canonical_model(p.model);
+    c record := dpsql.loss_constants(canonical, 0, 0, 0.1);
+    eta0 float8 := dpsql_internal._alg2_eta0(canonical, p.params);
+    epsilon float8 := p.epsilon;
+    delta float8 := p.delta;
+    noise_seed bigint := p.noise_seed;
+    r dpsql.runs;
+    run bigint;
+    d int := ((p.run).spec->>'dim')::int;
+    m bigint := (p.run).rows;
+    row_flags int := ((p.run).spec->>'flags')::int & dpsql_internal._flag('row_transform');
+    flags int := ((p.run).spec->>'flags')::int;
+    rows_sql text;
+    plan dpsql_internal.sgd_plan;
+    pm record;
+    tau_rank bigint;
+    tau_hat float8;
+    tau float8;
+    clip float8;
+    step float8;
+    theta float8[];
+    released float8[];
+    tbl text;
+    ids text;
+    mid bigint;
+BEGIN
+    r := dpsql_internal._read_rows(p.run);
     rows_sql := dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags);
     -- 1. private mean at (epsilon/3, delta/3)
     pm := dpsql_internal._alg2_private_mean(rows_sql, d, m, epsilon / 3, delta / 3, noise_seed);
@@ -243,15 +286,13 @@ BEGIN
                    '  FROM (%s) r ORDER BY r.rid', tbl, ids, ids,
                    dpsql_internal._alg2_rows_sql(r.train_table, d, row_flags, ids)) USING pm.mean, tau;
     PERFORM dpsql_internal._replace_training_table(r.train_table, tbl);
-    r.spec := r.spec || jsonb_build_object('dim', d + 1, 'flags', flags & ~7, 'intercept', false);
+    r.spec := dpsql_internal._alg2_spec(r.spec);
     -- 5. DP-SGD: C = sqrt(2) G tau, step eta_0 / tau^2 (the same calibration, now with C).
     -- tau is noisy, so the step is post-processing; it is capped so that a huge eta_0 over a
     -- small tau cannot overflow after the charge (the weights' box guards the rest, sgd.c).
     step := CASE WHEN ln(eta0) - 2 * ln(tau) > ln(1e300) THEN 1e300 ELSE eta0 / (tau * tau) END;
     clip := sqrt(2) * c.lipschitz_data * tau;
-    plan := dpsql_internal._dpsgd_plan('dpsgd', r.spec, m, epsilon / 3, delta / 3,
-                                 sgd_params || jsonb_build_object('clip_norm', clip,
-                                                                  'step_size', step));
+    plan := dpsql_internal._alg2_sgd_plan(r.spec, m, epsilon, delta, clip, step);
     run := dpsql_internal._start_run(dpsql_internal._arm(r, plan, noise_seed));
     theta := dpsql_internal._run_epochs(run);
     -- 6. map back; released as (w, b) on the rows after the row transform: the model records
@@ -261,7 +302,7 @@ BEGIN
         'dim', d, 'intercept', true,
         'flags', (flags & ~dpsql_internal._flag('row_transform')) | dpsql_internal._flag('intercept')),
         privacy => plan.info || jsonb_build_object(
-        'mechanism', 'dpsgd_f_alg2', 'dataset_id', ds.dataset_id,
+        'mechanism', 'dpsgd_f_alg2', 'dataset_id', (p.ds).dataset_id,
         'algorithm', 'DPSGD-F (Sun, Suresh, Menon 2024, Algorithm 2): private mean, private quantile '
                      'tau, features (x - mean, tau) clipped to sqrt(2) tau, DP-SGD with C = sqrt(2) G tau, '
                      'map back b = tau theta[d+1] - w . mean',

@@ -113,12 +113,13 @@ BEGIN
     RETURN plan;
 END $$;
 
--- Train a linear mechanism on a registered regression dataset (the registered train
--- function of the linear mechanisms): their common checks, then plan and fit (33_planned.sql).
+-- Plan a linear mechanism's release on a registered regression dataset (the registered train
+-- function of the linear mechanisms): their common checks, then the plan (33_planned.sql).
+DROP FUNCTION IF EXISTS dpsql_internal._train_linear(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_linear(ds dpsql.datasets, model text, privacy text,
                                                params jsonb, epsilon float8, delta float8,
                                                noise_seed bigint)
-RETURNS bigint LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$
 BEGIN
     -- (a classification dataset is refused before: _check_dataset_model, 35_private.sql)
     IF delta IS NULL OR delta <= 0 THEN

@@ -2,23 +2,21 @@
 -- Previews (issue 27): what a private release would do and cost, before paying
 --
 -- dpsql.preview takes dpsql.train's arguments (privacy defaults to 'auto') and runs the
--- release's own path, resolve, validate, default and plan, in a subtransaction, with the
--- transaction's preview flag set (dpsql_internal._previewing): the run's training table is
--- left empty (no row is read; the row count, public, is counted) and the charge, the first
--- step that spends, stops with what it would charge. Nothing is charged, written or released;
--- the answer holds only public quantities: the mechanism, its plan and defaults, the epsilon
--- and delta, the budget before and after, every warning, and the refusal the release would
--- meet (the same error train would raise, also for a budget it would exceed).
---
--- The charge stops a preview with a signal (SQLSTATE DPPRV), not a return value that every
--- release would have to test: a release function that forgot the test would go on to read
--- the rows and release, uncharged. With the signal nothing after the charge can run in a
--- preview, whatever the release function, and the subtransaction it unwinds takes with it all
--- the preview wrote before (a run's empty training table, made to run the fill's checks).
+-- release's plan, the steps before its charge: resolve, validate, default and plan
+-- (_train_plan, 35_private.sql); dpsql.preview_describe and dpsql.preview_evaluate run theirs.
+-- The transaction's preview flag is set meanwhile (dpsql_internal._previewing): the plan
+-- collects its public facts and warnings for the answer (_preview_note). A plan reads no row
+-- (the row count, public, is counted) and charges nothing: the preview returns the charge the
+-- plan computed, with the budget before and after. Nothing is charged, released or kept (a
+-- run's empty training table, made to run the fill's checks, is dropped); the answer holds
+-- only public quantities: the mechanism, its plan and defaults, the epsilon and delta, every
+-- warning, and the refusal the release would meet (the same error train would raise, also for
+-- a budget it would exceed). A charge reached with the flag set is a bug, and raises
+-- (28_ledger.sql).
 ------------------------------------------------------------------------------------------
 
 -- Adds a public fact to the preview's answer (nothing when not previewing). A transaction
--- setting: the charge's signal carries it out of the subtransaction that is undone.
+-- setting, read by _preview_statement once the plan has returned.
 CREATE OR REPLACE FUNCTION dpsql_internal._preview_note(key text, value jsonb)
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -30,17 +28,22 @@ BEGIN
     END IF;
 END $$;
 
--- The preview of any release: runs statement (one call of a release function, built by the
--- preview function from literals) with the preview flag set, in a subtransaction that is
--- undone, and returns what its charge would be. As the caller: the statement's release
--- function does its own checks (as every release, it charges before it reads a value).
+-- The preview of any release: runs statement (a query of the release's plan returning its
+-- dpsql_internal.release_charge, built by the preview function from literals) with the
+-- preview flag set, and returns the charge as _charge would book it (at unit level) with the
+-- budget, or the refusal the plan raised (its subtransaction undone). As the caller: the
+-- preview functions run it as the extension owner, as their releases run.
 CREATE OR REPLACE FUNCTION dpsql_internal._preview_statement(statement text)
 RETURNS jsonb LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    charge jsonb;
+    planned dpsql_internal.release_charge;
+    checked record;
+    charge dpsql_internal.release_charge;
+    d dpsql.datasets;
     context jsonb;
+    spent record;
     message text;
     hint text;
     state text;
@@ -49,42 +52,56 @@ BEGIN
     PERFORM set_config('dpsql_preview.on', 'on', true);
     PERFORM set_config('dpsql_preview.context', '{}', true);
     BEGIN
-        EXECUTE statement;
-        -- (every release charges before it releases: reaching here is a bug)
-        -- A RAISE, not _fail: an internal signal, caught just below.
-        RAISE EXCEPTION 'dpsql: the preview reached no charge' USING ERRCODE = 'XX000';
-    EXCEPTION
-        WHEN SQLSTATE 'DPPRV' THEN
-            GET STACKED DIAGNOSTICS message = PG_EXCEPTION_DETAIL;
-            charge := message::jsonb;
-        WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT, state = RETURNED_SQLSTATE;
+        EXECUTE statement INTO planned;
+        checked := dpsql_internal._charge_terms(planned);
+        charge := checked.terms;
+        d := checked.d;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT, state = RETURNED_SQLSTATE;
     END;
     PERFORM set_config('dpsql_preview.on', 'off', true);
-    IF charge IS NULL THEN
+    IF state IS NOT NULL THEN
         RETURN jsonb_build_object('refused', jsonb_strip_nulls(jsonb_build_object(
                    'message', message, 'hint', nullif(hint, ''), 'sqlstate', state)));
     END IF;
-    context := coalesce(charge->'context', '{}');
-    budget := charge->'budget';
+    context := coalesce(nullif(current_setting('dpsql_preview.context', true), '')::jsonb, '{}');
+    SELECT s.epsilon_spent, s.delta_spent INTO spent FROM dpsql_internal.spent s
+     WHERE s.dataset_id = d.dataset_id;
+    budget := jsonb_build_object(
+        'composition', d.composition, 'epsilon_budget', d.epsilon_budget,
+        'delta_budget', d.delta_budget, 'epsilon_spent', coalesce(spent.epsilon_spent, 0),
+        'delta_spent', coalesce(spent.delta_spent, 0));
     budget := budget || jsonb_build_object(
         'epsilon_remaining', (budget->>'epsilon_budget')::float8 - (budget->>'epsilon_spent')::float8,
         'delta_remaining', (budget->>'delta_budget')::float8 - (budget->>'delta_spent')::float8,
-        'exceeded', CASE WHEN budget->>'composition' = 'pld' THEN NULL
-                         ELSE (budget->>'epsilon_spent')::float8 + (charge->>'epsilon')::float8
+        'exceeded', CASE WHEN d.composition = 'pld' THEN NULL
+                         ELSE (budget->>'epsilon_spent')::float8 + charge.epsilon
                                   > (budget->>'epsilon_budget')::float8 * (1 + 1e-12)
-                              OR (budget->>'delta_spent')::float8 + (charge->>'delta')::float8
+                              OR (budget->>'delta_spent')::float8 + charge.delta
                                   > (budget->>'delta_budget')::float8 * (1 + 1e-12) END);
     RETURN jsonb_strip_nulls(jsonb_build_object(
-        'dataset', context->'dataset', 'mechanism', coalesce(context->'mechanism', charge->'mechanism'),
+        'dataset', context->'dataset', 'mechanism', coalesce(context->'mechanism', to_jsonb(charge.mechanism)),
         'model', context->'model',
-        'epsilon', charge->'epsilon', 'delta', charge->'delta', 'note', charge->'note',
+        'epsilon', charge.epsilon, 'delta', charge.delta, 'note', charge.note,
         'rows', context->'run'->'rows', 'dim', context->'run'->'dim', 'run', context->'run',
-        'plan', charge->'plan', 'dp_event', charge->'dp_event', 'defaults', context->'defaults',
+        'plan', charge.plan, 'dp_event', charge.dp_event, 'defaults', context->'defaults',
         'auto', context->'auto', 'budget', budget, 'warnings', coalesce(context->'warnings', '[]'),
         'refused', CASE WHEN (budget->>'exceeded')::boolean THEN jsonb_build_object(
             'message', format('dpsql: privacy budget of dataset %s would be exceeded', context->>'dataset'),
             'sqlstate', 'DP001') END));
+END $$;
+
+-- A training release's preview: its plan (_train_plan), whose run's empty training table is
+-- dropped; its charge.
+CREATE OR REPLACE FUNCTION dpsql_internal._train_preview(source text, model text, params jsonb)
+RETURNS dpsql_internal.release_charge LANGUAGE plpgsql AS $$
+DECLARE
+    p dpsql_internal.release_plan := dpsql_internal._train_plan(source, model, params);
+BEGIN
+    IF (p.run).train_table IS NOT NULL THEN
+        EXECUTE format('DROP TABLE IF EXISTS %s', (p.run).train_table);
+    END IF;
+    RETURN p.charge;
 END $$;
 
 -- The preview of a training release, as the extension owner (like _train_private, whose
@@ -94,7 +111,7 @@ RETURNS jsonb LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT dpsql_internal._preview_statement(
-        format('SELECT dpsql_internal._train_private(%L, %L, %L::jsonb)', source, model, params))
+        format('SELECT * FROM dpsql_internal._train_preview(%L, %L, %L::jsonb)', source, model, params))
 $$;
 
 -- BEGIN GENERATED: preview signature (make generate; sql/mechanisms/parameters.toml)

@@ -503,29 +503,19 @@ BEGIN
     END LOOP;
 END $$;
 
--- The release. As the extension owner (the analyst reads no row): the dataset as the caller
--- may use it, every refusal that needs no value, the charge, then one read of the numeric
--- columns and one per counted column.
-CREATE OR REPLACE FUNCTION dpsql.describe(dataset text, epsilon float8, delta float8 DEFAULT 0,
-                                          features text[] DEFAULT NULL, noise_seed bigint DEFAULT NULL)
-RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- The release's plan: the dataset as the caller may use it, every refusal that needs no value,
+-- the numeric columns to read (names, exprs, bounds), the epsilon split (plan), the public row
+-- count m and what the release is charged. Reads no value; dpsql.preview_describe stops here.
+CREATE OR REPLACE FUNCTION dpsql_internal._describe_release_plan(
+    dataset text, epsilon float8, delta float8, features text[], noise_seed bigint,
+    OUT charge dpsql_internal.release_charge, OUT ds dpsql.datasets, OUT names text[], OUT exprs text[],
+    OUT lo float8[], OUT hi float8[], OUT plan jsonb, OUT row_delta float8, OUT m bigint)
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    ds dpsql.datasets;
-    c record := dpsql_internal._describe_constants();
     n_numeric int;
     n_counted int;
-    names text[];
-    exprs text[];
-    m bigint;
-    plan jsonb;
-    seed bigint;
-    grid float8[];
-    lo float8[];
-    hi float8[];
-    r record;
     target record;
 BEGIN
     ds := dpsql_internal._lookup_dataset(dataset);
@@ -546,6 +536,7 @@ BEGIN
     -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta), which
     -- the charge pays (64_privacy_units.sql)
     target := dpsql_internal._unit_release_target(ds, epsilon, delta);
+    row_delta := target.delta;
     plan := dpsql_internal._describe_plan(n_numeric, n_counted, target.epsilon, target.delta);
     -- (1e-8: the stddev's integer noise, H^2 / epsilon rows, at most 36.7 scales, stays < 2^63;
     -- below it the noise swamps any table)
@@ -562,49 +553,71 @@ BEGIN
     END IF;
     PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
     PERFORM dpsql_internal._preview_note('run', jsonb_build_object('rows', m));
-    PERFORM dpsql_internal._charge(ds.dataset_id, target.epsilon, target.delta, 'describe',
-                                   note => format('describe %s (%s rows)',
-                                                  (SELECT string_agg(x.feature, ', ')
-                                                     FROM dpsql_internal._describe_columns(ds, features) x), m),
-                                   dp_event => plan->'dp_event', plan => plan - 'dp_event');
+    charge := ROW(ds.dataset_id, target.epsilon, target.delta, 'describe',
+                  format('describe %s (%s rows)',
+                         (SELECT string_agg(x.feature, ', ') FROM dpsql_internal._describe_columns(ds, features) x),
+                         m),
+                  plan->'dp_event', plan - 'dp_event', false)::dpsql_internal.release_charge;
+END $$;
+
+-- The release. As the extension owner (the analyst reads no row): its plan, the charge, then
+-- one read of the numeric columns and one per counted column.
+CREATE OR REPLACE FUNCTION dpsql.describe(dataset text, epsilon float8, delta float8 DEFAULT 0,
+                                          features text[] DEFAULT NULL, noise_seed bigint DEFAULT NULL)
+RETURNS TABLE (feature text, statistic text, key text, value float8, noise_sd float8)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c record := dpsql_internal._describe_constants();
+    p record := dpsql_internal._describe_release_plan(dataset, epsilon, delta, features, noise_seed);
+    seed bigint;
+    grid float8[];
+    r record;
+BEGIN
+    PERFORM dpsql_internal._charge((p.charge).dataset_id, (p.charge).epsilon, (p.charge).delta,
+                                   (p.charge).mechanism, note => (p.charge).note,
+                                   dp_event => (p.charge).dp_event, plan => (p.charge).plan);
     seed := coalesce(noise_seed, dpsql_internal._random_seed());
 
     feature := NULL;
     statistic := 'rows';
     key := NULL;
-    value := m;
+    value := p.m;
     noise_sd := 0;
     RETURN NEXT;
 
-    IF n_numeric > 0 THEN
+    IF cardinality(p.names) > 0 THEN
         grid := ARRAY(SELECT i::float8 / c.quantile_grid FROM generate_series(0, c.quantile_grid) i);
         -- one read, then per column its mean and stddev, quantiles and histogram
-        FOR r IN SELECT * FROM dpsql_internal._describe_numeric_read(ds, exprs, lo, hi, grid) LOOP
+        FOR r IN SELECT * FROM dpsql_internal._describe_numeric_read(p.ds, p.exprs, p.lo, p.hi, grid) LOOP
             RETURN QUERY SELECT * FROM dpsql_internal._describe_moments(
-                names[r.j], r.j, lo[r.j], hi[r.j], r.s1, r.s2, r.g1, r.g2, m, plan, target.delta, seed, noise_seed);
+                p.names[r.j], r.j, p.lo[r.j], p.hi[r.j], r.s1, r.s2, r.g1, r.g2, p.m, p.plan, p.row_delta, seed,
+                noise_seed);
             RETURN QUERY SELECT * FROM dpsql_internal._describe_quantiles(
-                names[r.j], r.j, lo[r.j], hi[r.j], grid, r.qp, r.qc, m, plan, seed);
+                p.names[r.j], r.j, p.lo[r.j], p.hi[r.j], grid, r.qp, r.qc, p.m, p.plan, seed);
             RETURN QUERY SELECT * FROM dpsql_internal._describe_histogram(
-                names[r.j], r.j, lo[r.j], hi[r.j], r.hb, r.hc, plan, seed);
+                p.names[r.j], r.j, p.lo[r.j], p.hi[r.j], r.hb, r.hc, p.plan, seed);
         END LOOP;
     END IF;
 
     -- frequencies: one read per counted column
-    RETURN QUERY SELECT * FROM dpsql_internal._describe_frequencies(ds, features, plan, seed);
+    RETURN QUERY SELECT * FROM dpsql_internal._describe_frequencies(p.ds, features, p.plan, seed);
 END $$;
 COMMENT ON FUNCTION dpsql.describe(text, float8, float8, text[], bigint) IS
     'Private exploratory statistics of a registered dataset (means, spreads, quantiles, histograms, '
     'frequencies), one charge to its ledger (noise_seed: tests only)';
 
--- What dpsql.describe would charge, without charging or reading a value (57_preview.sql).
+-- What dpsql.describe would charge, without charging or reading a value (57_preview.sql):
+-- its plan, as the extension owner (as dpsql.describe).
 CREATE OR REPLACE FUNCTION dpsql.preview_describe(dataset text, epsilon float8, delta float8 DEFAULT 0,
                                                   features text[] DEFAULT NULL)
-RETURNS jsonb LANGUAGE sql VOLATILE
+RETURNS jsonb LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT dpsql_internal._preview_statement(
-        format('SELECT count(*) FROM dpsql.describe(%L, %L::float8, %L::float8, %L::text[])',
-               dataset, epsilon, delta, features))
+        format('SELECT (p.charge).* FROM dpsql_internal._describe_release_plan(%L, %L::float8, %L::float8, '
+               '%L::text[], NULL) p', dataset, epsilon, delta, features))
 $$;
 COMMENT ON FUNCTION dpsql.preview_describe(text, float8, float8, text[]) IS
     'What dpsql.describe would charge (epsilon split, DpEvent, budget, refusal), without charging or reading rows';

@@ -671,27 +671,28 @@ END $$;
 COMMENT ON FUNCTION dpsql_internal._private_metrics(dpsql.models, dpsql.datasets, float8, float8, bigint) IS
     'Noisy metrics of a model on a dataset: reads the rows and charges NOTHING; only after a charge covering it';
 
--- dpsql.evaluate on a registered dataset (54_api.sql dispatches here when epsilon is given):
--- the checks, the charge, then the release. As the extension owner (the rows are read as a
--- private run reads them); the model and the dataset are looked up as the login role.
-CREATE OR REPLACE FUNCTION dpsql_internal._evaluate_private(model_id bigint, dataset text, features text[],
-                                                            label text, epsilon float8, delta float8,
-                                                            noise_seed bigint,
-                                                            OUT metric text, OUT value float8, OUT rows bigint,
-                                                            OUT baseline float8, OUT metrics jsonb)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- A private evaluation's plan: the model and the dataset as the login role may use them, every
+-- refusal that needs no row, the statistics' plan at row level (row_epsilon, row_delta), the
+-- public row count and what the release is charged. Reads no row; dpsql.preview_evaluate
+-- stops here.
+CREATE OR REPLACE FUNCTION dpsql_internal._evaluate_release_plan(
+    model_id bigint, dataset text, features text[], label text, epsilon float8, delta float8,
+    noise_seed bigint, OUT charge dpsql_internal.release_charge, OUT m dpsql.models, OUT ds dpsql.datasets,
+    OUT plan jsonb, OUT row_epsilon float8, OUT row_delta float8, OUT rows bigint)
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    m dpsql.models := dpsql_internal._model(model_id);  -- the models the login role may see
-    ds dpsql.datasets := dpsql_internal._lookup_dataset(dataset);  -- granted datasets only
-    plan jsonb;
     target record;
 BEGIN
+    m := dpsql_internal._model(model_id);  -- the models the login role may see
+    ds := dpsql_internal._lookup_dataset(dataset);  -- granted datasets only
     PERFORM dpsql_internal._check_evaluation_pair(m, ds, features, label);
     -- a privacy unit of k rows: planned at row level for the unit-level (epsilon, delta), which
     -- the charge pays (64_privacy_units.sql)
     target := dpsql_internal._unit_release_target(ds, epsilon, coalesce(delta, 0));
+    row_epsilon := target.epsilon;
+    row_delta := target.delta;
     plan := dpsql_internal._private_evaluation_plan(m, ds, target.epsilon, target.delta);
     IF noise_seed IS NOT NULL AND NOT dpsql_internal._can_read_rows(ds) THEN
         PERFORM dpsql_internal._noise_seed_refused();
@@ -703,18 +704,39 @@ BEGIN
     PERFORM dpsql_internal._preview_note('dataset', to_jsonb(ds.name));
     PERFORM dpsql_internal._preview_note('model', to_jsonb(m.model_id));
     PERFORM dpsql_internal._preview_note('mechanism', to_jsonb('evaluate'::text));
-    PERFORM dpsql_internal._charge(ds.dataset_id, target.epsilon, target.delta, 'evaluate',
-                                   note => format('model %s, %s metrics, %s noise%s', m.model_id, plan->>'kind',
-                                                  plan->>'mechanism',
-                                                  CASE WHEN noise_seed IS NOT NULL
-                                                       THEN ', user noise seed: NOT private' ELSE '' END),
-                                   dp_event => plan->'dp_event',
-                                   plan => plan - 'dp_event');
-    metrics := dpsql_internal._private_metrics(m, ds, target.epsilon, target.delta, noise_seed);
+    charge := ROW(ds.dataset_id, target.epsilon, target.delta, 'evaluate',
+                  format('model %s, %s metrics, %s noise%s', m.model_id, plan->>'kind', plan->>'mechanism',
+                         CASE WHEN noise_seed IS NOT NULL THEN ', user noise seed: NOT private' ELSE '' END),
+                  plan->'dp_event', plan - 'dp_event', false)::dpsql_internal.release_charge;
+END $$;
+
+-- dpsql.evaluate on a registered dataset (54_api.sql dispatches here when epsilon is given):
+-- its plan, the charge, then the release. As the extension owner (the rows are read as a
+-- private run reads them); the model and the dataset are looked up as the login role.
+CREATE OR REPLACE FUNCTION dpsql_internal._evaluate_private(model_id bigint, dataset text, features text[],
+                                                            label text, epsilon float8, delta float8,
+                                                            noise_seed bigint,
+                                                            OUT metric text, OUT value float8, OUT rows bigint,
+                                                            OUT baseline float8, OUT metrics jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    p record := dpsql_internal._evaluate_release_plan(model_id, dataset, features, label, epsilon, delta,
+                                                      noise_seed);
+    m dpsql.models := p.m;
+    ds dpsql.datasets := p.ds;
+    plan jsonb := p.plan;
+BEGIN
+    rows := p.rows;
+    PERFORM dpsql_internal._charge((p.charge).dataset_id, (p.charge).epsilon, (p.charge).delta,
+                                   (p.charge).mechanism, note => (p.charge).note,
+                                   dp_event => (p.charge).dp_event, plan => (p.charge).plan);
+    metrics := dpsql_internal._private_metrics(m, ds, p.row_epsilon, p.row_delta, noise_seed);
     IF ds.privacy_unit IS NOT NULL THEN  -- said at unit level, as charged
         metrics := jsonb_set(metrics, '{private}', (metrics->'private') || jsonb_build_object(
-            'epsilon', epsilon, 'delta', coalesce(delta, 0), 'row_epsilon', target.epsilon,
-            'row_delta', target.delta, 'privacy_unit', ds.privacy_unit,
+            'epsilon', epsilon, 'delta', coalesce(delta, 0), 'row_epsilon', p.row_epsilon,
+            'row_delta', p.row_delta, 'privacy_unit', ds.privacy_unit,
             'max_rows_per_unit', ds.max_rows_per_unit));
     END IF;
     metric := CASE WHEN plan->>'kind' = 'regression' THEN 'mse' ELSE 'accuracy' END;
@@ -732,11 +754,12 @@ END $$;
 
 CREATE OR REPLACE FUNCTION dpsql.preview_evaluate(model_id bigint, dataset text, epsilon float8,
                                                   delta float8 DEFAULT 0)
-RETURNS jsonb LANGUAGE sql VOLATILE
+RETURNS jsonb LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- its plan, as the extension owner (as the release): 57_preview.sql
     SELECT dpsql_internal._preview_statement(
-        format('SELECT dpsql_internal._evaluate_private(%L, %L, NULL, NULL, %L, %L, NULL)',
+        format('SELECT (p.charge).* FROM dpsql_internal._evaluate_release_plan(%L, %L, NULL, NULL, %L, %L, NULL) p',
                model_id, dataset, epsilon, delta))
 $$;
 COMMENT ON FUNCTION dpsql.preview_evaluate(bigint, text, float8, float8) IS
