@@ -53,7 +53,7 @@ INSERT INTO accepted VALUES
      'made by the function itself, on a Citus coordinator only (32_distributed.sql)'),
     ('_unit_secret_shared', 'relation "pg_catalog.pg_dist_shard" does not exist',
      'Citus''s catalog: read only when the workers'' copy exists, on Citus (32_distributed.sql)'),
-    ('_train_planned', 'record "rel" is not assigned yet',
+    ('_complete_planned', 'record "rel" is not assigned yet',
      'rel is the row of the mechanism''s fit function, which EXECUTE names at run time'),
     ('estimate_bounds', 'record "f" is not assigned yet',
      'f loops over a query that EXECUTE builds at run time');

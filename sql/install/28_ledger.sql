@@ -302,9 +302,11 @@ DECLARE
 BEGIN
     PERFORM dpsql_internal._refuse_on_worker();  -- the one ledger is the coordinator's
     IF dpsql_internal._previewing() THEN
-        -- A preview runs a release's plan only (57_preview.sql): reaching a charge is a bug.
-        -- (a RAISE, not _fail: no caller's refusal)
-        RAISE EXCEPTION 'dpsql: a preview reached a charge' USING ERRCODE = 'XX000';
+        -- A preview runs a release's plan only (57_preview.sql) and never gets here; a caller
+        -- who set the flag gets no release.
+        PERFORM dpsql_internal._fail('a preview charges nothing: this transaction''s preview flag '
+                                     '(dpsql_preview.on) is set', '55000',
+                                     hint => 'dpsql.preview sets it while it plans: set it off to release.');
     END IF;
     checked := dpsql_internal._charge_terms(ROW(dataset_id, epsilon, delta, mechanism, note, dp_event, plan,
                                                 unit_level)::dpsql_internal.release_charge);

@@ -3,14 +3,17 @@
 -- (sql/mechanisms/<name>.toml, rendered into 53_mechanisms.sql), read by the dispatch
 -- (_train_private), the parameter checks (_check_params), the defaults (34_defaults.sql),
 -- refusal hints and dpsql.mechanisms(). Adding a mechanism = its spec, its own SQL file (a
--- train function with the common signature; a plan-and-fit one: a plan and a fit function),
+-- train function with the common signature, or its family's: a plan-and-fit one registers a
+-- plan and a fit function, an SGD one its SGD plan function),
 -- its C in the core, its docs page and its test module (docs/architecture.md).
 ------------------------------------------------------------------------------------------
 
 CREATE TABLE IF NOT EXISTS dpsql.mechanism_catalog (
     name           text PRIMARY KEY,
     -- dpsql_internal.<train_function>(ds dpsql.datasets, model text, privacy text, params jsonb,
-    --                        epsilon float8, delta float8, noise_seed bigint) -> model_id
+    --     epsilon float8, delta float8, noise_seed bigint) -> dpsql_internal.release_plan: the
+    -- release planned, no row read (30_runs.sql); _train_release charges it and calls the
+    -- function the plan names to complete it
     train_function text NOT NULL,
     -- 'any': trains classifiers and regressions (the models column says which)
     task           text NOT NULL CONSTRAINT mechanism_catalog_task_check

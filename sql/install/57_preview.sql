@@ -11,8 +11,8 @@
 -- run's empty training table, made to run the fill's checks, is dropped); the answer holds
 -- only public quantities: the mechanism, its plan and defaults, the epsilon and delta, every
 -- warning, and the refusal the release would meet (the same error train would raise, also for
--- a budget it would exceed). A charge reached with the flag set is a bug, and raises
--- (28_ledger.sql).
+-- a budget it would exceed). A release that reaches its charge with the flag set (a caller
+-- set it) is refused there, before it reads a row (28_ledger.sql).
 ------------------------------------------------------------------------------------------
 
 -- Adds a public fact to the preview's answer (nothing when not previewing). A transaction

@@ -65,7 +65,7 @@ DECLARE
         'predict_label', 'predict_row', '_predict_label', '_one_hot', '_one_hot_sql', '_category_values', '_model_label_values',
         '_encode_row', '_binary_metrics', '_multiclass_metrics', '_regression_metrics',
         -- previews (57_preview.sql); _previewing is read by _warn, which owners' calls reach too
-        'preview', '_preview_private', '_preview_statement', '_private_params', '_previewing',
+        'preview', '_preview_private', '_private_params', '_previewing',
         '_is_admin', '_can_use_dataset', '_ledger_outcome',  -- called by train and by the views
         '_owns_dataset', '_models_visible',  -- the models view
         'confint', 'zcdp_rho', 'zcdp_epsilon', 'mechanisms',

@@ -54,13 +54,16 @@ def test_python_and_server_name_the_same_mechanisms(conn) -> None:
 
 def test_every_registered_train_function_has_the_common_signature(conn) -> None:
     for name, function, task, _, _, docs in _catalog(conn):
-        (args,) = conn.execute(
-            "SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p"
+        (args, returns) = conn.execute(
+            "SELECT pg_get_function_identity_arguments(p.oid), p.prorettype::regtype::text"
+            " FROM pg_proc p"
             " WHERE p.pronamespace IN ('dpsql'::regnamespace, 'dpsql_internal'::regnamespace) AND"
             " p.proname = %s",
             (function,),
         ).fetchone()
         assert args == SIGNATURE, name
+        # it plans (issue 45): the charge and the completion come from its plan
+        assert returns == "dpsql_internal.release_plan", name
         assert task in ("classification", "regression", "any")
         page = (REPO / docs).read_text()
         assert re.search(rf"\b{name}\b", page), (name, docs)

@@ -21,7 +21,6 @@ ANALYST_FUNCTIONS = {
     "tune",
     "preview_tune",
     "_train_validated",  # train(..., validation => ...): SECURITY DEFINER, its own checks
-    "_preview_statement",  # SECURITY INVOKER: runs a release call with the preview flag
     "train",
     "mechanisms",
     "predict",
