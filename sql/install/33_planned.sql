@@ -10,11 +10,14 @@
 -- charges nothing; after it, nothing is released and the charge stands, as when a fit
 -- returns no weights (its certificate failed).
 --   plan: dpsql_internal.<plan_function>(privacy text, ds dpsql.datasets, n bigint, d int,
---                                         epsilon float8, delta float8, params jsonb) -> jsonb
---         (params->>'model' is the canonical model, params->'classes' the mapped label set;
---          the plan's 'info' goes into the model's provenance)
---   fit:  dpsql_internal.<fit_function>(train_table text, plan jsonb, noise_seed bigint,
---                                        OUT weights float8[], OUT info jsonb,
+--                                         epsilon float8, delta float8, params jsonb)
+--             -> dpsql_internal.<mechanism>_plan
+--         (its composite type, declared in its file; params->>'model' is the canonical model,
+--          params->'classes' the mapped label set; the plan's 'info' goes into the model's
+--          provenance, 'intercept_after_row_transform' and 'row_clip_radius' into its
+--          preprocessing)
+--   fit:  dpsql_internal.<fit_function>(train_table text, plan dpsql_internal.<mechanism>_plan,
+--                                        noise_seed bigint, OUT weights float8[], OUT info jsonb,
 --                                        OUT iterates float8[])
 ------------------------------------------------------------------------------------------
 
@@ -70,6 +73,18 @@ BEGIN
     RETURN pre;
 END $$;
 
+-- The composite type a plan-and-fit mechanism's plan function returns (its own file declares
+-- it): its fit function takes its plan as that type. A release carries the plan as its
+-- jsonb (release_plan.fit: the ledger's public record), exact with the pinned float output
+-- (85_pinned_settings.sql).
+CREATE OR REPLACE FUNCTION dpsql_internal._plan_type(mech dpsql.mechanism_catalog)
+RETURNS regtype LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT f.prorettype::regtype FROM pg_proc f
+     WHERE f.pronamespace = 'dpsql_internal'::regnamespace AND f.proname = mech.plan_function
+$$;
+
 -- Plan a plan-and-fit mechanism's release on a registered dataset (its registered train
 -- function, or _train_linear's after its checks; called by _train_plan, 35_private.sql): the
 -- run prepared from the public row count, the mechanism's plan, what it is charged. Reads no
@@ -94,7 +109,7 @@ BEGIN
              NULL, NULL, NULL, NULL)::dpsql_internal.release_plan;
     p.run := dpsql_internal._prepare_private(ds, CASE WHEN canonical = 'lasso' THEN 'linear' ELSE model END,
                                              params);
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
+    EXECUTE format('SELECT to_jsonb(dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7))', mech.plan_function)
        INTO p.fit USING privacy, ds, (p.run).rows, ((p.run).spec->>'dim')::int, epsilon, delta,
                         params || jsonb_build_object('model', canonical, 'classes', (p.run).spec->'classes');
     p.charge := ROW(ds.dataset_id, epsilon, delta, privacy, NULL, NULL, p.fit, false)::dpsql_internal.release_charge;
@@ -122,7 +137,9 @@ BEGIN
                                                         & ~dpsql_internal._flag('row_transform'));
     END IF;
     run := dpsql_internal._start_run(dpsql_internal._read_rows(r));  -- (no SGD state: none runs)
-    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, $2, $3)', mech.fit_function)
+    -- the fit takes the plan as the type its plan function returned
+    EXECUTE format('SELECT * FROM dpsql_internal.%I($1, jsonb_populate_record(NULL::%s, $2), $3)',
+                   mech.fit_function, dpsql_internal._plan_type(mech))
        INTO rel USING r.train_table, p.fit, p.noise_seed;
     IF rel.weights IS NULL THEN
         -- The fit could not certify what its proof needs (an exact minimiser): nothing is

@@ -108,7 +108,7 @@ BEGIN
     IF plan_function IS NULL THEN
         PERFORM dpsql_internal._fail(format('%s is not a linear-regression mechanism', privacy));
     END IF;
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', plan_function)
+    EXECUTE format('SELECT to_jsonb(dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7))', plan_function)
        INTO plan USING privacy, ds, n, d, epsilon, delta, params;
     RETURN plan;
 END $$;

@@ -123,15 +123,32 @@ BEGIN
     RETURN st;
 END $$;
 
+-- The plan of DP-AMBSSGD and DP-SSGD (one fit): every public number the fit uses; NULL where
+-- the mechanism has none (DP-SSGD's DP-STAT, DP-AMBSSGD's fixed clip).
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.ambssgd_plan AS (
+        epsilon float8, delta float8, rho float8, noise_multiplier float8,
+        blocks bigint, batch_size bigint, stat_size bigint, step_size float8, r_x float8,
+        h_norm float8, log_factor float8, domain_bound float8, levels int,
+        count_noise_std float8, stat_threshold float8, beta_stat float8, clip_norm float8,
+        x_bound float8, intercept boolean, dim int, rows bigint,
+        intercept_after_row_transform boolean, row_clip_radius float8, unused_rows bigint,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
 -- The members' table of a pass over a distributed training table: the blocks' rows filed on
 -- the shards, exactly T (b + s) of them (or the run fails before any block).
-CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fill_blocks(train_table text, plan jsonb)
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fill_blocks(text, jsonb);
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fill_blocks(train_table text, plan dpsql_internal.ambssgd_plan)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-    blocks int := (plan->>'blocks')::int;
-    b bigint := (plan->>'batch_size')::bigint;
-    s bigint := (plan->>'stat_size')::bigint;
-    members text := dpsql_internal._members_table(train_table, (plan->>'dim')::int);
+    blocks int := plan.blocks::int;
+    b bigint := plan.batch_size;
+    s bigint := plan.stat_size;
+    members text := dpsql_internal._members_table(train_table, plan.dim);
     l record := dpsql_internal._shard_row_counts(train_table);
     got bigint;
 BEGIN
@@ -141,7 +158,7 @@ BEGIN
         '                                                           o.rid, o.row_id::bigint)), o.x, o.y'
         '   FROM (SELECT tableoid, row_id, rid, x, y FROM %s ORDER BY rid, row_id) o'
         '  ORDER BY 2, o.rid, o.row_id',
-        members, blocks, b, s, (plan->>'rows')::bigint, l.shards, l.counts, train_table),
+        members, blocks, b, s, plan.rows, l.shards, l.counts, train_table),
         'DP-AMBSSGD''s blocks');
     IF got <> blocks * (b + s) THEN
         PERFORM dpsql_internal._fail(format('the shards filed %s rows in DP-AMBSSGD''s blocks, not %s x %s: '
@@ -152,13 +169,14 @@ BEGIN
 END $$;
 
 -- The pass over a distributed training table from a fresh state.
-CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_pass_on_shards(train_table text, plan jsonb,
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_pass_on_shards(text, jsonb, float8[]);
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_pass_on_shards(train_table text, plan dpsql_internal.ambssgd_plan,
                                                                  st float8[])
 RETURNS float8[] LANGUAGE plpgsql AS $$
 DECLARE
     members text := dpsql_internal._ambssgd_fill_blocks(train_table, plan);
 BEGIN
-    st := dpsql_internal._ambssgd_blocks(members, (plan->>'blocks')::int, (plan->>'stat_size')::bigint, st);
+    st := dpsql_internal._ambssgd_blocks(members, plan.blocks::int, plan.stat_size, st);
     EXECUTE format('DROP TABLE %s', members);
     RETURN st;
 END $$;
@@ -179,10 +197,12 @@ BEGIN
 END $$;
 
 -- The plan of DP-AMBSSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.ambssgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.ambssgd_plan;
     options jsonb;
     intercept boolean;
     p int;
@@ -256,34 +276,52 @@ BEGIN
     log_factor := ln(n) ^ dpsql_internal._linear_option(options, 'log_exponent', 0.5, 0, false);
     -- zeta_t <= r_x B log_factor; the noise's normals stay below 100 sd.
     PERFORM dpsql_internal._check_finite_run(eta, blocks, r_x * domain * log_factor * (1 + 200 * alpha * sqrt(p)));
-    RETURN jsonb_build_object(
-        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
-        'blocks', blocks, 'batch_size', b, 'stat_size', s, 'step_size', eta, 'r_x', r_x,
-        'h_norm', h_norm, 'log_factor', log_factor, 'domain_bound', domain, 'levels', levels,
-        'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat, 'beta_stat', beta_s,
-        'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
-        -- rows clipped to x_bound, then the 1 (ambssgd.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.rho := rho;
+    plan.noise_multiplier := alpha;
+    plan.blocks := blocks;
+    plan.batch_size := b;
+    plan.stat_size := s;
+    plan.step_size := eta;
+    plan.r_x := r_x;
+    plan.h_norm := h_norm;
+    plan.log_factor := log_factor;
+    plan.domain_bound := domain;
+    plan.levels := levels;
+    plan.count_noise_std := sigma_c;
+    plan.stat_threshold := s - gamma_hat;
+    plan.beta_stat := beta_s;
+    plan.x_bound := x_bound;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    -- rows clipped to x_bound, then the 1 (ambssgd.c; 33_planned.sql records it)
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := nullif(x_bound, 0);
+    plan.unused_rows := n - blocks * (b + s);
+    plan.info := jsonb_build_object(
+        'algorithm', 'DP-AMBSSGD (Varshney, Thakurta, Jain 2022; one pass, robust DP-STAT V1-V4)',
+        'accounting', CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
+                           THEN 'zCDP, parallel composition over blocks, rho = 1/(2 alpha^2) (a record is in DP-STAT or the step)'
+                           ELSE 'zCDP, parallel composition over blocks, rho = 1/alpha^2 (paper)' END,
+        'rho', rho, 'noise_multiplier', alpha, 'blocks', blocks, 'batch_size', b,
+        'stat_size', s, 'step_size', eta, 'r_x', r_x, 'h_norm', h_norm,
+        'log_factor', log_factor, 'domain_bound', domain, 'levels', levels,
+        'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat,
+        'gradient_noise_std', '2 zeta_t alpha / b on the mean gradient',
         'unused_rows', n - blocks * (b + s),
-        'info', jsonb_build_object(
-            'algorithm', 'DP-AMBSSGD (Varshney, Thakurta, Jain 2022; one pass, robust DP-STAT V1-V4)',
-            'accounting', CASE WHEN coalesce((options->>'tight_accounting')::boolean, false)
-                               THEN 'zCDP, parallel composition over blocks, rho = 1/(2 alpha^2) (a record is in DP-STAT or the step)'
-                               ELSE 'zCDP, parallel composition over blocks, rho = 1/alpha^2 (paper)' END,
-            'rho', rho, 'noise_multiplier', alpha, 'blocks', blocks, 'batch_size', b,
-            'stat_size', s, 'step_size', eta, 'r_x', r_x, 'h_norm', h_norm,
-            'log_factor', log_factor, 'domain_bound', domain, 'levels', levels,
-            'count_noise_std', sigma_c, 'stat_threshold', s - gamma_hat,
-            'gradient_noise_std', '2 zeta_t alpha / b on the mean gradient',
-            'unused_rows', n - blocks * (b + s),
-            'neighbouring', 'replace-one, n public'));
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
 -- The plan of DP-SSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
+DROP FUNCTION IF EXISTS dpsql_internal._ssgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.ambssgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.ambssgd_plan;
     options jsonb;
     intercept boolean;
     p int;
@@ -323,24 +361,37 @@ BEGIN
                                     '''dpgd'', ''adassp'' or ''auto'', or options => {"baseline": true} '
                                     'to reproduce it anyway.');
     END IF;
-    RETURN jsonb_build_object(
-        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'noise_multiplier', alpha,
-        'blocks', blocks, 'batch_size', 1, 'stat_size', 0, 'step_size', eta, 'r_x', r_x,
-        'clip_norm', zeta, 'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
-        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
-        'unused_rows', n - blocks,
-        'info', jsonb_build_object(
-            'algorithm', 'DP-SSGD (Varshney, Thakurta, Jain 2022, Algorithm 1; baseline)',
-            'accounting', 'zCDP, one Gaussian step per record (parallel composition), rho = 1/(2 alpha^2); no shuffling amplification',
-            'rho', rho, 'noise_multiplier', alpha, 'clip_norm', zeta, 'step_size', eta,
-            'r_x', r_x, 'gradient_noise_std', 2 * zeta * alpha, 'unused_rows', n - blocks,
-            'stationary_prediction_noise_sd', sd,
-            'neighbouring', 'replace-one, n public'));
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.rho := rho;
+    plan.noise_multiplier := alpha;
+    plan.blocks := blocks;
+    plan.batch_size := 1;
+    plan.stat_size := 0;
+    plan.step_size := eta;
+    plan.r_x := r_x;
+    plan.clip_norm := zeta;
+    plan.x_bound := x_bound;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := nullif(x_bound, 0);
+    plan.unused_rows := n - blocks;
+    plan.info := jsonb_build_object(
+        'algorithm', 'DP-SSGD (Varshney, Thakurta, Jain 2022, Algorithm 1; baseline)',
+        'accounting', 'zCDP, one Gaussian step per record (parallel composition), rho = 1/(2 alpha^2); no shuffling amplification',
+        'rho', rho, 'noise_multiplier', alpha, 'clip_norm', zeta, 'step_size', eta,
+        'r_x', r_x, 'gradient_noise_std', 2 * zeta * alpha, 'unused_rows', n - blocks,
+        'stationary_prediction_noise_sd', sd,
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
 -- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order (on
 -- Citus, DP-AMBSSGD's blocks on the shards).
-CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fit(train_table text, plan dpsql_internal.ambssgd_plan, noise_seed bigint,
                                               OUT weights float8[], OUT info jsonb,
                                               OUT iterates float8[])
 LANGUAGE plpgsql
@@ -352,13 +403,13 @@ DECLARE
     res record;
 BEGIN
     st := dpsql_internal._ambssgd_init(
-        (plan->>'dim')::int, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8,
-        (plan->>'rows')::bigint, (plan->>'blocks')::int, (plan->>'batch_size')::bigint,
-        (plan->>'stat_size')::bigint, (plan->>'noise_multiplier')::float8,
-        (plan->>'step_size')::float8, (plan->>'r_x')::float8,
-        coalesce((plan->>'log_factor')::float8, 1), coalesce((plan->>'domain_bound')::float8, 1),
-        coalesce((plan->>'levels')::int, 0), coalesce((plan->>'count_noise_std')::float8, 0),
-        coalesce((plan->>'stat_threshold')::float8, 0), coalesce((plan->>'clip_norm')::float8, 0),
+        plan.dim, plan.intercept, plan.x_bound,
+        plan.rows, plan.blocks::int, plan.batch_size,
+        plan.stat_size, plan.noise_multiplier,
+        plan.step_size, plan.r_x,
+        coalesce(plan.log_factor, 1), coalesce(plan.domain_bound, 1),
+        coalesce(plan.levels, 0), coalesce(plan.count_noise_std, 0),
+        coalesce(plan.stat_threshold, 0), coalesce(plan.clip_norm, 0),
         noise_seed);
     -- One pass in the order of the (data-independent) permutation.
     IF (dpsql_internal._citus_layout(train_table::regclass)).dist_column IS NOT NULL THEN
@@ -371,7 +422,7 @@ BEGIN
     weights := res.weights;
     -- The transcript (gamma_t, zeta_t) is covered by the guarantee (Varshney et al. 2022, Theorem
     -- 9).
-    info := CASE WHEN (plan->>'stat_size')::bigint > 0
+    info := CASE WHEN plan.stat_size > 0
                  THEN jsonb_build_object('released_gammas', res.gammas, 'released_zetas', res.zetas)
                  ELSE '{}' END;
     iterates := NULL;

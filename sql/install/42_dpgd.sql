@@ -128,15 +128,35 @@ BEGIN
                                END AS half) h;
 END $$;
 
+-- The plan of DP-GD: every public number its fit uses (NULL: a part it does not run: the
+-- private clip bound, the preconditioner, the clipped-row check).
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.dpgd_plan AS (
+        epsilon float8, delta float8, rho float8, steps bigint, runs int, step_size float8,
+        clip_norm float8, noise_std float8, noise_multiplier float8,
+        ci text, ci_draws int, burn_in int,
+        rho_check float8, check_noise_std float8,
+        clip_quantile float8, clip_pilot_steps int, clip_grid float8[], rho_clip float8,
+        clip_noise_std float8,
+        precondition boolean, rho_pre float8, pre_noise_std float8,
+        x_bound float8, intercept boolean, dim int, rows bigint,
+        intercept_after_row_transform boolean, row_clip_radius float8,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
 -- The plan of DP-GD (its registered plan_function, called by _train_planned, 33_planned.sql).
 -- Over 100 lines: one sequential argument, each number from the ones before it (the clip
 -- quantile sets the burn-in, which with ci and the preconditioner sets the steps, which with
--- the split of rho set the noise) and all of them in the record; issue 45's "one typed plan per
--- release" refactor gives the plan a composite type and moves the record out of it.
+-- the split of rho set the noise) and all of them in its typed plan and its record.
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.dpgd_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.dpgd_plan;
     options jsonb;
     intercept boolean;
     p int;
@@ -252,44 +272,62 @@ BEGIN
     lam := dpsql_internal._dpgd_noise_std(gamma, rho_gd, steps, n);
     PERFORM dpsql_internal._check_finite_run(eta, steps,
                                              coalesce(grid[11], gamma) * (1 + 100 * lam / gamma * sqrt(p)));
-    RETURN jsonb_build_object(
-        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'steps', steps, 'runs', runs,
-        'step_size', eta, 'clip_norm', gamma, 'noise_std', lam, 'ci', ci, 'ci_draws', draws,
-        'burn_in', burn_in, 'rho_check', rho_check,
-        'noise_multiplier', lam / gamma, 'clip_quantile', clip_q, 'clip_pilot_steps', pilot,
-        'clip_grid', grid, 'rho_clip', rho_clip,
-        'clip_noise_std', CASE WHEN rho_clip > 0 THEN dpsql_internal._zcdp_sigma(1, rho_clip, 2) END,
-        'precondition', precondition, 'rho_pre', rho_pre,
-        'pre_noise_std', CASE WHEN precondition
-                              THEN dpsql_internal._zcdp_sigma(
-                                       (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx,
-                                       rho_pre) END,
-        'check_noise_std', CASE WHEN rho_check > 0 THEN dpsql_internal._zcdp_sigma(1, rho_check) END,
-        'x_bound', x_bound, 'intercept', intercept, 'dim', d, 'rows', n,
-        -- x clipped to x_bound, then the 1 (plain and whitened rows alike): 33_planned.sql
-        'intercept_after_row_transform', intercept, 'row_clip_radius', nullif(x_bound, 0),
-        'info', jsonb_build_object(
-            'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
-            'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s%s',
-                                 steps, rho_gd, CASE WHEN rho_check > 0
-                                 THEN format(' + a clipped-row count at the estimate (rho %s)', rho_check) ELSE '' END,
-                                 CASE WHEN precondition
-                                 THEN format(' + the preconditioner''s second-moment matrix (rho %s)', rho_pre) ELSE '' END,
-                                 CASE WHEN rho_clip > 0
-                                 THEN format(' + the clip bound''s histogram of gradient norms (rho %s)', rho_clip) ELSE '' END),
-            'rho', rho, 'steps', steps, 'runs', runs, 'step_size', eta, 'clip_norm', gamma,
-            'noise_std', lam, 'noise_multiplier', lam / gamma, 'theta0', 0,
-            'neighbouring', 'replace-one, n public'));
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.rho := rho;
+    plan.steps := steps;
+    plan.runs := runs;
+    plan.step_size := eta;
+    plan.clip_norm := gamma;
+    plan.noise_std := lam;
+    plan.ci := ci;
+    plan.ci_draws := draws;
+    plan.burn_in := burn_in;
+    plan.rho_check := rho_check;
+    plan.noise_multiplier := lam / gamma;
+    plan.clip_quantile := clip_q;
+    plan.clip_pilot_steps := pilot;
+    plan.clip_grid := grid;
+    plan.rho_clip := rho_clip;
+    plan.clip_noise_std := CASE WHEN rho_clip > 0 THEN dpsql_internal._zcdp_sigma(1, rho_clip, 2) END;
+    plan.precondition := precondition;
+    plan.rho_pre := rho_pre;
+    plan.pre_noise_std := CASE WHEN precondition
+                          THEN dpsql_internal._zcdp_sigma(
+                                   (dpsql.adassp_sensitivities(sqrt(x_bound ^ 2 + intercept::int), 1)).xtx,
+                                   rho_pre) END;
+    plan.check_noise_std := CASE WHEN rho_check > 0 THEN dpsql_internal._zcdp_sigma(1, rho_check) END;
+    plan.x_bound := x_bound;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    -- x clipped to x_bound, then the 1 (plain and whitened rows alike): 33_planned.sql
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := nullif(x_bound, 0);
+    plan.info := jsonb_build_object(
+        'algorithm', 'DP-GD (Brown et al. 2024, Algorithm 1), every iterate released',
+        'accounting', format('zCDP: %s Gaussian steps of sensitivity 2 gamma/n (rho %s)%s%s%s',
+                             steps, rho_gd, CASE WHEN rho_check > 0
+                             THEN format(' + a clipped-row count at the estimate (rho %s)', rho_check) ELSE '' END,
+                             CASE WHEN precondition
+                             THEN format(' + the preconditioner''s second-moment matrix (rho %s)', rho_pre) ELSE '' END,
+                             CASE WHEN rho_clip > 0
+                             THEN format(' + the clip bound''s histogram of gradient norms (rho %s)', rho_clip) ELSE '' END),
+        'rho', rho, 'steps', steps, 'runs', runs, 'step_size', eta, 'clip_norm', gamma,
+        'noise_std', lam, 'noise_multiplier', lam / gamma, 'theta0', 0,
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
 -- The registry's fit of DP-GD: on the privately whitened rows when the plan has a
 -- preconditioner (44_dpgd_precondition.sql), else on the rows as they are.
-CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                            OUT weights float8[], OUT info jsonb,
                                            OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (plan->>'precondition')::boolean THEN
+    IF plan.precondition THEN
         SELECT * INTO weights, info, iterates
           FROM dpsql_internal._dpgd_fit_preconditioned(train_table, plan, noise_seed);
     ELSE
@@ -327,16 +365,17 @@ END $$;
 -- (post-processing); the top edge if none is. Without the floor sd sqrt k, an allowance
 -- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top
 -- edge. Returns the bound and its record (all of it released).
-CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan jsonb, theta float8[],
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_private_clip(text, jsonb, float8[], boolean, float8, bigint, int);
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan dpsql_internal.dpgd_plan, theta float8[],
                                                     intercept boolean, x_bound float8,
                                                     noise_seed bigint, pilot int,
                                                     OUT gamma float8, OUT info jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    edges float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'clip_grid')::float8);
+    edges float8[] := plan.clip_grid;
     k int := cardinality(edges);
-    n float8 := (plan->>'rows')::float8;
-    allowed float8 := (1 - (plan->>'clip_quantile')::float8) * n;
+    n float8 := plan.rows::float8;
+    allowed float8 := (1 - plan.clip_quantile) * n;
     noisy float8[];
     tail float8 := 0;
     tail_at float8;
@@ -344,23 +383,23 @@ BEGIN
     -- stream 1e6 + 25: apart from the steps' 1..20000 and the check's N + 1 (seeded runs)
     noisy := dpsql_internal._add_gaussian(
         dpsql_internal._dpgd_clip_histogram(train_table, theta, edges, intercept, x_bound),
-        (plan->>'clip_noise_std')::float8, noise_seed, 1000025);
+        plan.clip_noise_std, noise_seed, 1000025);
     -- The true tail counts fall fast along a grid of ratio 2, so a low edge passes by noise
     -- only when its true tail is near the allowance: the first edge from the bottom that does.
     gamma := edges[k];
     tail_at := noisy[k + 1];
     FOR j IN REVERSE k..1 LOOP
         tail := tail + noisy[j + 1];  -- the noisy count above edges[j]
-        IF tail <= greatest(allowed, (plan->>'clip_noise_std')::float8 * sqrt(k + 1 - j)) THEN
+        IF tail <= greatest(allowed, plan.clip_noise_std * sqrt(k + 1 - j)) THEN
             gamma := edges[j];
             tail_at := tail;
         END IF;
     END LOOP;
     info := jsonb_build_object(
         'rule', 'private quantile of the per-example gradient norms',
-        'quantile', plan->'clip_quantile', 'reference', format('iterate %s (the pilot''s last)', pilot),
-        'pilot_clip_norm', plan->'clip_norm', 'grid', plan->'clip_grid',
-        'noisy_histogram', to_jsonb(noisy), 'noise_std', plan->'clip_noise_std', 'rho', plan->'rho_clip',
+        'quantile', plan.clip_quantile, 'reference', format('iterate %s (the pilot''s last)', pilot),
+        'pilot_clip_norm', plan.clip_norm, 'grid', plan.clip_grid,
+        'noisy_histogram', to_jsonb(noisy), 'noise_std', plan.clip_noise_std, 'rho', plan.rho_clip,
         'clipped_fraction_at_reference', greatest(tail_at, 0) / n);
 END $$;
 
@@ -368,29 +407,30 @@ END $$;
 -- noise is added in the server. Every iterate is kept (released) for the confidence intervals.
 -- With a private clip bound (plan clip_quantile), the first clip_pilot_steps steps clip at the
 -- public rule's gamma, then every step at the private quantile (the noise keeps its ratio).
-CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_plain(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_plain(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_plain(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                                  OUT weights float8[], OUT info jsonb,
                                                  OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    p int := (plan->>'dim')::int + (plan->>'intercept')::boolean::int;
-    steps bigint := (plan->>'steps')::bigint;
-    runs int := (plan->>'runs')::int;
+    p int := plan.dim + plan.intercept::int;
+    steps bigint := plan.steps;
+    runs int := plan.runs;
     per_run bigint := steps / runs;
-    gamma float8 := (plan->>'clip_norm')::float8;
-    lam float8 := (plan->>'noise_std')::float8;
-    pilot int := coalesce((plan->>'clip_pilot_steps')::int, 0);
+    gamma float8 := plan.clip_norm;
+    lam float8 := plan.noise_std;
+    pilot int := coalesce(plan.clip_pilot_steps, 0);
     clip_info jsonb;
-    icpt boolean := (plan->>'intercept')::boolean;
-    xb float8 := (plan->>'x_bound')::float8;
+    icpt boolean := plan.intercept;
+    xb float8 := plan.x_bound;
     q text := format('SELECT dpsql.dpgd_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
     theta float8[];
     g float8[];
     k bigint := 0;
     rows_clipped float8;
-    n float8 := (plan->>'rows')::float8;
-    check_sd float8 := (plan->>'check_noise_std')::float8;
-    ci text := plan->>'ci';
+    n float8 := plan.rows::float8;
+    check_sd float8 := plan.check_noise_std;
+    ci text := plan.ci;
     lag_ac float8;
 BEGIN
     iterates := '{}';
@@ -399,12 +439,12 @@ BEGIN
         FOR t IN 1..per_run LOOP
             k := k + 1;
             EXECUTE q INTO g USING theta, gamma, icpt, xb;
-            theta := dpsql_internal._dpgd_step(theta, g, (plan->>'step_size')::float8, lam, noise_seed, k);
+            theta := dpsql_internal._dpgd_step(theta, g, plan.step_size, lam, noise_seed, k);
             iterates := iterates || ARRAY[theta];
             IF k = pilot THEN
                 SELECT * INTO gamma, clip_info
                   FROM dpsql_internal._dpgd_private_clip(train_table, plan, theta, icpt, xb, noise_seed, pilot);
-                lam := gamma * (plan->>'noise_multiplier')::float8;
+                lam := gamma * plan.noise_multiplier;
             END IF;
             PERFORM dpsql_internal._progress('step', k, runs::bigint * per_run);
         END LOOP;
@@ -413,21 +453,21 @@ BEGIN
         weights := theta;  -- the final iterate (Brown et al. 2024, Theorem 2.7)
     ELSE
         SELECT array_agg(estimate ORDER BY coef_index) INTO weights
-          FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(iterates, ci, (plan->>'ci_draws')::int,
-                                                      (plan->>'burn_in')::int), 0.05);
+          FROM dpsql_internal._t_interval(dpsql_internal._confint_draws(iterates, ci, plan.ci_draws,
+                                                      plan.burn_in), 0.05);
     END IF;
     IF ci = 'batch_means' OR ci = 'checkpoints' THEN
         -- draws are (steps - burn_in) / m iterates apart: they should be nearly uncorrelated
-        lag_ac := dpsql_internal._iterate_autocorrelation(iterates, (plan->>'burn_in')::int,
-            ((steps - (plan->>'burn_in')::int) / (plan->>'ci_draws')::int)::int);
+        lag_ac := dpsql_internal._iterate_autocorrelation(iterates, plan.burn_in,
+            ((steps - plan.burn_in) / plan.ci_draws)::int);
     ELSIF ci = 'independent_runs' THEN
         -- within a run: its post-burn-in mean should have forgotten the start
-        lag_ac := dpsql_internal._iterate_autocorrelation(iterates[1:per_run], (plan->>'burn_in')::int,
-                                                 (per_run - (plan->>'burn_in')::int)::int);
+        lag_ac := dpsql_internal._iterate_autocorrelation(iterates[1:per_run], plan.burn_in,
+                                                 (per_run - plan.burn_in)::int);
     END IF;
     -- The gamma and noise the steps after the pilot used (all of them without a pilot).
     info := jsonb_build_object('clip_norm', gamma, 'noise_std', lam, 'ci', jsonb_build_object(
-        'method', ci, 'draws', (plan->'ci_draws'), 'burn_in', (plan->'burn_in'),
+        'method', ci, 'draws', plan.ci_draws, 'burn_in', plan.burn_in,
         'draw_autocorrelation', lag_ac,
         'mixed', CASE WHEN lag_ac IS NOT NULL THEN lag_ac < 0.03 END,
         'estimate', CASE WHEN ci = 'none' THEN 'final iterate' ELSE 'mean of the draws' END,
@@ -437,11 +477,11 @@ BEGIN
     IF clip_info IS NOT NULL THEN
         info := info || jsonb_build_object('clip', clip_info);
     END IF;
-    IF (plan->>'rho_check')::float8 > 0 THEN
+    IF plan.rho_check > 0 THEN
         EXECUTE q INTO g USING weights, gamma, icpt, xb;
         rows_clipped := (dpsql_internal._add_gaussian(ARRAY[g[p + 2]], check_sd, noise_seed, k + 1))[1];
         info := jsonb_set(info, '{ci,clipped_rows_at_estimate}', to_jsonb(rows_clipped));
-        info := jsonb_set(info, '{ci,clipped_rows_noise_std}', plan->'check_noise_std');
+        info := jsonb_set(info, '{ci,clipped_rows_noise_std}', to_jsonb(plan.check_noise_std));
         -- the estimated fraction of rows clipped at the estimate, and its noise's std
         info := jsonb_set(info, '{ci,clipped_fraction}', to_jsonb(greatest(rows_clipped, 0) / n));
         info := jsonb_set(info, '{ci,clipped_fraction_std}', to_jsonb(check_sd / n));

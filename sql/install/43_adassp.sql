@@ -56,10 +56,26 @@ COMMENT ON FUNCTION dpsql.adassp_sensitivities(float8, float8) IS
     'Replace-one L2 sensitivities of AdaSSP''s lambda_min (x_bound^2), X^T X (Frobenius, '
     'sqrt(2) x_bound^2) and X^T y (2 x_bound y_bound) for ||x|| <= x_bound, |y| <= y_bound';
 
--- The plan of AdaSSP (its registered plan_function, called by _train_planned, 33_planned.sql).
+-- The plan of AdaSSP: what its fit needs, all public (its calibration in zCDP).
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.adassp_plan AS (
+        epsilon float8, delta float8, rho float8, x_bound float8, y_bound float8,
+        intercept boolean, dim int, rows bigint,
+        -- x clipped to the row bound, then the 1 (the model's representation, 33_planned.sql);
+        -- ||(x, 1)|| <= x_bound then holds without clipping the pair
+        row_bound float8, intercept_after_row_transform boolean, row_clip_radius float8,
+        sigma_min float8, sigma_xx float8, sigma_xy float8, min_shift float8, ridge_factor float8,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
+-- AdaSSP's plan (its registered plan_function, called by _train_planned, 33_planned.sql).
+DROP FUNCTION IF EXISTS dpsql_internal._adassp_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                               epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.adassp_plan LANGUAGE plpgsql AS $$
 DECLARE
     options jsonb;
     intercept boolean;
@@ -69,6 +85,7 @@ DECLARE
     sens record;
     sd float8;
     varrho float8;
+    plan dpsql_internal.adassp_plan;
 BEGIN
     SELECT * INTO options, intercept, p, rho, x_bound
       FROM dpsql_internal._linear_plan_common(privacy, ds, d, epsilon, delta, params);
@@ -85,31 +102,39 @@ BEGIN
     IF varrho >= 1 THEN
         PERFORM dpsql_internal._fail('options.varrho must be in (0, 1)');
     END IF;
-    RETURN jsonb_build_object(
-        'epsilon', epsilon, 'delta', delta, 'rho', rho, 'x_bound', x_bound,
-        'y_bound', ds.label_bound, 'intercept', intercept, 'dim', d, 'rows', n,
-        -- x clipped to the row bound, then the 1 (the model's representation, 33_planned.sql);
-        -- ||(x, 1)|| <= x_bound then holds without clipping the pair
-        'row_bound', ds.row_bound, 'intercept_after_row_transform', intercept,
-        'row_clip_radius', ds.row_bound,
-        'sigma_min', sens.lambda_min * sd, 'sigma_xx', sens.xtx * sd, 'sigma_xy', sens.xty * sd,
-        'min_shift', sens.lambda_min * sd * sqrt(ln(6 / delta)),
-        'ridge_factor', sens.xtx * sd * sqrt(p * ln(2.0 * p * p / varrho)),
-        'info', jsonb_build_object(
-            'algorithm', 'AdaSSP (Wang 2018, Algorithm 2): noisy X^T X, X^T y and lambda_min, adaptive ridge',
-            'accounting', 'zCDP: three Gaussian releases of rho/3 each',
-            'rho', rho, 'x_bound', x_bound, 'y_bound', ds.label_bound, 'varrho', varrho,
-            'sensitivities', jsonb_build_object('lambda_min', sens.lambda_min, 'xtx', sens.xtx,
-                                                 'xty', sens.xty),
-            'noise_std', jsonb_build_object('lambda_min', sens.lambda_min * sd,
-                                             'xtx', sens.xtx * sd, 'xty', sens.xty * sd),
-            'neighbouring', 'replace-one, n public'));
+    plan.epsilon := epsilon;
+    plan.delta := delta;
+    plan.rho := rho;
+    plan.x_bound := x_bound;
+    plan.y_bound := ds.label_bound;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    plan.row_bound := ds.row_bound;
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := ds.row_bound;
+    plan.sigma_min := sens.lambda_min * sd;
+    plan.sigma_xx := sens.xtx * sd;
+    plan.sigma_xy := sens.xty * sd;
+    plan.min_shift := sens.lambda_min * sd * sqrt(ln(6 / delta));
+    plan.ridge_factor := sens.xtx * sd * sqrt(p * ln(2.0 * p * p / varrho));
+    plan.info := jsonb_build_object(
+        'algorithm', 'AdaSSP (Wang 2018, Algorithm 2): noisy X^T X, X^T y and lambda_min, adaptive ridge',
+        'accounting', 'zCDP: three Gaussian releases of rho/3 each',
+        'rho', rho, 'x_bound', x_bound, 'y_bound', ds.label_bound, 'varrho', varrho,
+        'sensitivities', jsonb_build_object('lambda_min', sens.lambda_min, 'xtx', sens.xtx,
+                                             'xty', sens.xty),
+        'noise_std', jsonb_build_object('lambda_min', sens.lambda_min * sd,
+                                         'xtx', sens.xtx * sd, 'xty', sens.xty * sd),
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
 -- AdaSSP: one aggregate scan for X^T X, X^T y (rows clipped to the public bounds); the noise,
 -- the adaptive ridge and the solve in the server.
-CREATE OR REPLACE FUNCTION dpsql_internal._adassp_fit(train_table text, plan jsonb, noise_seed bigint,
-                                             OUT weights float8[], OUT info jsonb,
+DROP FUNCTION IF EXISTS dpsql_internal._adassp_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._adassp_fit(train_table text, plan dpsql_internal.adassp_plan,
+                                             noise_seed bigint, OUT weights float8[], OUT info jsonb,
                                              OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -120,15 +145,13 @@ BEGIN
     -- record), so that the intercept's 1 enters after the clipping, as predict applies it
     EXECUTE format('SELECT dpsql.adassp_gram(dpsql_internal._whiten_row(x, $5, false, $6), y,'
                    ' $1, $2, $3, $4) FROM %s', train_table)
-       INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
-                       (plan->>'intercept')::boolean, (plan->>'dim')::int,
+       INTO gram USING plan.x_bound, plan.y_bound, plan.intercept, plan.dim,
                        ARRAY(SELECT (i = j)::int::float8
-                               FROM generate_series(1, (plan->>'dim')::int) i,
-                                    generate_series(1, (plan->>'dim')::int) j ORDER BY i, j),
-                       (plan->>'row_bound')::float8;
-    rel := dpsql_internal._adassp_release(gram, (plan->>'sigma_min')::float8, (plan->>'sigma_xx')::float8,
-                                 (plan->>'sigma_xy')::float8, (plan->>'min_shift')::float8,
-                                 (plan->>'ridge_factor')::float8, noise_seed);
+                               FROM generate_series(1, plan.dim) i,
+                                    generate_series(1, plan.dim) j ORDER BY i, j),
+                       plan.row_bound;
+    rel := dpsql_internal._adassp_release(gram, plan.sigma_min, plan.sigma_xx, plan.sigma_xy, plan.min_shift,
+                                          plan.ridge_factor, noise_seed);
     weights := rel.weights;
     info := jsonb_build_object('ridge', rel.ridge, 'lambda_min_noisy', rel.lambda_min_noisy);
     iterates := NULL;

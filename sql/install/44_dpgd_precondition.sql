@@ -30,17 +30,18 @@ LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 -- replace-one Frobenius sensitivity sqrt(2) (x_bound^2 + intercept)); f lifts the noisy
 -- spectrum to at least 2 sigma sqrt(p) / n (public). Returns its Cholesky factor and the
 -- bound on a whitened row's norm.
-CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_preconditioner(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_preconditioner(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_preconditioner(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                            OUT factor float8[], OUT row_bound float8,
                                            OUT info jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    d int := (plan->>'dim')::int;
-    icpt boolean := (plan->>'intercept')::boolean;
+    d int := plan.dim;
+    icpt boolean := plan.intercept;
     p int := d + icpt::int;
-    xb float8 := (plan->>'x_bound')::float8;
-    n bigint := (plan->>'rows')::bigint;
-    sigma float8 := (plan->>'pre_noise_std')::float8;
+    xb float8 := plan.x_bound;
+    n bigint := plan.rows;
+    sigma float8 := plan.pre_noise_std;
     gram float8[];
     upper float8[];
     g float8[];
@@ -68,7 +69,7 @@ BEGIN
     factor := dpsql_internal._cholesky(g);
     -- ||L^{-1} x~|| <= ||x~|| / sqrt(lambda_min(G)), lambda_min(G) = lambda_min + floor
     row_bound := sqrt(xb ^ 2 + icpt::int) / sqrt(lambda_min + floor_);
-    info := jsonb_build_object('rho', plan->'rho_pre', 'noise_std', sigma,
+    info := jsonb_build_object('rho', plan.rho_pre, 'noise_std', sigma,
                                'second_moment', g_noisy,
                                'lambda_min_noisy', lambda_min, 'floor', floor_,
                                'whitened_row_bound', row_bound);
@@ -76,14 +77,16 @@ END $$;
 
 -- DP-GD on the whitened rows (a table of L^{-1} (x, 1), no intercept flag, the whitened
 -- bound), then the estimate and every iterate mapped back by L^{-T}.
-CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_preconditioned(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_preconditioned(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_preconditioned(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                                OUT weights float8[], OUT info jsonb,
                                                OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
     pre record := dpsql_internal._dpgd_preconditioner(train_table, plan, noise_seed);
-    p int := (plan->>'dim')::int + (plan->>'intercept')::boolean::int;
+    p int := plan.dim + plan.intercept::int;
     whitened text := train_table || '_w';
+    w dpsql_internal.dpgd_plan;
     ids text;
     fit record;
 BEGIN
@@ -91,10 +94,13 @@ BEGIN
     ids := dpsql_internal._derived_training_table(train_table, whitened);
     EXECUTE format('INSERT INTO %s SELECT %s, dpsql_internal._whiten_row(x, $1, $2, $3), y FROM %s ORDER BY rid',
                    whitened, ids, train_table)
-        USING pre.factor, (plan->>'intercept')::boolean, (plan->>'x_bound')::float8;
-    fit := dpsql_internal._dpgd_fit_plain(whitened, plan || jsonb_build_object('dim', p, 'intercept', false,
-                                                                       'x_bound', pre.row_bound),
-                                 noise_seed);
+        USING pre.factor, plan.intercept, plan.x_bound;
+    -- the steps on the whitened rows: p features, no intercept flag, the whitened bound
+    w := plan;
+    w.dim := p;
+    w.intercept := false;
+    w.x_bound := pre.row_bound;
+    fit := dpsql_internal._dpgd_fit_plain(whitened, w, noise_seed);
     EXECUTE format('DROP TABLE %s', whitened);
     weights := dpsql_internal._unwhiten(fit.weights, pre.factor);
     iterates := (SELECT array_agg(dpsql_internal._unwhiten(ARRAY(SELECT unnest(fit.iterates[i:i][1:p])),

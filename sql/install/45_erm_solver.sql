@@ -190,16 +190,39 @@ CREATE OR REPLACE FUNCTION dpsql_internal._erm_newton_steps(loss int)
 RETURNS int LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE loss WHEN 2 THEN 24 ELSE 16 END;
 
+-- The plan of the private-ERM solver's mechanisms (output and objective perturbation): the
+-- GLM (_glm_plan: the loss, the bounds, the constants, the solver's certificate and steps,
+-- the regulariser's inputs), then each mechanism's calibration (NULL: the other's).
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.erm_plan AS (
+        loss int, param float8, y_bound float8, x_bound float8, intercept boolean, p int,
+        classes int, lipschitz float8, curvature float8, tolerance float8, newton_steps int,
+        rows bigint, radius float8, radius_default boolean, lambda float8,
+        intercept_after_row_transform boolean, row_clip_radius float8,
+        outputs int, regularizer float8,
+        -- output perturbation: each model's (epsilon, delta) and its sensitivity
+        epsilon float8, delta float8, sensitivity float8,
+        -- objective perturbation: the linear term's noise and the certificate's extra noise
+        noise_scale float8, eps_noise float8, eps_extra float8, delta_extra float8,
+        gaussian boolean, extra_sensitivity float8,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
 -- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
 -- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
 -- options.radius (a public bound on ||theta*||, default 10, for regression max(10, 2Y)) that
 -- set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
 -- Huber regression with threshold k (options.huber_threshold, default the label bound):
 -- least squares on every residual |r| <= k, and Lipschitz, which least squares is not.
+DROP FUNCTION IF EXISTS dpsql_internal._glm_plan(text, dpsql.datasets, bigint, int, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, n bigint,
                                                     d int, params jsonb, options jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.erm_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.erm_plan;
     model text := params->>'model';
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
     p int := d + intercept::int;
@@ -262,23 +285,31 @@ BEGIN
     END IF;
     c := dpsql_internal._glm_constants(loss, param, coalesce(ds.label_bound, 1), x_bound,
                                        intercept, p);
-    RETURN jsonb_build_object('loss', loss, 'param', param, 'y_bound', coalesce(ds.label_bound, 1),
-                              'x_bound', x_bound, 'intercept', intercept, 'p', p,
-                              -- the mapped label set's size: three or more classes are
-                              -- one-vs-rest, split by each plan (_one_vs_rest)
-                              'classes', classes,
-                              'lipschitz', c.lipschitz, 'curvature', c.curvature,
-                              'tolerance', dpsql_internal._erm_tolerance(c.lipschitz, n),
-                              'newton_steps', newton_steps::int, 'rows', n, 'radius', radius,
-                              -- a classifier's radius left to the default: each plan may raise
-                              -- it to what its noise affords (_erm_default_radius)
-                              'radius_default', NOT coalesce(options ? 'radius', false) AND model <> 'linear'
-                                                AND lambda = 0,
-                              'lambda', lambda,
-                              -- rows clipped to x_bound, then the 1 (33_planned.sql)
-                              'intercept_after_row_transform', intercept,
-                              -- a regression's x clipped to its row bound (33_planned.sql)
-                              'row_clip_radius', x_bound);
+    plan.loss := loss;
+    plan.param := param;
+    plan.y_bound := coalesce(ds.label_bound, 1);
+    plan.x_bound := x_bound;
+    plan.intercept := intercept;
+    plan.p := p;
+    -- the mapped label set's size: three or more classes are
+    -- one-vs-rest, split by each plan (_one_vs_rest)
+    plan.classes := classes;
+    plan.lipschitz := c.lipschitz;
+    plan.curvature := c.curvature;
+    plan.tolerance := dpsql_internal._erm_tolerance(c.lipschitz, n);
+    plan.newton_steps := newton_steps::int;
+    plan.rows := n;
+    plan.radius := radius;
+    -- a classifier's radius left to the default: each plan may raise
+    -- it to what its noise affords (_erm_default_radius)
+    plan.radius_default := NOT coalesce(options ? 'radius', false) AND model <> 'linear'
+                      AND lambda = 0;
+    plan.lambda := lambda;
+    -- rows clipped to x_bound, then the 1 (33_planned.sql)
+    plan.intercept_after_row_transform := intercept;
+    -- a regression's x clipped to its row bound (33_planned.sql)
+    plan.row_clip_radius := x_bound;
+    RETURN plan;
 END $$;
 
 -- The SUM loss of the zero model, n l(0): n ln 2 (logistic), n (Huber SVM at margin 0) and
@@ -369,17 +400,18 @@ END $$;
 -- a one-vs-rest model (labels mapped to +1 for it, -1 for the others). scans: the evaluations
 -- over the rows (2 S + 1 on either path, whatever the rows: public). A plan without
 -- 'newton_steps' takes the default, without 'rows' the scanned path.
-CREATE OR REPLACE FUNCTION dpsql_internal._erm_solve(train_table text, plan jsonb, b float8[],
+DROP FUNCTION IF EXISTS dpsql_internal._erm_solve(text, jsonb, float8[], float8);
+CREATE OR REPLACE FUNCTION dpsql_internal._erm_solve(train_table text, plan dpsql_internal.erm_plan, b float8[],
                                                      positive float8 DEFAULT NULL,
                                                      OUT theta float8[], OUT grad_norm float8,
                                                      OUT scans int, OUT certified boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    reg float8 := (plan->>'regularizer')::float8;
-    tolerance float8 := (plan->>'tolerance')::float8;
-    steps int := coalesce((plan->>'newton_steps')::int,
-                          dpsql_internal._erm_newton_steps((plan->>'loss')::int));
-    p int := (plan->>'p')::int;
+    reg float8 := plan.regularizer;
+    tolerance float8 := plan.tolerance;
+    steps int := coalesce(plan.newton_steps,
+                          dpsql_internal._erm_newton_steps(plan.loss));
+    p int := plan.p;
     -- one-vs-rest: the class index positive against the rest (a NULL label stays NULL)
     y_expr text := CASE WHEN positive IS NULL THEN 'y'
                         ELSE format('CASE WHEN y = %s THEN 1.0 WHEN y IS NOT NULL THEN -1.0 END',
@@ -388,11 +420,11 @@ DECLARE
                      y_expr, train_table);
     q_line text := format('SELECT dpsql_internal._glm_line(x, %s, $1, $2, $3, $4, $5, $6, $7) FROM %s',
                           y_expr, train_table);
-    loss int := (plan->>'loss')::int;
-    param float8 := (plan->>'param')::float8;
-    y_bound float8 := (plan->>'y_bound')::float8;
-    x_bound float8 := (plan->>'x_bound')::float8;
-    intercept boolean := (plan->>'intercept')::boolean;
+    loss int := plan.loss;
+    param float8 := plan.param;
+    y_bound float8 := plan.y_bound;
+    x_bound float8 := plan.x_bound;
+    intercept boolean := plan.intercept;
     sums float8[];
     line float8[];
     here record;
@@ -407,11 +439,11 @@ BEGIN
         PERFORM dpsql_internal._fail(format('the solver needs a finite regularizer > 0 and '
                                             'tolerance >= 0, got %s and %s', reg, tolerance));
     END IF;
-    IF dpsql_internal._erm_in_memory(train_table, (plan->>'rows')::float8, p) THEN
+    IF dpsql_internal._erm_in_memory(train_table, plan.rows::float8, p) THEN
         EXECUTE format('SELECT dpsql_internal._glm_solve_rows(x, %s, $1, $2, $3, $4, $5, $6, $7, '
                        '$8, $9, $10, $11) FROM %s', y_expr, train_table)
            INTO solved USING p, loss, param, y_bound, x_bound, intercept, reg, b, tolerance, steps,
-                             (plan->>'rows')::float8;
+                             plan.rows::float8;
         IF solved IS NULL THEN
             PERFORM dpsql_internal._fail('the training table is empty', 'XX000');
         END IF;

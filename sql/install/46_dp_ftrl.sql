@@ -110,17 +110,29 @@ BEGIN
     RETURN dpsql_internal._ftrl_shards_final(st);
 END $$;
 
+-- The plan of DP-FTRL: the C core's configuration (ftrl.h) and the passes over it.
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.dp_ftrl_plan AS (
+        intercept_after_row_transform boolean, row_clip_radius float8,
+        config float8[], p int, epochs int, leaves bigint, output text, outputs int,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
 -- The plan: every number from n, d, the registration and the analyst's parameters.
 -- Over 100 lines: one sequential argument, each number from the ones before it (one-vs-rest's
 -- budget sets the clip, the clip the batch search, the batch the tree's levels and sigma, those
 -- the refusals and the regulariser) and all of them in the record; most of its length is the
--- measurements behind its two refusals. Issue 45's "one typed plan per release" refactor gives
--- the plan a composite type and moves the record out of it.
+-- measurements behind its two refusals.
+DROP FUNCTION IF EXISTS dpsql_internal._dp_ftrl_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.dp_ftrl_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.dp_ftrl_plan;
     options jsonb := dpsql_internal._plan_options(privacy, params);
     model text := params->>'model';
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
@@ -267,40 +279,47 @@ BEGIN
     reg := dpsql_internal._linear_option(options, 'regularizer',
                                          sqrt(2 * steps * (g ^ 2 + g * b_noise)) / radius
                                          / CASE WHEN loss = 3 THEN 2 ELSE 10 END);
-    RETURN jsonb_build_object(
-        -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept, 'row_clip_radius', x_bound,
-        'config', jsonb_build_array(loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound,
-                                    y_bound, intercept::int, p, clip, batch, n, sigma, reg, radius),
-        'p', p, 'epochs', epochs, 'output', output, 'outputs', outputs,
-        'info', jsonb_build_object(
-            'algorithm', 'DP-FTRL with tree aggregation (Thakurta, Private Optimization, Algorithm 4; '
-                         'Kairouz et al. 2021): '
-                         'minibatch leaves of consecutive shuffled rows, one ordered scan per '
-                         'epoch, a fresh tree per epoch',
-            'accounting', format('Gaussian: the node releases of %s epochs x %s levels, L2 '
-                                 'sensitivity 2 C sqrt(m E) = %s, analytic Gaussian sigma %s',
-                                 epochs, levels, 2 * clip * sqrt(levels * epochs), sigma),
-            'loss', model, 'clip_norm', clip, 'batch_size', batch, 'leaves', leaves,
-            'levels', levels, 'epochs', epochs, 'steps', steps, 'noise_std', sigma,
-            'noise_multiplier', sigma / (2 * clip * sqrt(levels * epochs)),
-            'regularizer', reg, 'radius', radius, 'output', output,
-            'huber_h', CASE WHEN loss = 2 THEN huber_h END, 'x_bound', x_bound,
-            'one_vs_rest', outputs > 1, 'model_epsilon', ovr.model_epsilon,
-            'model_delta', ovr.model_delta,
-            'neighbouring', 'replace-one, n public'));
+    -- rows clipped to x_bound, then the 1 (ftrl.c; 33_planned.sql records it)
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := x_bound;
+    -- the C core's layout (ftrl.h)
+    plan.config := ARRAY[loss, CASE WHEN loss = 2 THEN huber_h ELSE 0 END, x_bound, y_bound,
+                    intercept::int, p, clip, batch, n, sigma, reg, radius]::float8[];
+    plan.leaves := leaves;
+    plan.p := p;
+    plan.epochs := epochs;
+    plan.output := output;
+    plan.outputs := outputs;
+    plan.info := jsonb_build_object(
+        'algorithm', 'DP-FTRL with tree aggregation (Thakurta, Private Optimization, Algorithm 4; '
+                     'Kairouz et al. 2021): '
+                     'minibatch leaves of consecutive shuffled rows, one ordered scan per '
+                     'epoch, a fresh tree per epoch',
+        'accounting', format('Gaussian: the node releases of %s epochs x %s levels, L2 '
+                             'sensitivity 2 C sqrt(m E) = %s, analytic Gaussian sigma %s',
+                             epochs, levels, 2 * clip * sqrt(levels * epochs), sigma),
+        'loss', model, 'clip_norm', clip, 'batch_size', batch, 'leaves', leaves,
+        'levels', levels, 'epochs', epochs, 'steps', steps, 'noise_std', sigma,
+        'noise_multiplier', sigma / (2 * clip * sqrt(levels * epochs)),
+        'regularizer', reg, 'radius', radius, 'output', output,
+        'huber_h', CASE WHEN loss = 2 THEN huber_h END, 'x_bound', x_bound,
+        'one_vs_rest', outputs > 1, 'model_epsilon', ovr.model_epsilon,
+        'model_delta', ovr.model_delta,
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._dp_ftrl_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_fit(train_table text, plan dpsql_internal.dp_ftrl_plan, noise_seed bigint,
                                                        OUT weights float8[], OUT info jsonb,
                                                        OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    p int := (plan->>'p')::int;
-    epochs int := (plan->>'epochs')::int;
-    outputs int := coalesce((plan->>'outputs')::int, 1);
+    p int := plan.p;
+    epochs int := plan.epochs;
+    outputs int := coalesce(plan.outputs, 1);
     -- (and the Dirac canary switch of an owner's audit of this run's copy: 65_audit_dirac.sql)
-    config float8[] := ARRAY(SELECT jsonb_array_elements_text(plan->'config')::float8)
+    config float8[] := plan.config
                        || CASE WHEN dpsql_internal._audit_canary_flags(jsonb_build_object('source',
                                     (SELECT r.spec->>'source' FROM dpsql.runs r
                                       WHERE r.train_table = _dp_ftrl_fit.train_table))) <> 0
@@ -314,7 +333,7 @@ DECLARE
     label text;
     -- Citus: each row's leaf a keyed uniform draw on its shard (docs/citus.md)
     members text;
-    per_epoch bigint := (plan->'info'->>'leaves')::bigint;
+    per_epoch bigint := plan.leaves;
     key record;
 BEGIN
     weights := '{}';
@@ -359,7 +378,7 @@ BEGIN
             last := out[2 * p + 2 : 3 * p + 1];
             PERFORM dpsql_internal._progress('epoch', c::bigint * epochs + e, outputs::bigint * epochs);
         END LOOP;
-        w := CASE WHEN plan->>'output' = 'last' THEN last
+        w := CASE WHEN plan.output = 'last' THEN last
                   ELSE ARRAY(SELECT a / leaves FROM unnest(theta_sum) WITH ORDINALITY AS u(a, i)
                               ORDER BY i) END;
         weights := CASE WHEN outputs > 1 THEN weights || ARRAY[w] ELSE w END;
@@ -368,7 +387,7 @@ BEGIN
         EXECUTE format('DROP TABLE %s', members);
     END IF;
     info := jsonb_build_object('scans', epochs * outputs, 'iterates_averaged',
-                               CASE WHEN plan->>'output' = 'last' THEN 1 ELSE leaves END,
+                               CASE WHEN plan.output = 'last' THEN 1 ELSE leaves END,
                                'leaf_assignment', CASE WHEN members IS NOT NULL
                                               THEN 'each row''s leaf a keyed uniform draw (Citus)'
                                               ELSE 'consecutive rows of the shuffled table' END);

@@ -81,15 +81,28 @@ CREATE OR REPLACE AGGREGATE dpsql_internal._fw_logistic_steps(x float8[], y floa
     FINALFUNC = dpsql_internal._fw_steps_final
 );
 
+-- The plan of Frank-Wolfe (_fw_plan, below): every public number its fit uses.
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.fw_plan AS (
+        intercept_after_row_transform boolean, model text, intercept boolean, dim int,
+        rows bigint, x_bound float8, y_bound float8, l1_radius float8, l1 float8, steps int,
+        eps_step float8, delta_u float8,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
 -- Whether a logistic fit keeps the rows in memory: a local table (Citus pushes each step's
 -- gradient down instead) of at most dpsql.sampling_memory as clipped rows. Public: n and d.
-CREATE OR REPLACE FUNCTION dpsql_internal._fw_in_memory(train_table text, plan jsonb)
+DROP FUNCTION IF EXISTS dpsql_internal._fw_in_memory(text, jsonb);
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_in_memory(train_table text, plan dpsql_internal.fw_plan)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     layout record := dpsql_internal._citus_layout(to_regclass(train_table));
 BEGIN
-    RETURN (plan->>'rows')::float8 > 0 AND layout.dist_column IS NULL AND NOT layout.single_shard
-       AND (plan->>'rows')::float8 * ((plan->>'dim')::int + 1) * 8
+    RETURN plan.rows::float8 > 0 AND layout.dist_column IS NULL AND NOT layout.single_shard
+       AND plan.rows::float8 * (plan.dim + 1) * 8
            <= pg_size_bytes(current_setting('dpsql.sampling_memory'));
 END $$;
 
@@ -154,10 +167,12 @@ BEGIN
 END $$;
 
 -- The plan: every number from n, d, the registration and the analyst's options.
+DROP FUNCTION IF EXISTS dpsql_internal._fw_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._fw_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                    epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.fw_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.fw_plan;
     options jsonb := dpsql_internal._plan_options(privacy, params);
     model text := params->>'model';
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
@@ -228,50 +243,59 @@ BEGIN
         steps_opt := dpsql_internal._fw_default_steps(model, r_inf, s, y_bound, n, d, p, epsilon, delta, rho);
     END IF;
     num := dpsql_internal._fw_numbers(model, r_inf, s, y_bound, n, epsilon, delta, rho, steps_opt::int);
-    RETURN jsonb_build_object(
-        -- logistic rows clipped to x_bound, then the 1 (frank_wolfe.c; 33_planned.sql records
-        -- it); LASSO clips (x, 1) as one row (dpsql.adassp_gram)
-        'intercept_after_row_transform', intercept AND model <> 'lasso',
-        'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
-        'y_bound', y_bound, 'l1_radius', s, 'l1', num.l1, 'steps', num.steps,
-        'eps_step', num.eps_step, 'delta_u', num.delta_u,
-        'info', jsonb_build_object(
-            'algorithm', format('private Frank-Wolfe over the L1 ball of radius %s (Thakurta, Private Optimization, '
-                                'Algorithm 6): '
-                                'theta_0 = 0, mu_k = 2/(k+2), vertex by the exponential mechanism on '
-                                'the SUM-gradient scores%s', s,
-                                CASE WHEN model = 'lasso' THEN ', one scan of sufficient statistics'
-                                     ELSE ', the SUM gradient of every step' END),
-            'accounting', CASE WHEN delta > 0
-                THEN format('zCDP: %s exponential mechanisms of eps_step^2/8 each (bounded range), rho %s',
-                            num.steps, rho)
-                ELSE format('pure epsilon-DP: basic composition of %s eps_step-DP steps', num.steps) END,
-            'steps', num.steps, 'eps_step', num.eps_step, 'delta_u', num.delta_u,
-            'l1_radius', s, 'l1', num.l1, 'r_inf', r_inf, 'x_bound', x_bound,
-            'y_bound', CASE WHEN model = 'lasso' THEN y_bound END, 'rho', rho,
-            'theta0', 0, 'neighbouring', 'replace-one, n public'));
+    -- logistic rows clipped to x_bound, then the 1 (frank_wolfe.c; 33_planned.sql records
+    -- it); LASSO clips (x, 1) as one row (dpsql.adassp_gram)
+    plan.intercept_after_row_transform := intercept AND model <> 'lasso';
+    plan.model := model;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    plan.x_bound := x_bound;
+    plan.y_bound := y_bound;
+    plan.l1_radius := s;
+    plan.l1 := num.l1;
+    plan.steps := num.steps;
+    plan.eps_step := num.eps_step;
+    plan.delta_u := num.delta_u;
+    plan.info := jsonb_build_object(
+        'algorithm', format('private Frank-Wolfe over the L1 ball of radius %s (Thakurta, Private Optimization, '
+                            'Algorithm 6): '
+                            'theta_0 = 0, mu_k = 2/(k+2), vertex by the exponential mechanism on '
+                            'the SUM-gradient scores%s', s,
+                            CASE WHEN model = 'lasso' THEN ', one scan of sufficient statistics'
+                                 ELSE ', the SUM gradient of every step' END),
+        'accounting', CASE WHEN delta > 0
+            THEN format('zCDP: %s exponential mechanisms of eps_step^2/8 each (bounded range), rho %s',
+                        num.steps, rho)
+            ELSE format('pure epsilon-DP: basic composition of %s eps_step-DP steps', num.steps) END,
+        'steps', num.steps, 'eps_step', num.eps_step, 'delta_u', num.delta_u,
+        'l1_radius', s, 'l1', num.l1, 'r_inf', r_inf, 'x_bound', x_bound,
+        'y_bound', CASE WHEN model = 'lasso' THEN y_bound END, 'rho', rho,
+        'theta0', 0, 'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql_internal._fw_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._fw_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._fw_fit(train_table text, plan dpsql_internal.fw_plan, noise_seed bigint,
                                                   OUT weights float8[], OUT info jsonb,
                                                   OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    icpt boolean := (plan->>'intercept')::boolean;
-    d int := (plan->>'dim')::int;
-    steps int := (plan->>'steps')::int;
-    s float8 := (plan->>'l1_radius')::float8;
-    eps_step float8 := (plan->>'eps_step')::float8;
-    delta_u float8 := (plan->>'delta_u')::float8;
+    icpt boolean := plan.intercept;
+    d int := plan.dim;
+    steps int := plan.steps;
+    s float8 := plan.l1_radius;
+    eps_step float8 := plan.eps_step;
+    delta_u float8 := plan.delta_u;
     gram float8[];
     g float8[];
     q text;
     done int := 0;
     scans int := 1;  -- LASSO's one
 BEGIN
-    IF plan->>'model' = 'lasso' THEN
+    IF plan.model = 'lasso' THEN
         EXECUTE format('SELECT dpsql.adassp_gram(x, y, $1, $2, $3, $4) FROM %s', train_table)
-           INTO gram USING (plan->>'x_bound')::float8, (plan->>'y_bound')::float8, icpt, d;
+           INTO gram USING plan.x_bound, plan.y_bound, icpt, d;
         IF gram IS NULL THEN  -- no rows: the zero statistics
             gram := ARRAY[0, d + icpt::int]::float8[] || array_fill(0::float8, ARRAY[(d + icpt::int) * (d + icpt::int + 1)]);
         END IF;
@@ -284,7 +308,7 @@ BEGIN
             -- reports progress)
             EXECUTE format('SELECT dpsql_internal._fw_logistic_steps(x, y, $1, $2, $3, $4, $5, '
                            '$6, $7, $8, $9, $10) FROM %s', train_table)
-               INTO g USING weights, (plan->>'x_bound')::float8, icpt, (plan->>'l1')::float8, 0,
+               INTO g USING weights, plan.x_bound, icpt, plan.l1, 0,
                     steps, s, eps_step, delta_u, noise_seed;
             scans := 1;
             IF g IS NOT NULL THEN  -- no rows: the zero gradient's steps below
@@ -294,7 +318,7 @@ BEGIN
         END IF;
         q := format('SELECT dpsql_internal._fw_gradient(x, y, $1, $2, $3, $4) FROM %s', train_table);
         FOR k IN done..steps - 1 LOOP
-            EXECUTE q INTO g USING weights, (plan->>'x_bound')::float8, icpt, (plan->>'l1')::float8;
+            EXECUTE q INTO g USING weights, plan.x_bound, icpt, plan.l1;
             scans := scans + 1;
             IF g IS NULL THEN
                 g := array_fill(0::float8, ARRAY[d + icpt::int + 1]);

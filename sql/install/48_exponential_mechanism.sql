@@ -43,10 +43,24 @@ CREATE OR REPLACE FUNCTION dpsql_internal._em_release(state float8[], epsilon fl
 AS 'MODULE_PATHNAME', 'dpsql_em_release_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
+-- The plan of exponential-mechanism ERM: its grid, bounds and score sensitivity.
+DO $$
+BEGIN
+    CREATE TYPE dpsql_internal.em_plan AS (
+        intercept_after_row_transform boolean, row_clip_radius float8, model text,
+        intercept boolean, dim int, rows bigint, x_bound float8, y_bound float8, radius float8,
+        grid_points int, huber_h float8, epsilon float8, delta_u float8,
+        info jsonb);
+EXCEPTION WHEN duplicate_object THEN
+    NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
+END $$;
+
+DROP FUNCTION IF EXISTS dpsql_internal._em_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._em_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                    epsilon float8, delta float8, params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.em_plan LANGUAGE plpgsql AS $$
 DECLARE
+    plan dpsql_internal.em_plan;
     options jsonb := dpsql_internal._plan_options(privacy, params);
     model text := params->>'model';
     intercept boolean := coalesce((params->>'intercept')::boolean, false);
@@ -106,23 +120,33 @@ BEGIN
     END IF;
     r_x := sqrt(x_bound ^ 2 + intercept::int);
     lip := dpsql_internal._em_lipschitz(model, r_x, radius, y_bound);
-    RETURN jsonb_build_object(
-        -- rows clipped to x_bound, then the 1 (exp_mech_erm.c; 33_planned.sql records it)
-        'intercept_after_row_transform', intercept, 'row_clip_radius', x_bound,
-        'model', model, 'intercept', intercept, 'dim', d, 'rows', n, 'x_bound', x_bound,
-        'y_bound', y_bound, 'radius', radius, 'grid_points', points::int, 'huber_h', huber_h,
-        'epsilon', epsilon, 'delta_u', 2 * lip * radius,
-        'info', jsonb_build_object(
-            'algorithm', format('exponential-mechanism ERM (Thakurta, Private Optimization, Algorithm 1) '
-                                'on a public grid of at most %s '
-                                'points in the L2 ball of radius %s, anchored at 0, one scan', points::int, radius),
-            'accounting', 'pure epsilon-DP: one exponential mechanism',
-            'lipschitz', lip, 'radius', radius, 'delta_u', 2 * lip * radius, 'r_x', r_x,
-            'y_bound', CASE WHEN model = 'linear' THEN y_bound END,
-            'theta0', 0, 'neighbouring', 'replace-one, n public'));
+    -- rows clipped to x_bound, then the 1 (exp_mech_erm.c; 33_planned.sql records it)
+    plan.intercept_after_row_transform := intercept;
+    plan.row_clip_radius := x_bound;
+    plan.model := model;
+    plan.intercept := intercept;
+    plan.dim := d;
+    plan.rows := n;
+    plan.x_bound := x_bound;
+    plan.y_bound := y_bound;
+    plan.radius := radius;
+    plan.grid_points := points::int;
+    plan.huber_h := huber_h;
+    plan.epsilon := epsilon;
+    plan.delta_u := 2 * lip * radius;
+    plan.info := jsonb_build_object(
+        'algorithm', format('exponential-mechanism ERM (Thakurta, Private Optimization, Algorithm 1) '
+                            'on a public grid of at most %s '
+                            'points in the L2 ball of radius %s, anchored at 0, one scan', points::int, radius),
+        'accounting', 'pure epsilon-DP: one exponential mechanism',
+        'lipschitz', lip, 'radius', radius, 'delta_u', 2 * lip * radius, 'r_x', r_x,
+        'y_bound', CASE WHEN model = 'linear' THEN y_bound END,
+        'theta0', 0, 'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql_internal._em_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._em_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._em_fit(train_table text, plan dpsql_internal.em_plan, noise_seed bigint,
                                                   OUT weights float8[], OUT info jsonb,
                                                   OUT iterates float8[])
 LANGUAGE plpgsql AS $$
@@ -132,18 +156,18 @@ DECLARE
 BEGIN
     EXECUTE format('SELECT dpsql_internal._em_losses(x, y, $1, $2, $3, $4, $5, $6, $7, $8) FROM %s',
                    train_table)
-       INTO st USING plan->>'model', (plan->>'dim')::int, (plan->>'intercept')::boolean,
-                     (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
-                     (plan->>'radius')::float8, (plan->>'huber_h')::float8,
-                     (plan->>'grid_points')::int;
+       INTO st USING plan.model, plan.dim, plan.intercept,
+                     plan.x_bound, plan.y_bound,
+                     plan.radius, plan.huber_h,
+                     plan.grid_points;
     IF st IS NULL THEN  -- no rows: every score is 0, the draw is uniform
         EXECUTE 'SELECT dpsql_internal._em_losses(NULL, NULL, $1, $2, $3, $4, $5, $6, $7, $8)'
-           INTO st USING plan->>'model', (plan->>'dim')::int, (plan->>'intercept')::boolean,
-                         (plan->>'x_bound')::float8, (plan->>'y_bound')::float8,
-                         (plan->>'radius')::float8, (plan->>'huber_h')::float8,
-                         (plan->>'grid_points')::int;
+           INTO st USING plan.model, plan.dim, plan.intercept,
+                         plan.x_bound, plan.y_bound,
+                         plan.radius, plan.huber_h,
+                         plan.grid_points;
     END IF;
-    rel := dpsql_internal._em_release(st, (plan->>'epsilon')::float8, (plan->>'delta_u')::float8,
+    rel := dpsql_internal._em_release(st, plan.epsilon, plan.delta_u,
                                       noise_seed);
     weights := rel.weights;
     info := jsonb_build_object('grid_size', rel.grid_points);

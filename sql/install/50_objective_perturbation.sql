@@ -31,33 +31,34 @@ LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 -- reg = max(Delta_priv, n lambda if the analyst gave lambda > 0, else the utility choice
 -- 2 sqrt(E ||b||^2) / radius, radius a public bound on ||theta*|| (options.radius; default
 -- for classifiers _erm_default_radius, for regression max(10, 2Y))).
+DROP FUNCTION IF EXISTS dpsql_internal._objpert_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._objpert_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS dpsql_internal.erm_plan LANGUAGE plpgsql AS $$
 DECLARE
     options jsonb := dpsql_internal._plan_options(privacy, params);
-    glm jsonb := dpsql_internal._glm_plan(privacy, ds, n, d, params, options);
+    plan dpsql_internal.erm_plan := dpsql_internal._glm_plan(privacy, ds, n, d, params, options);
     cal record;
-    radius float8 := (glm->>'radius')::float8;
-    lambda float8 := (glm->>'lambda')::float8;
+    radius float8 := plan.radius;
+    lambda float8 := plan.lambda;
     ovr record;
     outputs int;
     reg float8;
 BEGIN
     -- one-vs-rest: C binary models on all the rows, (epsilon, delta) / C each (basic composition)
-    ovr := dpsql_internal._one_vs_rest(params->>'model', (glm->>'classes')::int, epsilon, delta);
+    ovr := dpsql_internal._one_vs_rest(params->>'model', plan.classes, epsilon, delta);
     outputs := ovr.models;
-    cal := dpsql_internal._objpert_calibrate(ovr.model_epsilon, ovr.model_delta, (glm->>'p')::int,
-                                             (glm->>'lipschitz')::float8,
-                                             (glm->>'curvature')::float8, n);
-    IF (glm->>'radius_default')::boolean THEN
+    cal := dpsql_internal._objpert_calibrate(ovr.model_epsilon, ovr.model_delta, plan.p,
+                                             plan.lipschitz,
+                                             plan.curvature, n);
+    IF plan.radius_default THEN
         -- the largest radius whose excess-loss bound 2 sqrt(E||b||^2) R (the bound below at
         -- reg = 2 sqrt(E||b||^2) / R) stays below the zero model's loss (45_erm_solver.sql)
         radius := dpsql_internal._erm_default_radius(
-            dpsql_internal._erm_zero_loss((glm->>'loss')::int, n, (glm->>'y_bound')::float8),
+            dpsql_internal._erm_zero_loss(plan.loss, n, plan.y_bound),
             2 * sqrt(cal.noise_sq_norm), 1);
-        glm := glm || jsonb_build_object('radius', radius);
+        plan.radius := radius;
     END IF;
     reg := greatest(cal.min_reg, CASE WHEN lambda > 0 THEN n * lambda
                                       ELSE 2 * sqrt(cal.noise_sq_norm) / radius END);
@@ -66,41 +67,46 @@ BEGIN
     -- loss (_erm_refuse_useless): there (e.g. ten one-vs-rest models at epsilon 1 / 10 each on
     -- 1,258 rows, or 310 rows of labels up to 400) the releases were no better than trivial.
     PERFORM dpsql_internal._erm_refuse_useless(
-        privacy, (glm->>'loss')::int, n, lambda,
-        2 * cal.noise_sq_norm / reg + reg * radius ^ 2 / 2, epsilon, outputs, (glm->>'y_bound')::float8);
-    PERFORM dpsql_internal._erm_refuse_shrunk(privacy, n, (glm->>'p')::int, reg,
-                                              (glm->>'curvature')::float8,
-                                              (glm->>'radius_default')::boolean, outputs, epsilon);
-    RETURN glm || jsonb_build_object(
-        'outputs', outputs,
-        'regularizer', reg, 'tolerance', cal.tolerance, 'noise_scale', cal.noise_scale,
-        'eps_noise', cal.eps_noise, 'eps_extra', cal.eps_extra, 'delta_extra', cal.delta_extra,
-        'gaussian', delta > 0,
-        'extra_sensitivity', 2 * cal.tolerance / reg,
-        'info', jsonb_build_object(
-            'algorithm', 'objective perturbation (Thakurta, Private Optimization, Algorithm 2): exact minimiser of the perturbed, '
-                         'regularised SUM loss by Newton''s method, certified ||grad J|| <= tolerance',
-            'loss', CASE (glm->>'loss')::int WHEN 1 THEN 'logistic' WHEN 2 THEN 'huber svm'
-                                              ELSE 'huber regression' END,
-            'noise', CASE WHEN delta > 0 THEN 'gaussian (GLM variant)' ELSE 'gamma-norm' END,
-            'noise_scale', cal.noise_scale, 'regularizer', reg, 'min_regularizer', cal.min_reg,
-            'lipschitz', glm->'lipschitz', 'curvature', glm->'curvature',
-            'epsilon_split', jsonb_build_object('noise', cal.eps_noise, 'jacobian', cal.eps_det,
-                                                'certificate', cal.eps_extra),
-            'delta_split', jsonb_build_object('noise', cal.delta_noise, 'certificate', cal.delta_extra),
-            'tolerance', cal.tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
-            'model_epsilon', ovr.model_epsilon, 'model_delta', ovr.model_delta,
-            'huber_threshold', CASE WHEN (glm->>'loss')::int = 3 THEN glm->'param' END,
-            'neighbouring', 'replace-one, n public'));
+        privacy, plan.loss, n, lambda,
+        2 * cal.noise_sq_norm / reg + reg * radius ^ 2 / 2, epsilon, outputs, plan.y_bound);
+    PERFORM dpsql_internal._erm_refuse_shrunk(privacy, n, plan.p, reg,
+                                              plan.curvature,
+                                              plan.radius_default, outputs, epsilon);
+    plan.outputs := outputs;
+    plan.regularizer := reg;
+    plan.tolerance := cal.tolerance;
+    plan.noise_scale := cal.noise_scale;
+    plan.eps_noise := cal.eps_noise;
+    plan.eps_extra := cal.eps_extra;
+    plan.delta_extra := cal.delta_extra;
+    plan.gaussian := delta > 0;
+    plan.extra_sensitivity := 2 * cal.tolerance / reg;
+    plan.info := jsonb_build_object(
+        'algorithm', 'objective perturbation (Thakurta, Private Optimization, Algorithm 2): exact minimiser of the perturbed, '
+                     'regularised SUM loss by Newton''s method, certified ||grad J|| <= tolerance',
+        'loss', CASE plan.loss WHEN 1 THEN 'logistic' WHEN 2 THEN 'huber svm'
+                                          ELSE 'huber regression' END,
+        'noise', CASE WHEN delta > 0 THEN 'gaussian (GLM variant)' ELSE 'gamma-norm' END,
+        'noise_scale', cal.noise_scale, 'regularizer', reg, 'min_regularizer', cal.min_reg,
+        'lipschitz', plan.lipschitz, 'curvature', plan.curvature,
+        'epsilon_split', jsonb_build_object('noise', cal.eps_noise, 'jacobian', cal.eps_det,
+                                            'certificate', cal.eps_extra),
+        'delta_split', jsonb_build_object('noise', cal.delta_noise, 'certificate', cal.delta_extra),
+        'tolerance', cal.tolerance, 'radius', radius, 'one_vs_rest', outputs > 1,
+        'model_epsilon', ovr.model_epsilon, 'model_delta', ovr.model_delta,
+        'huber_threshold', CASE WHEN plan.loss = 3 THEN plan.param END,
+        'neighbouring', 'replace-one, n public');
+    RETURN plan;
 END $$;
 
-CREATE OR REPLACE FUNCTION dpsql_internal._objpert_fit(train_table text, plan jsonb, noise_seed bigint,
+DROP FUNCTION IF EXISTS dpsql_internal._objpert_fit(text, jsonb, bigint);
+CREATE OR REPLACE FUNCTION dpsql_internal._objpert_fit(train_table text, plan dpsql_internal.erm_plan, noise_seed bigint,
                                                        OUT weights float8[], OUT info jsonb,
                                                        OUT iterates float8[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    p int := (plan->>'p')::int;
-    outputs int := (plan->>'outputs')::int;
+    p int := plan.p;
+    outputs int := plan.outputs;
     zero float8[] := array_fill(0::float8, ARRAY[p]);
     b float8[];
     sol record;
@@ -111,19 +117,19 @@ BEGIN
     iterates := NULL;
     FOR c IN 0 .. outputs - 1 LOOP
         -- The secret linear term (never leaves the server); streams keep the draws apart.
-        IF (plan->>'gaussian')::boolean THEN
-            b := dpsql_internal._add_gaussian(zero, (plan->>'noise_scale')::float8, noise_seed, 1 + 2 * c);
+        IF plan.gaussian THEN
+            b := dpsql_internal._add_gaussian(zero, plan.noise_scale, noise_seed, 1 + 2 * c);
         ELSE
             -- density exp(-eps_noise ||b|| / (2L)): scale 2L / eps_noise
-            b := (dpsql_internal._perturb(zero, 2 * (plan->>'lipschitz')::float8,
-                                          (plan->>'eps_noise')::float8, 0, noise_seed, 1 + 2 * c)).weights;
+            b := (dpsql_internal._perturb(zero, 2 * plan.lipschitz,
+                                          plan.eps_noise, 0, noise_seed, 1 + 2 * c)).weights;
         END IF;
         -- Its scan count and certificate depend on the rows: neither is released, and an
         -- uncertified last iterate is released like a certified one (45_erm_solver.sql).
         sol := dpsql_internal._erm_solve(train_table, plan, b,
                                          CASE WHEN outputs > 1 THEN c END);
-        rel := dpsql_internal._perturb(sol.theta, (plan->>'extra_sensitivity')::float8,
-                                       (plan->>'eps_extra')::float8, (plan->>'delta_extra')::float8,
+        rel := dpsql_internal._perturb(sol.theta, plan.extra_sensitivity,
+                                       plan.eps_extra, plan.delta_extra,
                                        noise_seed, 2 + 2 * c);
         weights := CASE WHEN outputs > 1 THEN weights || ARRAY[rel.weights] ELSE rel.weights END;
         scales := scales || rel.noise_scale;

@@ -101,7 +101,9 @@ def _config(model, p, clip, batch, n, sigma, reg, radius, x_bound=1.0, y_bound=1
 def _fit(conn, table, config, epochs=1, seed=None, output="average"):
     plan = {"config": config, "p": int(config[5]), "epochs": epochs, "output": output}
     (w,) = conn.execute(
-        "SELECT weights FROM dpsql_internal._dp_ftrl_fit(%s, %s, %s)", (table, Jsonb(plan), seed)
+        "SELECT weights FROM dpsql_internal._dp_ftrl_fit(%s,"
+        " jsonb_populate_record(NULL::dpsql_internal.dp_ftrl_plan, %s), %s)",
+        (table, Jsonb(plan), seed),
     ).fetchone()
     return np.asarray(w, dtype=np.float64)
 

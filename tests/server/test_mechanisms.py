@@ -27,8 +27,9 @@ PLAN_SIGNATURE = (
     "privacy text, ds dpsql.datasets, n bigint, d integer, epsilon double precision, "
     "delta double precision, params jsonb"
 )
+# (issue 45: the plan is the composite type its plan function returns, the fit takes it)
 FIT_SIGNATURE = (
-    "train_table text, plan jsonb, noise_seed bigint, OUT weights double precision[], "
+    "train_table text, plan {plan_type}, noise_seed bigint, OUT weights double precision[], "
     "OUT info jsonb, OUT iterates double precision[]"
 )
 
@@ -112,7 +113,13 @@ def test_plan_and_fit_mechanisms_register_a_plan_and_a_fit(conn) -> None:
             expected = "_train_linear" if task == "regression" else "_train_planned"
             assert train == expected, name
             assert _arguments(conn, plan) == PLAN_SIGNATURE, name
-            assert _arguments(conn, fit) == FIT_SIGNATURE, name
+            (plan_type,) = conn.execute(
+                "SELECT p.prorettype::regtype::text FROM pg_proc p"
+                " WHERE p.pronamespace = 'dpsql_internal'::regnamespace AND p.proname = %s",
+                (plan,),
+            ).fetchone()
+            assert plan_type.startswith("dpsql_internal.") and plan_type.endswith("_plan"), name
+            assert _arguments(conn, fit) == FIT_SIGNATURE.format(plan_type=plan_type), name
         else:
             assert (options, plan, fit) == ([], None, None), name
 

@@ -152,7 +152,9 @@ def test_release_is_the_minimiser_for_the_server_noise(conn, binary) -> None:
 def _solve(conn, table, plan, b):
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            f"SELECT * FROM dpsql_internal._erm_solve('{table}', %s, %s)", (Jsonb(plan), b)
+            f"SELECT * FROM dpsql_internal._erm_solve('{table}',"
+            " jsonb_populate_record(NULL::dpsql_internal.erm_plan, %s), %s)",
+            (Jsonb(plan), b),
         ).fetchone()
 
 
@@ -284,7 +286,8 @@ def _solve_logged(conn, table, plan, b, positive=None):
     try:
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
-                f"SELECT * FROM dpsql_internal._erm_solve('{table}', %s, %s, %s)",
+                f"SELECT * FROM dpsql_internal._erm_solve('{table}',"
+                " jsonb_populate_record(NULL::dpsql_internal.erm_plan, %s), %s, %s)",
                 (Jsonb(plan), b, positive),
             ).fetchone()
     finally:
