@@ -282,9 +282,9 @@ BEGIN
     END IF;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._charge(bigint, float8, float8, text, bigint, text, jsonb, jsonb);
 -- The charge of a release's terms (_charge_terms: checked, at unit level), committed before
 -- the release reads a row.
-DROP FUNCTION IF EXISTS dpsql_internal._charge(bigint, float8, float8, text, bigint, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._charge(dataset_id bigint, epsilon float8, delta float8, mechanism text,
                               model_id bigint DEFAULT NULL, note text DEFAULT NULL,
                               dp_event jsonb DEFAULT NULL, plan jsonb DEFAULT NULL,

@@ -398,10 +398,10 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._initial_state(jsonb, jsonb, bigint);
 -- A run's initial SGD state, the one place it is built: from the run's spec, with a white-box
 -- plan's schedule, step, radius, clipping, noise and sampling when one is given (_arm), its
 -- noise keyed by noise_seed (NULL: pg_strong_random).
-DROP FUNCTION IF EXISTS dpsql_internal._initial_state(jsonb, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._initial_state(spec jsonb, plan dpsql_internal.sgd_plan DEFAULT NULL,
                                                         noise_seed bigint DEFAULT NULL)
 RETURNS float8[] LANGUAGE plpgsql AS $$
@@ -469,12 +469,12 @@ BEGIN
     RETURN prepared;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._arm(dpsql.runs, jsonb, bigint);
 -- A prepared private run's state, built once, before its charge (a shape the core cannot hold
 -- is refused before anything is charged): a white-box plan's, armed with its clipping, noise
 -- and sampling (noise keyed by noise_seed, NULL: pg_strong_random; a secret sampling seed),
 -- whose schedule, step, radius, sampling and clip the spec then records for the epochs; without
 -- a plan, the plain state of the spec (the bolt-on's).
-DROP FUNCTION IF EXISTS dpsql_internal._arm(dpsql.runs, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._arm(prepared dpsql.runs, plan dpsql_internal.sgd_plan DEFAULT NULL,
                                               noise_seed bigint DEFAULT NULL)
 RETURNS dpsql.runs LANGUAGE plpgsql AS $$
@@ -663,12 +663,12 @@ BEGIN
     END IF;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._finish(bigint, float8[], jsonb);
 -- Store the run's model with its provenance, drop its training table, forget its state.
 -- released (private runs): the noisy weights to store instead of the state's; privacy: the
 -- mechanism's record (mechanism, dataset_id, epsilon, delta, sensitivity, noise_scale, ...);
 -- recorded: spec fields the released model has in place of the run's (a map back to the
 -- registered features, e.g. DPSGD-F's Algorithm 2: dimension, intercept, flags).
-DROP FUNCTION IF EXISTS dpsql_internal._finish(bigint, float8[], jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._finish(run_id bigint, released float8[] DEFAULT NULL,
                               privacy jsonb DEFAULT NULL, recorded jsonb DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$

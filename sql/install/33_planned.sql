@@ -85,11 +85,11 @@ AS $$
      WHERE f.pronamespace = 'dpsql_internal'::regnamespace AND f.proname = mech.plan_function
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_planned(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- Plan a plan-and-fit mechanism's release on a registered dataset (its registered train
 -- function, or _train_linear's after its checks; called by _train_plan, 35_private.sql): the
 -- run prepared from the public row count, the mechanism's plan, what it is charged. Reads no
 -- row; _complete_planned releases after the charge.
-DROP FUNCTION IF EXISTS dpsql_internal._train_planned(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_planned(ds dpsql.datasets, model text, privacy text,
                                                 params jsonb, epsilon float8, delta float8,
                                                 noise_seed bigint)

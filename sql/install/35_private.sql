@@ -543,11 +543,11 @@ EXCEPTION
                     'radius, clip_norm, step_size and noise_multiplier not huge.');
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_bolton(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- The bolt-on (Wu et al. 2017, §3.1): Algorithms 1 and 2, or Algorithm 3 with tuning grids.
 -- Noiseless epochs, then output perturbation once. Its plan: the run prepared and its state
 -- built, the noise's calibration (or Algorithm 3's candidates) checked; _complete_bolton
 -- trains after the charge.
-DROP FUNCTION IF EXISTS dpsql_internal._train_bolton(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_bolton(ds dpsql.datasets, model text, privacy text, params jsonb,
                                     epsilon float8, delta float8, noise_seed bigint)
 RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$

@@ -90,6 +90,7 @@ BEGIN
     RETURN answer;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._whitebox_plan(text, jsonb, bigint, float8, float8, jsonb);
 -- The SGD family's plans: noise, clipping, step schedule, sampling and accounting of a
 -- white-box mechanism for a prepared run of `rows` rows (m public), each mechanism's own
 -- function, named by its spec (sgd_plan_function; 31_mechanisms.sql):
@@ -97,7 +98,6 @@ END $$;
 --                                      delta float8, params jsonb) -> dpsql_internal.sgd_plan
 -- (30_runs.sql); its info's keys go into the model's provenance. _whitebox_plan checks what
 -- every one needs.
-DROP FUNCTION IF EXISTS dpsql_internal._whitebox_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._whitebox_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                      delta float8, params jsonb)
 RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
@@ -116,9 +116,9 @@ BEGIN
     RETURN plan;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpsgd_plan(text, jsonb, bigint, float8, float8, jsonb);
 -- DP-SGD (Abadi et al. 2016): per-example clipping, Gaussian noise per step, shuffled or
 -- Poisson batches accounted by dp-accounting (and DPSGD-F's private mean composed with them).
-DROP FUNCTION IF EXISTS dpsql_internal._dpsgd_plan(text, jsonb, bigint, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpsgd_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
 RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
@@ -195,8 +195,8 @@ BEGIN
     RETURN plan;
 END $$;
 
--- SCS13 (Song, Chaudhuri and Sarwate 2013): k passes, noise on each step's gradient sum.
 DROP FUNCTION IF EXISTS dpsql_internal._scs13_plan(text, jsonb, bigint, float8, float8, jsonb);
+-- SCS13 (Song, Chaudhuri and Sarwate 2013): k passes, noise on each step's gradient sum.
 CREATE OR REPLACE FUNCTION dpsql_internal._scs13_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
 RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
@@ -239,8 +239,8 @@ BEGIN
     RETURN plan;
 END $$;
 
--- BST14 (Bassily, Smith and Thakurta 2014), Algorithms 4 and 5: draws with replacement.
 DROP FUNCTION IF EXISTS dpsql_internal._bst14_plan(text, jsonb, bigint, float8, float8, jsonb);
+-- BST14 (Bassily, Smith and Thakurta 2014), Algorithms 4 and 5: draws with replacement.
 CREATE OR REPLACE FUNCTION dpsql_internal._bst14_plan(privacy text, spec jsonb, rows bigint, epsilon float8,
                                                       delta float8, params jsonb)
 RETURNS dpsql_internal.sgd_plan LANGUAGE plpgsql AS $$
@@ -344,11 +344,11 @@ RETURNS float8 LANGUAGE sql AS $$
                                             (params->>'epochs')::int)).sigma * sqrt(k) / b
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_whitebox(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- SCS13, BST14 and DP-SGD: the noise is added inside every step of the aggregate, from the
 -- state's CSPRNG; the final model is the release (no output noise). The plan: the run
 -- prepared, the mechanism's SGD plan (DP-SGD's epsilon may come from the accountant), the
 -- state armed with it; _complete_whitebox runs the epochs after the charge.
-DROP FUNCTION IF EXISTS dpsql_internal._train_whitebox(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_whitebox(ds dpsql.datasets, model text, privacy text, params jsonb,
                                       epsilon float8, delta float8, noise_seed bigint)
 RETURNS dpsql_internal.release_plan LANGUAGE plpgsql AS $$

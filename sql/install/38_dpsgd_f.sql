@@ -55,9 +55,9 @@ BEGIN
     std := dpsql.gaussian_sigma(2 * x_bound, mean_epsilon, delta);
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- DPSGD-F*'s plan: its refusals, the run prepared, DP-SGD's plan with the mean's noise in its
 -- accountant, the state armed for the centred rows; _complete_dpsgd_f after the charge.
-DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f(ds dpsql.datasets, model text, privacy text,
                                      params jsonb, epsilon float8, delta float8,
                                      noise_seed bigint)

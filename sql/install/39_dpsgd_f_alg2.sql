@@ -170,10 +170,10 @@ RETURNS dpsql_internal.sgd_plan LANGUAGE sql AS $$
                                                          'step_size', step))
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f_alg2(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- DPSGD-F Algorithm 2's plan: its refusals, the run prepared, the calibration at clip 1 and
 -- the shape of the run on the rows x'' (d + 1 features, no intercept) checked; charged
 -- (epsilon, delta) whole. _complete_dpsgd_f_alg2 after the charge.
-DROP FUNCTION IF EXISTS dpsql_internal._train_dpsgd_f_alg2(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_dpsgd_f_alg2(ds dpsql.datasets, model text, privacy text,
                                           params jsonb, epsilon float8, delta float8,
                                           noise_seed bigint)

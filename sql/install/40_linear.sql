@@ -113,9 +113,9 @@ BEGIN
     RETURN plan;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._train_linear(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 -- Plan a linear mechanism's release on a registered regression dataset (the registered train
 -- function of the linear mechanisms): their common checks, then the plan (33_planned.sql).
-DROP FUNCTION IF EXISTS dpsql_internal._train_linear(dpsql.datasets, text, text, jsonb, float8, float8, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._train_linear(ds dpsql.datasets, model text, privacy text,
                                                params jsonb, epsilon float8, delta float8,
                                                noise_seed bigint)

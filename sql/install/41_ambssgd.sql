@@ -139,9 +139,9 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fill_blocks(text, jsonb);
 -- The members' table of a pass over a distributed training table: the blocks' rows filed on
 -- the shards, exactly T (b + s) of them (or the run fails before any block).
-DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fill_blocks(text, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fill_blocks(train_table text, plan dpsql_internal.ambssgd_plan)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -168,8 +168,8 @@ BEGIN
     RETURN members;
 END $$;
 
--- The pass over a distributed training table from a fresh state.
 DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_pass_on_shards(text, jsonb, float8[]);
+-- The pass over a distributed training table from a fresh state.
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_pass_on_shards(train_table text, plan dpsql_internal.ambssgd_plan,
                                                                  st float8[])
 RETURNS float8[] LANGUAGE plpgsql AS $$
@@ -196,8 +196,10 @@ BEGIN
     RETURN r_x;
 END $$;
 
--- The plan of DP-AMBSSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
 DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
+-- The plan of DP-AMBSSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
+-- Over 100 lines: one sequential argument (the blocks set the batch, the batch the step, the
+-- noise the DP-STAT threshold, each checked where it is made), then its typed plan, a field a line.
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                epsilon float8, delta float8, params jsonb)
 RETURNS dpsql_internal.ambssgd_plan LANGUAGE plpgsql AS $$
@@ -315,8 +317,8 @@ BEGIN
     RETURN plan;
 END $$;
 
--- The plan of DP-SSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
 DROP FUNCTION IF EXISTS dpsql_internal._ssgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
+-- The plan of DP-SSGD (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._ssgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS dpsql_internal.ambssgd_plan LANGUAGE plpgsql AS $$
@@ -388,9 +390,9 @@ BEGIN
     RETURN plan;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fit(text, jsonb, bigint);
 -- DP-AMBSSGD / DP-SSGD: one aggregate scan of the shuffled training table in rid order (on
 -- Citus, DP-AMBSSGD's blocks on the shards).
-DROP FUNCTION IF EXISTS dpsql_internal._ambssgd_fit(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._ambssgd_fit(train_table text, plan dpsql_internal.ambssgd_plan, noise_seed bigint,
                                               OUT weights float8[], OUT info jsonb,
                                               OUT iterates float8[])

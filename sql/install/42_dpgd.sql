@@ -147,11 +147,11 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 -- The plan of DP-GD (its registered plan_function, called by _train_planned, 33_planned.sql).
 -- Over 100 lines: one sequential argument, each number from the ones before it (the clip
 -- quantile sets the burn-in, which with ci and the preconditioner sets the steps, which with
 -- the split of rho set the noise) and all of them in its typed plan and its record.
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                             epsilon float8, delta float8, params jsonb)
 RETURNS dpsql_internal.dpgd_plan LANGUAGE plpgsql AS $$
@@ -319,9 +319,9 @@ BEGIN
     RETURN plan;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit(text, jsonb, bigint);
 -- The registry's fit of DP-GD: on the privately whitened rows when the plan has a
 -- preconditioner (44_dpgd_precondition.sql), else on the rows as they are.
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                            OUT weights float8[], OUT info jsonb,
                                            OUT iterates float8[])
@@ -359,13 +359,13 @@ BEGIN
            || tail[cardinality(edges)];
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_private_clip(text, jsonb, float8[], boolean, float8, bigint, int);
 -- The private clip bound (plan: clip_grid, clip_noise_std, clip_quantile) from the histogram
 -- at theta: the noisy counts, then the smallest edge whose noisy tail count (of the norms
 -- above it: a sum of k noisy counts, noise std sd sqrt k) is at most max((1 - q) n, sd sqrt k)
 -- (post-processing); the top edge if none is. Without the floor sd sqrt k, an allowance
 -- (1 - q) n below the noise (small n or epsilon) would fail by noise alone up to the top
 -- edge. Returns the bound and its record (all of it released).
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_private_clip(text, jsonb, float8[], boolean, float8, bigint, int);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_private_clip(train_table text, plan dpsql_internal.dpgd_plan, theta float8[],
                                                     intercept boolean, x_bound float8,
                                                     noise_seed bigint, pilot int,
@@ -403,11 +403,11 @@ BEGIN
         'clipped_fraction_at_reference', greatest(tail_at, 0) / n);
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_plain(text, jsonb, bigint);
 -- DP-GD on the rows as they are: one aggregate scan per step for the clipped gradient sum; the
 -- noise is added in the server. Every iterate is kept (released) for the confidence intervals.
 -- With a private clip bound (plan clip_quantile), the first clip_pilot_steps steps clip at the
 -- public rule's gamma, then every step at the private quantile (the noise keeps its ratio).
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_plain(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_plain(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                                  OUT weights float8[], OUT info jsonb,
                                                  OUT iterates float8[])

@@ -71,8 +71,8 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
--- AdaSSP's plan (its registered plan_function, called by _train_planned, 33_planned.sql).
 DROP FUNCTION IF EXISTS dpsql_internal._adassp_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
+-- AdaSSP's plan (its registered plan_function, called by _train_planned, 33_planned.sql).
 CREATE OR REPLACE FUNCTION dpsql_internal._adassp_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                               epsilon float8, delta float8, params jsonb)
 RETURNS dpsql_internal.adassp_plan LANGUAGE plpgsql AS $$
@@ -130,9 +130,9 @@ BEGIN
     RETURN plan;
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._adassp_fit(text, jsonb, bigint);
 -- AdaSSP: one aggregate scan for X^T X, X^T y (rows clipped to the public bounds); the noise,
 -- the adaptive ridge and the solve in the server.
-DROP FUNCTION IF EXISTS dpsql_internal._adassp_fit(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._adassp_fit(train_table text, plan dpsql_internal.adassp_plan,
                                              noise_seed bigint, OUT weights float8[], OUT info jsonb,
                                              OUT iterates float8[])

@@ -25,12 +25,12 @@ CREATE OR REPLACE FUNCTION dpsql_internal._min_eigenvalue(a float8[])
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_min_eigenvalue'
 LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_preconditioner(text, jsonb, bigint);
 -- The released preconditioner: the noisy, floored G = (X~^T X~ + E) / n + f I (E symmetric,
 -- its upper triangle i.i.d. N(0, sigma^2), sigma = Delta / sqrt(2 rho_pre) with Delta the
 -- replace-one Frobenius sensitivity sqrt(2) (x_bound^2 + intercept)); f lifts the noisy
 -- spectrum to at least 2 sigma sqrt(p) / n (public). Returns its Cholesky factor and the
 -- bound on a whitened row's norm.
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_preconditioner(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_preconditioner(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                            OUT factor float8[], OUT row_bound float8,
                                            OUT info jsonb)
@@ -75,9 +75,9 @@ BEGIN
                                'whitened_row_bound', row_bound);
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_preconditioned(text, jsonb, bigint);
 -- DP-GD on the whitened rows (a table of L^{-1} (x, 1), no intercept flag, the whitened
 -- bound), then the estimate and every iterate mapped back by L^{-T}.
-DROP FUNCTION IF EXISTS dpsql_internal._dpgd_fit_preconditioned(text, jsonb, bigint);
 CREATE OR REPLACE FUNCTION dpsql_internal._dpgd_fit_preconditioned(train_table text, plan dpsql_internal.dpgd_plan, noise_seed bigint,
                                                OUT weights float8[], OUT info jsonb,
                                                OUT iterates float8[])

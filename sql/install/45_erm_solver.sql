@@ -211,13 +211,13 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._glm_plan(text, dpsql.datasets, bigint, int, jsonb, jsonb);
 -- The GLM a plan describes: the loss code and parameter of the model, the public bounds, the
 -- constants (L, lambda_max), the solver's certificate and cap, and the analyst's lambda and
 -- options.radius (a public bound on ||theta*||, default 10, for regression max(10, 2Y)) that
 -- set the regulariser. Logistic and Huber SVM are binary classifiers; 'linear' is
 -- Huber regression with threshold k (options.huber_threshold, default the label bound):
 -- least squares on every residual |r| <= k, and Lipschitz, which least squares is not.
-DROP FUNCTION IF EXISTS dpsql_internal._glm_plan(text, dpsql.datasets, bigint, int, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._glm_plan(privacy text, ds dpsql.datasets, n bigint,
                                                     d int, params jsonb, options jsonb)
 RETURNS dpsql_internal.erm_plan LANGUAGE plpgsql AS $$
@@ -396,11 +396,11 @@ BEGIN
                 'lambda => ... or options => {"radius": ...} runs it anyway.');
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._erm_solve(text, jsonb, float8[], float8);
 -- The fixed-work Newton solver (the header above) from theta = 0. positive: the class index of
 -- a one-vs-rest model (labels mapped to +1 for it, -1 for the others). scans: the evaluations
 -- over the rows (2 S + 1 on either path, whatever the rows: public). A plan without
 -- 'newton_steps' takes the default, without 'rows' the scanned path.
-DROP FUNCTION IF EXISTS dpsql_internal._erm_solve(text, jsonb, float8[], float8);
 CREATE OR REPLACE FUNCTION dpsql_internal._erm_solve(train_table text, plan dpsql_internal.erm_plan, b float8[],
                                                      positive float8 DEFAULT NULL,
                                                      OUT theta float8[], OUT grad_norm float8,

@@ -121,12 +121,12 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._dp_ftrl_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 -- The plan: every number from n, d, the registration and the analyst's parameters.
 -- Over 100 lines: one sequential argument, each number from the ones before it (one-vs-rest's
 -- budget sets the clip, the clip the batch search, the batch the tree's levels and sigma, those
 -- the refusals and the regulariser) and all of them in the record; most of its length is the
 -- measurements behind its two refusals.
-DROP FUNCTION IF EXISTS dpsql_internal._dp_ftrl_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._dp_ftrl_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)

@@ -93,9 +93,9 @@ EXCEPTION WHEN duplicate_object THEN
     NULL;  -- (an upgrade replays this script; a change of its fields needs its ALTER TYPE)
 END $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._fw_in_memory(text, jsonb);
 -- Whether a logistic fit keeps the rows in memory: a local table (Citus pushes each step's
 -- gradient down instead) of at most dpsql.sampling_memory as clipped rows. Public: n and d.
-DROP FUNCTION IF EXISTS dpsql_internal._fw_in_memory(text, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._fw_in_memory(train_table text, plan dpsql_internal.fw_plan)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -166,8 +166,10 @@ BEGIN
     RETURN steps_opt;
 END $$;
 
--- The plan: every number from n, d, the registration and the analyst's options.
 DROP FUNCTION IF EXISTS dpsql_internal._fw_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
+-- The plan: every number from n, d, the registration and the analyst's options.
+-- Over 100 lines: the model's bounds, each with its refusal, the steps from them, then its
+-- typed plan, a field a line.
 CREATE OR REPLACE FUNCTION dpsql_internal._fw_plan(privacy text, ds dpsql.datasets, n bigint, d int,
                                                    epsilon float8, delta float8, params jsonb)
 RETURNS dpsql_internal.fw_plan LANGUAGE plpgsql AS $$

@@ -17,10 +17,10 @@ CREATE OR REPLACE FUNCTION dpsql_internal._noise_sq_norm(dim int, epsilon float8
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_noise_sq_norm_sql'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+DROP FUNCTION IF EXISTS dpsql_internal._outpert_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 -- The plan: reg = n lambda if the analyst gave lambda > 0, else the utility choice below
 -- (radius a public bound on ||theta*||: options.radius; default for classifiers
 -- _erm_default_radius, for regression max(10, 2Y)).
-DROP FUNCTION IF EXISTS dpsql_internal._outpert_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._outpert_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)

@@ -27,11 +27,11 @@ CREATE OR REPLACE FUNCTION dpsql_internal._objpert_calibrate(epsilon float8, del
 AS 'MODULE_PATHNAME', 'dpsql_objpert_calibrate_sql'
 LANGUAGE C CALLED ON NULL INPUT IMMUTABLE PARALLEL SAFE;
 
+DROP FUNCTION IF EXISTS dpsql_internal._objpert_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 -- The plan: the GLM, the calibration and the regulariser
 -- reg = max(Delta_priv, n lambda if the analyst gave lambda > 0, else the utility choice
 -- 2 sqrt(E ||b||^2) / radius, radius a public bound on ||theta*|| (options.radius; default
 -- for classifiers _erm_default_radius, for regression max(10, 2Y))).
-DROP FUNCTION IF EXISTS dpsql_internal._objpert_plan(text, dpsql.datasets, bigint, int, float8, float8, jsonb);
 CREATE OR REPLACE FUNCTION dpsql_internal._objpert_plan(privacy text, ds dpsql.datasets, n bigint,
                                                         d int, epsilon float8, delta float8,
                                                         params jsonb)

@@ -568,10 +568,10 @@ AS $$
     SELECT CASE WHEN clamped THEN least(greatest(x, 0), 1) ELSE x END
 $$;
 
+DROP FUNCTION IF EXISTS dpsql_internal._metrics_noise_sd(text, float8[], float8[]);
 -- Each metric's noise standard deviation (and its baseline's): the statistics' noise sds
 -- propagated to first order, by central differences one sd wide at the released values, of
 -- the metrics before their clamps.
-DROP FUNCTION IF EXISTS dpsql_internal._metrics_noise_sd(text, float8[], float8[]);
 CREATE OR REPLACE FUNCTION dpsql_internal._metrics_noise_sd(kind text, s float8[], sd float8[],
                                                             rows float8 DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE
