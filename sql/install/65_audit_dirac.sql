@@ -93,20 +93,21 @@ AS $$
 DECLARE
     mech dpsql.mechanism_catalog := dpsql_internal._mechanism(privacy);
     n bigint;
-    plan jsonb;
+    regularizer float8;
 BEGIN
     IF delta <= 0 THEN
         PERFORM dpsql_internal._fail('the half_noise mutation of output and objective perturbation '
                                      'takes delta > 0 (Gaussian noise)', '0A000');
     END IF;
     EXECUTE format('SELECT count(*) FROM %s', copy.relid) INTO n;
-    EXECUTE format('SELECT dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)', mech.plan_function)
-       INTO plan USING privacy, copy, n, d, epsilon, delta,
-                       params || jsonb_build_object('model', dpsql_internal._erm_model(model),
-                                                    'classes', to_jsonb(copy.labels));
+    -- (both plans are an erm_plan: 45_erm_solver.sql)
+    EXECUTE format('SELECT (dpsql_internal.%I($1, $2, $3, $4, $5, $6, $7)).regularizer', mech.plan_function)
+       INTO regularizer USING privacy, copy, n, d, epsilon, delta,
+                              params || jsonb_build_object('model', dpsql_internal._erm_model(model),
+                                                           'classes', to_jsonb(copy.labels));
     RETURN params || jsonb_build_object(
         'epsilon', dpsql_internal._audit_half_noise_epsilon(epsilon, delta),
-        'lambda', (plan->>'regularizer')::float8 / n);
+        'lambda', regularizer / n);
 END $$;
 
 -- The state flags a run adds for an audit: Dirac canary rows for the copy that the running

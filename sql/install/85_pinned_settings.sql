@@ -1,8 +1,9 @@
 ------------------------------------------------------------------------------------------
 -- Pinned session settings (runs after every function is created, before the privileges).
 --
--- Plans, specs and parameters travel between dpsql's functions as jsonb and text, and the
--- conversions of numbers, arrays and times to text follow the caller's session settings: with
+-- Specs, parameters and a release's record travel between dpsql's functions as jsonb and text
+-- (a plan-and-fit mechanism's typed plan too, from its plan to its fit: 33_planned.sql), and
+-- the conversions of numbers, arrays and times to text follow the caller's session settings: with
 -- extra_float_digits = -15 an analyst once rounded the step size the sensitivity was computed
 -- from (0.1414 -> 0.1) while the state ran with the true one, and so cut the noise under a
 -- full charge. Every dpsql function written in SQL or PL/pgSQL therefore runs with these
