@@ -107,9 +107,12 @@ END $$;
 def _solve(
     db: dpsql.Database, table: str, plan: dict, b: list, function: str = "dpsql_internal._erm_solve"
 ) -> tuple[float, tuple]:
+    # today's solver takes its plan typed (dpsql_internal.erm_plan), 0.7's as jsonb
+    typed = function == "dpsql_internal._erm_solve"
+    arg = "jsonb_populate_record(NULL::dpsql_internal.erm_plan, %s)" if typed else "%s"
     t0 = time.perf_counter()
     row = db.execute(
-        f"SELECT theta, grad_norm, scans, certified FROM {function}('{table}', %s, %s, 1)",
+        f"SELECT theta, grad_norm, scans, certified FROM {function}('{table}', {arg}, %s, 1)",
         (Jsonb(plan), b),
     ).fetchone()
     assert row is not None

@@ -77,7 +77,9 @@ def _result(conn: psycopg.Connection, state: Any) -> tuple:
 def _on_shards(conn: psycopg.Connection, table: str, cfg: dict, init: list[float]) -> tuple:
     with conn.cursor(binary=True) as cur:
         (state,) = cur.execute(
-            "SELECT dpsql_internal._ambssgd_pass_on_shards(%s, %s, %b)", (table, _plan(cfg), init)
+            "SELECT dpsql_internal._ambssgd_pass_on_shards(%s,"
+            " jsonb_populate_record(NULL::dpsql_internal.ambssgd_plan, %s), %b)",
+            (table, _plan(cfg), init),
         ).fetchone()
     return _result(conn, state)
 
@@ -165,7 +167,9 @@ def test_a_replaced_row_moves_only_its_own_block_on_every_shard(coord, shard_ind
 
     def filed() -> dict[int, int]:
         members = coord.execute(
-            "SELECT dpsql_internal._ambssgd_fill_blocks(%s, %s)", (table, _plan(cfg))
+            "SELECT dpsql_internal._ambssgd_fill_blocks(%s,"
+            " jsonb_populate_record(NULL::dpsql_internal.ambssgd_plan, %s))",
+            (table, _plan(cfg)),
         ).fetchone()[0]
         return dict(coord.execute(f"SELECT row_id, step FROM {members}").fetchall())
 
