@@ -156,6 +156,33 @@ def test_preview_charges_nothing_and_names_the_release(conn, analyst) -> None:
     assert _ledger(conn, ds) == []
 
 
+def test_the_preview_runs_only_the_plan_as_the_release_would(conn, table, analyst) -> None:
+    """Issue 45: dpsql.preview_describe is a definer function that runs describe's plan (no
+    exception carries its answer). As an analyst: a dataset not granted is refused as the
+    release refuses it (one the analyst cannot use, whether it exists or not); the plan's
+    helpers and the preview's executor are not the analyst's to call; the answer is the
+    charge describe then books."""
+    connect, ds, name = analyst
+    conn.execute(f"CREATE TABLE hidden AS SELECT * FROM {table}")
+    _, hidden = _register(conn, table.replace(".t", ".hidden"))  # not granted to the analyst
+    with connect() as a:
+        (refused,) = a.execute("SELECT dpsql.preview_describe(%s, 1)", (hidden,)).fetchone()
+        with pytest.raises(psycopg.Error) as release:
+            a.execute("SELECT * FROM dpsql.describe(%s, 1)", (hidden,))
+        for call in (
+            "SELECT dpsql_internal._preview_statement('SELECT 1')",
+            f"SELECT dpsql_internal._describe_release_plan('{name}', 1, 0, NULL, NULL)",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                a.execute(call)
+        (p,) = a.execute("SELECT dpsql.preview_describe(%s, 1)", (name,)).fetchone()
+        _describe(a, name, 1.0)
+    assert refused["refused"]["sqlstate"] == release.value.sqlstate
+    assert refused["refused"]["message"] == release.value.diag.message_primary
+    ((mech, eps, delta, event),) = _ledger(conn, ds)
+    assert (mech, eps, delta, event) == ("describe", p["epsilon"], p["delta"], p["dp_event"])
+
+
 @pytest.mark.parametrize(
     ("args", "sqlstate", "match"),
     [

@@ -329,6 +329,30 @@ def test_preview_charges_nothing(conn, setup) -> None:
     assert _entries(conn, test_id) == []
 
 
+def test_the_preview_runs_only_the_plan_as_the_release_would(conn, setup, make_role) -> None:
+    """Issue 45: dpsql.preview_evaluate is a definer function that runs evaluate's plan. As
+    another analyst granted the test set: the first analyst's model is refused as the release
+    refuses it; the plan's helper is not the analyst's to call."""
+    _, connect, ds, models = setup
+    test_id, test_name = ds["cls_test"]
+    other, connect_other = make_role("analyst", "dpsql_analyst")
+    conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (test_id, other))
+    with connect_other() as b:
+        (refused,) = b.execute(
+            "SELECT dpsql.preview_evaluate(%s, %s, 0.5)", (models["cls"], test_name)
+        ).fetchone()
+        with pytest.raises(psycopg.Error) as release:
+            b.execute("SELECT dpsql.evaluate(%s, %s, epsilon => 0.5)", (models["cls"], test_name))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            b.execute(
+                "SELECT dpsql_internal._evaluate_release_plan(%s, %s, NULL, NULL, 0.5, 0, NULL)",
+                (models["cls"], test_name),
+            )
+    assert refused["refused"]["sqlstate"] == release.value.sqlstate
+    assert refused["refused"]["message"] == release.value.diag.message_primary
+    assert _entries(conn, test_id) == []
+
+
 # ------------------------------------------------------------------ sensitivity and noise
 
 
