@@ -64,6 +64,7 @@ DECLARE
     predicted float8 := dpsql_internal._accountant_seconds(request);
     limit_s float8 := coalesce((SELECT setting::float8 FROM pg_settings
                                 WHERE name = 'dpsql.accountant_timeout'), 300);
+    lock_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT a.answer INTO answer FROM dpsql.accountant_answers a WHERE a.request = _account.request;
     IF FOUND THEN
@@ -85,8 +86,17 @@ BEGIN
     IF answer ? 'error' THEN
         PERFORM dpsql_internal._fail('the accountant refused: ' || (answer->>'error'));
     END IF;
-    INSERT INTO dpsql.accountant_answers (request, answer) VALUES (request, answer)
-        ON CONFLICT DO NOTHING;
+    -- Kept for the next call, unless another transaction is storing the same answer: its
+    -- uncommitted row would make this insert wait for it to end, and an open transaction of
+    -- another role (a preview or a release left open) must not hold this release up.
+    BEGIN
+        PERFORM set_config('lock_timeout', '1ms', true);  -- (undone with the block on a conflict)
+        INSERT INTO dpsql.accountant_answers (request, answer) VALUES (request, answer)
+            ON CONFLICT DO NOTHING;
+        PERFORM set_config('lock_timeout', lock_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;  -- the other transaction stores it
+    END;
     RETURN answer;
 END $$;
 

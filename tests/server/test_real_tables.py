@@ -233,6 +233,63 @@ def test_preview_charges_nothing_and_says_what_train_then_charges(
     assert _spent(conn, name) == 1
 
 
+def test_the_release_after_its_preview_asks_the_accountant_nothing_new(
+    conn, census, scratch_schema
+) -> None:
+    """Issue 45: a preview runs the release's plan and keeps what it caches, the accountant's
+    answer for a DP-SGD calibration (public numbers): the release then calibrates from it, to
+    the same noise, without a new accountant call (the preview's rolled-back subtransaction
+    used to discard it)."""
+    name = f"cache_{scratch_schema}"
+    _register(conn, census, name)
+    answers = "SELECT count(*) FROM dpsql.accountant_answers"
+    call = (
+        "SELECT {}(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 0.8123, delta => 1e-6,"
+        " batch_size => 37, epochs => 3)"
+    )
+    notes: list[str] = []
+    conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    (before,) = conn.execute(answers).fetchone()
+    (plan,) = conn.execute(call.format("dpsql.preview"), (name,)).fetchone()
+    (after_preview,) = conn.execute(answers).fetchone()
+    assert after_preview == before + 1 and any("calibrating" in n for n in notes)
+    notes.clear()
+    (mid,) = conn.execute(call.format("dpsql.train"), (name,)).fetchone()
+    assert conn.execute(answers).fetchone()[0] == after_preview
+    assert not any("calibrating" in n for n in notes)
+    (noise,) = conn.execute(
+        "SELECT params->'privacy'->'noise_scale' FROM dpsql.models WHERE model_id = %s", (mid,)
+    ).fetchone()
+    assert noise == plan["plan"]["noise_scale"] and _spent(conn, name) == 1
+
+
+@pytest.mark.parametrize("held", ["dpsql.preview", "dpsql.train"])
+def test_an_open_transaction_that_asked_the_accountant_holds_no_other_release(
+    conn, census, scratch_schema, make_role, held
+) -> None:
+    """Issue 45: a preview keeps its accountant answer, in its transaction. Another analyst's
+    release of the same configuration meanwhile stores its own answer without waiting for that
+    transaction to end (the insert would wait on the uncommitted row: 1 ms at most, then the
+    answer is not stored). So was a release left open before."""
+    name = f"held_{scratch_schema}"
+    _register(conn, census, name)
+    first, connect_first = make_role("analyst", "dpsql_analyst")
+    second, connect_second = make_role("analyst", "dpsql_analyst")
+    for role in (first, second):
+        conn.execute("SELECT dpsql.grant_dataset(%s, %s)", (name, role))
+    call = (
+        "SELECT {}(%s, NULL, NULL, privacy => 'dpsgd', epsilon => 0.7321, delta => 1e-6,"
+        " batch_size => 41, epochs => 2)"
+    )
+    with connect_first() as a, connect_second() as b:
+        a.autocommit = False
+        a.execute(call.format(held), (name,))  # its transaction stays open
+        b.execute("SET statement_timeout = '30s'")  # (a wait for a would end here)
+        (mid,) = b.execute(call.format("dpsql.train"), (name,)).fetchone()
+        assert mid is not None
+        a.rollback()
+
+
 def test_the_preview_flag_set_by_a_caller_only_stops_a_release(
     conn, census, scratch_schema
 ) -> None:
