@@ -16,9 +16,9 @@ CREATE OR REPLACE FUNCTION dpsql_internal._fail(message text, code text DEFAULT 
 RETURNS float8 AS 'MODULE_PATHNAME', 'dpsql_fail_sql'
 LANGUAGE C CALLED ON NULL INPUT VOLATILE;
 
--- Whether this transaction is previewing a release (dpsql.preview, 57_preview.sql): private
--- training then reads no row and stops at the charge. Anyone can set the flag; it can only
--- make a release stop before its charge, with nothing released.
+-- Whether this transaction is previewing a release (dpsql.preview, 57_preview.sql): the
+-- release's plan then collects its public facts and warnings for the answer. Anyone can set
+-- the flag; it can only make a release refuse at its charge, with nothing read or released.
 CREATE OR REPLACE FUNCTION dpsql_internal._previewing()
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT coalesce(current_setting('dpsql_preview.on', true), '') = 'on'

@@ -431,7 +431,7 @@ END $$;
 -- and this read are two snapshots (READ COMMITTED; a lock would let a data owner's open
 -- transaction hold up analysts): a row count that changed in between refuses the release,
 -- whose charge stands (rows replaced one for one do not: the plan depends on the count only).
--- A preview never gets here (its charge stops it).
+-- A preview never gets here (it stops after the plan).
 CREATE OR REPLACE FUNCTION dpsql_internal._read_rows(prepared dpsql.runs)
 RETURNS dpsql.runs LANGUAGE plpgsql
 SET max_parallel_workers_per_gather = 0
